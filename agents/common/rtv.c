@@ -1,0 +1,427 @@
+#define _GNU_SOURCE
+#include "rtv.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+atomic_int rtv_stop_requested;
+
+static void on_signal(int sig) {
+    (void)sig;
+    atomic_store(&rtv_stop_requested, 1);
+}
+
+void rtv_install_signal_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal; /* no SA_RESTART: sleeps return EINTR so threads notice at once */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+_Noreturn void rtv_die(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("rtvirt-agent: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(code);
+}
+
+bool rtv_sleep_until(rtv_ctx *ctx, uint64_t t_ns) {
+    struct timespec ts = rtv_ts(t_ns);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        if (rtv_should_stop(ctx)) return false;
+    return !atomic_load_explicit(&rtv_stop_requested, memory_order_relaxed);
+}
+
+double rtv_cycles_hz(void) {
+    static double hz;
+    if (hz > 0) return hz;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC_RAW, &a);
+    uint64_t c0 = rtv_cycles();
+    struct timespec pause = {0, 50 * 1000 * 1000};
+    while (nanosleep(&pause, &pause) == EINTR) {}
+    clock_gettime(CLOCK_MONOTONIC_RAW, &b);
+    uint64_t c1 = rtv_cycles();
+    double secs = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+    hz = (double)(c1 - c0) / secs;
+    return hz;
+}
+
+/* ---------------- options ---------------- */
+
+int rtv_cpulist_parse(const char *text, rtv_cpulist *out) {
+    out->count = 0;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        errno = 0;
+        unsigned long lo = strtoul(p, &end, 10);
+        if (end == p || errno) return -1;
+        unsigned long hi = lo;
+        p = end;
+        if (*p == '-') {
+            hi = strtoul(p + 1, &end, 10);
+            if (end == p + 1 || errno || hi < lo) return -1;
+            p = end;
+        }
+        if (hi >= RTV_MAX_CPUS) return -1;
+        for (unsigned long c = lo; c <= hi; c++) {
+            if (out->count >= RTV_MAX_CPUS) return -1;
+            out->cpu[out->count++] = (uint16_t)c;
+        }
+        if (*p == ',') p++;
+        else if (*p) return -1;
+    }
+    return out->count > 0 ? 0 : -1;
+}
+
+static const rtv_opt *find_opt(const rtv_opt *const *tables, int ntables, const char *name, size_t len) {
+    for (int t = 0; t < ntables; t++)
+        for (const rtv_opt *o = tables[t]; o->name; o++)
+            if (strlen(o->name) == len && strncmp(o->name, name, len) == 0) return o;
+    return NULL;
+}
+
+static int set_opt(const rtv_opt *o, const char *val) {
+    char *end;
+    switch (o->type) {
+    case RTV_OPT_U64:
+    case RTV_OPT_NS: {
+        if (!val || !*val || *val == '-') return -1;
+        errno = 0;
+        unsigned long long v = strtoull(val, &end, 10);
+        if (*end || errno || v < o->min || v > o->max) return -1;
+        *(uint64_t *)o->dest = v;
+        return 0;
+    }
+    case RTV_OPT_BOOL:
+        if (!val || !strcmp(val, "1") || !strcmp(val, "true")) *(bool *)o->dest = true;
+        else if (!strcmp(val, "0") || !strcmp(val, "false")) *(bool *)o->dest = false;
+        else return -1;
+        return 0;
+    case RTV_OPT_CPUS:
+        return val ? rtv_cpulist_parse(val, (rtv_cpulist *)o->dest) : -1;
+    case RTV_OPT_STR:
+        if (!val) return -1;
+        *(const char **)o->dest = val;
+        return 0;
+    }
+    return -1;
+}
+
+/* Options are only ever `--name=value` or `--name` (bool): the Python CLI validates and renders them. */
+int rtv_parse_options(const rtv_opt *const *tables, int ntables, int argc, char **argv) {
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strncmp(arg, "--", 2) != 0) rtv_die(RTV_EXIT_USAGE, "unexpected argument '%s'", arg);
+        const char *name = arg + 2;
+        const char *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        const rtv_opt *o = find_opt(tables, ntables, name, len);
+        if (!o) rtv_die(RTV_EXIT_USAGE, "unknown option '--%.*s'", (int)len, name);
+        if (set_opt(o, eq ? eq + 1 : NULL) != 0)
+            rtv_die(RTV_EXIT_USAGE, "invalid value for '--%s': '%s' (%s; range %" PRIu64 "..%" PRIu64 ")",
+                    o->name, eq ? eq + 1 : "", o->help, o->min, o->max);
+    }
+    return 0;
+}
+
+void rtv_print_options(const rtv_opt *opts) {
+    for (const rtv_opt *o = opts; o->name; o++) fprintf(stderr, "  --%-18s %s\n", o->name, o->help);
+}
+
+/* ---------------- JSON header ---------------- */
+
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} sbuf;
+
+static void sb_put(sbuf *s, const char *text, size_t n) {
+    if (s->len + n + 1 > s->cap) {
+        s->cap = (s->len + n + 1) * 2;
+        s->buf = realloc(s->buf, s->cap);
+        if (!s->buf) rtv_die(RTV_EXIT_FAILURE, "out of memory");
+    }
+    memcpy(s->buf + s->len, text, n);
+    s->len += n;
+    s->buf[s->len] = 0;
+}
+#define SB_LIT(s, lit) sb_put((s), (lit), sizeof(lit) - 1)
+static void sb_printf(sbuf *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *s, const char *fmt, ...) {
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    sb_put(s, tmp, (size_t)(n < (int)sizeof tmp ? n : (int)sizeof tmp - 1));
+}
+/* Strings from the system (hostname, kernel) are escaped and bounded. */
+static void sb_json_str(sbuf *s, const char *str) {
+    sb_put(s, "\"", 1);
+    for (size_t i = 0; str && str[i] && i < 256; i++) {
+        unsigned char c = (unsigned char)str[i];
+        if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            sb_put(s, e, 2);
+        } else if (c < 0x20 || c >= 0x7f) {
+            sb_printf(s, "\\u%04x", c);
+        } else {
+            sb_put(s, (const char *)&c, 1);
+        }
+    }
+    sb_put(s, "\"", 1);
+}
+static void sb_names(sbuf *s, const char *const *names) {
+    sb_put(s, "[", 1);
+    for (int i = 0; names && names[i]; i++) {
+        if (i) sb_put(s, ",", 1);
+        sb_json_str(s, names[i]);
+    }
+    sb_put(s, "]", 1);
+}
+
+static void sb_params(sbuf *s, const rtv_opt *const *tables, int ntables) {
+    sb_put(s, "{", 1);
+    int first = 1;
+    for (int t = 0; t < ntables; t++) {
+        for (const rtv_opt *o = tables[t]; o->name; o++) {
+            if (!first) sb_put(s, ",", 1);
+            first = 0;
+            sb_json_str(s, o->name);
+            sb_put(s, ":", 1);
+            switch (o->type) {
+            case RTV_OPT_U64:
+            case RTV_OPT_NS: sb_printf(s, "%" PRIu64, *(uint64_t *)o->dest); break;
+            case RTV_OPT_BOOL: sb_printf(s, "%s", *(bool *)o->dest ? "true" : "false"); break;
+            case RTV_OPT_STR: sb_json_str(s, *(const char **)o->dest); break;
+            case RTV_OPT_CPUS: {
+                const rtv_cpulist *l = o->dest;
+                sb_put(s, "[", 1);
+                for (int i = 0; i < l->count; i++) sb_printf(s, i ? ",%u" : "%u", l->cpu[i]);
+                sb_put(s, "]", 1);
+                break;
+            }
+            }
+        }
+    }
+    sb_put(s, "}", 1);
+}
+
+static void write_all(int fd, const void *data, size_t n) {
+    const char *p = data;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            rtv_die(RTV_EXIT_FAILURE, "cannot write the sample stream: %s", strerror(errno));
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void write_header(rtv_ctx *ctx, const rtv_opt *const *tables, int ntables) {
+    struct utsname u;
+    uname(&u);
+    struct timespec real;
+    clock_gettime(CLOCK_REALTIME, &real);
+    sbuf s = {0};
+    sb_printf(&s, "{\"format\":%u,\"probe\":", RTV_STREAM_VERSION);
+    sb_json_str(&s, ctx->probe->name);
+    SB_LIT(&s, ",\"value_field\":");
+    sb_json_str(&s, ctx->probe->value_field);
+    SB_LIT(&s, ",\"aux_field\":");
+    if (ctx->probe->aux_field) sb_json_str(&s, ctx->probe->aux_field);
+    else SB_LIT(&s, "null");
+    SB_LIT(&s, ",\"kinds\":");
+    sb_names(&s, ctx->probe->kind_names);
+    SB_LIT(&s, ",\"stats\":");
+    sb_names(&s, ctx->probe->stat_names);
+    SB_LIT(&s, ",\"params\":");
+    sb_params(&s, tables, ntables);
+    sb_printf(&s, ",\"clock\":\"CLOCK_MONOTONIC\",\"start_monotonic_ns\":%" PRIu64
+                  ",\"start_realtime_ns\":%" PRIu64 ",\"cycles_hz\":%.0f",
+              ctx->start_ns, (uint64_t)real.tv_sec * UINT64_C(1000000000) + (uint64_t)real.tv_nsec, rtv_cycles_hz());
+    sb_printf(&s, ",\"rt\":{\"fifo\":%s,\"mlockall\":%s,\"cpu_dma_latency\":%s}",
+              ctx->rt_ok && ctx->common.priority ? "true" : "false", ctx->rt_ok && ctx->common.mlock ? "true" : "false",
+              ctx->dma_fd >= 0 ? "0" : "null");
+    SB_LIT(&s, ",\"host\":{\"hostname\":");
+    sb_json_str(&s, u.nodename);
+    SB_LIT(&s, ",\"kernel\":");
+    sb_json_str(&s, u.release);
+    SB_LIT(&s, ",\"version\":");
+    sb_json_str(&s, u.version);
+    SB_LIT(&s, ",\"machine\":");
+    sb_json_str(&s, u.machine);
+    sb_printf(&s, ",\"cpus\":%ld}}", sysconf(_SC_NPROCESSORS_ONLN));
+
+    uint32_t version = RTV_STREAM_VERSION, len = (uint32_t)s.len;
+    size_t pad = (8 - (16 + s.len) % 8) % 8; /* records start 8-byte aligned */
+    char zeros[8] = {0};
+    write_all(ctx->out_fd, RTV_STREAM_MAGIC, 8);
+    write_all(ctx->out_fd, &version, 4);
+    write_all(ctx->out_fd, &len, 4);
+    write_all(ctx->out_fd, s.buf, s.len);
+    write_all(ctx->out_fd, zeros, pad);
+    free(s.buf);
+}
+
+/* ---------------- rings and writer ---------------- */
+
+static atomic_int writer_quit;
+
+static size_t drain(rtv_ctx *ctx, rtv_record *out, size_t cap) {
+    size_t n = 0;
+    for (int i = 0; i < ctx->nrings && n < cap; i++) {
+        rtv_ring *r = &ctx->rings[i];
+        uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+        uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+        while (tail != head && n < cap) out[n++] = r->buf[tail++ & r->mask];
+        atomic_store_explicit(&r->tail, tail, memory_order_release);
+    }
+    return n;
+}
+
+static void *writer_main(void *arg) {
+    rtv_ctx *ctx = arg;
+    enum { CHUNK = 32768 };
+    rtv_record *batch = malloc(CHUNK * sizeof *batch);
+    if (!batch) rtv_die(RTV_EXIT_FAILURE, "out of memory");
+    for (;;) {
+        int quitting = atomic_load(&writer_quit);
+        size_t n = drain(ctx, batch, CHUNK);
+        if (n) {
+            write_all(ctx->out_fd, batch, n * sizeof *batch);
+            ctx->written += n;
+        } else if (quitting) {
+            break;
+        } else {
+            struct timespec pause = {0, 200 * 1000};
+            nanosleep(&pause, NULL);
+        }
+    }
+    free(batch);
+    return NULL;
+}
+
+void rtv_stat(rtv_ctx *ctx, int thread, int key, int64_t value) {
+    rtv_record rec = {.value = value, .aux = (uint64_t)key, .thread = (uint16_t)thread,
+                      .kind = RTV_META_STAT, .flags = RTV_FLAG_META, .t_ns = rtv_now_ns()};
+    rtv_push(ctx, thread, &rec);
+}
+
+/* ---------------- real-time setup ---------------- */
+
+int rtv_thread_cpu(const rtv_ctx *ctx, int index) {
+    const rtv_cpulist *a = &ctx->common.affinity;
+    return a->count ? a->cpu[index % a->count] : -1;
+}
+
+void rtv_setup_thread(rtv_ctx *ctx, int index, int priority) {
+    int cpu = rtv_thread_cpu(ctx, index);
+    if (cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        int err = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+        if (err) rtv_die(RTV_EXIT_USAGE, "cannot run thread %d on CPU %d: %s (does that CPU exist and is it allowed?)",
+                         index, cpu, strerror(err));
+    }
+    if (priority > 0) {
+        struct sched_param sp = {.sched_priority = priority};
+        int err = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
+        if (err) rtv_die(RTV_EXIT_USAGE,
+                         "cannot set SCHED_FIFO priority %d: %s (run as root or with CAP_SYS_NICE, or use --no-rt)",
+                         priority, strerror(err));
+    }
+}
+
+static int hold_dma_latency(void) {
+    int fd = open("/dev/cpu_dma_latency", O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int32_t zero = 0;
+    if (write(fd, &zero, sizeof zero) != sizeof zero) {
+        close(fd);
+        return -1;
+    }
+    return fd; /* the request holds while the fd stays open */
+}
+
+void rtv_ctx_start(rtv_ctx *ctx, const rtv_opt *const *tables, int ntables) {
+    rtv_common *c = &ctx->common;
+    ctx->dma_fd = -1;
+    ctx->rt_ok = true;
+    if (c->mlock && mlockall(MCL_CURRENT | MCL_FUTURE) != 0)
+        rtv_die(RTV_EXIT_USAGE, "mlockall failed: %s (run as root or raise RLIMIT_MEMLOCK, or use --no-rt)",
+                strerror(errno));
+    if (c->priority > 0) {
+        /* Probe the privilege once up front so the failure is reported before any output exists. */
+        struct sched_param sp = {.sched_priority = (int)c->priority};
+        if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0)
+            rtv_die(RTV_EXIT_USAGE,
+                    "cannot set SCHED_FIFO priority %d: %s (run as root or with CAP_SYS_NICE, or use --no-rt)",
+                    (int)c->priority, strerror(errno));
+        sp.sched_priority = 0;
+        sched_setscheduler(0, SCHED_OTHER, &sp); /* main and writer threads stay non-RT */
+    }
+    if (c->dma_latency) ctx->dma_fd = hold_dma_latency();
+
+    if (strcmp(c->out, "-") == 0) ctx->out_fd = STDOUT_FILENO;
+    else {
+        ctx->out_fd = open(c->out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (ctx->out_fd < 0) rtv_die(RTV_EXIT_USAGE, "cannot open output '%s': %s", c->out, strerror(errno));
+    }
+
+    ctx->nrings = (int)c->threads;
+    ctx->rings = calloc((size_t)ctx->nrings, sizeof *ctx->rings);
+    if (!ctx->rings) rtv_die(RTV_EXIT_FAILURE, "out of memory");
+    for (int i = 0; i < ctx->nrings; i++) {
+        ctx->rings[i].mask = (1ull << c->ring_order) - 1;
+        ctx->rings[i].buf = calloc(1ull << c->ring_order, sizeof(rtv_record)); /* calloc + mlockall: pre-faulted */
+        if (!ctx->rings[i].buf) rtv_die(RTV_EXIT_FAILURE, "out of memory for the sample rings");
+        memset(ctx->rings[i].buf, 0, (1ull << c->ring_order) * sizeof(rtv_record));
+    }
+    ctx->start_ns = rtv_now_ns();
+    ctx->end_ns = c->duration_ns ? ctx->start_ns + c->duration_ns : 0;
+    write_header(ctx, tables, ntables);
+    if (pthread_create(&ctx->writer, NULL, writer_main, ctx) != 0)
+        rtv_die(RTV_EXIT_FAILURE, "cannot start the writer thread");
+}
+
+int rtv_ctx_finish(rtv_ctx *ctx, int probe_status) {
+    atomic_store(&writer_quit, 1);
+    pthread_join(ctx->writer, NULL);
+    /* Trailer: per-thread drops, then END. Written directly: the writer has stopped. */
+    for (int i = 0; i < ctx->nrings; i++) {
+        rtv_record d = {.t_ns = rtv_now_ns(), .value = (int64_t)atomic_load(&ctx->rings[i].dropped),
+                        .thread = (uint16_t)i, .kind = RTV_META_DROPPED, .flags = RTV_FLAG_META};
+        write_all(ctx->out_fd, &d, sizeof d);
+    }
+    rtv_end_reason reason = probe_status != 0            ? RTV_END_ERROR
+                            : atomic_load(&rtv_stop_requested) ? RTV_END_SIGNAL
+                                                              : RTV_END_COMPLETE;
+    rtv_record end = {.t_ns = rtv_now_ns(), .value = (int64_t)ctx->written, .aux = reason,
+                      .kind = RTV_META_END, .flags = RTV_FLAG_META};
+    write_all(ctx->out_fd, &end, sizeof end);
+    if (ctx->out_fd != STDOUT_FILENO) close(ctx->out_fd);
+    if (ctx->dma_fd >= 0) close(ctx->dma_fd);
+    return probe_status;
+}

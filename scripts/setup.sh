@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Set up rtvirt on a fresh Debian/Ubuntu machine: system packages (as root), a virtual environment,
+# the Python dependencies and the compiled agents. Safe to run again; it only does what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+# Build tools, the reference tools rtvirt compares itself with, and what guest images and reports need.
+DEB_PACKAGES=(build-essential cmake ninja-build python3-venv rt-tests stress-ng qemu-system-x86 busybox-static
+              cpio chromium)
+
+missing=()
+for pkg in "${DEB_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "setup: please install these packages first (as root): apt-get install ${missing[*]}" >&2
+    command -v cc >/dev/null && command -v cmake >/dev/null || exit 2
+  fi
+fi
+
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  echo "setup: rtvirt needs Python >= 3.11 ($PYTHON is $("$PYTHON" --version 2>&1))" >&2; exit 2; }
+[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+# Build requirements first so the editable install can reuse one build directory (fast rebuilds).
+"$VENV/bin/python" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
+"$VENV/bin/python" -m pip install -q --no-build-isolation -e '.[test]'
+echo "setup: ready ($("$VENV/bin/rtvirt" --version))"

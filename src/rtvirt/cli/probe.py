@@ -1,0 +1,76 @@
+"""``rtvirt probe NAME``: one subcommand per registered probe, options generated from its parameters."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..params import build_params, click_options
+from ..probes import PROBES, ProbeSpec
+from ..probes.runner import Progress, run_probe
+from ..stats import summarize_stream
+from ..store import new_run, write_measured_run
+from .output import console, print_json, summary_table
+
+__all__ = ["probe"]
+
+
+@click.group()
+def probe() -> None:
+    """Run one measurement probe; every sample is kept in the results store."""
+
+
+def _progress_display(enabled: bool, name: str) -> tuple[RichProgress | None, Any]:
+    if not enabled:
+        return None, None
+    bar = RichProgress(
+        TextColumn(f"[bold]{name}"), BarColumn(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"), console=console, transient=True,
+    )
+    return bar, bar.add_task(name, total=None, status="")
+
+
+def _make_command(spec: ProbeSpec) -> click.Command:
+    @click.command(name=spec.name, help=f"{spec.summary}.\n\n{spec.doc}".strip())
+    @click_options(spec.params)
+    @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
+                  show_default=True, help="results directory the run is written to")
+    @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
+    @click.option("--progress/--no-progress", default=None, help="progress bar [default: when on a terminal]")
+    def command(results: Path, as_json: bool, progress: bool | None, **values: Any) -> None:
+        params = build_params(spec.params, values)
+        run = new_run(results, spec.name)
+        bar, task = _progress_display(sys.stdout.isatty() if progress is None else progress, spec.name)
+
+        def show(p: Progress) -> None:
+            assert bar is not None
+            peak = "-" if p.running_max is None else f"{p.running_max / 1000:.1f} us"
+            bar.update(task, total=p.duration_s, completed=p.elapsed_s if p.duration_s else None,
+                       status=f"{p.samples} samples, max {peak}")
+
+        if bar is not None:
+            with bar:
+                stream = run_probe(spec, params, run.stream_path, show)
+        else:
+            stream = run_probe(spec, params, run.stream_path)
+        manifest = write_measured_run(run, stream, name=spec.name, params=params.model_dump(mode="json"),
+                                      group_by=spec.group_by)
+        if as_json:
+            print_json({k: manifest[k] for k in ("run_id", "probe", "status", "end_reason", "dropped", "summary")}
+                       | {"path": str(run.path)})
+        else:
+            summaries = summarize_stream(stream, spec.group_by)
+            console.print(summary_table(f"{spec.name}: {spec.summary}", summaries))
+            state = "" if manifest["status"] == "complete" else f" [yellow]({manifest['status']}: " \
+                f"{manifest['end_reason']})[/]"
+            console.print(f"run {run.run_id} written to {run.path}{state}")
+
+    return command
+
+
+for _spec in PROBES.values():
+    probe.add_command(_make_command(_spec))

@@ -1,0 +1,48 @@
+"""The rtvirt exception tree; the CLI maps it to exit codes.
+
+- ``RtvirtError``: base of everything rtvirt raises on purpose (exit 1).
+  - ``InputError``: bad options, malformed files, impossible requests (exit 2). Its message names the
+    option, field or file.
+  - ``PrivilegeError``: the run needs a privilege it does not have, e.g. SCHED_FIFO (exit 2).
+  - ``RunError``: a measurement, VM or simulation failed while running (exit 1).
+- ``VerdictFailed`` is not an error: a run completed but missed its requirement (exit 3).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EXIT_OK",
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
+    "EXIT_VERDICT",
+    "RtvirtError",
+    "InputError",
+    "PrivilegeError",
+    "RunError",
+    "VerdictFailed",
+]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_VERDICT = 3
+
+
+class RtvirtError(Exception):
+    exit_code = EXIT_FAILURE
+
+
+class InputError(RtvirtError):
+    exit_code = EXIT_USAGE
+
+
+class PrivilegeError(RtvirtError):
+    exit_code = EXIT_USAGE
+
+
+class RunError(RtvirtError):
+    exit_code = EXIT_FAILURE
+
+
+class VerdictFailed(RtvirtError):
+    exit_code = EXIT_VERDICT

@@ -1,0 +1,163 @@
+"""Validated parameter objects and their command-line options.
+
+Each probe or stressor declares its parameters once, as a pydantic model; the same model validates
+the command line, scenario files and library calls. Fields carry their CLI spelling in
+``json_schema_extra`` (``short``: the cyclictest-style letter, ``flag``: on/off switch).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Annotated, Any, Callable, TypeVar
+
+import click
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import InputError
+from .units import duration_field
+
+__all__ = ["CpuList", "parse_cpulist", "Params", "CommonParams", "click_options", "build_params", "cli"]
+
+_CPU_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def parse_cpulist(value: Any) -> tuple[int, ...]:
+    """'0,2-3' or [0, 2, 3] -> (0, 2, 3); order kept, duplicates rejected."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        items: list[int] = [value]
+    elif isinstance(value, (list, tuple)):
+        items = []
+        for item in value:
+            items.extend(parse_cpulist(item))
+    elif isinstance(value, str):
+        items = []
+        for part in value.replace(" ", "").split(","):
+            match = _CPU_RANGE.match(part)
+            if not match:
+                raise ValueError(f"{value!r} is not a CPU list such as 0,2-3")
+            lo, hi = int(match.group(1)), int(match.group(2) or match.group(1))
+            if hi < lo:
+                raise ValueError(f"CPU range {part!r} runs backwards")
+            items.extend(range(lo, hi + 1))
+    else:
+        raise ValueError("expected a CPU list such as 0,2-3")
+    if len(set(items)) != len(items):
+        raise ValueError("a CPU is listed twice")
+    if any(cpu < 0 or cpu > 1023 for cpu in items):
+        raise ValueError("CPU numbers run from 0 to 1023")
+    return tuple(items)
+
+
+CpuList = Annotated[tuple[int, ...], BeforeValidator(parse_cpulist)]
+
+
+def cli(short: str | None = None, *, flag: bool = False, metavar: str | None = None) -> dict[str, Any]:
+    """CLI spelling of a field, for ``json_schema_extra``."""
+    extra: dict[str, Any] = {"flag": flag}
+    if short:
+        extra["short"] = short
+    if metavar:
+        extra["metavar"] = metavar
+    return extra
+
+
+class Params(BaseModel):
+    """Base of every parameter model: unknown fields are errors, values are checked on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class CommonParams(Params):
+    """Options every probe takes (the cyclictest core set)."""
+
+    duration: duration_field("s") = Field(  # type: ignore[valid-type]
+        10_000_000_000, description="run time (bare numbers in s); 0 runs until --loops or Ctrl-C",
+        json_schema_extra=cli("-D", metavar="TIME"))
+    loops: int = Field(0, ge=0, description="samples per thread, 0 = no limit", json_schema_extra=cli("-l"))
+    threads: int = Field(1, ge=1, le=256, description="measuring threads", json_schema_extra=cli("-t"))
+    priority: int = Field(99, ge=0, le=99, description="SCHED_FIFO priority, 0 = SCHED_OTHER",
+                          json_schema_extra=cli("-p"))
+    affinity: CpuList | None = Field(None, description="CPUs for the threads (thread i on the i-th, cycling)",
+                                     json_schema_extra=cli("-a", metavar="CPUS"))
+    mlock: bool = Field(True, description="lock all memory (mlockall)", json_schema_extra=cli("-m", flag=True))
+    dma_latency: bool = Field(True, description="hold /dev/cpu_dma_latency at 0 while running",
+                              json_schema_extra=cli(flag=True))
+    rt: bool = Field(True, description="real-time setup; --no-rt runs unprivileged (SCHED_OTHER, no mlock)",
+                     json_schema_extra=cli(flag=True))
+
+    @model_validator(mode="after")
+    def _no_rt_means_unprivileged(self) -> CommonParams:
+        if not self.rt:
+            object.__setattr__(self, "priority", 0)
+            object.__setattr__(self, "mlock", False)
+            object.__setattr__(self, "dma_latency", False)
+        return self
+
+    def check_host(self) -> None:
+        """Fail early, naming the option, for CPUs this process may not use."""
+        allowed = os.sched_getaffinity(0)
+        for cpu in self.affinity or ():
+            if cpu not in allowed:
+                raise InputError(f"option -a/--affinity: CPU {cpu} does not exist or is not allowed here "
+                                 f"(usable: {','.join(map(str, sorted(allowed)))})")
+
+
+ModelT = TypeVar("ModelT", bound=Params)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _option_names(name: str, extra: dict[str, Any]) -> list[str]:
+    long = "--" + name.replace("_", "-")
+    names = [f"{long}/--no-{name.replace('_', '-')}"] if extra.get("flag") else [long]
+    if extra.get("short"):
+        names.insert(0, extra["short"])
+    return names
+
+
+def click_options(model: type[Params], *, exclude: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Decorator adding one click option per model field; values stay raw for pydantic to validate."""
+
+    def decorate(func: F) -> F:
+        for name, info in reversed(list(model.model_fields.items())):
+            if name in exclude:
+                continue
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            default = info.default
+            help_text = info.description or ""
+            if extra.get("flag"):
+                option = click.option(*_option_names(name, extra), name, default=None,
+                                      help=f"{help_text} [default: {'on' if default else 'off'}]")
+            else:
+                shown = "none" if default is None else default
+                option = click.option(*_option_names(name, extra), name, default=None, type=str,
+                                      metavar=str(extra.get("metavar", "N")),
+                                      help=f"{help_text} [default: {_show_default(name, shown)}]")
+            func = option(func)
+        return func
+
+    return decorate
+
+
+def _show_default(name: str, value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and name in ("duration", "interval", "distance",
+                                                                             "threshold"):
+        from .units import format_duration
+
+        return format_duration(value) if value else "0"
+    return str(value)
+
+
+def build_params(model: type[ModelT], values: dict[str, Any]) -> ModelT:
+    """Validate CLI values; an invalid one raises click.BadParameter naming the option."""
+    given = {k: v for k, v in values.items() if v is not None and k in model.model_fields}
+    try:
+        return model(**given)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0]) if error["loc"] else ""
+        info = model.model_fields.get(field)
+        extra = info.json_schema_extra if info and isinstance(info.json_schema_extra, dict) else {}
+        names = "/".join(_option_names(field, extra)) if field else "options"
+        message = error["msg"].removeprefix("Value error, ")
+        raise click.BadParameter(message, param_hint=f"'{names}'") from None

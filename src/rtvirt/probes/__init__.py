@@ -1,0 +1,21 @@
+"""The probe registry: one module per probe, one line per probe here."""
+
+from __future__ import annotations
+
+from . import timer
+from .base import ProbeSpec
+
+__all__ = ["PROBES", "ProbeSpec", "get_probe"]
+
+PROBES: dict[str, ProbeSpec] = {spec.name: spec for spec in (
+    timer.PROBE,
+)}
+
+
+def get_probe(name: str) -> ProbeSpec:
+    from ..errors import InputError
+
+    try:
+        return PROBES[name]
+    except KeyError:
+        raise InputError(f"unknown probe {name!r} (known: {', '.join(PROBES)})") from None

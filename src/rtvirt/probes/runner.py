@@ -1,0 +1,104 @@
+"""Run one probe: preflight, start the agent under supervision, follow its stream, stop it cleanly."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..agents import agent_path
+from ..errors import InputError, PrivilegeError, RunError
+from ..params import CommonParams
+from ..procs import Supervisor
+from ..stream import SampleStream, StreamReader
+from .base import ProbeSpec
+
+__all__ = ["Progress", "run_probe", "check_privileges"]
+
+
+@dataclass
+class Progress:
+    """What a progress display needs, updated as samples arrive."""
+
+    elapsed_s: float
+    duration_s: float | None
+    samples: int
+    running_max: int | None
+
+
+def check_privileges(params: CommonParams) -> None:
+    """Say up front, naming the option, when SCHED_FIFO or mlockall will be refused."""
+    if os.geteuid() == 0:
+        return
+    if params.priority > 0 and resource.getrlimit(resource.RLIMIT_RTPRIO)[0] < params.priority:
+        raise PrivilegeError(
+            f"option -p/--priority {params.priority}: SCHED_FIFO needs root or CAP_SYS_NICE "
+            "(or an RLIMIT_RTPRIO that allows it); use --no-rt to measure without real-time priority"
+        )
+    if params.mlock and resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] != resource.RLIM_INFINITY:
+        raise PrivilegeError("option -m/--mlock: mlockall needs root or an unlimited RLIMIT_MEMLOCK; "
+                             "use --no-mlock or --no-rt")
+
+
+def _agent_failure(status: int, stderr: str) -> Exception:
+    message = stderr.strip().splitlines()[-1] if stderr.strip() else f"agent exited with status {status}"
+    message = message.removeprefix("rtvirt-agent: ")
+    if status == 2:
+        if "priority" in message or "mlockall" in message:
+            return PrivilegeError(message)
+        return InputError(message)
+    return RunError(message)
+
+
+def run_probe(
+    spec: ProbeSpec,
+    params: CommonParams,
+    out: Path,
+    on_progress: Callable[[Progress], None] | None = None,
+    poll_interval: float = 0.25,
+) -> SampleStream:
+    """Run ``spec`` with ``params``, writing the raw stream to ``out``; return every sample taken.
+
+    KeyboardInterrupt (Ctrl-C, or SIGTERM mapped to it by the CLI) stops the agent, which flushes its
+    rings and marks the stream as ended by a signal; the samples are returned all the same.
+    """
+    params.check_host()
+    check_privileges(params)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    argv = spec.command(params, str(agent_path("rtvirt-probe")))
+    argv.append(f"--out={out}")
+    duration_s = params.duration / 1e9 if params.duration else None
+    reader = StreamReader(out)
+    running_max: int | None = None
+    samples = 0
+    with Supervisor() as supervisor:
+        proc = supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        started = time.monotonic()
+        try:
+            while proc.poll() is None:
+                time.sleep(poll_interval)
+                new = reader.poll()
+                if new.size:
+                    samples += int(new.size)
+                    peak = int(np.max(new["value"]))
+                    running_max = peak if running_max is None else max(running_max, peak)
+                if on_progress:
+                    on_progress(Progress(time.monotonic() - started, duration_s, samples, running_max))
+        except KeyboardInterrupt:
+            supervisor.stop(proc, grace=10.0)
+        status = proc.wait()
+        stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if status != 0:
+        error = _agent_failure(status, stderr)
+        if isinstance(error, (InputError, PrivilegeError)) or not out.exists():
+            raise error
+    stream = reader.finish()
+    if status != 0 and stream.records.size == 0:
+        raise _agent_failure(status, stderr)
+    return stream

@@ -1,0 +1,26 @@
+"""timer: periodic wake-up latency by the cyclictest method (agents/probes/timer.c)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ..params import CommonParams, cli
+from ..units import duration_field
+from .base import ProbeSpec
+
+
+class TimerParams(CommonParams):
+    interval: duration_field("us") = Field(  # type: ignore[valid-type]
+        1_000_000, ge=10_000, le=10_000_000_000, description="wake-up period of thread 0 (bare numbers in us)",
+        json_schema_extra=cli("-i", metavar="TIME"))
+    distance: duration_field("us") = Field(  # type: ignore[valid-type]
+        500_000, le=10_000_000_000, description="period added per further thread (bare numbers in us)",
+        json_schema_extra=cli("-d", metavar="TIME"))
+
+
+PROBE = ProbeSpec(
+    name="timer",
+    summary="periodic wake-up latency (cyclictest method)",
+    params=TimerParams,
+    value_field="latency_ns",
+)

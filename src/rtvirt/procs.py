@@ -1,0 +1,114 @@
+"""Child processes that never outlive rtvirt.
+
+Every process rtvirt starts (agents, stress-ng, QEMU) goes through :class:`Supervisor`: each child gets
+its own process group (so Ctrl-C reaches rtvirt, which then stops children in order, letting probes
+flush), and the kernel kills it should rtvirt itself die (PR_SET_PDEATHSIG). Commands are argument
+lists, never shell strings.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import IO, Any
+
+__all__ = ["Supervisor", "terminate_group"]
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: a parent that is SIGKILLed takes its children along.
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def terminate_group(proc: subprocess.Popen[Any], grace: float = 5.0) -> int | None:
+    """SIGTERM the child's process group, then SIGKILL after ``grace`` seconds; return its status."""
+    if proc.poll() is not None:
+        return proc.returncode
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return proc.wait()
+    try:
+        return proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return proc.wait()
+
+
+_live: weakref.WeakSet[Supervisor] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_supervisors() -> None:
+    for supervisor in list(_live):
+        supervisor.stop_all()
+
+
+class Supervisor:
+    """Starts and reliably stops a set of child processes; use as a context manager."""
+
+    def __init__(self) -> None:
+        self._children: list[subprocess.Popen[Any]] = []
+        self._lock = threading.Lock()
+        _live.add(self)
+
+    def start(
+        self,
+        argv: Sequence[str],
+        *,
+        stdout: int | IO[Any] | None = None,
+        stderr: int | IO[Any] | None = subprocess.PIPE,
+        stdin: int | IO[Any] | None = subprocess.DEVNULL,
+        env: dict[str, str] | None = None,
+        pass_fds: Sequence[int] = (),
+    ) -> subprocess.Popen[Any]:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            pass_fds=tuple(pass_fds),
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        with self._lock:
+            self._children.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[Any], grace: float = 5.0) -> int | None:
+        status = terminate_group(proc, grace)
+        with self._lock:
+            if proc in self._children:
+                self._children.remove(proc)
+        return status
+
+    def stop_all(self, grace: float = 5.0) -> None:
+        with self._lock:
+            children = list(reversed(self._children))
+            self._children.clear()
+        for proc in children:
+            terminate_group(proc, grace)
+
+    @property
+    def children(self) -> list[subprocess.Popen[Any]]:
+        with self._lock:
+            return list(self._children)
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()

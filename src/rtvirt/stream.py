@@ -1,0 +1,183 @@
+"""Reader for the agents' binary sample stream (format: docs/sample-stream.md).
+
+The stream is ``magic, u32 version, u32 header length, header JSON, padding to 8 bytes`` followed by
+32-byte records. Records with the META flag carry drop counts, end-of-run statistics and the END
+marker; a stream without END was cut short (Ctrl-C of rtvirt itself, a crash, a killed VM) and is
+read as *partial*: every complete record before the cut is kept.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import InputError
+
+__all__ = ["MAGIC", "RECORD", "SampleStream", "StreamReader", "read_stream"]
+
+MAGIC = b"RTVIRT\x00S"
+SUPPORTED_VERSIONS = (1,)
+RECORD = np.dtype(
+    [("t_ns", "<u8"), ("value", "<i8"), ("aux", "<u8"), ("cpu", "<u2"), ("thread", "<u2"), ("kind", "<u2"),
+     ("flags", "<u2")]
+)
+FLAG_META = 1
+META_DROPPED, META_END, META_STAT = 1, 2, 3
+END_REASONS = {0: "complete", 1: "signal", 2: "error"}
+MAX_HEADER = 1 << 20
+
+
+@dataclass
+class SampleStream:
+    """One probe run: its header and every data record, with drops and end state."""
+
+    header: dict[str, Any]
+    records: np.ndarray
+    dropped: dict[int, int] = field(default_factory=dict)
+    stats: dict[tuple[int, str], int] = field(default_factory=dict)
+    end_reason: str | None = None  # None: the stream has no END record (partial)
+    written: int | None = None
+
+    @property
+    def probe(self) -> str:
+        return str(self.header["probe"])
+
+    @property
+    def value_field(self) -> str:
+        return str(self.header["value_field"])
+
+    @property
+    def complete(self) -> bool:
+        return self.end_reason is not None
+
+    @property
+    def total_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+    def kind_name(self, kind: int) -> str:
+        kinds = self.header.get("kinds") or []
+        return str(kinds[kind]) if kind < len(kinds) else f"kind{kind}"
+
+    def to_table(self) -> pa.Table:
+        """The samples as Arrow columns: t_ns, <value_field>, cpu, thread, kind, [<aux_field>]."""
+        r = self.records
+        columns: dict[str, pa.Array] = {
+            "t_ns": pa.array(r["t_ns"].astype(np.int64)),
+            self.value_field: pa.array(r["value"]),
+            "cpu": pa.array(r["cpu"].astype(np.int16)),
+            "thread": pa.array(r["thread"].astype(np.int16)),
+            "kind": pa.DictionaryArray.from_arrays(
+                pa.array(r["kind"].astype(np.int32)),
+                pa.array([self.kind_name(i) for i in range(max(len(self.header.get("kinds") or []),
+                                                              int(r["kind"].max(initial=0)) + 1))]),
+            ),
+        }
+        aux = self.header.get("aux_field")
+        if aux:
+            columns[str(aux)] = pa.array(r["aux"].astype(np.int64))
+        return pa.table(columns)
+
+
+class StreamReader:
+    """Incremental reader: call :meth:`poll` while the agent runs, :meth:`finish` after it exits."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.header: dict[str, Any] | None = None
+        self._offset = 0
+        self._chunks: list[np.ndarray] = []
+        self._meta: list[np.ndarray] = []
+        self._file: BinaryIO | None = None
+
+    def _open(self) -> BinaryIO | None:
+        if self._file is None:
+            try:
+                self._file = self.path.open("rb")
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise InputError(f"{self.path}: cannot read sample stream: {exc.strerror}") from None
+        return self._file
+
+    def _read_header(self, f: BinaryIO, final: bool) -> bool:
+        f.seek(0)
+        prefix = f.read(16)
+        if len(prefix) < 16:
+            if final:
+                raise InputError(f"{self.path}: not an rtvirt sample stream (file too short: {len(prefix)} bytes)")
+            return False
+        if prefix[:8] != MAGIC:
+            raise InputError(f"{self.path}: not an rtvirt sample stream (bad magic)")
+        version = int.from_bytes(prefix[8:12], "little")
+        length = int.from_bytes(prefix[12:16], "little")
+        if version not in SUPPORTED_VERSIONS:
+            raise InputError(f"{self.path}: sample stream format version {version} is not supported")
+        if length > MAX_HEADER:
+            raise InputError(f"{self.path}: corrupt sample stream (header length {length})")
+        text = f.read(length)
+        if len(text) < length:
+            if final:
+                raise InputError(f"{self.path}: truncated sample stream (header cut short)")
+            return False
+        try:
+            header = json.loads(text.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{self.path}: corrupt sample stream header ({exc})") from None
+        if not isinstance(header, dict) or not {"probe", "value_field"} <= header.keys():
+            raise InputError(f"{self.path}: sample stream header lacks 'probe' or 'value_field'")
+        self.header = header
+        self._offset = 16 + length + (-(16 + length) % 8)
+        return True
+
+    def poll(self, final: bool = False) -> np.ndarray:
+        """Read the records appended since the last call; returns the new data records."""
+        f = self._open()
+        if f is None:
+            if final:
+                raise InputError(f"{self.path}: sample stream not found")
+            return np.empty(0, RECORD)
+        if self.header is None and not self._read_header(f, final):
+            return np.empty(0, RECORD)
+        f.seek(self._offset)
+        data = f.read()
+        usable = len(data) - len(data) % RECORD.itemsize
+        self._offset += usable
+        records = np.frombuffer(data[:usable], dtype=RECORD)
+        is_meta = (records["flags"] & FLAG_META) != 0
+        if is_meta.any():
+            self._meta.append(records[is_meta])
+            records = records[~is_meta]
+        self._chunks.append(records)
+        return records
+
+    def finish(self) -> SampleStream:
+        self.poll(final=True)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        assert self.header is not None
+        records = np.concatenate(self._chunks) if self._chunks else np.empty(0, RECORD)
+        stream = SampleStream(self.header, records)
+        stat_names = self.header.get("stats") or []
+        for meta in np.concatenate(self._meta) if self._meta else ():
+            kind = int(meta["kind"])
+            if kind == META_DROPPED:
+                stream.dropped[int(meta["thread"])] = int(meta["value"])
+            elif kind == META_END:
+                stream.end_reason = END_REASONS.get(int(meta["aux"]), "error")
+                stream.written = int(meta["value"])
+            elif kind == META_STAT:
+                key = int(meta["aux"])
+                name = str(stat_names[key]) if key < len(stat_names) else f"stat{key}"
+                stream.stats[(int(meta["thread"]), name)] = int(meta["value"])
+        return stream
+
+
+def read_stream(path: Path | str) -> SampleStream:
+    """Read a whole sample stream file (complete or partial)."""
+    return StreamReader(Path(path)).finish()
