@@ -310,7 +310,7 @@ static void *writer_main(void *arg) {
         size_t n = drain(ctx, batch, CHUNK);
         if (n) {
             write_all(ctx->out_fd, batch, n * sizeof *batch);
-            ctx->written += n;
+            for (size_t i = 0; i < n; i++) ctx->written += !(batch[i].flags & RTV_FLAG_META);
         } else if (quitting) {
             break;
         } else {

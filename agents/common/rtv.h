@@ -37,7 +37,7 @@ enum { RTV_FLAG_META = 1 };
 /* Meta record kinds (flags & RTV_FLAG_META). */
 enum {
     RTV_META_DROPPED = 1, /* thread, value = samples dropped because its ring was full */
-    RTV_META_END = 2,     /* value = data records written, aux = rtv_end_reason */
+    RTV_META_END = 2,     /* value = data (non-meta) records written, aux = rtv_end_reason */
     RTV_META_STAT = 3,    /* thread, aux = index into the probe's stat_names, value */
 };
 typedef enum { RTV_END_COMPLETE = 0, RTV_END_SIGNAL = 1, RTV_END_ERROR = 2 } rtv_end_reason;

@@ -2,22 +2,32 @@
 
 Quantiles follow numpy's default definition (linear interpolation between order statistics). Latency
 samples are integers with a small range, so the order statistics come from an exact histogram (one
-counting pass) rather than a sort; a wide range falls back to a sort. Both are exact.
+counting pass, in chunks to bound memory) rather than a sort; a wide range falls back to a sort. Both
+are exact. A :class:`Histogram` (distinct values and their counts) is also what the results store keeps
+next to the samples, so a stored run's statistics need no pass over its samples at all.
+
+Confidence intervals (95 %): the mean's is mean ± 1.96·s/√n (normal approximation, s with n−1); the
+median's is distribution-free, between the order statistics of ranks n/2 ∓ 1.96·√n/2 (binomial
+normal approximation), so it stays valid for skewed latency distributions.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from .stream import SampleStream
 
-__all__ = ["Summary", "summarize", "summarize_stream", "SUMMARY_FIELDS"]
+__all__ = ["Summary", "Histogram", "HistogramBuilder", "summarize", "summarize_histogram", "summarize_stream",
+           "SUMMARY_FIELDS"]
 
-# Histogram when the value range is at most this many bins (or a few per sample).
+# Dense counting when the value range is at most this many bins (or a few per sample).
 _HIST_MAX_BINS = 1 << 24
+_CHUNK = 1 << 22
+_Z95 = 1.959963984540054
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,10 @@ class Summary:
     max_ns: float
     stdev_ns: float
     max_jitter_ns: float
+    mean_ci_low_ns: float = math.nan
+    mean_ci_high_ns: float = math.nan
+    median_ci_low_ns: float = math.nan
+    median_ci_high_ns: float = math.nan
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -47,35 +61,40 @@ _QUANTILES = {"q1_ns": 0.25, "median_ns": 0.5, "q3_ns": 0.75, "p99_ns": 0.99, "p
               "p9999_ns": 0.9999}
 
 
-class _OrderStatistics:
-    """k-th smallest value (0-based) of the samples, from counts or from a sorted copy."""
+@dataclass(frozen=True)
+class Histogram:
+    """Exact distribution: ascending distinct ``values`` and how often each occurred (``counts``)."""
 
-    def __init__(self, values: np.ndarray) -> None:
-        self.n = int(values.size)
-        self.lo = int(values.min())
-        hi = int(values.max())
-        self.hi = hi
-        span = hi - self.lo + 1
-        if span <= max(_HIST_MAX_BINS, 4 * self.n) and span <= 1 << 28:
-            counts = np.bincount((values - self.lo).astype(np.intp, copy=False), minlength=span)
-            self.cumulative: np.ndarray | None = np.cumsum(counts)
-            self.sorted: np.ndarray | None = None
-            bins = np.arange(self.lo, self.lo + span, dtype=np.float64)
-            self.total = float(np.dot(counts.astype(np.float64), bins))
-            self.mean = self.total / self.n
-            self.var = float(np.dot(counts.astype(np.float64), (bins - self.mean) ** 2)) / self.n
-        else:
-            self.cumulative = None
-            self.sorted = np.sort(values)
-            as_float = self.sorted.astype(np.float64)
-            self.mean = float(as_float.mean())
-            self.var = float(as_float.var())
+    values: np.ndarray
+    counts: np.ndarray
+    cumulative: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cumulative", np.cumsum(self.counts, dtype=np.int64))
+
+    @property
+    def n(self) -> int:
+        return int(self.cumulative[-1]) if self.cumulative.size else 0
+
+    @classmethod
+    def of(cls, samples: np.ndarray) -> Histogram:
+        builder = HistogramBuilder()
+        builder.add(samples)
+        return builder.finish()
+
+    @classmethod
+    def merged(cls, parts: Iterable[Histogram]) -> Histogram:
+        parts = list(parts)
+        if not parts:
+            return cls(np.empty(0, np.int64), np.empty(0, np.int64))
+        values = np.concatenate([p.values for p in parts])
+        counts = np.concatenate([p.counts for p in parts])
+        distinct, where = np.unique(values, return_inverse=True)
+        return cls(distinct, np.bincount(where, weights=counts, minlength=distinct.size).astype(np.int64))
 
     def kth(self, k: int) -> int:
-        if self.sorted is not None:
-            return int(self.sorted[k])
-        assert self.cumulative is not None
-        return self.lo + int(np.searchsorted(self.cumulative, k, side="right"))
+        """The k-th smallest sample (0-based)."""
+        return int(self.values[np.searchsorted(self.cumulative, k, side="right")])
 
     def quantile(self, q: float) -> float:
         position = (self.n - 1) * q
@@ -86,49 +105,94 @@ class _OrderStatistics:
         upper = self.kth(below + 1)
         return lower + (upper - lower) * (position - below)
 
-    def smallest_at_least(self, threshold: float) -> int:
-        if self.sorted is not None:
-            return int(self.sorted[np.searchsorted(self.sorted, threshold, side="left")])
-        assert self.cumulative is not None
-        start = max(0, math.ceil(threshold) - self.lo)
-        before = int(self.cumulative[start - 1]) if start > 0 else 0
-        return self.kth(before)
 
-    def largest_at_most(self, threshold: float) -> int:
-        if self.sorted is not None:
-            return int(self.sorted[np.searchsorted(self.sorted, threshold, side="right") - 1])
-        assert self.cumulative is not None
-        end = min(self.hi, math.floor(threshold)) - self.lo
-        return self.kth(int(self.cumulative[end]) - 1)
+class HistogramBuilder:
+    """Accumulates an exact histogram chunk by chunk (bounded memory: one chunk plus the counts)."""
+
+    def __init__(self) -> None:
+        self._parts: list[Histogram] = []
+
+    def add(self, samples: np.ndarray) -> None:
+        samples = np.asarray(samples)
+        if samples.size == 0:
+            return
+        if not np.issubdtype(samples.dtype, np.integer):
+            raise TypeError("exact statistics take integer samples (ns)")
+        lo, hi = int(samples.min()), int(samples.max())
+        span = hi - lo + 1
+        if span <= max(_HIST_MAX_BINS, 4 * samples.size) and span <= 1 << 28:
+            counts = np.zeros(span, np.int64)
+            step = max(_CHUNK, 4 * span)  # adding a big count array per tiny chunk would dominate
+            for start in range(0, samples.size, step):
+                chunk = samples[start:start + step]
+                shifted = chunk - lo if lo else chunk
+                if shifted.dtype.kind == "u" or shifted.dtype.itemsize < 8:
+                    shifted = shifted.astype(np.intp, copy=False)
+                counts += np.bincount(shifted, minlength=span)
+            present = np.flatnonzero(counts)
+            self._parts.append(Histogram(present.astype(np.int64) + lo, counts[present]))
+        else:
+            values, counts = np.unique(samples.astype(np.int64, copy=False), return_counts=True)
+            self._parts.append(Histogram(values, counts.astype(np.int64)))
+
+    def add_histogram(self, histogram: Histogram) -> None:
+        self._parts.append(histogram)
+
+    def finish(self) -> Histogram:
+        return self._parts[0] if len(self._parts) == 1 else Histogram.merged(self._parts)
 
 
 def summarize(values: np.ndarray, dropped: int = 0) -> Summary:
     """Exact statistics of integer samples; an empty input gives NaN statistics with samples=0."""
     values = np.asarray(values)
-    if values.size == 0:
-        nan = float("nan")
-        return Summary(0, dropped, *([nan] * (len(SUMMARY_FIELDS) - 2)))
-    if not np.issubdtype(values.dtype, np.integer):
+    if values.size and not np.issubdtype(values.dtype, np.integer):
         raise TypeError("summarize() takes integer samples (ns)")
-    order = _OrderStatistics(values)
-    q = {name: order.quantile(p) for name, p in _QUANTILES.items()}
+    return summarize_histogram(Histogram.of(values) if values.size else None, dropped)
+
+
+def summarize_histogram(histogram: Histogram | None, dropped: int = 0) -> Summary:
+    """Exact statistics from an exact histogram (None or empty: NaN statistics with samples=0)."""
+    if histogram is None or histogram.n == 0:
+        nan = math.nan
+        return Summary(0, dropped, *([nan] * (len(SUMMARY_FIELDS) - 2)))
+    h = histogram
+    n = h.n
+    as_float = h.values.astype(np.float64)
+    weights = h.counts.astype(np.float64)
+    mean = float(np.dot(weights, as_float)) / n
+    var = float(np.dot(weights, (as_float - mean) ** 2)) / n
+    q = {name: h.quantile(p) for name, p in _QUANTILES.items()}
     iqr = q["q3_ns"] - q["q1_ns"]
+    low_fence, high_fence = q["q1_ns"] - 1.5 * iqr, q["q3_ns"] + 1.5 * iqr
+    lower_whisker = h.values[np.searchsorted(h.values, low_fence, side="left")]
+    upper_whisker = h.values[np.searchsorted(h.values, high_fence, side="right") - 1]
+    lo, hi = int(h.values[0]), int(h.values[-1])
+    sample_sd = math.sqrt(var * n / (n - 1)) if n > 1 else math.nan
+    mean_half = _Z95 * sample_sd / math.sqrt(n)
+    # Ranks (1-based) of the median's distribution-free interval, clamped to the sample.
+    half_width = _Z95 * math.sqrt(n) / 2
+    low_rank = max(1, math.floor(n / 2 - half_width))
+    high_rank = min(n, math.ceil(n / 2 + 1 + half_width))
     return Summary(
-        samples=order.n,
+        samples=n,
         dropped=dropped,
-        min_ns=float(order.lo),
-        lower_whisker_ns=float(order.smallest_at_least(q["q1_ns"] - 1.5 * iqr)),
+        min_ns=float(lo),
+        lower_whisker_ns=float(lower_whisker),
         q1_ns=q["q1_ns"],
         median_ns=q["median_ns"],
-        mean_ns=order.mean,
+        mean_ns=mean,
         q3_ns=q["q3_ns"],
-        upper_whisker_ns=float(order.largest_at_most(q["q3_ns"] + 1.5 * iqr)),
+        upper_whisker_ns=float(upper_whisker),
         p99_ns=q["p99_ns"],
         p999_ns=q["p999_ns"],
         p9999_ns=q["p9999_ns"],
-        max_ns=float(order.hi),
-        stdev_ns=math.sqrt(order.var),
-        max_jitter_ns=float(order.hi - order.lo),
+        max_ns=float(hi),
+        stdev_ns=math.sqrt(var),
+        max_jitter_ns=float(hi - lo),
+        mean_ci_low_ns=mean - mean_half,
+        mean_ci_high_ns=mean + mean_half,
+        median_ci_low_ns=float(h.kth(low_rank - 1)),
+        median_ci_high_ns=float(h.kth(high_rank - 1)),
     )
 
 
@@ -141,7 +205,7 @@ def summarize_stream(stream: SampleStream, group_by: tuple[str, ...] = ("thread"
         keys = np.stack([records[column].astype(np.int64) for column in group_by], axis=1)
         for key in np.unique(keys, axis=0):
             mask = np.all(keys == key, axis=1)
-            label = " ".join(_label(stream, column, int(k)) for column, k in zip(group_by, key))
+            label = " ".join(_label(stream, column, int(k)) for column, k in zip(group_by, key, strict=True))
             dropped = stream.dropped.get(int(key[0]), 0) if group_by == ("thread",) else 0
             result[label] = summarize(values[mask], dropped)
     result["all"] = summarize(values, stream.total_dropped)

@@ -10,6 +10,7 @@ from types import FrameType
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import EXIT_USAGE, RtvirtError
 
@@ -28,8 +29,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except RtvirtError as exc:
-            err_console.print(f"[bold red]rtvirt:[/] {click.style(str(exc), fg=None)}", markup=True,
-                              highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]rtvirt:[/] {escape(str(exc))}", soft_wrap=True)
             ctx.exit(exc.exit_code)
 
 
