@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 # Build tools, the reference tools rtvirt compares itself with, and what guest images and reports need.
 DEB_PACKAGES=(build-essential cmake ninja-build python3-venv rt-tests stress-ng qemu-system-x86 busybox-static
-              cpio chromium)
+              cpio chromium jitterdebugger)
 
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do

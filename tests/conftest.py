@@ -12,7 +12,9 @@ import pytest
 RTVIRT = [sys.executable, "-m", "rtvirt"]
 
 
-def run_cli(*args: str, timeout: float = 120, check: bool = False, **kwargs: object) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout: float = 120, check: bool = False, **kwargs: object
+) -> subprocess.CompletedProcess[str]:
     """Run `rtvirt ARGS...` in a subprocess, as a user would."""
     env = {**os.environ, "COLUMNS": "200"}
     result = subprocess.run([*RTVIRT, *args], capture_output=True, text=True, timeout=timeout, env=env,

@@ -28,7 +28,9 @@ def test_format_then_parse_is_close(ns: int) -> None:
     assert abs(back - ns) <= max(1, ns * 1e-5)
 
 
-@pytest.mark.parametrize(("text", "cpus"), [("0", (0,)), ("0,2-3", (0, 2, 3)), ("3-5,1", (3, 4, 5, 1)), ([1, "2-3"], (1, 2, 3))])
+@pytest.mark.parametrize(
+    ("text", "cpus"), [("0", (0,)), ("0,2-3", (0, 2, 3)), ("3-5,1", (3, 4, 5, 1)), ([1, "2-3"], (1, 2, 3))]
+)
 def test_cpulist(text: object, cpus: tuple[int, ...]) -> None:
     assert parse_cpulist(text) == cpus
 

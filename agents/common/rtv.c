@@ -325,6 +325,14 @@ static void *writer_main(void *arg) {
 void rtv_stat(rtv_ctx *ctx, int thread, int key, int64_t value) {
     rtv_record rec = {.value = value, .aux = (uint64_t)key, .thread = (uint16_t)thread,
                       .kind = RTV_META_STAT, .flags = RTV_FLAG_META, .t_ns = rtv_now_ns()};
+    /* End-of-run statistics may wait for ring space (up to ~1 s): measuring is over, losing them is not. */
+    rtv_ring *r = &ctx->rings[thread];
+    for (int tries = 0; tries < 10000; tries++) {
+        uint64_t used = atomic_load(&r->head) - atomic_load(&r->tail);
+        if (used <= r->mask) break;
+        struct timespec pause = {0, 100 * 1000};
+        nanosleep(&pause, NULL);
+    }
     rtv_push(ctx, thread, &rec);
 }
 
@@ -335,23 +343,52 @@ int rtv_thread_cpu(const rtv_ctx *ctx, int index) {
     return a->count ? a->cpu[index % a->count] : -1;
 }
 
+void rtv_pin_cpu(int cpu, const char *who) {
+    if (cpu < 0) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    int err = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    if (err) rtv_die(RTV_EXIT_USAGE, "cannot run %s on CPU %d: %s (does that CPU exist and is it allowed?)", who, cpu,
+                     strerror(err));
+}
+
+void rtv_set_priority(int priority) {
+    if (priority <= 0) return;
+    struct sched_param sp = {.sched_priority = priority};
+    int err = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
+    if (err) rtv_die(RTV_EXIT_USAGE,
+                     "cannot set SCHED_FIFO priority %d: %s (run as root or with CAP_SYS_NICE, or use --no-rt)",
+                     priority, strerror(err));
+}
+
 void rtv_setup_thread(rtv_ctx *ctx, int index, int priority) {
-    int cpu = rtv_thread_cpu(ctx, index);
-    if (cpu >= 0) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpu, &set);
-        int err = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-        if (err) rtv_die(RTV_EXIT_USAGE, "cannot run thread %d on CPU %d: %s (does that CPU exist and is it allowed?)",
-                         index, cpu, strerror(err));
-    }
-    if (priority > 0) {
-        struct sched_param sp = {.sched_priority = priority};
-        int err = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp);
-        if (err) rtv_die(RTV_EXIT_USAGE,
-                         "cannot set SCHED_FIFO priority %d: %s (run as root or with CAP_SYS_NICE, or use --no-rt)",
-                         priority, strerror(err));
-    }
+    char who[32];
+    snprintf(who, sizeof who, "thread %d", index);
+    rtv_pin_cpu(rtv_thread_cpu(ctx, index), who);
+    rtv_set_priority(priority);
+}
+
+int rtv_home_cpu(const rtv_ctx *ctx) {
+    int cpu = rtv_thread_cpu(ctx, 0);
+    return cpu >= 0 ? cpu : sched_getcpu();
+}
+
+pthread_t rtv_spawn(void *(*fn)(void *), void *arg) {
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    pthread_t tid;
+    int err = pthread_create(&tid, &attr, fn, arg);
+    pthread_attr_destroy(&attr);
+    if (err) rtv_die(RTV_EXIT_FAILURE, "cannot start a thread: %s", strerror(err));
+    return tid;
+}
+
+void rtv_run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size) {
+    pthread_t tids[RTV_MAX_THREADS];
+    for (int i = 0; i < n; i++) tids[i] = rtv_spawn(fn, (char *)args + (size_t)i * arg_size);
+    for (int i = 0; i < n; i++) pthread_join(tids[i], NULL);
 }
 
 static int hold_dma_latency(void) {
@@ -399,7 +436,9 @@ void rtv_ctx_start(rtv_ctx *ctx, const rtv_opt *const *tables, int ntables) {
         if (!ctx->rings[i].buf) rtv_die(RTV_EXIT_FAILURE, "out of memory for the sample rings");
         memset(ctx->rings[i].buf, 0, (1ull << c->ring_order) * sizeof(rtv_record));
     }
+    rtv_cycles_hz(); /* calibrate before the clocks are paired */
     ctx->start_ns = rtv_now_ns();
+    ctx->start_cycles = rtv_cycles();
     ctx->end_ns = c->duration_ns ? ctx->start_ns + c->duration_ns : 0;
     write_header(ctx, tables, ntables);
     if (pthread_create(&ctx->writer, NULL, writer_main, ctx) != 0)

@@ -73,7 +73,7 @@ typedef struct {
 
 typedef struct rtv_ctx rtv_ctx;
 
-typedef struct {
+typedef struct rtv_probe {
     const char *name;
     const char *summary;
     const rtv_opt *opts;            /* NULL-name terminated */
@@ -83,6 +83,8 @@ typedef struct {
     const char *const *stat_names;  /* NULL-terminated; names for RTV_META_STAT keys */
     int (*validate)(rtv_common *common); /* cross-check options, may adjust defaults */
     int (*run)(rtv_ctx *ctx);
+    /* Optional: after parsing, the descriptor that actually runs (an engine variant with other fields). */
+    const struct rtv_probe *(*resolve)(void);
 } rtv_probe;
 
 /* ---- time ---- */
@@ -136,6 +138,7 @@ struct rtv_ctx {
     pthread_t writer;
     uint64_t written;
     uint64_t start_ns;
+    uint64_t start_cycles; /* rtv_cycles() read together with start_ns */
     uint64_t end_ns; /* 0: no deadline */
     int dma_fd;
     bool rt_ok; /* whether SCHED_FIFO and mlockall were applied */
@@ -175,6 +178,22 @@ static inline bool rtv_should_stop(const rtv_ctx *ctx) {
 void rtv_setup_thread(rtv_ctx *ctx, int index, int priority);
 /* The CPU thread `index` is pinned to, or -1 when no affinity was given. */
 int rtv_thread_cpu(const rtv_ctx *ctx, int index);
+/* The building blocks of rtv_setup_thread, for probes that place helper threads themselves. Both exit
+ * with a clear message on failure; cpu < 0 and priority 0 leave the thread as it is. */
+void rtv_pin_cpu(int cpu, const char *who);
+void rtv_set_priority(int priority);
+/* The first --affinity CPU, else the CPU the caller runs on: where single-CPU probes (kops...) run. */
+int rtv_home_cpu(const rtv_ctx *ctx);
+
+/* CLOCK_MONOTONIC time of a cycle-counter reading (for timestamps taken with rtv_cycles). */
+static inline uint64_t rtv_cycles_to_mono(const rtv_ctx *ctx, uint64_t cycles) {
+    return ctx->start_ns + (uint64_t)((double)(int64_t)(cycles - ctx->start_cycles) * 1e9 / rtv_cycles_hz());
+}
+
+/* Start `n` threads running fn(args + i * arg_size) and wait for all of them; exits on failure. */
+void rtv_run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size);
+/* Start one thread with a small locked stack (under mlockall every stack byte is resident). */
+pthread_t rtv_spawn(void *(*fn)(void *), void *arg);
 
 /* Die with a message (prefixed with the program name) and the given exit code. */
 _Noreturn void rtv_die(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

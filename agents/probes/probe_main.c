@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
 
     const rtv_opt *const tables[] = {common_opts, ctx.probe->opts};
     rtv_parse_options(tables, 2, argc - 2, argv + 2);
+    if (ctx.probe->resolve) ctx.probe = ctx.probe->resolve();
     if (ctx.probe->validate && ctx.probe->validate(&ctx.common) != 0) return RTV_EXIT_USAGE;
     rtv_install_signal_handlers();
     rtv_ctx_start(&ctx, tables, 2);

@@ -1,20 +1,21 @@
 /* timer: periodic wake-up latency by the cyclictest method.
  * Each thread sleeps with an absolute clock_nanosleep to its next period on CLOCK_MONOTONIC and
  * records actual wake - planned wake. Missed periods are skipped (and counted), not queued, so one
- * long stall shows as one large sample rather than a burst of catch-up wake-ups. */
+ * long stall shows as one large sample rather than a burst of catch-up wake-ups.
+ * --engine timerlat hands the measurement to the kernel's timerlat tracer instead (timerlat.c). */
 #define _GNU_SOURCE
 #include <sched.h>
+#include <string.h>
 
 #include "probes.h"
+#include "timer.h"
 
-static struct {
-    uint64_t interval_ns;
-    uint64_t distance_ns;
-} opt = {.interval_ns = 1000000, .distance_ns = 500000};
+struct timer_options timer_opt = {.interval_ns = 1000000, .distance_ns = 500000, .engine = "cyclictest"};
 
 static const rtv_opt timer_opts[] = {
-    {"interval", RTV_OPT_NS, &opt.interval_ns, 10000, 10000000000ull, "period of thread 0 in ns"},
-    {"distance", RTV_OPT_NS, &opt.distance_ns, 0, 10000000000ull, "period increment per further thread in ns"},
+    {"interval", RTV_OPT_NS, &timer_opt.interval_ns, 10000, 10000000000ull, "period of thread 0 in ns"},
+    {"distance", RTV_OPT_NS, &timer_opt.distance_ns, 0, 10000000000ull, "period increment per further thread in ns"},
+    {"engine", RTV_OPT_STR, &timer_opt.engine, 0, 0, "cyclictest (our threads) or timerlat (the kernel tracer)"},
     {0},
 };
 
@@ -31,7 +32,7 @@ static void *worker(void *p) {
     worker_arg *a = p;
     rtv_ctx *ctx = a->ctx;
     rtv_setup_thread(ctx, a->index, (int)ctx->common.priority);
-    const uint64_t interval = opt.interval_ns + (uint64_t)a->index * opt.distance_ns;
+    const uint64_t interval = timer_opt.interval_ns + (uint64_t)a->index * timer_opt.distance_ns;
     uint64_t next = a->first_ns, overruns = 0;
     for (uint64_t n = 0; !ctx->common.loops || n < ctx->common.loops; n++) {
         if (!rtv_sleep_until(ctx, next)) break;
@@ -50,16 +51,19 @@ static void *worker(void *p) {
 
 static int timer_run(rtv_ctx *ctx) {
     int n = (int)ctx->common.threads;
-    pthread_t tids[RTV_MAX_THREADS];
     worker_arg args[RTV_MAX_THREADS];
     /* All threads share a start a little in the future so set-up cost is not measured. */
     uint64_t first = rtv_now_ns() + 10 * 1000 * 1000;
-    for (int i = 0; i < n; i++) {
-        args[i] = (worker_arg){ctx, i, first};
-        if (pthread_create(&tids[i], NULL, worker, &args[i]) != 0) rtv_die(RTV_EXIT_FAILURE, "cannot start thread %d", i);
-    }
-    for (int i = 0; i < n; i++) pthread_join(tids[i], NULL);
+    for (int i = 0; i < n; i++) args[i] = (worker_arg){ctx, i, first};
+    rtv_run_threads(n, worker, args, sizeof args[0]);
     return 0;
+}
+
+static const rtv_probe *timer_resolve(void) {
+    if (!strcmp(timer_opt.engine, "timerlat")) return &timer_timerlat_engine;
+    if (strcmp(timer_opt.engine, "cyclictest") != 0)
+        rtv_die(RTV_EXIT_USAGE, "invalid value for '--engine': '%s' (choose cyclictest or timerlat)", timer_opt.engine);
+    return &rtv_probe_timer;
 }
 
 const rtv_probe rtv_probe_timer = {
@@ -71,4 +75,5 @@ const rtv_probe rtv_probe_timer = {
     .kind_names = (const char *const[]){"wakeup", NULL},
     .stat_names = stat_names,
     .run = timer_run,
+    .resolve = timer_resolve,
 };

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import click
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -140,7 +141,7 @@ def click_options(model: type[Params], *, exclude: tuple[str, ...] = ()) -> Call
 
 
 def _show_default(name: str, value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and name in ("duration", "interval", "distance",
+    if isinstance(value, int) and not isinstance(value, bool) and name in ("duration", "interval", "distance", "report_interval",
                                                                              "threshold"):
         from .units import format_duration
 

@@ -9,13 +9,14 @@ lists, never shell strings.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 __all__ = ["Supervisor", "terminate_group"]
@@ -40,10 +41,8 @@ def terminate_group(proc: subprocess.Popen[Any], grace: float = 5.0) -> int | No
     try:
         return proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         return proc.wait()
 
 
@@ -73,7 +72,15 @@ class Supervisor:
         stdin: int | IO[Any] | None = subprocess.DEVNULL,
         env: dict[str, str] | None = None,
         pass_fds: Sequence[int] = (),
+        before_exec: Callable[[], None] | None = None,
     ) -> subprocess.Popen[Any]:
+        """Start ``argv``; ``before_exec`` runs in the child before exec (e.g. to join a cgroup)."""
+
+        def prepare_child() -> None:
+            _die_with_parent()
+            if before_exec is not None:
+                before_exec()
+
         proc = subprocess.Popen(
             list(argv),
             stdin=stdin,
@@ -82,7 +89,7 @@ class Supervisor:
             env=env,
             pass_fds=tuple(pass_fds),
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=prepare_child,
         )
         with self._lock:
             self._children.append(proc)

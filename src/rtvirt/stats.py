@@ -1,10 +1,11 @@
 """Exact summary statistics of integer samples (latencies, durations in ns).
 
 Quantiles follow numpy's default definition (linear interpolation between order statistics). Latency
-samples are integers with a small range, so the order statistics come from an exact histogram (one
-counting pass, in chunks to bound memory) rather than a sort; a wide range falls back to a sort. Both
-are exact. A :class:`Histogram` (distinct values and their counts) is also what the results store keeps
-next to the samples, so a stored run's statistics need no pass over its samples at all.
+samples are integers whose body has a small range, so the order statistics come from an exact histogram:
+one counting pass in cache-sized chunks over a dense range covering the body, and a sort of the rare
+values beyond it (the tail). Both are exact. A :class:`Histogram` (distinct values and their counts) is
+also what the results store keeps next to the samples, so a stored run's statistics need no pass over its
+samples at all.
 
 Confidence intervals (95 %): the mean's is mean ± 1.96·s/√n (normal approximation, s with n−1); the
 median's is distribution-free, between the order statistics of ranks n/2 ∓ 1.96·√n/2 (binomial
@@ -24,9 +25,10 @@ from .stream import SampleStream
 __all__ = ["Summary", "Histogram", "HistogramBuilder", "summarize", "summarize_histogram", "summarize_stream",
            "SUMMARY_FIELDS"]
 
-# Dense counting when the value range is at most this many bins (or a few per sample).
-_HIST_MAX_BINS = 1 << 24
-_CHUNK = 1 << 22
+# Dense counting bins: at least this many, at most this many (beyond: the tail is sorted).
+_DENSE_MIN = 1 << 16
+_DENSE_MAX = 1 << 22
+_CHUNK = 1 << 18
 _Z95 = 1.959963984540054
 
 
@@ -106,6 +108,23 @@ class Histogram:
         return lower + (upper - lower) * (position - below)
 
 
+def _distinct_counts(samples: np.ndarray) -> Histogram:
+    values, counts = np.unique(samples.astype(np.int64, copy=False), return_counts=True)
+    return Histogram(values, counts.astype(np.int64))
+
+
+def _dense_bins(samples: np.ndarray, lo: int, hi: int) -> int:
+    """Number of dense counting bins from ``lo``: enough for the body of the distribution (estimated on
+    a strided subsample), small enough to stay in cache; the sparse tail beyond is counted by sorting."""
+    span = hi - lo + 1
+    if span <= _DENSE_MIN:
+        return span
+    probe = samples[:: max(1, samples.size // 65_536)]
+    body = int(np.quantile(probe, 0.999)) - lo + 1
+    # Never many more bins than samples: a few values spread wide are cheaper to sort.
+    return int(min(span, max(_DENSE_MIN, 2 * body), _DENSE_MAX, max(_DENSE_MIN, 8 * samples.size)))
+
+
 class HistogramBuilder:
     """Accumulates an exact histogram chunk by chunk (bounded memory: one chunk plus the counts)."""
 
@@ -119,24 +138,37 @@ class HistogramBuilder:
         if not np.issubdtype(samples.dtype, np.integer):
             raise TypeError("exact statistics take integer samples (ns)")
         lo, hi = int(samples.min()), int(samples.max())
-        span = hi - lo + 1
-        if span <= max(_HIST_MAX_BINS, 4 * samples.size) and span <= 1 << 28:
-            counts = np.zeros(span, np.int64)
-            step = max(_CHUNK, 4 * span)  # adding a big count array per tiny chunk would dominate
-            for start in range(0, samples.size, step):
-                chunk = samples[start:start + step]
-                shifted = chunk - lo if lo else chunk
-                if shifted.dtype.kind == "u" or shifted.dtype.itemsize < 8:
-                    shifted = shifted.astype(np.intp, copy=False)
-                counts += np.bincount(shifted, minlength=span)
-            present = np.flatnonzero(counts)
-            self._parts.append(Histogram(present.astype(np.int64) + lo, counts[present]))
-        else:
-            values, counts = np.unique(samples.astype(np.int64, copy=False), return_counts=True)
-            self._parts.append(Histogram(values, counts.astype(np.int64)))
+        if hi - lo >= 1 << 62:
+            self._parts.append(_distinct_counts(samples))
+            return
+        cap = _dense_bins(samples, lo, hi)
+        counts = np.zeros(cap + 1, np.int64)
+        # One reused int64 buffer of cache size: bincount takes it without another conversion copy.
+        buffer = np.empty(min(_CHUNK, samples.size), np.int64)
+        tails = []
+        for start in range(0, samples.size, _CHUNK):
+            chunk = samples[start:start + _CHUNK]
+            shifted = buffer[:chunk.size]
+            np.subtract(chunk, lo, out=shifted, casting="unsafe")
+            # Values past the dense range all land in the last bin; they are rare and counted exactly below.
+            np.minimum(shifted, cap, out=shifted)
+            chunk_counts = np.bincount(shifted, minlength=cap + 1)
+            counts += chunk_counts
+            if chunk_counts[cap]:
+                tails.append(chunk[chunk >= lo + cap])
+        present = np.flatnonzero(counts[:cap])
+        body = Histogram(present.astype(np.int64) + lo, counts[present])
+        if not tails:
+            self._parts.append(body)
+            return
+        tail = _distinct_counts(np.concatenate(tails))
+        # Tail values are all above the dense range: concatenation keeps the order.
+        self._parts.append(Histogram(np.concatenate([body.values, tail.values]),
+                                     np.concatenate([body.counts, tail.counts])))
 
-    def add_histogram(self, histogram: Histogram) -> None:
-        self._parts.append(histogram)
+    @property
+    def has_samples(self) -> bool:
+        return bool(self._parts)
 
     def finish(self) -> Histogram:
         return self._parts[0] if len(self._parts) == 1 else Histogram.merged(self._parts)

@@ -1,30 +1,39 @@
-"""The results store: one directory per run with its manifest, raw stream and Parquet samples.
+"""The results store: one directory per run with its manifest, raw stream, Parquet samples and histogram.
 
-Layout (docs/results-store.md)::
+Layout and schema: docs/results-store.md ::
 
-    RESULTS/runs/<run_id>/manifest.json     what ran, where, with which parameters; complete or partial
-    RESULTS/runs/<run_id>/samples.rtvs      the agent's raw stream, kept as taken
-    RESULTS/runs/<run_id>/samples.parquet   the samples as columns
+    RESULTS/runs/<run_id>/manifest.json       what ran, where, with which parameters; complete or partial
+    RESULTS/runs/<run_id>/samples.rtvs        the agent's raw stream, kept as taken (measured runs)
+    RESULTS/runs/<run_id>/samples.parquet     the samples as columns: t_ns, <value_field>, cpu, thread, kind, [aux]
+    RESULTS/runs/<run_id>/histogram.parquet   exact histogram per (cpu, kind): cpu, kind, value, count
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import secrets
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InputError
-from .stats import summarize_stream
+from .stats import Histogram, HistogramBuilder, Summary, summarize_histogram, summarize_stream
 from .stream import SampleStream
 
-__all__ = ["RunDir", "new_run", "write_measured_run", "MANIFEST_VERSION"]
+__all__ = ["RunDir", "Manifest", "StoredRun", "new_run", "write_run", "write_measured_run", "load_run", "list_runs",
+           "resolve_runs", "histogram_table", "MANIFEST_VERSION"]
 
 MANIFEST_VERSION = 1
+_INT32 = np.iinfo(np.int32)
 
 
 @dataclass(frozen=True)
@@ -41,13 +50,60 @@ class RunDir:
         return self.path / "samples.parquet"
 
     @property
+    def histogram_path(self) -> Path:
+        return self.path / "histogram.parquet"
+
+    @property
     def manifest_path(self) -> Path:
         return self.path / "manifest.json"
 
 
+class TimelineEvent(BaseModel):
+    t_ns: int
+    event: str = Field(max_length=500)
+
+
+class AnalysisTask(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    vm: str
+    task: str
+    wcrt_bound_ns: float | None = None
+    deadline_ns: float | None = None
+    schedulable: bool | None = None
+
+
+class Analysis(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    tasks: list[AnalysisTask] = []
+
+
+class Manifest(BaseModel):
+    """What every manifest.json holds; producers may add more keys (kept as given)."""
+
+    model_config = ConfigDict(extra="allow")
+    manifest_version: int = MANIFEST_VERSION
+    run_id: str
+    name: str = Field(max_length=500)
+    source: Literal["measured", "simulated", "imported", "analysis"]
+    probe: str | None = None
+    value_field: str | None = None
+    status: Literal["complete", "partial"] = "complete"
+    params: dict[str, Any] = {}
+    summary: dict[str, dict[str, float | int | None]] = {}
+    dropped: int = 0
+    created: str
+    scenario: str | None = None
+    environment: str | None = None
+    config: str | None = None
+    repetition: int | None = None
+    timeline: list[TimelineEvent] = []
+    system: dict[str, Any] = {}
+    analysis: Analysis | None = None
+
+
 def new_run(results: Path, label: str) -> RunDir:
     """Create a fresh, uniquely named run directory under ``results/runs``."""
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     safe_label = "".join(c if c.isalnum() or c in "-_." else "-" for c in label)[:64]
     run_id = f"{stamp}-{safe_label}-{secrets.token_hex(2)}"
     path = Path(results) / "runs" / run_id
@@ -58,14 +114,132 @@ def new_run(results: Path, label: str) -> RunDir:
     return RunDir(run_id, path)
 
 
+def _validated(manifest: dict[str, Any], where: str) -> Manifest:
+    try:
+        return Manifest.model_validate(manifest)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        path = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        raise InputError(f"{where}: manifest field '{path}': {error['msg']}") from None
+
+
+def _compact(table: pa.Table, value_field: str) -> pa.Table:
+    """Store latencies as int32 when they fit: half the bytes to read back, same values."""
+    column = table[value_field]
+    if pa.types.is_integer(column.type) and column.type != pa.int32() and len(column):
+        lo, hi = pc.min_max(column).values()
+        if lo.as_py() is not None and _INT32.min <= lo.as_py() and hi.as_py() <= _INT32.max:
+            table = table.set_column(table.schema.get_field_index(value_field), value_field,
+                                     column.cast(pa.int32()))
+    return table
+
+
+def histogram_table(groups: Iterable[tuple[int, str, Histogram]]) -> pa.Table:
+    """The stored histogram layout (cpu, kind, value, count) from per-(cpu, kind) histograms."""
+    columns: dict[str, list[Any]] = {"cpu": [], "kind": [], "value": [], "count": []}
+    for cpu, kind, h in groups:
+        columns["cpu"].append(np.full(h.values.size, cpu, np.int16))
+        columns["kind"].append(np.full(h.values.size, kind, dtype=object))
+        columns["value"].append(h.values.astype(np.int64))
+        columns["count"].append(h.counts.astype(np.int64))
+    types = {"cpu": pa.int16(), "kind": pa.string(), "value": pa.int64(), "count": pa.int64()}
+    return pa.table({name: pa.array(np.concatenate(parts) if parts else [], types[name])
+                     for name, parts in columns.items()})
+
+
+def _group_histograms(table: pa.Table, value_field: str) -> pa.Table:
+    """Exact histogram of the value column per (cpu, kind) group."""
+    values = table[value_field].to_numpy()
+    n = len(values)
+    cpus = table["cpu"].to_numpy() if "cpu" in table.column_names else np.zeros(n, np.int16)
+    if "kind" in table.column_names:
+        kind_column = table["kind"].combine_chunks()
+        if pa.types.is_dictionary(kind_column.type):
+            kind_names = [str(k) for k in kind_column.dictionary.to_pylist()]
+            kinds = kind_column.indices.to_numpy(zero_copy_only=False)
+        else:
+            kind_names, kinds = _factorize(kind_column)
+    else:
+        kind_names, kinds = [""], np.zeros(n, np.int32)
+    keys = cpus.astype(np.int64) * (len(kind_names) + 1) + kinds.astype(np.int64)
+    distinct_keys = np.flatnonzero(np.bincount(keys))  # a counting pass, not a sort of every sample
+    groups = []
+    for key in distinct_keys:
+        selected = values if distinct_keys.size == 1 else values[keys == key]
+        cpu, kind = divmod(int(key), len(kind_names) + 1)
+        groups.append((cpu, kind_names[kind], Histogram.of(selected)))
+    return histogram_table(groups)
+
+
+def _factorize(column: pa.Array) -> tuple[list[str], np.ndarray]:
+    encoded = pc.dictionary_encode(column.cast(pa.string()))
+    return [str(k) for k in encoded.dictionary.to_pylist()], encoded.indices.to_numpy(zero_copy_only=False)
+
+
+def summaries_from_histogram(histogram: pa.Table, group_by: str | None, dropped: int = 0) -> dict[str, Summary]:
+    """Per-group (``cpu`` or ``kind``) and ``all`` summaries from a stored histogram table."""
+    result: dict[str, Summary] = {}
+    if group_by and histogram.num_rows:
+        groups = histogram[group_by].to_pylist()
+        keys = np.array(groups, dtype=object)
+        for group in sorted(set(groups), key=str):
+            part = histogram.filter(pa.array(keys == group))
+            label = f"cpu {group}" if group_by == "cpu" else str(group)
+            result[label] = summarize_histogram(Histogram.merged([_as_histogram(part)]))
+    result["all"] = summarize_histogram(Histogram.merged([_as_histogram(histogram)]), dropped)
+    return result
+
+
+def _as_histogram(table: pa.Table) -> Histogram:
+    return Histogram(table["value"].to_numpy(), table["count"].to_numpy())
+
+
+def write_run(run: RunDir, table: pa.Table | None, manifest: dict[str, Any], *,
+              histogram: pa.Table | None = None, group_by: str | None = "kind") -> dict[str, Any]:
+    """Write any run: samples (if any), their exact histogram, and the validated manifest.
+
+    ``manifest`` needs at least ``name`` and ``source``; ``run_id``, ``created`` and ``manifest_version``
+    are filled in, and ``summary`` (per ``group_by`` column and ``all``) is computed when absent.
+    ``histogram`` (columns cpu, kind, value, count) is for sources that only kept counts (imported
+    cyclictest -h, rtla hist); with samples it is computed from them.
+    """
+    document = {"manifest_version": MANIFEST_VERSION, "run_id": run.run_id,
+                "created": dt.datetime.now(dt.UTC).isoformat(), **manifest}
+    if table is not None:
+        value_field = document.get("value_field")
+        if not value_field or value_field not in table.column_names:
+            raise InputError(f"run {run.run_id}: value_field {value_field!r} is not a column of the samples")
+        table = _compact(table, value_field)
+        pq.write_table(table, run.parquet_path, compression="zstd", use_dictionary=["kind"],
+                       column_encoding={"t_ns": "DELTA_BINARY_PACKED"} if "t_ns" in table.column_names else None)
+        histogram = _group_histograms(table, value_field)
+    if histogram is not None:
+        pq.write_table(histogram, run.histogram_path, compression="zstd")
+        if "summary" not in document:
+            summaries = summaries_from_histogram(histogram, group_by, int(document.get("dropped", 0)))
+            document["summary"] = {group: s.as_dict() for group, s in summaries.items()}
+    _validated(document, str(run.manifest_path))
+    temporary = run.manifest_path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(_json_safe(document), indent=2, default=str))
+    os.replace(temporary, run.manifest_path)  # readers (catalog, report) never see half a manifest
+    return document
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def write_measured_run(run: RunDir, stream: SampleStream, *, name: str, params: dict[str, Any],
                        group_by: tuple[str, ...] = ("thread",), extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the Parquet samples and the manifest of a finished (or interrupted) probe run."""
-    pq.write_table(stream.to_table(), run.parquet_path, compression="zstd")
     summaries = summarize_stream(stream, group_by)
     manifest = {
-        "manifest_version": MANIFEST_VERSION,
-        "run_id": run.run_id,
         "name": name,
         "source": "measured",
         "probe": stream.probe,
@@ -77,8 +251,113 @@ def write_measured_run(run: RunDir, stream: SampleStream, *, name: str, params: 
         "dropped": stream.total_dropped,
         "probe_stats": {f"{name} thread {thread}": value for (thread, name), value in sorted(stream.stats.items())},
         "summary": {group: summary.as_dict() for group, summary in summaries.items()},
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(),
         **(extra or {}),
     }
-    run.manifest_path.write_text(json.dumps(manifest, indent=2, default=str))
-    return manifest
+    return write_run(run, stream.to_table(), manifest)
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A run read back from the store."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def run_id(self) -> str:
+        return str(self.manifest["run_id"])
+
+    @property
+    def label(self) -> str:
+        """Configuration label used to group runs in reports (falls back to the run's name)."""
+        return str(self.manifest.get("config") or self.manifest.get("name") or self.run_id)
+
+    @property
+    def value_field(self) -> str | None:
+        return self.manifest.get("value_field")
+
+    @property
+    def partial(self) -> bool:
+        return self.manifest.get("status") == "partial"
+
+    @property
+    def has_samples(self) -> bool:
+        return (self.path / "samples.parquet").exists()
+
+    def histogram_table(self) -> pa.Table | None:
+        path = self.path / "histogram.parquet"
+        if path.exists():
+            return _read_parquet(path)
+        return None
+
+    def histogram(self) -> Histogram | None:
+        """The exact histogram of all samples (from histogram.parquet, else one chunked pass over the samples)."""
+        table = self.histogram_table()
+        if table is not None:
+            return Histogram.merged([_as_histogram(table)])
+        if not self.has_samples or not self.value_field:
+            return None
+        builder = HistogramBuilder()
+        for batch in self.iter_batches([self.value_field]):
+            builder.add(batch.column(0).to_numpy(zero_copy_only=False))
+        return builder.finish()
+
+    def iter_batches(self, columns: list[str], batch_size: int = 1 << 22) -> Iterator[pa.RecordBatch]:
+        path = self.path / "samples.parquet"
+        try:
+            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"{path}: cannot read samples ({exc})") from None
+
+    def samples(self, columns: list[str] | None = None) -> pa.Table:
+        return _read_parquet(self.path / "samples.parquet", columns)
+
+    def summary(self) -> Summary:
+        return summarize_histogram(self.histogram(), int(self.manifest.get("dropped") or 0))
+
+
+def _read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
+    try:
+        return pq.read_table(path, columns=columns)
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+def load_run(path: Path) -> StoredRun:
+    """Read a run directory (or its manifest.json); errors name the file."""
+    path = Path(path)
+    directory = path.parent if path.name == "manifest.json" else path
+    manifest_path = directory / "manifest.json"
+    try:
+        document = json.loads(manifest_path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{manifest_path}: no such run manifest") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{manifest_path}: corrupt run manifest ({exc})") from None
+    if not isinstance(document, dict):
+        raise InputError(f"{manifest_path}: corrupt run manifest (not a JSON object)")
+    _validated(document, str(manifest_path))
+    return StoredRun(directory, document)
+
+
+def list_runs(results: Path) -> list[StoredRun]:
+    """Every run under ``results/runs`` in creation order (unreadable runs raise InputError)."""
+    runs_dir = Path(results) / "runs"
+    if not runs_dir.is_dir():
+        raise InputError(f"{results}: not a results directory (no runs/ inside)")
+    runs = [load_run(d) for d in sorted(runs_dir.iterdir()) if (d / "manifest.json").exists()]
+    return sorted(runs, key=lambda r: str(r.manifest.get("created", "")))
+
+
+def resolve_runs(spec: str | Path, results: Path | None = None) -> list[StoredRun]:
+    """A run directory, a manifest, a results directory (all its runs) or a run id under ``results``."""
+    path = Path(spec)
+    if (path / "manifest.json").exists() or path.name == "manifest.json":
+        return [load_run(path)]
+    if (path / "runs").is_dir():
+        return list_runs(path)
+    if results is not None and (Path(results) / "runs" / str(spec) / "manifest.json").exists():
+        return [load_run(Path(results) / "runs" / str(spec))]
+    raise InputError(f"{spec}: not a run directory, manifest, results directory or known run id")

@@ -42,6 +42,7 @@ class SampleStream:
     stats: dict[tuple[int, str], int] = field(default_factory=dict)
     end_reason: str | None = None  # None: the stream has no END record (partial)
     written: int | None = None
+    error: str | None = None  # the agent's message when it ended with an error (set by the probe runner)
 
     @property
     def probe(self) -> str:

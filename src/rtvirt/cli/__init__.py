@@ -19,6 +19,16 @@ __all__ = ["main", "app"]
 # module name -> command attribute
 COMMANDS = {
     "probe": "probe",
+    "stats": "stats",
+    "report": "report",
+    "compare": "compare",
+    "sql": "sql",
+    "importer": "import_command",
+    "stress": "stress",
+    "run": "run",
+    "scenarios": "scenarios",
+    "sim": "sim",
+    "analyze": "analyze",
 }
 
 err_console = Console(stderr=True, highlight=False)

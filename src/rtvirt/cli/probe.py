@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
 
+from ..errors import RunError
 from ..params import build_params, click_options
 from ..probes import PROBES, ProbeSpec
 from ..probes.runner import Progress, run_probe
@@ -68,6 +70,8 @@ def _make_command(spec: ProbeSpec) -> click.Command:
             state = "" if manifest["status"] == "complete" else f" [yellow]({manifest['status']}: " \
                 f"{manifest['end_reason']})[/]"
             console.print(f"run {run.run_id} written to {run.path}{state}")
+        if stream.error:
+            raise RunError(f"{stream.error} (the samples taken are kept in {run.path})")
 
     return command
 

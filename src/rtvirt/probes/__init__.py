@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from . import timer
+from . import gap, kops, selftest, threadmetric, timer, wakeup, workload
 from .base import ProbeSpec
 
 __all__ = ["PROBES", "ProbeSpec", "get_probe"]
 
 PROBES: dict[str, ProbeSpec] = {spec.name: spec for spec in (
     timer.PROBE,
+    gap.PROBE,
+    kops.PROBE,
+    workload.PROBE,
+    threadmetric.PROBE,
+    wakeup.PROBE,
+    selftest.PROBE,
 )}
 
 

@@ -101,4 +101,6 @@ def run_probe(
     stream = reader.finish()
     if status != 0 and stream.records.size == 0:
         raise _agent_failure(status, stderr)
+    if status != 0 and stream.end_reason != "signal":
+        stream.error = str(_agent_failure(status, stderr))  # samples kept; the caller reports the failure
     return stream

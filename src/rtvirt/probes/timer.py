@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from ..params import CommonParams, cli
@@ -16,6 +18,9 @@ class TimerParams(CommonParams):
     distance: duration_field("us") = Field(  # type: ignore[valid-type]
         500_000, le=10_000_000_000, description="period added per further thread (bare numbers in us)",
         json_schema_extra=cli("-d", metavar="TIME"))
+    engine: Literal["cyclictest", "timerlat"] = Field(
+        "cyclictest", description="cyclictest: our own threads; timerlat: the kernel's timerlat tracer, which splits "
+        "each latency into IRQ and thread parts (irq_latency_ns); needs CONFIG_TIMERLAT_TRACER and root")
 
 
 PROBE = ProbeSpec(

@@ -1,0 +1,67 @@
+/* selftest: the recorder's own throughput. Each thread pushes synthetic samples (value = the gap in
+ * ns since its previous push) at --rate per second, paced on the cycle counter, or as fast as it can
+ * with --rate=0; the drop counters then tell whether the rings and the writer kept up. */
+#define _GNU_SOURCE
+#include <sched.h>
+
+#include "probes.h"
+
+static struct {
+    uint64_t rate;
+} opt = {.rate = 100000};
+
+static const rtv_opt selftest_opts[] = {
+    {"rate", RTV_OPT_U64, &opt.rate, 0, 1000000000ull, "samples per second per thread, 0 = as fast as possible"},
+    {0},
+};
+
+enum { STAT_PUSHED };
+static const char *const stat_names[] = {"pushed", NULL};
+
+typedef struct {
+    rtv_ctx *ctx;
+    int index;
+} worker_arg;
+
+static void *worker(void *p) {
+    worker_arg *a = p;
+    rtv_ctx *ctx = a->ctx;
+    rtv_setup_thread(ctx, a->index, (int)ctx->common.priority);
+    const double hz = rtv_cycles_hz();
+    const uint64_t period = opt.rate ? (uint64_t)(hz / (double)opt.rate) : 0;
+    const uint64_t deadline = ctx->end_ns ? ctx->start_cycles + (uint64_t)((double)(ctx->end_ns - ctx->start_ns) *
+                                                                            hz / 1e9)
+                                          : UINT64_MAX;
+    const int cpu = sched_getcpu();
+    uint64_t pushed = 0, prev = rtv_cycles(), next = prev;
+    while (!atomic_load_explicit(&rtv_stop_requested, memory_order_relaxed) &&
+           (!ctx->common.loops || pushed < ctx->common.loops)) {
+        uint64_t now = rtv_cycles();
+        if (now >= deadline) break;
+        if (now < next) continue;
+        rtv_sample(ctx, a->index, rtv_cycles_to_mono(ctx, now), (int64_t)rtv_cycles_to_ns(now - prev), pushed, cpu, 0);
+        pushed++;
+        prev = now;
+        next += period;
+    }
+    rtv_stat(ctx, a->index, STAT_PUSHED, (int64_t)pushed);
+    return NULL;
+}
+
+static int selftest_run(rtv_ctx *ctx) {
+    worker_arg args[RTV_MAX_THREADS];
+    for (int i = 0; i < (int)ctx->common.threads; i++) args[i] = (worker_arg){ctx, i};
+    rtv_run_threads((int)ctx->common.threads, worker, args, sizeof args[0]);
+    return 0;
+}
+
+const rtv_probe rtv_probe_selftest = {
+    .name = "selftest",
+    .summary = "recorder throughput: synthetic samples at a fixed rate (or as fast as possible)",
+    .opts = selftest_opts,
+    .value_field = "duration_ns",
+    .aux_field = "seq",
+    .kind_names = (const char *const[]){"push", NULL},
+    .stat_names = stat_names,
+    .run = selftest_run,
+};

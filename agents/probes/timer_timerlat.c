@@ -1,0 +1,254 @@
+/* timer --engine timerlat: wake-up latency measured by the kernel's timerlat tracer, split into
+ * the IRQ part (timer expiry -> hrtimer handler) and the thread part (expiry -> the timerlat kernel
+ * thread running). The tracer runs one kernel thread per CPU in osnoise/cpus with period
+ * timerlat_period_us; we set its priority to --priority, read per_cpu/cpuN/trace_pipe (trace_clock
+ * "mono", so timestamps are CLOCK_MONOTONIC), pair the IRQ and thread lines of each activation by
+ * their sequence number and write one sample per activation: value = thread latency,
+ * aux = IRQ latency, t_ns = the planned expiry (thread line time - thread latency; the trace time
+ * stamps have microsecond resolution). Every tracefs setting we change is restored at the end. */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "timer.h"
+
+#define TRACEFS "/sys/kernel/tracing"
+
+enum { STAT_UNPAIRED, STAT_LOST_EVENTS };
+static const char *const stat_names[] = {"unpaired", "lost_events", NULL};
+
+/* ---- tracefs files ---- */
+
+static bool read_file(const char *name, char *buf, size_t size) {
+    char path[256];
+    snprintf(path, sizeof path, TRACEFS "/%s", name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    ssize_t n = read(fd, buf, size - 1);
+    close(fd);
+    if (n < 0) return false;
+    buf[n] = 0;
+    while (n > 0 && isspace((unsigned char)buf[n - 1])) buf[--n] = 0;
+    return true;
+}
+
+static void write_file(const char *name, const char *value) {
+    char path[256];
+    snprintf(path, sizeof path, TRACEFS "/%s", name);
+    int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);
+    if (fd < 0 || write(fd, value, strlen(value)) < 0)
+        rtv_die(RTV_EXIT_FAILURE, "timerlat: cannot write '%s' to %s: %s", value, path, strerror(errno));
+    close(fd);
+}
+
+static bool tracefs_ready(void) {
+    struct stat st;
+    if (stat(TRACEFS "/available_tracers", &st) == 0) return true;
+    return mount("nodev", TRACEFS, "tracefs", 0, NULL) == 0 && stat(TRACEFS "/available_tracers", &st) == 0;
+}
+
+/* The selected value of a tracefs choice file such as trace_clock ("local [mono] global"). */
+static void selected_choice(const char *text, char *out, size_t size) {
+    const char *open_bracket = strchr(text, '['), *close_bracket = open_bracket ? strchr(open_bracket, ']') : NULL;
+    if (!open_bracket || !close_bracket) {
+        snprintf(out, size, "%s", text);
+        return;
+    }
+    snprintf(out, size, "%.*s", (int)(close_bracket - open_bracket - 1), open_bracket + 1);
+}
+
+/* ---- validation: is the tracer there? ---- */
+
+static int timerlat_validate(rtv_common *common) {
+    char tracers[4096];
+    if (!tracefs_ready())
+        rtv_die(RTV_EXIT_USAGE, "'--engine timerlat' needs tracefs at " TRACEFS " and it could not be mounted (%s); "
+                                "run as root, or use --engine cyclictest", strerror(errno));
+    if (!read_file("available_tracers", tracers, sizeof tracers))
+        rtv_die(RTV_EXIT_USAGE, "'--engine timerlat': cannot read " TRACEFS "/available_tracers (%s); run as root, "
+                                "or use --engine cyclictest", strerror(errno));
+    bool found = false;
+    for (char *word = strtok(tracers, " \n"); word; word = strtok(NULL, " \n")) found |= !strcmp(word, "timerlat");
+    if (!found) {
+        read_file("available_tracers", tracers, sizeof tracers);
+        rtv_die(RTV_EXIT_USAGE, "'--engine timerlat': this kernel offers no timerlat tracer (available_tracers: %s; "
+                                "it needs CONFIG_TIMERLAT_TRACER); use --engine cyclictest", tracers);
+    }
+    if (common->affinity.count == 0) { /* one kernel thread per allowed CPU */
+        cpu_set_t set;
+        sched_getaffinity(0, sizeof set, &set);
+        for (int cpu = 0; cpu < CPU_SETSIZE && common->affinity.count < RTV_MAX_CPUS; cpu++)
+            if (CPU_ISSET(cpu, &set)) common->affinity.cpu[common->affinity.count++] = (uint16_t)cpu;
+    }
+    if (common->affinity.count > RTV_MAX_THREADS)
+        rtv_die(RTV_EXIT_USAGE, "'--affinity': timerlat measures at most %d CPUs", RTV_MAX_THREADS);
+    common->threads = (uint64_t)common->affinity.count; /* the samples of CPU list entry i go to thread i */
+    return 0;
+}
+
+/* ---- the kernel threads' priority ---- */
+
+static void set_kernel_thread_priority(int priority) {
+    if (priority <= 0) return;
+    DIR *proc = opendir("/proc");
+    if (!proc) return;
+    for (struct dirent *e; (e = readdir(proc));) {
+        if (!isdigit((unsigned char)e->d_name[0])) continue;
+        char path[300], comm[64];
+        snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
+        FILE *f = fopen(path, "re");
+        if (!f) continue;
+        bool match = fgets(comm, sizeof comm, f) && !strncmp(comm, "timerlat/", 9);
+        fclose(f);
+        struct sched_param sp = {.sched_priority = priority};
+        if (match && sched_setscheduler(atoi(e->d_name), SCHED_FIFO, &sp) != 0)
+            fprintf(stderr, "rtvirt-agent: timerlat: cannot set priority %d on %s: %s\n", priority, comm,
+                    strerror(errno));
+    }
+    closedir(proc);
+}
+
+/* ---- per-CPU readers ---- */
+
+typedef struct {
+    rtv_ctx *ctx;
+    int index, cpu;
+    uint64_t unpaired, lost;
+} reader_arg;
+
+/* One trace line: "<task>-<pid> [cpu] <flags> <secs>.<usecs>: #<seq> context <irq|thread> timer_latency <n> ns". */
+static bool parse_line(const char *line, double *secs, unsigned *seq, char *context, uint64_t *latency) {
+    const char *hash = strstr(line, ": #");
+    if (!hash) return false;
+    const char *start = hash;
+    while (start > line && (isdigit((unsigned char)start[-1]) || start[-1] == '.')) start--;
+    *secs = strtod(start, NULL);
+    return sscanf(hash + 3, "%u context %15s timer_latency %" SCNu64 " ns", seq, context, latency) == 3;
+}
+
+static void handle_line(reader_arg *a, const char *line, unsigned *irq_seq, uint64_t *irq_latency, bool *have_irq,
+                        uint64_t *taken) {
+    double secs;
+    unsigned seq;
+    char context[16];
+    uint64_t latency;
+    unsigned long long lost;
+    if (strstr(line, "LOST") && sscanf(strstr(line, "LOST"), "LOST %llu EVENTS", &lost) == 1) {
+        a->lost += lost;
+        return;
+    }
+    if (!parse_line(line, &secs, &seq, context, &latency)) return;
+    if (!strcmp(context, "irq")) {
+        *irq_seq = seq;
+        *irq_latency = latency;
+        *have_irq = true;
+        return;
+    }
+    if (!*have_irq || *irq_seq != seq) { /* the IRQ line was lost: keep no half sample */
+        a->unpaired++;
+        return;
+    }
+    *have_irq = false;
+    uint64_t woke = (uint64_t)(secs * 1e9 + 0.5);
+    rtv_sample(a->ctx, a->index, woke - latency, (int64_t)latency, *irq_latency, a->cpu, 0);
+    (*taken)++;
+}
+
+static void *reader(void *p) {
+    reader_arg *a = p;
+    rtv_ctx *ctx = a->ctx;
+    char path[128];
+    snprintf(path, sizeof path, TRACEFS "/per_cpu/cpu%d/trace_pipe", a->cpu);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) rtv_die(RTV_EXIT_FAILURE, "timerlat: cannot open %s: %s", path, strerror(errno));
+    char buf[8192];
+    size_t used = 0;
+    unsigned irq_seq = 0;
+    uint64_t irq_latency = 0, taken = 0;
+    bool have_irq = false;
+    while (!rtv_should_stop(ctx) && (!ctx->common.loops || taken < ctx->common.loops)) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, 100) <= 0) continue;
+        ssize_t n = read(fd, buf + used, sizeof buf - 1 - used);
+        if (n <= 0) continue;
+        used += (size_t)n;
+        buf[used] = 0;
+        char *line = buf, *newline;
+        while ((newline = strchr(line, '\n'))) {
+            *newline = 0;
+            handle_line(a, line, &irq_seq, &irq_latency, &have_irq, &taken);
+            line = newline + 1;
+        }
+        used = (size_t)(buf + used - line);
+        memmove(buf, line, used);
+        if (used == sizeof buf - 1) used = 0; /* a line longer than the buffer is not ours */
+    }
+    close(fd);
+    rtv_stat(ctx, a->index, STAT_UNPAIRED, (int64_t)a->unpaired);
+    rtv_stat(ctx, a->index, STAT_LOST_EVENTS, (int64_t)a->lost);
+    return NULL;
+}
+
+/* ---- run: configure, read, restore ---- */
+
+static const char *const saved_files[] = {"current_tracer", "trace_clock", "osnoise/cpus", "osnoise/timerlat_period_us",
+                                          "osnoise/stop_tracing_us", "osnoise/stop_tracing_total_us", "tracing_on"};
+enum { NSAVED = sizeof saved_files / sizeof saved_files[0] };
+
+static int timerlat_run(rtv_ctx *ctx) {
+    rtv_common *c = &ctx->common;
+    char saved[NSAVED][512];
+    for (int i = 0; i < NSAVED; i++) {
+        char raw[4096];
+        if (!read_file(saved_files[i], raw, sizeof raw)) raw[0] = 0;
+        selected_choice(raw, saved[i], sizeof saved[i]);
+    }
+    char cpus[4 * RTV_MAX_CPUS + 1] = "", period[32];
+    for (int i = 0; i < c->affinity.count; i++) {
+        size_t len = strlen(cpus);
+        snprintf(cpus + len, sizeof cpus - len, i ? ",%u" : "%u", c->affinity.cpu[i]);
+    }
+    snprintf(period, sizeof period, "%" PRIu64, timer_opt.interval_ns / 1000);
+    write_file("current_tracer", "nop");
+    write_file("trace_clock", "mono");
+    write_file("osnoise/cpus", cpus);
+    write_file("osnoise/timerlat_period_us", period);
+    write_file("osnoise/stop_tracing_us", "0");
+    write_file("osnoise/stop_tracing_total_us", "0");
+    write_file("trace", ""); /* empty the buffer */
+    write_file("tracing_on", "1");
+    write_file("current_tracer", "timerlat");
+    set_kernel_thread_priority((int)c->priority);
+
+    reader_arg args[RTV_MAX_THREADS];
+    for (int i = 0; i < c->affinity.count; i++) args[i] = (reader_arg){.ctx = ctx, .index = i, .cpu = c->affinity.cpu[i]};
+    rtv_run_threads(c->affinity.count, reader, args, sizeof args[0]);
+
+    write_file("current_tracer", "nop");
+    for (int i = 0; i < NSAVED; i++)
+        if (saved[i][0]) write_file(saved_files[i], saved[i]);
+    return 0;
+}
+
+const rtv_probe timer_timerlat_engine = {
+    .name = "timer",
+    .summary = "periodic wake-up latency (kernel timerlat tracer: thread and IRQ parts)",
+    .opts = NULL, /* the timer probe's table, already parsed */
+    .value_field = "latency_ns",
+    .aux_field = "irq_latency_ns",
+    .kind_names = (const char *const[]){"wakeup", NULL},
+    .stat_names = stat_names,
+    .validate = timerlat_validate,
+    .run = timerlat_run,
+};

@@ -1,0 +1,333 @@
+// The event loop: see core.h for the design.
+#include "core.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace rtv {
+
+double Rng::normal() {  // Box-Muller
+    double u1 = unit(), u2 = unit();
+    if (u1 < 1e-300) u1 = 1e-300;
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+static bool job_after(const Job& a, const Job& b) {
+    if (a.key != b.key) return a.key > b.key;
+    return a.seq > b.seq;
+}
+
+void ReadyQueue::push(Job job) {
+    heap.push_back(job);
+    std::push_heap(heap.begin(), heap.end(), job_after);
+}
+
+Job ReadyQueue::pop() {
+    std::pop_heap(heap.begin(), heap.end(), job_after);
+    Job job = heap.back();
+    heap.pop_back();
+    return job;
+}
+
+enum EventKind { EV_RELEASE = 0, EV_CHAIN = 1, EV_STAGE = 2 };
+
+Sim::Sim(Config config) : cfg(std::move(config)), rng_(cfg.seed) {
+    if (cfg.pcpus < 1 || cfg.pcpus > 64) throw std::invalid_argument("pcpus must be 1..64");
+    for (const auto& entry : hv_registry()) {
+        if (cfg.scheduler == entry.name) hv = entry.make(cfg);
+    }
+    if (!hv) throw std::invalid_argument("unknown hypervisor scheduler: " + cfg.scheduler);
+    cpus.resize(cfg.pcpus);
+    vcpus.resize(cfg.vcpus.size());
+    for (size_t i = 0; i < vcpus.size(); ++i) {
+        vcpus[i].spec = cfg.vcpus[i];
+        vcpus[i].index = static_cast<int>(i);
+    }
+    for (const auto& task : cfg.tasks) {
+        if (task.vcpu < 0 || task.vcpu >= static_cast<int>(vcpus.size())) throw std::invalid_argument("task vcpu");
+    }
+    for (int policy : cfg.guest) guest_keys_.push_back(guest_registry().at(static_cast<size_t>(policy)).key);
+    supply_windows_ = static_cast<size_t>((cfg.duration + cfg.supply_window - 1) / cfg.supply_window);
+    supply.assign(vcpus.size() * supply_windows_, 0);
+    std::fill(std::begin(gantt_open_), std::end(gantt_open_), -1);
+}
+
+void Sim::push(Time t, int prio, int kind, int index, int64_t a, Time b) {
+    queue_.push(Event{t, prio, seq_++, kind, index, a, b});
+}
+
+Time Sim::draw_exec(const TaskSpec& task) {
+    switch (task.dist) {
+        case UNIFORM:
+            return rng_.uniform(task.emin, task.emax);
+        case NORMAL: {
+            double x = static_cast<double>(task.emean) + rng_.normal() * static_cast<double>(task.estdev);
+            return std::clamp(static_cast<Time>(std::llround(x)), task.emin, task.emax);
+        }
+        default:
+            return task.exec;
+    }
+}
+
+void Sim::schedule_next_arrival(int task_index, Time nominal) {
+    const TaskSpec& task = cfg.tasks[task_index];
+    Time jitter = task.jitter ? rng_.uniform(0, task.jitter) : 0;
+    push(nominal + jitter, 1, EV_RELEASE, task_index, 0, nominal);
+}
+
+bool Sim::any_cpu_idle() const {
+    for (const auto& c : cpus) {
+        if (c.run < 0 || !vcpus[c.run].has_work()) return true;
+    }
+    return false;
+}
+
+void Sim::release(int task_index, Time arrival, Time release_time, int64_t event, Time event_arrival) {
+    const TaskSpec& task = cfg.tasks[task_index];
+    VCpu& v = vcpus[task.vcpu];
+    Job job{};
+    job.task = task_index;
+    job.seq = ++job_seq_;
+    job.arrival = arrival;
+    job.release = release_time;
+    job.deadline = task.deadline >= NEVER ? NEVER : arrival + task.deadline;
+    job.remaining = draw_exec(task);
+    job.event = event;
+    job.event_arrival = event_arrival;
+    job.key = guest_keys_[static_cast<size_t>(v.spec.vm)](task, job);
+    bool was_idle = !v.has_work();
+    v.ready.push(job);
+    if (was_idle) {
+        hv->wake(*this, v, now);
+        if (cfg.quantum == 0 || any_cpu_idle()) resched_ = true;
+    }
+}
+
+void Sim::assign_ranked(const std::vector<int>& order) {
+    // Best first, each takes a free pCPU it may use: its current one if free, else one no other candidate is
+    // running on (fewer migrations), else any.
+    uint64_t occupied = 0;
+    for (int index : order) {
+        if (vcpus[index].on_cpu >= 0) occupied |= uint64_t{1} << vcpus[index].on_cpu;
+    }
+    for (int index : order) {
+        VCpu& v = vcpus[index];
+        int chosen = -1;
+        if (v.on_cpu >= 0 && v.allowed(v.on_cpu) && cpus[v.on_cpu].run < 0) chosen = v.on_cpu;
+        for (int pass = 0; pass < 2 && chosen < 0; ++pass) {
+            for (int p = 0; p < cfg.pcpus; ++p) {
+                if (cpus[p].run < 0 && v.allowed(p) && (pass == 1 || !((occupied >> p) & 1U))) {
+                    chosen = p;
+                    break;
+                }
+            }
+        }
+        if (chosen >= 0) cpus[chosen].run = index;
+    }
+}
+
+void Sim::apply_assignment(const std::vector<int>& previous) {
+    for (int p = 0; p < cfg.pcpus; ++p) {
+        if (previous[p] >= 0) vcpus[previous[p]].on_cpu = -1;
+    }
+    for (int p = 0; p < cfg.pcpus; ++p) {
+        PCpu& c = cpus[p];
+        if (c.run >= 0) vcpus[c.run].on_cpu = p;
+        if (c.run != previous[p]) {
+            c.overhead_left = (c.run >= 0 && c.run != c.last_run) ? cfg.vm_switch : 0;
+            if (c.run >= 0) c.last_run = c.run;
+        }
+    }
+    for (int p = 0; p < cfg.pcpus; ++p) {
+        if (previous[p] < 0) continue;
+        VCpu& v = vcpus[previous[p]];
+        bool running = v.on_cpu >= 0 && cpus[v.on_cpu].overhead_left == 0;
+        if (v.gap_running && !running) {
+            v.gap_running = false;
+            v.gap_since = now;
+        }
+    }
+}
+
+void Sim::add_supply(VCpu& v, Time from, Time to) {
+    v.supplied += to - from;
+    const Time w = cfg.supply_window;
+    while (from < to) {
+        size_t bucket = static_cast<size_t>(from / w);
+        if (bucket >= supply_windows_) break;
+        Time edge = std::min(to, static_cast<Time>(bucket + 1) * w);
+        supply[static_cast<size_t>(v.index) * supply_windows_ + bucket] += edge - from;
+        from = edge;
+    }
+}
+
+void Sim::add_segment(int cpu, int vcpu, int task, Time from, Time to) {
+    if (cfg.gantt_to <= cfg.gantt_from || to <= cfg.gantt_from || from >= cfg.gantt_to) return;
+    from = std::max(from, cfg.gantt_from);
+    to = std::min(to, cfg.gantt_to);
+    int64_t open = gantt_open_[cpu];
+    if (open >= 0) {
+        Segment& last = segments[static_cast<size_t>(open)];
+        if (last.end == from && last.vcpu == vcpu && last.task == task) {
+            last.end = to;
+            return;
+        }
+    }
+    gantt_open_[cpu] = static_cast<int64_t>(segments.size());
+    segments.push_back(Segment{cpu, vcpu, task, from, to});
+}
+
+void Sim::run() {
+    hv->init(*this);
+    double expected_jobs = 0;  // reserve the records up front: no reallocation while running
+    for (const TaskSpec& task : cfg.tasks) {
+        Time gap = task.type == PERIODIC ? task.period : task.type == SPORADIC ? task.min_ia : 0;
+        if (gap > 0 && task.record) expected_jobs += static_cast<double>(cfg.duration) / static_cast<double>(gap);
+    }
+    for (const ChainSpec& chain : cfg.chains) {
+        double events_expected = static_cast<double>(cfg.duration) / static_cast<double>(chain.period);
+        expected_jobs += events_expected * static_cast<double>(chain.stages.size());
+        chain_records.reserve(chain_records.capacity() + static_cast<size_t>(std::min(events_expected, 1e8)));
+    }
+    jobs.reserve(static_cast<size_t>(std::min(expected_jobs + 16, 2e8)));
+    for (size_t t = 0; t < cfg.tasks.size(); ++t) {
+        if (cfg.tasks[t].type != EVENT) schedule_next_arrival(static_cast<int>(t), cfg.tasks[t].offset);
+    }
+    for (size_t c = 0; c < cfg.chains.size(); ++c) {
+        const ChainSpec& chain = cfg.chains[c];
+        push(chain.offset + (chain.jitter ? rng_.uniform(0, chain.jitter) : 0), 0, EV_CHAIN, static_cast<int>(c),
+             0, chain.offset);
+    }
+    const Time end = cfg.duration;
+    Time hv_next = 0;
+    std::vector<int> previous(static_cast<size_t>(cfg.pcpus), -1);
+    resched_ = true;
+    while (now < end) {  // the run covers [0, duration): nothing is released at `end` itself
+        while (!queue_.empty() && queue_.top().t <= now) {
+            Event e = queue_.top();
+            queue_.pop();
+            ++events;
+            if (e.kind == EV_RELEASE) {
+                const TaskSpec& task = cfg.tasks[e.index];
+                release(e.index, e.b, e.t, -1, 0);
+                Time gap = task.type == SPORADIC ? rng_.uniform(task.min_ia, task.max_ia) : task.period;
+                schedule_next_arrival(e.index, e.b + gap);
+            } else if (e.kind == EV_CHAIN) {
+                const ChainSpec& chain = cfg.chains[e.index];
+                push(e.t + cfg.interrupt_delay, 1, EV_STAGE, chain.stages[0], e.a, e.t);
+                Time nominal = e.b + chain.period;
+                push(nominal + (chain.jitter ? rng_.uniform(0, chain.jitter) : 0), 0, EV_CHAIN, e.index, e.a + 1,
+                     nominal);
+            } else {
+                release(e.index, e.t, e.t, e.a, e.b);
+            }
+        }
+        if (events + steps > cfg.event_cap) {
+            end_reason = "event-cap";
+            break;
+        }
+        if (resched_) {
+            for (int p = 0; p < cfg.pcpus; ++p) previous[p] = cpus[p].run;
+            for (auto& c : cpus) c.run = -1;
+            hv_next = hv->pick(*this, now);
+            // a scheduler asking to be called again "now" would spin in place; its timers lie in the future
+            if (hv_next <= now) hv_next = now + 1;
+            apply_assignment(previous);
+            resched_ = false;
+        }
+        Time next = std::min(end, hv_next);
+        if (!queue_.empty()) next = std::min(next, queue_.top().t);
+        if (cfg.quantum > 0) next = std::min(next, (now / cfg.quantum + 1) * cfg.quantum);
+        for (const PCpu& c : cpus) {
+            if (c.run < 0) continue;
+            VCpu& v = vcpus[c.run];
+            if (v.spec.gap_threshold >= 0 || v.ready.empty()) continue;
+            const Job& job = v.ready.top();
+            if (job.seq != v.last_job) {
+                v.last_job = job.seq;
+                v.cs_left = cfg.context_switch;
+            }
+            next = std::min(next, now + c.overhead_left + v.cs_left + job.remaining);
+        }
+        if (next <= now) next = now;  // several decisions at one instant (e.g. budget just ran out)
+        ++steps;
+        for (int p = 0; p < cfg.pcpus; ++p) {
+            PCpu& c = cpus[p];
+            if (c.run < 0) continue;
+            VCpu& v = vcpus[c.run];
+            Time t = now;
+            Time overhead = std::min(next - t, c.overhead_left);
+            if (overhead > 0) {
+                add_segment(p, c.run, -2, t, t + overhead);
+                c.overhead_left -= overhead;
+                t += overhead;
+            }
+            if (t >= next) continue;
+            add_supply(v, t, next);
+            if (v.spec.gap_threshold >= 0) {
+                if (!v.gap_running) {
+                    if (v.gap_since >= 0 && t - v.gap_since >= v.spec.gap_threshold) {
+                        gaps.push_back(GapRecord{v.index, p, v.gap_since, t - v.gap_since});
+                    }
+                    v.gap_running = true;
+                }
+                add_segment(p, c.run, -1, t, next);
+                continue;
+            }
+            if (v.ready.empty()) {
+                add_segment(p, c.run, -3, t, next);
+                continue;
+            }
+            Job& job = v.ready.top();
+            Time cs = std::min(next - t, v.cs_left);
+            if (cs > 0) {
+                add_segment(p, c.run, -2, t, t + cs);
+                v.cs_left -= cs;
+                t += cs;
+            }
+            if (t >= next) continue;
+            if (job.start < 0) job.start = t;
+            job.remaining -= next - t;
+            add_segment(p, c.run, job.task, t, next);
+        }
+        hv->account(*this, now, next);
+        if (next >= hv_next) resched_ = true;
+        now = next;
+        if (cfg.quantum > 0 && now % cfg.quantum == 0) resched_ = true;
+        for (int p = 0; p < cfg.pcpus; ++p) {
+            int run = cpus[p].run;
+            if (run < 0) continue;
+            VCpu& v = vcpus[run];
+            if (v.spec.gap_threshold >= 0 || v.ready.empty() || v.ready.top().remaining > 0) continue;
+            Job job = v.ready.pop();
+            ++jobs_done;
+            const TaskSpec& task = cfg.tasks[job.task];
+            if (task.record) {
+                jobs.push_back(JobRecord{job.arrival, job.release, job.start, now, job.deadline, job.task, p, job.event});
+            }
+            if (task.chain >= 0) {
+                const ChainSpec& chain = cfg.chains[task.chain];
+                if (task.stage + 1 < static_cast<int>(chain.stages.size())) {
+                    push(now + cfg.interrupt_delay, 1, EV_STAGE, chain.stages[task.stage + 1], job.event,
+                         job.event_arrival);
+                } else {
+                    chain_records.push_back(ChainRecord{task.chain, p, job.event, job.event_arrival, now});
+                }
+            }
+            if (v.ready.empty()) {
+                hv->block(*this, v, now);
+                resched_ = true;
+            }
+        }
+    }
+    for (const VCpu& v : vcpus) {
+        for (const Job& job : v.ready.heap) {
+            if (cfg.tasks[job.task].record) {
+                unfinished.push_back(JobRecord{job.arrival, job.release, job.start, -1, job.deadline, job.task, -1, job.event});
+            }
+        }
+    }
+}
+
+}  // namespace rtv

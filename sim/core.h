@@ -1,0 +1,248 @@
+// rtvirt hierarchical scheduling simulator core (docs/simulator.md).
+//
+// A discrete-event loop in the style of SimPy: an event queue ordered by (time, priority, sequence) holds
+// releases and event-chain arrivals; between two decision points nothing changes, so the loop jumps straight
+// to the next one (an event, a job completion, or a timer the hypervisor scheduler asked for). Hypervisor
+// schedulers plug in through HvScheduler (one file each under hv/, listed in registry.cpp); guest schedulers
+// are the ready-queue orders in guest.cpp.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <queue>
+#include <string>
+#include <vector>
+
+namespace rtv {
+
+using Time = int64_t;
+constexpr Time NEVER = INT64_MAX / 4;
+
+// splitmix64: small, fast and fully determined by the seed (results must repeat exactly).
+struct Rng {
+    uint64_t state;
+    explicit Rng(uint64_t seed) : state(seed) {}
+    uint64_t next() {
+        uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        return z ^ (z >> 31);
+    }
+    Time uniform(Time lo, Time hi) {  // inclusive
+        if (hi <= lo) return lo;
+        return lo + static_cast<Time>(next() % static_cast<uint64_t>(hi - lo + 1));
+    }
+    double unit() { return (next() >> 11) * (1.0 / 9007199254740992.0); }
+    double normal();
+};
+
+enum TaskType { PERIODIC = 0, SPORADIC = 1, EVENT = 2 };
+enum Distribution { FIXED = 0, UNIFORM = 1, NORMAL = 2 };
+enum GuestPolicy { GUEST_FP = 0, GUEST_EDF = 1, GUEST_FIFO = 2 };
+
+struct TaskSpec {
+    int vcpu = 0;
+    int type = PERIODIC;
+    Time period = 0, min_ia = 0, max_ia = 0, offset = 0, jitter = 0;
+    int dist = FIXED;
+    Time exec = 0, emin = 0, emax = 0, emean = 0, estdev = 0;
+    int priority = 0;
+    Time deadline = NEVER;  // relative
+    bool record = true;     // background load jobs are simulated but not recorded
+    int chain = -1, stage = -1;
+};
+
+struct Window {
+    Time start, length;
+};
+
+struct VCpuSpec {
+    int vm = 0;
+    int home = 0;
+    uint64_t affinity = 1;  // bit mask of allowed pCPUs
+    int priority = 0;
+    Time budget = 0, period = 0, slice = 0, runtime = 0, deadline = 0;
+    bool extratime = false, rt = false;
+    int weight = 256;
+    double cap = 0;
+    std::vector<Window> windows;
+    Time gap_threshold = -1;  // >= 0: a gap probe spins on this vCPU at top priority
+};
+
+struct ChainSpec {
+    Time period = 0, jitter = 0, offset = 0, deadline = NEVER;
+    std::vector<int> stages;  // task indices
+};
+
+struct Config {
+    Time duration = 0;
+    uint64_t seed = 1;
+    int64_t event_cap = 0;
+    Time supply_window = 10000000;
+    std::string scheduler, server = "none", mode = "global";
+    int pcpus = 1;
+    Time quantum = 0, context_switch = 0, vm_switch = 0, interrupt_delay = 0;
+    Time credit_slice = 30000000, credit_accounting = 10000000, credit_rate_limit = 1000000;
+    Time fair_slice = 4000000, major_frame = 0;
+    std::vector<int> guest;  // per VM
+    std::vector<VCpuSpec> vcpus;
+    std::vector<TaskSpec> tasks;
+    std::vector<ChainSpec> chains;
+    Time gantt_from = 0, gantt_to = 0;
+};
+
+struct Job {
+    int task;
+    uint64_t seq;
+    Time arrival, release, deadline, remaining, start = -1;
+    int64_t event = -1;
+    Time event_arrival = 0;
+    Time key = 0;  // guest ready-queue order: smaller first, then seq
+};
+
+// Ready queue of one vCPU: a binary heap of jobs ordered by (key, seq).
+struct ReadyQueue {
+    std::vector<Job> heap;
+    bool empty() const { return heap.empty(); }
+    const Job& top() const { return heap.front(); }
+    Job& top() { return heap.front(); }
+    void push(Job job);
+    Job pop();
+};
+
+struct VCpu {
+    VCpuSpec spec;
+    int index = 0;
+    ReadyQueue ready;
+    int on_cpu = -1;  // pCPU currently running this vCPU (its code), -1 if none
+    uint64_t last_job = 0;
+    Time cs_left = 0;
+    bool gap_running = false;
+    Time gap_since = -1;
+    Time supplied = 0;
+    // state shared by the budget-based schedulers (each keeps anything else in its own tables)
+    Time q = 0;             // budget / slice / runtime left
+    Time dl = 0;            // absolute deadline or end of the current period
+    Time next_repl = 0;     // next replenishment
+    Time period_start = 0;
+    Time blocked_at = -1;   // last time it ran out of work
+    int64_t stamp = 0;      // round-robin order
+    bool has_work() const { return spec.gap_threshold >= 0 || !ready.empty(); }
+    bool allowed(int cpu) const { return (spec.affinity >> cpu) & 1U; }
+};
+
+struct PCpu {
+    int run = -1;       // vCPU whose code runs here, -1 idle
+    int last_run = -1;  // last vCPU that ran here (switch overhead)
+    Time overhead_left = 0;
+};
+
+struct JobRecord {
+    Time arrival, release, start, finish, deadline;
+    int32_t task;
+    int32_t cpu;
+    int64_t event;
+};
+struct ChainRecord {
+    int32_t chain;
+    int32_t cpu;  // where the last stage finished
+    int64_t event;
+    Time arrival, finish;
+};
+struct GapRecord {
+    int32_t vcpu, cpu;
+    Time start, length;
+};
+struct Segment {
+    int32_t cpu, vcpu, task;  // task -1: gap probe spinning, -2: switch overhead, -3: idle holder
+    Time start, end;
+};
+
+class Sim;
+
+// A hypervisor scheduler. pick() assigns vCPUs to pCPUs (Sim::cpus[p].run) and returns the next time it must
+// be asked again even if nothing else happens (budget exhaustion, replenishment, slice or window end).
+// account() charges the interval [from, to) in which that assignment ran, then fires its timers due at `to`.
+struct HvScheduler {
+    virtual ~HvScheduler() = default;
+    virtual void init(Sim&) {}
+    virtual void wake(Sim&, VCpu&, Time) {}
+    virtual void block(Sim&, VCpu&, Time) {}
+    virtual Time pick(Sim& sim, Time now) = 0;
+    virtual void account(Sim&, Time, Time) {}
+};
+
+using HvFactory = std::function<std::unique_ptr<HvScheduler>(const Config&)>;
+struct HvEntry {
+    const char* name;
+    HvFactory make;
+};
+const std::vector<HvEntry>& hv_registry();
+struct GuestEntry {
+    const char* name;
+    Time (*key)(const TaskSpec& task, const Job& job);  // ready-queue order: smaller runs first
+};
+const std::vector<GuestEntry>& guest_registry();
+int guest_index(const std::string& name);
+
+struct Event {
+    Time t;
+    int prio;
+    uint64_t seq;
+    int kind;
+    int index;
+    int64_t a;
+    Time b;
+    bool operator>(const Event& o) const {
+        if (t != o.t) return t > o.t;
+        if (prio != o.prio) return prio > o.prio;
+        return seq > o.seq;
+    }
+};
+
+class Sim {
+public:
+    explicit Sim(Config config);
+    void run();
+
+    Config cfg;
+    std::vector<VCpu> vcpus;
+    std::vector<PCpu> cpus;
+    std::unique_ptr<HvScheduler> hv;
+    Time now = 0;
+
+    std::vector<JobRecord> jobs;
+    std::vector<JobRecord> unfinished;  // jobs still queued when the run ended (finish = -1)
+    std::vector<ChainRecord> chain_records;
+    std::vector<GapRecord> gaps;
+    std::vector<Segment> segments;
+    std::vector<Time> supply;  // vcpu-major: vcpus x windows
+    int64_t steps = 0, events = 0, jobs_done = 0;
+    std::string end_reason = "complete";
+
+    // helpers for schedulers
+    bool cpu_free(int p) const { return cpus[p].run < 0; }
+    bool any_cpu_idle() const;
+    // Place vCPUs (best first) on pCPUs they may use, keeping each on its current pCPU when possible.
+    void assign_ranked(const std::vector<int>& order);
+
+private:
+    std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue_;
+    uint64_t seq_ = 0, job_seq_ = 0;
+    bool resched_ = true;
+    std::vector<Time (*)(const TaskSpec&, const Job&)> guest_keys_;  // per VM
+    size_t supply_windows_ = 0;
+    int64_t gantt_open_[64] = {};
+
+    void push(Time t, int prio, int kind, int index, int64_t a = 0, Time b = 0);
+    Time draw_exec(const TaskSpec& task);
+    void release(int task, Time arrival, Time release, int64_t event, Time event_arrival);
+    void schedule_next_arrival(int task, Time nominal);
+    void apply_assignment(const std::vector<int>& previous);
+    void add_supply(VCpu& v, Time from, Time to);
+    void add_segment(int cpu, int vcpu, int task, Time from, Time to);
+    Rng rng_;
+};
+
+}  // namespace rtv

@@ -1,0 +1,111 @@
+// Linux SCHED_DEADLINE: each vCPU with a runtime is a constant-bandwidth server (runtime Q, relative deadline
+// D, period P), scheduled by global EDF over its affinity. On wake-up, if the current deadline has passed or
+// the remaining runtime would exceed the bandwidth Q/D up to that deadline, the server gets deadline now + D
+// and a full runtime. A server that used its runtime is throttled until its next period (deadline - D + P),
+// when it gets deadline + P and a full runtime. vCPUs without a runtime run below all servers, in turns of the
+// fair time slice (SCHED_OTHER).
+#include "schedulers.h"
+
+namespace rtv {
+
+struct Deadline final : HvScheduler {
+    Time slice;
+    int64_t counter = 0;
+    std::vector<bool> throttled;
+    std::vector<Time> replenish_at, turn_end;
+    std::vector<int> order, background;
+    explicit Deadline(const Config& cfg) : slice(cfg.fair_slice) {}
+
+    static bool is_server(const VCpu& v) { return v.spec.runtime > 0; }
+    static Time rel_deadline(const VCpu& v) { return v.spec.deadline > 0 ? v.spec.deadline : v.spec.period; }
+
+    void init(Sim& sim) override {
+        throttled.assign(sim.vcpus.size(), false);
+        replenish_at.assign(sim.vcpus.size(), NEVER);
+        turn_end.assign(sim.vcpus.size(), 0);
+        for (VCpu& v : sim.vcpus) {
+            v.q = 0;
+            v.dl = 0;
+            v.stamp = ++counter;
+        }
+    }
+
+    void wake(Sim&, VCpu& v, Time now) override {
+        if (!is_server(v)) {
+            v.stamp = ++counter;
+            return;
+        }
+        if (throttled[static_cast<size_t>(v.index)]) return;
+        // runtime / (deadline - now) > Q / D, in integers: runtime * D > (deadline - now) * Q
+        bool overflow = static_cast<__int128>(v.q) * rel_deadline(v) >
+                        static_cast<__int128>(v.dl - now) * v.spec.runtime;
+        if (v.dl <= now || overflow) {
+            v.dl = now + rel_deadline(v);
+            v.q = v.spec.runtime;
+        }
+    }
+
+    Time pick(Sim& sim, Time now) override {
+        order.clear();
+        background.clear();
+        for (VCpu& v : sim.vcpus) {
+            if (!v.has_work()) continue;
+            if (is_server(v)) {
+                if (!throttled[static_cast<size_t>(v.index)] && v.q > 0) order.push_back(v.index);
+            } else {
+                if (v.on_cpu >= 0 && now >= turn_end[static_cast<size_t>(v.index)]) v.stamp = ++counter;
+                background.push_back(v.index);
+            }
+        }
+        std::sort(order.begin(), order.end(), [&](int a, int b) {
+            return sim.vcpus[a].dl != sim.vcpus[b].dl ? sim.vcpus[a].dl < sim.vcpus[b].dl : a < b;
+        });
+        std::sort(background.begin(), background.end(),
+                  [&](int a, int b) { return sim.vcpus[a].stamp < sim.vcpus[b].stamp; });
+        order.insert(order.end(), background.begin(), background.end());
+        sim.assign_ranked(order);
+        Time horizon = NEVER;
+        for (size_t i = 0; i < sim.vcpus.size(); ++i) {
+            if (throttled[i]) horizon = std::min(horizon, replenish_at[i]);
+        }
+        for (const PCpu& c : sim.cpus) {
+            if (c.run < 0) continue;
+            const VCpu& v = sim.vcpus[c.run];
+            if (is_server(v)) {
+                horizon = std::min(horizon, now + v.q);
+            } else {
+                if (v.on_cpu != &c - &sim.cpus[0] || now >= turn_end[static_cast<size_t>(v.index)])
+                    turn_end[static_cast<size_t>(v.index)] = now + slice;
+                horizon = std::min(horizon, turn_end[static_cast<size_t>(v.index)]);
+            }
+        }
+        return horizon;
+    }
+
+    void account(Sim& sim, Time from, Time to) override {
+        for (const PCpu& c : sim.cpus) {
+            if (c.run < 0) continue;
+            VCpu& v = sim.vcpus[c.run];
+            if (!is_server(v)) continue;
+            v.q -= to - from;
+            if (v.q <= 0) {
+                v.q = 0;
+                throttled[static_cast<size_t>(v.index)] = true;
+                replenish_at[static_cast<size_t>(v.index)] = v.dl - rel_deadline(v) + v.spec.period;
+            }
+        }
+        for (VCpu& v : sim.vcpus) {
+            size_t i = static_cast<size_t>(v.index);
+            if (!throttled[i] || replenish_at[i] > to) continue;
+            throttled[i] = false;
+            replenish_at[i] = NEVER;
+            v.dl += v.spec.period;
+            v.q = v.spec.runtime;
+            if (v.dl <= to) v.dl = to + rel_deadline(v);  // fell behind: start a fresh period
+        }
+    }
+};
+
+std::unique_ptr<HvScheduler> make_deadline(const Config& cfg) { return std::make_unique<Deadline>(cfg); }
+
+}  // namespace rtv

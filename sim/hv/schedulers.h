@@ -1,0 +1,51 @@
+// Factories of the hypervisor schedulers (one file each) and helpers they share.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+
+#include "../core.h"
+
+namespace rtv {
+
+std::unique_ptr<HvScheduler> make_partitioned(const Config&);
+std::unique_ptr<HvScheduler> make_fifo(const Config&);
+std::unique_ptr<HvScheduler> make_rtds(const Config&);
+std::unique_ptr<HvScheduler> make_sedf(const Config&);
+std::unique_ptr<HvScheduler> make_sedf_prime(const Config&);
+std::unique_ptr<HvScheduler> make_psedf(const Config&);
+std::unique_ptr<HvScheduler> make_credit(const Config&);
+std::unique_ptr<HvScheduler> make_arinc653(const Config&);
+std::unique_ptr<HvScheduler> make_deadline(const Config&);
+std::unique_ptr<HvScheduler> make_fair(const Config&);
+
+// vCPU indices per home pCPU, in the order given by `before` (a strict weak order on vCPUs).
+template <class Before>
+std::vector<std::vector<int>> vcpus_by_home(const Sim& sim, Before before) {
+    std::vector<std::vector<int>> lists(static_cast<size_t>(sim.cfg.pcpus));
+    for (const VCpu& v : sim.vcpus) lists[static_cast<size_t>(v.spec.home)].push_back(v.index);
+    for (auto& list : lists) {
+        std::stable_sort(list.begin(), list.end(), [&](int a, int b) { return before(sim.vcpus[a], sim.vcpus[b]); });
+    }
+    return lists;
+}
+
+// A budget of `amount` refilled at every multiple of `period` (slice/period of SEDF, budget/period of servers).
+struct PeriodicBudget {
+    static void start(VCpu& v, Time amount, Time period) {
+        v.q = amount;
+        v.period_start = 0;
+        v.dl = v.next_repl = period;
+    }
+    static void refill_due(VCpu& v, Time now, Time amount, Time period) {
+        while (v.next_repl <= now) {
+            v.q = amount;
+            v.period_start = v.next_repl;
+            v.next_repl += period;
+            v.dl = v.next_repl;
+        }
+    }
+    static void charge(VCpu& v, Time used) { v.q = std::max<Time>(0, v.q - used); }
+};
+
+}  // namespace rtv

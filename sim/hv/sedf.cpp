@@ -1,0 +1,45 @@
+// Xen SEDF: per-pCPU EDF of domains with slice s per period p (deadline = end of the period).
+// Short unblocking (SEDF): a domain that blocked during its current period and is woken before that period
+// ends waits for its next release, even with slice left. SEDF' (sedf-prime) drops that rule.
+#include "schedulers.h"
+
+namespace rtv {
+
+struct Sedf final : HvScheduler {
+    bool short_unblocking;
+    explicit Sedf(bool rule) : short_unblocking(rule) {}
+
+    void init(Sim& sim) override {
+        for (VCpu& v : sim.vcpus) PeriodicBudget::start(v, v.spec.slice, v.spec.period);
+    }
+    void block(Sim&, VCpu& v, Time now) override { v.blocked_at = now; }
+    void wake(Sim&, VCpu& v, Time now) override {
+        if (short_unblocking && v.blocked_at >= v.period_start && now < v.dl) v.q = 0;
+    }
+
+    Time pick(Sim& sim, Time now) override {
+        for (const VCpu& v : sim.vcpus) {
+            if (!v.has_work() || v.q == 0) continue;
+            int& run = sim.cpus[v.spec.home].run;
+            if (run < 0 || v.dl < sim.vcpus[run].dl) run = v.index;
+        }
+        Time horizon = NEVER;
+        for (const VCpu& v : sim.vcpus) horizon = std::min(horizon, v.next_repl);
+        for (const PCpu& c : sim.cpus) {
+            if (c.run >= 0) horizon = std::min(horizon, now + sim.vcpus[c.run].q);
+        }
+        return horizon;
+    }
+
+    void account(Sim& sim, Time from, Time to) override {
+        for (const PCpu& c : sim.cpus) {
+            if (c.run >= 0) PeriodicBudget::charge(sim.vcpus[c.run], to - from);
+        }
+        for (VCpu& v : sim.vcpus) PeriodicBudget::refill_due(v, to, v.spec.slice, v.spec.period);
+    }
+};
+
+std::unique_ptr<HvScheduler> make_sedf(const Config&) { return std::make_unique<Sedf>(true); }
+std::unique_ptr<HvScheduler> make_sedf_prime(const Config&) { return std::make_unique<Sedf>(false); }
+
+}  // namespace rtv

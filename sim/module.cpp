@@ -1,0 +1,175 @@
+// Python binding: rtvirt._simcore.simulate(config: dict) -> dict of numpy arrays (see rtvirt/sim/core.py).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "core.h"
+
+namespace py = pybind11;
+using namespace rtv;
+
+namespace {
+
+template <class T>
+T get(const py::dict& d, const char* key, T fallback) {
+    return d.contains(key) ? d[key].cast<T>() : fallback;
+}
+
+Config to_config(const py::dict& d) {
+    Config c;
+    c.duration = d["duration"].cast<Time>();
+    c.seed = get<uint64_t>(d, "seed", 1);
+    c.event_cap = get<int64_t>(d, "event_cap", INT64_MAX / 2);
+    c.supply_window = get<Time>(d, "supply_window", 10000000);
+    c.scheduler = d["scheduler"].cast<std::string>();
+    c.server = get<std::string>(d, "server", "none");
+    c.mode = get<std::string>(d, "mode", "global");
+    c.pcpus = get<int>(d, "pcpus", 1);
+    c.quantum = get<Time>(d, "quantum", 0);
+    c.context_switch = get<Time>(d, "context_switch", 0);
+    c.vm_switch = get<Time>(d, "vm_switch", 0);
+    c.interrupt_delay = get<Time>(d, "interrupt_delay", 0);
+    c.credit_slice = get<Time>(d, "credit_slice", c.credit_slice);
+    c.credit_accounting = get<Time>(d, "credit_accounting", c.credit_accounting);
+    c.credit_rate_limit = get<Time>(d, "credit_rate_limit", c.credit_rate_limit);
+    c.fair_slice = get<Time>(d, "fair_slice", c.fair_slice);
+    c.major_frame = get<Time>(d, "major_frame", 0);
+    c.gantt_from = get<Time>(d, "gantt_from", 0);
+    c.gantt_to = get<Time>(d, "gantt_to", 0);
+    for (auto name : d["guest"].cast<py::list>()) c.guest.push_back(guest_index(name.cast<std::string>()));
+    for (auto item : d["vcpus"].cast<py::list>()) {
+        py::dict v = item.cast<py::dict>();
+        VCpuSpec s;
+        s.vm = v["vm"].cast<int>();
+        s.home = get<int>(v, "home", 0);
+        s.affinity = get<uint64_t>(v, "affinity", 1);
+        s.priority = get<int>(v, "priority", 0);
+        s.budget = get<Time>(v, "budget", 0);
+        s.period = get<Time>(v, "period", 0);
+        s.slice = get<Time>(v, "slice", 0);
+        s.runtime = get<Time>(v, "runtime", 0);
+        s.deadline = get<Time>(v, "deadline", 0);
+        s.extratime = get<bool>(v, "extratime", false);
+        s.rt = get<bool>(v, "rt", false);
+        s.weight = get<int>(v, "weight", 256);
+        s.cap = get<double>(v, "cap", 0);
+        s.gap_threshold = get<Time>(v, "gap_threshold", -1);
+        for (auto w : get<py::list>(v, "windows", py::list())) {
+            auto pair = w.cast<std::pair<Time, Time>>();
+            s.windows.push_back(Window{pair.first, pair.second});
+        }
+        if (s.vm < 0 || s.vm >= static_cast<int>(c.guest.size()) || s.home < 0 || s.home >= c.pcpus)
+            throw std::invalid_argument("vcpu refers to a missing VM or pCPU");
+        c.vcpus.push_back(std::move(s));
+    }
+    for (auto item : d["tasks"].cast<py::list>()) {
+        py::dict t = item.cast<py::dict>();
+        TaskSpec s;
+        s.vcpu = t["vcpu"].cast<int>();
+        s.type = get<int>(t, "type", PERIODIC);
+        s.period = get<Time>(t, "period", 0);
+        s.min_ia = get<Time>(t, "min_ia", 0);
+        s.max_ia = get<Time>(t, "max_ia", 0);
+        s.offset = get<Time>(t, "offset", 0);
+        s.jitter = get<Time>(t, "jitter", 0);
+        s.dist = get<int>(t, "dist", FIXED);
+        s.exec = get<Time>(t, "exec", 0);
+        s.emin = get<Time>(t, "emin", 0);
+        s.emax = get<Time>(t, "emax", 0);
+        s.emean = get<Time>(t, "emean", 0);
+        s.estdev = get<Time>(t, "estdev", 0);
+        s.priority = get<int>(t, "priority", 0);
+        s.deadline = get<Time>(t, "deadline", NEVER);
+        s.record = get<bool>(t, "record", true);
+        s.chain = get<int>(t, "chain", -1);
+        s.stage = get<int>(t, "stage", -1);
+        c.tasks.push_back(s);
+    }
+    for (auto item : d["chains"].cast<py::list>()) {
+        py::dict ch = item.cast<py::dict>();
+        ChainSpec s;
+        s.period = ch["period"].cast<Time>();
+        s.jitter = get<Time>(ch, "jitter", 0);
+        s.offset = get<Time>(ch, "offset", 0);
+        s.deadline = get<Time>(ch, "deadline", NEVER);
+        s.stages = ch["stages"].cast<std::vector<int>>();
+        c.chains.push_back(std::move(s));
+    }
+    return c;
+}
+
+template <class Rec, class Field>
+py::array_t<Field> column(const std::vector<Rec>& records, Field Rec::*member) {
+    py::array_t<Field> out(static_cast<py::ssize_t>(records.size()));
+    auto view = out.template mutable_unchecked<1>();
+    for (size_t i = 0; i < records.size(); ++i) view(static_cast<py::ssize_t>(i)) = records[i].*member;
+    return out;
+}
+
+py::dict simulate(const py::dict& config) {
+    Config cfg = to_config(config);
+    Sim sim(std::move(cfg));
+    {
+        py::gil_scoped_release unlocked;
+        sim.run();
+    }
+    py::dict out;
+    py::dict jobs;
+    jobs["arrival"] = column(sim.jobs, &JobRecord::arrival);
+    jobs["release"] = column(sim.jobs, &JobRecord::release);
+    jobs["start"] = column(sim.jobs, &JobRecord::start);
+    jobs["finish"] = column(sim.jobs, &JobRecord::finish);
+    jobs["deadline"] = column(sim.jobs, &JobRecord::deadline);
+    jobs["task"] = column(sim.jobs, &JobRecord::task);
+    jobs["cpu"] = column(sim.jobs, &JobRecord::cpu);
+    jobs["event"] = column(sim.jobs, &JobRecord::event);
+    out["jobs"] = jobs;
+    py::dict pending;
+    pending["task"] = column(sim.unfinished, &JobRecord::task);
+    pending["deadline"] = column(sim.unfinished, &JobRecord::deadline);
+    out["unfinished"] = pending;
+    py::dict chains;
+    chains["chain"] = column(sim.chain_records, &ChainRecord::chain);
+    chains["event"] = column(sim.chain_records, &ChainRecord::event);
+    chains["cpu"] = column(sim.chain_records, &ChainRecord::cpu);
+    chains["arrival"] = column(sim.chain_records, &ChainRecord::arrival);
+    chains["finish"] = column(sim.chain_records, &ChainRecord::finish);
+    out["chains"] = chains;
+    py::dict gaps;
+    gaps["vcpu"] = column(sim.gaps, &GapRecord::vcpu);
+    gaps["cpu"] = column(sim.gaps, &GapRecord::cpu);
+    gaps["start"] = column(sim.gaps, &GapRecord::start);
+    gaps["length"] = column(sim.gaps, &GapRecord::length);
+    out["gaps"] = gaps;
+    py::dict segments;
+    segments["cpu"] = column(sim.segments, &Segment::cpu);
+    segments["vcpu"] = column(sim.segments, &Segment::vcpu);
+    segments["task"] = column(sim.segments, &Segment::task);
+    segments["start"] = column(sim.segments, &Segment::start);
+    segments["end"] = column(sim.segments, &Segment::end);
+    out["segments"] = segments;
+    py::array_t<Time> supply(static_cast<py::ssize_t>(sim.supply.size()));
+    std::copy(sim.supply.begin(), sim.supply.end(), supply.mutable_data());
+    out["supply"] = supply;
+    std::vector<Time> supplied;
+    for (const VCpu& v : sim.vcpus) supplied.push_back(v.supplied);
+    out["supplied"] = supplied;
+    out["end_time"] = sim.now;
+    out["end_reason"] = sim.end_reason;
+    out["steps"] = sim.steps;
+    out["events"] = sim.events;
+    out["jobs_done"] = sim.jobs_done;
+    return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_simcore, m) {
+    m.doc() = "rtvirt hierarchical scheduling simulator core";
+    m.def("simulate", &simulate, py::arg("config"), "Run one simulation; see rtvirt.sim.core");
+    std::vector<std::string> hv, guest;
+    for (const auto& e : hv_registry()) hv.emplace_back(e.name);
+    for (const auto& e : guest_registry()) guest.emplace_back(e.name);
+    m.attr("HV_SCHEDULERS") = hv;
+    m.attr("GUEST_SCHEDULERS") = guest;
+}

@@ -1,0 +1,330 @@
+"""Design: the smallest budget per vCPU that keeps every guest task schedulable, per hypervisor scheduler.
+
+For each scheduler the designer keeps the model's placement (each vCPU on its home pCPU) and, per vCPU
+with guest tasks:
+
+1. picks candidate periods: the vCPU's own period if the model sets one, else the shortest task deadline
+   D_min and D_min/2, /4, /8 (shorter server periods shrink the blackout, longer ones the overhead);
+2. for each candidate, searches (bisection, 1 us resolution) the smallest budget for which every task of
+   the vCPU is schedulable, analysed exactly as ``rtvirt analyze`` would (same overheads), with the vCPU
+   alone on its pCPU (EDF-type schedulers, whose servers do not see each other once the pCPU is not
+   over-subscribed) or below the already designed higher-priority vCPUs (fixed-priority schedulers,
+   priorities deadline-monotonic); the candidate with the smallest bandwidth Q/P wins;
+3. gives vCPUs without deadlines (background load) what the pCPU has left (with extratime on RTDS);
+4. analyses the whole designed model (chains included): that verdict is the one reported.
+
+A design is therefore proven by the same analysis as ``rtvirt analyze``, and the designed model can be
+written out and simulated (``rtvirt sim``) to check the prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..model.schema import Arinc653Params, Model, VCpu, Vm, Window
+from ..model.schema import Task as ModelTask
+from .servers import RTDS_DEFAULT_PERIOD
+from .system import NO_DEADLINE, SystemAnalysis, analyse_model
+
+__all__ = ["DESIGNABLE", "VcpuDesign", "Design", "design_model", "design_all"]
+
+US = 1_000
+MIN_PERIOD = 100 * US
+# scheduler label -> (hypervisor scheduler, fixed-priority server or "none")
+DESIGNABLE: dict[str, tuple[str, str]] = {
+    "partitioned": ("partitioned", "none"),
+    "rtds": ("rtds", "none"),
+    "deadline": ("deadline", "none"),
+    "fifo-deferrable": ("fifo", "deferrable"),
+    "fifo-periodic": ("fifo", "periodic"),
+    "sedf": ("sedf", "none"),
+    "sedf-prime": ("sedf-prime", "none"),
+    "psedf": ("psedf", "none"),
+    "arinc653": ("arinc653", "none"),
+}
+_MINIMUM_BUDGET = {"rtds": 10 * US, "deadline": 2 * US}
+
+
+@dataclass(frozen=True)
+class VcpuDesign:
+    vm: str
+    vcpu: int
+    cpu: int
+    budget: int | None
+    period: int | None
+    priority: int = 0
+    window: tuple[int, int] | None = None
+    realtime: bool = True
+    note: str = ""
+
+    @property
+    def bandwidth(self) -> float | None:
+        return None if not self.budget or not self.period else self.budget / self.period
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"vm": self.vm, "vcpu": self.vcpu, "cpu": self.cpu, "budget_ns": self.budget,
+                "period_ns": self.period, "priority": self.priority, "realtime": self.realtime,
+                "window_ns": None if self.window is None else list(self.window), "bandwidth": self.bandwidth,
+                "note": self.note}
+
+
+@dataclass
+class Design:
+    label: str
+    vcpus: list[VcpuDesign]
+    model: Model | None
+    analysis: SystemAnalysis | None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def schedulable(self) -> bool:
+        return not self.problems and self.analysis is not None and self.analysis.schedulable
+
+    def cpu_bandwidth(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for v in self.vcpus:
+            out[v.cpu] = out.get(v.cpu, 0.0) + (v.bandwidth or 0.0)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        failing = [] if self.analysis is None else [t.as_dict() for t in self.analysis.tasks if not t.schedulable]
+        return {"scheduler": self.label, "schedulable": self.schedulable, "problems": self.problems,
+                "vcpus": [v.as_dict() for v in self.vcpus],
+                "cpu_bandwidth": {str(cpu): bw for cpu, bw in sorted(self.cpu_bandwidth().items())},
+                "failing_tasks": failing,
+                "failing_chains": [] if self.analysis is None else
+                [c.as_dict() for c in self.analysis.chains if not c.schedulable]}
+
+
+@dataclass(frozen=True)
+class _Slot:
+    vm: Vm
+    index: int
+    cpu: int
+    tasks: tuple[ModelTask, ...]
+    realtime: bool
+    tightest: int  # shortest deadline (or period) among its tasks
+
+
+def _slots(model: Model) -> list[_Slot]:
+    chain_of = {stage: chain for chain in model.chain for stage in chain.stages}
+    slots = []
+    for vm in model.vm:
+        for index, vcpu in enumerate(vm.vcpu):
+            tasks = tuple(t for t in vm.task if t.vcpu == index)
+            spans = []
+            for task in tasks:
+                chain = chain_of.get(f"{vm.name}/{task.name}")
+                period = task.period or task.min_interarrival or (chain.period if chain else None)
+                deadline = task.deadline or (period if task.type != "event" else None) or \
+                    (chain.deadline if chain else None)
+                spans.append(min(x for x in (deadline, period) if x))
+            cpu = vcpu.affinity[0] if vcpu.affinity else 0
+            slots.append(_Slot(vm, index, cpu, tasks, bool(tasks), min(spans, default=NO_DEADLINE)))
+    return slots
+
+
+def _standalone_tasks(model: Model, slot: _Slot) -> list[ModelTask]:
+    """The vCPU's tasks with event tasks turned into sporadic ones (their chain is not in the small model)."""
+    chain_of = {stage: chain for chain in model.chain for stage in chain.stages}
+    out = []
+    for task in slot.tasks:
+        update: dict[str, Any] = {"vcpu": 0}
+        if task.type == "event":
+            chain = chain_of[f"{slot.vm.name}/{task.name}"]
+            update |= {"type": "sporadic", "min_interarrival": chain.period, "jitter": chain.jitter,
+                       "deadline": task.deadline or chain.deadline or chain.period}
+        out.append(task.model_copy(update=update))
+    return out
+
+
+def _server_vcpu(label: str, vcpu: VCpu, cpu: int, budget: int, period: int, priority: int) -> VCpu:
+    scheduler = DESIGNABLE[label][0]
+    update: dict[str, Any] = {"affinity": (cpu,), "priority": priority}
+    if scheduler in ("rtds", "fifo"):
+        update |= {"budget": budget, "period": period}
+    elif scheduler == "deadline":
+        update |= {"runtime": budget, "period": period, "deadline": None}
+    elif scheduler in ("sedf", "sedf-prime", "psedf"):
+        update |= {"slice": budget, "period": period, "rt": True}
+    elif scheduler == "arinc653":
+        update |= {"windows": [Window(start=0, length=budget)]}
+    return vcpu.model_copy(update=update)
+
+
+def _hypervisor(model: Model, label: str, frames: dict[int, int] | None = None) -> Any:
+    scheduler, server = DESIGNABLE[label]
+    update: dict[str, Any] = {"scheduler": scheduler, "server": server, "mode": "partitioned"}
+    if scheduler == "arinc653":
+        update["arinc653"] = Arinc653Params(major_frame=min((frames or {}).values(), default=10_000_000))
+    return model.hypervisor.model_copy(update=update)
+
+
+def _smallest(predicate: Callable[[int], bool], low: int, high: int) -> int | None:
+    """Smallest value in [low, high] (1 us grid) where a monotone predicate holds, None if none does."""
+    low, high = -(-low // US), high // US
+    if high < low or not predicate(high * US):
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        if predicate(middle * US):
+            high = middle
+        else:
+            low = middle + 1
+    return low * US
+
+
+def _candidate_periods(slot: _Slot, label: str) -> list[int]:
+    vcpu = slot.vm.vcpu[slot.index]
+    given = vcpu.period if DESIGNABLE[label][0] != "arinc653" else None
+    if given:
+        return [given]
+    base = slot.tightest // US * US
+    return sorted({max(MIN_PERIOD, base // div // US * US) for div in (1, 2, 4, 8)})
+
+
+def design_model(model: Model, label: str) -> Design:
+    """Budgets (or windows) for every vCPU of ``model`` under the scheduler ``label`` (see DESIGNABLE)."""
+    if label not in DESIGNABLE:
+        raise ValueError(f"unknown scheduler {label!r}")
+    scheduler = DESIGNABLE[label][0]
+    slots = _slots(model)
+    problems: list[str] = []
+    if scheduler == "partitioned":
+        cpus = [slot.cpu for slot in slots]
+        duplicates = sorted({cpu for cpu in cpus if cpus.count(cpu) > 1})
+        if duplicates:
+            problems.append(f"partitioning needs one pCPU per vCPU; pCPU(s) {duplicates} are shared")
+        designed = [VcpuDesign(s.vm.name, s.index, s.cpu, None, None, realtime=s.realtime) for s in slots]
+        return _finish(model, label, slots, designed, problems)
+    fixed_priority = scheduler in ("fifo", "psedf")
+    # Deadline-monotonic ranks: the tightest vCPU gets the highest priority.
+    ordered = sorted([s for s in slots if s.realtime], key=lambda s: s.tightest)
+    ranks = {(s.vm.name, s.index): len(ordered) - position + 1 for position, s in enumerate(ordered)}
+    designed_by_slot: dict[tuple[str, int], VcpuDesign] = {}
+    for slot in ordered:
+        key = (slot.vm.name, slot.index)
+        higher = [designed_by_slot[(s.vm.name, s.index)] for s in ordered
+                  if fixed_priority and s.cpu == slot.cpu and (s.vm.name, s.index) in designed_by_slot
+                  and designed_by_slot[(s.vm.name, s.index)].budget is not None]
+        best: VcpuDesign | None = None
+        for period in _candidate_periods(slot, label):
+            def fits(budget: int, period: int = period, slot: _Slot = slot, priority: int = ranks[key],
+                     higher: list[VcpuDesign] = higher) -> bool:
+                return _alone_schedulable(model, label, slot, budget, period, priority, higher)
+
+            budget = _smallest(fits, _MINIMUM_BUDGET.get(scheduler, US), period)
+            if budget is None:
+                continue
+            candidate = VcpuDesign(slot.vm.name, slot.index, slot.cpu, budget, period, ranks[key])
+            if best is None or (candidate.bandwidth or 0) < (best.bandwidth or 0):
+                best = candidate
+        if best is None:
+            problems.append(f"{slot.vm.name}.vcpu{slot.index}: no budget makes its tasks schedulable under {label} "
+                            "(even a full budget)")
+            best = VcpuDesign(slot.vm.name, slot.index, slot.cpu, None, None, ranks[key], note="infeasible")
+        designed_by_slot[key] = best
+    designed = [designed_by_slot.get((s.vm.name, s.index)) or _background(s, label, designed_by_slot)
+                for s in slots]
+    return _finish(model, label, slots, designed, problems)
+
+
+def _background(slot: _Slot, label: str, designed: dict[tuple[str, int], VcpuDesign]) -> VcpuDesign:
+    """A vCPU without deadlines gets what its pCPU has left, at the lowest priority."""
+    used = sum(d.bandwidth or 0 for d in designed.values() if d.cpu == slot.cpu)
+    period = slot.vm.vcpu[slot.index].period or RTDS_DEFAULT_PERIOD
+    budget = int(max(0.0, 1 - used) * period) // US * US
+    note = "background: the pCPU's remaining bandwidth" if budget > 0 else "background: no bandwidth left"
+    return VcpuDesign(slot.vm.name, slot.index, slot.cpu, budget or None, period, 0, realtime=False, note=note)
+
+
+def _alone_schedulable(model: Model, label: str, slot: _Slot, budget: int, period: int, priority: int,
+                       higher: list[VcpuDesign]) -> bool:
+    vcpu = _server_vcpu(label, slot.vm.vcpu[slot.index], 0, budget, period, priority)
+    vms = [slot.vm.model_copy(update={"vcpu": [vcpu], "task": _standalone_tasks(model, slot)})]
+    for position, other in enumerate(higher):
+        assert other.budget is not None and other.period is not None
+        other_vcpu = _server_vcpu(label, VCpu(), 0, other.budget, other.period, other.priority)
+        vms.append(Vm(name=f"higher{position}", vcpu=[other_vcpu]))
+    frames = {0: period}
+    small = model.model_copy(update={"hypervisor": _hypervisor(model, label, frames).model_copy(update={"pcpus": 1}),
+                                     "vm": vms, "chain": []})
+    analysis = analyse_model(small)
+    return all(task.schedulable for task in analysis.tasks if task.vm == slot.vm.name)
+
+
+def _finish(model: Model, label: str, slots: list[_Slot], designed: list[VcpuDesign],
+            problems: list[str]) -> Design:
+    scheduler = DESIGNABLE[label][0]
+    if scheduler == "arinc653":
+        designed, frame_problems = _lay_out_windows(designed)
+        problems.extend(frame_problems)
+    for cpu, bandwidth in _bandwidth(designed).items():
+        if bandwidth > 1 + 1e-9:
+            problems.append(f"pCPU {cpu} is over-subscribed: the designed budgets need {bandwidth:.3f} of it")
+    vms = []
+    by_vm: dict[str, list[VcpuDesign]] = {}
+    for d in designed:
+        by_vm.setdefault(d.vm, []).append(d)
+    for vm in model.vm:
+        vcpus = []
+        for d in sorted(by_vm[vm.name], key=lambda d: d.vcpu):
+            original = vm.vcpu[d.vcpu]
+            if scheduler == "partitioned":
+                vcpus.append(original.model_copy(update={"affinity": (d.cpu,)}))
+            elif d.budget is None or d.period is None:
+                vcpus.append(original.model_copy(update={"affinity": (d.cpu,), "priority": 0, "rt": False,
+                                                         "windows": [], "runtime": None,
+                                                         "budget": _MINIMUM_BUDGET.get(scheduler, US) * 10,
+                                                         "slice": US * 10, "period": RTDS_DEFAULT_PERIOD}))
+            else:
+                vcpu = _server_vcpu(label, original, d.cpu, d.budget, d.period, d.priority)
+                update: dict[str, Any] = {"rt": d.realtime}
+                if scheduler == "rtds" and not d.realtime:
+                    update["extratime"] = True
+                if scheduler == "arinc653" and d.window is not None:
+                    update["windows"] = [Window(start=d.window[0], length=d.window[1] - d.window[0])]
+                vcpus.append(vcpu.model_copy(update=update))
+        vms.append(vm.model_copy(update={"vcpu": vcpus}))
+    frames = {d.cpu: d.period for d in designed if d.period and d.realtime}
+    designed_model = model.model_copy(update={"hypervisor": _hypervisor(model, label, frames), "vm": vms})
+    return Design(label, designed, designed_model, analyse_model(designed_model), problems)
+
+
+def _bandwidth(designed: list[VcpuDesign]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for d in designed:
+        out[d.cpu] = out.get(d.cpu, 0.0) + (d.bandwidth or 0.0)
+    return out
+
+
+def _lay_out_windows(designed: list[VcpuDesign]) -> tuple[list[VcpuDesign], list[str]]:
+    """One window per vCPU in a major frame: the shortest designed period, windows back to back per pCPU."""
+    frame = min((d.period for d in designed if d.period and d.realtime), default=RTDS_DEFAULT_PERIOD)
+    problems: list[str] = []
+    out = []
+    cursor: dict[int, int] = {}
+    for d in sorted(designed, key=lambda d: not d.realtime):
+        if d.budget is None:
+            out.append(d)
+            continue
+        # A window designed for a longer period still works in a shorter frame: rescale the budget.
+        length = d.budget if d.period == frame else -(-d.budget * frame // (d.period or frame) // US) * US
+        if not d.realtime:
+            length = frame - cursor.get(d.cpu, 0)
+        start = cursor.get(d.cpu, 0)
+        if length <= 0:
+            out.append(VcpuDesign(d.vm, d.vcpu, d.cpu, None, frame, d.priority, None, d.realtime, "no window left"))
+            continue
+        if start + length > frame:
+            problems.append(f"pCPU {d.cpu}: the windows need more than the major frame of {frame} ns")
+        cursor[d.cpu] = start + length
+        out.append(VcpuDesign(d.vm, d.vcpu, d.cpu, length, frame, d.priority, (start, start + length), d.realtime,
+                              d.note))
+    return out, problems
+
+
+def design_all(model: Model, labels: list[str] | None = None) -> list[Design]:
+    return [design_model(model, label) for label in (labels or list(DESIGNABLE))]

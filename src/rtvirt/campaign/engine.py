@@ -1,0 +1,318 @@
+"""Running a campaign: every planned run in turn, each in a fresh environment, watched and recorded.
+
+Per run: start the environment, start the disturbance (before or after the workload, or on timeline
+events), run the probe with its stream written straight into the run directory, watch it (guest boot,
+crash, hang), stop everything, write the manifest (with the system audit), update the campaign state.
+A failed run is recorded with its reason and the campaign moves on. Ctrl-C / SIGTERM (KeyboardInterrupt)
+stops every process and VM of the current run, keeps its samples (partial) and ends the campaign;
+``--resume`` picks up from the state file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..environments import ENVIRONMENTS, Environment
+from ..environments.qemu import QemuConfig, QemuEnvironment
+from ..errors import InputError, RtvirtError, RunError
+from ..probes import PROBES
+from ..procs import Supervisor
+from ..scenario.schema import Scenario, StressorUse
+from ..store import new_run, write_measured_run
+from ..stream import StreamReader
+from ..stressors import STRESSORS, RunningStressor, start_stressor
+from ..sysaudit import audit_system
+from .matrix import PlannedRun, expand
+from .state import CampaignState
+
+__all__ = ["CampaignResult", "run_campaign", "execute_run"]
+
+POLL_S = 0.2
+MAX_REASON = 500
+
+
+@dataclass
+class RunOutcome:
+    status: str  # complete | failed | interrupted | skipped
+    reason: str = ""
+    run_id: str | None = None
+    manifest: dict[str, Any] | None = None
+
+
+@dataclass
+class CampaignResult:
+    state: CampaignState
+    results: Path
+    outcomes: dict[str, RunOutcome] = field(default_factory=dict)
+    interrupted: bool = False
+    report: Path | None = None
+
+
+class _Disturbance:
+    """The stressors of one run, switched on and off as the timeline says."""
+
+    def __init__(self, uses: list[StressorUse], env: Environment, supervisor: Supervisor, workdir: Path) -> None:
+        self.uses, self.env, self.supervisor, self.workdir = uses, env, supervisor, workdir
+        self._host: list[RunningStressor] = []
+        self._vms: list[QemuEnvironment] = []
+        self.on = False
+        self._vm_count = 0
+
+    def _cpus(self, where: str) -> tuple[int, ...]:
+        import os
+
+        allowed = tuple(sorted(os.sched_getaffinity(0)))
+        measured = self.env.measured_cpus()
+        if where == "same-core":
+            return measured[:1]
+        if where == "other-core":
+            others = tuple(c for c in allowed if c not in measured)
+            if not others:
+                raise RunError("other-core stress: every usable CPU carries the measured workload")
+            return others
+        return allowed
+
+    def start(self) -> None:
+        if self.on:
+            return
+        self.on = True
+        for use in self.uses:
+            if use.where == "other-vm":
+                self._start_vms(use)
+                continue
+            cpus = self._cpus(use.where)
+            params = {**use.params, "cpus": list(cpus), "workers": use.workers if use.where != "all-cores"
+                      else max(use.workers, len(cpus)), "duration": 0}
+            self._host.append(start_stressor(use.stressor, params, self.supervisor, engine=use.engine))
+
+    def _start_vms(self, use: StressorUse) -> None:
+        import os
+
+        others = tuple(c for c in sorted(os.sched_getaffinity(0)) if c not in self.env.measured_cpus())
+        pinned = self.env.config.pin and bool(others)
+        spec = STRESSORS[use.stressor]
+        params = spec.params(**{**use.params, "workers": use.workers, "duration": 0})
+        for _ in range(use.vms):
+            self._vm_count += 1
+            config = QemuConfig(kind="qemu", name=f"stress-vm-{self._vm_count}", pin=pinned,
+                                cpus=others if pinned else None)
+            vm = QemuEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{self._vm_count}")
+            vm.launch("rtvirt-stress", spec.command(params, "")[1:], None)
+            self._vms.append(vm)
+
+    def stop(self) -> None:
+        if not self.on:
+            return
+        self.on = False
+        for stressor in self._host:
+            stressor.stop()
+        for vm in self._vms:
+            vm.close()
+        self._host, self._vms = [], []
+
+    def check(self) -> str | None:
+        for vm in self._vms:
+            reason = vm.check()
+            if reason:
+                return f"disturbing guest {vm.config.label}: {reason}"
+        return None
+
+
+def _bounded(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_REASON else text[:MAX_REASON] + "..."
+
+
+def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_timeout_ns: int,
+                system: dict[str, Any], on_progress: Callable[[float, int, int | None], None] | None = None,
+                on_run_dir: Callable[[str], None] | None = None) -> RunOutcome:
+    """Run one planned run in a fresh environment; never raises for run failures (only Ctrl-C)."""
+    env_config = scenario.environments[plan.environment]
+    disturbance_spec = scenario.disturbances[plan.disturbance]
+    probe = PROBES[scenario.workload.probe]
+    run = new_run(results, plan.key.replace("/", "_"))
+    if on_run_dir:
+        on_run_dir(run.run_id)
+    workdir = run.path / "work"
+    timeline: list[dict[str, Any]] = []
+    reason = ""
+    interrupted = False
+    env_description: dict[str, Any] = {}
+    env_warnings: list[str] = []
+    params = None
+    with Supervisor() as supervisor:
+        env = ENVIRONMENTS[env_config.kind](env_config, supervisor, workdir)
+        disturbance = _Disturbance(disturbance_spec.stressors, env, supervisor, workdir)
+        started_at = time.monotonic()
+        t0: float | None = None
+
+        def mark(action: str) -> None:
+            at = 0 if t0 is None else int((time.monotonic() - t0) * 1e9)
+            timeline.append({"t_ns": at, "event": action})
+
+        try:
+            env.start()
+            try:
+                params = probe.params(**{**scenario.workload.params, "duration": f"{plan.duration_ns}ns",
+                                         **env.probe_overrides()})
+            except ValidationError as exc:
+                raise InputError(f"workload.params: {exc.errors()[0]['msg']}") from None
+            if plan.start_order == "stress-first":
+                disturbance.start()
+                mark("stress-on")
+                time.sleep(plan.settle_ns / 1e9)
+            launched = env.launch("rtvirt-probe", probe.command(params, "")[1:], run.stream_path)
+            reader = StreamReader(run.stream_path)
+            pending = list(plan.events)
+            samples, peak = 0, None
+            deadline = started_at + (plan.duration_ns + run_timeout_ns) / 1e9
+            while launched.proc.poll() is None:
+                time.sleep(POLL_S)
+                new = reader.poll()
+                if new.size:
+                    samples += int(new.size)
+                    top = int(np.max(new["value"]))
+                    peak = top if peak is None else max(peak, top)
+                if t0 is None and reader.header is not None:
+                    t0 = time.monotonic()
+                    mark("workload-start")
+                now = time.monotonic()
+                if t0 is not None:
+                    elapsed_ns = (now - t0) * 1e9
+                    if plan.start_order == "test-first" and not disturbance.on and elapsed_ns >= plan.settle_ns:
+                        disturbance.start()
+                        mark("stress-on")
+                    while pending and elapsed_ns >= pending[0][0]:
+                        _, action = pending.pop(0)
+                        if action == "stress-on":
+                            disturbance.start()
+                        else:
+                            disturbance.stop()
+                        mark(action)
+                    if on_progress:
+                        on_progress(min(elapsed_ns / plan.duration_ns, 1.0), samples, peak)
+                env.after_launch(launched)
+                problem = env.check() or disturbance.check()
+                if problem:
+                    reason = problem
+                    break
+                if now > deadline:
+                    reason = f"watchdog: the run did not end within {(deadline - started_at):.0f}s"
+                    break
+            if not reason:
+                reason = env.check() or ""
+                status = launched.proc.returncode
+                if not reason and status not in (0, None):
+                    stderr = launched.proc.stderr.read(4096).decode(errors="replace") if launched.proc.stderr else ""
+                    reason = f"probe exited with status {status}: {stderr.strip()[-300:] or 'no message'}"
+        except KeyboardInterrupt:
+            interrupted = True
+            reason = "interrupted (Ctrl-C or SIGTERM)"
+        except RtvirtError as exc:
+            reason = str(exc)
+        finally:
+            if disturbance.on:
+                disturbance.stop()
+                mark("stress-off")
+            env_description = env.describe()
+            env_warnings = env.warnings()
+            env.close()
+            supervisor.stop_all()
+    # the per-run initramfs is a copy of the cached image plus a few bytes of jobs: not worth keeping
+    for leftover in workdir.glob("**/initramfs.cpio"):
+        leftover.unlink(missing_ok=True)
+    try:
+        stream = StreamReader(run.stream_path).finish()
+    except InputError as exc:
+        stream = None
+        reason = reason or f"no samples: {exc}"
+    outcome_status = "interrupted" if interrupted else ("failed" if reason else "complete")
+    if stream is None or stream.records.size == 0:
+        return RunOutcome(outcome_status, _bounded(reason or "the probe produced no samples"), run.run_id)
+    run_system = {**system, "warnings": [*system.get("warnings", []), *env_warnings]}
+    extra = {"scenario": scenario.name, "environment": env_config.label, "config": plan.config,
+             "repetition": plan.repetition, "timeline": timeline, "system": run_system,
+             "environment_detail": env_description,
+             "campaign": {"key": plan.key, "disturbance": disturbance_spec.name, "start_order": plan.start_order,
+                          "stressors": [u.model_dump(mode="json") for u in disturbance_spec.stressors],
+                          "outcome": outcome_status, "reason": _bounded(reason) or None}}
+    manifest = write_measured_run(run, stream, name=scenario.name,
+                                  params=params.model_dump(mode="json") if params else {},
+                                  group_by=probe.group_by, extra=extra)
+    return RunOutcome(outcome_status, _bounded(reason), run.run_id, manifest)
+
+
+def _availability(scenario: Scenario) -> dict[int, str | None]:
+    return {i: ENVIRONMENTS[env.kind].available() for i, env in enumerate(scenario.environments)}
+
+
+def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, console: Console | None = None,
+                 show_progress: bool = True, write_report: bool = True) -> CampaignResult:
+    """Run every unfinished run of ``state``'s campaign; returns what happened to each."""
+    console = console or Console(stderr=True)
+    plans = expand(scenario, state.scale)
+    result = CampaignResult(state, results)
+    availability = _availability(scenario)
+    system = audit_system()
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"))
+    expected_s = sum(p.duration_ns for p in plans if not state.is_finished(p.key)) / 1e9
+    progress = Progress(*columns, console=console, disable=not show_progress, transient=False)
+    with progress:
+        matrix: TaskID = progress.add_task(f"campaign {scenario.name}", total=max(expected_s, 1e-9), status="")
+        for index, plan in enumerate(plans, 1):
+            if state.is_finished(plan.key):
+                entry = state.runs[plan.key]
+                result.outcomes[plan.key] = RunOutcome(entry["status"], entry.get("reason", ""), entry.get("run_id"))
+                continue
+            unavailable = availability[plan.environment]
+            if unavailable and scenario.skip_unavailable:
+                state.record(plan.key, status="skipped", reason=_bounded(unavailable), config=plan.config)
+                result.outcomes[plan.key] = RunOutcome("skipped", unavailable)
+                progress.advance(matrix, plan.duration_ns / 1e9)
+                continue
+            run_task = progress.add_task(f"{index}/{len(plans)} {plan.key}", total=1.0, status="starting")
+            done_before = progress.tasks[matrix].completed
+
+            def show(fraction: float, samples: int, peak: int | None, task: TaskID = run_task,
+                     base: float = done_before, plan: PlannedRun = plan) -> None:
+                top = "-" if peak is None else f"{peak / 1000:.1f} us"
+                progress.update(task, completed=fraction, status=f"{samples} samples, max {top}")
+                progress.update(matrix, completed=base + fraction * plan.duration_ns / 1e9)
+
+            state.record(plan.key, status="running", config=plan.config)
+            outcome = execute_run(scenario, plan, results, run_timeout_ns=scenario.run_timeout, system=system,
+                                  on_progress=show,
+                                  on_run_dir=lambda run_id, key=plan.key: state.record(key, run_id=run_id))
+            progress.remove_task(run_task)
+            progress.update(matrix, completed=done_before + plan.duration_ns / 1e9)
+            state.record(plan.key, status=outcome.status, run_id=outcome.run_id, reason=outcome.reason)
+            result.outcomes[plan.key] = outcome
+            colour = {"complete": "green", "failed": "red"}.get(outcome.status, "yellow")
+            progress.console.print(f"[{colour}]{outcome.status}[/] {plan.key}"
+                                   + (f": {outcome.reason}" if outcome.reason else ""), markup=True,
+                                   highlight=False)
+            if outcome.status == "interrupted":
+                result.interrupted = True
+                return result
+    state.finished = True
+    state.save()
+    if write_report:
+        result.report = _write_report(results, state)
+    return result
+
+
+def _write_report(results: Path, state: CampaignState) -> Path | None:
+    from ..results.report import write_report
+
+    out = Path(results) / "campaigns" / state.campaign_id / "report.html"
+    return write_report(results, out, "html")

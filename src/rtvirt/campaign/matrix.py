@@ -1,0 +1,50 @@
+"""Expanding a scenario into its run matrix: environment x disturbance x start order x repetition."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InputError
+from ..scenario.schema import Scenario, TimelineEvent
+
+__all__ = ["PlannedRun", "expand", "scaled_ns"]
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    key: str  # stable identity across --resume: environment/disturbance/order/r<n>
+    config: str  # what the report groups by (repetitions share it)
+    environment: int
+    disturbance: int
+    start_order: str | None  # None: no stressors, or an events timeline decides
+    repetition: int
+    duration_ns: int
+    settle_ns: int
+    events: tuple[tuple[int, str], ...]  # (ns after the workload started, action)
+
+
+def scaled_ns(value: int, scale: float) -> int:
+    return max(1, round(value * scale))
+
+
+def expand(scenario: Scenario, scale: float = 1.0) -> list[PlannedRun]:
+    """Every run of the campaign in execution order; ``scale`` shrinks durations, settle and event times."""
+    if not 0 < scale <= 1000:
+        raise InputError("option --scale: must be a number above 0 (e.g. 0.01 for a 100x shorter campaign)")
+    runs: list[PlannedRun] = []
+    duration = scaled_ns(scenario.duration, scale)
+    settle = scaled_ns(scenario.timeline.settle, scale)
+    for env_index, env in enumerate(scenario.environments):
+        for dist_index, disturbance in enumerate(scenario.disturbances):
+            events: list[TimelineEvent] = disturbance.events if disturbance.events is not None \
+                else scenario.timeline.events
+            scaled_events = tuple((scaled_ns(e.at, scale), e.action) for e in events) if disturbance.stressors else ()
+            orders: list[str | None] = [None] if not disturbance.stressors or scaled_events \
+                else list(scenario.timeline.start_order)
+            for order in orders:
+                config = f"{env.label} / {disturbance.name}" + (f" / {order}" if order and len(orders) > 1 else "")
+                for repetition in range(1, scenario.repetitions + 1):
+                    parts = [env.label, disturbance.name, order or "-", f"r{repetition}"]
+                    runs.append(PlannedRun("/".join(parts), config, env_index, dist_index, order, repetition,
+                                           duration, settle, scaled_events))
+    return runs

@@ -1,0 +1,39 @@
+"""``rtvirt report RESULTS``: the self-contained HTML report (or Markdown / JSON) of a results directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..results.report import FORMATS, write_report
+from ..results.verdicts import DEFAULT_MARGIN
+from .output import console
+from .resultopts import DURATION
+
+__all__ = ["report"]
+
+_SUFFIX = {"html": ".html", "markdown": ".md", "json": ".json"}
+
+
+@click.command()
+@click.argument("results", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="file to write [default: RESULTS/report.html|.md|.json]")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="html", show_default=True)
+@click.option("--baseline", help="configuration label to compare against [default: one named baseline/solo/bare, "
+              "else the first]")
+@click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=DEFAULT_MARGIN, show_default=True,
+              help="safety margin: share of each requirement budget kept for the rest of the end-to-end path")
+@click.option("--classes", "classes_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="TOML file of requirement classes [default: the built-in classes]")
+@click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="outliers per run")
+@click.option("--window", type=DURATION, help="window of the per-window maxima [default: 5m, or 1/50 of a "
+              "shorter run]")
+def report(results: Path, out: Path | None, fmt: str, baseline: str | None, margin: float,
+           classes_file: Path | None, top: int, window: int | None) -> None:
+    """Write the report of every run in RESULTS: verdicts, statistics, plots, isolation, outliers, settings."""
+    target = out or Path(results) / f"report{_SUFFIX[fmt]}"
+    write_report(results, target, fmt, baseline=baseline, classes_file=classes_file, margin=margin, top=top,
+                 window_ns=window)
+    console.print(f"report written to {target}")

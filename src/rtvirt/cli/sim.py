@@ -1,0 +1,108 @@
+"""``rtvirt sim MODEL.toml``: simulate a hierarchical scheduling model and store the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from ..errors import InputError
+from ..model import load_model, parse_assignment, parse_sweep
+from ..sim import simulate, write_gantt, write_simulated_run
+from ..units import format_duration, parse_duration
+from .output import console, print_json, us
+
+__all__ = ["sim"]
+
+_GANTT_DEFAULT_SPAN = 50_000_000
+
+
+def _time(value: str | None, option: str, unit: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value, unit)
+    except ValueError as exc:
+        raise InputError(f"option {option}: {exc}") from None
+
+
+def _task_table(title: str, summary: dict[str, Any]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("task / chain", "jobs", "mean us", "max us", "misses"):
+        table.add_column(column, justify="left" if column == "task / chain" else "right")
+    rows = list(summary["tasks"].items()) + [(f"chain {k}", v) for k, v in summary["chains"].items()]
+    for name, s in rows:
+        table.add_row(name, str(s["jobs"]), us(s["mean_response_ns"] if s["mean_response_ns"] is not None
+                                                else float("nan")),
+                      us(s["max_response_ns"] if s["max_response_ns"] is not None else float("nan")),
+                      str(s["misses"]))
+    for name, g in summary["gaps"].items():
+        table.add_row(f"gap {name}", str(g["gaps"]), "-", us(g["max_gap_ns"] if g["max_gap_ns"] is not None
+                                                                else float("nan")), "-")
+    return table
+
+
+@click.command("sim")
+@click.argument("model_path", metavar="MODEL.toml", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-D", "--duration", metavar="TIME", help="simulated time (bare numbers in s) [default: the model's]")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), help="random seed [default: the model's]")
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
+              show_default=True, help="results directory the run is written to")
+@click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
+@click.option("--gantt", type=click.Path(dir_okay=False, path_type=Path), help="write a Gantt chart (SVG) here")
+@click.option("--from", "gantt_from", metavar="TIME", help="Gantt window start (bare numbers in ms) [default: 0]")
+@click.option("--to", "gantt_to", metavar="TIME", help="Gantt window end (bare numbers in ms) [default: start+50ms]")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="override a model field, e.g. vm.nonrt.load=0.5 (repeatable)")
+@click.option("--sweep", metavar="KEY=V1,V2,...", help="one run per value, e.g. vm.nonrt.load=0,0.3,0.6,0.9")
+def sim(model_path: Path, duration: str | None, seed: int | None, results: Path, as_json: bool,
+        gantt: Path | None, gantt_from: str | None, gantt_to: str | None, assignments: tuple[str, ...],
+        sweep: str | None) -> None:
+    """Simulate MODEL.toml (docs/model.md); every job, event and gap is kept in the results store."""
+    duration_ns = _time(duration, "--duration", "s")
+    if duration_ns == 0:
+        raise InputError("option --duration: must be larger than 0")
+    start = _time(gantt_from, "--from", "ms") or 0
+    end = _time(gantt_to, "--to", "ms")
+    end = end if end is not None else start + _GANTT_DEFAULT_SPAN
+    if gantt is not None and end <= start:
+        raise InputError("option --to: the Gantt window ends before it starts")
+    overrides = [parse_assignment(a, "--set") for a in assignments]
+    key, values = parse_sweep(sweep) if sweep else (None, [None])
+    documents = []
+    for value in values:
+        extra = [(key, value)] if key is not None else []
+        model = load_model(model_path, overrides + extra)
+        result = simulate(model, duration_ns=duration_ns, seed=seed,
+                          gantt=(start, end) if gantt is not None and key is None else None)
+        params = {"model": str(model_path), "set": list(assignments), "duration_ns": result.duration_ns,
+                  "seed": seed if seed is not None else model.simulation.seed}
+        if key is not None:
+            params["sweep"] = {key: value}
+        run, summary = write_simulated_run(result, results, model_path=str(model_path), params=params)
+        if gantt is not None and key is None:
+            write_gantt(result, gantt, start, end)
+        documents.append({"run_id": run.run_id, "path": str(run.path), **({"sweep": {key: value}} if key else {}),
+                          **summary})
+        if not as_json:
+            title = f"sim {model.name} ({model.hypervisor.scheduler})" + (f", {key} = {value}" if key else "")
+            console.print(_task_table(title, summary))
+            state = "" if summary["status"] == "complete" else \
+                f" [yellow](partial: stopped by the event cap (simulation.event_cap = " \
+                f"{model.simulation.event_cap}) at {format_duration(summary['simulated_ns'])} simulated)[/]"
+            console.print(f"run {run.run_id} written to {run.path}{state}")
+    if as_json:
+        print_json(documents[0] if key is None else {"sweep": key, "runs": documents})
+    elif key is not None:
+        table = Table(title=f"sweep {key}", title_justify="left")
+        for column in ("value", "misses", "worst chain us", "worst task us", "run"):
+            table.add_column(column)
+        for doc in documents:
+            worst_chain = max((c["max_response_ns"] or 0 for c in doc["chains"].values()), default=0)
+            worst_task = max((t["max_response_ns"] or 0 for t in doc["tasks"].values()), default=0)
+            table.add_row(str(doc["sweep"][key]), str(doc["misses"]), us(worst_chain), us(worst_task), doc["run_id"])
+        console.print(table)
+    if gantt is not None and key is None and not as_json:
+        console.print(f"Gantt chart written to {gantt}")

@@ -1,0 +1,38 @@
+"""``rtvirt sql "SELECT …"``: query the DuckDB catalog of a results directory (tables: docs/results-store.md)."""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ..results.catalog import query
+from .output import console, print_json
+
+__all__ = ["sql"]
+
+
+@click.command()
+@click.argument("statement")
+@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
+              show_default=True, help="results directory")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+def sql(statement: str, results: Path, fmt: str) -> None:
+    """Run STATEMENT against the catalog: tables runs, samples, histograms, analysis_tasks."""
+    columns, rows = query(results, statement)
+    if fmt == "json":
+        print_json({"columns": columns, "rows": [list(r) for r in rows]})
+    elif fmt == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    else:
+        table = Table()
+        for column in columns:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*("NULL" if v is None else str(v) for v in row))
+        console.print(table)

@@ -1,0 +1,83 @@
+"""``rtvirt stats RUN|FILE ...``: exact statistics of stored runs or sample files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ..results.sources import summaries_of
+from ..results.windows import time_profile
+from ..stats import Summary
+from ..store import resolve_runs
+from .output import console, print_json, us
+from .resultopts import DURATION
+
+__all__ = ["stats"]
+
+_ROWS = (("samples", "samples"), ("dropped", "dropped"), ("min", "min_ns"), ("lower whisker", "lower_whisker_ns"),
+         ("Q1", "q1_ns"), ("median", "median_ns"), ("median 95% CI low", "median_ci_low_ns"),
+         ("median 95% CI high", "median_ci_high_ns"), ("mean", "mean_ns"), ("mean 95% CI low", "mean_ci_low_ns"),
+         ("mean 95% CI high", "mean_ci_high_ns"), ("σ", "stdev_ns"), ("Q3", "q3_ns"),
+         ("upper whisker", "upper_whisker_ns"), ("p99", "p99_ns"), ("p99.9", "p999_ns"), ("p99.99", "p9999_ns"),
+         ("max", "max_ns"), ("max jitter", "max_jitter_ns"))
+
+
+def _table(title: str, summaries: dict[str, Summary]) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("statistic (µs)")
+    for group in summaries:
+        table.add_column(group, justify="right")
+    for name, field in _ROWS:
+        cells = [str(getattr(s, field)) if field in ("samples", "dropped") else us(getattr(s, field))
+                 for s in summaries.values()]
+        table.add_row(name, *cells)
+    return table
+
+
+def _windows_table(source: str, window: int | None) -> Table | None:
+    runs = resolve_runs(source) if Path(source).is_dir() or Path(source).name == "manifest.json" else []
+    table = Table(title="over time (cumulative marks, then per-window maxima)", title_justify="left")
+    for column in ("run", "from (s)", "to (s)", "samples", "median µs", "p99 µs", "max µs"):
+        table.add_column(column, justify="right")
+    for run in runs:
+        if not run.has_samples:
+            continue
+        profile = time_profile(run, window)
+        for end, s in profile.marks:
+            table.add_row(run.run_id, "0", f"{end / 1e9:.1f}", str(s.samples), us(s.median_ns), us(s.p99_ns),
+                          us(s.max_ns))
+        for w in profile.windows:
+            table.add_row(run.run_id, f"{w.start_ns / 1e9:.1f}", f"{(w.start_ns + profile.window_ns) / 1e9:.1f}",
+                          str(w.count), "", "", us(w.max_ns))
+    return table if table.row_count else None
+
+
+@click.command()
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--column", help="latency column of a foreign Parquet file [default: first integer column]")
+@click.option("--over-time", is_flag=True, help="also cumulative statistics at 1/8, 2/8, 4/8, 8/8 of each run "
+              "and per-window maxima")
+@click.option("--window", type=DURATION, help="window for --over-time, e.g. 5m [default: 5m, or 1/50 of a "
+              "shorter run]")
+@click.option("--json", "as_json", is_flag=True, help="print the statistics as JSON (probe summary field names)")
+def stats(sources: tuple[str, ...], column: str | None, over_time: bool, window: int | None, as_json: bool) -> None:
+    """Exact statistics (quartiles, whiskers, percentiles to p99.99, 95 % CIs) of runs or sample files.
+
+    SOURCES are run directories, results directories (every run), manifest.json files, .rtvs sample streams
+    or Parquet files with an integer latency column in ns.
+    """
+    collected: dict[str, dict[str, Summary]] = {}
+    for source in sources:
+        collected |= summaries_of(source, column)
+    if as_json:
+        print_json({name: {group: s.as_dict() for group, s in groups.items()} for name, groups in collected.items()})
+        return
+    for name, groups in collected.items():
+        console.print(_table(name, groups))
+    if over_time:
+        for source in sources:
+            table = _windows_table(source, window)
+            if table is not None:
+                console.print(table)

@@ -1,0 +1,68 @@
+"""``rtvirt stress NAME``: one subcommand per registered stressor, options generated from its parameters."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from ..params import build_params, click_options
+from ..stressors import ENGINES, STRESSORS, StressorSpec, StressProgress, StressSummary, run_stressor
+from ..units import format_duration
+from .output import console, print_json
+
+__all__ = ["stress"]
+
+
+@click.group()
+def stress() -> None:
+    """Load the machine in a known way (our own stressors, or stress-ng with --engine stress-ng)."""
+
+
+def _summary_table(summary: StressSummary) -> Table:
+    table = Table(title=f"{summary.stressor} ({summary.engine}): {summary.end}, "
+                        f"{format_duration(summary.elapsed_ns)}", title_justify="left")
+    for column in ("part", "workers", "bogo ops", "bogo ops/s", "CPU time", "missed", "bytes"):
+        table.add_column(column, justify="left" if column == "part" else "right")
+    for part in summary.parts:
+        table.add_row(part.name, str(part.workers), str(part.bogo_ops), f"{part.bogo_ops_per_s:.1f}",
+                      "-" if part.cpu_time_ns is None else format_duration(part.cpu_time_ns),
+                      "-" if part.missed is None else str(part.missed), "-" if not part.bytes else str(part.bytes))
+    return table
+
+
+def _make_command(spec: StressorSpec) -> click.Command:
+    @click.command(name=spec.name, help=f"{spec.summary}.\n\nRepresents: {spec.represents}.")
+    @click_options(spec.params, exclude=spec.cli_exclude)
+    @click.option("--engine", type=click.Choice(ENGINES), default="native", show_default=True,
+                  help="our agent, or stress-ng with the same names and options (approximate, see docs)")
+    @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
+    @click.option("--progress/--no-progress", default=None, help="progress bar [default: when on a terminal]")
+    def command(engine: str, as_json: bool, progress: bool | None, **values: Any) -> None:
+        params = build_params(spec.params, values)
+        show_bar = sys.stdout.isatty() if progress is None else progress
+        if show_bar:
+            bar = Progress(TextColumn(f"[bold]stress {spec.name}"), BarColumn(), TimeElapsedColumn(),
+                           TextColumn("left"), TimeRemainingColumn(), console=console, transient=True)
+            task = bar.add_task(spec.name, total=None)
+
+            def show(p: StressProgress) -> None:
+                bar.update(task, total=p.duration_s, completed=p.elapsed_s if p.duration_s else None)
+
+            with bar:
+                summary = run_stressor(spec, params, engine=engine, on_progress=show)  # type: ignore[arg-type]
+        else:
+            summary = run_stressor(spec, params, engine=engine)  # type: ignore[arg-type]
+        if as_json:
+            print_json(summary.model_dump(mode="json"))
+        else:
+            console.print(_summary_table(summary))
+
+    return command
+
+
+for _spec in STRESSORS.values():
+    stress.add_command(_make_command(_spec))

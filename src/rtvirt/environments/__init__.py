@@ -1,0 +1,16 @@
+"""The environment registry: one module per platform under test, one line per environment here."""
+
+from __future__ import annotations
+
+from .base import Environment, EnvironmentConfig, Launched
+from .host import HostEnvironment
+from .partition import PartitionEnvironment
+from .qemu import QemuEnvironment
+
+__all__ = ["ENVIRONMENTS", "Environment", "EnvironmentConfig", "Launched"]
+
+ENVIRONMENTS: dict[str, type[Environment]] = {env.kind: env for env in (
+    HostEnvironment,
+    PartitionEnvironment,
+    QemuEnvironment,
+)}

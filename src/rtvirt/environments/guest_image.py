@@ -1,0 +1,255 @@
+"""The guest image of the ``qemu`` environment: a Debian kernel and an initramfs we build ourselves.
+
+Built once and cached under $RTVIRT_CACHE (default ~/.cache/rtvirt): the kernel comes from Debian's
+``linux-image`` package (fetched with ``apt-get download`` and unpacked with ``dpkg-deb -x``; nothing is
+installed on the host); the initramfs holds busybox-static, the static agents, the virtio modules and
+``/init``. Each run appends a small second archive with its jobs: argv files of NUL-separated arguments
+that the guest hands to ``xargs -0``, so no argument ever passes through a shell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..agents import AGENTS, agent_path
+from ..errors import RunError
+
+__all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
+           "GUEST_AGENT_DIR", "guest_port_path"]
+
+KERNEL_PACKAGE = "linux-image-amd64"
+BUSYBOX = Path("/usr/bin/busybox")
+# Modules the guest loads (their dependencies are found from each module's own modinfo).
+GUEST_MODULES = ("virtio_pci", "virtio_console")
+GUEST_AGENT_DIR = "/rtvirt/bin"
+READY_MARK = "RTVIRT-READY"
+EXIT_MARK = "RTVIRT-EXIT"
+
+# The guest's /init. Jobs come from /rtvirt/jobs (written by job_archive): bg-* run in the background,
+# each after its own delay and for its own time limit; "main" runs in the foreground and its end powers
+# the guest off. Only numbers we wrote ourselves are expanded by the shell; argv goes through xargs -0
+# to env, which executes its first argument (an absolute path, so env never reads it as an option).
+INIT_SCRIPT = r"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for m in $(cat /rtvirt/modules); do insmod "/rtvirt/modules.d/$m" || echo "rtvirt: insmod $m failed"; done
+mkdir -p /dev/virtio-ports
+for p in /sys/class/virtio-ports/*; do
+  [ -e "$p/name" ] && ln -s "/dev/${p##*/}" "/dev/virtio-ports/$(cat "$p/name")"
+done
+echo "RTVIRT-READY $(cat /proc/uptime)"
+for job in /rtvirt/jobs/bg-*.argv; do
+  [ -e "$job" ] || continue
+  base="${job%.argv}"
+  ( sleep "$(cat "$base.delay")"; timeout "$(cat "$base.limit")" xargs -0 env < "$job" ) >/dev/null 2>&1 &
+done
+status=0
+if [ -e /rtvirt/jobs/main.argv ]; then
+  xargs -0 env < /rtvirt/jobs/main.argv
+  status=$?
+fi
+echo "RTVIRT-EXIT $status"
+sync
+poweroff -f
+"""
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("RTVIRT_CACHE") or Path.home() / ".cache" / "rtvirt")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def guest_port_path(port: str) -> str:
+    """Where the guest sees the virtio-serial port named ``port``."""
+    return f"/dev/virtio-ports/{port}"
+
+
+class Cpio:
+    """Writer of the 'newc' cpio format the kernel unpacks as an initramfs."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._inode = 1
+
+    def _entry(self, name: str, mode: int, data: bytes = b"") -> None:
+        encoded = name.encode() + b"\0"
+        fields = (self._inode, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(encoded), 0)
+        header = b"070701" + b"".join(b"%08X" % f for f in fields)
+        self._inode += 1
+        self._parts += [header, encoded, b"\0" * (-(len(header) + len(encoded)) % 4), data, b"\0" * (-len(data) % 4)]
+
+    def directory(self, name: str) -> None:
+        self._entry(name, 0o040755)
+
+    def file(self, name: str, data: bytes, executable: bool = False) -> None:
+        self._entry(name, 0o100755 if executable else 0o100644, data)
+
+    def to_bytes(self) -> bytes:
+        self._entry("TRAILER!!!", 0)
+        archive = b"".join(self._parts)
+        return archive + b"\0" * (-len(archive) % 512)
+
+
+@dataclass(frozen=True)
+class GuestJob:
+    """One command the guest runs: ``main`` (its end stops the guest) or a background job."""
+
+    argv: Sequence[str]
+    delay_s: int = 0
+    limit_s: int = 0  # background jobs only; 0 = until the guest stops
+
+
+def job_archive(main: GuestJob | None, background: Iterable[GuestJob] = ()) -> bytes:
+    """The per-run archive appended to the base initramfs."""
+    archive = Cpio()
+    archive.directory("rtvirt/jobs")
+    if main is not None:
+        archive.file("rtvirt/jobs/main.argv", _argv_file(main.argv))
+    for index, job in enumerate(background):
+        base = f"rtvirt/jobs/bg-{index}"
+        archive.file(f"{base}.argv", _argv_file(job.argv))
+        archive.file(f"{base}.delay", f"{int(job.delay_s)}\n".encode())
+        # busybox timeout needs a number; a week stands for "until the guest stops"
+        archive.file(f"{base}.limit", f"{int(job.limit_s) or 604800}\n".encode())
+    return archive.to_bytes()
+
+
+def _argv_file(argv: Sequence[str]) -> bytes:
+    if not argv or not argv[0].startswith("/") or "=" in argv[0]:
+        raise ValueError("a guest job's command must be an absolute path without '='")
+    for arg in argv:
+        if "\0" in arg:
+            raise ValueError("guest job arguments cannot contain NUL bytes")
+    return b"".join(arg.encode() + b"\0" for arg in argv)
+
+
+@dataclass(frozen=True)
+class GuestImage:
+    kernel: Path
+    initramfs: Path
+    kernel_release: str
+
+    def initramfs_with_jobs(self, jobs: bytes, directory: Path) -> Path:
+        """A run's initramfs: the cached base followed by its job archive (the kernel unpacks both)."""
+        path = directory / "initramfs.cpio"
+        with path.open("wb") as out, self.initramfs.open("rb") as base:
+            shutil.copyfileobj(base, out, 1 << 20)
+            out.write(jobs)
+        return path
+
+
+def _run(argv: list[str], cwd: Path, what: str) -> None:
+    try:
+        result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RunError(f"guest image: {what} failed: {exc}") from None
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RunError(f"guest image: {what} failed: {tail[0][:300]}")
+
+
+def _fetch_kernel(cache: Path) -> tuple[Path, Path]:
+    """Download and unpack the Debian kernel package once; return (vmlinuz, modules dir)."""
+    tree = cache / "kernel" / "tree"
+    found = sorted(tree.glob("boot/vmlinuz-*"))
+    if not found:
+        downloads = cache / "kernel" / "deb"
+        downloads.mkdir(parents=True, exist_ok=True)
+        # The meta-package only depends on the versioned one; ask apt which it is.
+        depends = subprocess.run(["apt-cache", "depends", KERNEL_PACKAGE], capture_output=True, text=True)
+        match = re.search(r"Depends:\s*(linux-image-[0-9][^\s]*)", depends.stdout)
+        if not match:
+            raise RunError(f"guest image: apt cannot resolve {KERNEL_PACKAGE} (run apt-get update)")
+        for stale in downloads.glob("*.deb"):
+            stale.unlink()
+        _run(["apt-get", "download", match.group(1)], downloads, f"apt-get download {match.group(1)}")
+        debs = sorted(downloads.glob("*.deb"))
+        if not debs:
+            raise RunError("guest image: apt-get download left no package")
+        staging = Path(tempfile.mkdtemp(dir=cache / "kernel"))
+        _run(["dpkg-deb", "-x", str(debs[0]), str(staging)], cache, "dpkg-deb -x")
+        shutil.rmtree(tree, ignore_errors=True)
+        staging.rename(tree)
+        found = sorted(tree.glob("boot/vmlinuz-*"))
+        if not found:
+            raise RunError("guest image: the kernel package holds no vmlinuz")
+    vmlinuz = found[-1]
+    release = vmlinuz.name.removeprefix("vmlinuz-")
+    return vmlinuz, tree / "lib" / "modules" / release
+
+
+def _module_depends(path: Path) -> list[str]:
+    match = re.search(rb"depends=([^\0]*)\0", path.read_bytes())
+    return [d for d in match.group(1).decode().split(",") if d] if match else []
+
+
+def _modules_in_load_order(modules_dir: Path) -> list[Path]:
+    index = {p.name.removesuffix(".ko").replace("-", "_"): p for p in modules_dir.rglob("*.ko")}
+    ordered: list[Path] = []
+
+    def visit(name: str) -> None:
+        path = index.get(name.replace("-", "_"))
+        if path is None:
+            raise RunError(f"guest image: kernel module {name} not found in {modules_dir}")
+        if path in ordered:
+            return
+        for dependency in _module_depends(path):
+            visit(dependency)
+        ordered.append(path)
+
+    for module in GUEST_MODULES:
+        visit(module)
+    return ordered
+
+
+def _base_archive(modules: list[Path], agents: dict[str, Path]) -> bytes:
+    archive = Cpio()
+    for directory in ("bin", "sbin", "proc", "sys", "dev", "tmp", "rtvirt", "rtvirt/bin", "rtvirt/modules.d"):
+        archive.directory(directory)
+    archive.file("bin/busybox", BUSYBOX.read_bytes(), executable=True)
+    archive.file("init", INIT_SCRIPT.encode(), executable=True)
+    for module in modules:
+        archive.file(f"rtvirt/modules.d/{module.name}", module.read_bytes())
+    archive.file("rtvirt/modules", "".join(f"{m.name}\n" for m in modules).encode())
+    for name, path in agents.items():
+        archive.file(f"{GUEST_AGENT_DIR.lstrip('/')}/{name}", path.read_bytes(), executable=True)
+    return archive.to_bytes()
+
+
+def guest_image() -> GuestImage:
+    """The cached guest image, (re)built when the agents, busybox or init script changed."""
+    if not BUSYBOX.exists():
+        raise RunError("guest image: /usr/bin/busybox is missing (apt-get install busybox-static)")
+    cache = cache_dir()
+    vmlinuz, modules_dir = _fetch_kernel(cache)
+    modules = _modules_in_load_order(modules_dir)
+    agents: dict[str, Path] = {}
+    for name in AGENTS:
+        try:
+            agents[name] = agent_path(name)
+        except RunError:
+            if name == "rtvirt-probe":
+                raise
+    digest = hashlib.sha256(INIT_SCRIPT.encode())
+    for path in [BUSYBOX, *modules, *agents.values()]:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    initramfs = cache / f"initramfs-{digest.hexdigest()[:16]}.cpio"
+    if not initramfs.exists():
+        for old in cache.glob("initramfs-*.cpio"):
+            old.unlink()
+        temporary = initramfs.with_suffix(".tmp")
+        temporary.write_bytes(_base_archive(modules, agents))
+        temporary.rename(initramfs)
+    return GuestImage(vmlinuz, initramfs, modules_dir.name)

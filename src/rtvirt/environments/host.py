@@ -1,0 +1,28 @@
+"""host: the bare-metal baseline. The agent runs directly on the host, pinned to the measured CPUs."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Literal
+
+from ..agents import agent_path
+from .base import Environment, EnvironmentConfig, Launched
+
+__all__ = ["HostConfig", "HostEnvironment"]
+
+
+class HostConfig(EnvironmentConfig):
+    kind: Literal["host"] = "host"
+
+
+class HostEnvironment(Environment):
+    kind = "host"
+    config_model = HostConfig
+
+    def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        argv = [str(agent_path(agent)), *args]
+        if out is not None:
+            argv.append(f"--out={out}")
+        proc = self.supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        return Launched(proc, out)

@@ -1,0 +1,296 @@
+"""qemu: the workload in a QEMU guest (KVM, or TCG where KVM does not really accelerate).
+
+The guest boots our initramfs (guest_image.py) and runs the agent as its main job; the agent's stream
+leaves the guest through a virtio-serial port whose host side is a chardev file: the run's stream file
+itself, so samples land on the host disk as they are taken. QEMU starts paused (-S): over QMP we find
+each vCPU's thread (query-cpus-fast), pin it to its host CPU and give it its policy, pin every other
+QEMU thread (the emulator) to ``emulator_cpus``, and only then let the guest run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ..errors import RunError
+from ..params import CpuList
+from ..units import duration_field
+from .base import Environment, EnvironmentConfig, Launched, default_measured_cpu
+from .guest_image import (
+    EXIT_MARK,
+    GUEST_AGENT_DIR,
+    READY_MARK,
+    GuestImage,
+    GuestJob,
+    cache_dir,
+    guest_image,
+    guest_port_path,
+    job_archive,
+)
+from .sched import SchedPolicy, apply_policy, thread_ids
+
+__all__ = ["QemuConfig", "QemuEnvironment", "choose_accel", "QEMU"]
+
+QEMU = "qemu-system-x86_64"
+OUTPUT_PORT = "rtvirt.out"
+CONSOLE_LIMIT = 1 << 16  # bytes of the guest console we read back (it is untrusted)
+KVM_CALIBRATION_TIMEOUT_S = 20.0
+TCG_WARNING = ("the QEMU guest ran under TCG (software emulation, KVM does not accelerate here): its timings "
+               "do not represent real hardware")
+
+
+class QemuConfig(EnvironmentConfig):
+    kind: Literal["qemu"] = "qemu"
+    vcpus: int = Field(1, ge=1, le=64, description="virtual CPUs; vCPU i is pinned to the i-th of cpus (cycling)")
+    memory: int = Field(256, ge=64, le=65536, description="guest memory in MiB")
+    emulator_cpus: CpuList | None = Field(None, description="host CPUs for QEMU's other threads "
+                                                            "(default: the CPUs not in cpus, if any)")
+    vcpu_sched: SchedPolicy = Field(default_factory=SchedPolicy, description="policy of the vCPU threads")
+    accel: Literal["auto", "kvm", "tcg"] = Field("auto", description="auto: KVM if it really accelerates, else TCG")
+    boot_timeout: duration_field("s") = Field(90_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
+                                              description="time the guest may take to boot (bare numbers in s)")
+
+
+def _qemu_version() -> str:
+    try:
+        out = subprocess.run([QEMU, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.splitlines()[0][:200] if out else "unknown"
+
+
+def _boot_once(image: GuestImage, accel: str, workdir: Path, timeout_s: float) -> float | None:
+    """Boot a guest with no job; seconds until it reported ready, or None if it did not within the timeout."""
+    from ..procs import Supervisor
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    console = workdir / f"calibrate-{accel}.log"
+    initrd = image.initramfs_with_jobs(job_archive(None), workdir)
+    argv = [QEMU, "-accel", accel, "-m", "256", "-smp", "1", "-display", "none", "-nodefaults", "-no-reboot",
+            "-kernel", str(image.kernel), "-initrd", str(initrd), "-append", "console=ttyS0 quiet panic=-1",
+            "-serial", f"file:{console}"]
+    started = time.monotonic()
+    with Supervisor() as supervisor:
+        proc = supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while time.monotonic() - started < timeout_s:
+            if console.exists() and READY_MARK in _read_console(console):
+                return time.monotonic() - started
+            if proc.poll() is not None:
+                return None
+            time.sleep(0.1)
+    return None
+
+
+def choose_accel(requested: str = "auto") -> dict[str, Any]:
+    """Which accelerator to use, and why: a calibration boot under KVM decides (cached per host setup).
+
+    /dev/kvm can exist where KVM only emulates (nested without hardware support): a guest that does not
+    come up under KVM within the calibration timeout means TCG is the faster choice.
+    """
+    override = os.environ.get("RTVIRT_ACCEL")
+    if override in ("kvm", "tcg"):
+        requested = override
+    if requested == "tcg":
+        return {"accel": "tcg", "reason": "requested"}
+    kvm_usable = os.access("/dev/kvm", os.R_OK | os.W_OK)
+    if requested == "kvm":
+        if not kvm_usable:
+            raise RunError("qemu: accel 'kvm' requested but /dev/kvm is missing or not accessible")
+        return {"accel": "kvm", "reason": "requested"}
+    if not kvm_usable:
+        return {"accel": "tcg", "reason": "/dev/kvm is missing or not accessible"}
+    key = f"{platform.release()}|{_qemu_version()}|{_cpu_model()}"
+    cache_file = cache_dir() / "accel.json"
+    try:
+        cached = json.loads(cache_file.read_text())
+        if isinstance(cached, dict) and cached.get("key") == key and cached.get("accel") in ("kvm", "tcg"):
+            return {"accel": cached["accel"], "reason": str(cached.get("reason", ""))[:300]}
+    except (OSError, ValueError):
+        pass
+    workdir = cache_dir() / "calibration"
+    seconds = _boot_once(guest_image(), "kvm", workdir, KVM_CALIBRATION_TIMEOUT_S)
+    if seconds is None:
+        decision = {"accel": "tcg", "reason": f"a calibration guest did not boot under KVM within "
+                                              f"{KVM_CALIBRATION_TIMEOUT_S:.0f}s (KVM does not accelerate here)"}
+    else:
+        decision = {"accel": "kvm", "reason": f"a calibration guest booted under KVM in {seconds:.1f}s"}
+    shutil.rmtree(workdir, ignore_errors=True)
+    temporary = cache_file.with_suffix(".tmp")
+    temporary.write_text(json.dumps({"key": key, **decision}))
+    os.replace(temporary, cache_file)
+    return decision
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text()[:65536].splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()[:200]
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _read_console(path: Path) -> str:
+    with path.open("rb") as f:
+        return f.read(CONSOLE_LIMIT).decode("utf-8", errors="replace")
+
+
+class QemuEnvironment(Environment):
+    kind = "qemu"
+    config_model = QemuConfig
+    config: QemuConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._accel: dict[str, Any] | None = None
+        self._proc: subprocess.Popen[Any] | None = None
+        self._console = self.workdir / "console.log"
+        self._launched_at = 0.0
+        self._ready_at: float | None = None
+        self._placement: dict[str, Any] = {}
+
+    @staticmethod
+    def available() -> str | None:
+        return None if shutil.which(QEMU) else f"{QEMU} is not installed (apt-get install qemu-system-x86)"
+
+    def _host_cpus(self) -> tuple[int, ...]:
+        if not self.config.pin:
+            return tuple(sorted(os.sched_getaffinity(0)))
+        return tuple(self.config.cpus) if self.config.cpus else (default_measured_cpu(),)
+
+    def measured_cpus(self) -> tuple[int, ...]:
+        cpus = self._host_cpus()
+        return tuple(dict.fromkeys(cpus[i % len(cpus)] for i in range(self.config.vcpus)))
+
+    def probe_overrides(self) -> dict[str, Any]:
+        # inside the guest the workload sees vCPUs, numbered from 0
+        return {"affinity": tuple(range(self.config.vcpus))}
+
+    def emulator_cpus(self) -> tuple[int, ...]:
+        if self.config.emulator_cpus:
+            return tuple(self.config.emulator_cpus)
+        others = tuple(sorted(os.sched_getaffinity(0) - set(self.measured_cpus())))
+        return others or self.measured_cpus()
+
+    def start(self) -> None:
+        if self._accel is None:
+            self._accel = choose_accel(self.config.accel)
+
+    def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        self.start()
+        assert self._accel is not None
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        image = guest_image()
+        argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
+        if out is not None:
+            argv.append(f"--out={guest_port_path(OUTPUT_PORT)}")
+        initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv)), self.workdir)
+        qmp_socket = self.workdir / "qmp.sock"
+        accel = self._accel["accel"]
+        command = [QEMU, "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
+                   "-smp", str(self.config.vcpus), "-m", str(self.config.memory),
+                   "-display", "none", "-nodefaults", "-no-reboot", "-S",
+                   "-kernel", str(image.kernel), "-initrd", str(initrd),
+                   "-append", "console=ttyS0 quiet panic=-1 tsc=reliable",
+                   "-serial", f"file:{self._console}",
+                   "-qmp", f"unix:{qmp_socket},server=on,wait=off",
+                   "-device", "virtio-serial-pci"]
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            command += ["-chardev", f"file,id=rtvirtout,path={out}",
+                        "-device", f"virtserialport,chardev=rtvirtout,name={OUTPUT_PORT}"]
+        self._proc = self.supervisor.start(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._launched_at = time.monotonic()
+        self._place_and_continue(qmp_socket)
+        return Launched(self._proc, out)
+
+    def _place_and_continue(self, qmp_socket: Path) -> None:
+        from qemu.qmp.legacy import QEMUMonitorProtocol
+
+        assert self._proc is not None
+        deadline = time.monotonic() + 30
+        while not qmp_socket.exists():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                raise RunError(f"qemu did not start: {self._stderr_tail()}")
+            time.sleep(0.05)
+        monitor = QEMUMonitorProtocol(str(qmp_socket))
+        try:
+            monitor.connect()
+            cpus = monitor.cmd("query-cpus-fast")
+            host_cpus = self._host_cpus()
+            vcpu_threads: dict[int, int] = {int(c["cpu-index"]): int(c["thread-id"]) for c in cpus}
+            emulator = [t for t in thread_ids(self._proc.pid) if t not in vcpu_threads.values()]
+            for index, tid in vcpu_threads.items():
+                if self.config.pin:
+                    os.sched_setaffinity(tid, {host_cpus[index % len(host_cpus)]})
+                apply_policy(tid, self.config.vcpu_sched)
+            if self.config.pin:
+                for tid in emulator:
+                    os.sched_setaffinity(tid, set(self.emulator_cpus()))
+            self._placement = {
+                "vcpu_threads": {str(i): {"tid": t, "host_cpu": host_cpus[i % len(host_cpus)] if self.config.pin
+                                          else None} for i, t in vcpu_threads.items()},
+                "emulator_threads": len(emulator), "emulator_cpus": list(self.emulator_cpus()),
+                "vcpu_sched": self.config.vcpu_sched.describe(),
+            }
+            monitor.cmd("cont")
+        except OSError as exc:
+            raise RunError(f"qemu: QMP failed ({exc}): {self._stderr_tail()}") from None
+        finally:
+            monitor.close()
+
+    def _stderr_tail(self) -> str:
+        if self._proc is None or self._proc.stderr is None or self._proc.poll() is None:
+            return "no error output"
+        text = self._proc.stderr.read(4096).decode(errors="replace").strip()
+        return (text.splitlines() or ["no error output"])[-1][:300]
+
+    def console_text(self) -> str:
+        return _read_console(self._console) if self._console.exists() else ""
+
+    def check(self) -> str | None:
+        if self._proc is None:
+            return None
+        console = self.console_text()
+        if self._ready_at is None and READY_MARK in console:
+            self._ready_at = time.monotonic()
+        if self._ready_at is None:
+            if self._proc.poll() is not None:
+                return f"qemu exited before the guest booted: {self._stderr_tail()}"
+            if time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
+                return f"the guest did not boot within {self.config.boot_timeout / 1e9:.0f}s"
+            return None
+        if self._proc.poll() is not None:
+            for line in console.splitlines():
+                if line.startswith(EXIT_MARK):
+                    status = line.removeprefix(EXIT_MARK).strip()
+                    return None if status == "0" else f"the guest's agent failed (xargs status {status[:20]})"
+            return "the guest stopped before its agent finished"
+        return None
+
+    @property
+    def booted(self) -> bool:
+        return self._ready_at is not None
+
+    def describe(self) -> dict[str, Any]:
+        boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
+        return {**super().describe(), "acceleration": (self._accel or {}).get("accel"),
+                "acceleration_reason": (self._accel or {}).get("reason"), "qemu": _qemu_version(),
+                "boot_seconds": boot_s, **self._placement}
+
+    def warnings(self) -> list[str]:
+        return [TCG_WARNING] if self._accel and self._accel["accel"] == "tcg" else []
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self.supervisor.stop(self._proc, grace=5.0)
+            self._proc = None

@@ -1,0 +1,169 @@
+"""The scenario schema (docs/scenarios.md): platforms, the measured workload, its disturbance, a timeline."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..environments import ENVIRONMENTS
+from ..environments.host import HostConfig
+from ..environments.partition import PartitionConfig
+from ..environments.qemu import QemuConfig
+from ..probes import PROBES
+from ..stressors import STRESSORS
+from ..units import duration_field
+
+__all__ = ["Scenario", "Workload", "Disturbance", "StressorUse", "Timeline", "TimelineEvent", "EnvironmentEntry"]
+
+Seconds = duration_field("s")
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+# One variant per environment module, told apart by ``kind`` (ENVIRONMENTS is the table of record).
+EnvironmentEntry = Annotated[HostConfig | PartitionConfig | QemuConfig, Field(discriminator="kind")]
+assert {HostConfig.model_fields["kind"].default, PartitionConfig.model_fields["kind"].default,
+        QemuConfig.model_fields["kind"].default} == set(ENVIRONMENTS)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Workload(_Strict):
+    """The measured workload: a probe and its parameters (checked by the probe's own model)."""
+
+    probe: str = Field("timer", description="a probe from `rtvirt probe --help`")
+    params: dict[str, Any] = Field(default_factory=dict, description="the probe's parameters (long option names)")
+
+    @field_validator("probe")
+    @classmethod
+    def _known_probe(cls, probe: str) -> str:
+        if probe not in PROBES:
+            raise ValueError(f"unknown probe {probe!r} (known: {', '.join(PROBES)})")
+        return probe
+
+    @field_validator("params")
+    @classmethod
+    def _campaign_decides(cls, params: dict[str, Any]) -> dict[str, Any]:
+        for decided in ("duration", "affinity"):
+            if decided in params:
+                raise ValueError(f"'{decided}' is decided by the campaign (the scenario's duration and the "
+                                 "environment's cpus); remove it")
+        return params
+
+
+class StressorUse(_Strict):
+    """One stressor: which, where it runs, how many, on which engine."""
+
+    stressor: str = Field(description="a stressor from `rtvirt stress --help`")
+    where: Literal["same-core", "other-core", "all-cores", "other-vm"] = Field(
+        description="same-core: on the measured workload's host CPU; other-core: on the others; "
+                    "other-vm: inside extra QEMU guests")
+    workers: int = Field(1, ge=1, le=256, description="worker threads (per VM for other-vm)")
+    vms: int = Field(1, ge=1, le=8, description="other-vm only: how many disturbing guests")
+    engine: Literal["native", "stress-ng"] = "native"
+    params: dict[str, Any] = Field(default_factory=dict, description="the stressor's own parameters")
+
+    @field_validator("stressor")
+    @classmethod
+    def _known_stressor(cls, stressor: str) -> str:
+        if stressor not in STRESSORS:
+            raise ValueError(f"unknown stressor {stressor!r} (known: {', '.join(STRESSORS)})")
+        return stressor
+
+    @field_validator("params")
+    @classmethod
+    def _campaign_decides(cls, params: dict[str, Any]) -> dict[str, Any]:
+        for decided in ("duration", "cpus", "workers"):
+            if decided in params:
+                raise ValueError(f"'{decided}' is decided by the campaign (use the fields 'workers' and 'where')")
+        return params
+
+    @model_validator(mode="after")
+    def _engine_fits_place(self) -> StressorUse:
+        if self.where == "other-vm" and self.engine != "native":
+            raise ValueError("other-vm stressors run our native agent inside the guest; use engine = 'native'")
+        return self
+
+
+class TimelineEvent(_Strict):
+    at: Seconds = Field(description="time after the workload started (bare numbers in s)")  # type: ignore[valid-type]
+    action: Literal["stress-on", "stress-off"]
+
+
+def check_alternating(events: list[TimelineEvent]) -> None:
+    previous_at, expected = -1, "stress-on"
+    for event in events:
+        if event.at <= previous_at:
+            raise ValueError("events must be in increasing order of 'at'")
+        if event.action != expected:
+            raise ValueError(f"events must alternate stress-on / stress-off, starting with stress-on "
+                             f"(found {event.action} at {event.at / 1e9:g}s)")
+        previous_at, expected = event.at, "stress-off" if expected == "stress-on" else "stress-on"
+
+
+class Disturbance(_Strict):
+    """A named set of stressors; the empty set is the solo (undisturbed) case."""
+
+    name: str = Field(pattern=_NAME, max_length=48)
+    stressors: list[StressorUse] = Field(default_factory=list)
+    events: list[TimelineEvent] | None = Field(None, description="this disturbance's own stress-on/off events "
+                                                                 "(instead of timeline.events)")
+
+    @field_validator("events")
+    @classmethod
+    def _events_alternate(cls, events: list[TimelineEvent] | None) -> list[TimelineEvent] | None:
+        check_alternating(events or [])
+        return events
+
+
+class Timeline(_Strict):
+    """When disturbance runs. Without events it runs throughout, started before or after the workload."""
+
+    start_order: list[Literal["test-first", "stress-first"]] = Field(["test-first"], min_length=1)
+    settle: Seconds = Field(1_000_000_000, description="gap between the first and the second start")  # type: ignore[valid-type]
+    events: list[TimelineEvent] = Field(default_factory=list)
+
+    @field_validator("events")
+    @classmethod
+    def _events_alternate(cls, events: list[TimelineEvent]) -> list[TimelineEvent]:
+        check_alternating(events)
+        return events
+
+
+class Scenario(_Strict):
+    name: str = Field(pattern=_NAME, max_length=64)
+    description: str = Field("", max_length=2000)
+    duration: Seconds = Field(description="measured time per run (bare numbers in s)", gt=0)  # type: ignore[valid-type]
+    repetitions: int = Field(1, ge=1, le=1000, description="runs per configuration, each with a fresh start")
+    run_timeout: Seconds = Field(300_000_000_000, gt=0,  # type: ignore[valid-type]
+                                 description="watchdog: extra time a run may take beyond its duration")
+    skip_unavailable: bool = Field(True, description="leave out environments that cannot run here "
+                                                     "(recorded as skipped); false makes them fail")
+    workload: Workload = Field(default_factory=Workload)
+    environments: list[EnvironmentEntry] = Field(min_length=1)
+    disturbances: list[Disturbance] = Field(default_factory=lambda: [Disturbance(name="solo")], min_length=1)
+    timeline: Timeline = Field(default_factory=Timeline)
+
+    def cross_field_errors(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Checks spanning several fields, as (field path, message) pairs."""
+        errors: list[tuple[tuple[str | int, ...], str]] = []
+        seen: set[str] = set()
+        for index, env in enumerate(self.environments):
+            if env.label in seen:
+                errors.append((("environments", index, "name"),
+                               f"environment name {env.label!r} is used twice: give each a distinct 'name'"))
+            seen.add(env.label)
+        names: set[str] = set()
+        for index, disturbance in enumerate(self.disturbances):
+            if disturbance.name in names:
+                errors.append((("disturbances", index, "name"), f"disturbance name {disturbance.name!r} is used twice"))
+            names.add(disturbance.name)
+        if self.timeline.events and self.timeline.events[-1].at >= self.duration:
+            errors.append((("timeline", "events", len(self.timeline.events) - 1, "at"),
+                           "the last event must come before the end of the run (duration)"))
+        for index, disturbance in enumerate(self.disturbances):
+            if disturbance.events and disturbance.events[-1].at >= self.duration:
+                errors.append((("disturbances", index, "events", len(disturbance.events) - 1, "at"),
+                               "the last event must come before the end of the run (duration)"))
+        return errors

@@ -1,0 +1,8 @@
+"""The hierarchical scheduling simulator (docs/simulator.md): model in, job/event/gap records out."""
+
+from .core import SimResult, core_config, simulate
+from .gantt import gantt_svg, write_gantt
+from .results import samples_table, task_summary, write_simulated_run
+
+__all__ = ["SimResult", "simulate", "core_config", "samples_table", "task_summary", "write_simulated_run",
+           "gantt_svg", "write_gantt"]

@@ -1,0 +1,184 @@
+"""Turn a validated model into the compiled core's input, run it, and return the records as Arrow tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import InputError, RunError
+from ..model import Model, home_cpu
+from ..model.schema import Execution
+
+__all__ = ["SimResult", "core_config", "simulate", "NEVER"]
+
+NEVER = (2**63 - 1) // 4  # the core's "no deadline"
+_TYPES = {"periodic": 0, "sporadic": 1, "event": 2}
+_DISTRIBUTIONS = {"uniform": 1, "normal": 2}
+_GLOBAL = {"rtds": lambda hv: hv.mode == "global", "deadline": lambda hv: True}
+_DEFAULT_WEIGHT = {"credit": 256, "fair": 1024}
+_RTDS_DEFAULT = (4_000_000, 10_000_000)  # Xen's default budget / period
+
+
+@dataclass
+class SimResult:
+    """Everything one simulation produced; times in ns."""
+
+    model: Model
+    duration_ns: int
+    end_reason: str
+    end_time_ns: int
+    jobs: pa.Table  # one row per finished job
+    chains: pa.Table  # one row per event that left the last stage of its chain
+    gaps: pa.Table  # gap probe: every interval the probe did not run, above its threshold
+    supply: pa.Table  # per vCPU and supply window: ns the vCPU ran
+    segments: pa.Table  # what ran where, inside the Gantt window
+    vcpu_names: list[str]
+    task_names: list[str]
+    unfinished: pa.Table  # jobs still queued at the end: task, deadline_ns (overdue ones count as misses)
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+def _vcpu_names(model: Model) -> list[str]:
+    return [f"{vm.name}.{c}" for vm in model.vm for c in range(len(vm.vcpu))]
+
+
+def core_config(model: Model, *, duration_ns: int | None = None, seed: int | None = None,
+                gantt: tuple[int, int] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The dict rtvirt._simcore.simulate() takes, and the task names in core order."""
+    hv = model.hypervisor
+    sim = model.simulation
+    is_global = _GLOBAL.get(hv.scheduler, lambda _: False)(hv)
+    vcpus: list[dict[str, Any]] = []
+    first_vcpu: list[int] = []
+    for v, vm in enumerate(model.vm):
+        first_vcpu.append(len(vcpus))
+        for c, vcpu in enumerate(vm.vcpu):
+            home = home_cpu(vm, c)
+            cpus = vcpu.affinity if (is_global and vcpu.affinity) else (range(hv.pcpus) if is_global else (home,))
+            budget, period = vcpu.budget, vcpu.period
+            if hv.scheduler == "rtds":
+                budget = budget if budget is not None else _RTDS_DEFAULT[0]
+                period = period if period is not None else _RTDS_DEFAULT[1]
+            vcpus.append({
+                "vm": v, "home": home, "affinity": sum(1 << cpu for cpu in cpus), "priority": vcpu.priority,
+                "budget": budget or 0, "period": period or 0, "slice": vcpu.slice or 0,
+                "runtime": vcpu.runtime or 0, "deadline": vcpu.deadline or 0, "extratime": vcpu.extratime,
+                "rt": vcpu.rt, "weight": vcpu.weight or _DEFAULT_WEIGHT.get(hv.scheduler, 256), "cap": vcpu.cap,
+                "windows": [(w.start, w.length) for w in vcpu.windows],
+                "gap_threshold": vm.gap.threshold if vm.gap is not None and vm.gap.vcpu == c else -1,
+            })
+    tasks: list[dict[str, Any]] = []
+    names: list[str] = []
+    index: dict[str, int] = {}
+    for v, vm in enumerate(model.vm):
+        for task in vm.task:
+            entry: dict[str, Any] = {
+                "vcpu": first_vcpu[v] + task.vcpu, "type": _TYPES[task.type], "offset": task.offset,
+                "jitter": task.jitter, "priority": task.priority,
+            }
+            if task.type == "periodic":
+                entry["period"] = task.period
+            elif task.type == "sporadic":
+                entry["min_ia"] = task.min_interarrival
+                entry["max_ia"] = task.max_interarrival or 2 * (task.min_interarrival or 0)
+            default_deadline = {"periodic": task.period, "sporadic": task.min_interarrival}.get(task.type)
+            deadline = task.deadline if task.deadline is not None else default_deadline
+            entry["deadline"] = deadline if deadline is not None else NEVER
+            if isinstance(task.execution, Execution):
+                e = task.execution
+                entry.update(dist=_DISTRIBUTIONS[e.distribution], emin=e.min, emax=e.max, emean=e.mean or 0,
+                             estdev=e.stdev or 0)
+            else:
+                entry["exec"] = task.execution
+            index[f"{vm.name}/{task.name}"] = len(tasks)
+            tasks.append(entry)
+            names.append(f"{vm.name}/{task.name}")
+        if vm.load > 0:
+            for c in range(len(vm.vcpu)):
+                work = round(vm.load * vm.load_period)
+                if work > 0:
+                    tasks.append({"vcpu": first_vcpu[v] + c, "type": 0, "period": vm.load_period, "exec": work,
+                                  "deadline": vm.load_period, "record": False, "priority": 0})
+                    names.append(f"{vm.name}/load.{c}")
+    chains: list[dict[str, Any]] = []
+    for k, chain in enumerate(model.chain):
+        stages = [index[stage] for stage in chain.stages]
+        for s, task_index in enumerate(stages):
+            tasks[task_index].update(chain=k, stage=s)
+        chains.append({"period": chain.period, "jitter": chain.jitter, "offset": chain.offset,
+                       "deadline": chain.deadline if chain.deadline is not None else NEVER, "stages": stages})
+    config = {
+        "duration": duration_ns if duration_ns is not None else sim.duration,
+        "seed": seed if seed is not None else sim.seed,
+        "event_cap": sim.event_cap, "supply_window": sim.supply_window,
+        "scheduler": hv.scheduler, "server": hv.server, "mode": hv.mode, "pcpus": hv.pcpus,
+        "quantum": hv.quantum, "context_switch": hv.overheads.context_switch, "vm_switch": hv.overheads.vm_switch,
+        "interrupt_delay": hv.overheads.interrupt_delay, "credit_slice": hv.credit.slice,
+        "credit_accounting": hv.credit.accounting, "credit_rate_limit": hv.credit.rate_limit,
+        "fair_slice": hv.fair.slice, "major_frame": hv.arinc653.major_frame if hv.arinc653 else 0,
+        "guest": [vm.scheduler for vm in model.vm], "vcpus": vcpus, "tasks": tasks, "chains": chains,
+        "gantt_from": gantt[0] if gantt else 0, "gantt_to": gantt[1] if gantt else 0,
+    }
+    return config, names
+
+
+def _dictionary(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names, pa.string()))
+
+
+def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None = None,
+             gantt: tuple[int, int] | None = None) -> SimResult:
+    """Run the model in the compiled core."""
+    try:
+        from .. import _simcore  # type: ignore[attr-defined]
+    except ImportError as exc:  # pragma: no cover - a broken install
+        raise RunError(f"the simulator core is not built ({exc}); reinstall rtvirt with pip") from None
+    config, task_names = core_config(model, duration_ns=duration_ns, seed=seed, gantt=gantt)
+    if config["duration"] <= 0:
+        raise InputError("simulation duration must be larger than 0")
+    out = _simcore.simulate(config)
+    vcpu_names = _vcpu_names(model)
+    j = out["jobs"]
+    response = j["finish"] - j["arrival"]
+    deadline = j["deadline"]
+    has_deadline = deadline < NEVER
+    jobs = pa.table({
+        "task": _dictionary(j["task"], task_names),
+        "arrival_ns": j["arrival"], "release_ns": j["release"], "start_ns": j["start"], "finish_ns": j["finish"],
+        "response_ns": response,
+        "deadline_ns": pa.array(np.where(has_deadline, deadline, 0), mask=~has_deadline),
+        "met": pa.array(np.where(has_deadline, j["finish"] <= deadline, True)),
+        "cpu": j["cpu"].astype(np.int16), "event": j["event"],
+    })
+    c = out["chains"]
+    chain_names = [chain.name for chain in model.chain]
+    chain_deadlines = np.array([ch.deadline if ch.deadline is not None else NEVER for ch in model.chain] or [NEVER],
+                               dtype=np.int64)
+    e2e = c["finish"] - c["arrival"]
+    chains = pa.table({
+        "chain": _dictionary(c["chain"], chain_names), "event": c["event"], "cpu": c["cpu"].astype(np.int16),
+        "arrival_ns": c["arrival"],
+        "finish_ns": c["finish"], "response_ns": e2e, "met": e2e <= chain_deadlines[c["chain"]],
+    })
+    g = out["gaps"]
+    gaps = pa.table({"vcpu": _dictionary(g["vcpu"], vcpu_names), "cpu": g["cpu"].astype(np.int16),
+                     "start_ns": g["start"], "gap_ns": g["length"]})
+    windows = len(out["supply"]) // max(1, len(vcpu_names))
+    width = model.simulation.supply_window
+    supply = pa.table({
+        "vcpu": _dictionary(np.repeat(np.arange(len(vcpu_names)), windows), vcpu_names),
+        "window_start_ns": np.tile(np.arange(windows, dtype=np.int64) * width, len(vcpu_names)),
+        "supply_ns": out["supply"],
+    })
+    s = out["segments"]
+    segments = pa.table({"cpu": s["cpu"].astype(np.int16), "vcpu": s["vcpu"], "task": s["task"],
+                         "start_ns": s["start"], "end_ns": s["end"]})
+    counters = {"steps": int(out["steps"]), "events": int(out["events"]), "jobs": int(out["jobs_done"])}
+    counters.update({f"supplied_ns {name}": int(ns) for name, ns in zip(vcpu_names, out["supplied"], strict=True)})
+    u = out["unfinished"]
+    unfinished = pa.table({"task": _dictionary(u["task"], task_names), "deadline_ns": u["deadline"]})
+    return SimResult(model, int(config["duration"]), str(out["end_reason"]), int(out["end_time"]), jobs, chains,
+                     gaps, supply, segments, vcpu_names, task_names, unfinished, counters)

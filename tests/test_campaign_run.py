@@ -1,0 +1,157 @@
+"""Campaigns end to end: the default main job, direction checks, kill -9 and --resume without strays."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rtvirt.campaign import CampaignState, run_campaign
+from rtvirt.scenario import parse_scenario
+from rtvirt.store import load_run
+
+from conftest import run_cli
+
+LAST_CPU = max(os.sched_getaffinity(0))
+TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
+
+HOST_SCENARIO = """\
+name = "directions"
+duration = "{duration}"
+repetitions = {repetitions}
+run_timeout = "60s"
+
+[workload]
+probe = "timer"
+params = {{ interval = "500us" }}
+
+[[environments]]
+kind = "host"
+
+[[disturbances]]
+name = "solo"
+
+[[disturbances]]
+name = "same-core"
+[[disturbances.stressors]]
+stressor = "cpu"
+where = "same-core"
+params = {{ priority = 99, slice = "1ms", period = "5ms" }}
+
+[[disturbances]]
+name = "other-core"
+[[disturbances.stressors]]
+stressor = "cpu"
+where = "other-core"
+params = {{ priority = 99, slice = "1ms", period = "5ms" }}
+
+[timeline]
+settle = "100ms"
+"""
+
+
+def _p99(manifest: dict) -> float:
+    return float(manifest["summary"]["all"]["p99_ns"])
+
+
+@pytest.mark.skipif(not TWO_CPUS, reason="other-core stress needs a second CPU")
+def test_same_core_stress_raises_p99_against_solo_and_other_core(tmp_path: Path) -> None:
+    text = HOST_SCENARIO.format(duration="3s", repetitions=1)
+    scenario = parse_scenario(text, "directions.toml")
+    state = CampaignState.create(tmp_path, scenario.name, text, "directions.toml", 1.0)
+    result = run_campaign(scenario, state, tmp_path, show_progress=False, write_report=False)
+    outcomes = result.outcomes
+    assert {o.status for o in outcomes.values()} == {"complete"}, {k: o.reason for k, o in outcomes.items()}
+    p99 = {key.split("/")[1]: _p99(o.manifest) for key, o in outcomes.items()}
+    # the interferer holds the measured core for 1 ms in every 5 ms at the same top priority
+    assert p99["same-core"] > 1.5 * p99["solo"], p99
+    assert p99["same-core"] > 1.5 * p99["other-core"], p99
+    assert p99["same-core"] > 200_000, p99
+    same = load_run(tmp_path / "runs" / outcomes["host/same-core/test-first/r1"].run_id).manifest
+    assert [e["event"] for e in same["timeline"]] == ["workload-start", "stress-on", "stress-off"]
+    assert same["system"]["preemption"] and isinstance(same["system"]["warnings"], list)
+    assert same["config"] == "host / same-core" and same["environment"] == "host"
+
+
+def _tagged_processes(tag: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if f"RTVIRT_TEST_TAG={tag}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not TWO_CPUS, reason="other-core stress needs a second CPU")
+def test_kill_9_then_resume_keeps_finished_runs_and_leaves_no_strays(tmp_path: Path) -> None:
+    scenario = tmp_path / "resume.toml"
+    scenario.write_text(HOST_SCENARIO.format(duration="2s", repetitions=2))
+    results = tmp_path / "results"
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "RTVIRT_TEST_TAG": tag, "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(scenario), "--out", str(results),
+                             "--no-progress"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    state_path = None
+    while time.monotonic() < deadline:
+        states = list(results.glob("campaigns/*/state.json"))
+        if states:
+            state_path = states[0]
+            runs = json.loads(state_path.read_text())["runs"]
+            done = [k for k, r in runs.items() if r["status"] == "complete"]
+            # kill while a disturbed run is in progress (probe and stressor both alive)
+            if len(done) >= 1 and any(r["status"] == "running" and "same-core" in k for k, r in runs.items()):
+                time.sleep(1.0)
+                break
+        time.sleep(0.1)
+    assert state_path is not None and proc.poll() is None, "campaign did not reach its second run"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for _ in range(50):
+        if not _tagged_processes(tag):
+            break
+        time.sleep(0.1)
+    assert _tagged_processes(tag) == []
+    before = json.loads(state_path.read_text())["runs"]
+    finished = {k: r["run_id"] for k, r in before.items() if r["status"] == "complete"}
+    manifests = {k: (results / "runs" / rid / "manifest.json").read_bytes() for k, rid in finished.items()}
+    assert finished
+
+    resumed = run_cli("run", "--resume", "--out", str(results), "--no-progress", timeout=180, env=env)
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    after = json.loads(state_path.read_text())
+    assert after["finished"] is True
+    assert {r["status"] for r in after["runs"].values()} == {"complete"} and len(after["runs"]) == 6
+    for key, run_id in finished.items():
+        assert after["runs"][key]["run_id"] == run_id
+        assert (results / "runs" / run_id / "manifest.json").read_bytes() == manifests[key]
+    assert _tagged_processes(tag) == []
+    assert "report:" in resumed.stdout
+
+
+@pytest.mark.vm
+def test_default_campaign_end_to_end_at_small_scale(tmp_path: Path) -> None:
+    result = run_cli("run", "--scale", "0.1", "--out", str(tmp_path), "--no-progress", timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    state = json.loads(next(tmp_path.glob("campaigns/default-*/state.json")).read_text())
+    assert len(state["runs"]) == 9 and {r["status"] for r in state["runs"].values()} == {"complete"}
+    qemu = load_run(tmp_path / "runs" / state["runs"]["qemu/solo/-/r1"]["run_id"]).manifest
+    assert qemu["environment_detail"]["acceleration"] in ("kvm", "tcg")
+    if qemu["environment_detail"]["acceleration"] == "tcg":
+        assert any("TCG" in w for w in qemu["system"]["warnings"])
+    partition = load_run(tmp_path / "runs" / state["runs"]["partition/solo/-/r1"]["run_id"]).manifest
+    assert partition["environment_detail"]["cgroup_version"] in (1, 2)
+    report = Path(result.stdout.split("report:")[1].split()[0])
+    assert report.exists() and report.stat().st_size > 1000
+    assert "qemu/same-core/test-first/r1" in result.stdout

@@ -1,0 +1,73 @@
+"""The qemu environment: the guest image, safe job passing, and a real TCG guest streaming samples."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rtvirt.environments.guest_image import GuestJob, job_archive
+from rtvirt.environments.qemu import TCG_WARNING, QemuConfig, QemuEnvironment
+from rtvirt.environments.sched import SchedPolicy
+from rtvirt.procs import Supervisor
+from rtvirt.stream import read_stream
+
+
+def _entries(archive: bytes) -> dict[str, bytes]:
+    """Parse a newc cpio archive (independently of the writer) into name -> data."""
+    entries, offset = {}, 0
+    while True:
+        assert archive[offset:offset + 6] == b"070701"
+        fields = [int(archive[offset + 6 + 8 * i: offset + 14 + 8 * i], 16) for i in range(13)]
+        size, name_size = fields[6], fields[11]
+        name_start = offset + 110
+        name = archive[name_start:name_start + name_size - 1].decode()
+        data_start = name_start + name_size + (-(110 + name_size) % 4)
+        if name == "TRAILER!!!":
+            return entries
+        entries[name] = archive[data_start:data_start + size]
+        offset = data_start + size + (-size % 4)
+
+
+def test_job_archive_passes_argv_verbatim_without_a_shell() -> None:
+    nasty = ["/rtvirt/bin/rtvirt-probe", "timer", "--x=$(reboot)", "; poweroff -f", "a b\n`id`", "'\""]
+    archive = _entries(job_archive(GuestJob(nasty), [GuestJob(["/rtvirt/bin/rtvirt-stress", "cpu"], 3, 7)]))
+    assert archive["rtvirt/jobs/main.argv"].split(b"\0")[:-1] == [a.encode() for a in nasty]
+    assert archive["rtvirt/jobs/bg-0.delay"] == b"3\n" and archive["rtvirt/jobs/bg-0.limit"] == b"7\n"
+
+
+@pytest.mark.parametrize("argv", [[], ["relative/path"], ["/bin/x", "nul\0byte"], ["/a=b"]])
+def test_job_archive_rejects_unsafe_commands(argv: list[str]) -> None:
+    with pytest.raises(ValueError):
+        job_archive(GuestJob(argv))
+
+
+def test_deadline_policy_needs_runtime_and_period() -> None:
+    with pytest.raises(ValueError, match="runtime and period"):
+        SchedPolicy(policy="deadline")
+    policy = SchedPolicy(policy="deadline", runtime="200us", period="1ms")
+    assert policy.describe() == "deadline:200000/1000000ns"
+
+
+@pytest.mark.vm
+def test_tcg_guest_boots_and_streams_timer_samples_to_the_host(tmp_path: Path) -> None:
+    cpu = max(os.sched_getaffinity(0))
+    config = QemuConfig(kind="qemu", cpus=(cpu,), accel="tcg", vcpu_sched=SchedPolicy(policy="other"))
+    out = tmp_path / "samples.rtvs"
+    with Supervisor() as supervisor:
+        env = QemuEnvironment(config, supervisor, tmp_path / "vm")
+        try:
+            launched = env.launch("rtvirt-probe", ["timer", "--duration=1000000000", "--interval=1000000",
+                                                   "--affinity=0"], out)
+            launched.proc.wait(timeout=240)
+            assert env.check() is None, env.console_text()[-2000:]
+            description = env.describe()
+        finally:
+            env.close()
+    stream = read_stream(out)
+    assert stream.end_reason == "complete" and stream.total_dropped == 0
+    assert stream.records.size >= 100  # 1 s at 1 ms, generously low for a loaded TCG host
+    assert description["acceleration"] == "tcg" and env.warnings() == [TCG_WARNING]
+    assert description["vcpu_threads"]["0"]["host_cpu"] == cpu
+    assert description["boot_seconds"] is not None

@@ -1,0 +1,213 @@
+"""Stressors end to end through the library API: each one runs, stops cleanly and really loads the machine.
+
+Load checks read the kernel's own accounting (/proc/<pid>/task/*/stat, /proc/interrupts, sysfs), not
+only the agent's summary. Margins are generous: this is a noisy 2-CPU VM shared with other tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from rtvirt.errors import InputError
+from rtvirt.procs import Supervisor
+from rtvirt.stressors import STRESSORS, run_stressor, start_stressor
+
+CPU = 1 if 1 in os.sched_getaffinity(0) else 0
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_stats(pid: int) -> dict[int, tuple[int, int]]:
+    """tid -> (last CPU, utime+stime ticks) from /proc/<pid>/task/<tid>/stat."""
+    stats = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # after the comm: field 3 is index 0, so utime (14) -> 11, stime (15) -> 12, processor (39) -> 36
+        stats[int(tid)] = (int(fields[36]), int(fields[11]) + int(fields[12]))
+    return stats
+
+
+def sysfs_cache_bytes(level: int | None) -> int:
+    """Size of the data/unified cache of `level` (None: the highest) for CPU 0, read independently."""
+    sizes = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        if (index / "type").read_text().strip() == "Instruction":
+            continue
+        text = (index / "size").read_text().strip()
+        factor = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+        sizes[int((index / "level").read_text())] = int(text.rstrip("KMG")) * factor
+    return sizes[max(sizes) if level is None else level]
+
+
+@pytest.mark.parametrize("name", ["cpu", "cache", "mem", "io", "irq"])
+def test_each_stressor_runs_and_does_work(name: str, tmp_path: Path) -> None:
+    params: dict[str, object] = {"duration": "800ms", "cpus": [CPU]}
+    if name == "io":
+        params |= {"path": tmp_path, "size": "1MiB"}
+    summary = run_stressor(name, params)
+    assert summary.stressor == name and summary.engine == "native"
+    assert summary.end == "complete"
+    assert 0.75e9 < summary.elapsed_ns < 3e9
+    assert summary.workers == 1 and summary.cpus == [CPU]
+    assert summary.per_worker[0].cpu == CPU
+    # Whole bogo-ops can be few on a busy CPU (one cache pass is 1.5 x the LLC); bytes count partial work.
+    assert summary.bogo_ops > 0 or (summary.parts[0].bytes or 0) > 0
+    assert summary.parts[0].cpu_time_ns and summary.parts[0].cpu_time_ns > 0
+
+
+def test_mix_is_ten_cpu_plus_ten_mem_workers() -> None:
+    summary = run_stressor("mix", {"duration": "800ms", "block": "4MiB"})
+    assert [(p.name, p.workers) for p in summary.parts] == [("cpu", 10), ("mem", 10)]
+    assert summary.workers == 20 and len(summary.per_worker) == 20
+    cpu, mem = summary.parts
+    assert cpu.bogo_ops > 0
+    assert mem.bytes and mem.bytes > 0  # pages were touched even if no whole block finished
+    counts = run_stressor("mix", {"duration": "200ms", "cpu_workers": 2, "mem_workers": 1})
+    assert [(p.name, p.workers) for p in counts.parts] == [("cpu", 2), ("mem", 1)]
+
+
+def test_cpu_stressor_pinned_to_a_cpu_burns_time_there() -> None:
+    with start_stressor("cpu", {"cpus": [CPU], "duration": 0}) as running:
+        time.sleep(0.3)
+        before, t0 = thread_stats(running.pid), time.monotonic()
+        time.sleep(1.5)
+        after, t1 = thread_stats(running.pid), time.monotonic()
+        worker = max(after, key=lambda tid: after[tid][1])  # the spinner, not the main thread
+        assert os.sched_getaffinity(worker) == {CPU}
+        assert after[worker][0] == CPU
+        share = (after[worker][1] - before[worker][1]) / TICK / (t1 - t0)
+        summary = running.stop()
+    assert share > 0.3, f"the spinner got only {share:.0%} of CPU {CPU}"
+    assert summary.end == "signal"
+    assert summary.per_worker[0].cpu_time_ns > 0.3e9
+
+
+def test_duty_mode_uses_slice_over_period_of_a_cpu() -> None:
+    # 3 ms every 10 ms at SCHED_FIFO: the kernel should account about 30 % of a CPU to it.
+    with start_stressor("cpu", {"cpus": [CPU], "duration": 0, "slice": "3ms", "period": "10ms",
+                                "priority": 10}) as running:
+        time.sleep(0.3)
+        before, t0 = thread_stats(running.pid), time.monotonic()
+        time.sleep(2.0)
+        after, t1 = thread_stats(running.pid), time.monotonic()
+        summary = running.stop()
+    share = sum(after[t][1] - before.get(t, (0, 0))[1] for t in after) / TICK / (t1 - t0)
+    assert 0.15 < share < 0.45, f"duty 3ms/10ms used {share:.0%} of a CPU"
+    assert summary.mode == "duty" and summary.slice_ns == 3_000_000 and summary.period_ns == 10_000_000
+    own = summary.per_worker[0].cpu_time_ns / summary.elapsed_ns
+    assert 0.15 < own < 0.45, f"duty 3ms/10ms: its own CPU clock says {own:.0%}"
+    assert summary.per_worker[0].missed < 5
+
+
+@pytest.mark.parametrize("level", [None, 2])
+def test_cache_buffer_is_one_and_a_half_times_the_sysfs_size(level: int | None) -> None:
+    params: dict[str, object] = {"duration": "300ms", "cpus": [0]}
+    if level:
+        params["level"] = level
+    summary = run_stressor("cache", params)
+    expected = sysfs_cache_bytes(level)
+    assert summary.cache["source"] == "sysfs"
+    assert summary.cache["size_bytes"] == expected
+    assert summary.buffer_bytes == expected * 3 // 2
+    assert summary.parts[0].bytes > 0
+
+
+def test_cache_buffer_can_be_given() -> None:
+    summary = run_stressor("cache", {"duration": "200ms", "buffer": "1MiB", "cpus": [0]})
+    assert summary.buffer_bytes == 1 << 20
+    assert summary.bogo_ops > 0
+
+
+def test_io_does_real_io_and_leaves_no_file(tmp_path: Path) -> None:
+    with start_stressor("io", {"path": tmp_path, "size": "2MiB", "duration": 0, "workers": 2}) as running:
+        time.sleep(0.8)
+        assert list(tmp_path.iterdir()) == []  # the work files never have a name
+        open_files = [os.readlink(f"/proc/{running.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{running.pid}/fd")]
+        assert sum(str(tmp_path) in target for target in open_files) == 2
+        summary = running.stop()
+    assert summary.file_bytes == 2 << 20
+    assert summary.parts[0].bytes >= 2 * (2 << 20)  # at least one full write + read-back
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_io_killed_hard_still_leaves_no_file(tmp_path: Path) -> None:
+    running = start_stressor("io", {"path": tmp_path, "size": "1MiB", "duration": 0})
+    time.sleep(0.4)
+    os.kill(running.pid, 9)
+    running.process.wait(5)
+    assert list(tmp_path.iterdir()) == []
+
+
+def local_timer_interrupts(cpu: int) -> int:
+    with open("/proc/interrupts") as f:
+        for line in f:
+            if line.split(":")[0].strip() == "LOC":
+                return int(line.split()[1 + cpu])
+    pytest.fail("no LOC line in /proc/interrupts")
+
+
+def test_irq_raises_timer_interrupts_at_the_rate() -> None:
+    before = local_timer_interrupts(CPU)
+    summary = run_stressor("irq", {"duration": "1s", "cpus": [CPU], "rate": 2000})
+    interrupts = local_timer_interrupts(CPU) - before
+    assert 1000 < summary.bogo_ops <= 2001
+    assert summary.rate_hz == 2000
+    assert interrupts >= 0.5 * summary.bogo_ops, f"{interrupts} timer interrupts for {summary.bogo_ops} wake-ups"
+
+
+def test_stop_is_prompt_even_in_a_long_duty_period() -> None:
+    running = start_stressor("cpu", {"duration": 0, "slice": "10ms", "period": "2s", "cpus": [CPU]})
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    summary = running.stop()
+    assert time.monotonic() - t0 < 1.0
+    assert summary.end == "signal"
+    assert not Path(f"/proc/{running.pid}").exists()
+
+
+def test_a_supervisor_given_by_the_caller_owns_the_child() -> None:
+    with Supervisor() as supervisor:
+        running = start_stressor("cpu", {"duration": 0, "cpus": [CPU]}, supervisor)
+        assert running.process in supervisor.children
+        summary = running.stop()
+        assert running.process not in supervisor.children
+    assert summary.end == "signal"
+
+
+@pytest.mark.skipif(shutil.which("stress-ng") is None, reason="stress-ng is not installed (scripts/setup.sh)")
+@pytest.mark.parametrize("name", ["cpu", "mem"])
+def test_stress_ng_engine_runs_the_same_names(name: str) -> None:
+    summary = run_stressor(name, {"duration": "1s", "cpus": [CPU], "workers": 1}, engine="stress-ng")
+    assert summary.engine == "stress-ng" and summary.end == "complete"
+    assert [p.name for p in summary.parts] == [name]
+    assert summary.parts[0].workers == 1
+    assert summary.bogo_ops > 0
+    assert summary.parts[0].cpu_time_ns and summary.parts[0].cpu_time_ns > 0.2e9
+    assert "--taskset" in summary.command
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "named"),
+    [
+        ("cpu", {"slice": "1ms"}, "--slice and --period"),
+        ("cpu", {"cpus": "9999"}, "cpus"),
+        ("cpu", {"cpus": [max(os.sched_getaffinity(0)) + 1]}, "--cpus: CPU"),
+        ("mem", {"block": "12"}, "block"),
+        ("mix", {"workers": 4}, "--workers"),
+        ("io", {"path": "/proc/nonexistent"}, "path"),
+        ("nosuch", {}, "nosuch"),
+    ],
+)
+def test_bad_library_input_names_the_field(name: str, params: dict[str, object], named: str) -> None:
+    with pytest.raises(InputError, match=named):
+        start_stressor(name, params)
+
+
+def test_every_registered_stressor_has_a_module_and_a_stress_ng_mapping() -> None:
+    assert set(STRESSORS) == {"cpu", "cache", "mem", "io", "irq", "mix"}
+    assert all(spec.stress_ng is not None for spec in STRESSORS.values())
