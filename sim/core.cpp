@@ -48,8 +48,7 @@ Sim::Sim(Config config) : cfg(std::move(config)), rng_(cfg.seed) {
         if (task.vcpu < 0 || task.vcpu >= static_cast<int>(vcpus.size())) throw std::invalid_argument("task vcpu");
     }
     for (int policy : cfg.guest) guest_keys_.push_back(guest_registry().at(static_cast<size_t>(policy)).key);
-    supply_windows_ = static_cast<size_t>((cfg.duration + cfg.supply_window - 1) / cfg.supply_window);
-    supply.assign(vcpus.size() * supply_windows_, 0);
+    supply.resize(vcpus.size());
     std::fill(std::begin(gantt_open_), std::end(gantt_open_), -1);
 }
 
@@ -153,11 +152,12 @@ void Sim::apply_assignment(const std::vector<int>& previous) {
 void Sim::add_supply(VCpu& v, Time from, Time to) {
     v.supplied += to - from;
     const Time w = cfg.supply_window;
+    std::vector<Time>& windows = supply[static_cast<size_t>(v.index)];
     while (from < to) {
         size_t bucket = static_cast<size_t>(from / w);
-        if (bucket >= supply_windows_) break;
+        if (bucket >= windows.size()) windows.resize(bucket + 1, 0);
         Time edge = std::min(to, static_cast<Time>(bucket + 1) * w);
-        supply[static_cast<size_t>(v.index) * supply_windows_ + bucket] += edge - from;
+        windows[bucket] += edge - from;
         from = edge;
     }
 }
@@ -174,6 +174,7 @@ void Sim::add_segment(int cpu, int vcpu, int task, Time from, Time to) {
             return;
         }
     }
+    if (segments.size() >= MAX_SEGMENTS) return;
     gantt_open_[cpu] = static_cast<int64_t>(segments.size());
     segments.push_back(Segment{cpu, vcpu, task, from, to});
 }
@@ -188,9 +189,9 @@ void Sim::run() {
     for (const ChainSpec& chain : cfg.chains) {
         double events_expected = static_cast<double>(cfg.duration) / static_cast<double>(chain.period);
         expected_jobs += events_expected * static_cast<double>(chain.stages.size());
-        chain_records.reserve(chain_records.capacity() + static_cast<size_t>(std::min(events_expected, 1e8)));
+        chain_records.reserve(chain_records.capacity() + static_cast<size_t>(std::min(events_expected, 4e6)));
     }
-    jobs.reserve(static_cast<size_t>(std::min(expected_jobs + 16, 2e8)));
+    jobs.reserve(static_cast<size_t>(std::min(expected_jobs + 16, 1.6e7)));  // beyond that, let it grow
     for (size_t t = 0; t < cfg.tasks.size(); ++t) {
         if (cfg.tasks[t].type != EVENT) schedule_next_arrival(static_cast<int>(t), cfg.tasks[t].offset);
     }
@@ -227,6 +228,10 @@ void Sim::run() {
             end_reason = "event-cap";
             break;
         }
+        if ((steps & 0xFFFFF) == 0 && interrupted && interrupted()) {
+            end_reason = "interrupted";
+            break;
+        }
         if (resched_) {
             for (int p = 0; p < cfg.pcpus; ++p) previous[p] = cpus[p].run;
             for (auto& c : cpus) c.run = -1;
@@ -250,7 +255,6 @@ void Sim::run() {
             }
             next = std::min(next, now + c.overhead_left + v.cs_left + job.remaining);
         }
-        if (next <= now) next = now;  // several decisions at one instant (e.g. budget just ran out)
         ++steps;
         for (int p = 0; p < cfg.pcpus; ++p) {
             PCpu& c = cpus[p];
@@ -304,7 +308,7 @@ void Sim::run() {
             ++jobs_done;
             const TaskSpec& task = cfg.tasks[job.task];
             if (task.record) {
-                jobs.push_back(JobRecord{job.arrival, job.release, job.start, now, job.deadline, job.task, p, job.event});
+                jobs.push(JobRecord{job.arrival, job.release, job.start, now, job.deadline, job.task, p, job.event});
             }
             if (task.chain >= 0) {
                 const ChainSpec& chain = cfg.chains[task.chain];

@@ -18,6 +18,7 @@ namespace rtv {
 
 using Time = int64_t;
 constexpr Time NEVER = INT64_MAX / 4;
+constexpr size_t MAX_SEGMENTS = 200000;  // a Gantt chart beyond this is unreadable anyway
 
 // splitmix64: small, fast and fully determined by the seed (results must repeat exactly).
 struct Rng {
@@ -144,6 +145,27 @@ struct JobRecord {
     int32_t cpu;
     int64_t event;
 };
+// Finished jobs, stored as columns: they go to Python as numpy arrays without another copy.
+struct JobColumns {
+    std::vector<Time> arrival, release, start, finish, deadline;
+    std::vector<int32_t> task, cpu;
+    std::vector<int64_t> event;
+    void reserve(size_t n) {
+        for (auto* v : {&arrival, &release, &start, &finish, &deadline, &event}) v->reserve(n);
+        task.reserve(n);
+        cpu.reserve(n);
+    }
+    void push(const JobRecord& r) {
+        arrival.push_back(r.arrival);
+        release.push_back(r.release);
+        start.push_back(r.start);
+        finish.push_back(r.finish);
+        deadline.push_back(r.deadline);
+        task.push_back(r.task);
+        cpu.push_back(r.cpu);
+        event.push_back(r.event);
+    }
+};
 struct ChainRecord {
     int32_t chain;
     int32_t cpu;  // where the last stage finished
@@ -212,13 +234,14 @@ public:
     std::unique_ptr<HvScheduler> hv;
     Time now = 0;
 
-    std::vector<JobRecord> jobs;
+    JobColumns jobs;
     std::vector<JobRecord> unfinished;  // jobs still queued when the run ended (finish = -1)
     std::vector<ChainRecord> chain_records;
     std::vector<GapRecord> gaps;
     std::vector<Segment> segments;
-    std::vector<Time> supply;  // vcpu-major: vcpus x windows
+    std::vector<std::vector<Time>> supply;  // per vCPU, per supply window; grows with simulated time
     int64_t steps = 0, events = 0, jobs_done = 0;
+    std::function<bool()> interrupted;  // polled now and then; true ends the run early ("interrupted")
     std::string end_reason = "complete";
 
     // helpers for schedulers
@@ -232,7 +255,6 @@ private:
     uint64_t seq_ = 0, job_seq_ = 0;
     bool resched_ = true;
     std::vector<Time (*)(const TaskSpec&, const Job&)> guest_keys_;  // per VM
-    size_t supply_windows_ = 0;
     int64_t gantt_open_[64] = {};
 
     void push(Time t, int prio, int kind, int index, int64_t a = 0, Time b = 0);

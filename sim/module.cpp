@@ -106,23 +106,37 @@ py::array_t<Field> column(const std::vector<Rec>& records, Field Rec::*member) {
     return out;
 }
 
+// A numpy array owning the vector's buffer (no copy).
+template <class T>
+py::array_t<T> adopt(std::vector<T>&& values) {
+    auto* owned = new std::vector<T>(std::move(values));
+    py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+    return py::array_t<T>(static_cast<py::ssize_t>(owned->size()), owned->data(), free_when_done);
+}
+
 py::dict simulate(const py::dict& config) {
     Config cfg = to_config(config);
     Sim sim(std::move(cfg));
+    sim.interrupted = [] {  // Ctrl-C / SIGTERM: stop and hand back what was simulated so far
+        py::gil_scoped_acquire gil;
+        if (PyErr_CheckSignals() == 0) return false;
+        PyErr_Clear();
+        return true;
+    };
     {
         py::gil_scoped_release unlocked;
         sim.run();
     }
     py::dict out;
     py::dict jobs;
-    jobs["arrival"] = column(sim.jobs, &JobRecord::arrival);
-    jobs["release"] = column(sim.jobs, &JobRecord::release);
-    jobs["start"] = column(sim.jobs, &JobRecord::start);
-    jobs["finish"] = column(sim.jobs, &JobRecord::finish);
-    jobs["deadline"] = column(sim.jobs, &JobRecord::deadline);
-    jobs["task"] = column(sim.jobs, &JobRecord::task);
-    jobs["cpu"] = column(sim.jobs, &JobRecord::cpu);
-    jobs["event"] = column(sim.jobs, &JobRecord::event);
+    jobs["arrival"] = adopt(std::move(sim.jobs.arrival));
+    jobs["release"] = adopt(std::move(sim.jobs.release));
+    jobs["start"] = adopt(std::move(sim.jobs.start));
+    jobs["finish"] = adopt(std::move(sim.jobs.finish));
+    jobs["deadline"] = adopt(std::move(sim.jobs.deadline));
+    jobs["task"] = adopt(std::move(sim.jobs.task));
+    jobs["cpu"] = adopt(std::move(sim.jobs.cpu));
+    jobs["event"] = adopt(std::move(sim.jobs.event));
     out["jobs"] = jobs;
     py::dict pending;
     pending["task"] = column(sim.unfinished, &JobRecord::task);
@@ -148,8 +162,17 @@ py::dict simulate(const py::dict& config) {
     segments["start"] = column(sim.segments, &Segment::start);
     segments["end"] = column(sim.segments, &Segment::end);
     out["segments"] = segments;
-    py::array_t<Time> supply(static_cast<py::ssize_t>(sim.supply.size()));
-    std::copy(sim.supply.begin(), sim.supply.end(), supply.mutable_data());
+    out["segments_truncated"] = sim.segments.size() >= MAX_SEGMENTS;
+    // vCPU-major matrix of the windows up to where the run ended
+    size_t windows = static_cast<size_t>((sim.now + sim.cfg.supply_window - 1) / sim.cfg.supply_window);
+    py::array_t<Time> supply(static_cast<py::ssize_t>(windows * sim.vcpus.size()));
+    Time* cells = supply.mutable_data();
+    std::fill(cells, cells + windows * sim.vcpus.size(), 0);
+    for (size_t v = 0; v < sim.vcpus.size(); ++v) {
+        const auto& row = sim.supply[v];
+        std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), windows)),
+                  cells + v * windows);
+    }
     out["supply"] = supply;
     std::vector<Time> supplied;
     for (const VCpu& v : sim.vcpus) supplied.push_back(v.supplied);

@@ -18,7 +18,7 @@ SEC = 1_000_000_000
 def real_timer_run(results: Path, duration: str = "1s", **extra: Any) -> dict[str, Any]:
     """A real timer-probe run through the library, as `rtvirt probe timer` writes it."""
     spec = PROBES["timer"]
-    params = spec.params(duration=duration, interval="1ms", threads=2, affinity="0-1")
+    params = spec.params.model_validate({"duration": duration, "interval": "1ms", "threads": 2, "affinity": "0-1"})
     run = new_run(results, "timer")
     stream = run_probe(spec, params, run.stream_path)
     return write_measured_run(run, stream, name="timer", params=params.model_dump(mode="json"),

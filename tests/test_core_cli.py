@@ -76,12 +76,8 @@ def test_interrupt_keeps_samples_and_prints_summary(sig: signal.Signals, results
     document = json.loads(out)
     assert document["status"] == "partial" and document["end_reason"] == "signal"
     assert document["summary"]["all"]["samples"] > 500
-    assert not _agents_running()
-
-
-def _agents_running() -> bool:
-    result = subprocess.run(["pgrep", "-f", "rtvirt-probe"], capture_output=True)
-    return result.returncode == 0
+    # The agent's argv names its output under this test's results directory.
+    assert subprocess.run(["pgrep", "-f", f"out={results_dir}"], capture_output=True).returncode == 1
 
 
 def test_help_everywhere() -> None:

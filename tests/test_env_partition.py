@@ -80,7 +80,9 @@ def test_no_cgroup_hierarchy_is_reported(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating cgroups needs root")
 def test_probe_runs_inside_a_real_partition_and_it_is_removed(tmp_path: Path) -> None:
-    config = PartitionConfig(kind="partition", cpus=(LAST_CPU,), sched=SchedPolicy(policy="fifo", priority=80))
+    # a quota too: on cgroup v1 with RT group scheduling, SCHED_FIFO then needs the group's RT budget
+    config = PartitionConfig(kind="partition", cpus=(LAST_CPU,), quota="50ms", period="100ms",
+                             sched=SchedPolicy(policy="fifo", priority=80))
     with Supervisor() as supervisor:
         env = PartitionEnvironment(config, supervisor, tmp_path)
         try:

@@ -9,7 +9,8 @@ import pytest
 
 from rtvirt.environments.guest_image import GuestJob, job_archive
 from rtvirt.environments.qemu import TCG_WARNING, QemuConfig, QemuEnvironment
-from rtvirt.environments.sched import SchedPolicy
+from rtvirt.environments.sched import SchedPolicy, apply_policy
+from rtvirt.errors import RunError
 from rtvirt.procs import Supervisor
 from rtvirt.stream import read_stream
 
@@ -71,3 +72,22 @@ def test_tcg_guest_boots_and_streams_timer_samples_to_the_host(tmp_path: Path) -
     assert description["acceleration"] == "tcg" and env.warnings() == [TCG_WARNING]
     assert description["vcpu_threads"]["0"]["host_cpu"] == cpu
     assert description["boot_seconds"] is not None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="real-time policies need root")
+def test_policies_are_applied_for_real_and_deadline_refusals_are_explained() -> None:
+    with Supervisor() as supervisor:
+        free = supervisor.start(["sleep", "30"])
+        apply_policy(free.pid, SchedPolicy(policy="deadline", runtime="100us", period="10ms"))
+        assert os.sched_getscheduler(free.pid) == 6  # SCHED_DEADLINE
+        fifo = supervisor.start(["sleep", "30"])
+        apply_policy(fifo.pid, SchedPolicy(policy="fifo", priority=7))
+        assert os.sched_getscheduler(fifo.pid) == os.SCHED_FIFO
+        assert os.sched_getparam(fifo.pid).sched_priority == 7
+        pinned = supervisor.start(["sleep", "30"])
+        os.sched_setaffinity(pinned.pid, {max(os.sched_getaffinity(0))})
+        if len(os.sched_getaffinity(0)) > 1:
+            with pytest.raises(RunError, match="root domain"):
+                apply_policy(pinned.pid, SchedPolicy(policy="deadline", runtime="100us", period="10ms"))
+    with pytest.raises(ValueError, match="pin = false"):
+        QemuConfig(kind="qemu", vcpu_sched=SchedPolicy(policy="deadline", runtime="100us", period="1ms"))

@@ -73,16 +73,21 @@ def test_timer_latency_rises_with_the_interferer(tmp_path: Path) -> None:
     solo_p99 = np.percentile(solo.records["value"], 99)
     values = disturbed.records["value"]
     # A wake-up planned inside a 2 ms slice waits for its end: about one in ten waits up to 2 ms.
-    assert 0.8 * MS <= values.max() <= 2.2 * MS
+    # (Percentiles, not the maximum: the host itself may take this vCPU away for tens of ms now and then.)
     assert 0.04 <= np.mean(values > 200_000) <= 0.3
+    assert 0.5 * MS <= np.percentile(values, 99) <= 2.2 * MS
     assert np.percentile(values, 99) > 5 * solo_p99
 
 
-def _mean_increase(base: SampleStream, other: SampleStream) -> float:
-    return float(other.records["value"].mean() / base.records["value"].mean() - 1)
+def _slow_share(stream: SampleStream, limit: float) -> float:
+    return float(np.mean(stream.records["value"] > limit))
 
 
 def test_workload_and_kops_move_with_a_stressor_on_their_cpu(tmp_path: Path) -> None:
+    """A 50 % load (2 ms every 4 ms) above the probe: on its CPU many samples grow by ~2 ms, elsewhere not.
+
+    Judged by the share of slow samples rather than the mean, which one host hiccup could move.
+    """
     runs: dict[str, dict[str, SampleStream]] = {}
     for where, cpu in (("solo", None), ("same", CPU), ("other", OTHER_CPU)):
         if cpu is None:
@@ -93,10 +98,13 @@ def test_workload_and_kops_move_with_a_stressor_on_their_cpu(tmp_path: Path) -> 
                 workload = probe("workload", tmp_path, where, duration="1500ms", kernel="basicmath")
                 kops = probe("kops", tmp_path, where, iterations=2000)
         runs[where] = {"workload": workload, "kops": kops}
-    for name in ("workload", "kops"):
-        same = _mean_increase(runs["solo"][name], runs["same"][name])
-        other = _mean_increase(runs["solo"][name], runs["other"][name])
-        assert same >= 0.3, f"{name}: a 50 % load on its CPU moved the mean by only {same:.0%}"
-        assert other <= same / 3, f"{name}: other CPU {other:.0%} vs same CPU {same:.0%}"
-    # kops keeps every iteration: the preempted ones show as ~2 ms outliers only with the same-CPU load.
-    assert runs["same"]["kops"].records["value"].max() >= 1 * MS
+    # workload: iterations (~1 ms) overlapping a slice take 1.5x the solo median or more.
+    limit = 1.5 * float(np.median(runs["solo"]["workload"].records["value"]))
+    same, other = (_slow_share(runs[where]["workload"], limit) for where in ("same", "other"))
+    assert same >= 0.15, f"workload: a 50 % load on its CPU slowed only {same:.1%} of the iterations"
+    assert other <= same / 3, f"workload: other CPU {other:.1%} vs same CPU {same:.1%} slow iterations"
+    # kops: operations take microseconds; the ones a slice preempted take ~2 ms (every iteration is kept).
+    same, other = (_slow_share(runs[where]["kops"], 0.5 * MS) for where in ("same", "other"))
+    samples = runs["same"]["kops"].records.size
+    assert same * samples >= 10, f"kops: only {same * samples:.0f} operations were preempted by the same-CPU load"
+    assert other <= same / 3, f"kops: other CPU {other:.3%} vs same CPU {same:.3%} preempted operations"

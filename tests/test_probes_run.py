@@ -161,6 +161,7 @@ def test_threadmetric_fails_loudly_when_counters_diverge(results_dir: Path) -> N
     assert "counters diverged" in result.stderr and "Traceback" not in result.stderr
     manifest = json.loads(next(results_dir.glob("runs/*/manifest.json")).read_text())
     assert manifest["end_reason"] == "error" and manifest["status"] == "partial"
+    assert "counters diverged" in manifest["error"]
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@ CSV/Parquet columns; malformed input always gives InputError naming the file (ex
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,6 +17,7 @@ from hypothesis import strategies as st
 
 from rtvirt.errors import InputError
 from rtvirt.importers import IMPORTERS, ImportOptions, import_file
+from rtvirt.importers.base import lenient_json
 from rtvirt.store import load_run
 
 CYCLICTEST = ["cyclictest", "-m", "-p", "80", "-i", "1000", "-t", "2", "-a", "0-1", "-q"]
@@ -60,13 +60,19 @@ def test_cyclictest_verbose_keeps_every_sample(tmp_path: Path, cyclictest_output
 
 def test_cyclictest_histogram_and_json_agree_with_its_summary(tmp_path: Path,
                                                               cyclictest_outputs: dict[str, Path]) -> None:
-    report = json.loads(cyclictest_outputs["json"].read_text())
+    report = lenient_json(cyclictest_outputs["json"].read_text())
     from_json = _summary(tmp_path, import_file(tmp_path, "cyclictest-json", cyclictest_outputs["json"]))
     assert from_json["samples"] == sum(t["cycles"] for t in report["thread"].values())
-    assert from_json["max_ns"] == max(t["max"] for t in report["thread"].values()) * 1000
-    assert from_json["min_ns"] == min(t["min"] for t in report["thread"].values()) * 1000
+    active = [t for t in report["thread"].values() if t["cycles"]]  # a starved thread may have none
+    assert from_json["max_ns"] == max(t["max"] for t in active) * 1000
+    assert from_json["min_ns"] == min(t["min"] for t in active) * 1000
     from_hist = _summary(tmp_path, import_file(tmp_path, "cyclictest-hist", cyclictest_outputs["hist"]))
-    assert from_hist["samples"] == 600
+    footer = {line.split(":")[0]: [int(x) for x in line.split(":")[1].split()]
+              for line in cyclictest_outputs["hist"].read_text().splitlines() if line.startswith("# ") and ":" in line
+              and line.split(":")[1].split() and line.split(":")[1].split()[0].isdigit()}
+    # Every sample: those in the buckets (Total) plus those beyond them (Overflows), kept at the maximum.
+    assert from_hist["samples"] == sum(footer["# Total"]) + sum(footer["# Histogram Overflows"])
+    assert from_hist["max_ns"] == max(footer["# Max Latencies"]) * 1000
 
 
 def test_jitterdebugger_raw_samples(tmp_path: Path) -> None:
@@ -79,12 +85,13 @@ def test_jitterdebugger_raw_samples(tmp_path: Path) -> None:
     summary = _summary(tmp_path, manifest)
     assert summary["samples"] == records.size > 100
     assert summary["max_ns"] == records["value"].max() * 1000
-    # jitterdebugger's own histogram (results.json) counts the same samples; its writer thread may not
-    # have flushed the last few into samples.raw when the run stops.
-    own = json.loads((out / "results.json").read_text())["cpu"]
-    counted = sum(sum(c["histogram"].values()) for c in own.values())
-    assert 0.98 * counted <= records.size <= counted
-    assert summary["min_ns"] == min(c["min"] for c in own.values()) * 1000
+    # jitterdebugger's own histogram (results.json, in us) counts nearly the same samples (its raw writer and
+    # its histogram stop at slightly different moments); the medians agree, so the unit was read right.
+    own = lenient_json((out / "results.json").read_text())["cpu"]
+    values = np.concatenate([np.repeat(np.array(list(map(int, c["histogram"]))), list(c["histogram"].values()))
+                             for c in own.values()])
+    assert abs(values.size - records.size) <= 0.1 * values.size
+    assert abs(summary["median_ns"] - np.median(values) * 1000) <= 2000
 
 
 RTLA = """# RTLA timerlat histogram
@@ -130,6 +137,7 @@ def test_column_importer_csv_and_parquet(tmp_path: Path) -> None:
     ("cyclictest", b"\xff\xfe\x00binary"),
     ("cyclictest-json", b'{"thread": {"0": {"cycles": 3}'),
     ("cyclictest-json", b'{"thread": {"0": {"cycles": "x", "min": 1, "max": 2}}}'),
+    ("cyclictest-json", b'{"thread": {"0": {"histogram": {}, "cycles": 9, "min": 1, "max": 2}}}'),  # no -h
     ("cyclictest-hist", b"000001 000002\n000002 000003 000004\n"),
     ("jitterdebugger", b"\x01" * 10),
     ("jitterdebugger", b"\xff" * 56),

@@ -56,6 +56,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     measured = rng.integers(100_000, 600_000, 400)
     write_run(new_run(root, "app"), samples_table(np.arange(400) * 1000, measured, kinds=["ctl"] * 400),
               {"name": "app", "source": "measured", "value_field": "latency_ns", "config": "vm/app"})
+    # A run that produced no samples at all still shows up (as such) without breaking the report.
+    write_run(new_run(root, "empty"), samples_table(np.empty(0), np.empty(0, np.int64)),
+              {"name": "empty", "source": "measured", "value_field": "latency_ns", "config": "vm/empty"})
     return root
 
 
@@ -79,6 +82,7 @@ def test_report_content(results: Path) -> None:
     assert view.switches[0].level_after == pytest.approx(30_000, rel=0.02)
     assert abs(view.switches[1].overshoot_pct) < 3  # a clean step back
     assert labels["vm/cut"].partial
+    assert labels["vm/empty"].summary.samples == 0 and labels["vm/empty"].runs[0].profile is None
     task = next(t for t in data.tasks if t.task == "ctl")
     assert task.bound_ns == 900_000
     assert task.simulated_max_ns is not None and task.simulated_max_ns <= 700_000

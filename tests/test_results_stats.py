@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -60,7 +61,7 @@ def test_chunked_histogram_equals_whole(chunks: list[list[int]]) -> None:
 @pytest.mark.parametrize("dtype", [np.int32, np.uint16, np.int64, np.uint32])
 def test_integer_widths_give_the_same_statistics(dtype: type) -> None:
     rng = np.random.default_rng(3)
-    values = rng.gamma(3, 1500, 50_000).astype(dtype)
+    values: np.ndarray[Any, Any] = rng.gamma(3, 1500, 50_000).astype(dtype)
     assert summarize(values) == summarize(values.astype(np.int64))
     assert summarize(values).median_ns == float(np.median(values.astype(np.int64)))
 
@@ -68,7 +69,7 @@ def test_integer_widths_give_the_same_statistics(dtype: type) -> None:
 def test_tail_beyond_the_dense_range_across_chunks() -> None:
     # 1 % of values spread far above the body, over several internal chunks: the sorted-tail path.
     rng = np.random.default_rng(9)
-    values = rng.gamma(4, 2000, 700_000).astype(np.int64)
+    values: np.ndarray[Any, Any] = rng.gamma(4, 2000, 700_000).astype(np.int64)
     tail = rng.integers(0, values.size, 7000)
     values[tail] = rng.integers(10**6, 10**10, tail.size)
     assert same(summarize(values), summarize(np.sort(values)))

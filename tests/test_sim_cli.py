@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
-from conftest import run_cli
+from conftest import RTVIRT, run_cli
 
 from rtvirt.errors import InputError
 from rtvirt.model import load_model
@@ -107,6 +112,21 @@ def test_run_is_stored_and_readable_by_stats_with_gantt(tmp_path: Path) -> None:
     assert sum(1 for e in root.iter() if e.tag.endswith("rect")) > 10
 
 
+def test_gap_probe_run_has_gap_probe_layout(tmp_path: Path) -> None:
+    # G spins at priority 1, H takes the pCPU 2 ms of every 10 ms: gaps of 2 ms at 10, 20, ... 90 ms.
+    model = tmp_path / "gap.toml"
+    model.write_text('[hypervisor]\nscheduler = "fifo"\n[[vm]]\nname = "g"\n[[vm.vcpu]]\npriority = 1\n'
+                     '[vm.gap]\nthreshold = "10us"\n[[vm]]\nname = "h"\n[[vm.vcpu]]\npriority = 2\n'
+                     '[[vm.task]]\nname = "t"\nperiod = "10ms"\nexecution = "2ms"\n')
+    document = json.loads(run_cli("sim", str(model), "-D", "0.1", "--results", str(tmp_path / "r"), "--json",
+                                  check=True).stdout)
+    assert document["gaps"]["g.0"] == {"gaps": 9, "max_gap_ns": 2_000_000, "total_gap_ns": 18_000_000}
+    gaps = pq.read_table(Path(document["path"]) / "gaps.parquet")
+    assert gaps.column_names[:5] == ["t_ns", "duration_ns", "cpu", "thread", "kind"]
+    assert gaps["t_ns"].to_pylist() == [k * 10_000_000 for k in range(1, 10)]
+    assert set(gaps["duration_ns"].to_pylist()) == {2_000_000}
+
+
 def test_sweep_writes_one_run_per_value(tmp_path: Path) -> None:
     model = tmp_path / "m.toml"
     model.write_text(GOOD + '\n[[vm]]\nname = "be"\n[[vm.vcpu]]\npriority = 3\nbudget = "5ms"\nperiod = "5ms"\n')
@@ -123,3 +143,30 @@ def test_shipped_examples_run(example: str, tmp_path: Path) -> None:
     result = run_cli("sim", str(EXAMPLES / example), "-D", "0.05", "--results", str(tmp_path / "r"), "--json",
                      check=True)
     assert json.loads(result.stdout)["status"] == "complete"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stores_the_partial_run(tmp_path: Path, sig: signal.Signals) -> None:
+    # busy but with few records: background load (not recorded) in 10 us pieces, one recorded task per 100 ms
+    model = tmp_path / "busy.toml"
+    model.write_text('[hypervisor]\nscheduler = "partitioned"\n[[vm]]\nname = "busy"\nload = 0.5\n'
+                     'load_period = "10us"\n[[vm.vcpu]]\naffinity = [0]\n[[vm.task]]\nname = "t"\n'
+                     'period = "100ms"\nexecution = "1us"\npriority = 1\n[simulation]\n'
+                     'event_cap = 1_000_000_000_000\n')
+    proc = subprocess.Popen([*RTVIRT, "sim", str(model), "-D", "1000h", "--results", str(tmp_path / "r"), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # wait until it has used 2.5 s of CPU: past the imports (~1 s), inside the core (100 h would take minutes)
+    ticks = os.sysconf("SC_CLK_TCK")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if int(fields[11]) + int(fields[12]) >= 2.5 * ticks:  # utime + stime
+            break
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    document = json.loads(out)
+    assert document["status"] == "partial" and document["end_reason"] == "interrupted"
+    assert 0 < document["simulated_ns"] < 100 * 3_600_000_000_000
+    assert sum(t["jobs"] for t in document["tasks"].values()) > 0

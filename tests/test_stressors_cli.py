@@ -121,6 +121,7 @@ def test_killing_rtvirt_takes_the_stressor_along(engine: str) -> None:
         (["irq", "--rate", "0"], "--rate"),
         (["cache", "--level", "9"], "--level"),
         (["mix", "--bogus"], "--bogus"),
+        (["mix", "--cpu-workers", "0", "--mem-workers", "0"], "--mem-workers"),
     ],
 )
 def test_bad_options_exit_2_naming_the_option(args: list[str], named: str) -> None:

@@ -69,6 +69,8 @@ def test_mix_is_ten_cpu_plus_ten_mem_workers() -> None:
     assert mem.bytes and mem.bytes > 0  # pages were touched even if no whole block finished
     counts = run_stressor("mix", {"duration": "200ms", "cpu_workers": 2, "mem_workers": 1})
     assert [(p.name, p.workers) for p in counts.parts] == [("cpu", 2), ("mem", 1)]
+    each = run_stressor("mix", {"duration": "200ms", "workers": 3, "mem_workers": 0})  # --workers: per kind
+    assert [(p.name, p.workers) for p in each.parts] == [("cpu", 3)]
 
 
 def test_cpu_stressor_pinned_to_a_cpu_burns_time_there() -> None:
@@ -179,9 +181,10 @@ def test_a_supervisor_given_by_the_caller_owns_the_child() -> None:
     assert summary.end == "signal"
 
 
-@pytest.mark.skipif(shutil.which("stress-ng") is None, reason="stress-ng is not installed (scripts/setup.sh)")
 @pytest.mark.parametrize("name", ["cpu", "mem"])
 def test_stress_ng_engine_runs_the_same_names(name: str) -> None:
+    if shutil.which("stress-ng") is None:
+        pytest.fail("stress-ng is not installed: run scripts/setup.sh")
     summary = run_stressor(name, {"duration": "1s", "cpus": [CPU], "workers": 1}, engine="stress-ng")
     assert summary.engine == "stress-ng" and summary.end == "complete"
     assert [p.name for p in summary.parts] == [name]
@@ -198,7 +201,7 @@ def test_stress_ng_engine_runs_the_same_names(name: str) -> None:
         ("cpu", {"cpus": "9999"}, "cpus"),
         ("cpu", {"cpus": [max(os.sched_getaffinity(0)) + 1]}, "--cpus: CPU"),
         ("mem", {"block": "12"}, "block"),
-        ("mix", {"workers": 4}, "--workers"),
+        ("mix", {"cpu_workers": 0, "mem_workers": 0}, "both 0"),
         ("io", {"path": "/proc/nonexistent"}, "path"),
         ("nosuch", {}, "nosuch"),
     ],

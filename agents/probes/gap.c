@@ -45,18 +45,26 @@ static void spin(rtv_ctx *ctx, int index) {
     const uint64_t deadline = end_cycles(ctx), limit = ctx->common.loops;
     const int cpu = sched_getcpu();
     uint64_t gaps = 0, loops = 0, got = 0, min_step = UINT64_MAX;
+    /* Gap start times come from a (cycles, CLOCK_MONOTONIC) pair re-read every second, so hours-long
+     * runs do not drift from the clock other probes and tools use; the read is one sub-threshold step. */
+    const uint64_t resync = (uint64_t)hz;
     const uint64_t first = rtv_cycles();
-    uint64_t prev = first;
+    uint64_t prev = first, anchor_cycles = first, anchor_ns = rtv_now_ns();
     while (!stop_flag() && prev < deadline && (!limit || gaps < limit)) {
         uint64_t now = rtv_cycles();
         uint64_t step = now - prev;
         if (step >= threshold) {
-            rtv_sample(ctx, index, rtv_cycles_to_mono(ctx, prev), (int64_t)rtv_cycles_to_ns(step), step, cpu, KIND_GAP);
+            uint64_t start_ns = anchor_ns + (uint64_t)((double)(prev - anchor_cycles) * 1e9 / hz);
+            rtv_sample(ctx, index, start_ns, (int64_t)rtv_cycles_to_ns(step), step, cpu, KIND_GAP);
             gaps++;
         } else {
             got += step;
             loops++;
             if (step < min_step) min_step = step;
+            if (now - anchor_cycles >= resync) {
+                anchor_cycles = now;
+                anchor_ns = rtv_now_ns();
+            }
         }
         prev = now;
     }

@@ -17,7 +17,6 @@
 #include <sched.h>
 #include <semaphore.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 

@@ -43,13 +43,17 @@ static bool read_file(const char *name, char *buf, size_t size) {
     return true;
 }
 
-static void write_file(const char *name, const char *value) {
+/* Returns false with errno set when the file cannot be written. */
+static bool write_file(const char *name, const char *value) {
     char path[256];
     snprintf(path, sizeof path, TRACEFS "/%s", name);
     int fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC);
-    if (fd < 0 || write(fd, value, strlen(value)) < 0)
-        rtv_die(RTV_EXIT_FAILURE, "timerlat: cannot write '%s' to %s: %s", value, path, strerror(errno));
+    if (fd < 0) return false;
+    bool ok = write(fd, value, strlen(value)) >= 0;
+    int saved_errno = errno;
     close(fd);
+    errno = saved_errno;
+    return ok;
 }
 
 static bool tracefs_ready(void) {
@@ -123,7 +127,7 @@ static void set_kernel_thread_priority(int priority) {
 
 typedef struct {
     rtv_ctx *ctx;
-    int index, cpu;
+    int index, cpu, fd; /* fd: the CPU's trace_pipe, opened before the readers start */
     uint64_t unpaired, lost;
 } reader_arg;
 
@@ -168,10 +172,7 @@ static void handle_line(reader_arg *a, const char *line, unsigned *irq_seq, uint
 static void *reader(void *p) {
     reader_arg *a = p;
     rtv_ctx *ctx = a->ctx;
-    char path[128];
-    snprintf(path, sizeof path, TRACEFS "/per_cpu/cpu%d/trace_pipe", a->cpu);
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) rtv_die(RTV_EXIT_FAILURE, "timerlat: cannot open %s: %s", path, strerror(errno));
+    int fd = a->fd;
     char buf[8192];
     size_t used = 0;
     unsigned irq_seq = 0;
@@ -205,10 +206,23 @@ static void *reader(void *p) {
 static const char *const saved_files[] = {"current_tracer", "trace_clock", "osnoise/cpus", "osnoise/timerlat_period_us",
                                           "osnoise/stop_tracing_us", "osnoise/stop_tracing_total_us", "tracing_on"};
 enum { NSAVED = sizeof saved_files / sizeof saved_files[0] };
+static char saved[NSAVED][512];
+
+static void restore_tracefs(void) {
+    write_file("current_tracer", "nop");
+    for (int i = 0; i < NSAVED; i++)
+        if (saved[i][0]) write_file(saved_files[i], saved[i]);
+}
+
+/* Leave tracefs as we found it before reporting any failure. */
+_Noreturn static void fail(const char *what, const char *detail) {
+    int err = errno;
+    restore_tracefs();
+    rtv_die(RTV_EXIT_FAILURE, "timerlat: cannot %s%s: %s", what, detail, strerror(err));
+}
 
 static int timerlat_run(rtv_ctx *ctx) {
     rtv_common *c = &ctx->common;
-    char saved[NSAVED][512];
     for (int i = 0; i < NSAVED; i++) {
         char raw[4096];
         if (!read_file(saved_files[i], raw, sizeof raw)) raw[0] = 0;
@@ -220,24 +234,26 @@ static int timerlat_run(rtv_ctx *ctx) {
         snprintf(cpus + len, sizeof cpus - len, i ? ",%u" : "%u", c->affinity.cpu[i]);
     }
     snprintf(period, sizeof period, "%" PRIu64, timer_opt.interval_ns / 1000);
-    write_file("current_tracer", "nop");
-    write_file("trace_clock", "mono");
-    write_file("osnoise/cpus", cpus);
-    write_file("osnoise/timerlat_period_us", period);
-    write_file("osnoise/stop_tracing_us", "0");
-    write_file("osnoise/stop_tracing_total_us", "0");
-    write_file("trace", ""); /* empty the buffer */
-    write_file("tracing_on", "1");
-    write_file("current_tracer", "timerlat");
-    set_kernel_thread_priority((int)c->priority);
+    const char *const settings[][2] = {
+        {"current_tracer", "nop"}, {"trace_clock", "mono"}, {"osnoise/cpus", cpus},
+        {"osnoise/timerlat_period_us", period}, {"osnoise/stop_tracing_us", "0"},
+        {"osnoise/stop_tracing_total_us", "0"}, {"trace", ""} /* empties the buffer */, {"tracing_on", "1"},
+    };
+    for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++)
+        if (!write_file(settings[i][0], settings[i][1])) fail("set tracefs ", settings[i][0]);
 
     reader_arg args[RTV_MAX_THREADS];
-    for (int i = 0; i < c->affinity.count; i++) args[i] = (reader_arg){.ctx = ctx, .index = i, .cpu = c->affinity.cpu[i]};
+    for (int i = 0; i < c->affinity.count; i++) {
+        char path[128];
+        snprintf(path, sizeof path, TRACEFS "/per_cpu/cpu%u/trace_pipe", c->affinity.cpu[i]);
+        int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) fail("open ", path);
+        args[i] = (reader_arg){.ctx = ctx, .index = i, .cpu = c->affinity.cpu[i], .fd = fd};
+    }
+    if (!write_file("current_tracer", "timerlat")) fail("start the tracer", "");
+    set_kernel_thread_priority((int)c->priority);
     rtv_run_threads(c->affinity.count, reader, args, sizeof args[0]);
-
-    write_file("current_tracer", "nop");
-    for (int i = 0; i < NSAVED; i++)
-        if (saved[i][0]) write_file(saved_files[i], saved[i]);
+    restore_tracefs();
     return 0;
 }
 

@@ -10,7 +10,6 @@
  * wait-queue layers). A period in which the receiver has not yet taken the previous event is skipped
  * and counted, so one stall shows as one large sample, not as a queue of stale ones. */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>

@@ -52,7 +52,7 @@ struct rtv_stress {
     const rtv_stressor *stressor;
     rtv_ctx ctx;            /* ctx.common.{duration_ns, priority, affinity} and the stop deadline */
     uint64_t workers;       /* --workers, 0 = one per CPU of --cpus (or per online CPU) */
-    bool workers_given;     /* --workers was set explicitly (mix rejects it) */
+    bool workers_given;     /* --workers was set explicitly (mix: that many of each kind) */
     int nparts;
     rtv_stress_part parts[RTV_STRESS_MAX_PARTS];
 };

@@ -150,8 +150,8 @@ class HistogramBuilder:
             chunk = samples[start:start + _CHUNK]
             shifted = buffer[:chunk.size]
             np.subtract(chunk, lo, out=shifted, casting="unsafe")
-            # Values past the dense range all land in the last bin; they are rare and counted exactly below.
             np.minimum(shifted, cap, out=shifted)
+            # Values past the dense range all land in the last bin; they are rare and counted exactly below.
             chunk_counts = np.bincount(shifted, minlength=cap + 1)
             counts += chunk_counts
             if chunk_counts[cap]:

@@ -30,7 +30,7 @@ from .stats import Histogram, HistogramBuilder, Summary, summarize_histogram, su
 from .stream import SampleStream
 
 __all__ = ["RunDir", "Manifest", "StoredRun", "new_run", "write_run", "write_measured_run", "load_run", "list_runs",
-           "resolve_runs", "histogram_table", "MANIFEST_VERSION"]
+           "resolve_runs", "histogram_table", "open_parquet", "MANIFEST_VERSION"]
 
 MANIFEST_VERSION = 1
 _INT32 = np.iinfo(np.int32)
@@ -204,7 +204,7 @@ def write_run(run: RunDir, table: pa.Table | None, manifest: dict[str, Any], *,
     cyclictest -h, rtla hist); with samples it is computed from them.
     """
     document = {"manifest_version": MANIFEST_VERSION, "run_id": run.run_id,
-                "created": dt.datetime.now(dt.UTC).isoformat(), **manifest}
+                "created": dt.datetime.now(dt.UTC).isoformat(), "status": "complete", "dropped": 0, **manifest}
     if table is not None:
         value_field = document.get("value_field")
         if not value_field or value_field not in table.column_names:
@@ -302,10 +302,17 @@ class StoredRun:
             builder.add(batch.column(0).to_numpy(zero_copy_only=False))
         return builder.finish()
 
-    def iter_batches(self, columns: list[str], batch_size: int = 1 << 22) -> Iterator[pa.RecordBatch]:
+    def iter_batches(self, columns: list[str], batch_size: int = 1 << 20) -> Iterator[pa.RecordBatch]:
         path = self.path / "samples.parquet"
         try:
-            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=columns)
+            yield from open_parquet(path).iter_batches(batch_size=batch_size, columns=columns, use_threads=False)
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"{path}: cannot read samples ({exc})") from None
+
+    def row_count(self) -> int:
+        path = self.path / "samples.parquet"
+        try:
+            return pq.ParquetFile(path).metadata.num_rows
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"{path}: cannot read samples ({exc})") from None
 
@@ -314,6 +321,11 @@ class StoredRun:
 
     def summary(self) -> Summary:
         return summarize_histogram(self.histogram(), int(self.manifest.get("dropped") or 0))
+
+
+def open_parquet(path: Path) -> pq.ParquetFile:
+    """A Parquet file for streaming: no pre-buffering of whole row groups (bounded memory, and faster here)."""
+    return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 22)
 
 
 def _read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:

@@ -3,8 +3,8 @@
 For each scheduler the designer keeps the model's placement (each vCPU on its home pCPU) and, per vCPU
 with guest tasks:
 
-1. picks candidate periods: the vCPU's own period if the model sets one, else the shortest task deadline
-   D_min and D_min/2, /4, /8 (shorter server periods shrink the blackout, longer ones the overhead);
+1. picks candidate periods: the vCPU's own period if the model sets one, and the shortest task deadline
+   D_min, D_min/2, /4, /8 (shorter server periods shrink the blackout, longer ones the overhead);
 2. for each candidate, searches (bisection, 1 us resolution) the smallest budget for which every task of
    the vCPU is schedulable, analysed exactly as ``rtvirt analyze`` would (same overheads), with the vCPU
    alone on its pCPU (EDF-type schedulers, whose servers do not see each other once the pCPU is not
@@ -126,23 +126,44 @@ def _slots(model: Model) -> list[_Slot]:
     return slots
 
 
-def _standalone_tasks(model: Model, slot: _Slot) -> list[ModelTask]:
-    """The vCPU's tasks with event tasks turned into sporadic ones (their chain is not in the small model)."""
+def _standalone_tasks(model: Model, slot: _Slot, chain_scale: float = 1.0) -> list[ModelTask]:
+    """The vCPU's tasks, event tasks turned into sporadic ones (their chain is not in the small model).
+
+    A chain's end-to-end deadline is shared out: after the stages' own execution and the interrupt delays,
+    each stage gets an equal share s; stage k (from 0) is released up to k·s late (jitter) and must finish
+    within k·s + s of its earliest release, which keeps the whole chain within its deadline.
+    """
     chain_of = {stage: chain for chain in model.chain for stage in chain.stages}
+    wcet = {f"{vm.name}/{task.name}": task.execution if isinstance(task.execution, int) else task.execution.max
+            for vm in model.vm for task in vm.task}
+    delay = model.hypervisor.overheads.interrupt_delay
     out = []
     for task in slot.tasks:
         update: dict[str, Any] = {"vcpu": 0}
+        key = f"{slot.vm.name}/{task.name}"
         if task.type == "event":
-            chain = chain_of[f"{slot.vm.name}/{task.name}"]
-            update |= {"type": "sporadic", "min_interarrival": chain.period, "jitter": chain.jitter,
-                       "deadline": task.deadline or chain.deadline or chain.period}
+            chain = chain_of[key]
+            end_to_end = int((chain.deadline or chain.period) * chain_scale)
+            spare = end_to_end - sum(wcet[stage] + delay for stage in chain.stages)
+            share = max(spare // len(chain.stages), 1) // US * US or US
+            position = chain.stages.index(key)
+            jitter = chain.jitter + position * share
+            update |= {"type": "sporadic", "min_interarrival": chain.period, "jitter": jitter,
+                       "deadline": min(task.deadline or end_to_end, jitter + share + wcet[key])}
         out.append(task.model_copy(update=update))
     return out
 
 
+def _window(start: int, length: int) -> Window:
+    # The schema reads bare numbers as milliseconds: hand it exact nanoseconds.
+    return Window(start=f"{start}ns", length=f"{length}ns")
+
+
 def _server_vcpu(label: str, vcpu: VCpu, cpu: int, budget: int, period: int, priority: int) -> VCpu:
     scheduler = DESIGNABLE[label][0]
-    update: dict[str, Any] = {"affinity": (cpu,), "priority": priority}
+    # Start from a clean slate: parameters of the model's own scheduler would contradict the design.
+    update: dict[str, Any] = {"affinity": (cpu,), "priority": priority, "budget": None, "slice": None,
+                              "runtime": None, "deadline": None, "windows": [], "rt": False, "extratime": False}
     if scheduler in ("rtds", "fifo"):
         update |= {"budget": budget, "period": period}
     elif scheduler == "deadline":
@@ -150,7 +171,7 @@ def _server_vcpu(label: str, vcpu: VCpu, cpu: int, budget: int, period: int, pri
     elif scheduler in ("sedf", "sedf-prime", "psedf"):
         update |= {"slice": budget, "period": period, "rt": True}
     elif scheduler == "arinc653":
-        update |= {"windows": [Window(start=0, length=budget)]}
+        update |= {"windows": [_window(0, budget)]}
     return vcpu.model_copy(update=update)
 
 
@@ -158,15 +179,31 @@ def _hypervisor(model: Model, label: str, frames: dict[int, int] | None = None) 
     scheduler, server = DESIGNABLE[label]
     update: dict[str, Any] = {"scheduler": scheduler, "server": server, "mode": "partitioned"}
     if scheduler == "arinc653":
-        update["arinc653"] = Arinc653Params(major_frame=min((frames or {}).values(), default=10_000_000))
+        frame = min((frames or {}).values(), default=RTDS_DEFAULT_PERIOD)
+        update["arinc653"] = Arinc653Params(major_frame=f"{frame}ns")
     return model.hypervisor.model_copy(update=update)
 
 
 def _smallest(predicate: Callable[[int], bool], low: int, high: int) -> int | None:
-    """Smallest value in [low, high] (1 us grid) where a monotone predicate holds, None if none does."""
+    """Smallest budget in [low, high] (1 us grid) where the predicate holds, None if none does.
+
+    More budget always helps the vCPU's own tasks, but near a full budget a server may no longer fit below
+    higher-priority servers; so the first feasible point is found on a coarse grid of sixteenths first,
+    then bisected down from there.
+    """
     low, high = -(-low // US), high // US
-    if high < low or not predicate(high * US):
+    if high < low:
         return None
+    grid = sorted({max(low, high * k // 16) for k in range(1, 17)})
+    below = low - 1
+    for point in grid:
+        if predicate(point * US):
+            high = point
+            break
+        below = point
+    else:
+        return None
+    low = below + 1
     while low < high:
         middle = (low + high) // 2
         if predicate(middle * US):
@@ -177,27 +214,42 @@ def _smallest(predicate: Callable[[int], bool], low: int, high: int) -> int | No
 
 
 def _candidate_periods(slot: _Slot, label: str) -> list[int]:
+    """The model's own period (if any) and fractions of the tightest deadline."""
     vcpu = slot.vm.vcpu[slot.index]
-    given = vcpu.period if DESIGNABLE[label][0] != "arinc653" else None
-    if given:
-        return [given]
+    given = {vcpu.period} if vcpu.period and DESIGNABLE[label][0] != "arinc653" else set()
     base = slot.tightest // US * US
-    return sorted({max(MIN_PERIOD, base // div // US * US) for div in (1, 2, 4, 8)})
+    return sorted(given | {max(MIN_PERIOD, base // div // US * US) for div in (1, 2, 4, 8)})
 
 
 def design_model(model: Model, label: str) -> Design:
-    """Budgets (or windows) for every vCPU of ``model`` under the scheduler ``label`` (see DESIGNABLE)."""
+    """Budgets (or windows) for every vCPU of ``model`` under the scheduler ``label`` (see DESIGNABLE).
+
+    Chains are designed stage by stage with a share of their deadline; when the whole-chain analysis still
+    misses, the shares are tightened (80 %, 60 %, 40 % of the deadline) before giving up.
+    """
     if label not in DESIGNABLE:
         raise ValueError(f"unknown scheduler {label!r}")
+    first = _design(model, label, 1.0)
+    if first.schedulable or not model.chain:
+        return first
+    for scale in (0.8, 0.6, 0.4):
+        attempt = _design(model, label, scale)
+        if attempt.schedulable:
+            return attempt
+    return first
+
+
+def _design(model: Model, label: str, chain_scale: float) -> Design:
     scheduler = DESIGNABLE[label][0]
     slots = _slots(model)
     problems: list[str] = []
     if scheduler == "partitioned":
         cpus = [slot.cpu for slot in slots]
         duplicates = sorted({cpu for cpu in cpus if cpus.count(cpu) > 1})
+        designed = [VcpuDesign(s.vm.name, s.index, s.cpu, None, None, realtime=s.realtime) for s in slots]
         if duplicates:
             problems.append(f"partitioning needs one pCPU per vCPU; pCPU(s) {duplicates} are shared")
-        designed = [VcpuDesign(s.vm.name, s.index, s.cpu, None, None, realtime=s.realtime) for s in slots]
+            return Design(label, designed, None, None, problems)
         return _finish(model, label, slots, designed, problems)
     fixed_priority = scheduler in ("fifo", "psedf")
     # Deadline-monotonic ranks: the tightest vCPU gets the highest priority.
@@ -213,7 +265,7 @@ def design_model(model: Model, label: str) -> Design:
         for period in _candidate_periods(slot, label):
             def fits(budget: int, period: int = period, slot: _Slot = slot, priority: int = ranks[key],
                      higher: list[VcpuDesign] = higher) -> bool:
-                return _alone_schedulable(model, label, slot, budget, period, priority, higher)
+                return _alone_schedulable(model, label, slot, budget, period, priority, higher, chain_scale)
 
             budget = _smallest(fits, _MINIMUM_BUDGET.get(scheduler, US), period)
             if budget is None:
@@ -232,18 +284,28 @@ def design_model(model: Model, label: str) -> Design:
 
 
 def _background(slot: _Slot, label: str, designed: dict[tuple[str, int], VcpuDesign]) -> VcpuDesign:
-    """A vCPU without deadlines gets what its pCPU has left, at the lowest priority."""
+    """A vCPU without deadlines runs on what is left: below every other vCPU where the scheduler has a
+    lower level (fixed priority, RTDS extratime, SCHED_OTHER under SCHED_DEADLINE), else with half the
+    remaining bandwidth so that the EDF servers keep their guarantee."""
+    scheduler = DESIGNABLE[label][0]
     used = sum(d.bandwidth or 0 for d in designed.values() if d.cpu == slot.cpu)
     period = slot.vm.vcpu[slot.index].period or RTDS_DEFAULT_PERIOD
-    budget = int(max(0.0, 1 - used) * period) // US * US
+    if scheduler == "rtds":
+        return VcpuDesign(slot.vm.name, slot.index, slot.cpu, _MINIMUM_BUDGET["rtds"], period, 0, realtime=False,
+                          note="background: minimal budget, runs in extratime")
+    if scheduler == "deadline":
+        return VcpuDesign(slot.vm.name, slot.index, slot.cpu, None, None, 0, realtime=False,
+                          note="background: SCHED_OTHER below every reservation")
+    share = 1.0 if scheduler in ("fifo", "psedf", "arinc653") else 0.5
+    budget = int(max(0.0, 1 - used) * share * period) // US * US
     note = "background: the pCPU's remaining bandwidth" if budget > 0 else "background: no bandwidth left"
     return VcpuDesign(slot.vm.name, slot.index, slot.cpu, budget or None, period, 0, realtime=False, note=note)
 
 
 def _alone_schedulable(model: Model, label: str, slot: _Slot, budget: int, period: int, priority: int,
-                       higher: list[VcpuDesign]) -> bool:
+                       higher: list[VcpuDesign], chain_scale: float) -> bool:
     vcpu = _server_vcpu(label, slot.vm.vcpu[slot.index], 0, budget, period, priority)
-    vms = [slot.vm.model_copy(update={"vcpu": [vcpu], "task": _standalone_tasks(model, slot)})]
+    vms = [slot.vm.model_copy(update={"vcpu": [vcpu], "task": _standalone_tasks(model, slot, chain_scale)})]
     for position, other in enumerate(higher):
         assert other.budget is not None and other.period is not None
         other_vcpu = _server_vcpu(label, VCpu(), 0, other.budget, other.period, other.priority)
@@ -275,17 +337,20 @@ def _finish(model: Model, label: str, slots: list[_Slot], designed: list[VcpuDes
             if scheduler == "partitioned":
                 vcpus.append(original.model_copy(update={"affinity": (d.cpu,)}))
             elif d.budget is None or d.period is None:
+                # No budget: SCHED_OTHER under SCHED_DEADLINE, else the smallest reservation the scheduler takes.
                 vcpus.append(original.model_copy(update={"affinity": (d.cpu,), "priority": 0, "rt": False,
-                                                         "windows": [], "runtime": None,
-                                                         "budget": _MINIMUM_BUDGET.get(scheduler, US) * 10,
-                                                         "slice": US * 10, "period": RTDS_DEFAULT_PERIOD}))
+                                                         "windows": [], "runtime": None, "deadline": None,
+                                                         "budget": _MINIMUM_BUDGET.get(scheduler, 10 * US),
+                                                         "slice": 10 * US, "period": RTDS_DEFAULT_PERIOD}))
             else:
                 vcpu = _server_vcpu(label, original, d.cpu, d.budget, d.period, d.priority)
                 update: dict[str, Any] = {"rt": d.realtime}
                 if scheduler == "rtds" and not d.realtime:
                     update["extratime"] = True
+                if scheduler == "deadline" and not d.realtime:
+                    update |= {"runtime": None, "deadline": None}
                 if scheduler == "arinc653" and d.window is not None:
-                    update["windows"] = [Window(start=d.window[0], length=d.window[1] - d.window[0])]
+                    update["windows"] = [_window(d.window[0], d.window[1] - d.window[0])]
                 vcpus.append(vcpu.model_copy(update=update))
         vms.append(vm.model_copy(update={"vcpu": vcpus}))
     frames = {d.cpu: d.period for d in designed if d.period and d.realtime}
@@ -319,7 +384,10 @@ def _lay_out_windows(designed: list[VcpuDesign]) -> tuple[list[VcpuDesign], list
             out.append(VcpuDesign(d.vm, d.vcpu, d.cpu, None, frame, d.priority, None, d.realtime, "no window left"))
             continue
         if start + length > frame:
-            problems.append(f"pCPU {d.cpu}: the windows need more than the major frame of {frame} ns")
+            problems.append(f"{d.vm}.vcpu{d.vcpu}: its window does not fit in the major frame of {frame} ns "
+                            f"on pCPU {d.cpu}")
+            out.append(VcpuDesign(d.vm, d.vcpu, d.cpu, None, frame, d.priority, None, d.realtime, "no room"))
+            continue
         cursor[d.cpu] = start + length
         out.append(VcpuDesign(d.vm, d.vcpu, d.cpu, length, frame, d.priority, (start, start + length), d.realtime,
                               d.note))

@@ -13,8 +13,8 @@ than pCPUs, an overloaded server set...). The rules, with references, are in doc
   deadline periodic supply EDP(P, Q, R_s). Work-conserving and slack-stealing servers only add supply on
   top of the pure periodic guarantee, so they share its bound.
 - rtds (Xen RTDS, Xi et al., "Real-time multi-core virtual machine scheduling in Xen", EMSOFT 2014):
-  EDF of deferrable servers per pCPU. Budgets are guaranteed if the servers pass the EDF demand test with
-  release jitter P − Q (deferred budgets); each vCPU then has the periodic resource Γ(P, Q).
+  EDF of deferrable servers per pCPU. Budgets are guaranteed to a backlogged vCPU if the servers pass the
+  carry-in test of ``deferrable_edf_guarantee``; each vCPU then has the periodic resource Γ(P, Q).
 - deadline (Linux SCHED_DEADLINE, a hard constant-bandwidth server, Abeni & Buttazzo RTSS 1998): EDF demand
   test of (runtime, deadline, period); each vCPU then has EDP(period, runtime, deadline).
 - sedf / sedf-prime / psedf (Masrur et al. RTCSA 2010): EDF of (slice, period) domains; with the short-
@@ -32,8 +32,10 @@ gets one quantum of extra release jitter.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any
 
 from ..model.schema import Model, VCpu, Vm
@@ -49,7 +51,8 @@ from .supply import (
 )
 from .taskset import Task, ceil_div
 
-__all__ = ["VcpuRef", "VcpuSupply", "vcpu_supplies", "RTDS_DEFAULT_BUDGET", "RTDS_DEFAULT_PERIOD"]
+__all__ = ["VcpuRef", "VcpuSupply", "vcpu_supplies", "deferrable_edf_guarantee", "RTDS_DEFAULT_BUDGET",
+           "RTDS_DEFAULT_PERIOD"]
 
 RTDS_DEFAULT_BUDGET = 4_000_000
 RTDS_DEFAULT_PERIOD = 10_000_000
@@ -120,6 +123,7 @@ def _placement(model: Model) -> tuple[list[_Placed], str]:
 
 
 def _with_quantum(supply: Supply, quantum: int) -> Supply:
+    """``supply`` starting ``quantum`` later (a tick-delayed wake-up, or a one-off switch)."""
     return DelayedSupply(supply, quantum) if quantum else supply
 
 
@@ -160,24 +164,66 @@ def _fp_servers(model: Model, on_cpu: list[_Placed], budget_of: Callable[[VCpu],
     return results
 
 
-def _edf_servers(model: Model, on_cpu: list[_Placed], params: Callable[[VCpu], tuple[int, int, int, int]],
+def deferrable_edf_guarantee(servers: Sequence[tuple[int, int]], quantum: int = 0) -> tuple[bool, str]:
+    """Whether EDF of deferrable servers (budget Q_j, period = deadline P_j) delivers every budget to a server
+    that has work from the start of its period.
+
+    Deferred budgets make some server jobs lose budget (two idle servers that wake late cannot both finish),
+    so the plain demand test is not the right condition, and the demand test with release jitter P − Q
+    rejects any two servers with equal periods. What a backlogged server needs: let t0 be the last instant
+    before its deadline d at which the pCPU was idle or ran a later deadline. In (t0, d] run only jobs with
+    deadlines ≤ d; a job of server j whose period began before t0 ("carry-in") had no work at t0 and must
+    finish by its deadline t0 + x_j, so all carry-ins together fit in max_j x_j, and a carry-in job exists
+    only if x_j ≤ L mod P_j (else its place is a whole job). With L = d − t0 that bounds the demand by
+
+        Σ_j ⌊L/P_j⌋·Q_j + min(Σ_j min(Q_j, L mod P_j), max_j (L mod P_j))
+
+    which must not exceed L − quantum (a late wake-up). Between multiples of a period the bound grows with
+    slope ≤ 1, so only L = k·P_j needs checking, up to min(max P / (1 − U), H) + max P.
+    """
+    if not servers:
+        return True, ""
+    total = sum(Fraction(budget, period) for budget, period in servers)
+    if total > 1:
+        return False, f"the budgets need {float(total):.3f} of the pCPU"
+    longest = max(period for _, period in servers)
+    # The bound repeats with the hyperperiod H (minus (1 − U)·H), so windows beyond H + max P add nothing.
+    horizon = math.lcm(*(p for _, p in servers)) + longest
+    if total < 1:
+        horizon = min(horizon, int(longest / (1 - total)) + longest)
+    points = sorted({k * period for _, period in servers for k in range(1, horizon // period + 1)})
+    if len(points) > 1_000_000:
+        return False, "too many test points: undetermined"
+    for window in points:
+        rests = [window % period for _, period in servers]
+        demand = sum(window // period * budget for budget, period in servers)
+        demand += min(sum(min(budget, rest) for (budget, _), rest in zip(servers, rests, strict=True)), max(rests))
+        if demand > window - quantum:
+            return False, f"deferred budgets can need {demand} ns within {window} ns"
+    return True, ""
+
+
+def _edf_servers(model: Model, on_cpu: list[_Placed], params: Callable[[VCpu], tuple[int, int, int, bool]],
                  supply_of: Callable[[VCpu, int], Supply]) -> list[VcpuSupply]:
-    """EDF of servers (budget, deadline, period, release jitter): guaranteed iff their demand fits the pCPU."""
+    """EDF of servers (budget, deadline, period, deferrable): guaranteed if their demand fits the pCPU."""
     hv = model.hypervisor
     switch, quantum = hv.overheads.vm_switch, hv.quantum
     servers = [Task(str(item.ref), params(item.vcpu)[0], params(item.vcpu)[2], params(item.vcpu)[1],
-                    jitter=params(item.vcpu)[3] + quantum) for item in on_cpu]
-    verdict = edf_demand_test(servers)
+                    jitter=quantum) for item in on_cpu]
+    if any(params(item.vcpu)[3] for item in on_cpu):
+        schedulable, reason = deferrable_edf_guarantee([(t.wcet, t.period) for t in servers], quantum)
+    else:
+        verdict = edf_demand_test(servers)
+        schedulable, reason = verdict.schedulable, verdict.reason
     results = []
     for item, server in zip(on_cpu, servers, strict=True):
-        # Switches are charged to the budget: once per period and once per possible preemption by another
-        # server's job inside that period.
-        preemptions = sum(ceil_div(server.period + other.jitter, other.period) for other in servers
-                          if other is not server)
+        # Switches are charged to the budget: once per period and once per job of another server that can
+        # preempt it inside that period.
+        preemptions = sum(ceil_div(server.period, other.period) + 1 for other in servers if other is not server)
         budget = server.wcet - switch * (1 + preemptions)
-        if not verdict.schedulable:
-            results.append(VcpuSupply(item.ref, item.cpu, None, f"the servers on pCPU {item.cpu} are not EDF-"
-                                      f"schedulable ({verdict.reason}): budgets are not guaranteed"))
+        if not schedulable:
+            results.append(VcpuSupply(item.ref, item.cpu, None, f"the servers on pCPU {item.cpu} do not fit "
+                                      f"({reason}): budgets are not guaranteed"))
         elif budget <= 0:
             results.append(VcpuSupply(item.ref, item.cpu, None, "VM switches eat the whole budget"))
         else:
@@ -189,10 +235,9 @@ def _rtds_budget(vcpu: VCpu) -> tuple[int, int]:
     return vcpu.budget or RTDS_DEFAULT_BUDGET, vcpu.period or RTDS_DEFAULT_PERIOD
 
 
-def _rtds_server(vcpu: VCpu) -> tuple[int, int, int, int]:
-    """(budget, deadline, period, jitter): a deferrable budget may start as late as P − Q."""
+def _rtds_server(vcpu: VCpu) -> tuple[int, int, int, bool]:
     budget, period = _rtds_budget(vcpu)
-    return budget, period, period, period - budget
+    return budget, period, period, True
 
 
 def _sedf_supply(rule: str) -> Callable[[VCpu, int], Supply]:
@@ -217,7 +262,7 @@ def vcpu_supplies(model: Model, demand: TaskDemand) -> dict[VcpuRef, VcpuSupply]
                                   else (item.vcpu.runtime or 0, item.vcpu.period or 0))
                 supply: Supply | None = (ExplicitDeadlinePeriodic(period, budget, budget) if budget else Dedicated())
             else:
-                supply = Dedicated()
+                supply = _with_quantum(Dedicated(), hv.overheads.vm_switch)
             out[item.ref] = VcpuSupply(item.ref, None, supply)
         return out
     if global_note:
@@ -236,8 +281,10 @@ def _per_cpu(model: Model, on_cpu: list[_Placed], demand: TaskDemand) -> list[Vc
     sched = hv.scheduler
     quantum = hv.quantum
     alone = len(on_cpu) == 1
-    if sched == "partitioned" or (alone and sched in ("fifo", "credit", "fair")):
-        return [VcpuSupply(item.ref, item.cpu, Dedicated()) for item in on_cpu]
+    if sched == "partitioned" or (alone and (sched in ("credit", "fair") or (sched == "fifo" and hv.server == "none"))):
+        # The vCPU's first dispatch on its pCPU pays one VM switch; later ones find it already there.
+        return [VcpuSupply(item.ref, item.cpu, _with_quantum(Dedicated(), hv.overheads.vm_switch))
+                for item in on_cpu]
     if sched == "fifo" and hv.server == "none":
         out = []
         for item in on_cpu:
@@ -257,7 +304,7 @@ def _per_cpu(model: Model, on_cpu: list[_Placed], demand: TaskDemand) -> list[Vc
         reserved = [item for item in on_cpu if item.vcpu.runtime]
         others = [item for item in on_cpu if not item.vcpu.runtime]
         out = _edf_servers(model, reserved,
-                           lambda v: (v.runtime or 0, v.deadline or v.period or 0, v.period or 0, 0),
+                           lambda v: (v.runtime or 0, v.deadline or v.period or 0, v.period or 0, False),
                            lambda v, budget: ExplicitDeadlinePeriodic(v.period or 0, budget,
                                                                       v.deadline or v.period or 0))
         if len(others) == 1:
@@ -272,8 +319,7 @@ def _per_cpu(model: Model, on_cpu: list[_Placed], demand: TaskDemand) -> list[Vc
         return out
     if sched in ("sedf", "sedf-prime"):
         return _edf_servers(model, on_cpu,
-                            lambda v: (v.slice or 0, v.period or 0, v.period or 0,
-                                       0 if sched == "sedf" else (v.period or 0) - (v.slice or 0)),
+                            lambda v: (v.slice or 0, v.period or 0, v.period or 0, sched == "sedf-prime"),
                             _sedf_supply(sched))
     if sched == "psedf":
         realtime = [item for item in on_cpu if item.vcpu.rt]
@@ -283,7 +329,7 @@ def _per_cpu(model: Model, on_cpu: list[_Placed], demand: TaskDemand) -> list[Vc
             out.extend(VcpuSupply(item.ref, item.cpu, None, "a non-RT domain under PSEDF runs only when no RT domain "
                                   "is ready: no guarantee is analysed") for item in rest)
         else:
-            out.extend(_edf_servers(model, rest, lambda v: (v.slice or 0, v.period or 0, v.period or 0, 0),
+            out.extend(_edf_servers(model, rest, lambda v: (v.slice or 0, v.period or 0, v.period or 0, False),
                                     _sedf_supply("sedf")))
         return out
     if sched == "arinc653":

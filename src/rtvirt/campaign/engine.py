@@ -10,6 +10,7 @@ stops every process and VM of the current run, keeps its samples (partial) and e
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,10 +67,9 @@ class _Disturbance:
         self._vms: list[QemuEnvironment] = []
         self.on = False
         self._vm_count = 0
+        self.summaries: list[dict[str, Any]] = []  # what each host stressor did (bogo-ops, CPU time)
 
     def _cpus(self, where: str) -> tuple[int, ...]:
-        import os
-
         allowed = tuple(sorted(os.sched_getaffinity(0)))
         measured = self.env.measured_cpus()
         if where == "same-core":
@@ -95,26 +95,35 @@ class _Disturbance:
             self._host.append(start_stressor(use.stressor, params, self.supervisor, engine=use.engine))
 
     def _start_vms(self, use: StressorUse) -> None:
-        import os
-
         others = tuple(c for c in sorted(os.sched_getaffinity(0)) if c not in self.env.measured_cpus())
         pinned = self.env.config.pin and bool(others)
         spec = STRESSORS[use.stressor]
         params = spec.params(**{**use.params, "workers": use.workers, "duration": 0})
         for _ in range(use.vms):
             self._vm_count += 1
-            config = QemuConfig(kind="qemu", name=f"stress-vm-{self._vm_count}", pin=pinned,
-                                cpus=others if pinned else None)
+            config = QemuConfig.model_validate({"kind": "qemu", "name": f"stress-vm-{self._vm_count}", "pin": pinned,
+                                                "cpus": others if pinned else None})
             vm = QemuEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{self._vm_count}")
             vm.launch("rtvirt-stress", spec.command(params, "")[1:], None)
             self._vms.append(vm)
+        # stress counts as on once the guests run their stressors, not while they boot
+        while not all(vm.booted for vm in self._vms):
+            problem = self.check()
+            if problem:
+                raise RunError(problem)
+            time.sleep(POLL_S)
 
     def stop(self) -> None:
         if not self.on:
             return
         self.on = False
         for stressor in self._host:
-            stressor.stop()
+            try:
+                summary = stressor.stop()
+            except RtvirtError as exc:  # a stressor that died is recorded, not fatal to the run's samples
+                self.summaries.append({"stressor": stressor.spec.name, "error": _bounded(str(exc))})
+                continue
+            self.summaries.append(summary.model_dump(mode="json", exclude={"per_worker"}))
         for vm in self._vms:
             vm.close()
         self._host, self._vms = [], []
@@ -143,7 +152,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     if on_run_dir:
         on_run_dir(run.run_id)
     workdir = run.path / "work"
-    timeline: list[dict[str, Any]] = []
+    marks: list[tuple[float, str]] = []  # (monotonic time, event); made relative to the workload start below
     reason = ""
     interrupted = False
     env_description: dict[str, Any] = {}
@@ -156,8 +165,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
         t0: float | None = None
 
         def mark(action: str) -> None:
-            at = 0 if t0 is None else int((time.monotonic() - t0) * 1e9)
-            timeline.append({"t_ns": at, "event": action})
+            marks.append((time.monotonic(), action))
 
         try:
             env.start()
@@ -166,6 +174,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
                                          **env.probe_overrides()})
             except ValidationError as exc:
                 raise InputError(f"workload.params: {exc.errors()[0]['msg']}") from None
+            if env.on_host:
+                params.check_host()
             if plan.start_order == "stress-first":
                 disturbance.start()
                 mark("stress-on")
@@ -238,12 +248,16 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     outcome_status = "interrupted" if interrupted else ("failed" if reason else "complete")
     if stream is None or stream.records.size == 0:
         return RunOutcome(outcome_status, _bounded(reason or "the probe produced no samples"), run.run_id)
+    # events before the workload started (stress-first) get negative times
+    origin = t0 if t0 is not None else (marks[0][0] if marks else 0.0)
+    timeline = [{"t_ns": int((at - origin) * 1e9), "event": event} for at, event in marks]
     run_system = {**system, "warnings": [*system.get("warnings", []), *env_warnings]}
     extra = {"scenario": scenario.name, "environment": env_config.label, "config": plan.config,
              "repetition": plan.repetition, "timeline": timeline, "system": run_system,
              "environment_detail": env_description,
              "campaign": {"key": plan.key, "disturbance": disturbance_spec.name, "start_order": plan.start_order,
                           "stressors": [u.model_dump(mode="json") for u in disturbance_spec.stressors],
+                          "stressor_results": disturbance.summaries,
                           "outcome": outcome_status, "reason": _bounded(reason) or None}}
     manifest = write_measured_run(run, stream, name=scenario.name,
                                   params=params.model_dump(mode="json") if params else {},
@@ -289,10 +303,12 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
                 progress.update(task, completed=fraction, status=f"{samples} samples, max {top}")
                 progress.update(matrix, completed=base + fraction * plan.duration_ns / 1e9)
 
+            def remember_run_dir(run_id: str, key: str = plan.key) -> None:
+                state.record(key, run_id=run_id)  # so a killed campaign's state names the unfinished run
+
             state.record(plan.key, status="running", config=plan.config)
             outcome = execute_run(scenario, plan, results, run_timeout_ns=scenario.run_timeout, system=system,
-                                  on_progress=show,
-                                  on_run_dir=lambda run_id, key=plan.key: state.record(key, run_id=run_id))
+                                  on_progress=show, on_run_dir=remember_run_dir)
             progress.remove_task(run_task)
             progress.update(matrix, completed=done_before + plan.duration_ns / 1e9)
             state.record(plan.key, status=outcome.status, run_id=outcome.run_id, reason=outcome.reason)

@@ -41,6 +41,9 @@ def expand(scenario: Scenario, scale: float = 1.0) -> list[PlannedRun]:
             scaled_events = tuple((scaled_ns(e.at, scale), e.action) for e in events) if disturbance.stressors else ()
             orders: list[str | None] = [None] if not disturbance.stressors or scaled_events \
                 else list(scenario.timeline.start_order)
+            if orders != [None] and any(use.where == "other-vm" for use in disturbance.stressors):
+                # disturbing guests take seconds to boot: they are up before the workload starts
+                orders = ["stress-first"]
             for order in orders:
                 config = f"{env.label} / {disturbance.name}" + (f" / {order}" if order and len(orders) > 1 else "")
                 for repetition in range(1, scenario.repetitions + 1):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, RunError
 
 __all__ = ["CampaignState", "FINISHED", "find_resumable"]
 
@@ -59,11 +59,14 @@ class CampaignState:
                     "source": self.source, "scale": self.scale, "runs": self.runs, "finished": self.finished,
                     "updated": dt.datetime.now(dt.UTC).isoformat()}
         temporary = self.path.with_suffix(".tmp")
-        with temporary.open("w") as f:
-            json.dump(document, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, self.path)
+        try:
+            with temporary.open("w") as f:
+                json.dump(document, f, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            raise RunError(f"{self.path}: cannot write the campaign state ({exc.strerror})") from None
 
     def record(self, key: str, **entry: Any) -> None:
         self.runs[key] = {**self.runs.get(key, {}), **entry}

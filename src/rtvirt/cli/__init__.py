@@ -29,6 +29,7 @@ COMMANDS = {
     "scenarios": "scenarios",
     "sim": "sim",
     "analyze": "analyze",
+    "design": "design",
 }
 
 err_console = Console(stderr=True, highlight=False)

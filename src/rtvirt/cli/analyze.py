@@ -60,8 +60,11 @@ def _chains_table(analysis: SystemAnalysis) -> Table:
     for column in ("chain", "stages", "bound", "deadline", "verdict"):
         table.add_column(column, justify="right" if column in ("bound", "deadline") else "left")
     for chain in analysis.chains:
-        verdict = ("[green]meets[/]" if chain.schedulable else
-                   "[red]no bound[/]" if chain.bound is None else f"[red]misses by {_us(chain.bound - chain.deadline)}[/]")
+        if chain.schedulable:
+            verdict = "[green]meets[/]"
+        else:
+            verdict = "[red]no bound[/]" if chain.bound is None else \
+                f"[red]misses by {_us(chain.bound - chain.deadline)}[/]"
         table.add_row(chain.name, " → ".join(chain.stages), _us(chain.bound), _us(chain.deadline), verdict)
     return table
 

@@ -20,15 +20,24 @@ def us(ns: float) -> str:
     return "-" if math.isnan(ns) else f"{ns / 1000:.3f}"
 
 
-def summary_table(title: str, summaries: dict[str, Summary]) -> Table:
+def summary_table(title: str, summaries: dict[str, Summary], value_field: str = "latency_ns") -> Table:
+    """Statistics in microseconds; a value that is a count (e.g. threadmetric's ``rounds``) stays as is."""
+    is_time = value_field.endswith("_ns")
+    unit = "us" if is_time else value_field
+
+    def show(value: float) -> str:
+        if is_time or math.isnan(value):
+            return us(value)
+        return f"{value:.6g}"
+
     table = Table(title=title, title_justify="left")
     table.add_column("group")
     for column in ("samples", "dropped", "min", "median", "mean", "p99", "p99.9", "p99.99", "max", "stdev", "jitter"):
-        table.add_column(column if column in ("samples", "dropped") else f"{column} us", justify="right")
+        table.add_column(column if column in ("samples", "dropped") else f"{column} {unit}", justify="right")
     for group, s in summaries.items():
-        table.add_row(group, str(s.samples), str(s.dropped), us(s.min_ns), us(s.median_ns), us(s.mean_ns),
-                      us(s.p99_ns), us(s.p999_ns), us(s.p9999_ns), us(s.max_ns), us(s.stdev_ns),
-                      us(s.max_jitter_ns))
+        table.add_row(group, str(s.samples), str(s.dropped), show(s.min_ns), show(s.median_ns), show(s.mean_ns),
+                      show(s.p99_ns), show(s.p999_ns), show(s.p9999_ns), show(s.max_ns), show(s.stdev_ns),
+                      show(s.max_jitter_ns))
     return table
 
 

@@ -60,13 +60,13 @@ def _make_command(spec: ProbeSpec) -> click.Command:
         else:
             stream = run_probe(spec, params, run.stream_path)
         manifest = write_measured_run(run, stream, name=spec.name, params=params.model_dump(mode="json"),
-                                      group_by=spec.group_by)
+                                      group_by=spec.group_by, extra={"error": stream.error} if stream.error else None)
         if as_json:
             print_json({k: manifest[k] for k in ("run_id", "probe", "status", "end_reason", "dropped", "summary")}
                        | {"path": str(run.path)})
         else:
             summaries = summarize_stream(stream, spec.group_by)
-            console.print(summary_table(f"{spec.name}: {spec.summary}", summaries))
+            console.print(summary_table(f"{spec.name}: {spec.summary}", summaries, stream.value_field))
             state = "" if manifest["status"] == "complete" else f" [yellow]({manifest['status']}: " \
                 f"{manifest['end_reason']})[/]"
             console.print(f"run {run.run_id} written to {run.path}{state}")

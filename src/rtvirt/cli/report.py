@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import click
 
@@ -30,8 +31,8 @@ _SUFFIX = {"html": ".html", "markdown": ".md", "json": ".json"}
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="outliers per run")
 @click.option("--window", type=DURATION, help="window of the per-window maxima [default: 5m, or 1/50 of a "
               "shorter run]")
-def report(results: Path, out: Path | None, fmt: str, baseline: str | None, margin: float,
-           classes_file: Path | None, top: int, window: int | None) -> None:
+def report(results: Path, out: Path | None, fmt: Literal["html", "markdown", "json"], baseline: str | None,
+           margin: float, classes_file: Path | None, top: int, window: int | None) -> None:
     """Write the report of every run in RESULTS: verdicts, statistics, plots, isolation, outliers, settings."""
     target = out or Path(results) / f"report{_SUFFIX[fmt]}"
     write_report(results, target, fmt, baseline=baseline, classes_file=classes_file, margin=margin, top=top,

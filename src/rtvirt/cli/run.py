@@ -36,6 +36,15 @@ def _summary_table(result: CampaignResult) -> Table:
     return table
 
 
+def _print_warnings(result: CampaignResult) -> None:
+    seen: dict[str, None] = {}
+    for outcome in result.outcomes.values():
+        for warning in ((outcome.manifest or {}).get("system") or {}).get("warnings") or []:
+            seen.setdefault(str(warning)[:300])
+    for warning in seen:
+        console.print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
+
+
 def _print_reasons(result: CampaignResult) -> None:
     for key, outcome in result.outcomes.items():
         if outcome.status != "complete" and outcome.reason:
@@ -77,6 +86,7 @@ def run(scenario: str | None, results: Path, scale: float | None, resume: bool, 
         sys.exit(130)
     console.print(_summary_table(result))
     _print_reasons(result)
+    _print_warnings(result)
     if result.interrupted:
         console.print(f"[yellow]interrupted[/]: continue with rtvirt run --resume --out {results}")
         sys.exit(130)

@@ -81,7 +81,8 @@ def sim(model_path: Path, duration: str | None, seed: int | None, results: Path,
                   "seed": seed if seed is not None else model.simulation.seed}
         if key is not None:
             params["sweep"] = {key: value}
-        run, summary = write_simulated_run(result, results, model_path=str(model_path), params=params)
+        label = " ".join([model.name, *assignments, *([f"{key}={value}"] if key is not None else [])])
+        run, summary = write_simulated_run(result, results, model_path=str(model_path), params=params, label=label)
         if gantt is not None and key is None:
             write_gantt(result, gantt, start, end)
         documents.append({"run_id": run.run_id, "path": str(run.path), **({"sweep": {key: value}} if key else {}),
@@ -89,10 +90,14 @@ def sim(model_path: Path, duration: str | None, seed: int | None, results: Path,
         if not as_json:
             title = f"sim {model.name} ({model.hypervisor.scheduler})" + (f", {key} = {value}" if key else "")
             console.print(_task_table(title, summary))
-            state = "" if summary["status"] == "complete" else \
-                f" [yellow](partial: stopped by the event cap (simulation.event_cap = " \
-                f"{model.simulation.event_cap}) at {format_duration(summary['simulated_ns'])} simulated)[/]"
+            reached = format_duration(summary["simulated_ns"])
+            state = {"complete": "",
+                     "event-cap": f" [yellow](partial: stopped by the event cap (simulation.event_cap = "
+                                  f"{model.simulation.event_cap}) at {reached} simulated)[/]",
+                     "interrupted": f" [yellow](partial: interrupted at {reached} simulated)[/]"}[result.end_reason]
             console.print(f"run {run.run_id} written to {run.path}{state}")
+        if result.end_reason == "interrupted":  # like an interrupted probe: keep what ran, stop the sweep
+            break
     if as_json:
         print_json(documents[0] if key is None else {"sweep": key, "runs": documents})
     elif key is not None:

@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from ..results.catalog import query
 from .output import console, print_json
 
 __all__ = ["sql"]
@@ -22,6 +21,8 @@ __all__ = ["sql"]
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 def sql(statement: str, results: Path, fmt: str) -> None:
     """Run STATEMENT against the catalog: tables runs, samples, histograms, analysis_tasks."""
+    from ..results.catalog import query  # duckdb's import would slow every other rtvirt command's start
+
     columns, rows = query(results, statement)
     if fmt == "json":
         print_json({"columns": columns, "rows": [list(r) for r in rows]})

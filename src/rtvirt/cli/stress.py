@@ -36,7 +36,7 @@ def _summary_table(summary: StressSummary) -> Table:
 
 def _make_command(spec: StressorSpec) -> click.Command:
     @click.command(name=spec.name, help=f"{spec.summary}.\n\nRepresents: {spec.represents}.")
-    @click_options(spec.params, exclude=spec.cli_exclude)
+    @click_options(spec.params)
     @click.option("--engine", type=click.Choice(ENGINES), default="native", show_default=True,
                   help="our agent, or stress-ng with the same names and options (approximate, see docs)")
     @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")

@@ -49,6 +49,7 @@ class Environment(ABC):
 
     kind: ClassVar[str]
     config_model: ClassVar[type[EnvironmentConfig]]
+    on_host: ClassVar[bool] = True  # the agent sees the host's CPUs (False: a guest's)
 
     def __init__(self, config: EnvironmentConfig, supervisor: Supervisor, workdir: Path) -> None:
         self.config = config

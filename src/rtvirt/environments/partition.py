@@ -3,8 +3,9 @@
 Works on cgroup v1 (one hierarchy per controller: cpuset/, cpu/) and on cgroup v2 (one unified tree,
 controllers enabled through cgroup.subtree_control); :class:`CgroupTree` hides the difference. The agent
 joins the cgroup between fork and exec, so not one instruction of it runs outside the partition.
-The bandwidth limit (quota per period) throttles SCHED_OTHER tasks; real-time tasks are bounded by the
-kernel's RT throttling instead.
+The bandwidth limit (quota per period) throttles SCHED_OTHER tasks (CFS bandwidth); on v1 kernels with
+RT group scheduling it is also the group's real-time budget (cpu.rt_runtime_us), without which SCHED_FIFO
+tasks are refused in the group. On v2 real-time tasks are bounded by the global RT throttling only.
 """
 
 from __future__ import annotations
@@ -136,6 +137,11 @@ class CgroupTree:
                 created.directories.append(cpu)
                 (cpu / "cpu.cfs_period_us").write_text(str(period_us))
                 (cpu / "cpu.cfs_quota_us").write_text(str(quota_us))
+                if (cpu / "cpu.rt_runtime_us").exists():
+                    # with RT group scheduling a child group starts with no real-time budget (SCHED_FIFO is
+                    # refused in it); the same quota per period bounds its real-time tasks
+                    (cpu / "cpu.rt_period_us").write_text(str(period_us))
+                    (cpu / "cpu.rt_runtime_us").write_text(str(quota_us))
         except BaseException:
             created.remove()
             raise

@@ -14,16 +14,17 @@ import os
 import platform
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..errors import RunError
 from ..params import CpuList
 from ..units import duration_field
-from .base import Environment, EnvironmentConfig, Launched, default_measured_cpu
+from .base import Environment, EnvironmentConfig, Launched
 from .guest_image import (
     EXIT_MARK,
     GUEST_AGENT_DIR,
@@ -53,10 +54,17 @@ class QemuConfig(EnvironmentConfig):
     memory: int = Field(256, ge=64, le=65536, description="guest memory in MiB")
     emulator_cpus: CpuList | None = Field(None, description="host CPUs for QEMU's other threads "
                                                             "(default: the CPUs not in cpus, if any)")
-    vcpu_sched: SchedPolicy = Field(default_factory=SchedPolicy, description="policy of the vCPU threads")
+    vcpu_sched: SchedPolicy = Field(default_factory=lambda: SchedPolicy.model_validate({}), description="policy of the vCPU threads")
     accel: Literal["auto", "kvm", "tcg"] = Field("auto", description="auto: KVM if it really accelerates, else TCG")
     boot_timeout: duration_field("s") = Field(90_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
                                               description="time the guest may take to boot (bare numbers in s)")
+
+    @model_validator(mode="after")
+    def _deadline_vcpus_are_unpinned(self) -> QemuConfig:
+        if self.vcpu_sched.policy == "deadline" and self.pin:
+            raise ValueError("vcpu_sched 'deadline' needs pin = false: the kernel refuses SCHED_DEADLINE for "
+                             "threads pinned to part of their root domain")
+        return self
 
 
 def _qemu_version() -> str:
@@ -147,6 +155,7 @@ def _read_console(path: Path) -> str:
 class QemuEnvironment(Environment):
     kind = "qemu"
     config_model = QemuConfig
+    on_host = False
     config: QemuConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -157,23 +166,25 @@ class QemuEnvironment(Environment):
         self._launched_at = 0.0
         self._ready_at: float | None = None
         self._placement: dict[str, Any] = {}
+        self._socket_dir: Path | None = None
 
     @staticmethod
     def available() -> str | None:
         return None if shutil.which(QEMU) else f"{QEMU} is not installed (apt-get install qemu-system-x86)"
 
     def _host_cpus(self) -> tuple[int, ...]:
+        """Host CPUs for vCPU i = the i-th of these (cycling); default: the last CPU first, then downwards."""
+        allowed = sorted(os.sched_getaffinity(0), reverse=True)
         if not self.config.pin:
-            return tuple(sorted(os.sched_getaffinity(0)))
-        return tuple(self.config.cpus) if self.config.cpus else (default_measured_cpu(),)
+            return tuple(sorted(allowed))
+        return tuple(self.config.cpus) if self.config.cpus else tuple(allowed[:self.config.vcpus])
 
     def measured_cpus(self) -> tuple[int, ...]:
-        cpus = self._host_cpus()
-        return tuple(dict.fromkeys(cpus[i % len(cpus)] for i in range(self.config.vcpus)))
+        # the workload runs on vCPU 0 (other vCPUs serve helpers such as the wakeup probe's sender)
+        return self._host_cpus() if not self.config.pin else self._host_cpus()[:1]
 
     def probe_overrides(self) -> dict[str, Any]:
-        # inside the guest the workload sees vCPUs, numbered from 0
-        return {"affinity": tuple(range(self.config.vcpus))}
+        return {"affinity": (0,)}
 
     def emulator_cpus(self) -> tuple[int, ...]:
         if self.config.emulator_cpus:
@@ -194,7 +205,9 @@ class QemuEnvironment(Environment):
         if out is not None:
             argv.append(f"--out={guest_port_path(OUTPUT_PORT)}")
         initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv)), self.workdir)
-        qmp_socket = self.workdir / "qmp.sock"
+        # a unix socket path must fit in 108 bytes: run directories can be deeper than that
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="rtvirt-qmp-"))
+        qmp_socket = self._socket_dir / "qmp.sock"
         accel = self._accel["accel"]
         command = [QEMU, "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
                    "-smp", str(self.config.vcpus), "-m", str(self.config.memory),
@@ -225,7 +238,7 @@ class QemuEnvironment(Environment):
         monitor = QEMUMonitorProtocol(str(qmp_socket))
         try:
             monitor.connect()
-            cpus = monitor.cmd("query-cpus-fast")
+            cpus: list[dict[str, Any]] = list(monitor.cmd("query-cpus-fast"))  # type: ignore[call-overload]
             host_cpus = self._host_cpus()
             vcpu_threads: dict[int, int] = {int(c["cpu-index"]): int(c["thread-id"]) for c in cpus}
             emulator = [t for t in thread_ids(self._proc.pid) if t not in vcpu_threads.values()]
@@ -273,7 +286,11 @@ class QemuEnvironment(Environment):
             for line in console.splitlines():
                 if line.startswith(EXIT_MARK):
                     status = line.removeprefix(EXIT_MARK).strip()
-                    return None if status == "0" else f"the guest's agent failed (xargs status {status[:20]})"
+                    if status == "0":
+                        return None
+                    said = [x for x in console.splitlines() if x.strip() and not x.startswith(("RTVIRT-", "["))]
+                    detail = f": {said[-1].strip()[:200]}" if said else ""
+                    return f"the guest's agent failed (status {status[:20]}){detail}"
             return "the guest stopped before its agent finished"
         return None
 
@@ -294,3 +311,6 @@ class QemuEnvironment(Environment):
         if self._proc is not None:
             self.supervisor.stop(self._proc, grace=5.0)
             self._proc = None
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None

@@ -74,6 +74,9 @@ def apply_policy(tid: int, policy: SchedPolicy) -> None:
     if _libc.syscall(number, tid, ctypes.byref(attr), 0) != 0:
         errno = ctypes.get_errno()
         message = f"thread {tid}: cannot set scheduling policy {policy.describe()}: {os.strerror(errno)}"
+        if errno == 1 and policy.policy == "deadline" and os.geteuid() == 0:
+            raise RunError(message + " (the kernel admits SCHED_DEADLINE only for threads free to run on every CPU "
+                                     "of their root domain: leave them unpinned or give them an exclusive cpuset)")
         if errno == 1:  # EPERM
             raise PrivilegeError(message + " (needs root or CAP_SYS_NICE)")
         if errno == 16:  # EBUSY: deadline admission control refused the bandwidth

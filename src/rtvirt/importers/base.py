@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,9 +13,11 @@ import pyarrow as pa
 
 from ..errors import InputError
 
-__all__ = ["Imported", "ImporterSpec", "ImportOptions", "read_text", "UNIT_NS"]
+__all__ = ["Imported", "ImporterSpec", "ImportOptions", "read_text", "lenient_json", "UNIT_NS"]
 
 UNIT_NS = {"ns": 1, "us": 1000, "ms": 1_000_000}
+# rt-tests and jitterdebugger print the average of a CPU without samples as a bare -nan: not JSON.
+_NAN = re.compile(r"(:\s*)-?nan\b")
 # Foreign text files are read whole; beyond this they are not what these formats produce.
 MAX_TEXT_BYTES = 4 << 30
 
@@ -59,3 +63,8 @@ def unit_scale(path: Path, options: ImportOptions, default: str) -> int:
     if unit not in UNIT_NS:
         raise InputError(f"--unit {unit!r}: expected one of {', '.join(UNIT_NS)}")
     return UNIT_NS[unit]
+
+
+def lenient_json(text: str) -> Any:
+    """json.loads that also takes the bare nan/-nan values the RT tools write (raises JSONDecodeError)."""
+    return json.loads(_NAN.sub(r"\1NaN", text))

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..errors import InputError
 from ..stats import Histogram
 from ..store import histogram_table
-from .base import Imported, ImporterSpec, ImportOptions, read_text, unit_scale
+from .base import Imported, ImporterSpec, ImportOptions, lenient_json, read_text, unit_scale
 
 
 class _Thread(BaseModel):
@@ -36,7 +36,7 @@ class _Report(BaseModel):
 def parse(path: Path, options: ImportOptions) -> Imported:
     scale = unit_scale(path, options, "us")
     try:
-        report = _Report.model_validate(json.loads(read_text(path)))
+        report = _Report.model_validate(lenient_json(read_text(path)))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})") from None
     except ValidationError as exc:
@@ -50,6 +50,9 @@ def parse(path: Path, options: ImportOptions) -> Imported:
         counts = np.array(list(thread.histogram.values()), np.int64)
         if (counts < 0).any():
             raise InputError(f"{path}: thread {number}: negative histogram count")
+        if thread.cycles and not counts.sum():
+            raise InputError(f"{path}: thread {number} has {thread.cycles} samples but no histogram: "
+                             "run cyclictest with -h N (or import its -v output)")
         outside = thread.cycles - int(counts.sum())
         if outside > 0:
             values, counts = np.append(values, thread.max * scale), np.append(counts, outside)

@@ -7,14 +7,13 @@ latency. The latency unit is µs unless the run used -N (ns): DIR/results.json's
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import InputError
-from .base import UNIT_NS, Imported, ImporterSpec, ImportOptions, unit_scale
+from .base import UNIT_NS, Imported, ImporterSpec, ImportOptions, lenient_json, unit_scale
 
 RECORD = np.dtype([("cpu", "<u4"), ("sec", "<i8"), ("nsec", "<i8"), ("value", "<u8")])
 
@@ -24,7 +23,7 @@ def _scale_from_results(raw: Path, options: ImportOptions) -> int:
         return unit_scale(raw, options, "us")
     results = raw.with_name("results.json")
     try:
-        resolution = json.loads(results.read_text())["sysinfo"]["resolution_in_ns"]
+        resolution = lenient_json(results.read_text())["sysinfo"]["resolution_in_ns"]
     except (OSError, ValueError, KeyError, TypeError):
         return UNIT_NS["us"]
     return 1 if resolution == 1 else UNIT_NS["us"]

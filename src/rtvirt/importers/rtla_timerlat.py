@@ -50,9 +50,9 @@ def parse(path: Path, options: ImportOptions) -> Imported:
         if fields[0] == "ALL:":
             break  # newer rtla adds an all-CPU summary after the per-CPU table
         if fields[0].endswith(":"):
-            values = fields[1:1 + len(columns)]
-            if all(v.lstrip("-").isdigit() for v in values):
-                footer[fields[0][:-1]] = [int(v) for v in values]
+            cells = fields[1:1 + len(columns)]
+            if all(v.lstrip("-").isdigit() for v in cells):
+                footer[fields[0][:-1]] = [int(v) for v in cells]
             continue
         if len(fields) != len(columns) + 1 or not all(f.isdigit() for f in fields):
             raise InputError(f"{path}: line {number}: expected {len(columns) + 1} integers: {raw[:80]!r}")

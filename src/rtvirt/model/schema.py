@@ -136,7 +136,7 @@ class Chain(_Strict):
 class Simulation(_Strict):
     duration: Ms = Field(1_000_000_000, gt=0)
     seed: int = Field(1, ge=0, le=2**63 - 1)
-    event_cap: int = Field(500_000_000, ge=1)
+    event_cap: int = Field(100_000_000, ge=1)
     supply_window: Ms = Field(10_000_000, gt=0)
 
 

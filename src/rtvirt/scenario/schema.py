@@ -140,10 +140,11 @@ class Scenario(_Strict):
                                  description="watchdog: extra time a run may take beyond its duration")
     skip_unavailable: bool = Field(True, description="leave out environments that cannot run here "
                                                      "(recorded as skipped); false makes them fail")
-    workload: Workload = Field(default_factory=Workload)
+    workload: Workload = Field(default_factory=lambda: Workload.model_validate({}))
     environments: list[EnvironmentEntry] = Field(min_length=1)
-    disturbances: list[Disturbance] = Field(default_factory=lambda: [Disturbance(name="solo")], min_length=1)
-    timeline: Timeline = Field(default_factory=Timeline)
+    disturbances: list[Disturbance] = Field(default_factory=lambda: [Disturbance.model_validate({"name": "solo"})],
+                                           min_length=1)
+    timeline: Timeline = Field(default_factory=lambda: Timeline.model_validate({}))
 
     def cross_field_errors(self) -> list[tuple[tuple[str | int, ...], str]]:
         """Checks spanning several fields, as (field path, message) pairs."""
@@ -159,11 +160,11 @@ class Scenario(_Strict):
             if disturbance.name in names:
                 errors.append((("disturbances", index, "name"), f"disturbance name {disturbance.name!r} is used twice"))
             names.add(disturbance.name)
-        if self.timeline.events and self.timeline.events[-1].at >= self.duration:
+        if self.timeline.events and int(self.timeline.events[-1].at) >= int(self.duration):
             errors.append((("timeline", "events", len(self.timeline.events) - 1, "at"),
                            "the last event must come before the end of the run (duration)"))
         for index, disturbance in enumerate(self.disturbances):
-            if disturbance.events and disturbance.events[-1].at >= self.duration:
+            if disturbance.events and int(disturbance.events[-1].at) >= int(self.duration):
                 errors.append((("disturbances", index, "events", len(disturbance.events) - 1, "at"),
                                "the last event must come before the end of the run (duration)"))
         return errors

@@ -12,7 +12,7 @@ from ..errors import InputError, RunError
 from ..model import Model, home_cpu
 from ..model.schema import Execution
 
-__all__ = ["SimResult", "core_config", "simulate", "NEVER"]
+__all__ = ["SimResult", "core_config", "simulate", "supply_window", "NEVER"]
 
 NEVER = (2**63 - 1) // 4  # the core's "no deadline"
 _TYPES = {"periodic": 0, "sporadic": 1, "event": 2}
@@ -39,6 +39,16 @@ class SimResult:
     task_names: list[str]
     unfinished: pa.Table  # jobs still queued at the end: task, deadline_ns (overdue ones count as misses)
     counters: dict[str, int] = field(default_factory=dict)
+
+
+MAX_SUPPLY_WINDOWS = 1_000_000  # per vCPU: bounds the supply records of very long runs
+
+
+def supply_window(model: Model, duration_ns: int | None = None) -> int:
+    """The model's supply window, widened (to a multiple of it) if the run would have more than 1 M windows."""
+    width = model.simulation.supply_window
+    duration = duration_ns if duration_ns is not None else model.simulation.duration
+    return width * max(1, -(-duration // (width * MAX_SUPPLY_WINDOWS)))
 
 
 def _vcpu_names(model: Model) -> list[str]:
@@ -113,7 +123,7 @@ def core_config(model: Model, *, duration_ns: int | None = None, seed: int | Non
     config = {
         "duration": duration_ns if duration_ns is not None else sim.duration,
         "seed": seed if seed is not None else sim.seed,
-        "event_cap": sim.event_cap, "supply_window": sim.supply_window,
+        "event_cap": sim.event_cap, "supply_window": supply_window(model, duration_ns),
         "scheduler": hv.scheduler, "server": hv.server, "mode": hv.mode, "pcpus": hv.pcpus,
         "quantum": hv.quantum, "context_switch": hv.overheads.context_switch, "vm_switch": hv.overheads.vm_switch,
         "interrupt_delay": hv.overheads.interrupt_delay, "credit_slice": hv.credit.slice,
@@ -167,7 +177,7 @@ def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None =
     gaps = pa.table({"vcpu": _dictionary(g["vcpu"], vcpu_names), "cpu": g["cpu"].astype(np.int16),
                      "start_ns": g["start"], "gap_ns": g["length"]})
     windows = len(out["supply"]) // max(1, len(vcpu_names))
-    width = model.simulation.supply_window
+    width = config["supply_window"]
     supply = pa.table({
         "vcpu": _dictionary(np.repeat(np.arange(len(vcpu_names)), windows), vcpu_names),
         "window_start_ns": np.tile(np.arange(windows, dtype=np.int64) * width, len(vcpu_names)),
@@ -176,7 +186,8 @@ def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None =
     s = out["segments"]
     segments = pa.table({"cpu": s["cpu"].astype(np.int16), "vcpu": s["vcpu"], "task": s["task"],
                          "start_ns": s["start"], "end_ns": s["end"]})
-    counters = {"steps": int(out["steps"]), "events": int(out["events"]), "jobs": int(out["jobs_done"])}
+    counters = {"steps": int(out["steps"]), "events": int(out["events"]), "jobs": int(out["jobs_done"]),
+                "gantt_truncated": int(out["segments_truncated"])}
     counters.update({f"supplied_ns {name}": int(ns) for name, ns in zip(vcpu_names, out["supplied"], strict=True)})
     u = out["unfinished"]
     unfinished = pa.table({"task": _dictionary(u["task"], task_names), "deadline_ns": u["deadline"]})

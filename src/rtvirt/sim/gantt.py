@@ -21,6 +21,9 @@ def gantt_svg(result: SimResult, start_ns: int, end_ns: int) -> str:
     pcpus = result.model.hypervisor.pcpus
     height = _TOP + pcpus * _ROW + 40 + 18 * ((len(result.vcpu_names) + 3) // 4 + 1)
 
+    truncated = " (truncated: too many segments, choose a shorter window)" if result.counters.get(
+        "gantt_truncated") else ""
+
     def x(t: int) -> float:
         return _LEFT + (t - start_ns) * _WIDTH / span
 
@@ -28,7 +31,7 @@ def gantt_svg(result: SimResult, start_ns: int, end_ns: int) -> str:
              f'font-family="sans-serif" font-size="11">',
              f'<text x="{_LEFT}" y="18" font-size="14">{escape(result.model.name)}: '
              f'{escape(result.model.hypervisor.scheduler)} from {escape(format_duration(start_ns))} to '
-             f'{escape(format_duration(end_ns))}</text>']
+             f'{escape(format_duration(end_ns))}{truncated}</text>']
     for p in range(pcpus):
         y = _TOP + p * _ROW
         parts.append(f'<text x="8" y="{y + 20}">CPU {p}</text>')

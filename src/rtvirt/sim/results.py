@@ -3,7 +3,8 @@
 samples.parquet holds one row per record, all durations in ns in ``response_ns`` (the value field):
 job response times (kind ``vm/task``), end-to-end responses of event chains (kind ``chain:NAME``) and gap
 probe interruptions (kind ``gap:vm.vcpu``); ``t_ns`` is the job's arrival, the event's arrival or the gap's
-start. supply.parquet holds the time each vCPU ran per supply window.
+start. supply.parquet holds the time each vCPU ran per supply window; gaps.parquet repeats the gaps in the real
+``gap`` probe's layout (t_ns, duration_ns, cpu, thread, kind).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..store import RunDir, new_run, write_run
-from .core import SimResult
+from .core import SimResult, supply_window
 
-__all__ = ["samples_table", "task_summary", "write_simulated_run"]
+__all__ = ["samples_table", "gap_probe_table", "task_summary", "write_simulated_run"]
 
 
 def _names(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
@@ -64,6 +65,18 @@ def samples_table(result: SimResult) -> pa.Table:
     ordered = ["t_ns", "response_ns", "cpu", "thread", "kind", "record", "release_ns", "start_ns", "finish_ns",
                "deadline_met", "event"]
     return pa.table({name: arrays[name] for name in ordered})
+
+
+def gap_probe_table(result: SimResult) -> pa.Table:
+    """Gaps in the real gap probe's layout: t_ns (start), duration_ns (length), cpu, thread (vCPU), kind "gap"."""
+    g = result.gaps
+    vcpu = g["vcpu"].combine_chunks()
+    return pa.table({
+        "t_ns": g["start_ns"], "duration_ns": g["gap_ns"], "cpu": g["cpu"],
+        "thread": pa.array(vcpu.indices.to_numpy(zero_copy_only=False).astype(np.int16)),
+        "kind": pa.DictionaryArray.from_arrays(pa.array(np.zeros(g.num_rows, np.int32)), pa.array(["gap"])),
+        "vcpu": vcpu,
+    })
 
 
 def _stats(names: list[str], codes: np.ndarray, response: np.ndarray, met: np.ndarray) -> dict[str, dict[str, Any]]:
@@ -122,12 +135,15 @@ def task_summary(result: SimResult) -> dict[str, Any]:
     }
 
 
-def write_simulated_run(result: SimResult, results: Path, *, model_path: str, params: dict[str, Any]) -> tuple[
-        RunDir, dict[str, Any]]:
-    """Store one simulation as a run (manifest source "simulated"); returns the run and its task summary."""
+def write_simulated_run(result: SimResult, results: Path, *, model_path: str, params: dict[str, Any],
+                        label: str | None = None) -> tuple[RunDir, dict[str, Any]]:
+    """Store one simulation as a run (manifest source "simulated"); returns the run and its task summary.
+    ``label`` names the configuration in reports and comparisons (default: the model's name)."""
     run = new_run(results, f"sim-{result.model.name}")
     summary = task_summary(result)
     pq.write_table(result.supply, run.path / "supply.parquet", compression="zstd")
+    if result.gaps.num_rows:
+        pq.write_table(gap_probe_table(result), run.path / "gaps.parquet", compression="zstd")
     manifest = {
         "name": f"sim {result.model.name}",
         "source": "simulated",
@@ -136,9 +152,11 @@ def write_simulated_run(result: SimResult, results: Path, *, model_path: str, pa
         "status": summary["status"],
         "end_reason": result.end_reason,
         "params": params,
-        "config": model_path,
+        "config": label or result.model.name,
+        "model_path": model_path,
         "model": result.model.model_dump(mode="json"),
         "simulation": {"scheduler": result.model.hypervisor.scheduler, "duration_ns": result.duration_ns,
+                       "supply_window_ns": supply_window(result.model, result.duration_ns),
                        "simulated_ns": result.end_time_ns, **{k: v for k, v in result.counters.items()
                                                               if not k.startswith("supplied_ns ")}},
         "sim_summary": summary,

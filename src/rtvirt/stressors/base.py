@@ -60,7 +60,6 @@ class StressorSpec:
     params: type[StressParams]
     represents: str
     stress_ng: Callable[[Any, int], list[str]] | None = None
-    cli_exclude: tuple[str, ...] = ()  # common options that make no sense for this stressor
 
     def command(self, params: StressParams, agent: str) -> list[str]:
         return [agent, self.name, *params.agent_args()]
