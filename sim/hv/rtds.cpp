@@ -24,19 +24,11 @@ struct Rtds final : HvScheduler {
             return a < b;
         });
         sim.assign_ranked(order);
-        Time horizon = NEVER;
-        for (const VCpu& v : sim.vcpus) horizon = std::min(horizon, v.next_repl);
-        for (const PCpu& c : sim.cpus) {
-            if (c.run >= 0 && sim.vcpus[c.run].q > 0) horizon = std::min(horizon, now + sim.vcpus[c.run].q);
-        }
-        return horizon;
+        return PeriodicBudget::horizon(sim, now);
     }
 
     void account(Sim& sim, Time from, Time to) override {
-        for (const PCpu& c : sim.cpus) {
-            if (c.run >= 0) PeriodicBudget::charge(sim.vcpus[c.run], to - from);
-        }
-        for (VCpu& v : sim.vcpus) PeriodicBudget::refill_due(v, to, v.spec.budget, v.spec.period);
+        PeriodicBudget::account(sim, from, to, &VCpuSpec::budget);
     }
 };
 

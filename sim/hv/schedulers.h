@@ -46,6 +46,25 @@ struct PeriodicBudget {
         }
     }
     static void charge(VCpu& v, Time used) { v.q = std::max<Time>(0, v.q - used); }
+
+    // Charge every running vCPU for [from, to), then apply the refills due by `to`; `amount` names the
+    // VCpuSpec field refilled (budget for servers, slice for SEDF).
+    static void account(Sim& sim, Time from, Time to, Time VCpuSpec::*amount) {
+        for (const PCpu& c : sim.cpus) {
+            if (c.run >= 0) charge(sim.vcpus[c.run], to - from);
+        }
+        for (VCpu& v : sim.vcpus) refill_due(v, to, v.spec.*amount, v.spec.period);
+    }
+
+    // The next instant the schedule can change: a refill, or a running vCPU with budget running out.
+    static Time horizon(const Sim& sim, Time now) {
+        Time next = NEVER;
+        for (const VCpu& v : sim.vcpus) next = std::min(next, v.next_repl);
+        for (const PCpu& c : sim.cpus) {
+            if (c.run >= 0 && sim.vcpus[c.run].q > 0) next = std::min(next, now + sim.vcpus[c.run].q);
+        }
+        return next;
+    }
 };
 
 }  // namespace rtv

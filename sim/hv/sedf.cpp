@@ -23,19 +23,11 @@ struct Sedf final : HvScheduler {
             int& run = sim.cpus[v.spec.home].run;
             if (run < 0 || v.dl < sim.vcpus[run].dl) run = v.index;
         }
-        Time horizon = NEVER;
-        for (const VCpu& v : sim.vcpus) horizon = std::min(horizon, v.next_repl);
-        for (const PCpu& c : sim.cpus) {
-            if (c.run >= 0) horizon = std::min(horizon, now + sim.vcpus[c.run].q);
-        }
-        return horizon;
+        return PeriodicBudget::horizon(sim, now);
     }
 
     void account(Sim& sim, Time from, Time to) override {
-        for (const PCpu& c : sim.cpus) {
-            if (c.run >= 0) PeriodicBudget::charge(sim.vcpus[c.run], to - from);
-        }
-        for (VCpu& v : sim.vcpus) PeriodicBudget::refill_due(v, to, v.spec.slice, v.spec.period);
+        PeriodicBudget::account(sim, from, to, &VCpuSpec::slice);
     }
 };
 

@@ -179,8 +179,10 @@ def _fetch_kernel(cache: Path) -> tuple[Path, Path]:
             raise RunError("guest image: apt-get download left no package")
         staging = Path(tempfile.mkdtemp(dir=cache / "kernel"))
         _run(["dpkg-deb", "-x", str(debs[0]), str(staging)], cache, "dpkg-deb -x")
-        shutil.rmtree(tree, ignore_errors=True)
-        staging.rename(tree)
+        try:
+            staging.rename(tree)
+        except OSError:  # another rtvirt unpacked it meanwhile: use theirs
+            shutil.rmtree(staging, ignore_errors=True)
         found = sorted(tree.glob("boot/vmlinuz-*"))
         if not found:
             raise RunError("guest image: the kernel package holds no vmlinuz")

@@ -54,7 +54,8 @@ class QemuConfig(EnvironmentConfig):
     memory: int = Field(256, ge=64, le=65536, description="guest memory in MiB")
     emulator_cpus: CpuList | None = Field(None, description="host CPUs for QEMU's other threads "
                                                             "(default: the CPUs not in cpus, if any)")
-    vcpu_sched: SchedPolicy = Field(default_factory=lambda: SchedPolicy.model_validate({}), description="policy of the vCPU threads")
+    vcpu_sched: SchedPolicy = Field(default_factory=lambda: SchedPolicy.model_validate({}),
+                                    description="policy of the vCPU threads")
     accel: Literal["auto", "kvm", "tcg"] = Field("auto", description="auto: KVM if it really accelerates, else TCG")
     boot_timeout: duration_field("s") = Field(90_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
                                               description="time the guest may take to boot (bare numbers in s)")
