@@ -137,6 +137,13 @@ def test_kill_9_then_resume_keeps_finished_runs_and_leaves_no_strays(tmp_path: P
     for key, run_id in finished.items():
         assert after["runs"][key]["run_id"] == run_id
         assert (results / "runs" / run_id / "manifest.json").read_bytes() == manifests[key]
+    # the run in progress at the kill keeps its samples as a partial run beside its redone twin
+    killed_key = next(k for k, r in before.items() if r["status"] == "running")
+    salvaged = after["runs"][killed_key]["salvaged"]
+    assert len(salvaged) == 1 and salvaged[0] != after["runs"][killed_key]["run_id"]
+    partial = load_run(results / "runs" / salvaged[0]).manifest
+    assert partial["status"] == "partial" and partial["campaign"]["outcome"] == "killed"
+    assert partial["summary"]["all"]["samples"] > 100
     assert _tagged_processes(tag) == []
     assert "report:" in resumed.stdout
 

@@ -11,9 +11,11 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
-from .errors import RunError
+from pydantic import BaseModel
 
-__all__ = ["AGENTS", "agent_path"]
+from .errors import InputError, PrivilegeError, RunError
+
+__all__ = ["AGENTS", "agent_path", "agent_args", "agent_failure"]
 
 AGENTS = ("rtvirt-probe", "rtvirt-stress")
 
@@ -37,3 +39,30 @@ def agent_path(name: str) -> Path:
         raise RunError(f"the native agent {name} is missing ({path or 'not installed'}); "
                        "run `make setup` so that it is compiled")
     return path
+
+
+def agent_args(params: BaseModel) -> list[str]:
+    """Render validated parameters as the agent's ``--name=value`` options (never through a shell)."""
+    args = []
+    for name, value in params.model_dump(exclude={"rt"}).items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            rendered = "1" if value else "0"
+        elif isinstance(value, (tuple, list)):
+            rendered = ",".join(str(v) for v in value)
+        else:
+            rendered = str(value)
+        args.append(f"--{name.replace('_', '-')}={rendered}")
+    return args
+
+
+def agent_failure(status: int, stderr: str) -> Exception:
+    """The exception an agent's exit status and last stderr line stand for (2: bad input or privilege)."""
+    message = stderr.strip().splitlines()[-1] if stderr.strip() else f"agent exited with status {status}"
+    message = message.removeprefix("rtvirt-agent: ")
+    if status == 2:
+        if "priority" in message or "mlockall" in message:
+            return PrivilegeError(message)
+        return InputError(message)
+    return RunError(message)

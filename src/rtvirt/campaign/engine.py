@@ -28,7 +28,7 @@ from ..errors import InputError, RtvirtError, RunError
 from ..probes import PROBES
 from ..procs import Supervisor
 from ..scenario.schema import Scenario, StressorUse
-from ..store import new_run, write_measured_run
+from ..store import RunDir, new_run, write_measured_run
 from ..stream import StreamReader
 from ..stressors import STRESSORS, RunningStressor, start_stressor
 from ..sysaudit import audit_system
@@ -306,6 +306,10 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
             def remember_run_dir(run_id: str, key: str = plan.key) -> None:
                 state.record(key, run_id=run_id)  # so a killed campaign's state names the unfinished run
 
+            killed = state.runs.get(plan.key, {})
+            if killed.get("status") == "running" and killed.get("run_id") and \
+                    _salvage_killed_run(scenario, plan, results, str(killed["run_id"])):
+                state.record(plan.key, salvaged=[*killed.get("salvaged", []), killed["run_id"]])
             state.record(plan.key, status="running", config=plan.config)
             outcome = execute_run(scenario, plan, results, run_timeout_ns=scenario.run_timeout, system=system,
                                   on_progress=show, on_run_dir=remember_run_dir)
@@ -327,8 +331,34 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
     return result
 
 
+def _salvage_killed_run(scenario: Scenario, plan: PlannedRun, results: Path, run_id: str) -> bool:
+    """Keep the samples of a run whose campaign was killed (kill -9, power loss) as a partial run.
+
+    The stream on disk ends at the kill, without END; the run is redone afterwards, and this partial
+    one stays beside it, labelled with the same configuration. Returns whether a partial run was kept.
+    """
+    run = RunDir(run_id, Path(results) / "runs" / run_id)
+    if run.manifest_path.exists() or not run.stream_path.exists():
+        return False
+    try:
+        stream = StreamReader(run.stream_path).finish()
+    except InputError:
+        return False  # killed before the header was written: nothing was measured
+    if stream.records.size == 0:
+        return False
+    extra = {"scenario": scenario.name, "environment": scenario.environments[plan.environment].label,
+             "config": plan.config, "repetition": plan.repetition,
+             "campaign": {"key": plan.key, "outcome": "killed",
+                          "reason": "the campaign was killed while this run was in progress"}}
+    write_measured_run(run, stream, name=scenario.name, params=stream.header.get("params", {}),
+                       group_by=PROBES[scenario.workload.probe].group_by, extra=extra)
+    return True
+
+
 def _write_report(results: Path, state: CampaignState) -> Path | None:
     from ..results.report import write_report
 
     out = Path(results) / "campaigns" / state.campaign_id / "report.html"
-    return write_report(results, out, "html")
+    run_ids = {str(entry["run_id"]) for entry in state.runs.values() if entry.get("run_id")}
+    run_ids.update(str(salvaged) for entry in state.runs.values() for salvaged in entry.get("salvaged", []))
+    return write_report(results, out, "html", run_ids=run_ids)

@@ -6,25 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..agents import agent_args
 from ..params import CommonParams
 
-__all__ = ["ProbeSpec", "agent_args"]
-
-
-def agent_args(params: CommonParams) -> list[str]:
-    """Render validated parameters as the agent's ``--name=value`` options (never through a shell)."""
-    args = []
-    for name, value in params.model_dump(exclude={"rt"}).items():
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            rendered = "1" if value else "0"
-        elif isinstance(value, (tuple, list)):
-            rendered = ",".join(str(v) for v in value)
-        else:
-            rendered = str(value)
-        args.append(f"--{name.replace('_', '-')}={rendered}")
-    return args
+__all__ = ["ProbeSpec"]
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..agents import agent_path
-from ..errors import InputError, PrivilegeError, RunError
+from ..agents import agent_failure, agent_path
+from ..errors import InputError, PrivilegeError
 from ..params import CommonParams
 from ..procs import Supervisor
 from ..stream import SampleStream, StreamReader
@@ -44,16 +44,6 @@ def check_privileges(params: CommonParams) -> None:
     if params.mlock and resource.getrlimit(resource.RLIMIT_MEMLOCK)[0] != resource.RLIM_INFINITY:
         raise PrivilegeError("option -m/--mlock: mlockall needs root or an unlimited RLIMIT_MEMLOCK; "
                              "use --no-mlock or --no-rt")
-
-
-def _agent_failure(status: int, stderr: str) -> Exception:
-    message = stderr.strip().splitlines()[-1] if stderr.strip() else f"agent exited with status {status}"
-    message = message.removeprefix("rtvirt-agent: ")
-    if status == 2:
-        if "priority" in message or "mlockall" in message:
-            return PrivilegeError(message)
-        return InputError(message)
-    return RunError(message)
 
 
 def run_probe(
@@ -95,12 +85,12 @@ def run_probe(
         status = proc.wait()
         stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if status != 0:
-        error = _agent_failure(status, stderr)
+        error = agent_failure(status, stderr)
         if isinstance(error, (InputError, PrivilegeError)) or not out.exists():
             raise error
     stream = reader.finish()
     if status != 0 and stream.records.size == 0:
-        raise _agent_failure(status, stderr)
+        raise agent_failure(status, stderr)
     if status != 0 and stream.end_reason != "signal":
-        stream.error = str(_agent_failure(status, stderr))  # samples kept; the caller reports the failure
+        stream.error = str(agent_failure(status, stderr))  # samples kept; the caller reports the failure
     return stream

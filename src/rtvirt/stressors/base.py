@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..agents import agent_args
 from ..errors import InputError
 from ..params import CpuList, Params, cli
-from ..probes.base import agent_args
 from ..units import duration_field
 
 __all__ = ["StressParams", "StressorSpec", "StressSummary", "PartSummary", "WorkerSummary"]

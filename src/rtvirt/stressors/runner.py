@@ -27,9 +27,8 @@ from typing import IO, Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from ..agents import agent_path
+from ..agents import agent_failure, agent_path
 from ..errors import InputError, PrivilegeError, RunError
-from ..probes.runner import _agent_failure
 from ..procs import Supervisor
 from .base import PartSummary, StressorSpec, StressParams, StressSummary
 
@@ -216,12 +215,12 @@ class RunningStressor:
 
     def _parse_native(self, status: int | None) -> StressSummary:
         if status in (1, 2):  # bad options, or a worker failed (disk full...): the agent said why on stderr
-            raise _agent_failure(status, self._stderr_tail())
+            raise agent_failure(status, self._stderr_tail())
         self._stdout.seek(0)
         lines = [line for line in self._stdout.read().decode(errors="replace").splitlines()
                  if line.startswith("{") and not line.startswith('{"event"')]
         if not lines:
-            raise _agent_failure(status or 1, self._stderr_tail() or f"rtvirt-stress ended ({status}) without a "
+            raise agent_failure(status or 1, self._stderr_tail() or f"rtvirt-stress ended ({status}) without a "
                                  "summary")
         try:
             return StressSummary.model_validate(json.loads(lines[-1]) | {"engine": "native", "command": self.argv})
