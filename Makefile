@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml CMakeLists.txt scripts/setup.sh $(NATIVE_SOUR
 	touch $@
 
 run: setup
-	$(VENV)/bin/rtvirt probe timer --duration 10s --interval 1ms --threads 2 --affinity 0-1 --results $(RESULTS)
+	$(VENV)/bin/rtvirt run default --out $(RESULTS)
 
 test: setup
 	$(VENV)/bin/python -m pytest -q -ra
