@@ -3,8 +3,9 @@
 For each scheduler the designer keeps the model's placement (each vCPU on its home pCPU) and, per vCPU
 with guest tasks:
 
-1. picks candidate periods: the vCPU's own period if the model sets one, and the shortest task deadline
-   D_min, D_min/2, /4, /8 (shorter server periods shrink the blackout, longer ones the overhead);
+1. picks candidate periods: the vCPU's own period if the model sets one, the shortest task deadline
+   D_min, D_min/2, /4, /8 (shorter server periods shrink the blackout, longer ones the overhead) and the
+   periods of its already designed real-time neighbours;
 2. for each candidate, searches (bisection, 1 us resolution) the smallest budget for which every task of
    the vCPU is schedulable, analysed exactly as ``rtvirt analyze`` would (same overheads), with the vCPU
    alone on its pCPU (EDF-type schedulers, whose servers do not see each other once the pCPU is not
@@ -156,7 +157,7 @@ def _standalone_tasks(model: Model, slot: _Slot, chain_scale: float = 1.0) -> li
 
 def _window(start: int, length: int) -> Window:
     # The schema reads bare numbers as milliseconds: hand it exact nanoseconds.
-    return Window(start=f"{start}ns", length=f"{length}ns")
+    return Window.model_validate({"start": f"{start}ns", "length": f"{length}ns"})
 
 
 def _server_vcpu(label: str, vcpu: VCpu, cpu: int, budget: int, period: int, priority: int) -> VCpu:
@@ -180,7 +181,7 @@ def _hypervisor(model: Model, label: str, frames: dict[int, int] | None = None) 
     update: dict[str, Any] = {"scheduler": scheduler, "server": server, "mode": "partitioned"}
     if scheduler == "arinc653":
         frame = min((frames or {}).values(), default=RTDS_DEFAULT_PERIOD)
-        update["arinc653"] = Arinc653Params(major_frame=f"{frame}ns")
+        update["arinc653"] = Arinc653Params.model_validate({"major_frame": f"{frame}ns"})
     return model.hypervisor.model_copy(update=update)
 
 
@@ -213,12 +214,14 @@ def _smallest(predicate: Callable[[int], bool], low: int, high: int) -> int | No
     return low * US
 
 
-def _candidate_periods(slot: _Slot, label: str) -> list[int]:
-    """The model's own period (if any) and fractions of the tightest deadline."""
+def _candidate_periods(slot: _Slot, label: str, peers: list[VcpuDesign]) -> list[int]:
+    """The model's own period (if any), fractions of the tightest deadline, and the periods of the real-time
+    neighbours (equal periods keep deferred budgets of EDF servers from piling up at period ends)."""
     vcpu = slot.vm.vcpu[slot.index]
     given = {vcpu.period} if vcpu.period and DESIGNABLE[label][0] != "arinc653" else set()
     base = slot.tightest // US * US
-    return sorted(given | {max(MIN_PERIOD, base // div // US * US) for div in (1, 2, 4, 8)})
+    shared = {peer.period for peer in peers if peer.realtime and peer.period and peer.period <= base}
+    return sorted(given | shared | {max(MIN_PERIOD, base // div // US * US) for div in (1, 2, 4, 8)})
 
 
 def design_model(model: Model, label: str) -> Design:
@@ -242,8 +245,8 @@ def design_model(model: Model, label: str) -> Design:
 def _design(model: Model, label: str, chain_scale: float) -> Design:
     scheduler = DESIGNABLE[label][0]
     slots = _slots(model)
-    problems: list[str] = []
     if scheduler == "partitioned":
+        problems: list[str] = []
         cpus = [slot.cpu for slot in slots]
         duplicates = sorted({cpu for cpu in cpus if cpus.count(cpu) > 1})
         designed = [VcpuDesign(s.vm.name, s.index, s.cpu, None, None, realtime=s.realtime) for s in slots]
@@ -256,16 +259,39 @@ def _design(model: Model, label: str, chain_scale: float) -> Design:
     ordered = sorted([s for s in slots if s.realtime], key=lambda s: s.tightest)
     ranks = {(s.vm.name, s.index): len(ordered) - position + 1 for position, s in enumerate(ordered)}
     designed_by_slot: dict[tuple[str, int], VcpuDesign] = {}
+    peers_of: Callable[[_Slot], list[VcpuDesign]] = lambda slot: [  # noqa: E731 - first pass: higher priority only
+        designed_by_slot[(s.vm.name, s.index)] for s in ordered
+        if fixed_priority and s.cpu == slot.cpu and (s.vm.name, s.index) in designed_by_slot
+        and designed_by_slot[(s.vm.name, s.index)].budget is not None]
+    problems = _design_each(model, label, ordered, ranks, peers_of, designed_by_slot, chain_scale)
+    designed = [designed_by_slot.get((s.vm.name, s.index)) or _background(s, label, designed_by_slot)
+                for s in slots]
+    if not fixed_priority and scheduler != "arinc653":
+        # EDF servers charge VM switches per possible preemption by the other servers of their pCPU: design
+        # again with the first pass's neighbours present.
+        first_pass = {(d.vm, d.vcpu): d for d in designed}
+        redesigned: dict[tuple[str, int], VcpuDesign] = {}
+        problems = _design_each(model, label, ordered, ranks, lambda slot: [
+            d for key, d in first_pass.items() if d.cpu == slot.cpu and key != (slot.vm.name, slot.index)
+            and d.budget is not None and d.period is not None], redesigned, chain_scale)
+        designed = [redesigned.get((d.vm, d.vcpu), d) for d in designed]
+    return _finish(model, label, slots, designed, problems)
+
+
+def _design_each(model: Model, label: str, ordered: list[_Slot], ranks: dict[tuple[str, int], int],
+                 peers_of: Callable[[_Slot], list[VcpuDesign]], designed_by_slot: dict[tuple[str, int], VcpuDesign],
+                 chain_scale: float) -> list[str]:
+    """Smallest-bandwidth (budget, period) per real-time vCPU, next to ``peers_of(slot)`` on its pCPU."""
+    scheduler = DESIGNABLE[label][0]
+    problems = []
     for slot in ordered:
         key = (slot.vm.name, slot.index)
-        higher = [designed_by_slot[(s.vm.name, s.index)] for s in ordered
-                  if fixed_priority and s.cpu == slot.cpu and (s.vm.name, s.index) in designed_by_slot
-                  and designed_by_slot[(s.vm.name, s.index)].budget is not None]
+        peers = peers_of(slot)
         best: VcpuDesign | None = None
-        for period in _candidate_periods(slot, label):
+        for period in _candidate_periods(slot, label, peers):
             def fits(budget: int, period: int = period, slot: _Slot = slot, priority: int = ranks[key],
-                     higher: list[VcpuDesign] = higher) -> bool:
-                return _alone_schedulable(model, label, slot, budget, period, priority, higher, chain_scale)
+                     peers: list[VcpuDesign] = peers) -> bool:
+                return _alone_schedulable(model, label, slot, budget, period, priority, peers, chain_scale)
 
             budget = _smallest(fits, _MINIMUM_BUDGET.get(scheduler, US), period)
             if budget is None:
@@ -278,9 +304,7 @@ def _design(model: Model, label: str, chain_scale: float) -> Design:
                             "(even a full budget)")
             best = VcpuDesign(slot.vm.name, slot.index, slot.cpu, None, None, ranks[key], note="infeasible")
         designed_by_slot[key] = best
-    designed = [designed_by_slot.get((s.vm.name, s.index)) or _background(s, label, designed_by_slot)
-                for s in slots]
-    return _finish(model, label, slots, designed, problems)
+    return problems
 
 
 def _background(slot: _Slot, label: str, designed: dict[tuple[str, int], VcpuDesign]) -> VcpuDesign:
@@ -303,13 +327,14 @@ def _background(slot: _Slot, label: str, designed: dict[tuple[str, int], VcpuDes
 
 
 def _alone_schedulable(model: Model, label: str, slot: _Slot, budget: int, period: int, priority: int,
-                       higher: list[VcpuDesign], chain_scale: float) -> bool:
+                       peers: list[VcpuDesign], chain_scale: float) -> bool:
+    """Whether the vCPU's tasks are schedulable with this budget, alone on a pCPU with ``peers``."""
     vcpu = _server_vcpu(label, slot.vm.vcpu[slot.index], 0, budget, period, priority)
     vms = [slot.vm.model_copy(update={"vcpu": [vcpu], "task": _standalone_tasks(model, slot, chain_scale)})]
-    for position, other in enumerate(higher):
+    for position, other in enumerate(peers):
         assert other.budget is not None and other.period is not None
-        other_vcpu = _server_vcpu(label, VCpu(), 0, other.budget, other.period, other.priority)
-        vms.append(Vm(name=f"higher{position}", vcpu=[other_vcpu]))
+        other_vcpu = _server_vcpu(label, VCpu.model_validate({}), 0, other.budget, other.period, other.priority)
+        vms.append(Vm.model_validate({"name": f"peer{position}", "vcpu": [other_vcpu]}))
     frames = {0: period}
     small = model.model_copy(update={"hypervisor": _hypervisor(model, label, frames).model_copy(update={"pcpus": 1}),
                                      "vm": vms, "chain": []})

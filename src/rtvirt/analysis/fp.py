@@ -74,6 +74,8 @@ def fp_response_time(task: Task, higher: Sequence[Task], supply: Supply | None =
         worst = max(worst, window - job * task.period + task.jitter)
         if window <= (job + 1) * task.period - task.jitter:
             return ResponseBound(task, worst)
+        if window > horizon:  # load exactly at the supply rate: the busy window may never close
+            return ResponseBound(task, None, "busy window exceeds the analysis horizon (load at the supply rate)")
         job += 1
 
 

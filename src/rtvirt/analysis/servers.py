@@ -292,7 +292,9 @@ def _per_cpu(model: Model, on_cpu: list[_Placed], demand: TaskDemand) -> list[Vc
             higher = tuple(replace(task, wcet=task.wcet + 2 * switch, jitter=task.jitter + quantum)
                            for other in on_cpu if other is not item and other.vcpu.priority >= item.vcpu.priority
                            for task in demand(other.ref))
-            out.append(VcpuSupply(item.ref, item.cpu, _with_quantum(LeftoverSupply(higher), quantum)))
+            # Its own busy window starts with a switch to it (the pCPU ran another vCPU meanwhile).
+            own = _with_quantum(Dedicated(), switch)
+            out.append(VcpuSupply(item.ref, item.cpu, _with_quantum(LeftoverSupply(higher, own), quantum)))
         return out
     if sched == "fifo":
         return _fp_servers(model, on_cpu, lambda v: (v.budget or 0, v.period or 0),
@@ -343,8 +345,9 @@ def _per_cpu(model: Model, on_cpu: list[_Placed], demand: TaskDemand) -> list[Vc
             if not windows:
                 out.append(VcpuSupply(item.ref, item.cpu, None, "the vCPU owns no window in the major frame"))
             else:
+                # A vCPU woken inside its window pays the switch where it wakes, not at the window start.
                 out.append(VcpuSupply(item.ref, item.cpu, _with_quantum(
-                    WindowSupply(hv.arinc653.major_frame, windows), quantum)))
+                    WindowSupply(hv.arinc653.major_frame, windows), quantum + switch)))
         return out
     # credit, fair with company on the pCPU
     return [VcpuSupply(item.ref, item.cpu, None, f"{sched} shares pCPU {item.cpu} by weight without a delay "

@@ -144,14 +144,14 @@ def _guest_tasks(model: Model, vm: Vm, vcpu: int, jitters: dict[str, int | None]
         key = f"{vm.name}/{task.name}"
         if task.type == "event":
             chain = model.chain[chains.stage_of[key][0]]
-            period, stage_jitter = chain.period, jitters.get(key, chain.jitter)
+            stage_jitter = jitters.get(key, chain.jitter)
             if stage_jitter is None:  # an earlier stage has no bound: this one cannot be released predictably
                 continue
-            jitter = stage_jitter
+            period, jitter = chain.period, stage_jitter
         else:
-            period = task.period if task.type == "periodic" else task.min_interarrival
-            jitter = task.jitter
-        assert period is not None  # the loader rejects tasks without one
+            given = task.period if task.type == "periodic" else task.min_interarrival
+            assert given is not None  # the loader rejects tasks without one
+            period, jitter = given, task.jitter
         deadline = task.deadline or (period if task.type != "event" else NO_DEADLINE)
         tasks.append(Task(task.name, _wcet(task) + switch, period, deadline, jitter=jitter,
                           priority=task.priority, bcet=_bcet(task)))

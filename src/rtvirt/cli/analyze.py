@@ -100,7 +100,7 @@ def _rules_table(analysis: SystemAnalysis) -> Table:
 @click.command("analyze")
 @click.argument("model_path", metavar="MODEL.toml", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
-              help="override a model field, e.g. vm.rt.vcpu.0.budget=2ms (repeatable)")
+              help="override a model field, e.g. vm.nonrt.load=0.5 (repeatable)")
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True, help="results directory the analysis record is written to")
 @click.option("--json", "as_json", is_flag=True, help="print the analysis as JSON")
