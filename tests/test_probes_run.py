@@ -203,6 +203,8 @@ def test_nonexistent_cpu_exits_2(name: str, results_dir: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "args", "sig"),
     [
+        ("timer", ["-i", "1ms"], signal.SIGINT),
+        ("timer", ["-i", "1ms"], signal.SIGTERM),
         ("gap", ["-p", "80"], signal.SIGINT),
         ("wakeup", ["-l", "0"], signal.SIGTERM),
         ("threadmetric", ["--report-interval", "100ms"], signal.SIGINT),
@@ -222,3 +224,5 @@ def test_interrupt_keeps_samples_and_prints_summary(name: str, args: list[str], 
     assert document["summary"]["all"]["samples"] > 3
     stream = read_stream(Path(document["path"]) / "samples.rtvs")
     assert stream.records.size == document["summary"]["all"]["samples"]
+    # no agent left behind: its argv names its output under this test's results directory
+    assert subprocess.run(["pgrep", "-f", f"out={results_dir}"], capture_output=True).returncode == 1

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import click
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, model_validator
+from pydantic.fields import FieldInfo
 
 from .errors import InputError
-from .units import duration_field
+from .units import duration_field, format_duration
 
 __all__ = ["CpuList", "parse_cpulist", "Params", "CommonParams", "click_options", "build_params", "cli"]
 
@@ -130,21 +131,22 @@ def click_options(model: type[Params], *, exclude: tuple[str, ...] = ()) -> Call
                 option = click.option(*_option_names(name, extra), name, default=None,
                                       help=f"{help_text} [default: {'on' if default else 'off'}]")
             else:
-                shown = "none" if default is None else default
                 option = click.option(*_option_names(name, extra), name, default=None, type=str,
                                       metavar=str(extra.get("metavar", "N")),
-                                      help=f"{help_text} [default: {_show_default(name, shown)}]")
+                                      help=f"{help_text} [default: {_show_default(info)}]")
             func = option(func)
         return func
 
     return decorate
 
 
-def _show_default(name: str, value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and name in ("duration", "interval", "distance", "report_interval",
-                                                                             "threshold"):
-        from .units import format_duration
-
+def _show_default(info: FieldInfo) -> str:
+    """The default as a user would type it: durations with their unit, sizes and lists as given."""
+    value = info.default
+    if value is None:
+        return "none"
+    is_duration = any(isinstance(m, PlainSerializer) and m.func is format_duration for m in info.metadata)
+    if is_duration and isinstance(value, int):
         return format_duration(value) if value else "0"
     return str(value)
 

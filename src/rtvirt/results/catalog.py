@@ -1,0 +1,128 @@
+"""The catalog: an embedded DuckDB database (RESULTS/catalog.duckdb) over every run's manifest and Parquet files.
+
+Tables and views (docs/results-store.md):
+
+- ``runs``: one row per run: run_id, name, source, probe, value_field, status, config, scenario, environment,
+  repetition, dropped, created, samples, min_ns, median_ns, mean_ns, p99_ns, max_ns, path, manifest (JSON text).
+- ``samples``: every run's samples: run_id, t_ns, value (the run's value_field), cpu, thread, kind.
+- ``histograms``: every run's exact histogram: run_id, cpu, kind, value, count.
+- ``analysis_tasks``: bounds from analysis runs: run_id, vm, task, wcrt_bound_ns, deadline_ns, schedulable.
+
+The catalog is rebuilt from the run directories each time it is opened, so it never disagrees with them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from ..errors import InputError
+from ..store import StoredRun, list_runs
+
+__all__ = ["open_catalog", "query"]
+
+_RUN_COLUMNS = {
+    "run_id": pa.string(), "name": pa.string(), "source": pa.string(), "probe": pa.string(),
+    "value_field": pa.string(), "status": pa.string(), "config": pa.string(), "scenario": pa.string(),
+    "environment": pa.string(), "repetition": pa.int64(), "dropped": pa.int64(), "created": pa.string(),
+    "samples": pa.int64(), "min_ns": pa.float64(), "median_ns": pa.float64(), "mean_ns": pa.float64(),
+    "p99_ns": pa.float64(), "max_ns": pa.float64(), "path": pa.string(), "manifest": pa.string(),
+}
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _run_row(run: StoredRun) -> dict[str, Any]:
+    m = run.manifest
+    overall = (m.get("summary") or {}).get("all") or {}
+    row: dict[str, Any] = {key: m.get(key) for key in ("run_id", "name", "source", "probe", "value_field", "status",
+                                                       "config", "scenario", "environment", "repetition",
+                                                       "dropped", "created")}
+    row |= {key: overall.get(key) for key in ("min_ns", "median_ns", "mean_ns", "p99_ns", "max_ns")}
+    row["samples"] = overall.get("samples")
+    row["path"] = str(run.path)
+    row["manifest"] = json.dumps(m, default=str)
+    return row
+
+
+def _runs_table(runs: list[StoredRun]) -> pa.Table:
+    rows = [_run_row(r) for r in runs]
+    return pa.table({name: pa.array([row[name] for row in rows], kind) for name, kind in _RUN_COLUMNS.items()})
+
+
+def _union(parts: list[str], empty: str) -> str:
+    return " UNION ALL BY NAME ".join(parts) if parts else empty
+
+
+@contextmanager
+def open_catalog(results: Path) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Refresh RESULTS/catalog.duckdb from the run directories and yield a connection to it."""
+    results = Path(results)
+    runs = list_runs(results)
+    lock_path = results / ".catalog.lock"
+    try:
+        lock = lock_path.open("w")
+    except OSError as exc:
+        raise InputError(f"{lock_path}: cannot lock the catalog ({exc.strerror})") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent rtvirt commands take turns refreshing the file
+        try:
+            connection = duckdb.connect(str(results / "catalog.duckdb"))
+        except duckdb.Error as exc:
+            raise InputError(f"{results / 'catalog.duckdb'}: cannot open the catalog ({exc})") from None
+        try:
+            connection.register("runs_arrow", _runs_table(runs))
+            connection.execute("CREATE OR REPLACE TABLE runs AS SELECT * FROM runs_arrow")
+            connection.unregister("runs_arrow")
+            samples, histograms, tasks = [], [], []
+            for run in runs:
+                rid = _sql_string(run.run_id)
+                if run.has_samples and run.value_field:
+                    value = '"' + run.value_field.replace('"', '""') + '"'
+                    samples.append(f"SELECT {rid} AS run_id, t_ns, {value} AS value, cpu, thread, "
+                                   f"CAST(kind AS VARCHAR) AS kind "
+                                   f"FROM read_parquet({_sql_string(str(run.path / 'samples.parquet'))})")
+                if (run.path / "histogram.parquet").exists():
+                    histograms.append(f"SELECT {rid} AS run_id, * FROM "
+                                      f"read_parquet({_sql_string(str(run.path / 'histogram.parquet'))})")
+                for task in ((run.manifest.get("analysis") or {}).get("tasks") or []):
+                    tasks.append((run.run_id, task.get("vm"), task.get("task"), task.get("wcrt_bound_ns"),
+                                  task.get("deadline_ns"), task.get("schedulable")))
+            connection.execute("CREATE OR REPLACE VIEW samples AS " + _union(samples, (
+                "SELECT NULL::VARCHAR run_id, NULL::BIGINT t_ns, NULL::BIGINT value, NULL::SMALLINT cpu, "
+                "NULL::SMALLINT thread, NULL::VARCHAR kind WHERE false")))
+            connection.execute("CREATE OR REPLACE VIEW histograms AS " + _union(histograms, (
+                "SELECT NULL::VARCHAR run_id, NULL::SMALLINT cpu, NULL::VARCHAR kind, NULL::BIGINT value, "
+                "NULL::BIGINT count WHERE false")))
+            connection.execute("CREATE OR REPLACE TABLE analysis_tasks (run_id VARCHAR, vm VARCHAR, task VARCHAR, "
+                               "wcrt_bound_ns DOUBLE, deadline_ns DOUBLE, schedulable BOOLEAN)")
+            if tasks:
+                connection.executemany("INSERT INTO analysis_tasks VALUES (?, ?, ?, ?, ?, ?)", tasks)
+        except duckdb.Error as exc:
+            connection.close()
+            raise InputError(f"{results}: cannot build the catalog ({str(exc).splitlines()[0]})") from None
+        try:
+            yield connection
+        finally:
+            connection.close()
+
+
+def query(results: Path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run one SQL statement against the catalog; returns (column names, rows)."""
+    with open_catalog(results) as connection:
+        try:
+            cursor = connection.execute(sql)
+        except duckdb.Error as exc:
+            raise InputError(f"SQL: {str(exc).splitlines()[0]}") from None
+        if cursor.description is None:
+            return [], []
+        return [d[0] for d in cursor.description], cursor.fetchall()

@@ -1,0 +1,99 @@
+"""Isolation against a baseline run (solo or bare metal): how much a configuration slows the RT work.
+
+Increase % = (run − baseline) / baseline × 100 for mean, median and p99; WCET is the largest
+observed value of each run. Outliers are the run's top N samples with their time, shown next to the
+run's median, in ns and (when the stream header gives ``cycles_hz``) in cycles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+from ..stats import Summary
+from ..store import StoredRun
+
+__all__ = ["IsolationRow", "Outlier", "isolation", "isolation_of", "outliers", "cycles_hz"]
+
+
+@dataclass(frozen=True)
+class IsolationRow:
+    label: str
+    baseline: str
+    mean_increase_pct: float
+    median_increase_pct: float
+    p99_increase_pct: float
+    wcet_ns: float
+    baseline_wcet_ns: float
+    wcet_ratio: float
+
+
+@dataclass(frozen=True)
+class Outlier:
+    t_ns: int
+    value_ns: int
+    median_ns: float
+    cpu: int
+    value_cycles: float | None
+    median_cycles: float | None
+
+
+def _increase(value: float, base: float) -> float:
+    return (value - base) / base * 100 if base else float("nan")
+
+
+def isolation(run: StoredRun, baseline: StoredRun) -> IsolationRow:
+    """Isolation of one run against one baseline run."""
+    a, b = run.summary(), baseline.summary()
+    for stored, summary in ((run, a), (baseline, b)):
+        if summary.samples == 0:
+            raise InputError(f"{stored.path}: run has no samples to compare")
+    return isolation_of(run.label, a, baseline.label, b)
+
+
+def isolation_of(label: str, a: Summary, baseline_label: str, b: Summary) -> IsolationRow:
+    """Isolation from two summaries (e.g. configurations pooled over repetitions)."""
+    return IsolationRow(
+        label=label, baseline=baseline_label,
+        mean_increase_pct=_increase(a.mean_ns, b.mean_ns),
+        median_increase_pct=_increase(a.median_ns, b.median_ns),
+        p99_increase_pct=_increase(a.p99_ns, b.p99_ns),
+        wcet_ns=a.max_ns, baseline_wcet_ns=b.max_ns,
+        wcet_ratio=a.max_ns / b.max_ns if b.max_ns else float("nan"),
+    )
+
+
+def cycles_hz(run: StoredRun) -> float | None:
+    header = run.manifest.get("stream_header") or {}
+    hz = header.get("cycles_hz") if isinstance(header, dict) else None
+    return float(hz) if isinstance(hz, int | float) and hz > 0 else None
+
+
+def outliers(run: StoredRun, top: int = 10, median_ns: float | None = None) -> list[Outlier]:
+    """The ``top`` largest samples, in descending order (one chunked pass)."""
+    if not run.has_samples or not run.value_field:
+        return []
+    best_t = np.empty(0, np.int64)
+    best_v = np.empty(0, np.int64)
+    best_cpu = np.empty(0, np.int64)
+    first = None
+    columns = ["t_ns", run.value_field, "cpu"]
+    for batch in run.iter_batches(columns):
+        t = batch.column(0).to_numpy().astype(np.int64)
+        first = int(t.min()) if first is None else min(first, int(t.min()))
+        v = batch.column(1).to_numpy().astype(np.int64)
+        cpu = batch.column(2).to_numpy().astype(np.int64)
+        if v.size > top:
+            keep = np.argpartition(v, -top)[-top:]
+            t, v, cpu = t[keep], v[keep], cpu[keep]
+        best_t, best_v, best_cpu = (np.concatenate(x) for x in ((best_t, t), (best_v, v), (best_cpu, cpu)))
+        order = np.argsort(-best_v, kind="stable")[:top]
+        best_t, best_v, best_cpu = best_t[order], best_v[order], best_cpu[order]
+    median = run.summary().median_ns if median_ns is None else median_ns
+    hz = cycles_hz(run)
+    per_ns = hz / 1e9 if hz else None
+    return [Outlier(int(t) - (first or 0), int(v), median, int(c),
+                    v * per_ns if per_ns else None, median * per_ns if per_ns else None)
+            for t, v, c in zip(best_t, best_v, best_cpu, strict=True)]

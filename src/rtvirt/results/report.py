@@ -1,0 +1,267 @@
+"""``rtvirt report``: one self-contained HTML file (figures embedded as PNG data URIs, no network), or the
+same content as Markdown or JSON. Every string that comes from a run is escaped."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import math
+from collections.abc import Iterable
+from html import escape
+from pathlib import Path
+from typing import Any, Literal
+
+from .levels import event_offsets
+from .reportdata import Configuration, ReportData, RunView, as_json, collect
+
+__all__ = ["render", "write_report", "FORMATS"]
+
+FORMATS = ("html", "markdown", "json")
+_MAX_SETTING = 300  # characters of one system setting shown
+
+
+def _us(ns: float | None) -> str:
+    return "-" if ns is None or (isinstance(ns, float) and math.isnan(ns)) else f"{ns / 1000:,.3f}"
+
+
+def _pct(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:+.1f} %"
+
+
+def _plain(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= _MAX_SETTING else text[:_MAX_SETTING] + "…"
+
+
+# --- table content shared by HTML and Markdown -------------------------------------------------------------
+
+_STAT_COLUMNS = ("samples", "lower whisker", "Q1", "median", "mean", "σ", "Q3", "upper whisker", "max", "max jitter",
+                 "p99", "p99.9", "p99.99", "mean 95 % CI", "median 95 % CI", "dropped")
+
+
+def _stat_row(c: Configuration) -> list[str]:
+    s = c.summary
+    return [str(s.samples), _us(s.lower_whisker_ns), _us(s.q1_ns), _us(s.median_ns), _us(s.mean_ns), _us(s.stdev_ns),
+            _us(s.q3_ns), _us(s.upper_whisker_ns), _us(s.max_ns), _us(s.max_jitter_ns), _us(s.p99_ns),
+            _us(s.p999_ns), _us(s.p9999_ns), f"{_us(s.mean_ci_low_ns)} – {_us(s.mean_ci_high_ns)}",
+            f"{_us(s.median_ci_low_ns)} – {_us(s.median_ci_high_ns)}", str(s.dropped)]
+
+
+def _label(c: Configuration) -> str:
+    return c.label + (" (partial)" if c.partial else "")
+
+
+def _tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of every table, in report order."""
+    tables: list[tuple[str, list[str], list[list[str]]]] = []
+    names = [cls.name for cls in data.classes]
+    tables.append((f"Verdicts (safety margin {data.margin:.0%}: worst case and jitter must stay within "
+                   f"{1 - data.margin:.0%} of each budget)", ["configuration", *names],
+                   [[_label(c), *[v.outcome for v in c.verdicts]] for c in data.configurations]))
+    tables.append(("Statistics per configuration (µs)", ["configuration", *_STAT_COLUMNS],
+                   [[_label(c), *_stat_row(c)] for c in data.configurations]))
+    if data.isolation:
+        tables.append((f"Isolation against the baseline {data.baseline}",
+                       ["configuration", "mean increase", "median increase", "p99 increase", "WCET (µs)",
+                        "baseline WCET (µs)", "WCET ratio"],
+                       [[r.label, _pct(r.mean_increase_pct), _pct(r.median_increase_pct), _pct(r.p99_increase_pct),
+                         _us(r.wcet_ns), _us(r.baseline_wcet_ns), f"{r.wcet_ratio:.2f}"] for r in data.isolation]))
+    rows = []
+    for c in data.configurations:
+        for view in c.runs:
+            for o in view.outliers:
+                rows.append([c.label, view.run.run_id, f"{o.t_ns / 1e9:.3f}", str(o.cpu), _us(o.value_ns),
+                             _us(o.median_ns), "-" if o.value_cycles is None else f"{o.value_cycles:,.0f}",
+                             "-" if o.median_cycles is None else f"{o.median_cycles:,.0f}"])
+    if rows:
+        tables.append(("Outliers (largest samples of each run)", ["configuration", "run", "time (s)", "CPU",
+                       "value (µs)", "run median (µs)", "value (cycles)", "median (cycles)"], rows))
+    marks = []
+    for c in data.configurations:
+        for view in c.runs:
+            if view.profile:
+                for end, s in view.profile.marks:
+                    marks.append([c.label, view.run.run_id, f"{end / 1e9:.1f}", str(s.samples), _us(s.median_ns),
+                                  _us(s.p99_ns), _us(s.max_ns)])
+    if marks:
+        tables.append(("Stability: cumulative statistics at 1/8, 2/8, 4/8 and all of each run (the 1/2/4/8 h marks "
+                       "of an 8 h run)", ["configuration", "run", "up to (s)", "samples", "median (µs)", "p99 (µs)",
+                                          "max (µs)"], marks))
+    levels = []
+    for c in data.configurations:
+        for view in c.runs:
+            if view.ramp:
+                levels.append([view.run.run_id, "start-up ramp", f"0 – {view.ramp.end_ns / 1e9:.1f}",
+                               f"{_us(view.ramp.first_level)} (steady {_us(view.ramp.steady_level)})",
+                               _pct(view.ramp.first_deviation_pct)])
+            for seg in view.segments:
+                levels.append([view.run.run_id, f"after {seg.after_event}",
+                               f"{seg.start_ns / 1e9:.1f} – {seg.end_ns / 1e9:.1f}",
+                               f"median {_us(seg.median_ns)}, mean {_us(seg.mean_ns)}", f"max {_us(seg.max_ns)}"])
+            for sw in view.switches:
+                levels.append([view.run.run_id, f"switch: {sw.event}", f"{sw.extreme_at_ns / 1e9:.1f}",
+                               f"{_us(sw.level_before)} → {_us(sw.level_after)}, window {_us(sw.extreme_level)}",
+                               f"overshoot {_pct(sw.overshoot_pct)}"])
+    if levels:
+        tables.append(("Ramp and transitions (µs; ramp from window levels)",
+                       ["run", "stretch", "time (s)", "level", "change"], levels))
+    if data.tasks:
+        tables.append(("Bound vs simulated vs measured worst case per task (µs)",
+                       ["VM", "task", "analysis bound", "deadline", "schedulable", "simulated max", "measured max"],
+                       [[t.vm, t.task, _us(t.bound_ns), _us(t.deadline_ns),
+                         "-" if t.schedulable is None else ("yes" if t.schedulable else "no"),
+                         _us(t.simulated_max_ns), _us(t.measured_max_ns)] for t in data.tasks]))
+    runs = []
+    for c in data.configurations:
+        for view in c.runs:
+            m = view.run.manifest
+            runs.append([view.run.run_id, c.label, str(m.get("name", "")), str(m.get("source", "")),
+                         str(m.get("status", "")), str(m.get("scenario") or "-"), str(m.get("environment") or "-"),
+                         str(m.get("repetition") if m.get("repetition") is not None else "-"),
+                         str(m.get("created", ""))])
+    tables.append(("Runs", ["run", "configuration", "name", "source", "status", "scenario", "environment",
+                            "repetition", "created"], runs))
+    return tables
+
+
+def _settings(view: RunView) -> tuple[list[tuple[str, str]], list[str]]:
+    system = view.run.manifest.get("system") or {}
+    warnings = [str(w) for w in system.get("warnings") or []] if isinstance(system, dict) else []
+    settings = [(str(k), _plain(v)) for k, v in system.items() if k != "warnings"] if isinstance(system, dict) else []
+    return settings, warnings
+
+
+# --- HTML --------------------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.85em}
+th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}
+th:first-child,td:first-child{text-align:left}
+th{background:#f0f0f0}
+.meets{background:#d7f5d7}.partly{background:#fff2c4}.fails{background:#f8d4d4}
+.partial{color:#a60;font-weight:bold}.warn{color:#a00}
+img{max-width:100%;border:1px solid #eee;margin:.3em 0}
+.scroll{overflow-x:auto}
+h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+"""
+
+
+def _html_table(title: str, header: list[str], rows: Iterable[list[str]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = []
+    for row in rows:
+        cells = "".join(f'<td class="{escape(cell)}">{escape(cell)}</td>' if cell in ("meets", "partly", "fails")
+                        else f"<td>{escape(cell)}</td>" for cell in row)
+        body.append(f"<tr>{cells}</tr>")
+    return (f"<h2>{escape(title)}</h2>\n<div class=\"scroll\"><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _img(png: bytes, alt: str) -> str:
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+
+
+def _html(data: ReportData) -> str:
+    from . import figures  # matplotlib takes 0.5 s to import: only the HTML report pays for it
+
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>rtvirt report</title>"
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>rtvirt report</h1><p>Results: {escape(data.source)} · generated "
+             f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} · {len(data.configurations)} "
+             f"configuration(s)</p>"]
+    partial = [c.label for c in data.configurations if c.partial]
+    if partial:
+        parts.append(f'<p class="partial">Partial runs (cut short; every sample up to the cut is kept) in: '
+                     f'{escape(", ".join(partial))}</p>')
+    serving = []
+    for c in data.configurations:
+        met = [v.requirement for v in c.verdicts if v.outcome == "meets"]
+        serving.append(f"<li><b>{escape(_label(c))}</b>: {escape(', '.join(met) if met else 'no class')}</li>")
+    parts.append(f"<h2>Which classes each configuration can serve</h2><ul>{''.join(serving)}</ul>")
+    tables = _tables(data)
+    for title, header, rows in tables[:2]:
+        parts.append(_html_table(title, header, rows))
+    measured = [(c, c.histogram) for c in data.configurations if c.histogram is not None and c.histogram.n]
+    if measured:
+        labels = [c.label for c, _ in measured]
+        histograms = [h for _, h in measured]
+        parts.append("<h2>Distributions</h2>")
+        parts.append(_img(figures.box_violin(labels, [c.summary for c, _ in measured], histograms),
+                          "box and violin plots per configuration"))
+        parts.append(_img(figures.cdf(labels, histograms), "CDF per configuration"))
+        for c, _ in measured:
+            if c.per_cpu:
+                parts.append(_img(figures.histograms_per_cpu(c.label, c.per_cpu), f"histogram {c.label}"))
+    for title, header, rows in tables[2:]:
+        parts.append(_html_table(title, header, rows))
+    parts.append("<h2>Runs over time</h2>")
+    for c in data.configurations:
+        for view in c.runs:
+            heading = f"{view.run.run_id} ({c.label})" + (" — partial" if view.run.partial else "")
+            parts.append(f"<h3>{escape(heading)}</h3>")
+            if view.profile is not None:
+                events = event_offsets(view.profile, view.run.manifest.get("timeline") or [])
+                parts.append(_img(figures.time_series(view.run, view.profile, events), f"time series {heading}"))
+                parts.append(_img(figures.window_maxima(view.run, view.profile, events), f"window maxima {heading}"))
+            settings, warnings = _settings(view)
+            if warnings:
+                parts.append("<ul>" + "".join(f'<li class="warn">{escape(w)}</li>' for w in warnings) + "</ul>")
+            if settings:
+                parts.append("<details><summary>System settings</summary><table>" + "".join(
+                    f"<tr><td>{escape(k)}</td><td style=\"text-align:left\">{escape(v)}</td></tr>" for k, v in settings)
+                    + "</table></details>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+# --- Markdown ----------------------------------------------------------------------------------------------
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown(data: ReportData) -> str:
+    lines = [f"# rtvirt report\n\nResults: {_md_cell(data.source)}\n"]
+    for c in data.configurations:
+        met = [v.requirement for v in c.verdicts if v.outcome == "meets"]
+        lines.append(f"- **{_md_cell(_label(c))}** serves: {', '.join(met) if met else 'no class'}")
+    for title, header, rows in _tables(data):
+        lines += ["", f"## {_md_cell(title)}", "", "| " + " | ".join(map(_md_cell, header)) + " |",
+                  "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in rows]
+    for c in data.configurations:
+        for view in c.runs:
+            settings, warnings = _settings(view)
+            if warnings:
+                lines += ["", f"Warnings for {_md_cell(view.run.run_id)}:"] + [f"- {_md_cell(w)}" for w in warnings]
+    return "\n".join(lines) + "\n"
+
+
+def render(data: ReportData, fmt: Literal["html", "markdown", "json"]) -> str:
+    if fmt == "html":
+        return _html(data)
+    if fmt == "markdown":
+        return _markdown(data)
+    return json.dumps(_finite(as_json(data)), indent=2, default=str)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_report(results: Path, out: Path, fmt: Literal["html", "markdown", "json"] = "html", **options: Any) -> Path:
+    data = collect(results, **options)
+    text = render(data, fmt)
+    out = Path(out)
+    temporary = out.with_name(out.name + ".tmp")
+    temporary.write_text(text, encoding="utf-8")
+    temporary.replace(out)
+    return out
