@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -81,3 +82,15 @@ def test_bad_files_name_the_file(tmp_path: Path, content: bytes, message: str) -
     with pytest.raises(InputError) as error:
         read_stream(path)
     assert str(path) in str(error.value) and message in str(error.value)
+
+
+def test_ten_kilohertz_on_every_cpu_drops_nothing(tmp_path: Path) -> None:
+    spec = get_probe("timer")
+    cpus = sorted(os.sched_getaffinity(0))
+    params = spec.params(duration="1s", interval="100us", distance="0us", threads=len(cpus),
+                         affinity=",".join(map(str, cpus)))
+    stream = run_probe(spec, params, tmp_path / "fast.rtvs")
+    assert stream.complete and stream.total_dropped == 0
+    per_thread = np.bincount(stream.records["thread"], minlength=len(cpus))
+    # a missed period is skipped, not queued, so a thread cannot exceed one sample per 100 us
+    assert (per_thread <= 10_000).all() and per_thread.sum() >= 0.8 * 10_000 * len(cpus)

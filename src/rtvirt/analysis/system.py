@@ -159,7 +159,8 @@ def _guest_tasks(model: Model, vm: Vm, vcpu: int, jitters: dict[str, int | None]
         load_wcet = round(vm.load * vm.load_period)
         if load_wcet > 0:
             lowest = min((task.priority for task in tasks), default=0) - 1
-            tasks.append(Task(LOAD_TASK, load_wcet, vm.load_period, vm.load_period, priority=lowest))
+            # load jobs are simulated like any job, so they pay the guest's context switch too
+            tasks.append(Task(LOAD_TASK, load_wcet + switch, vm.load_period, vm.load_period, priority=lowest))
     return tasks
 
 
