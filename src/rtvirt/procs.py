@@ -27,6 +27,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def _die_with_parent() -> None:
     # Runs in the child between fork and exec: a parent that is SIGKILLed takes its children along.
+    # The kernel ties this to the *thread* that forked, so children are started from long-lived threads
+    # only (rtvirt starts them all from the main thread).
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 

@@ -29,7 +29,7 @@ from ..model.schema import Task as ModelTask
 from .servers import RTDS_DEFAULT_PERIOD
 from .system import NO_DEADLINE, SystemAnalysis, analyse_model
 
-__all__ = ["DESIGNABLE", "VcpuDesign", "Design", "design_model", "design_all"]
+__all__ = ["DESIGNABLE", "VcpuDesign", "Design", "design_model", "design_all", "configure_model"]
 
 US = 1_000
 MIN_PERIOD = 100 * US
@@ -417,6 +417,17 @@ def _lay_out_windows(designed: list[VcpuDesign]) -> tuple[list[VcpuDesign], list
         out.append(VcpuDesign(d.vm, d.vcpu, d.cpu, length, frame, d.priority, (start, start + length), d.realtime,
                               d.note))
     return out, problems
+
+
+def configure_model(model: Model, label: str, parameters: dict[tuple[str, int], tuple[int, int, int]]) -> Design:
+    """The model under scheduler ``label`` with given (budget or slice, period, priority) per (vm, vCPU index),
+    e.g. parameters derived by a configuration rule; the other vCPUs run in the background as in a design."""
+    slots = _slots(model)
+    given = {key: VcpuDesign(key[0], key[1], slot.cpu, budget, period, priority)
+             for slot in slots for key, (budget, period, priority) in parameters.items()
+             if key == (slot.vm.name, slot.index)}
+    designed = [given.get((s.vm.name, s.index)) or _background(s, label, given) for s in slots]
+    return _finish(model, label, slots, designed, [])
 
 
 def design_all(model: Model, labels: list[str] | None = None) -> list[Design]:

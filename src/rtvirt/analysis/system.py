@@ -31,7 +31,7 @@ from .supply import Supply
 from .taskset import Task
 from .utilization import utilization_tests
 
-__all__ = ["TaskResult", "ChainResult", "SystemAnalysis", "analyse_model", "LOAD_TASK"]
+__all__ = ["TaskResult", "ChainResult", "SystemAnalysis", "analyse_model", "derive_automotive", "LOAD_TASK"]
 
 LOAD_TASK = "(load)"
 NO_DEADLINE = 2**62
@@ -173,8 +173,11 @@ def _analyse_guest(scheduler: str, tasks: Sequence[Task], supply: Supply) -> lis
     return fp_analysis(tasks, supply)
 
 
-def _derive_automotive(model: Model) -> dict[str, RuleResult] | None:
-    """Apply the automotive rules when chains run driver → RT domain (→ driver) as in the study."""
+def derive_automotive(model: Model, job_overhead: int = 0) -> dict[str, RuleResult] | None:
+    """Apply the automotive rules when chains run driver → RT domain (→ driver) as in the study.
+
+    ``job_overhead`` is added to every job's WCET (e_i and each pass of e_N): the rules' slices then also
+    cover the switch costs a simulated or real system charges per job."""
     domains = []
     driver_costs = []
     for chain in model.chain:
@@ -185,10 +188,12 @@ def _derive_automotive(model: Model) -> dict[str, RuleResult] | None:
         task_name = chain.stages[1].split("/", 1)[1]
         vm = next(vm for vm in model.vm if vm.name == rt_vm)
         task = next(task for task in vm.task if task.name == task_name)
-        domains.append(RtDomain(f"{rt_vm}/{task_name}", _wcet(task), chain.deadline or chain.period, chain.period))
+        domains.append(RtDomain(f"{rt_vm}/{task_name}", _wcet(task) + job_overhead, chain.deadline or chain.period,
+                                chain.period))
         # e_N: the driver's work per packet, every pass through it (in and out) counted.
         driver_vm = next(v for v in model.vm if v.name == vms[0])
-        driver_costs.append(sum(_wcet(t) for t in driver_vm.task if f"{driver_vm.name}/{t.name}" in chain.stages))
+        driver_costs.append(sum(_wcet(t) + job_overhead for t in driver_vm.task
+                                if f"{driver_vm.name}/{t.name}" in chain.stages))
     if not domains:
         return None
     return derive_rules(domains, max(driver_costs))
@@ -255,7 +260,7 @@ def analyse_model(model: Model) -> SystemAnalysis:
         results = tainted
         chain_results, _ = _chain_bounds(model, {f"{r.vm}/{r.task}": r.wcrt for r in results}, delay)
     return SystemAnalysis(model.name, model.hypervisor.scheduler, supplies, results, chain_results, utilization,
-                          _derive_automotive(model) if model.chain else None)
+                          derive_automotive(model) if model.chain else None)
 
 
 def _taint_unbounded_stages(model: Model, results: list[TaskResult],

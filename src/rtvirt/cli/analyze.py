@@ -7,10 +7,11 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from ..analysis.automotive_sweep import RuleSweep, automotive_sweep
 from ..analysis.record import write_analysis_run
 from ..analysis.system import SystemAnalysis, analyse_model
-from ..errors import VerdictFailed
-from ..model import load_model, parse_assignment
+from ..errors import InputError, VerdictFailed
+from ..model import load_model, parse_assignment, parse_sweep
 from .output import console, print_json
 
 __all__ = ["analyze", "supply_text", "tasks_table"]
@@ -97,25 +98,62 @@ def _rules_table(analysis: SystemAnalysis) -> Table:
     return table
 
 
+def _simulated_cell(entry: dict) -> str:
+    misses = "[green]0[/]" if not entry["misses"] else f"[red]{entry['misses']}[/]"
+    served = entry["nonrt_served"]
+    share = f" / {max(served.values()):.0%}" if served else ""
+    return f"{_us(entry['worst_chain_ns'])} / {misses}{share}"
+
+
+def _sweep_table(key: str, rows: list[RuleSweep]) -> Table:
+    table = Table(title=f"automotive rules vs simulated sweep of {key} (us; per value: simulated worst chain / "
+                  "misses / CPU share the non-RT vCPU got)", title_justify="left")
+    for column in ("rule", "s_N / p_N", "s_i / p_i", "rule worst case", "analysed bound"):
+        table.add_column(column)
+    for entry in rows[0].simulated if rows else []:
+        table.add_column(f"{key.rsplit('.', 1)[-1]}={entry['value']}", justify="right")
+    for row in rows:
+        rule = row.rule
+        periods = sorted({f"{_us(rule.slices[n])} / {_us(rule.periods[n])}" for n in rule.slices})
+        scope = " (stage)" if rule.rule == "psedf" else " (e2e)"
+        table.add_row(rule.rule, f"{_us(rule.driver_slice)} / {_us(rule.driver_period)}", ", ".join(periods),
+                      _us(row.rule_worst_case) + scope, _us(row.analysed_bound),
+                      *(_simulated_cell(entry) for entry in row.simulated))
+    return table
+
+
 @click.command("analyze")
 @click.argument("model_path", metavar="MODEL.toml", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="override a model field, e.g. vm.nonrt.load=0.5 (repeatable)")
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True, help="results directory the analysis record is written to")
+@click.option("--sweep", metavar="KEY=V1,V2,...",
+              help="automotive models: simulate each rule's configuration per value, e.g. vm.nonrt.load=0,0.45,0.9")
 @click.option("--json", "as_json", is_flag=True, help="print the analysis as JSON")
 @click.option("--strict", is_flag=True, help="exit with status 3 when a task or chain may miss its deadline")
-def analyze(model_path: Path, assignments: tuple[str, ...], results: Path, as_json: bool, strict: bool) -> None:
+def analyze(model_path: Path, assignments: tuple[str, ...], results: Path, sweep: str | None, as_json: bool,
+            strict: bool) -> None:
     """Worst-case response-time bounds for MODEL.toml (docs/analysis.md).
 
     An unschedulable system is an answer, not an error: the exit status is 0 and the tables say which task
     misses and by how much (--strict turns that into exit status 3). An invalid model exits with 2.
     """
-    model = load_model(model_path, [parse_assignment(a, "--set") for a in assignments])
+    overrides = [parse_assignment(a, "--set") for a in assignments]
+    model = load_model(model_path, overrides)
     analysis = analyse_model(model)
-    run, _ = write_analysis_run(analysis, results, model_path=str(model_path))
+    extra = {}
+    rows: list[RuleSweep] = []
+    if sweep is not None:
+        key, values = parse_sweep(sweep)
+        rows = automotive_sweep(model_path, key, values, overrides)
+        if not rows:
+            raise InputError("option --sweep: the model has no event chains driver → RT domain (→ driver) "
+                             "to derive the automotive rules from")
+        extra["automotive_sweep"] = {"key": key, "values": values, "rules": [row.as_dict() for row in rows]}
+    run, _ = write_analysis_run(analysis, results, model_path=str(model_path), extra=extra)
     if as_json:
-        print_json({"run_id": run.run_id, "path": str(run.path), **analysis.as_dict()})
+        print_json({"run_id": run.run_id, "path": str(run.path), **analysis.as_dict(), **extra})
     else:
         console.print(_supply_table(analysis))
         console.print(tasks_table(analysis))
@@ -123,6 +161,8 @@ def analyze(model_path: Path, assignments: tuple[str, ...], results: Path, as_js
             console.print(_chains_table(analysis))
         if analysis.automotive:
             console.print(_rules_table(analysis))
+        if rows:
+            console.print(_sweep_table(key, rows))
         verdict = "[green]every deadline is met[/]" if analysis.schedulable else "[red]deadlines may be missed[/]"
         console.print(f"{verdict}; analysis {run.run_id} written to {run.path}")
     if strict and not analysis.schedulable:
