@@ -20,22 +20,8 @@ from rtvirt.agents import agent_path
 CPU = 1 if 1 in os.sched_getaffinity(0) else 0
 
 
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid:
-            found.append(int(entry))
-    return found
-
-
-def processes_in_session(sid: int) -> list[int]:
+def _live_processes() -> list[tuple[int, list[str]]]:
+    """(pid, /proc/PID/stat fields after the command name) of every live, non-zombie process."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -45,9 +31,17 @@ def processes_in_session(sid: int) -> list[int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[3]) == sid and fields[0] != "Z":  # field 6 (session) after state, ppid, pgrp
-            found.append(int(entry))
+        if fields and fields[0] != "Z":
+            found.append((int(entry), fields))
     return found
+
+
+def children_of(pid: int) -> list[int]:
+    return [child for child, fields in _live_processes() if int(fields[1]) == pid]  # state, ppid, ...
+
+
+def processes_in_session(sid: int) -> list[int]:
+    return [member for member, fields in _live_processes() if int(fields[3]) == sid]  # state, ppid, pgrp, session
 
 
 def wait_for(condition, timeout: float) -> bool:  # type: ignore[no-untyped-def]
