@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 __all__ = [
     "EXIT_OK",
     "EXIT_FAILURE",
@@ -20,6 +22,7 @@ __all__ = [
     "PrivilegeError",
     "RunError",
     "VerdictFailed",
+    "first_validation_error",
 ]
 
 EXIT_OK = 0
@@ -46,3 +49,10 @@ class RunError(RtvirtError):
 
 class VerdictFailed(RtvirtError):
     exit_code = EXIT_VERDICT
+
+
+def first_validation_error(exc: ValidationError, top_level: str = "(top level)") -> tuple[str, str]:
+    """The dotted field path and message of a pydantic error's first problem, for InputError texts."""
+    error = exc.errors()[0]
+    path = ".".join(str(part) for part in error["loc"]) or top_level
+    return path, error["msg"].removeprefix("Value error, ")

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import InputError
+from .errors import InputError, first_validation_error
 from .stats import Histogram, HistogramBuilder, Summary, summarize_histogram, summarize_stream
 from .stream import SampleStream
 
@@ -118,9 +118,8 @@ def _validated(manifest: dict[str, Any], where: str) -> Manifest:
     try:
         return Manifest.model_validate(manifest)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        path = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        raise InputError(f"{where}: manifest field '{path}': {error['msg']}") from None
+        path, message = first_validation_error(exc)
+        raise InputError(f"{where}: manifest field '{path}': {message}") from None
 
 
 def _compact(table: pa.Table, value_field: str) -> pa.Table:

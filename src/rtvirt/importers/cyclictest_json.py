@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..errors import InputError
+from ..errors import InputError, first_validation_error
 from ..stats import Histogram
 from ..store import histogram_table
 from .base import Imported, ImporterSpec, ImportOptions, lenient_json, read_text, unit_scale
@@ -40,9 +40,8 @@ def parse(path: Path, options: ImportOptions) -> Imported:
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})") from None
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"])
-        raise InputError(f"{path}: not cyclictest --json output: field '{where}': {error['msg']}") from None
+        where, message = first_validation_error(exc)
+        raise InputError(f"{path}: not cyclictest --json output: field '{where}': {message}") from None
     groups = []
     warnings = []
     for number, thread in sorted(report.thread.items()):

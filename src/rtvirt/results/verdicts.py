@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..errors import InputError
+from ..errors import InputError, first_validation_error
 from ..stats import Summary
 
 __all__ = ["RequirementClass", "Verdict", "load_classes", "judge", "DEFAULT_MARGIN"]
@@ -65,9 +65,8 @@ def load_classes(path: Path | None = None) -> list[RequirementClass]:
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not TOML ({exc})") from None
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"])
-        raise InputError(f"{path or 'classes.toml'}: field '{where}': {error['msg']}") from None
+        where, message = first_validation_error(exc)
+        raise InputError(f"{path or 'classes.toml'}: field '{where}': {message}") from None
 
 
 def judge(summary: Summary, classes: list[RequirementClass], margin: float = DEFAULT_MARGIN) -> list[Verdict]:

@@ -28,7 +28,7 @@ import yaml
 from pydantic import ValidationError
 
 from ..agents import agent_failure, agent_path
-from ..errors import InputError, PrivilegeError, RunError
+from ..errors import InputError, PrivilegeError, RunError, first_validation_error
 from ..procs import Supervisor
 from .base import PartSummary, StressorSpec, StressParams, StressSummary
 
@@ -64,9 +64,8 @@ def resolve_params(spec: StressorSpec, params: StressParams | Mapping[str, Any] 
     try:
         return spec.params(**values)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"]) or "parameters"
-        raise InputError(f"stressor {spec.name}: {where}: {error['msg'].removeprefix('Value error, ')}") from None
+        where, message = first_validation_error(exc, "parameters")
+        raise InputError(f"stressor {spec.name}: {where}: {message}") from None
 
 
 def _check_privilege(params: StressParams) -> None:
