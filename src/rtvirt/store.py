@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import secrets
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InputError, first_validation_error
+from .fileio import write_atomically
 from .stats import Histogram, HistogramBuilder, Summary, summarize_histogram, summarize_stream
 from .stream import SampleStream
 
@@ -218,9 +218,7 @@ def write_run(run: RunDir, table: pa.Table | None, manifest: dict[str, Any], *,
             summaries = summaries_from_histogram(histogram, group_by, int(document.get("dropped", 0)))
             document["summary"] = {group: s.as_dict() for group, s in summaries.items()}
     _validated(document, str(run.manifest_path))
-    temporary = run.manifest_path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(_json_safe(document), indent=2, default=str))
-    os.replace(temporary, run.manifest_path)  # readers (catalog, report) never see half a manifest
+    write_atomically(run.manifest_path, json.dumps(_json_safe(document), indent=2, default=str))
     return document
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, RunError
+from ..fileio import write_atomically
 
 __all__ = ["CampaignState", "FINISHED", "find_resumable"]
 
@@ -58,13 +58,8 @@ class CampaignState:
         document = {"campaign_id": self.campaign_id, "scenario": self.scenario, "scenario_text": self.scenario_text,
                     "source": self.source, "scale": self.scale, "runs": self.runs, "finished": self.finished,
                     "updated": dt.datetime.now(dt.UTC).isoformat()}
-        temporary = self.path.with_suffix(".tmp")
         try:
-            with temporary.open("w") as f:
-                json.dump(document, f, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, self.path)
+            write_atomically(self.path, json.dumps(document, indent=2))
         except OSError as exc:
             raise RunError(f"{self.path}: cannot write the campaign state ({exc.strerror})") from None
 

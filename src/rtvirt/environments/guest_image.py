@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..agents import AGENTS, agent_path
 from ..errors import RunError
+from ..fileio import write_atomically
 
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
            "GUEST_AGENT_DIR", "guest_port_path"]
@@ -251,7 +252,5 @@ def guest_image() -> GuestImage:
     if not initramfs.exists():
         for old in cache.glob("initramfs-*.cpio"):
             old.unlink()
-        temporary = initramfs.with_suffix(".tmp")
-        temporary.write_bytes(_base_archive(modules, agents))
-        temporary.rename(initramfs)
+        write_atomically(initramfs, _base_archive(modules, agents))
     return GuestImage(vmlinuz, initramfs, modules_dir.name)

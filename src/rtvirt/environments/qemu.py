@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ..errors import RunError
+from ..fileio import write_atomically
 from ..params import CpuList
 from ..units import duration_field
 from .base import Environment, EnvironmentConfig, Launched
@@ -132,9 +133,7 @@ def choose_accel(requested: str = "auto") -> dict[str, Any]:
     else:
         decision = {"accel": "kvm", "reason": f"a calibration guest booted under KVM in {seconds:.1f}s"}
     shutil.rmtree(workdir, ignore_errors=True)
-    temporary = cache_file.with_suffix(".tmp")
-    temporary.write_text(json.dumps({"key": key, **decision}))
-    os.replace(temporary, cache_file)
+    write_atomically(cache_file, json.dumps({"key": key, **decision}))
     return decision
 
 

@@ -12,6 +12,7 @@ from html import escape
 from pathlib import Path
 from typing import Any, Literal
 
+from ..fileio import write_atomically
 from .levels import event_offsets
 from .reportdata import Configuration, ReportData, RunView, as_json, collect
 
@@ -261,7 +262,5 @@ def write_report(results: Path, out: Path, fmt: Literal["html", "markdown", "jso
     data = collect(results, **options)
     text = render(data, fmt)
     out = Path(out)
-    temporary = out.with_name(out.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(out)
+    write_atomically(out, text)
     return out
