@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import InputError
 from . import gap, kops, selftest, threadmetric, timer, wakeup, workload
 from .base import ProbeSpec
 
@@ -19,8 +20,6 @@ PROBES: dict[str, ProbeSpec] = {spec.name: spec for spec in (
 
 
 def get_probe(name: str) -> ProbeSpec:
-    from ..errors import InputError
-
     try:
         return PROBES[name]
     except KeyError:
