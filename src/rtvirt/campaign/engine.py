@@ -22,8 +22,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from ..environments import ENVIRONMENTS, Environment
-from ..environments.qemu import QemuConfig, QemuEnvironment
+from ..environments import ENVIRONMENTS, Environment, SharedResources
 from ..errors import InputError, RtvirtError, RunError
 from ..probes import PROBES
 from ..procs import Supervisor
@@ -61,10 +60,10 @@ class CampaignResult:
 class _Disturbance:
     """The stressors of one run, switched on and off as the timeline says."""
 
-    def __init__(self, uses: list[StressorUse], env: Environment, supervisor: Supervisor, workdir: Path) -> None:
-        self.uses, self.env, self.supervisor, self.workdir = uses, env, supervisor, workdir
+    def __init__(self, uses: list[StressorUse], env: Environment, supervisor: Supervisor) -> None:
+        self.uses, self.env, self.supervisor = uses, env, supervisor
         self._host: list[RunningStressor] = []
-        self._vms: list[QemuEnvironment] = []
+        self._vms: list[Environment] = []
         self.on = False
         self._vm_count = 0
         self.summaries: list[dict[str, Any]] = []  # what each host stressor did (bogo-ops, CPU time)
@@ -101,9 +100,7 @@ class _Disturbance:
         params = spec.params(**{**use.params, "workers": use.workers, "duration": 0})
         for _ in range(use.vms):
             self._vm_count += 1
-            config = QemuConfig.model_validate({"kind": "qemu", "name": f"stress-vm-{self._vm_count}", "pin": pinned,
-                                                "cpus": others if pinned else None})
-            vm = QemuEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{self._vm_count}")
+            vm = self.env.stressor_guest(self._vm_count, others if pinned else None)
             vm.launch("rtvirt-stress", spec.command(params, "")[1:], None)
             self._vms.append(vm)
         # stress counts as on once the guests run their stressors, not while they boot
@@ -143,8 +140,13 @@ def _bounded(text: str) -> str:
 
 def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_timeout_ns: int,
                 system: dict[str, Any], on_progress: Callable[[float, int, int | None], None] | None = None,
-                on_run_dir: Callable[[str], None] | None = None) -> RunOutcome:
-    """Run one planned run in a fresh environment; never raises for run failures (only Ctrl-C)."""
+                on_run_dir: Callable[[str], None] | None = None,
+                shared: SharedResources | None = None) -> RunOutcome:
+    """Run one planned run in a fresh environment; never raises for run failures (only Ctrl-C).
+
+    ``shared`` carries what runs of one campaign reuse (a Xen lab boot, connections); without it the
+    run makes and closes its own.
+    """
     env_config = scenario.environments[plan.environment]
     disturbance_spec = scenario.disturbances[plan.disturbance]
     probe = PROBES[scenario.workload.probe]
@@ -159,8 +161,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     env_warnings: list[str] = []
     params = None
     with Supervisor() as supervisor:
-        env = ENVIRONMENTS[env_config.kind](env_config, supervisor, workdir)
-        disturbance = _Disturbance(disturbance_spec.stressors, env, supervisor, workdir)
+        env = ENVIRONMENTS[env_config.kind](env_config, supervisor, workdir, shared)
+        disturbance = _Disturbance(disturbance_spec.stressors, env, supervisor)
         started_at = time.monotonic()
         t0: float | None = None
 
@@ -185,7 +187,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
             pending = list(plan.events)
             samples, peak = 0, None
             deadline = started_at + (plan.duration_ns + run_timeout_ns) / 1e9
-            while launched.proc.poll() is None:
+            while launched.poll() is None:
                 time.sleep(POLL_S)
                 new = reader.poll()
                 if new.size:
@@ -220,10 +222,9 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
                     break
             if not reason:
                 reason = env.check() or ""
-                status = launched.proc.returncode
+                status = launched.returncode
                 if not reason and status not in (0, None):
-                    stderr = launched.proc.stderr.read(4096).decode(errors="replace") if launched.proc.stderr else ""
-                    reason = f"probe exited with status {status}: {stderr.strip()[-300:] or 'no message'}"
+                    reason = f"probe exited with status {status}: {launched.error_tail() or 'no message'}"
         except KeyboardInterrupt:
             interrupted = True
             reason = "interrupted (Ctrl-C or SIGTERM)"
@@ -269,6 +270,22 @@ def _availability(scenario: Scenario) -> dict[int, str | None]:
     return {i: ENVIRONMENTS[env.kind].available() for i, env in enumerate(scenario.environments)}
 
 
+def _reclaim(scenario: Scenario, availability: dict[int, str | None], shared: SharedResources,
+             console: Console) -> None:
+    """Remove what a killed earlier campaign left on each platform (domains, cpupools, remote agents)."""
+    for index, env in enumerate(scenario.environments):
+        if availability[index]:
+            continue
+        try:
+            removed = ENVIRONMENTS[env.kind].reclaim(env, shared)
+        except RtvirtError as exc:
+            console.print(f"[yellow]warning:[/] {env.label}: leftovers not reclaimed: {_bounded(str(exc))}",
+                          markup=True, highlight=False)
+            continue
+        for what in removed:
+            console.print(f"reclaimed {_bounded(what)}", markup=False, highlight=False)
+
+
 def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, console: Console | None = None,
                  show_progress: bool = True, write_report: bool = True) -> CampaignResult:
     """Run every unfinished run of ``state``'s campaign; returns what happened to each."""
@@ -281,7 +298,8 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"))
     expected_s = sum(p.duration_ns for p in plans if not state.is_finished(p.key)) / 1e9
     progress = Progress(*columns, console=console, disable=not show_progress, transient=False)
-    with progress:
+    with progress, SharedResources() as shared:
+        _reclaim(scenario, availability, shared, progress.console)
         matrix: TaskID = progress.add_task(f"campaign {scenario.name}", total=max(expected_s, 1e-9), status="")
         for index, plan in enumerate(plans, 1):
             if state.is_finished(plan.key):
@@ -312,7 +330,7 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
                 state.record(plan.key, salvaged=[*killed.get("salvaged", []), killed["run_id"]])
             state.record(plan.key, status="running", config=plan.config)
             outcome = execute_run(scenario, plan, results, run_timeout_ns=scenario.run_timeout, system=system,
-                                  on_progress=show, on_run_dir=remember_run_dir)
+                                  on_progress=show, on_run_dir=remember_run_dir, shared=shared)
             progress.remove_task(run_task)
             progress.update(matrix, completed=done_before + plan.duration_ns / 1e9)
             state.record(plan.key, status=outcome.status, run_id=outcome.run_id, reason=outcome.reason)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from .base import Environment, EnvironmentConfig, Launched
+from .base import Environment, EnvironmentConfig, Launched, SharedResources
 from .host import HostEnvironment
 from .partition import PartitionEnvironment
 from .qemu import QemuEnvironment
 
-__all__ = ["ENVIRONMENTS", "Environment", "EnvironmentConfig", "Launched"]
+__all__ = ["ENVIRONMENTS", "Environment", "EnvironmentConfig", "Launched", "SharedResources"]
 
 ENVIRONMENTS: dict[str, type[Environment]] = {env.kind: env for env in (
     HostEnvironment,

@@ -1,19 +1,34 @@
-"""What every environment provides: a place to run an agent, and the host CPUs that place occupies."""
+"""What every environment provides: a place to run an agent, and the host CPUs that place occupies.
+
+The interface carries local and remote platforms alike: ``launch`` returns a :class:`Launched` whose
+process is anything with the :class:`AgentProcess` shape (a local ``Popen``, an agent on an SSH target,
+an agent in a Xen domU); expensive things that several runs of one campaign can reuse (a Xen lab boot,
+an SSH connection, a libvirt connection) live in :class:`SharedResources`; "other-vm" disturbance asks the
+environment itself for a disturbing guest of its own kind (:meth:`Environment.stressor_guest`); and
+:meth:`Environment.reclaim` removes what a killed earlier campaign left behind before ``--resume``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..params import CpuList
 from ..procs import Supervisor
 
-__all__ = ["Environment", "EnvironmentConfig", "Launched", "default_measured_cpu"]
+__all__ = ["AgentProcess", "Environment", "EnvironmentConfig", "Launched", "SharedResources",
+           "default_measured_cpu"]
+
+ERROR_TAIL_BYTES = 4096
+T = TypeVar("T")
 
 
 def default_measured_cpu() -> int:
@@ -36,12 +51,78 @@ class EnvironmentConfig(BaseModel):
         return self.name or self.kind
 
 
+@runtime_checkable
+class AgentProcess(Protocol):
+    """A running agent wherever it runs: ``poll`` like ``Popen.poll``, and why it failed."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def error_tail(self) -> str:
+        """The end of the agent's error output (bounded, untrusted text)."""
+        ...
+
+
 class Launched:
     """A started agent: the process to wait for, and where its stream goes."""
 
-    def __init__(self, proc: subprocess.Popen[Any], out: Path | None) -> None:
+    def __init__(self, proc: subprocess.Popen[Any] | AgentProcess, out: Path | None) -> None:
         self.proc = proc
         self.out = out
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def error_tail(self) -> str:
+        """The agent's last words on stderr, once it has exited (bounded)."""
+        if isinstance(self.proc, subprocess.Popen):
+            if self.proc.stderr is None or self.proc.poll() is None:
+                return ""
+            return self.proc.stderr.read(ERROR_TAIL_BYTES).decode(errors="replace").strip()[-300:]
+        return self.proc.error_tail()[-300:]
+
+
+class SharedResources:
+    """Expensive things several runs of one campaign reuse, closed together at its end.
+
+    ``get(key, factory)`` returns the object made for ``key``, making it on first use; objects with a
+    ``close()`` method are closed in reverse order of creation. Long-lived processes (a Xen lab's QEMU)
+    are started through ``supervisor``, which outlives single runs and dies with rtvirt.
+    """
+
+    def __init__(self) -> None:
+        self.supervisor = Supervisor()
+        self._objects: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str, factory: Callable[[], T]) -> T:
+        with self._lock:
+            if key not in self._objects:
+                self._objects[key] = factory()
+            return self._objects[key]  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        with self._lock:
+            objects = list(reversed(self._objects.values()))
+            self._objects.clear()
+        for obj in objects:
+            closer = getattr(obj, "close", None)
+            if callable(closer):
+                with contextlib.suppress(Exception):  # closing everything matters more than one error
+                    closer()
+        self.supervisor.stop_all()
+
+    def __enter__(self) -> SharedResources:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Environment(ABC):
@@ -51,15 +132,28 @@ class Environment(ABC):
     config_model: ClassVar[type[EnvironmentConfig]]
     on_host: ClassVar[bool] = True  # the agent sees the host's CPUs (False: a guest's)
 
-    def __init__(self, config: EnvironmentConfig, supervisor: Supervisor, workdir: Path) -> None:
+    def __init__(self, config: EnvironmentConfig, supervisor: Supervisor, workdir: Path,
+                 shared: SharedResources | None = None) -> None:
         self.config = config
         self.supervisor = supervisor
         self.workdir = workdir
+        # without a campaign's shared resources, this environment owns (and closes) its own
+        self._owns_shared = shared is None
+        self.shared = shared if shared is not None else SharedResources()
 
     @staticmethod
     def available() -> str | None:
         """None when this environment can run here, else the reason it cannot."""
         return None
+
+    @classmethod
+    def reclaim(cls, config: EnvironmentConfig, shared: SharedResources) -> list[str]:
+        """Remove what a killed earlier campaign left (domains, cpupools, remote agents); say what went.
+
+        Called once per environment at the start of every campaign (fresh or ``--resume``d); leftovers
+        are recognised by rtvirt's own name prefix, never by guessing.
+        """
+        return []
 
     def measured_cpus(self) -> tuple[int, ...]:
         """Host CPUs carrying the measured workload: 'same core' disturbance goes here."""
@@ -85,6 +179,23 @@ class Environment(ABC):
     def after_launch(self, launched: Launched) -> None:  # noqa: B027 - an optional hook
         """Hook run while the agent runs (e.g. to place its threads once they exist)."""
 
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None) -> Environment:
+        """A disturbing guest for "other-vm" stressors, placed on ``host_cpus`` (None: unpinned).
+
+        By default a QEMU guest beside the measured platform; hypervisor kinds override it so that the
+        disturber is a guest of the same hypervisor (another domU, another libvirt domain, another target).
+        """
+        from .qemu import QemuConfig, QemuEnvironment
+
+        config = QemuConfig.model_validate({"kind": "qemu", "name": f"stress-vm-{index}",
+                                            "pin": host_cpus is not None, "cpus": host_cpus})
+        return QemuEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
+
+    @property
+    def booted(self) -> bool:
+        """Whether the agent's platform is up (a guest has booted); environments without a boot: True."""
+        return True
+
     def describe(self) -> dict[str, Any]:
         """The environment as recorded in the manifest."""
         return self.config.model_dump(mode="json")
@@ -92,5 +203,7 @@ class Environment(ABC):
     def warnings(self) -> list[str]:
         return []
 
-    def close(self) -> None:  # noqa: B027 - an optional hook
-        """Stop what ``start``/``launch`` created; safe to call twice."""
+    def close(self) -> None:
+        """Stop what ``start``/``launch`` created; safe to call twice. Subclasses call ``super().close()``."""
+        if self._owns_shared:
+            self.shared.close()

@@ -219,8 +219,9 @@ class PartitionEnvironment(Environment):
         # (every thread but the main one) once the agent has made them.
         if self.config.sched.policy != "deadline":
             return
-        for tid in thread_ids(launched.proc.pid):
-            if tid != launched.proc.pid and tid not in self._placed:
+        pid = launched.proc.pid  # type: ignore[union-attr]  # this environment launches local processes
+        for tid in thread_ids(pid):
+            if tid != pid and tid not in self._placed:
                 apply_policy(tid, self.config.sched)
                 self._placed.add(tid)
 
@@ -232,3 +233,4 @@ class PartitionEnvironment(Environment):
         if self._cgroup is not None:
             cgroup, self._cgroup = self._cgroup, None
             cgroup.remove()
+        super().close()

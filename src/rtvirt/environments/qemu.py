@@ -314,3 +314,4 @@ class QemuEnvironment(Environment):
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
+        super().close()
