@@ -5,9 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
-# Build tools, the reference tools rtvirt compares itself with, and what guest images and reports need.
-DEB_PACKAGES=(build-essential cmake ninja-build python3-venv rt-tests stress-ng qemu-system-x86 busybox-static
-              cpio chromium jitterdebugger)
+# Build tools, the reference tools rtvirt compares itself with, and what guest images and reports need
+# (one package a line, each with what needs it).
+DEB_PACKAGES=(
+  build-essential cmake ninja-build python3-venv  # the agents, the simulator core, the venv
+  rt-tests stress-ng jitterdebugger               # reference tools and the stress-ng engine
+  qemu-system-x86 busybox-static cpio             # the qemu environment and its guest image
+  chromium                                        # report tests (headless)
+)
 
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
