@@ -60,11 +60,12 @@ def test_default_matrix_is_environments_times_disturbances() -> None:
 
 def test_guest_isolation_has_orders_repetitions_and_the_on_off_timeline() -> None:
     plans = expand(parse_scenario(builtin_scenarios()["guest-isolation"]), scale=0.01)
-    on_off = [p for p in plans if p.key.startswith("qemu/same-core-on-off")]
+    on_off = [p for p in plans if p.key.startswith("30min/guest/spin-other-core-10-20min")]
     assert len(on_off) == 10 and on_off[0].start_order is None
     assert on_off[0].events == ((6_000_000_000, "stress-on"), (12_000_000_000, "stress-off"))
     assert on_off[0].duration_ns == 18_000_000_000  # 30 min x 0.01
-    assert {p.start_order for p in plans if "/same-core/" in p.key} == {"test-first", "stress-first"}
+    assert {p.start_order for p in plans if p.key.startswith("start-order/guest/spin-same-core/")} == \
+        {"test-first", "stress-first"}
 
 
 def test_key_lines_follow_tables_and_arrays() -> None:

@@ -26,6 +26,7 @@ from ..environments import ENVIRONMENTS, Environment, SharedResources
 from ..errors import InputError, RtvirtError, RunError
 from ..probes import PROBES
 from ..procs import Supervisor
+from ..results.studies.provenance import study_provenance
 from ..scenario.schema import Scenario, StressorUse
 from ..store import RunDir, new_run, write_measured_run
 from ..stream import StreamReader
@@ -96,6 +97,8 @@ class _Disturbance:
     def _start_vms(self, use: StressorUse) -> None:
         others = tuple(c for c in sorted(os.sched_getaffinity(0)) if c not in self.env.measured_cpus())
         pinned = self.env.config.pin and bool(others)
+        if use.guest_cpus is not None:  # the study says where the disturbing guest runs
+            others, pinned = self._cpus(use.guest_cpus), True
         spec = STRESSORS[use.stressor]
         params = spec.params(**{**use.params, "workers": use.workers, "duration": 0})
         for _ in range(use.vms):
@@ -149,7 +152,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     """
     env_config = scenario.environments[plan.environment]
     disturbance_spec = scenario.disturbances[plan.disturbance]
-    probe = PROBES[scenario.workload.probe]
+    workload = scenario.probe_workloads()[plan.workload]
+    probe = PROBES[workload.probe]
     run = new_run(results, plan.key.replace("/", "_"))
     if on_run_dir:
         on_run_dir(run.run_id)
@@ -172,7 +176,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
         try:
             env.start()
             try:
-                params = probe.params(**{**scenario.workload.params, "duration": f"{plan.duration_ns}ns",
+                params = probe.params(**{**workload.params, "duration": f"{plan.duration_ns}ns",
                                          **env.probe_overrides()})
             except ValidationError as exc:
                 raise InputError(f"workload.params: {exc.errors()[0]['msg']}") from None
@@ -256,7 +260,9 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     extra = {"scenario": scenario.name, "environment": env_config.label, "config": plan.config,
              "repetition": plan.repetition, "timeline": timeline, "system": run_system,
              "environment_detail": env_description,
-             "campaign": {"key": plan.key, "disturbance": disturbance_spec.name, "start_order": plan.start_order,
+             "study": study_provenance(scenario, plan),
+             "campaign": {"key": plan.key, "group": plan.group, "workload": workload.name,
+                          "disturbance": disturbance_spec.name, "start_order": plan.start_order,
                           "stressors": [u.model_dump(mode="json") for u in disturbance_spec.stressors],
                           "stressor_results": disturbance.summaries,
                           "outcome": outcome_status, "reason": _bounded(reason) or None}}
@@ -369,7 +375,7 @@ def _salvage_killed_run(scenario: Scenario, plan: PlannedRun, results: Path, run
              "campaign": {"key": plan.key, "outcome": "killed",
                           "reason": "the campaign was killed while this run was in progress"}}
     write_measured_run(run, stream, name=scenario.name, params=stream.header.get("params", {}),
-                       group_by=PROBES[scenario.workload.probe].group_by, extra=extra)
+                       group_by=PROBES[scenario.probe_workloads()[plan.workload].probe].group_by, extra=extra)
     return True
 
 

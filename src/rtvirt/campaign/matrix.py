@@ -12,7 +12,7 @@ __all__ = ["PlannedRun", "expand", "scaled_ns"]
 
 @dataclass(frozen=True)
 class PlannedRun:
-    key: str  # stable identity across --resume: environment/disturbance/order/r<n>
+    key: str  # stable identity across --resume: [group/]environment/disturbance/order/r<n>
     config: str  # what the report groups by (repetitions share it)
     environment: int
     disturbance: int
@@ -21,6 +21,8 @@ class PlannedRun:
     duration_ns: int
     settle_ns: int
     events: tuple[tuple[int, str], ...]  # (ns after the workload started, action)
+    workload: int = 0  # index into Scenario.probe_workloads()
+    group: str | None = None  # the run group's name when the scenario has groups
 
 
 def scaled_ns(value: int, scale: float) -> int:
@@ -28,26 +30,44 @@ def scaled_ns(value: int, scale: float) -> int:
 
 
 def expand(scenario: Scenario, scale: float = 1.0) -> list[PlannedRun]:
-    """Every run of the campaign in execution order; ``scale`` shrinks durations, settle and event times."""
+    """Every run of the campaign in execution order; ``scale`` shrinks durations, settle and event times.
+
+    runs = for each group: its environments x its disturbances x start orders x repetitions.
+    """
     if not 0 < scale <= 1000:
         raise InputError("option --scale: must be a number above 0 (e.g. 0.01 for a 100x shorter campaign)")
     runs: list[PlannedRun] = []
-    duration = scaled_ns(scenario.duration, scale)
     settle = scaled_ns(scenario.timeline.settle, scale)
-    for env_index, env in enumerate(scenario.environments):
-        for dist_index, disturbance in enumerate(scenario.disturbances):
-            events: list[TimelineEvent] = disturbance.events if disturbance.events is not None \
-                else scenario.timeline.events
-            scaled_events = tuple((scaled_ns(e.at, scale), e.action) for e in events) if disturbance.stressors else ()
-            orders: list[str | None] = [None] if not disturbance.stressors or scaled_events \
-                else list(scenario.timeline.start_order)
-            if orders != [None] and any(use.where == "other-vm" for use in disturbance.stressors):
-                # disturbing guests take seconds to boot: they are up before the workload starts
-                orders = ["stress-first"]
-            for order in orders:
-                config = f"{env.label} / {disturbance.name}" + (f" / {order}" if order and len(orders) > 1 else "")
-                for repetition in range(1, scenario.repetitions + 1):
-                    parts = [env.label, disturbance.name, order or "-", f"r{repetition}"]
-                    runs.append(PlannedRun("/".join(parts), config, env_index, dist_index, order, repetition,
-                                           duration, settle, scaled_events))
+    groups = scenario.run_groups()
+    grouped = len(groups) > 1 or bool(scenario.groups)
+    for group in groups:
+        duration = scaled_ns(group.duration if group.duration is not None else scenario.duration, scale)
+        workload = scenario.workload_of(group)
+        for env_index, env in enumerate(scenario.environments):
+            if group.environments is not None and env.label not in group.environments:
+                continue
+            for dist_index, disturbance in enumerate(scenario.disturbances):
+                if group.disturbances is not None and disturbance.name not in group.disturbances:
+                    continue
+                events: list[TimelineEvent] = disturbance.events if disturbance.events is not None \
+                    else scenario.timeline.events
+                scaled_events = tuple((scaled_ns(e.at, scale), e.action) for e in events) \
+                    if disturbance.stressors else ()
+                orders: list[str | None] = [None] if not disturbance.stressors or scaled_events \
+                    else list(group.start_order or scenario.timeline.start_order)
+                if orders != [None] and group.start_order is None \
+                        and any(use.where == "other-vm" for use in disturbance.stressors):
+                    # disturbing guests take seconds to boot: they are up before the workload starts
+                    orders = ["stress-first"]
+                for order in orders:
+                    config = f"{env.label} / {disturbance.name}" + (f" / {order}" if order and len(orders) > 1 else "")
+                    if grouped:
+                        config = f"{group.name}: {config}"
+                    for repetition in range(1, scenario.repetitions + 1):
+                        parts = [env.label, disturbance.name, order or "-", f"r{repetition}"]
+                        if grouped:
+                            parts.insert(0, group.name)
+                        runs.append(PlannedRun("/".join(parts), config, env_index, dist_index, order, repetition,
+                                               duration, settle, scaled_events, workload,
+                                               group.name if grouped else None))
     return runs

@@ -134,6 +134,7 @@ def _check_agent_params(scenario: Scenario, text: str, source: str) -> None:
     """The probe's and stressors' parameters, validated by their own models."""
     checks: list[tuple[tuple[str | int, ...], type, dict[str, Any]]] = [
         (("workload", "params"), PROBES[scenario.workload.probe].params, scenario.workload.params)]
+    checks += [(("workloads", i, "params"), PROBES[w.probe].params, w.params) for i, w in enumerate(scenario.workloads)]
     for i, disturbance in enumerate(scenario.disturbances):
         for j, use in enumerate(disturbance.stressors):
             checks.append((("disturbances", i, "stressors", j, "params"), STRESSORS[use.stressor].params, use.params))

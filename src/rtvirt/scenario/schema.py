@@ -14,7 +14,8 @@ from ..probes import PROBES
 from ..stressors import STRESSORS
 from ..units import duration_field
 
-__all__ = ["Scenario", "Workload", "Disturbance", "StressorUse", "Timeline", "TimelineEvent", "EnvironmentEntry"]
+__all__ = ["Scenario", "Workload", "NamedWorkload", "RunGroup", "Disturbance", "StressorUse", "Timeline", "TimelineEvent",
+           "EnvironmentEntry"]
 
 Seconds = duration_field("s")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -52,6 +53,12 @@ class Workload(_Strict):
         return params
 
 
+class NamedWorkload(Workload):
+    """One of several measured workloads (``workloads = [...]``); run groups pick one by name."""
+
+    name: str = Field(pattern=_NAME, max_length=48)
+
+
 class StressorUse(_Strict):
     """One stressor: which, where it runs, how many, on which engine."""
 
@@ -63,6 +70,9 @@ class StressorUse(_Strict):
     vms: int = Field(1, ge=1, le=8, description="other-vm only: how many disturbing guests")
     engine: Literal["native", "stress-ng"] = "native"
     params: dict[str, Any] = Field(default_factory=dict, description="the stressor's own parameters")
+    guest_cpus: Literal["same-core", "other-core"] | None = Field(
+        None, description="other-vm only: pin the disturbing guests to the measured workload's host core or to "
+                          "the others (default: the others when the measured environment is pinned, else unpinned)")
 
     @field_validator("stressor")
     @classmethod
@@ -83,6 +93,8 @@ class StressorUse(_Strict):
     def _engine_fits_place(self) -> StressorUse:
         if self.where == "other-vm" and self.engine != "native":
             raise ValueError("other-vm stressors run our native agent inside the guest; use engine = 'native'")
+        if self.guest_cpus is not None and self.where != "other-vm":
+            raise ValueError("'guest_cpus' places disturbing guests: it needs where = 'other-vm'")
         return self
 
 
@@ -117,10 +129,13 @@ class Disturbance(_Strict):
         return events
 
 
+StartOrder = Literal["test-first", "stress-first"]
+
+
 class Timeline(_Strict):
     """When disturbance runs. Without events it runs throughout, started before or after the workload."""
 
-    start_order: list[Literal["test-first", "stress-first"]] = Field(["test-first"], min_length=1)
+    start_order: list[StartOrder] = Field(["test-first"], min_length=1)
     settle: Seconds = Field(1_000_000_000, description="gap between the first and the second start")  # type: ignore[valid-type]
     events: list[TimelineEvent] = Field(default_factory=list)
 
@@ -131,9 +146,22 @@ class Timeline(_Strict):
         return events
 
 
+class RunGroup(_Strict):
+    """A part of the matrix: one workload over some environments and disturbances (default: all of them)."""
+
+    name: str = Field(pattern=_NAME, max_length=48)
+    workload: str | None = Field(None, description="a name from 'workloads' (default: the first workload)")
+    environments: list[str] | None = Field(None, min_length=1, description="environment names (default: all)")
+    disturbances: list[str] | None = Field(None, min_length=1, description="disturbance names (default: all)")
+    start_order: list[StartOrder] | None = Field(None, min_length=1,
+                                                 description="instead of timeline.start_order; also for other-vm")
+    duration: Seconds | None = Field(None, gt=0, description="instead of the scenario's duration")  # type: ignore[valid-type]
+
+
 class Scenario(_Strict):
     name: str = Field(pattern=_NAME, max_length=64)
     description: str = Field("", max_length=2000)
+    study: str | None = Field(None, description="the published study this scenario reproduces (docs/studies.md)")
     duration: Seconds = Field(description="measured time per run (bare numbers in s)", gt=0)  # type: ignore[valid-type]
     repetitions: int = Field(1, ge=1, le=1000, description="runs per configuration, each with a fresh start")
     run_timeout: Seconds = Field(300_000_000_000, gt=0,  # type: ignore[valid-type]
@@ -141,14 +169,38 @@ class Scenario(_Strict):
     skip_unavailable: bool = Field(True, description="leave out environments that cannot run here "
                                                      "(recorded as skipped); false makes them fail")
     workload: Workload = Field(default_factory=lambda: Workload.model_validate({}))
+    workloads: list[NamedWorkload] = Field(default_factory=list, description="several measured workloads, "
+                                           "each run in the groups that name it (instead of 'workload')")
+    groups: list[RunGroup] = Field(default_factory=list, description="parts of the matrix (default: one group, "
+                                   "every environment x every disturbance)")
     environments: list[EnvironmentEntry] = Field(min_length=1)
     disturbances: list[Disturbance] = Field(default_factory=lambda: [Disturbance.model_validate({"name": "solo"})],
                                            min_length=1)
     timeline: Timeline = Field(default_factory=lambda: Timeline.model_validate({}))
 
+    def probe_workloads(self) -> list[NamedWorkload]:
+        """The measured workloads: ``workloads``, else the single ``workload`` (named "workload")."""
+        return self.workloads or [NamedWorkload.model_validate({"name": "workload", **self.workload.model_dump()})]
+
+    def run_groups(self) -> list[RunGroup]:
+        """The matrix's groups: ``groups``, else one group of everything per workload."""
+        if self.groups:
+            return self.groups
+        if self.workloads:
+            return [RunGroup.model_validate({"name": w.name, "workload": w.name}) for w in self.workloads]
+        return [RunGroup.model_validate({"name": "all"})]
+
     def cross_field_errors(self) -> list[tuple[tuple[str | int, ...], str]]:
         """Checks spanning several fields, as (field path, message) pairs."""
         errors: list[tuple[tuple[str | int, ...], str]] = []
+        if self.workloads and "workload" in self.model_fields_set:
+            errors.append((("workload",), "give either 'workload' or 'workloads', not both"))
+        if self.study is not None:
+            from ..results.studies import STUDY_NAMES  # a light module: names only
+
+            if self.study not in STUDY_NAMES:
+                errors.append((("study",), f"unknown study {self.study!r} (known: {', '.join(STUDY_NAMES)})"))
+        errors += self._group_errors()
         seen: set[str] = set()
         for index, env in enumerate(self.environments):
             if env.label in seen:
@@ -160,11 +212,43 @@ class Scenario(_Strict):
             if disturbance.name in names:
                 errors.append((("disturbances", index, "name"), f"disturbance name {disturbance.name!r} is used twice"))
             names.add(disturbance.name)
-        if self.timeline.events and int(self.timeline.events[-1].at) >= int(self.duration):
-            errors.append((("timeline", "events", len(self.timeline.events) - 1, "at"),
-                           "the last event must come before the end of the run (duration)"))
-        for index, disturbance in enumerate(self.disturbances):
-            if disturbance.events and int(disturbance.events[-1].at) >= int(self.duration):
-                errors.append((("disturbances", index, "events", len(disturbance.events) - 1, "at"),
+        for group in self.run_groups():
+            duration = int(group.duration if group.duration is not None else self.duration)
+            used = [d for d in self.disturbances if group.disturbances is None or d.name in group.disturbances]
+            if self.timeline.events and any(d.stressors and d.events is None for d in used) \
+                    and int(self.timeline.events[-1].at) >= duration:
+                errors.append((("timeline", "events", len(self.timeline.events) - 1, "at"),
                                "the last event must come before the end of the run (duration)"))
+            for index, disturbance in enumerate(self.disturbances):
+                if disturbance in used and disturbance.events and int(disturbance.events[-1].at) >= duration:
+                    errors.append((("disturbances", index, "events", len(disturbance.events) - 1, "at"),
+                                   "the last event must come before the end of the run (duration)"))
         return errors
+
+    def _group_errors(self) -> list[tuple[tuple[str | int, ...], str]]:
+        errors: list[tuple[tuple[str | int, ...], str]] = []
+        workload_names = [w.name for w in self.workloads]
+        for index, name in enumerate(workload_names):
+            if name in workload_names[:index]:
+                errors.append((("workloads", index, "name"), f"workload name {name!r} is used twice"))
+        known = {"environments": [e.label for e in self.environments],
+                 "disturbances": [d.name for d in self.disturbances]}
+        group_names: set[str] = set()
+        for index, group in enumerate(self.groups):
+            if group.name in group_names:
+                errors.append((("groups", index, "name"), f"group name {group.name!r} is used twice"))
+            group_names.add(group.name)
+            if group.workload is not None and group.workload not in workload_names:
+                errors.append((("groups", index, "workload"), f"no workload named {group.workload!r} "
+                               f"(workloads: {', '.join(workload_names) or 'none; add [[workloads]]'})"))
+            for field_name, names in known.items():
+                for name in getattr(group, field_name) or []:
+                    if name not in names:
+                        errors.append((("groups", index, field_name), f"no {field_name[:-1]} named {name!r} "
+                                       f"(have: {', '.join(names)})"))
+        return errors
+
+    def workload_of(self, group: RunGroup) -> int:
+        """Index into :meth:`probe_workloads` of ``group``'s workload."""
+        names = [w.name for w in self.probe_workloads()]
+        return names.index(group.workload) if group.workload is not None else 0
