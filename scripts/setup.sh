@@ -12,6 +12,9 @@ DEB_PACKAGES=(
   rt-tests stress-ng jitterdebugger               # reference tools and the stress-ng engine
   qemu-system-x86 busybox-static cpio             # the qemu environment and its guest image
   chromium                                        # report tests (headless)
+  openssh-server openssh-client                   # ssh targets (tests start their own sshd)
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents for Arm targets
+  qemu-user-static                                # runs the aarch64 agents in tests
 )
 
 missing=()

@@ -1,0 +1,58 @@
+"""What an SSH target is: a validated description, from a scenario file or from ``--target user@host[:port]``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import InputError, first_validation_error
+
+__all__ = ["SshTarget", "parse_target"]
+
+# host names, ~/.ssh/config aliases, IPv4 and bracket-less IPv6 literals; nothing a shell would care about
+HOST_PATTERN = r"^[A-Za-z0-9_.:%-]{1,253}$"
+USER_PATTERN = r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$"
+JUMP_PATTERN = r"^([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.:%-]+(:[0-9]{1,5})?(,([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.:%-]+(:[0-9]{1,5})?)*$"
+
+
+class SshTarget(BaseModel):
+    """How to reach one target. Unset fields come from ``~/.ssh/config`` (aliases, Port, User, IdentityFile,
+    ProxyJump) and then from OpenSSH's defaults; host keys are always verified against known_hosts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    host: str = Field(pattern=HOST_PATTERN, description="host name, address or ~/.ssh/config alias")
+    port: int | None = Field(None, ge=1, le=65535, description="SSH port (default: ~/.ssh/config, else 22)")
+    user: str | None = Field(None, pattern=USER_PATTERN, description="login (default: ~/.ssh/config, else yours)")
+    identity_file: Path | None = Field(None, description="private key (default: ssh-agent and ~/.ssh/id_*)")
+    known_hosts: Path | None = Field(None, description="known_hosts file (default: ~/.ssh/known_hosts)")
+    proxy_jump: str | None = Field(None, pattern=JUMP_PATTERN, description="[user@]host[:port][,...] to hop through")
+    ssh_config: Path | None = Field(None, description="OpenSSH client config to read (default: ~/.ssh/config)")
+    connect_timeout: float = Field(15.0, gt=0, le=600, description="seconds to establish the connection")
+
+    @property
+    def label(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{user}{self.host}{port}"
+
+
+_TARGET_TEXT = re.compile(r"^(?:(?P<user>[^@]+)@)?(?P<host>\[[^\]]+\]|[^:@]+)(?::(?P<port>[0-9]+))?$")
+
+
+def parse_target(text: str, option: str = "--target", **fields: object) -> SshTarget:
+    """``user@host[:port]`` (IPv6 as ``[addr]:port``) as an :class:`SshTarget`; bad text names ``option``."""
+    match = _TARGET_TEXT.match(text.strip())
+    if not match:
+        raise InputError(f"option {option}: {text[:100]!r} is not user@host[:port]")
+    values: dict[str, object] = {"host": match["host"].strip("[]"), **fields}
+    if match["user"]:
+        values["user"] = match["user"]
+    if match["port"]:
+        values["port"] = int(match["port"])
+    try:
+        return SshTarget.model_validate(values)
+    except ValidationError as exc:
+        field, message = first_validation_error(exc)
+        raise InputError(f"option {option}: {field}: {message}") from None
