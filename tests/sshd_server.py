@@ -10,6 +10,7 @@ and every session process it forked, and removes the directory. Usable from any 
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -156,20 +157,16 @@ class SshServer:
         """SIGKILL every session process: the connections drop as if the network had gone."""
         pids = self.session_pids()
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         return len(pids)
 
     def _kill_server(self) -> None:
         if self.proc is None:
             return
         for pid in [*descendants(self.proc.pid), self.proc.pid]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.proc.wait(timeout=10)
         self.proc = None
 

@@ -14,7 +14,8 @@ __all__ = ["SshTarget", "parse_target"]
 # host names, ~/.ssh/config aliases, IPv4 and bracket-less IPv6 literals; nothing a shell would care about
 HOST_PATTERN = r"^[A-Za-z0-9_.:%-]{1,253}$"
 USER_PATTERN = r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$"
-JUMP_PATTERN = r"^([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.:%-]+(:[0-9]{1,5})?(,([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.:%-]+(:[0-9]{1,5})?)*$"
+_HOP = r"([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.:%-]+(:[0-9]{1,5})?"
+JUMP_PATTERN = rf"^{_HOP}(,{_HOP})*$"
 
 
 class SshTarget(BaseModel):
