@@ -10,7 +10,10 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pydantic's import would slow the CLI's start-up
+    from pydantic import ValidationError
 
 __all__ = [
     "EXIT_OK",

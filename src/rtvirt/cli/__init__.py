@@ -1,5 +1,6 @@
-"""The ``rtvirt`` command: a thin skin over the library. Each subcommand lives in its own module,
-registered in COMMANDS; errors map to exit codes (2 bad input, 1 failure, 3 verdict failed)."""
+"""The ``rtvirt`` command: a thin skin over the library. Each subcommand lives in its own module, registered in
+COMMANDS and imported only when it runs (``rtvirt --help``, ``--version`` and shell completion of command names
+import nothing heavy); errors map to exit codes (2 bad input, 1 failure, 3 verdict failed)."""
 
 from __future__ import annotations
 
@@ -7,51 +8,78 @@ import signal
 import sys
 from importlib import import_module
 from types import FrameType
+from typing import NamedTuple
 
 import click
-from rich.console import Console
-from rich.markup import escape
 
+from .. import __version__
 from ..errors import EXIT_USAGE, RtvirtError
 
-__all__ = ["main", "app"]
+__all__ = ["main", "app", "COMMANDS", "CommandEntry"]
 
-# module name -> command attribute
+
+class CommandEntry(NamedTuple):
+    module: str  # cli module defining the command
+    attribute: str  # the click command in it
+    summary: str  # the line `rtvirt --help` and shell completion show without importing the module
+
+
 COMMANDS = {
-    "probe": "probe",
-    "stats": "stats",
-    "report": "report",
-    "compare": "compare",
-    "sql": "sql",
-    "importer": "import_command",
-    "stress": "stress",
-    "run": "run",
-    "scenarios": "scenarios",
-    "sim": "sim",
-    "analyze": "analyze",
-    "design": "design",
+    "probe": CommandEntry("probe", "probe", "Run one measurement probe; every sample is kept in the results store."),
+    "stats": CommandEntry("stats", "stats", "Exact statistics (quartiles, whiskers, percentiles to p99.99, 95 % CIs) "
+                          "of runs or sample files."),
+    "report": CommandEntry("report", "report", "Write the report of every run in RESULTS: verdicts, statistics, "
+                           "plots, isolation, outliers, settings."),
+    "compare": CommandEntry("compare", "compare", "Isolation table of RUN against BASELINE."),
+    "sql": CommandEntry("sql", "sql", "Run STATEMENT against the catalog of a results directory."),
+    "import": CommandEntry("importer", "import_command", "Import FILES of FORMAT as runs."),
+    "stress": CommandEntry("stress", "stress", "Load the machine in a known way (our own stressors, or stress-ng)."),
+    "run": CommandEntry("run", "run", "Run a campaign: a built-in scenario NAME or a scenario FILE.toml."),
+    "scenarios": CommandEntry("scenarios", "scenarios", "List the built-in scenarios."),
+    "sim": CommandEntry("sim", "sim", "Simulate MODEL.toml; every job, event and gap is kept in the results store."),
+    "analyze": CommandEntry("analyze", "analyze", "Worst-case response-time bounds for MODEL.toml."),
+    "design": CommandEntry("design", "design", "Smallest budget per vCPU that keeps every guest task of MODEL.toml "
+                           "schedulable, per hypervisor scheduler."),
 }
 
-err_console = Console(stderr=True, highlight=False)
 
+class _LazyGroup(click.Group):
+    """Subcommands come from COMMANDS and are imported when invoked (or asked for their own help)."""
 
-class _Group(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        return getattr(import_module(f".{entry.module}", __name__), entry.attribute)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, entry.summary) for name, entry in COMMANDS.items()])
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list:
+        from click.shell_completion import CompletionItem
+
+        names = [CompletionItem(name, help=entry.summary) for name, entry in COMMANDS.items()
+                 if name.startswith(incomplete)]
+        return names + click.Command.shell_complete(self, ctx, incomplete)
+
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except RtvirtError as exc:
-            err_console.print(f"[bold red]rtvirt:[/] {escape(str(exc))}", soft_wrap=True)
+            from .output import print_error
+
+            print_error(str(exc))
             ctx.exit(exc.exit_code)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["--help"], "max_content_width": 110})
-@click.version_option(package_name="rtvirt")
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="rtvirt")
 def app() -> None:
     """rtvirt: measure, explain and predict real-time behaviour of virtualised platforms."""
-
-
-for module_name, attribute in COMMANDS.items():
-    app.add_command(getattr(import_module(f".{module_name}", __name__), attribute))
 
 
 def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:

@@ -1,19 +1,47 @@
-"""Human tables and JSON for summaries."""
+"""How every command prints (docs/output.md): tables, errors, progress and JSON.
+
+- stdout a terminal: tables fitted to the terminal's width, colour unless NO_COLOR is set.
+- stdout not a terminal (a file, a pipe, a CI log): tables at their natural width, never squeezed into "…"
+  cells, and no colour (FORCE_COLOR turns it back on).
+- progress bars go to stderr, and only when stderr is a terminal (``--progress`` forces them).
+- ``--json`` prints one JSON document on stdout and nothing else there.
+"""
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any
+import sys
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from ..stats import Summary
+if TYPE_CHECKING:
+    from ..stats import Summary
 
-__all__ = ["console", "summary_table", "print_json", "us"]
+__all__ = ["console", "err_console", "summary_table", "print_json", "print_error", "progress_wanted", "us"]
 
-console = Console(highlight=False)
+# wide enough for any table we print; rich pads nothing to the console width, so lines stay as long as they are
+_UNSQUEEZED = 10_000
+
+
+def _console_for(stream: IO[str], stderr: bool) -> Console:
+    return Console(stderr=stderr, highlight=False, width=None if stream.isatty() else _UNSQUEEZED)
+
+
+console = _console_for(sys.stdout, stderr=False)
+err_console = _console_for(sys.stderr, stderr=True)
+
+
+def progress_wanted(option: bool | None) -> bool:
+    """``--progress/--no-progress`` as given, else: only when stderr (where the bar goes) is a terminal."""
+    return sys.stderr.isatty() if option is None else option
+
+
+def print_error(message: str) -> None:
+    err_console.print(f"[bold red]rtvirt:[/] {escape(message)}", soft_wrap=True)
 
 
 def us(ns: float) -> str:
@@ -46,6 +74,8 @@ def _clean(value: Any) -> Any:
         return None
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
     return value
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from ..probes import PROBES, ProbeSpec
 from ..probes.runner import Progress, run_probe
 from ..stats import summarize_stream
 from ..store import new_run, write_measured_run
-from .output import console, print_json, summary_table
+from .output import console, err_console, print_json, progress_wanted, summary_table
 
 __all__ = ["probe"]
 
@@ -31,7 +30,7 @@ def _progress_display(enabled: bool, name: str) -> tuple[RichProgress | None, An
         return None, None
     bar = RichProgress(
         TextColumn(f"[bold]{name}"), BarColumn(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-        TextColumn("{task.fields[status]}"), console=console, transient=True,
+        TextColumn("{task.fields[status]}"), console=err_console, transient=True,
     )
     return bar, bar.add_task(name, total=None, status="")
 
@@ -46,7 +45,7 @@ def _make_command(spec: ProbeSpec) -> click.Command:
     def command(results: Path, as_json: bool, progress: bool | None, **values: Any) -> None:
         params = build_params(spec.params, values)
         run = new_run(results, spec.name)
-        bar, task = _progress_display(sys.stdout.isatty() if progress is None else progress, spec.name)
+        bar, task = _progress_display(progress_wanted(progress), spec.name)
 
         def show(p: Progress) -> None:
             assert bar is not None

@@ -5,18 +5,36 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
 from ..campaign import CampaignState, find_resumable, run_campaign
-from ..campaign.engine import CampaignResult
+from ..campaign.engine import CampaignResult, RunOutcome
+from ..campaign.state import FINISHED
 from ..errors import InputError
 from ..scenario import load_scenario, parse_scenario
-from .output import console, us
+from ..store import load_run
+from .output import console, err_console, print_json, progress_wanted, us
 
 __all__ = ["run"]
+
+
+def _fill_in_finished_runs(result: CampaignResult, results: Path) -> None:
+    """Runs finished before a --resume come back without their manifest: read it from the store, so that the
+    summary covers every run of the campaign."""
+    for outcome in result.outcomes.values():
+        if outcome.manifest is None and outcome.run_id:
+            try:
+                outcome.manifest = load_run(results / "runs" / outcome.run_id).manifest
+            except InputError:  # deleted or damaged since: the table shows "-" and the status says what it was
+                continue
+
+
+def _overall(outcome: RunOutcome) -> dict[str, Any]:
+    return ((outcome.manifest or {}).get("summary") or {}).get("all") or {}
 
 
 def _summary_table(result: CampaignResult) -> Table:
@@ -25,9 +43,9 @@ def _summary_table(result: CampaignResult) -> Table:
         table.add_column(column, justify="right" if column.endswith(("us", "samples")) else "left",
                          no_wrap=column == "run")
     for key, outcome in result.outcomes.items():
-        summary = ((outcome.manifest or {}).get("summary") or {}).get("all") or {}
+        summary = _overall(outcome)
 
-        def cell(name: str, summary: dict = summary) -> str:
+        def cell(name: str, summary: dict[str, Any] = summary) -> str:
             value = summary.get(name)
             return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else us(value)
 
@@ -36,13 +54,12 @@ def _summary_table(result: CampaignResult) -> Table:
     return table
 
 
-def _print_warnings(result: CampaignResult) -> None:
+def _warnings(result: CampaignResult) -> list[str]:
     seen: dict[str, None] = {}
     for outcome in result.outcomes.values():
         for warning in ((outcome.manifest or {}).get("system") or {}).get("warnings") or []:
             seen.setdefault(str(warning)[:300])
-    for warning in seen:
-        console.print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
+    return list(seen)
 
 
 def _print_reasons(result: CampaignResult) -> None:
@@ -51,14 +68,25 @@ def _print_reasons(result: CampaignResult) -> None:
             console.print(f"{key}: {outcome.status}: {escape(outcome.reason)}", highlight=False)
 
 
+def _document(result: CampaignResult) -> dict[str, Any]:
+    return {"campaign_id": result.state.campaign_id, "scenario": result.state.scenario,
+            "interrupted": result.interrupted, "report": str(result.report) if result.report else None,
+            "runs": {key: {"status": o.status, "reason": o.reason, "run_id": o.run_id, "summary": _overall(o) or None}
+                     for key, o in result.outcomes.items()},
+            "warnings": _warnings(result)}
+
+
 @click.command()
 @click.argument("scenario", required=False)
 @click.option("--out", "results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True, help="results directory (runs/, campaigns/)")
 @click.option("--scale", type=float, default=None, help="multiply every duration and event time (0.01: 100x shorter)")
 @click.option("--resume", is_flag=True, help="continue the last unfinished campaign in --out, skipping finished runs")
-@click.option("--progress/--no-progress", default=None, help="progress bars [default: when on a terminal]")
-def run(scenario: str | None, results: Path, scale: float | None, resume: bool, progress: bool | None) -> None:
+@click.option("--progress/--no-progress", default=None, help="progress bars on stderr [default: when stderr is a "
+              "terminal]")
+@click.option("--json", "as_json", is_flag=True, help="print the campaign summary (every run) as JSON")
+def run(scenario: str | None, results: Path, scale: float | None, resume: bool, progress: bool | None,
+        as_json: bool) -> None:
     """Run a campaign: a built-in scenario NAME (default: `default`) or a scenario FILE.toml."""
     if resume:
         wanted = None
@@ -69,30 +97,36 @@ def run(scenario: str | None, results: Path, scale: float | None, resume: bool, 
             raise InputError(f"option --scale: the campaign being resumed ran at scale {state.scale}; "
                              "leave --scale out or give the same value")
         parsed = parse_scenario(state.scenario_text, state.source)
-        console.print(f"resuming campaign {state.campaign_id}: "
-                      f"{sum(1 for r in state.runs.values() if r.get('status') in ('complete', 'failed', 'skipped'))}"
-                      " runs already finished", highlight=False)
+        if not as_json:
+            finished = sum(1 for r in state.runs.values() if r.get("status") in FINISHED)
+            console.print(f"resuming campaign {state.campaign_id}: {finished} runs already finished", highlight=False)
     else:
         parsed, text, source = load_scenario(scenario or "default")
         factor = 1.0 if scale is None else scale
         if not 0 < factor <= 1000:
             raise InputError("option --scale: must be above 0 and at most 1000")
         state = CampaignState.create(results, parsed.name, text, source, factor)
-    show = sys.stderr.isatty() if progress is None else progress
+    resume_hint = f"continue with rtvirt run --resume --out {results}"
     try:
-        result = run_campaign(parsed, state, results, show_progress=show)
+        result = run_campaign(parsed, state, results, show_progress=progress_wanted(progress))
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/]: continue with rtvirt run --resume --out {results}")
+        err_console.print(f"[yellow]interrupted[/]: {resume_hint}")
         sys.exit(130)
-    console.print(_summary_table(result))
-    _print_reasons(result)
-    _print_warnings(result)
-    if result.interrupted:
-        console.print(f"[yellow]interrupted[/]: continue with rtvirt run --resume --out {results}")
-        sys.exit(130)
-    if result.report:
-        console.print(f"report: {result.report}", highlight=False)
+    _fill_in_finished_runs(result, results)
     failed = [k for k, o in result.outcomes.items() if o.status == "failed"]
+    if as_json:
+        print_json(_document(result))
+    else:
+        console.print(_summary_table(result))
+        _print_reasons(result)
+        for warning in _warnings(result):
+            console.print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
+        if result.report and not result.interrupted:
+            console.print(f"report: {result.report}", highlight=False)
+        if failed and not result.interrupted:
+            console.print(f"[red]{len(failed)} run(s) failed[/]", highlight=False)
+    if result.interrupted:
+        err_console.print(f"[yellow]interrupted[/]: {resume_hint}")
+        sys.exit(130)
     if failed:
-        console.print(f"[red]{len(failed)} run(s) failed[/]", highlight=False)
         sys.exit(1)

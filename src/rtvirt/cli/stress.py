@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
@@ -12,7 +11,7 @@ from rich.table import Table
 from ..params import build_params, click_options
 from ..stressors import ENGINES, STRESSORS, StressorSpec, StressProgress, StressSummary, run_stressor
 from ..units import format_duration
-from .output import console, print_json
+from .output import console, err_console, print_json, progress_wanted
 
 __all__ = ["stress"]
 
@@ -43,10 +42,10 @@ def _make_command(spec: StressorSpec) -> click.Command:
     @click.option("--progress/--no-progress", default=None, help="progress bar [default: when on a terminal]")
     def command(engine: str, as_json: bool, progress: bool | None, **values: Any) -> None:
         params = build_params(spec.params, values)
-        show_bar = sys.stdout.isatty() if progress is None else progress
+        show_bar = progress_wanted(progress)
         if show_bar:
             bar = Progress(TextColumn(f"[bold]stress {spec.name}"), BarColumn(), TimeElapsedColumn(),
-                           TextColumn("left"), TimeRemainingColumn(), console=console, transient=True)
+                           TextColumn("left"), TimeRemainingColumn(), console=err_console, transient=True)
             task = bar.add_task(spec.name, total=None)
 
             def show(p: StressProgress) -> None:
