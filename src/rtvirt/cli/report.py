@@ -9,7 +9,7 @@ import click
 
 from ..results.report import FORMATS, write_report
 from ..results.verdicts import DEFAULT_MARGIN
-from .output import console
+from .output import console, print_json
 from .resultopts import DURATION
 
 __all__ = ["report"]
@@ -31,10 +31,14 @@ _SUFFIX = {"html": ".html", "markdown": ".md", "json": ".json"}
 @click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True, help="outliers per run")
 @click.option("--window", type=DURATION, help="window of the per-window maxima [default: 5m, or 1/50 of a "
               "shorter run]")
+@click.option("--json", "as_json", is_flag=True, help="print where the report went as JSON")
 def report(results: Path, out: Path | None, fmt: Literal["html", "markdown", "json"], baseline: str | None,
-           margin: float, classes_file: Path | None, top: int, window: int | None) -> None:
+           margin: float, classes_file: Path | None, top: int, window: int | None, as_json: bool) -> None:
     """Write the report of every run in RESULTS: verdicts, statistics, plots, isolation, outliers, settings."""
     target = out or Path(results) / f"report{_SUFFIX[fmt]}"
     write_report(results, target, fmt, baseline=baseline, classes_file=classes_file, margin=margin, top=top,
                  window_ns=window)
-    console.print(f"report written to {target}")
+    if as_json:
+        print_json({"report": str(target), "format": fmt})
+    else:
+        console.print(f"report written to {target}")
