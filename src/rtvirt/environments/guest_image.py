@@ -24,7 +24,7 @@ from ..errors import RunError
 from ..fileio import write_atomically
 
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
-           "GUEST_AGENT_DIR", "guest_port_path"]
+           "GUEST_AGENT_DIR", "guest_port_path", "agent_failure"]
 
 KERNEL_PACKAGE = "linux-image-amd64"
 BUSYBOX = Path("/usr/bin/busybox")
@@ -74,6 +74,19 @@ def cache_dir() -> Path:
 def guest_port_path(port: str) -> str:
     """Where the guest sees the virtio-serial port named ``port``."""
     return f"/dev/virtio-ports/{port}"
+
+
+def agent_failure(console: str) -> str | None:
+    """Why the guest's main job failed, read from the console of a guest that stopped; None if it exited 0."""
+    for line in console.splitlines():
+        if line.startswith(EXIT_MARK):
+            status = line.removeprefix(EXIT_MARK).strip()
+            if status == "0":
+                return None
+            said = [x for x in console.splitlines() if x.strip() and not x.startswith(("RTVIRT-", "["))]
+            detail = f": {said[-1].strip()[:200]}" if said else ""
+            return f"the guest's agent failed (status {status[:20]}){detail}"
+    return "the guest stopped before its agent finished"
 
 
 class Cpio:

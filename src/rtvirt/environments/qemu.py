@@ -27,11 +27,11 @@ from ..params import CpuList
 from ..units import duration_field
 from .base import Environment, EnvironmentConfig, Launched
 from .guest_image import (
-    EXIT_MARK,
     GUEST_AGENT_DIR,
     READY_MARK,
     GuestImage,
     GuestJob,
+    agent_failure,
     cache_dir,
     guest_image,
     guest_port_path,
@@ -283,15 +283,7 @@ class QemuEnvironment(Environment):
                 return f"the guest did not boot within {self.config.boot_timeout / 1e9:.0f}s"
             return None
         if self._proc.poll() is not None:
-            for line in console.splitlines():
-                if line.startswith(EXIT_MARK):
-                    status = line.removeprefix(EXIT_MARK).strip()
-                    if status == "0":
-                        return None
-                    said = [x for x in console.splitlines() if x.strip() and not x.startswith(("RTVIRT-", "["))]
-                    detail = f": {said[-1].strip()[:200]}" if said else ""
-                    return f"the guest's agent failed (status {status[:20]}){detail}"
-            return "the guest stopped before its agent finished"
+            return agent_failure(console)
         return None
 
     @property
