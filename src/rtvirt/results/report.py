@@ -15,6 +15,7 @@ from typing import Any, Literal
 from ..fileio import write_atomically
 from .levels import event_offsets
 from .reportdata import Configuration, ReportData, RunView, as_json, collect
+from .studies.tables import study_tables
 
 __all__ = ["render", "write_report", "FORMATS"]
 
@@ -113,6 +114,7 @@ def _tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
                        [[t.vm, t.task, _us(t.bound_ns), _us(t.deadline_ns),
                          "-" if t.schedulable is None else ("yes" if t.schedulable else "no"),
                          _us(t.simulated_max_ns), _us(t.measured_max_ns)] for t in data.tasks]))
+    tables += study_tables(data)  # the studies' own tables, for runs of a study scenario
     runs = []
     for c in data.configurations:
         for view in c.runs:

@@ -1,0 +1,279 @@
+"""The studies' own tables, in the studies' layout, with the published figures beside ours.
+
+Runs of a study scenario carry ``study`` in their manifest (name, fields modified from the built-in,
+scale); the tables are built from the report's configurations of those runs. Published figures come from
+``published.toml`` (numbers from the papers, never adjusted); each comparison gets a one-line reading:
+same direction or not, and our figure over the paper's.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from ..isolation import isolation_of
+from ..reportdata import Configuration, ReportData, RunView
+
+__all__ = ["study_tables", "published", "Table"]
+
+Table = tuple[str, list[str], list[list[str]]]
+_HOURS = (1, 2, 4, 8)  # the COTS study's stability marks; time_profile marks 1/8, 2/8, 4/8 and all of a run
+
+
+@cache
+def published() -> dict[str, Any]:
+    """The published figures per study (``published.toml``)."""
+    return tomllib.loads((resources.files(__package__) / "published.toml").read_text(encoding="utf-8"))
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:,.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:+.2f} %"
+
+
+def _meta(c: Configuration) -> dict[str, Any]:
+    manifest = c.runs[0].run.manifest
+    campaign = manifest.get("campaign") or {}
+    return {"environment": str(manifest.get("environment") or "-"), "group": str(campaign.get("group") or "-"),
+            "workload": str(campaign.get("workload") or "-"), "disturbance": str(campaign.get("disturbance") or "-"),
+            "order": str(campaign.get("start_order") or "-"), "probe": str(manifest.get("probe") or "-"),
+            "value_field": str(manifest.get("value_field") or "")}
+
+
+def _study(c: Configuration) -> dict[str, Any] | None:
+    for view in c.runs:
+        study = view.run.manifest.get("study")
+        if isinstance(study, dict) and study.get("name") in published():
+            return study
+    return None
+
+
+def _reading(ours: float | None, paper: float | None, ours_ref: float | None = None,
+             paper_ref: float | None = None) -> str:
+    """One line: the direction against a reference configuration (when given) and our figure over the paper's."""
+    parts = []
+    if None not in (ours_ref, paper_ref) and ours is not None and paper is not None and ours_ref and paper_ref:
+        ours_change, paper_change = ours / ours_ref - 1, paper / paper_ref - 1
+        same = (ours_change > 0) == (paper_change > 0)
+        parts.append(f"{'same direction' if same else 'opposite direction'} (ours {ours_change * 100:+.0f} %, "
+                     f"paper {paper_change * 100:+.0f} %)")
+    if ours is not None and paper:
+        parts.append(f"{ours / paper:.2f}x the paper")
+    return "; ".join(parts) or "no published figure to compare"
+
+
+def _provenance(name: str, configs: list[Configuration]) -> Table:
+    paper = published()[name]
+    modified: list[str] = []
+    scales: set[float] = set()
+    warnings: set[str] = set()
+    for c in configs:
+        for view in c.runs:
+            study = view.run.manifest.get("study") or {}
+            modified += [f for f in study.get("modified") or [] if f not in modified]
+            if isinstance(study.get("scale"), int | float):
+                scales.add(round(float(study["scale"]), 6))
+            system = view.run.manifest.get("system") or {}
+            warnings.update(str(w) for w in (system.get("warnings") or []) if "not represent" in str(w))
+    status = ("modified from the study's configuration: field " + ", ".join(modified)) if modified \
+        else "the study's configuration (the built-in scenario unchanged)"
+    scale = "full length" if scales == {1.0} else \
+        "scaled: " + ", ".join(f"{s:g}" for s in sorted(scales)) + " of the study's durations"
+    rows = [["paper", str(paper["title"])], ["paper's platform", str(paper["platform"])],
+            ["paper's method", str(paper["method"])], ["this campaign", status], ["duration", scale]]
+    rows += [["timings here", w] for w in sorted(warnings)[:3]]
+    return (f"Study {name}: this campaign beside the paper", ["item", "value"], rows)
+
+
+# --- COTS-hypervisor ------------------------------------------------------------------------------------
+
+def _ms(ns: float) -> str:
+    return _num(ns / 1e6, 4)
+
+
+def _cots(configs: list[Configuration]) -> list[Table]:
+    note = "" if published()["cots-hypervisor"].get("tables_quoted") else \
+        "; the paper's values for this table are not quoted in rtvirt's reference data"
+    ordered = sorted(configs, key=lambda c: (_meta(c)["group"], _meta(c)["environment"]))
+    stats = []
+    stability = []
+    for c in ordered:
+        meta, s = _meta(c), c.summary
+        stats.append([meta["environment"], meta["group"], str(s.samples), _ms(s.lower_whisker_ns), _ms(s.q1_ns),
+                      _ms(s.median_ns), _ms(s.mean_ns), _ms(s.stdev_ns), _ms(s.q3_ns), _ms(s.upper_whisker_ns),
+                      _ms(s.max_jitter_ns), f"{_ms(s.mean_ci_low_ns)} – {_ms(s.mean_ci_high_ns)}"])
+        for view in c.runs:
+            if view.profile is None:
+                continue
+            for hours, (end, mark) in zip(_HOURS, view.profile.marks, strict=False):
+                stability.append([meta["environment"], meta["group"], f"{hours} h mark ({end / 1e9:,.1f} s here)",
+                                  str(mark.samples), _ms(mark.mean_ns), _ms(mark.max_ns), _ms(mark.max_jitter_ns)])
+    return [(f"COTS-hypervisor study: statistics per system and testing profile (ms){note}",
+             ["system profile", "testing profile", "samples", "lower whisker", "lower quartile", "median", "mean",
+              "σ", "upper quartile", "upper whisker", "max jitter", "mean 95 % CI"], stats),
+            (f"COTS-hypervisor study: stability over 1/2/4/8 h (cumulative, ms){note}",
+             ["system profile", "testing profile", "up to", "samples", "mean", "max", "max jitter"], stability)]
+
+
+# --- guest isolation --------------------------------------------------------------------------------------
+
+def _first_interval_change(view: RunView) -> tuple[float | None, float | None, int]:
+    """(first interval, median of the others, intervals) of a Thread-Metric run."""
+    if not view.run.has_samples or not view.run.value_field:
+        return None, None, 0
+    table = view.run.samples(["t_ns", view.run.value_field])
+    order = np.argsort(table.column(0).to_numpy(), kind="stable")
+    values = table.column(1).to_numpy()[order].astype(float)
+    if values.size < 2:
+        return None, None, int(values.size)
+    return float(values[0]), float(np.median(values[1:])), int(values.size)
+
+
+def _isolation(configs: list[Configuration]) -> list[Table]:
+    paper = published()["guest-isolation"]
+    out = paper["outliers"]
+    paper_ratio = f"{out['outlier_cycles'] / out['median_cycles_high']:,.0f}–" \
+                  f"{out['outlier_cycles'] / out['median_cycles_low']:,.0f}x"
+    outlier_rows, increase_rows, order_rows, timeline_rows = [], [], [], []
+    by_group: dict[str, list[Configuration]] = {}
+    for c in configs:
+        by_group.setdefault(_meta(c)["group"], []).append(c)
+    for group, members in by_group.items():
+        metas = [_meta(c) for c in members]
+        base = next((c for c, m in zip(members, metas, strict=True) if m["disturbance"] == "solo"), None)
+        for c, meta in zip(members, metas, strict=True):
+            tops = [v.outliers[0] for v in c.runs if v.outliers]
+            if meta["value_field"] == "duration_ns" and tops:
+                top = max(tops, key=lambda o: o.value_ns)
+                ratio = top.value_ns / top.median_ns if top.median_ns else float("nan")
+                if top.value_cycles is not None:
+                    reading = (f"{_reading(top.value_cycles, out['outlier_cycles'])}; ours {ratio:,.0f}x the median, "
+                               f"paper {paper_ratio}" + ("" if meta["disturbance"] != "solo"
+                                                         else "; the paper saw such outliers only with a stressor guest"))
+                else:
+                    reading = "no cycle counter in this run's stream header: time only"
+                outlier_rows.append([meta["workload"], meta["disturbance"], meta["order"],
+                                     _num(top.value_cycles, 0), _num(top.value_ns / 1e6, 4),
+                                     _num(top.median_cycles, 0), _num(top.median_ns / 1e3, 3),
+                                     f"{out['outlier_cycles']:,} (≈{out['outlier_ms']:g} ms)",
+                                     f"{out['median_cycles_low']}–{out['median_cycles_high']}", reading])
+            if meta["value_field"] == "duration_ns" and base is not None and c is not base \
+                    and c.summary.samples and base.summary.samples:
+                row = isolation_of(c.label, c.summary, base.label, base.summary)
+                increase_rows.append([meta["workload"], meta["disturbance"], meta["order"],
+                                      _pct(row.mean_increase_pct), _pct(row.median_increase_pct),
+                                      _num(row.wcet_ns / 1e3), _num(row.baseline_wcet_ns / 1e3),
+                                      _num(row.wcet_ratio, 2), "not quoted in our source"])
+            if meta["probe"] == "threadmetric" and group != "30min" and not _has_events(c):
+                firsts = [_first_interval_change(v) for v in c.runs]
+                changes = [(first / steady - 1) * 100 for first, steady, _ in firsts if first is not None and steady]
+                change = float(np.median(changes)) if changes else None
+                ramps = [v.ramp for v in c.runs if v.ramp is not None]
+                ramp = (f"{len(ramps)}/{len(c.runs)} runs; up to {max(r.end_ns for r in ramps) / 1e9:.1f} s"
+                        if ramps else f"none detected in {len(c.runs)} run(s)")
+                order_rows.append([meta["disturbance"], meta["order"], str(sum(n for *_, n in firsts)),
+                                   _num(firsts[0][0], 0) if firsts else "-", _num(firsts[0][1], 0) if firsts else "-",
+                                   _pct(change), ramp, _pct(paper["threadmetric"]["first_interval_pct"]),
+                                   _reading(change, paper["threadmetric"]["first_interval_pct"], 1.0, 1.0)
+                                   if change is not None else "no intervals to compare"])
+            if _has_events(c):
+                timeline_rows += _on_off_rows(c, meta, paper["threadmetric"])
+    tables: list[Table] = []
+    if outlier_rows:
+        tables.append(("Guest-isolation study: outliers (largest sample of each configuration vs the run median)",
+                       ["workload", "disturbance", "start order", "outlier (cycles)", "outlier (ms)",
+                        "median (cycles)", "median (µs)", "paper: outlier", "paper: median (cycles)", "reading"],
+                       outlier_rows))
+    if increase_rows:
+        tables.append(("Guest-isolation study: increase against the solo baseline, per workload (µs)",
+                       ["workload", "disturbance", "start order", "mean increase", "median increase", "WCET",
+                        "baseline WCET", "WCET / baseline WCET", "paper"], increase_rows))
+    if order_rows:
+        tables.append(("Guest-isolation study: start order and the start-up ramp (Thread-Metric rounds per interval)",
+                       ["disturbance", "start order", "intervals", "first interval (run 1)", "steady level (run 1)",
+                        "first vs steady (median of runs)", "ramp", "paper: first interval", "reading"], order_rows))
+    if timeline_rows:
+        tables.append(("Guest-isolation study: the 30-minute run, stress on from minute 10 to 20 "
+                       "(Thread-Metric rounds per interval)",
+                       ["run", "median before", "median during", "median after", "during vs before",
+                        "after vs before", "lowest interval vs median", "paper: during vs before",
+                        "paper: rare outliers", "reading"], timeline_rows))
+    return tables
+
+
+def _has_events(c: Configuration) -> bool:
+    return any(any(seg.after_event == "stress-on" for seg in v.segments) for v in c.runs)
+
+
+def _on_off_rows(c: Configuration, meta: dict[str, Any], paper: dict[str, float]) -> list[list[str]]:
+    rows = []
+    for view in c.runs:
+        before = [s for s in view.segments if s.after_event in ("start", "workload-start")]
+        during = next((s for s in view.segments if s.after_event == "stress-on"), None)
+        after = next((s for s in view.segments if s.after_event == "stress-off"), None)
+        if not before or during is None:
+            continue
+        level = before[-1].median_ns
+        change = (during.median_ns / level - 1) * 100 if level else None
+        after_change = (after.median_ns / level - 1) * 100 if after is not None and level else None
+        lowest = None
+        first, steady, _ = _first_interval_change(view)
+        if steady:
+            table = view.run.samples([str(view.run.value_field)])
+            lowest = (float(np.min(table.column(0).to_numpy())) / steady - 1) * 100
+        rows.append([view.run.run_id, _num(level, 0), _num(during.median_ns, 0),
+                     _num(after.median_ns, 0) if after else "-", _pct(change), _pct(after_change), _pct(lowest),
+                     _pct(paper["under_stress_pct"]), _pct(paper["rare_outlier_pct"]),
+                     _reading(change, paper["under_stress_pct"], 1.0, 1.0) if change is not None else "-"])
+    return rows
+
+
+# --- interrupt latency ------------------------------------------------------------------------------------
+
+def _interrupt(configs: list[Configuration]) -> list[Table]:
+    by_key = {c.label.split(": ", 1)[-1]: c for c in configs}
+    reference_rows = published()["interrupt-latency"]["rows"]
+    native_paper = reference_rows[0]
+    native_ours = by_key.get(native_paper["ours"])
+    rows = []
+    for ref in reference_rows:
+        c = by_key.get(ref["ours"])
+        ours = (c.summary.min_ns / 1e3, c.summary.mean_ns / 1e3, c.summary.max_ns / 1e3) if c else (None,) * 3
+        readings = []
+        for index, field in ((1, "avg_us"), (2, "max_us")):
+            if field in ref and ours[index] is not None:
+                ref_ours = None if native_ours is None or ref is native_paper else \
+                    (native_ours.summary.mean_ns, native_ours.summary.max_ns)[index - 1] / 1e3
+                ref_paper = None if ref is native_paper else native_paper[field]
+                readings.append(f"{field[:3]}: {_reading(ours[index], ref[field], ref_ours, ref_paper)}")
+        rows.append([str(ref["configuration"]), c.label if c else "not run", _num(ours[0]), _num(ours[1]),
+                     _num(ours[2]), _num(ref.get("min_us"), 1), _num(ref.get("avg_us"), 1), _num(ref.get("max_us"), 1),
+                     " · ".join(readings) or "not run here"])
+    return [("Interrupt-latency study: min / avg / max per configuration (µs)",
+             ["configuration", "ours", "min", "avg", "max", "paper: min", "paper: avg", "paper: max", "reading"],
+             rows)]
+
+
+_BUILDERS = {"cots-hypervisor": _cots, "guest-isolation": _isolation, "interrupt-latency": _interrupt}
+
+
+def study_tables(data: ReportData) -> list[Table]:
+    """The study tables of every study whose runs are in the report (none for other runs)."""
+    by_study: dict[str, list[Configuration]] = {}
+    for c in data.configurations:
+        study = _study(c)
+        if study is not None:
+            by_study.setdefault(str(study["name"]), []).append(c)
+    tables: list[Table] = []
+    for name, configs in by_study.items():
+        tables.append(_provenance(name, configs))
+        tables += _BUILDERS[name](configs)
+    return tables
