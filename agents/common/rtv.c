@@ -225,17 +225,54 @@ static void sb_params(sbuf *s, const rtv_opt *const *tables, int ntables) {
     sb_put(s, "}", 1);
 }
 
-static void write_all(int fd, const void *data, size_t n) {
+static int write_fully(int fd, const void *data, size_t n) {
     const char *p = data;
     while (n) {
         ssize_t w = write(fd, p, n);
         if (w < 0) {
             if (errno == EINTR) continue;
-            rtv_die(RTV_EXIT_FAILURE, "cannot write the sample stream: %s", strerror(errno));
+            return -1;
         }
         p += w;
         n -= (size_t)w;
     }
+    return 0;
+}
+
+/* The stream goes to the output and, when --tee is given, to the copy as well. Once the output is
+ * gone (its reader disconnected), the copy alone carries on and the run is stopped: the copy then
+ * holds every sample, for the controller to fetch after it reconnects. */
+static void write_all(rtv_ctx *ctx, const void *data, size_t n) {
+    if (ctx->tee_fd >= 0 && write_fully(ctx->tee_fd, data, n) != 0)
+        rtv_die(RTV_EXIT_FAILURE, "cannot write the stream copy '%s': %s", ctx->common.tee, strerror(errno));
+    if (ctx->out_broken) return;
+    if (write_fully(ctx->out_fd, data, n) != 0) {
+        if (ctx->tee_fd < 0) rtv_die(RTV_EXIT_FAILURE, "cannot write the sample stream: %s", strerror(errno));
+        ctx->out_broken = true;
+        atomic_store(&rtv_stop_requested, 1);
+    }
+}
+
+static void *watch_stdin_main(void *arg) {
+    (void)arg;
+    sigset_t stops;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &stops, NULL); /* the stop request is handled by the other threads */
+    char buf[256];
+    for (;;) {
+        ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+        if (n == 0 || (n < 0 && errno != EINTR)) break;
+    }
+    kill(getpid(), SIGTERM);
+    return NULL;
+}
+
+void rtv_watch_stdin(void) {
+    pthread_t tid = rtv_spawn(watch_stdin_main, NULL);
+    pthread_detach(tid);
 }
 
 static void write_header(rtv_ctx *ctx, const rtv_opt *const *tables, int ntables) {
@@ -276,11 +313,11 @@ static void write_header(rtv_ctx *ctx, const rtv_opt *const *tables, int ntables
     uint32_t version = RTV_STREAM_VERSION, len = (uint32_t)s.len;
     size_t pad = (8 - (16 + s.len) % 8) % 8; /* records start 8-byte aligned */
     char zeros[8] = {0};
-    write_all(ctx->out_fd, RTV_STREAM_MAGIC, 8);
-    write_all(ctx->out_fd, &version, 4);
-    write_all(ctx->out_fd, &len, 4);
-    write_all(ctx->out_fd, s.buf, s.len);
-    write_all(ctx->out_fd, zeros, pad);
+    write_all(ctx, RTV_STREAM_MAGIC, 8);
+    write_all(ctx, &version, 4);
+    write_all(ctx, &len, 4);
+    write_all(ctx, s.buf, s.len);
+    write_all(ctx, zeros, pad);
     free(s.buf);
 }
 
@@ -318,7 +355,7 @@ static void *writer_main(void *arg) {
         int quitting = atomic_load(&writer_quit);
         size_t n = drain(ctx, batch, CHUNK);
         if (n) {
-            write_all(ctx->out_fd, batch, n * sizeof *batch);
+            write_all(ctx, batch, n * sizeof *batch);
             for (size_t i = 0; i < n; i++) ctx->written += !(batch[i].flags & RTV_FLAG_META);
         } else if (quitting) {
             break;
@@ -439,6 +476,12 @@ void rtv_ctx_start(rtv_ctx *ctx, const rtv_opt *const *tables, int ntables) {
         ctx->out_fd = open(c->out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (ctx->out_fd < 0) rtv_die(RTV_EXIT_USAGE, "cannot open output '%s': %s", c->out, strerror(errno));
     }
+    ctx->tee_fd = -1;
+    if (c->tee && *c->tee) {
+        ctx->tee_fd = open(c->tee, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (ctx->tee_fd < 0) rtv_die(RTV_EXIT_USAGE, "cannot open the stream copy '%s': %s", c->tee, strerror(errno));
+    }
+    if (c->watch_stdin) rtv_watch_stdin();
 
     ctx->nrings = (int)c->threads;
     ctx->rings = calloc((size_t)ctx->nrings, sizeof *ctx->rings);
@@ -465,15 +508,16 @@ int rtv_ctx_finish(rtv_ctx *ctx, int probe_status) {
     for (int i = 0; i < ctx->nrings; i++) {
         rtv_record d = {.t_ns = rtv_now_ns(), .value = (int64_t)atomic_load(&ctx->rings[i].dropped),
                         .thread = (uint16_t)i, .kind = RTV_META_DROPPED, .flags = RTV_FLAG_META};
-        write_all(ctx->out_fd, &d, sizeof d);
+        write_all(ctx, &d, sizeof d);
     }
     rtv_end_reason reason = probe_status != 0            ? RTV_END_ERROR
                             : atomic_load(&rtv_stop_requested) ? RTV_END_SIGNAL
                                                               : RTV_END_COMPLETE;
     rtv_record end = {.t_ns = rtv_now_ns(), .value = (int64_t)ctx->written, .aux = reason,
                       .kind = RTV_META_END, .flags = RTV_FLAG_META};
-    write_all(ctx->out_fd, &end, sizeof end);
+    write_all(ctx, &end, sizeof end);
     if (ctx->out_fd != STDOUT_FILENO) close(ctx->out_fd);
+    if (ctx->tee_fd >= 0) close(ctx->tee_fd);
     if (ctx->dma_fd >= 0) close(ctx->dma_fd);
     return probe_status;
 }

@@ -68,6 +68,8 @@ typedef struct {
     bool dma_latency; /* hold /dev/cpu_dma_latency at 0 */
     rtv_cpulist affinity; /* thread i runs on affinity.cpu[i % count] */
     const char *out;
+    const char *tee;      /* "" or a file that receives a copy of the stream (kept on an SSH target) */
+    bool watch_stdin;     /* stop (flushing) when stdin reaches its end: the agent dies with its session */
     uint64_t ring_order; /* ring capacity 2^order records per thread */
 } rtv_common;
 
@@ -135,6 +137,8 @@ struct rtv_ctx {
     int nrings;
     rtv_ring *rings;
     int out_fd;
+    int tee_fd;      /* -1: no copy */
+    bool out_broken; /* the output went away (a dropped SSH channel): the tee file carries on alone */
     pthread_t writer;
     uint64_t written;
     uint64_t start_ns;
@@ -205,5 +209,7 @@ int rtv_cpulist_parse(const char *text, rtv_cpulist *out);
 void rtv_ctx_start(rtv_ctx *ctx, const rtv_opt *const *tables, int ntables);
 int rtv_ctx_finish(rtv_ctx *ctx, int probe_status);
 void rtv_install_signal_handlers(void);
+/* Start a thread that sends this process SIGTERM once stdin reaches its end (or hangs up). */
+void rtv_watch_stdin(void);
 
 #endif

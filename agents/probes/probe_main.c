@@ -11,7 +11,7 @@ static const rtv_probe *const probes[] = {RTV_PROBE_LIST(RTV_PROBE_ENTRY)};
 #define NPROBES (sizeof probes / sizeof probes[0])
 
 static rtv_ctx ctx = {
-    .common = {.threads = 1, .priority = 99, .mlock = true, .dma_latency = true, .out = "-", .ring_order = 16},
+    .common = {.threads = 1, .priority = 99, .mlock = true, .dma_latency = true, .out = "-", .tee = "", .ring_order = 16},
 };
 
 static const rtv_opt common_opts[] = {
@@ -23,6 +23,8 @@ static const rtv_opt common_opts[] = {
     {"dma-latency", RTV_OPT_BOOL, &ctx.common.dma_latency, 0, 1, "hold /dev/cpu_dma_latency at 0"},
     {"affinity", RTV_OPT_CPUS, &ctx.common.affinity, 0, 0, "CPU list; thread i runs on the i-th (cycling)"},
     {"out", RTV_OPT_STR, &ctx.common.out, 0, 0, "output file, - for stdout"},
+    {"tee", RTV_OPT_STR, &ctx.common.tee, 0, 0, "also write the stream to this file"},
+    {"watch-stdin", RTV_OPT_BOOL, &ctx.common.watch_stdin, 0, 1, "stop when stdin ends (dies with its session)"},
     {"ring-order", RTV_OPT_U64, &ctx.common.ring_order, 8, 26, "ring capacity per thread, 2^n records"},
     {0},
 };

@@ -30,6 +30,7 @@ static const rtv_opt common_opts[] = {
     {"cpus", RTV_OPT_CPUS, &stress.ctx.common.affinity, 0, 0, "CPU list; worker i runs on the i-th (cycling)"},
     {"duration", RTV_OPT_NS, &stress.ctx.common.duration_ns, 0, UINT64_MAX, "run time in ns, 0 = until signalled"},
     {"priority", RTV_OPT_U64, &stress.ctx.common.priority, 0, 99, "SCHED_FIFO priority, 0 = SCHED_OTHER"},
+    {"watch-stdin", RTV_OPT_BOOL, &stress.ctx.common.watch_stdin, 0, 1, "stop when stdin ends (dies with its session)"},
     {0},
 };
 
@@ -206,6 +207,7 @@ int main(int argc, char **argv) {
     struct sigaction poke = {.sa_handler = on_poke};
     sigaction(SIGUSR1, &poke, NULL);
     signal(SIGPIPE, SIG_IGN);
+    if (s->ctx.common.watch_stdin) rtv_watch_stdin();
 
     workers = calloc((size_t)nworkers, sizeof *workers);
     slots = calloc((size_t)nworkers, sizeof *slots);

@@ -7,6 +7,7 @@ site-packages rather than beside the sources, so the distribution's file list is
 from __future__ import annotations
 
 import os
+import platform
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -15,27 +16,52 @@ from pydantic import BaseModel
 
 from .errors import InputError, PrivilegeError, RunError
 
-__all__ = ["AGENTS", "agent_path", "agent_args", "agent_failure"]
+__all__ = ["AGENTS", "CROSS_COMPILERS", "native_arch", "agent_path", "agent_args", "agent_failure"]
 
 AGENTS = ("rtvirt-probe", "rtvirt-stress")
 
 
+# Architectures cross-built beside the native agents (in _bin/<arch>/), with the Debian package that builds them.
+CROSS_COMPILERS = {"aarch64": "gcc-aarch64-linux-gnu"}
+
+
+def native_arch() -> str:
+    machine = platform.machine()
+    return {"arm64": "aarch64", "amd64": "x86_64"}.get(machine, machine)
+
+
 @cache
-def _installed_agents() -> dict[str, Path]:
+def _installed_agents() -> dict[tuple[str, str], Path]:
+    """(architecture, name) -> path: the native set in _bin, cross-built sets in _bin/<arch>."""
     try:
         files = metadata.files("rtvirt") or []
     except metadata.PackageNotFoundError:
         return {}
-    return {f.name: Path(str(f.locate())) for f in files if f.parent.name == "_bin" and f.name in AGENTS}
+    found = {}
+    for f in files:
+        if f.name not in AGENTS:
+            continue
+        if f.parent.name == "_bin":
+            found[(native_arch(), f.name)] = Path(str(f.locate()))
+        elif f.parent.parent.name == "_bin":
+            found[(f.parent.name, f.name)] = Path(str(f.locate()))
+    return found
 
 
-def agent_path(name: str) -> Path:
-    """Path of agent ``name``; $RTVIRT_AGENT_DIR overrides (e.g. a cross-built set for a guest)."""
+def agent_path(name: str, arch: str | None = None) -> Path:
+    """Path of agent ``name`` built for ``arch`` (default: this machine's); $RTVIRT_AGENT_DIR overrides
+    the native set (e.g. a cross-built set for a guest)."""
     if name not in AGENTS:
         raise ValueError(f"unknown agent {name!r}")
+    arch = arch or native_arch()
     override = os.environ.get("RTVIRT_AGENT_DIR")
-    path = Path(override) / name if override else _installed_agents().get(name)
+    path = Path(override) / name if override and arch == native_arch() else _installed_agents().get((arch, name))
     if path is None or not os.access(path, os.X_OK):
+        if arch != native_arch():
+            package = CROSS_COMPILERS.get(arch)
+            hint = (f"install {package} and run `make setup`" if package
+                    else f"rtvirt builds agents for {native_arch()} and {', '.join(CROSS_COMPILERS)} only")
+            raise RunError(f"no {arch} build of the agent {name} ({path or 'not installed'}): {hint}")
         raise RunError(f"the native agent {name} is missing ({path or 'not installed'}); "
                        "run `make setup` so that it is compiled")
     return path
