@@ -22,7 +22,7 @@ class PlannedRun:
     settle_ns: int
     events: tuple[tuple[int, str], ...]  # (ns after the workload started, action)
     workload: int = 0  # index into Scenario.probe_workloads()
-    group: str | None = None  # the run group's name when the scenario has groups
+    group: str = "all"  # the run group (Scenario.run_groups)
 
 
 def scaled_ns(value: int, scale: float) -> int:
@@ -68,6 +68,5 @@ def expand(scenario: Scenario, scale: float = 1.0) -> list[PlannedRun]:
                         if grouped:
                             parts.insert(0, group.name)
                         runs.append(PlannedRun("/".join(parts), config, env_index, dist_index, order, repetition,
-                                               duration, settle, scaled_events, workload,
-                                               group.name if grouped else None))
+                                               duration, settle, scaled_events, workload, group.name))
     return runs

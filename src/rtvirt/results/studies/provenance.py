@@ -38,8 +38,7 @@ def study_provenance(scenario: Scenario, plan: Any) -> dict[str, Any] | None:
         return None
     reference = parse_scenario(builtin_scenarios()[scenario.study], f"built-in scenario {scenario.study}")
     changed = differences(scenario.model_dump(mode="json"), reference.model_dump(mode="json"))
-    groups = {group.name: group for group in scenario.run_groups()}
-    group = groups.get(plan.group) if plan.group is not None else scenario.run_groups()[0]
-    full = int(group.duration if group is not None and group.duration is not None else scenario.duration)
+    group = next(group for group in scenario.run_groups() if group.name == plan.group)
+    full = int(group.duration if group.duration is not None else scenario.duration)
     return {"name": scenario.study, "modified": changed[:_MAX_LISTED], "modified_count": len(changed),
             "scale": plan.duration_ns / full}
