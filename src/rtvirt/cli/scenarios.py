@@ -84,20 +84,20 @@ def scenarios(name: str | None, as_json: bool, scale: float) -> None:
         else:
             _show(document)
         return
-    listing = []
+    listing = {}
     for builtin, text in builtin_scenarios().items():
         parsed = parse_scenario(text, f"built-in scenario {builtin}")
         plans: list[PlannedRun] = expand(parsed, scale)
-        listing.append({"name": builtin, "study": parsed.study, "runs": len(plans),
-                        "total_duration_s": sum(p.duration_ns for p in plans) / 1e9,
-                        "description": parsed.description})
+        listing[builtin] = {"study": parsed.study, "runs": len(plans), "duration_ns": parsed.duration,
+                            "total_duration_s": sum(p.duration_ns for p in plans) / 1e9,
+                            "description": parsed.description}
     if as_json:
-        print_json({"scenarios": listing})
+        print_json(listing)
         return
     table = Table(title="built-in scenarios (`rtvirt scenarios NAME` shows one's matrix)", title_justify="left")
     for column in ("name", "study", "runs", "measurement", "description"):
         table.add_column(column)
-    for entry in listing:
-        table.add_row(entry["name"], entry["study"] or "-", str(entry["runs"]),
+    for builtin, entry in listing.items():
+        table.add_row(builtin, entry["study"] or "-", str(entry["runs"]),
                       format_duration(entry["total_duration_s"] * 1e9), entry["description"])
     console.print(table)
