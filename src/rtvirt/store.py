@@ -135,15 +135,21 @@ def _compact(table: pa.Table, value_field: str) -> pa.Table:
 
 def histogram_table(groups: Iterable[tuple[int, str, Histogram]]) -> pa.Table:
     """The stored histogram layout (cpu, kind, value, count) from per-(cpu, kind) histograms."""
-    columns: dict[str, list[Any]] = {"cpu": [], "kind": [], "value": [], "count": []}
-    for cpu, kind, h in groups:
-        columns["cpu"].append(np.full(h.values.size, cpu, np.int16))
-        columns["kind"].append(np.full(h.values.size, kind, dtype=object))
-        columns["value"].append(h.values.astype(np.int64))
-        columns["count"].append(h.counts.astype(np.int64))
-    types = {"cpu": pa.int16(), "kind": pa.string(), "value": pa.int64(), "count": pa.int64()}
-    return pa.table({name: pa.array(np.concatenate(parts) if parts else [], types[name])
-                     for name, parts in columns.items()})
+    groups = list(groups)
+    kind_names = list(dict.fromkeys(kind for _, kind, _ in groups))
+    code = {kind: i for i, kind in enumerate(kind_names)}
+
+    def joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+
+    kinds = joined([np.full(h.values.size, code[kind], np.int32) for _, kind, h in groups], np.int32)
+    return pa.table({
+        "cpu": pa.array(joined([np.full(h.values.size, cpu, np.int16) for cpu, _, h in groups], np.int16)),
+        # strings gathered in Arrow, not a Python object per row (a long simulation has millions of rows)
+        "kind": pc.take(pa.array(kind_names, pa.string()), pa.array(kinds)),
+        "value": pa.array(joined([h.values for _, _, h in groups], np.int64)),
+        "count": pa.array(joined([h.counts for _, _, h in groups], np.int64)),
+    })
 
 
 def _group_histograms(table: pa.Table, value_field: str) -> pa.Table:
@@ -161,12 +167,17 @@ def _group_histograms(table: pa.Table, value_field: str) -> pa.Table:
     else:
         kind_names, kinds = [""], np.zeros(n, np.int32)
     keys = cpus.astype(np.int64) * (len(kind_names) + 1) + kinds.astype(np.int64)
-    distinct_keys = np.flatnonzero(np.bincount(keys))  # a counting pass, not a sort of every sample
+    sizes = np.bincount(keys)  # a counting pass
+    distinct_keys = np.flatnonzero(sizes)
+    if distinct_keys.size > 1:
+        # one stable sort by group (radix on small keys) instead of a masked pass over every sample per group
+        compact = np.searchsorted(distinct_keys, keys).astype(np.uint16 if distinct_keys.size < 1 << 16 else np.int64)
+        values = values[np.argsort(compact, kind="stable")]
+    ends = np.cumsum(sizes[distinct_keys])
     groups = []
-    for key in distinct_keys:
-        selected = values if distinct_keys.size == 1 else values[keys == key]
+    for key, end, size in zip(distinct_keys, ends, sizes[distinct_keys], strict=True):
         cpu, kind = divmod(int(key), len(kind_names) + 1)
-        groups.append((cpu, kind_names[kind], Histogram.of(selected)))
+        groups.append((cpu, kind_names[kind], Histogram.of(values[end - size:end])))
     return histogram_table(groups)
 
 
@@ -179,12 +190,13 @@ def summaries_from_histogram(histogram: pa.Table, group_by: str | None, dropped:
     """Per-group (``cpu`` or ``kind``) and ``all`` summaries from a stored histogram table."""
     result: dict[str, Summary] = {}
     if group_by and histogram.num_rows:
-        groups = histogram[group_by].to_pylist()
-        keys = np.array(groups, dtype=object)
-        for group in sorted(set(groups), key=str):
-            part = histogram.filter(pa.array(keys == group))
+        encoded = pc.dictionary_encode(histogram[group_by].combine_chunks())  # codes, not a Python object per row
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        values, counts = histogram["value"].to_numpy(), histogram["count"].to_numpy()
+        for code, group in sorted(enumerate(encoded.dictionary.to_pylist()), key=lambda item: str(item[1])):
+            mask = codes == code
             label = f"cpu {group}" if group_by == "cpu" else str(group)
-            result[label] = summarize_histogram(Histogram.merged([_as_histogram(part)]))
+            result[label] = summarize_histogram(Histogram.merged([Histogram(values[mask], counts[mask])]))
     result["all"] = summarize_histogram(Histogram.merged([_as_histogram(histogram)]), dropped)
     return result
 
