@@ -9,6 +9,7 @@ start. supply.parquet holds the time each vCPU ran per supply window; gaps.parqu
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from ..store import RunDir, new_run, write_run
 from .core import SimResult, supply_window
 
 __all__ = ["samples_table", "gap_probe_table", "task_summary", "write_simulated_run"]
+
+_SUPPLY_ENCODING = {"window_start_ns": "DELTA_BINARY_PACKED", "supply_ns": "DELTA_BINARY_PACKED"}
 
 
 def _names(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
@@ -80,17 +83,19 @@ def gap_probe_table(result: SimResult) -> pa.Table:
 
 
 def _stats(names: list[str], codes: np.ndarray, response: np.ndarray, met: np.ndarray) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for index, name in enumerate(names):
-        mask = codes == index
-        values = response[mask]
-        out[name] = {
-            "jobs": int(values.size),
-            "mean_response_ns": float(values.mean()) if values.size else None,
-            "max_response_ns": int(values.max()) if values.size else None,
-            "misses": int((~met[mask]).sum()),
-        }
-    return out
+    """Per name: count, mean and max response, misses; one grouping sort instead of a pass per name."""
+    size = max(len(names), 1)
+    jobs = np.bincount(codes, minlength=size)
+    sums = np.bincount(codes, weights=response, minlength=size)
+    misses = np.bincount(codes[~met], minlength=size)
+    maxima = np.zeros(size, np.int64)
+    if codes.size:
+        order = np.argsort(codes.astype(np.uint16 if size < 1 << 16 else np.int64), kind="stable")  # radix sort
+        present = np.flatnonzero(jobs)
+        maxima[present] = np.maximum.reduceat(response[order], (np.cumsum(jobs) - jobs)[present])
+    return {name: {"jobs": int(jobs[i]), "mean_response_ns": float(sums[i] / jobs[i]) if jobs[i] else None,
+                   "max_response_ns": int(maxima[i]) if jobs[i] else None, "misses": int(misses[i])}
+            for i, name in enumerate(names)}
 
 
 def task_summary(result: SimResult) -> dict[str, Any]:
@@ -140,26 +145,32 @@ def write_simulated_run(result: SimResult, results: Path, *, model_path: str, pa
     """Store one simulation as a run (manifest source "simulated"); returns the run and its task summary.
     ``label`` names the configuration in reports and comparisons (default: the model's name)."""
     run = new_run(results, f"sim-{result.model.name}")
-    summary = task_summary(result)
-    pq.write_table(result.supply, run.path / "supply.parquet", compression="zstd")
-    if result.gaps.num_rows:
-        pq.write_table(gap_probe_table(result), run.path / "gaps.parquet", compression="zstd")
-    manifest = {
-        "name": f"sim {result.model.name}",
-        "source": "simulated",
-        "probe": "sim",
-        "value_field": "response_ns",
-        "status": summary["status"],
-        "end_reason": result.end_reason,
-        "params": params,
-        "config": label or result.model.name,
-        "model_path": model_path,
-        "model": result.model.model_dump(mode="json"),
-        "simulation": {"scheduler": result.model.hypervisor.scheduler, "duration_ns": result.duration_ns,
-                       "supply_window_ns": supply_window(result.model, result.duration_ns),
-                       "simulated_ns": result.end_time_ns, **{k: v for k, v in result.counters.items()
-                                                              if not k.startswith("supplied_ns ")}},
-        "sim_summary": summary,
-    }
-    write_run(run, samples_table(result), manifest)
+    # Parquet encoding releases the GIL: the side files are written while the samples are put together
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        side_files = [writer.submit(pq.write_table, result.supply, run.path / "supply.parquet", compression="zstd",
+                                    use_dictionary=["vcpu"], column_encoding=_SUPPLY_ENCODING)]
+        if result.gaps.num_rows:
+            side_files.append(writer.submit(pq.write_table, gap_probe_table(result), run.path / "gaps.parquet",
+                                            compression="zstd"))
+        summary = task_summary(result)
+        manifest = {
+            "name": f"sim {result.model.name}",
+            "source": "simulated",
+            "probe": "sim",
+            "value_field": "response_ns",
+            "status": summary["status"],
+            "end_reason": result.end_reason,
+            "params": params,
+            "config": label or result.model.name,
+            "model_path": model_path,
+            "model": result.model.model_dump(mode="json"),
+            "simulation": {"scheduler": result.model.hypervisor.scheduler, "duration_ns": result.duration_ns,
+                           "supply_window_ns": supply_window(result.model, result.duration_ns),
+                           "simulated_ns": result.end_time_ns, **{k: v for k, v in result.counters.items()
+                                                                  if not k.startswith("supplied_ns ")}},
+            "sim_summary": summary,
+        }
+        write_run(run, samples_table(result), manifest)
+        for written in side_files:
+            written.result()
     return run, summary
