@@ -11,6 +11,8 @@ DEB_PACKAGES=(
   build-essential cmake ninja-build python3-venv  # the agents, the simulator core, the venv
   rt-tests stress-ng jitterdebugger               # reference tools and the stress-ng engine
   qemu-system-x86 busybox-static cpio             # the qemu environment and its guest image
+  libvirt-daemon-system libvirt-clients          # the libvirt environment (libvirtd, virtlogd)
+  libvirt-dev pkg-config                         # building libvirt-python
   chromium                                        # report tests (headless)
   openssh-server openssh-client                   # ssh targets (tests start their own sshd)
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents for Arm targets

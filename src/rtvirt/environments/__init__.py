@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import Environment, EnvironmentConfig, Launched, SharedResources
 from .host import HostEnvironment
+from .libvirt import LibvirtEnvironment
 from .partition import PartitionEnvironment
 from .qemu import QemuEnvironment
 
@@ -13,4 +14,5 @@ ENVIRONMENTS: dict[str, type[Environment]] = {env.kind: env for env in (
     HostEnvironment,
     PartitionEnvironment,
     QemuEnvironment,
+    LibvirtEnvironment,
 )}

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..environments import ENVIRONMENTS
 from ..environments.host import HostConfig
+from ..environments.libvirt import LibvirtConfig
 from ..environments.partition import PartitionConfig
 from ..environments.qemu import QemuConfig
 from ..probes import PROBES
@@ -21,7 +22,7 @@ Seconds = duration_field("s")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 # One variant per environment module, told apart by ``kind`` (ENVIRONMENTS is the table of record).
-EnvironmentEntry = Annotated[HostConfig | PartitionConfig | QemuConfig, Field(discriminator="kind")]
+EnvironmentEntry = Annotated[HostConfig | PartitionConfig | QemuConfig | LibvirtConfig, Field(discriminator="kind")]
 assert {HostConfig.model_fields["kind"].default, PartitionConfig.model_fields["kind"].default,
         QemuConfig.model_fields["kind"].default} == set(ENVIRONMENTS)
 

@@ -1,0 +1,745 @@
+"""libvirt: the workload in a libvirt domain, as KVM is deployed (domain XML with ``<cputune>``).
+
+rtvirt writes the domain XML itself (vCPU and emulator pinning, ``vcpusched``, memory locking, hugepages,
+NUMA placement) and talks to libvirtd through libvirt-python, locally (``qemu:///system``) or remotely
+(``qemu+ssh://...``). Everything QEMU reads or writes goes through the libvirt connection, so a remote
+host needs nothing from us beforehand:
+
+- the guest kernel and the run's initramfs (guest_image.py) are uploaded as volumes of a storage pool
+  libvirt owns (``rtvirt``, a directory under /var/lib/libvirt/images); libvirt's own security drivers
+  (DAC ownership, AppArmor) then grant QEMU access to them, with no ``seclabel`` override;
+- the console and the samples' virtio-serial port are read through the connection
+  (``virDomainOpenConsole`` / ``virDomainOpenChannel``) and written to the run directory here.
+
+The domain is defined, started paused, its streams are opened, and only then does it run. Every
+domain carries an owner record (host, pid, process start time) in its metadata: ``reclaim`` destroys
+and undefines the domains of a campaign that was killed, and only those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..errors import RunError
+from ..fileio import write_atomically
+from ..params import CpuList, parse_cpulist
+from ..units import duration_field
+from .base import Environment, EnvironmentConfig, Launched, SharedResources
+from .guest_image import (
+    GUEST_AGENT_DIR,
+    READY_MARK,
+    GuestJob,
+    agent_failure,
+    cache_dir,
+    guest_image,
+    guest_port_path,
+    job_archive,
+)
+from .qemu import OUTPUT_PORT, TCG_WARNING, choose_accel
+
+__all__ = ["LibvirtConfig", "LibvirtEnvironment", "VcpuSched", "DOMAIN_PREFIX"]
+
+DOMAIN_PREFIX = "rtvirt-"
+POOL_NAME = "rtvirt"
+POOL_PATH = "/var/lib/libvirt/images/rtvirt"
+OWNER_NS = "https://github.com/rtvirt/rtvirt/libvirt-owner"
+XML_LIMIT = 1 << 16  # characters of the applied domain XML kept in the manifest
+CONSOLE_LIMIT = 1 << 16  # bytes of the guest console kept (it is untrusted)
+DRAIN_TIMEOUT_S = 10.0
+MEMLOCK_OVERHEAD_MIB = 256  # time the stream readers get to write the last samples after the guest stopped
+URI_PATTERN = r"^qemu(\+(ssh|libssh|libssh2|tcp|tls|unix))?://[^\s'\"\\]*/(system|session)(\?[^\s'\"\\]*)?$"
+CPUTUNE_CHILDREN = {"vcpupin", "emulatorpin", "iothreadpin", "vcpusched", "emulatorsched", "iothreadsched",
+                    "shares", "period", "quota", "vcpu_period", "vcpu_quota", "global_period", "global_quota",
+                    "emulator_period", "emulator_quota", "iothread_period", "iothread_quota", "cachetune",
+                    "memorytune"}
+RT_SYSCTL = Path("/proc/sys/kernel/sched_rt_runtime_us")
+RT_RECORD = "libvirt-rt-throttling.json"  # under cache_dir(): what to restore after a kill -9
+RT_REFUSED = "Cannot set scheduler parameters"  # libvirt's message when vcpusched is refused
+
+ET.register_namespace("rtvirt", OWNER_NS)
+
+
+class VcpuSched(BaseModel):
+    """The ``<vcpusched>`` of every vCPU: ``other`` (no element), or ``fifo`` / ``rr`` with a priority."""
+
+    model_config = ConfigDict(extra="forbid")
+    policy: Literal["other", "fifo", "rr"] = "other"
+    priority: int = Field(1, ge=1, le=99, description="real-time priority of the vCPU threads")
+
+    def describe(self) -> str:
+        return "other" if self.policy == "other" else f"{self.policy}:{self.priority}"
+
+
+class LibvirtConfig(EnvironmentConfig):
+    kind: Literal["libvirt"] = "libvirt"
+    uri: str = Field("qemu:///system", max_length=500, pattern=URI_PATTERN,
+                     description="libvirt connection URI: qemu:///system, or qemu+ssh://user@host/system?keyfile=...")
+    domain_type: Literal["auto", "kvm", "qemu"] = Field(
+        "auto", description="kvm, qemu (TCG), or auto: kvm where it really accelerates")
+    vcpus: int = Field(1, ge=1, le=64, description="virtual CPUs; vCPU i is pinned to the i-th of cpus (cycling)")
+    memory: int = Field(256, ge=64, le=65536, description="guest memory in MiB")
+    emulator_cpus: CpuList | None = Field(None, description="host CPUs for QEMU's other threads (emulatorpin; "
+                                                            "default: the CPUs not in cpus, if any)")
+    vcpu_sched: VcpuSched = Field(default_factory=VcpuSched, description="vcpusched of every vCPU")
+    cputune: str | None = Field(None, max_length=65536,
+                                description="a whole <cputune> element (as `rtvirt design` writes it); it "
+                                            "replaces cpus, emulator_cpus and vcpu_sched")
+    memory_locked: bool = Field(False, description="lock guest memory in host RAM (<memoryBacking><locked/>)")
+    hugepages: bool = Field(False, description="back guest memory with the host's reserved hugepages")
+    numa_nodes: CpuList | None = Field(None, description="host NUMA nodes guest memory must come from (strict)")
+    rt_throttling: Literal["lift", "keep"] = Field(
+        "lift", description="lift: as root on a local URI, set kernel.sched_rt_runtime_us=-1 while real-time "
+                            "vCPUs run where cgroup v1 RT group scheduling would refuse them; keep: never")
+    boot_timeout: duration_field("s") = Field(90_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
+                                              description="time the guest may take to boot (bare numbers in s)")
+
+    @model_validator(mode="after")
+    def _cputune_is_whole(self) -> LibvirtConfig:
+        if self.cputune is None:
+            return self
+        if self.cpus is not None or self.emulator_cpus is not None or self.vcpu_sched.policy != "other":
+            raise ValueError("cputune replaces cpus, emulator_cpus and vcpu_sched: give either, not both")
+        if not self.pin:
+            raise ValueError("cputune pins the domain: remove pin = false")
+        element = parse_cputune(self.cputune)
+        for pin in element.findall("vcpupin"):
+            if int(pin.get("vcpu", "0")) >= self.vcpus:
+                raise ValueError(f"cputune pins vCPU {pin.get('vcpu')} but the domain has vcpus = {self.vcpus}")
+        return self
+
+    @property
+    def local(self) -> bool:
+        """Whether the URI names this machine's libvirtd (no host part)."""
+        return not urlsplit(self.uri).netloc
+
+
+def parse_cputune(text: str) -> ET.Element:
+    """A ``<cputune>`` element from text, checked enough that libvirt's own errors are about values only."""
+    if "<!" in text:
+        raise ValueError("cputune: DOCTYPE, CDATA and comments-in-markup declarations are not accepted")
+    try:
+        element = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise ValueError(f"cputune is not well-formed XML: {exc}") from None
+    if element.tag != "cputune":
+        raise ValueError(f"cputune must be a <cputune> element, not <{element.tag[:40]}>")
+    for child in element:
+        if child.tag not in CPUTUNE_CHILDREN:
+            raise ValueError(f"cputune: <{str(child.tag)[:40]}> is not a <cputune> child libvirt knows")
+        if child.tag == "vcpupin":
+            if not (child.get("vcpu") or "").isdigit():
+                raise ValueError("cputune: every <vcpupin> needs a numeric vcpu attribute")
+            parse_cpulist(child.get("cpuset", ""))
+    return element
+
+
+def _libvirt() -> Any:
+    """The libvirt module, imported on first use (the CLI must start fast), with its stderr printer off."""
+    try:
+        import libvirt
+    except ImportError:
+        raise RunError("libvirt: the libvirt-python package is missing (run scripts/setup.sh)") from None
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)  # errors reach us as exceptions
+    return libvirt
+
+
+def _process_start(pid: int) -> str:
+    """The kernel's start time of ``pid`` (tells a live owner from a reused pid); '' if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _error_text(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:400]
+
+
+class LibvirtConnection:
+    """One connection per URI per campaign, and the storage pool that carries guest images to its host."""
+
+    def __init__(self, uri: str) -> None:
+        libvirt = _libvirt()
+        self.uri = uri
+        self.lock = threading.Lock()
+        self._kernels: dict[str, str] = {}
+        try:
+            self.conn = libvirt.open(uri)
+        except libvirt.libvirtError as exc:
+            raise RunError(f"libvirt: cannot connect to {uri}: {_error_text(exc)} (libvirtd must run there: "
+                           "`systemctl start libvirtd`, or without systemd `virtlogd -d && libvirtd -d`)") from None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+    def pool(self) -> Any:
+        libvirt = _libvirt()
+        with self.lock:
+            try:
+                pool = self.conn.storagePoolLookupByName(POOL_NAME)
+            except libvirt.libvirtError:
+                definition = ET.Element("pool", type="dir")
+                ET.SubElement(definition, "name").text = POOL_NAME
+                ET.SubElement(ET.SubElement(definition, "target"), "path").text = POOL_PATH
+                try:
+                    pool = self.conn.storagePoolCreateXML(ET.tostring(definition, encoding="unicode"),
+                                                          libvirt.VIR_STORAGE_POOL_CREATE_WITH_BUILD)
+                except libvirt.libvirtError as exc:
+                    raise RunError(f"libvirt ({self.uri}): cannot create the storage pool {POOL_NAME} at "
+                                   f"{POOL_PATH}: {_error_text(exc)}") from None
+            if not pool.isActive():
+                pool.create(0)
+            return pool
+
+    def volume_path(self, name: str) -> str:
+        target = ET.fromstring(self.pool().XMLDesc(0)).findtext("target/path") or POOL_PATH
+        return f"{target.rstrip('/')}/{name}"
+
+    def upload(self, name: str, source: Path) -> str:
+        """Copy ``source`` into the pool as volume ``name`` (replacing one of that name); its path there."""
+        libvirt = _libvirt()
+        pool = self.pool()
+        size = source.stat().st_size
+        with contextlib.suppress(libvirt.libvirtError):
+            pool.storageVolLookupByName(name).delete(0)
+        volume_xml = ET.Element("volume")
+        ET.SubElement(volume_xml, "name").text = name
+        ET.SubElement(volume_xml, "capacity", unit="bytes").text = str(size)
+        target = ET.SubElement(volume_xml, "target")
+        ET.SubElement(target, "format", type="raw")
+        try:
+            volume = pool.createXML(ET.tostring(volume_xml, encoding="unicode"), 0)
+            stream = self.conn.newStream(0)
+            volume.upload(stream, 0, size, 0)
+            with source.open("rb") as data:
+                stream.sendAll(lambda _stream, nbytes, f: f.read(nbytes), data)
+            stream.finish()
+        except libvirt.libvirtError as exc:
+            raise RunError(f"libvirt ({self.uri}): uploading {source.name} failed: {_error_text(exc)}") from None
+        return str(volume.path())
+
+    def kernel(self, source: Path) -> str:
+        """The guest kernel in the pool, uploaded once per content (kept as a cache like ~/.cache/rtvirt)."""
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+        if digest not in self._kernels:
+            name = f"{DOMAIN_PREFIX}kernel-{digest}"
+            libvirt = _libvirt()
+            try:
+                volume = self.pool().storageVolLookupByName(name)
+                present = volume.info()[1] == source.stat().st_size
+            except libvirt.libvirtError:
+                present = False
+            self._kernels[digest] = str(volume.path()) if present else self.upload(name, source)
+        return self._kernels[digest]
+
+    def delete_volume(self, name: str) -> bool:
+        libvirt = _libvirt()
+        try:
+            self.pool().storageVolLookupByName(name).delete(0)
+        except libvirt.libvirtError:
+            return False
+        return True
+
+
+def _connection(shared: SharedResources, uri: str) -> LibvirtConnection:
+    return shared.get(f"libvirt:{uri}", lambda: LibvirtConnection(uri))
+
+
+def _v1_cpu_controller() -> Path | None:
+    """The cgroup v1 cpu controller's mount point if RT group scheduling is active there."""
+    try:
+        mounts = Path("/proc/mounts").read_text()[:1 << 20].splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        fields = line.split()
+        if len(fields) > 3 and fields[2] == "cgroup" and "cpu" in fields[3].split(","):
+            mount = Path(fields[1])
+            return mount if (mount / "cpu.rt_runtime_us").exists() else None
+    return None
+
+
+def _rt_sysctl() -> int | None:
+    try:
+        return int(RT_SYSCTL.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class RtThrottlingLifted:
+    """kernel.sched_rt_runtime_us = -1 for a campaign, restored at its end (and by reclaim after a kill -9).
+
+    Under cgroup v1 RT group scheduling the kernel refuses SCHED_FIFO/RR to a thread whose cgroup has
+    cpu.rt_runtime_us = 0, and libvirt creates each domain's cgroups (machine/qemu-N-NAME.libvirt-qemu/vcpuN)
+    with exactly that at start, so no budget given beforehand can reach them. With throttling lifted the
+    kernel does not check group budgets at all; it also drops the 5% of CPU time real-time threads leave to
+    others, which is why it is recorded in the manifest and undone afterwards.
+    """
+
+    def __init__(self) -> None:
+        self.was = _rt_sysctl()
+        self._record = cache_dir() / RT_RECORD
+        if self.was is None or self.was < 0:
+            self.changed = False
+            return
+        write_atomically(self._record, json.dumps({"was": self.was, "pid": os.getpid(),
+                                                   "started": _process_start(os.getpid())}))
+        RT_SYSCTL.write_text("-1\n")
+        self.changed = True
+
+    def describe(self) -> dict[str, Any]:
+        return {"kernel.sched_rt_runtime_us": {"before": self.was, "during": -1 if self.changed else self.was},
+                "why": "cgroup v1 RT group scheduling gives libvirt's new vCPU cgroups cpu.rt_runtime_us = 0"}
+
+    def close(self) -> None:
+        if self.changed:
+            RT_SYSCTL.write_text(f"{self.was}\n")
+            self._record.unlink(missing_ok=True)
+            self.changed = False
+
+    @staticmethod
+    def restore_after_kill() -> str | None:
+        """Undo the lift of a killed rtvirt (its record names a process that is gone); what was done."""
+        record = cache_dir() / RT_RECORD
+        try:
+            data = json.loads(record.read_text()[:4096])
+            was, pid, started = int(data["was"]), int(data["pid"]), str(data["started"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if started and _process_start(pid) == started:
+            return None  # its campaign still runs
+        RT_SYSCTL.write_text(f"{was}\n")
+        record.unlink(missing_ok=True)
+        return f"kernel.sched_rt_runtime_us = {was} (lifted by a killed campaign)"
+
+
+def _rt_refusal_diagnosis(uri: str, local: bool) -> str:
+    """Why libvirt could not give the vCPUs a real-time policy, and how to fix it on the host."""
+    fixes = ("fix it on the host with `sysctl -w kernel.sched_rt_runtime_us=-1` (lifts RT throttling, which "
+             "rtvirt does itself as root on a local URI unless rt_throttling = \"keep\"), or remove \"cpu\" "
+             "from cgroup_controllers in /etc/libvirt/qemu.conf and restart libvirtd")
+    mount = _v1_cpu_controller() if local else None
+    if mount is None:
+        return (f"libvirt ({uri}) was refused a real-time vcpusched (EPERM): where cgroup v1 RT group "
+                f"scheduling is on, libvirt's new vCPU cgroups get cpu.rt_runtime_us = 0; {fixes}")
+    machine = mount / "machine" / "cpu.rt_runtime_us"
+    try:
+        machine_value = machine.read_text().strip()[:20]
+    except OSError:
+        machine_value = "missing"
+    return (f"libvirt ({uri}) was refused a real-time vcpusched (EPERM): cgroup v1 RT group scheduling is on "
+            f"({mount}/cpu.rt_runtime_us exists; {machine} = {machine_value}) and libvirt creates each "
+            f"domain's vcpuN cgroup under {mount}/machine with cpu.rt_runtime_us = 0, which forbids SCHED_FIFO/RR "
+            f"there; kernel.sched_rt_runtime_us = {_rt_sysctl()}; {fixes}")
+
+
+class _StreamToFile(threading.Thread):
+    """Copies a libvirt stream (console or channel) to a file until the guest closes it."""
+
+    def __init__(self, stream: Any, path: Path, keep: bytearray | None = None) -> None:
+        super().__init__(daemon=True, name=f"libvirt-stream-{path.name}")
+        self.stream, self.path, self.keep = stream, path, keep
+        self.received = 0
+
+    def run(self) -> None:
+        libvirt = _libvirt()
+        with self.path.open("ab", buffering=0) as out:
+            while True:
+                try:
+                    data = self.stream.recv(1 << 16)
+                except libvirt.libvirtError:
+                    break
+                if not isinstance(data, bytes) or not data:
+                    break
+                out.write(data)
+                self.received += len(data)
+                if self.keep is not None and len(self.keep) < CONSOLE_LIMIT:
+                    self.keep += data[:CONSOLE_LIMIT - len(self.keep)]
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stream.abort()
+        self.join(timeout=DRAIN_TIMEOUT_S)
+
+
+class DomainProcess:
+    """A running domain in the shape of an agent process: it has exited once the domain is shut off."""
+
+    def __init__(self, env: LibvirtEnvironment) -> None:
+        self._env = env
+        self._returncode: int | None = None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    def poll(self) -> int | None:
+        if self._returncode is None:
+            crashed = self._env.stopped()
+            if crashed is not None:
+                self._env.drain()  # every sample on disk before the run reads the stream's end
+                self._returncode = 1 if crashed else 0
+        return self._returncode
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the domain did not stop within {timeout:.0f}s")
+            time.sleep(0.2)
+        assert self._returncode is not None
+        return self._returncode
+
+    def error_tail(self) -> str:
+        return self._env.console_text()[-300:]
+
+
+class LibvirtEnvironment(Environment):
+    kind = "libvirt"
+    config_model = LibvirtConfig
+    on_host = False
+    config: LibvirtConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._connection: LibvirtConnection | None = None
+        self._domain: Any = None
+        self._name = ""
+        self._type: dict[str, str] = {}
+        self._initrd_volume = ""
+        self._readers: list[_StreamToFile] = []
+        self._channel_reader: _StreamToFile | None = None
+        self._console = bytearray()
+        self._console_file = self.workdir / "console.log"
+        self._launched_at = 0.0
+        self._ready_at: float | None = None
+        self._applied_xml = ""
+        self._rt: RtThrottlingLifted | None = None
+        self._versions: dict[str, str] = {}
+
+    @staticmethod
+    def available() -> str | None:
+        if importlib.util.find_spec("libvirt") is None:
+            return "libvirt-python is not installed (run scripts/setup.sh)"
+        return None
+
+    @classmethod
+    def reclaim(cls, config: EnvironmentConfig, shared: SharedResources) -> list[str]:
+        assert isinstance(config, LibvirtConfig)
+        libvirt = _libvirt()
+        connection = _connection(shared, config.uri)
+        removed = []
+        me = socket.gethostname()[:64]
+        for domain in connection.conn.listAllDomains(0):
+            name = str(domain.name())
+            if not name.startswith(DOMAIN_PREFIX):
+                continue
+            try:
+                owner = ET.fromstring(domain.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, OWNER_NS, 0))
+                host, pid, started = owner.get("host"), int(owner.get("pid", "0")), owner.get("started", "")
+            except (libvirt.libvirtError, ET.ParseError, ValueError):
+                continue  # not ours to judge: no owner record
+            if host != me or (started and _process_start(pid) == started):
+                continue  # another machine's campaign, or one still running
+            _destroy_and_undefine(domain)
+            connection.delete_volume(f"{name}.initrd")
+            removed.append(f"libvirt domain {name} ({config.uri})")
+        if config.local and os.geteuid() == 0:
+            restored = RtThrottlingLifted.restore_after_kill()
+            if restored:
+                removed.append(restored)
+        return removed
+
+    # placement -------------------------------------------------------------------------------------
+
+    def _online_cpus(self) -> list[int]:
+        if self.config.local:
+            return sorted(os.sched_getaffinity(0))
+        _, online, _ = self._conn().conn.getCPUMap(0)
+        return [cpu for cpu, up in enumerate(online) if up]
+
+    def _host_cpus(self) -> tuple[int, ...]:
+        """Host CPUs for vCPU i = the i-th of these (cycling); default: the last CPU first, then downwards."""
+        if self.config.cputune is not None:
+            pins = {int(p.get("vcpu", "0")): parse_cpulist(p.get("cpuset", ""))[0]
+                    for p in parse_cputune(self.config.cputune).findall("vcpupin")}
+            if pins:
+                return tuple(pins.get(i, pins[min(pins)]) for i in range(self.config.vcpus))
+        allowed = sorted(self._online_cpus(), reverse=True)
+        if not self.config.pin:
+            return tuple(sorted(allowed))
+        return tuple(self.config.cpus) if self.config.cpus else tuple(allowed[:self.config.vcpus])
+
+    def measured_cpus(self) -> tuple[int, ...]:
+        # the workload runs on vCPU 0 (other vCPUs serve helpers such as the wakeup probe's sender)
+        return self._host_cpus()[:1] if self.config.pin else self._host_cpus()
+
+    def probe_overrides(self) -> dict[str, Any]:
+        return {"affinity": (0,)}
+
+    def emulator_cpus(self) -> tuple[int, ...]:
+        if self.config.emulator_cpus:
+            return tuple(self.config.emulator_cpus)
+        vcpu_cpus = set(self._host_cpus()[:self.config.vcpus])
+        others = tuple(c for c in sorted(self._online_cpus()) if c not in vcpu_cpus)
+        return others or tuple(sorted(vcpu_cpus))
+
+    def _realtime_vcpus(self) -> bool:
+        if self.config.cputune is not None:
+            return any(s.get("scheduler") in ("fifo", "rr")
+                       for s in parse_cputune(self.config.cputune).findall("vcpusched"))
+        return self.config.vcpu_sched.policy in ("fifo", "rr")
+
+    def _cputune(self) -> ET.Element:
+        if self.config.cputune is not None:
+            return parse_cputune(self.config.cputune)
+        element = ET.Element("cputune")
+        if self.config.pin:
+            host_cpus = self._host_cpus()
+            for vcpu in range(self.config.vcpus):
+                ET.SubElement(element, "vcpupin", vcpu=str(vcpu), cpuset=str(host_cpus[vcpu % len(host_cpus)]))
+            ET.SubElement(element, "emulatorpin", cpuset=",".join(map(str, self.emulator_cpus())))
+        if self.config.vcpu_sched.policy != "other":
+            ET.SubElement(element, "vcpusched", vcpus=f"0-{self.config.vcpus - 1}",
+                          scheduler=self.config.vcpu_sched.policy, priority=str(self.config.vcpu_sched.priority))
+        return element
+
+    # the domain ------------------------------------------------------------------------------------
+
+    def _conn(self) -> LibvirtConnection:
+        if self._connection is None:
+            self._connection = _connection(self.shared, self.config.uri)
+        return self._connection
+
+    def start(self) -> None:
+        connection = self._conn()
+        if not self._versions:
+            with contextlib.suppress(Exception):
+                self._versions = {"libvirt": _version(connection.conn.getLibVersion()),
+                                  "hypervisor": _version(connection.conn.getVersion())}
+        if not self._type:
+            self._type = self._choose_type(connection)
+        if (self._rt is None and self._realtime_vcpus() and self.config.rt_throttling == "lift"
+                and self.config.local and os.geteuid() == 0 and _v1_cpu_controller() is not None):
+            self._rt = self.shared.get("libvirt:rt-throttling", RtThrottlingLifted)
+
+    def _choose_type(self, connection: LibvirtConnection) -> dict[str, str]:
+        requested = self.config.domain_type
+        if requested != "auto":
+            return {"type": requested, "reason": "requested"}
+        if self.config.local:
+            decision = choose_accel("auto")
+            return {"type": "kvm" if decision["accel"] == "kvm" else "qemu", "reason": str(decision["reason"])}
+        capabilities = ET.fromstring(connection.conn.getCapabilities())
+        offered = {d.get("type") for d in capabilities.iter("domain")}
+        if "kvm" in offered:
+            return {"type": "kvm", "reason": "the remote host offers KVM"}
+        return {"type": "qemu", "reason": "the remote host offers no KVM"}
+
+    def _domain_xml(self, kernel: str, initrd: str, with_output: bool) -> str:
+        config = self.config
+        root = ET.Element("domain", type=self._type["type"])
+        ET.SubElement(root, "name").text = self._name
+        ET.SubElement(ET.SubElement(root, "metadata"), f"{{{OWNER_NS}}}owner",
+                      host=socket.gethostname()[:64], pid=str(os.getpid()), started=_process_start(os.getpid()))
+        ET.SubElement(root, "memory", unit="MiB").text = str(config.memory)
+        ET.SubElement(root, "vcpu", placement="static").text = str(config.vcpus)
+        cputune = self._cputune()
+        if len(cputune):
+            root.append(cputune)
+        if config.numa_nodes:
+            ET.SubElement(ET.SubElement(root, "numatune"), "memory", mode="strict",
+                          nodeset=",".join(map(str, config.numa_nodes)))
+        if config.memory_locked:
+            # libvirt raises QEMU's RLIMIT_MEMLOCK to the hard limit (unlimited without one): guest RAM plus
+            # room for QEMU's own allocations
+            ET.SubElement(ET.SubElement(root, "memtune"), "hard_limit", unit="MiB").text = str(
+                config.memory + MEMLOCK_OVERHEAD_MIB)
+        if config.hugepages or config.memory_locked:
+            backing = ET.SubElement(root, "memoryBacking")
+            if config.hugepages:
+                ET.SubElement(backing, "hugepages")
+            if config.memory_locked:
+                ET.SubElement(backing, "locked")
+        os_element = ET.SubElement(root, "os")
+        ET.SubElement(os_element, "type", arch="x86_64").text = "hvm"
+        ET.SubElement(os_element, "kernel").text = kernel
+        ET.SubElement(os_element, "initrd").text = initrd
+        ET.SubElement(os_element, "cmdline").text = "console=ttyS0 quiet panic=-1 tsc=reliable"
+        ET.SubElement(ET.SubElement(root, "features"), "acpi")  # the guest's poweroff ends the domain
+        ET.SubElement(root, "cpu", mode="host-passthrough" if self._type["type"] == "kvm" else "maximum")
+        for event in ("on_poweroff", "on_reboot", "on_crash"):
+            ET.SubElement(root, event).text = "destroy"
+        devices = ET.SubElement(root, "devices")
+        ET.SubElement(ET.SubElement(devices, "serial", type="pty"), "target", port="0")
+        ET.SubElement(ET.SubElement(devices, "console", type="pty"), "target", type="serial", port="0")
+        ET.SubElement(devices, "controller", type="virtio-serial", index="0")
+        if with_output:
+            channel = ET.SubElement(devices, "channel", type="unix")
+            ET.SubElement(channel, "source", mode="bind")
+            ET.SubElement(channel, "target", type="virtio", name=OUTPUT_PORT)
+        ET.SubElement(devices, "memballoon", model="none")
+        return ET.tostring(root, encoding="unicode")
+
+    def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        libvirt = _libvirt()
+        self.start()
+        connection = self._conn()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        image = guest_image()
+        argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
+        if out is not None:
+            argv.append(f"--out={guest_port_path(OUTPUT_PORT)}")
+        initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv)), self.workdir)
+        self._name = f"{DOMAIN_PREFIX}{self.config.label}-{uuid.uuid4().hex[:8]}"
+        self._initrd_volume = f"{self._name}.initrd"
+        kernel_path = connection.kernel(image.kernel)
+        definition = self._domain_xml(kernel_path, connection.volume_path(self._initrd_volume), out is not None)
+        try:
+            # defined before its initrd exists, so that reclaim never sees a volume without its domain
+            self._domain = connection.conn.defineXML(definition)
+        except libvirt.libvirtError as exc:
+            raise RunError(f"libvirt ({self.config.uri}) rejected the domain: {_error_text(exc)}") from None
+        self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
+        connection.upload(self._initrd_volume, initrd)
+        try:
+            self._domain.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+        except libvirt.libvirtError as exc:
+            if RT_REFUSED in str(exc):
+                raise RunError(_rt_refusal_diagnosis(self.config.uri, self.config.local)) from None
+            raise RunError(f"libvirt ({self.config.uri}) could not start {self._name}: {_error_text(exc)}") from None
+        self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
+        self._open_stream(None, self._console_file, self._console)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            self._channel_reader = self._open_stream(OUTPUT_PORT, out, None)
+        self._domain.resume()
+        self._launched_at = time.monotonic()
+        return Launched(DomainProcess(self), out)
+
+    def _open_stream(self, channel: str | None, path: Path, keep: bytearray | None) -> _StreamToFile:
+        libvirt = _libvirt()
+        stream = self._conn().conn.newStream(0)
+        try:
+            if channel is None:
+                self._domain.openConsole(None, stream, 0)
+            else:
+                self._domain.openChannel(channel, stream, 0)
+        except libvirt.libvirtError as exc:
+            raise RunError(f"libvirt ({self.config.uri}): cannot open the {channel or 'console'} of "
+                           f"{self._name}: {_error_text(exc)}") from None
+        reader = _StreamToFile(stream, path, keep)
+        reader.start()
+        self._readers.append(reader)
+        return reader
+
+    def stopped(self) -> bool | None:
+        """None while the domain runs; else whether it crashed."""
+        libvirt = _libvirt()
+        if self._domain is None:
+            return False
+        try:
+            state, reason = self._domain.state(0)
+        except libvirt.libvirtError:
+            return False  # gone: destroyed by close()
+        if state in (libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_CRASHED):
+            return state == libvirt.VIR_DOMAIN_CRASHED or reason == libvirt.VIR_DOMAIN_SHUTOFF_CRASHED
+        return None
+
+    def drain(self) -> None:
+        """Wait until the stream readers wrote everything the stopped guest sent."""
+        for reader in self._readers:
+            reader.join(timeout=DRAIN_TIMEOUT_S)
+
+    def console_text(self) -> str:
+        return bytes(self._console).decode("utf-8", errors="replace")
+
+    def check(self) -> str | None:
+        if self._domain is None:
+            return None
+        console = self.console_text()
+        if self._ready_at is None and READY_MARK in console:
+            self._ready_at = time.monotonic()
+        stopped = self.stopped()
+        if self._ready_at is None:
+            if stopped is not None:
+                return f"the domain {self._name} stopped before the guest booted{' (crashed)' if stopped else ''}"
+            if time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
+                return f"the guest did not boot within {self.config.boot_timeout / 1e9:.0f}s"
+            return None
+        if stopped is not None:
+            self.drain()
+            return agent_failure(self.console_text())
+        return None
+
+    @property
+    def booted(self) -> bool:
+        if self._ready_at is None and READY_MARK in self.console_text():
+            self._ready_at = time.monotonic()
+        return self._ready_at is not None
+
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None) -> Environment:
+        config = LibvirtConfig.model_validate({
+            "kind": "libvirt", "name": f"stress-vm-{index}", "uri": self.config.uri,
+            "domain_type": self._type.get("type", self.config.domain_type),
+            "pin": host_cpus is not None, "cpus": host_cpus})
+        return LibvirtEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
+
+    def describe(self) -> dict[str, Any]:
+        boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
+        return {**super().describe(), "domain": self._name or None, "domain_type": self._type.get("type"),
+                "domain_type_reason": self._type.get("reason"), **self._versions, "boot_seconds": boot_s,
+                "vcpu_cpus": list(self._host_cpus()[:self.config.vcpus]) if self.config.pin else None,
+                "channel_bytes": self._channel_reader.received if self._channel_reader else None,
+                "rt_throttling_lifted": self._rt.describe() if self._rt is not None and self._rt.changed else None,
+                "domain_xml": self._applied_xml or None}
+
+    def warnings(self) -> list[str]:
+        found = []
+        if self._type.get("type") == "qemu":
+            found.append(TCG_WARNING.replace("the QEMU guest", "the libvirt domain (type qemu)"))
+        if self._rt is not None and self._rt.changed:
+            found.append(f"kernel.sched_rt_runtime_us was set to -1 (from {self._rt.was}) while real-time vCPUs "
+                         "ran: cgroup v1 RT group scheduling refuses them otherwise; restored afterwards")
+        return found
+
+    def close(self) -> None:
+        if self._domain is not None:
+            _destroy_and_undefine(self._domain)
+            self._domain = None
+        for reader in self._readers:
+            reader.stop()
+        self._readers = []
+        if self._initrd_volume and self._connection is not None:
+            with contextlib.suppress(RunError):
+                self._connection.delete_volume(self._initrd_volume)
+            self._initrd_volume = ""
+        super().close()
+
+
+def _destroy_and_undefine(domain: Any) -> None:
+    libvirt = _libvirt()
+    with contextlib.suppress(libvirt.libvirtError):
+        if domain.isActive():
+            domain.destroy()
+    with contextlib.suppress(libvirt.libvirtError):
+        domain.undefine()
+
+
+def _version(number: int) -> str:
+    return f"{number // 1_000_000}.{number // 1000 % 1000}.{number % 1000}"
