@@ -24,7 +24,7 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 # One variant per environment module, told apart by ``kind`` (ENVIRONMENTS is the table of record).
 EnvironmentEntry = Annotated[HostConfig | PartitionConfig | QemuConfig | LibvirtConfig, Field(discriminator="kind")]
 assert {HostConfig.model_fields["kind"].default, PartitionConfig.model_fields["kind"].default,
-        QemuConfig.model_fields["kind"].default} == set(ENVIRONMENTS)
+        QemuConfig.model_fields["kind"].default, LibvirtConfig.model_fields["kind"].default} == set(ENVIRONMENTS)
 
 
 class _Strict(BaseModel):
