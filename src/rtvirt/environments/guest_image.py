@@ -1,7 +1,7 @@
 """The guest image of the ``qemu`` environment: a Debian kernel and an initramfs we build ourselves.
 
 Built once and cached under $RTVIRT_CACHE (default ~/.cache/rtvirt): the kernel comes from Debian's
-``linux-image`` package (fetched with ``apt-get download`` and unpacked with ``dpkg-deb -x``; nothing is
+``linux-image-amd64`` package, or ``linux-image-rt-amd64`` (PREEMPT_RT) for the ``linux-rt`` guest (fetched with ``apt-get download`` and unpacked with ``dpkg-deb -x``; nothing is
 installed on the host); the initramfs holds busybox-static, the static agents, the virtio modules and
 ``/init``. Each run appends a small second archive with its jobs: argv files of NUL-separated arguments
 that the guest hands to ``xargs -0``, so no argument ever passes through a shell.
@@ -26,7 +26,9 @@ from ..fileio import write_atomically
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
            "GUEST_AGENT_DIR", "guest_port_path", "agent_failure"]
 
-KERNEL_PACKAGE = "linux-image-amd64"
+# Guest kernel flavour -> Debian meta-package, and the cache directory its unpacked tree lives in.
+KERNEL_PACKAGES = {"linux": "linux-image-amd64", "linux-rt": "linux-image-rt-amd64"}
+KERNEL_CACHE_DIRS = {"linux": "kernel", "linux-rt": "kernel-rt"}
 BUSYBOX = Path("/usr/bin/busybox")
 # Modules the guest loads (their dependencies are found from each module's own modinfo).
 GUEST_MODULES = ("virtio_pci", "virtio_console")
@@ -153,6 +155,8 @@ class GuestImage:
     kernel: Path
     initramfs: Path
     kernel_release: str
+    flavour: str = "linux"
+    preempt_rt: bool = False  # the kernel's own config says CONFIG_PREEMPT_RT=y
 
     def initramfs_with_jobs(self, jobs: bytes, directory: Path) -> Path:
         """A run's initramfs: the cached base followed by its job archive (the kernel unpacks both)."""
@@ -173,25 +177,27 @@ def _run(argv: list[str], cwd: Path, what: str) -> None:
         raise RunError(f"guest image: {what} failed: {tail[0][:300]}")
 
 
-def _fetch_kernel(cache: Path) -> tuple[Path, Path]:
-    """Download and unpack the Debian kernel package once; return (vmlinuz, modules dir)."""
-    tree = cache / "kernel" / "tree"
+def _fetch_kernel(cache: Path, flavour: str = "linux") -> tuple[Path, Path]:
+    """Download and unpack the flavour's Debian kernel package once; return (vmlinuz, modules dir)."""
+    package = KERNEL_PACKAGES[flavour]
+    home = cache / KERNEL_CACHE_DIRS[flavour]
+    tree = home / "tree"
     found = sorted(tree.glob("boot/vmlinuz-*"))
     if not found:
-        downloads = cache / "kernel" / "deb"
+        downloads = home / "deb"
         downloads.mkdir(parents=True, exist_ok=True)
         # The meta-package only depends on the versioned one; ask apt which it is.
-        depends = subprocess.run(["apt-cache", "depends", KERNEL_PACKAGE], capture_output=True, text=True)
+        depends = subprocess.run(["apt-cache", "depends", package], capture_output=True, text=True)
         match = re.search(r"Depends:\s*(linux-image-[0-9][^\s]*)", depends.stdout)
         if not match:
-            raise RunError(f"guest image: apt cannot resolve {KERNEL_PACKAGE} (run apt-get update)")
+            raise RunError(f"guest image: apt cannot resolve {package} (run apt-get update)")
         for stale in downloads.glob("*.deb"):
             stale.unlink()
         _run(["apt-get", "download", match.group(1)], downloads, f"apt-get download {match.group(1)}")
         debs = sorted(downloads.glob("*.deb"))
         if not debs:
             raise RunError("guest image: apt-get download left no package")
-        staging = Path(tempfile.mkdtemp(dir=cache / "kernel"))
+        staging = Path(tempfile.mkdtemp(dir=home))
         _run(["dpkg-deb", "-x", str(debs[0]), str(staging)], cache, "dpkg-deb -x")
         try:
             staging.rename(tree)
@@ -210,7 +216,8 @@ def _module_depends(path: Path) -> list[str]:
     return [d for d in match.group(1).decode().split(",") if d] if match else []
 
 
-def _modules_in_load_order(modules_dir: Path) -> list[Path]:
+def _modules_in_load_order(modules_dir: Path, names: Iterable[str] = GUEST_MODULES) -> list[Path]:
+    """Modules ``names`` and their dependencies, each after what it depends on."""
     index = {p.name.removesuffix(".ko").replace("-", "_"): p for p in modules_dir.rglob("*.ko")}
     ordered: list[Path] = []
 
@@ -224,7 +231,7 @@ def _modules_in_load_order(modules_dir: Path) -> list[Path]:
             visit(dependency)
         ordered.append(path)
 
-    for module in GUEST_MODULES:
+    for module in names:
         visit(module)
     return ordered
 
@@ -243,12 +250,23 @@ def _base_archive(modules: list[Path], agents: dict[str, Path]) -> bytes:
     return archive.to_bytes()
 
 
-def guest_image() -> GuestImage:
-    """The cached guest image, (re)built when the agents, busybox or init script changed."""
+def _preempt_rt(vmlinuz: Path) -> bool:
+    config = vmlinuz.parent / vmlinuz.name.replace("vmlinuz-", "config-", 1)
+    try:
+        return "\nCONFIG_PREEMPT_RT=y\n" in config.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def guest_image(flavour: str = "linux") -> GuestImage:
+    """The cached guest image of a kernel flavour (``linux`` or ``linux-rt``), (re)built when the agents,
+    busybox or init script changed."""
+    if flavour not in KERNEL_PACKAGES:
+        raise ValueError(f"unknown guest kernel flavour {flavour!r}")
     if not BUSYBOX.exists():
         raise RunError("guest image: /usr/bin/busybox is missing (apt-get install busybox-static)")
     cache = cache_dir()
-    vmlinuz, modules_dir = _fetch_kernel(cache)
+    vmlinuz, modules_dir = _fetch_kernel(cache, flavour)
     modules = _modules_in_load_order(modules_dir)
     agents: dict[str, Path] = {}
     for name in AGENTS:
@@ -261,9 +279,12 @@ def guest_image() -> GuestImage:
     for path in [BUSYBOX, *modules, *agents.values()]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
-    initramfs = cache / f"initramfs-{digest.hexdigest()[:16]}.cpio"
+    # one cached initramfs per flavour (their modules differ): "initramfs-<hash>" and "initramfs-rt-<hash>"
+    prefix = "initramfs-rt-" if flavour == "linux-rt" else "initramfs-"
+    initramfs = cache / f"{prefix}{digest.hexdigest()[:16]}.cpio"
     if not initramfs.exists():
-        for old in cache.glob("initramfs-*.cpio"):
-            old.unlink()
+        for old in cache.glob(f"{prefix}*.cpio"):
+            if flavour == "linux-rt" or not old.name.startswith("initramfs-rt-"):
+                old.unlink()
         write_atomically(initramfs, _base_archive(modules, agents))
-    return GuestImage(vmlinuz, initramfs, modules_dir.name)
+    return GuestImage(vmlinuz, initramfs, modules_dir.name, flavour, _preempt_rt(vmlinuz))
