@@ -79,7 +79,10 @@ def test_emitted_configuration() -> None:
     assert tune.tag == "cputune"
     assert tune.find("vcpupin").attrib == {"vcpu": "0", "cpuset": "1"}
     assert tune.find("vcpusched").attrib["scheduler"] == "fifo"
-    assert int(tune.find("vcpu_quota").text or 0) > 0
+    # ctl's server period (250us) is below libvirt's vcpu_period minimum, which libvirt drops silently
+    assert tune.find("vcpu_quota") is None and "vcpu_period minimum" in libvirt_cputune(fifo, "ctl")
+    log_tune = ET.fromstring(libvirt_cputune(fifo, "log"))
+    assert int(log_tune.findtext("vcpu_period") or 0) >= 1000 and int(log_tune.findtext("vcpu_quota") or 0) > 0
     assert "chrt -f -p 90" in kvm_script(fifo) and "cpu.max" in kvm_script(fifo)
     # The scenario validates against the scenario schema; the designed model round-trips exactly.
     scenario = parse_scenario(scenario_toml(deadline, model))
@@ -99,7 +102,8 @@ def test_design_cli(tmp_path: Path, results_dir: Path) -> None:
     assert document["proven"] == ["rtds", "deadline"]
     assert sorted(p.name for p in (out / "rtds").iterdir()) == sorted(
         ["xen.sh", "kvm.sh", "libvirt-ctl.xml", "libvirt-log.xml", "libvirt-web.xml", "scenario.toml",
-         "pair-rtds.toml"])
+         "scenario-libvirt.toml", "pair-rtds.toml"])
+    assert "scenario-libvirt.toml" not in {p.name for p in (out / "deadline").iterdir()}
     manifest = json.loads((Path(document["path"]) / "manifest.json").read_text())
     assert manifest["source"] == "analysis" and manifest["analysis"]["kind"] == "design"
     assert all(t["schedulable"] for t in manifest["analysis"]["tasks"])

@@ -116,6 +116,9 @@ def kvm_script(design: Design) -> str:
     return "\n".join(lines) + "\n"
 
 
+LIBVIRT_MIN_PERIOD_US = 1000
+
+
 def libvirt_cputune(design: Design, vm: str) -> str:
     """A ``<cputune>`` element for one VM's libvirt domain XML."""
     scheduler = DESIGNABLE[design.label][0]
@@ -132,8 +135,12 @@ def libvirt_cputune(design: Design, vm: str) -> str:
     if budgets and scheduler in ("fifo", "psedf", "rtds", "sedf", "sedf-prime"):
         # libvirt applies one period/quota to every vCPU of the domain: take the tightest vCPU's.
         tightest = min(budgets, key=lambda v: v.period or 0)
-        ET.SubElement(root, "vcpu_period").text = str(_us(tightest.period or 0))
-        ET.SubElement(root, "vcpu_quota").text = str(_us(tightest.budget or 0))
+        if _us(tightest.period or 0) >= LIBVIRT_MIN_PERIOD_US:
+            ET.SubElement(root, "vcpu_period").text = str(_us(tightest.period or 0))
+            ET.SubElement(root, "vcpu_quota").text = str(_us(tightest.budget or 0))
+        else:  # libvirt silently drops a period below its minimum: say so where the user looks
+            root.append(ET.Comment(f" the designed period {_us(tightest.period or 0)}us is below libvirt's "
+                                   f"vcpu_period minimum ({LIBVIRT_MIN_PERIOD_US}us): no CFS quota is set "))
     for v in mine:
         if scheduler in ("fifo", "psedf") and v.realtime:
             ET.SubElement(root, "vcpusched", vcpus=str(v.vcpu), scheduler="fifo",
@@ -160,9 +167,10 @@ def model_toml(model: Model) -> str:
     return tomli_w.dumps(data)
 
 
-def scenario_toml(design: Design, model: Model, duration: str = "60s") -> str:
-    """A scenario (docs/scenarios.md) that measures the tightest VM of the design in a QEMU guest on KVM,
-    solo and next to a same-core interferer, so the predicted bound can be compared with a measurement."""
+def scenario_toml(design: Design, model: Model, duration: str = "60s", kind: str = "qemu") -> str:
+    """A scenario (docs/scenarios.md) that measures the tightest VM of the design, solo and next to a
+    same-core interferer, so the predicted bound can be compared with a measurement: in a QEMU guest
+    (``kind`` "qemu"), or as a libvirt domain carrying the design's own ``<cputune>`` ("libvirt")."""
     realtime = [v for v in design.vcpus if v.realtime]
     if not realtime:
         raise ValueError("the design has no real-time vCPU to measure")
@@ -178,7 +186,12 @@ def scenario_toml(design: Design, model: Model, duration: str = "60s") -> str:
     scheduler = DESIGNABLE[design.label][0]
     first = vcpus[0]
     environment: dict[str, Any] = {"kind": "qemu", "name": chosen, "vcpus": len(vcpus), "cpus": [v.cpu for v in vcpus]}
-    if scheduler == "deadline" and first.budget and first.period:
+    if kind == "libvirt":
+        if scheduler == "deadline":
+            raise ValueError("libvirt has no SCHED_DEADLINE vcpusched: measure a deadline design with kind qemu")
+        environment = {"kind": "libvirt", "name": chosen, "vcpus": max(v.vcpu for v in vcpus) + 1,
+                       "cputune": libvirt_cputune(design, chosen)}
+    elif scheduler == "deadline" and first.budget and first.period:
         # The kernel refuses SCHED_DEADLINE for threads pinned to part of their root domain.
         environment |= {"pin": False, "vcpu_sched": {"policy": "deadline", "runtime": f"{first.budget}ns",
                                                      "period": f"{first.period}ns"}}

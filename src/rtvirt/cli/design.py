@@ -58,6 +58,9 @@ def _write_configs(design: Design, model_name: str, model: object, out: Path) ->
         for vm in sorted({v.vm for v in design.vcpus}):
             (folder / f"libvirt-{vm}.xml").write_text(libvirt_cputune(design, vm))
         (folder / "scenario.toml").write_text(scenario_toml(design, model))  # type: ignore[arg-type]
+        if DESIGNABLE[design.label][0] != "deadline":  # libvirt has no SCHED_DEADLINE vcpusched
+            (folder / "scenario-libvirt.toml").write_text(
+                scenario_toml(design, model, kind="libvirt"))  # type: ignore[arg-type]
         if design.model is not None:
             (folder / f"{model_name}-{design.label}.toml").write_text(model_toml(design.model))
     except OSError as exc:
@@ -81,7 +84,8 @@ def design(model_path: Path, schedulers: tuple[str, ...], assignments: tuple[str
     """Smallest budget per vCPU that keeps every guest task of MODEL.toml schedulable, per hypervisor scheduler.
 
     Each design is checked by the same analysis as `rtvirt analyze`; with --out, each gets xen.sh, kvm.sh,
-    libvirt-VM.xml (<cputune>), scenario.toml (measure it with `rtvirt run`) and the designed model (check
+    libvirt-VM.xml (<cputune>), scenario.toml (measure it with `rtvirt run`), scenario-libvirt.toml (the
+    same as a libvirt domain with that <cputune>; not for deadline designs) and the designed model (check
     it with `rtvirt sim`).
     """
     model = load_model(model_path, [parse_assignment(a, "--set") for a in assignments])

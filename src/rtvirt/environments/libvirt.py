@@ -129,8 +129,8 @@ class LibvirtConfig(EnvironmentConfig):
 
 def parse_cputune(text: str) -> ET.Element:
     """A ``<cputune>`` element from text, checked enough that libvirt's own errors are about values only."""
-    if "<!" in text:
-        raise ValueError("cputune: DOCTYPE, CDATA and comments-in-markup declarations are not accepted")
+    if "<!DOCTYPE" in text.upper() or "<!ENTITY" in text.upper():
+        raise ValueError("cputune: DOCTYPE and ENTITY declarations are not accepted")
     try:
         element = ET.fromstring(text)
     except ET.ParseError as exc:
@@ -713,10 +713,23 @@ class LibvirtEnvironment(Environment):
         found = []
         if self._type.get("type") == "qemu":
             found.append(TCG_WARNING.replace("the QEMU guest", "the libvirt domain (type qemu)"))
+        dropped = self._dropped_tuning()
+        if dropped:
+            found.append(f"libvirt dropped {', '.join(dropped)} of the requested <cputune> (see domain_xml)")
         if self._rt is not None and self._rt.changed:
             found.append(f"kernel.sched_rt_runtime_us was set to -1 (from {self._rt.was}) while real-time vCPUs "
                          "ran: cgroup v1 RT group scheduling refuses them otherwise; restored afterwards")
         return found
+
+    def _dropped_tuning(self) -> list[str]:
+        """Elements of the requested <cputune> missing from the XML libvirt applied (e.g. out of range)."""
+        try:
+            applied = ET.fromstring(self._applied_xml).find("cputune")
+        except ET.ParseError:  # none yet, or cut at XML_LIMIT
+            return []
+        have = [child.tag for child in applied] if applied is not None else []
+        wanted = [child.tag for child in self._cputune()]
+        return sorted({f"<{tag}>" for tag in wanted if wanted.count(tag) > have.count(tag)})
 
     def close(self) -> None:
         if self._domain is not None:
