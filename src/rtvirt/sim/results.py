@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..store import RunDir, new_run, write_run
@@ -30,44 +31,58 @@ def _names(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
     return [str(n) for n in array.dictionary.to_pylist()], array.indices.to_numpy(zero_copy_only=False)
 
 
+_SAMPLE_TYPES = {"t_ns": pa.int64(), "response_ns": pa.int64(), "cpu": pa.int16(), "thread": pa.int16(),
+                 "release_ns": pa.int64(), "start_ns": pa.int64(), "finish_ns": pa.int64(),
+                 "deadline_met": pa.bool_(), "event": pa.int64()}
+
+
 def samples_table(result: SimResult) -> pa.Table:
-    """Jobs, chain events and gaps as one table in the store's sample layout (plus extra columns)."""
+    """Jobs, chain events and gaps as one table in the store's sample layout (plus extra columns).
+
+    Each column is three chunks (jobs, chain events, gaps) over the core's own buffers: no row is copied or
+    reordered in Python. Rows are in the core's order (jobs as they finished), not sorted by ``t_ns``;
+    readers that need time order sort (results.windows.load_series), as for multi-thread probe runs.
+    """
     task_names, task_codes = _names(result.jobs["task"])
     chain_names, chain_codes = _names(result.chains["chain"])
     vcpu_names, vcpu_codes = _names(result.gaps["vcpu"])
-    kinds = task_names + [f"chain:{n}" for n in chain_names] + [f"gap:{n}" for n in vcpu_names]
+    kinds = pa.array(task_names + [f"chain:{n}" for n in chain_names] + [f"gap:{n}" for n in vcpu_names],
+                     pa.string())
     j, c, g = result.jobs, result.chains, result.gaps
-    n_jobs, n_chains, n_gaps = j.num_rows, c.num_rows, g.num_rows
-
-    def cat(*parts: Any) -> np.ndarray:
-        return np.concatenate([np.asarray(p) for p in parts])
-
-    no = np.full
-    kind_codes = cat(task_codes, chain_codes + len(task_names), vcpu_codes + len(task_names) + len(chain_names))
-    record = cat(no(n_jobs, 0, np.int8), no(n_chains, 1, np.int8), no(n_gaps, 2, np.int8))
-    order = np.argsort(cat(j["arrival_ns"], c["arrival_ns"], g["start_ns"]), kind="stable")
-    columns = {
-        "t_ns": cat(j["arrival_ns"], c["arrival_ns"], g["start_ns"]),
-        "response_ns": cat(j["response_ns"], c["response_ns"], g["gap_ns"]),
-        "cpu": cat(j["cpu"], c["cpu"], g["cpu"]).astype(np.int16),
-        "thread": kind_codes.astype(np.int16),
-        "kind": kind_codes.astype(np.int32),
-        "record": record,
-        "release_ns": cat(j["release_ns"], c["arrival_ns"], g["start_ns"]),
-        "start_ns": cat(j["start_ns"], no(n_chains, -1, np.int64), g["start_ns"]),
-        "finish_ns": cat(j["finish_ns"], c["finish_ns"], np.asarray(g["start_ns"]) + np.asarray(g["gap_ns"])),
-        "deadline_met": cat(j["met"], c["met"], no(n_gaps, True)),
-        "event": cat(j["event"], c["event"], no(n_gaps, -1, np.int64)),
+    kind_codes = [task_codes, chain_codes + len(task_names), vcpu_codes + len(task_names) + len(chain_names)]
+    gap_end = pc.add(g["start_ns"], g["gap_ns"])
+    parts = {
+        "t_ns": (j["arrival_ns"], c["arrival_ns"], g["start_ns"]),
+        "response_ns": (j["response_ns"], c["response_ns"], g["gap_ns"]),
+        "cpu": (j["cpu"], c["cpu"], g["cpu"]),
+        "thread": [codes.astype(np.int16) for codes in kind_codes],
+        "release_ns": (j["release_ns"], c["arrival_ns"], g["start_ns"]),
+        "start_ns": (j["start_ns"], np.full(c.num_rows, -1, np.int64), g["start_ns"]),
+        "finish_ns": (j["finish_ns"], c["finish_ns"], gap_end),
+        "deadline_met": (j["met"], c["met"], np.ones(g.num_rows, np.bool_)),
+        "event": (j["event"], c["event"], np.full(g.num_rows, -1, np.int64)),
     }
-    table = {name: values[order] for name, values in columns.items()}
-    kind = pa.DictionaryArray.from_arrays(pa.array(table.pop("kind"), pa.int32()), pa.array(kinds, pa.string()))
-    arrays = {name: pa.array(values) for name, values in table.items()}
-    arrays["kind"] = kind
-    record_names = pa.array(["job", "chain", "gap"], pa.string())
-    arrays["record"] = pa.DictionaryArray.from_arrays(pa.array(table["record"].astype(np.int32)), record_names)
+    columns = {name: _chunked(chunks, _SAMPLE_TYPES[name]) for name, chunks in parts.items()}
+    columns["kind"] = pa.chunked_array([pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)),
+                                                                       kinds) for codes in kind_codes])
+    records = pa.array(["job", "chain", "gap"], pa.string())
+    columns["record"] = pa.chunked_array([
+        pa.DictionaryArray.from_arrays(pa.array(np.full(n, index, np.int32)), records)
+        for index, n in enumerate((j.num_rows, c.num_rows, g.num_rows))])
     ordered = ["t_ns", "response_ns", "cpu", "thread", "kind", "record", "release_ns", "start_ns", "finish_ns",
                "deadline_met", "event"]
-    return pa.table({name: arrays[name] for name in ordered})
+    return pa.table({name: columns[name] for name in ordered})
+
+
+def _chunked(chunks: tuple | list, kind: pa.DataType) -> pa.ChunkedArray:
+    """One column from the jobs', chains' and gaps' parts (zero-copy where the type already matches)."""
+    arrays = []
+    for part in chunks:
+        if isinstance(part, pa.ChunkedArray):
+            arrays.extend(part.chunks)
+        else:
+            arrays.append(pa.array(part))
+    return pa.chunked_array([a if a.type == kind else a.cast(kind) for a in arrays], kind)
 
 
 def gap_probe_table(result: SimResult) -> pa.Table:
@@ -83,19 +98,17 @@ def gap_probe_table(result: SimResult) -> pa.Table:
 
 
 def _stats(names: list[str], codes: np.ndarray, response: np.ndarray, met: np.ndarray) -> dict[str, dict[str, Any]]:
-    """Per name: count, mean and max response, misses; one grouping sort instead of a pass per name."""
-    size = max(len(names), 1)
-    jobs = np.bincount(codes, minlength=size)
-    sums = np.bincount(codes, weights=response, minlength=size)
-    misses = np.bincount(codes[~met], minlength=size)
-    maxima = np.zeros(size, np.int64)
-    if codes.size:
-        order = np.argsort(codes.astype(np.uint16 if size < 1 << 16 else np.int64), kind="stable")  # radix sort
-        present = np.flatnonzero(jobs)
-        maxima[present] = np.maximum.reduceat(response[order], (np.cumsum(jobs) - jobs)[present])
-    return {name: {"jobs": int(jobs[i]), "mean_response_ns": float(sums[i] / jobs[i]) if jobs[i] else None,
-                   "max_response_ns": int(maxima[i]) if jobs[i] else None, "misses": int(misses[i])}
-            for i, name in enumerate(names)}
+    """Per name: count, mean and max response, misses (one hash aggregation in Arrow, not a pass per name)."""
+    grouped = pa.table({"code": codes, "response": response, "missed": ~met}).group_by("code").aggregate(
+        [("response", "count"), ("response", "mean"), ("response", "max"), ("missed", "sum")])
+    found = {code: (jobs, mean, top, missed) for code, jobs, mean, top, missed in zip(
+        *(grouped[name].to_pylist() for name in ("code", "response_count", "response_mean", "response_max",
+                                                  "missed_sum")), strict=True)}
+    out: dict[str, dict[str, Any]] = {}
+    for index, name in enumerate(names):
+        jobs, mean, top, missed = found.get(index, (0, None, None, 0))
+        out[name] = {"jobs": int(jobs), "mean_response_ns": mean, "max_response_ns": top, "misses": int(missed)}
+    return out
 
 
 def task_summary(result: SimResult) -> dict[str, Any]:
