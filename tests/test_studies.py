@@ -1,0 +1,202 @@
+"""The built-in study scenarios: their matrices, `rtvirt scenarios NAME`, and small-scale runs whose reports
+show the studies' tables with the published figures beside ours (real QEMU guests under TCG here)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rtvirt.campaign import PlannedRun, execute_run, expand
+from rtvirt.cli import app
+from rtvirt.results.report import write_report
+from rtvirt.results.studies.provenance import differences
+from rtvirt.results.studies.tables import published
+from rtvirt.scenario import builtin_scenarios, load_scenario, parse_scenario
+from rtvirt.scenario.schema import Scenario
+from rtvirt.sysaudit import audit_system
+
+RUN_TIMEOUT_NS = 120_000_000_000
+
+
+def _builtin(name: str) -> Scenario:
+    return parse_scenario(builtin_scenarios()[name], name)
+
+
+def _run(scenario: Scenario, scale: float, keys: list[str], results: Path) -> str:
+    """Run the named plans of ``scenario`` for real and return the Markdown report of those runs."""
+    plans: dict[str, PlannedRun] = {p.key: p for p in expand(scenario, scale)}
+    system = audit_system()
+    run_ids = set()
+    for key in keys:
+        outcome = execute_run(scenario, plans[key], results, run_timeout_ns=RUN_TIMEOUT_NS, system=system)
+        assert outcome.status == "complete", (key, outcome.reason)
+        run_ids.add(str(outcome.run_id))
+    return write_report(results, results / "report.md", "markdown", run_ids=run_ids).read_text()
+
+
+def _table(report: str, title_start: str) -> list[list[str]]:
+    """Rows of the Markdown table whose heading starts with ``title_start``."""
+    lines = report.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"## {title_start}"))
+    rows = []
+    for line in lines[start + 4:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]])
+    return rows
+
+
+def _number(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+# --- the matrices (no runs) ----------------------------------------------------------------------------
+
+def test_guest_isolation_matrix_is_the_studys() -> None:
+    scenario = _builtin("guest-isolation")
+    assert scenario.study == "guest-isolation" and scenario.repetitions == 10
+    probes = {w.name: (w.probe, w.params) for w in scenario.probe_workloads()}
+    assert probes["kops"] == ("kops", {"iterations": 1000})
+    assert probes["qsort"][1]["kernel"] == "qsort" and probes["basicmath"][1]["kernel"] == "basicmath"
+    assert probes["threadmetric"][0] == "threadmetric"
+    # every disturbance is a stressor guest, spinning at top priority or memsetting 1.5 x L2, on either core
+    stressed = [d for d in scenario.disturbances if d.stressors]
+    assert all(u.where == "other-vm" for d in stressed for u in d.stressors)
+    placed = {(u.stressor, u.guest_cpus) for d in stressed for u in d.stressors}
+    assert {("cpu", "same-core"), ("cpu", "other-core"), ("cache", "same-core"), ("cache", "other-core")} <= placed
+    assert all(u.params == {"level": 2} for d in stressed for u in d.stressors if u.stressor == "cache")
+    plans = expand(scenario)
+    assert len(plans) == 210
+    by_group: dict[str, set[tuple[str, str | None]]] = {}
+    for plan in plans:
+        by_group.setdefault(plan.group, set()).add((scenario.disturbances[plan.disturbance].name, plan.start_order))
+    assert {d for d, _ in by_group["kops"]} == {"solo", "spin-same-core", "spin-other-core", "cache-same-core",
+                                                "cache-other-core"}
+    assert {o for _, o in by_group["start-order"]} == {None, "test-first", "stress-first"}
+    on_off = [p for p in plans if p.group == "30min"]
+    assert on_off[0].duration_ns == 1800 * 10**9
+    assert on_off[0].events == ((600 * 10**9, "stress-on"), (1200 * 10**9, "stress-off"))
+
+
+def test_cots_profiles_and_interrupt_latency_configurations() -> None:
+    cots = _builtin("cots-hypervisor")
+    profiles = {}
+    for plan in expand(cots):
+        env, disturbance = cots.environments[plan.environment], cots.disturbances[plan.disturbance]
+        profiles.setdefault(plan.group, set()).add((env.kind, env.pin, disturbance.name))
+        assert plan.duration_ns == 8 * 3600 * 10**9
+    assert profiles["TP1"] == {("host", False, "no-load"), ("qemu", False, "no-load")}
+    assert profiles["TP4"] == {("host", True, "load"), ("qemu", True, "load")}
+    assert profiles["TP5"] == {("qemu", False, "load-in-2-vms")} and profiles["TP6"] == {("qemu", True, "load-in-2-vms")}
+    load = next(d for d in cots.disturbances if d.name == "load").stressors[0]
+    assert (load.stressor, load.workers, load.params) == ("mix", 10, {"block": "64MiB"})  # 10 sqrt + 10 malloc/free
+    in_vms = next(d for d in cots.disturbances if d.name == "load-in-2-vms").stressors[0]
+    assert (in_vms.vms, in_vms.workers * 2 * in_vms.vms) == (2, 20)
+    interrupt = _builtin("interrupt-latency")
+    assert interrupt.workload.params == {"interval": "1ms", "loops": 105000, "threads": 1}
+    assert interrupt.repetitions == 3 and interrupt.duration == 105 * 10**9
+    configs = {p.config for p in expand(interrupt)}
+    assert configs == {"native: native / alone", "virtualised: vm / alone", "virtualised: vm / two-more-vms",
+                       "virtualised: vm / extra-interrupt-source"}
+    # every published row names a configuration the built-in runs
+    assert {f"{r['ours'].split(' / ')[0]}" for r in published()["interrupt-latency"]["rows"]} == {"native", "vm"}
+
+
+def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
+    shown = CliRunner().invoke(app, ["scenarios", "guest-isolation"], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0, shown.output
+    assert "reproduces the guest-isolation study" in shown.output and "210 runs" in shown.output
+    assert "stress-on at 10m, stress-off at 20m" in shown.output and "cache x1 other-vm (1 guest, same-core)" in shown.output
+    as_json = CliRunner().invoke(app, ["scenarios", "cots-hypervisor", "--json"])
+    document = json.loads(as_json.output)
+    assert document["study"] == "cots-hypervisor" and document["runs"] == 10
+    assert [g["name"] for g in document["groups"]] == ["TP1", "TP2", "TP3", "TP4", "TP5", "TP6"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(builtin_scenarios()["interrupt-latency"].replace('environments = ["native"]',
+                                                                    'environments = ["nowhere"]'))
+    refused = CliRunner().invoke(app, ["scenarios", str(bad)])
+    assert refused.exit_code == 2 and "groups[0].environments" in refused.output and "nowhere" in refused.output
+    unknown = tmp_path / "study.toml"
+    unknown.write_text(builtin_scenarios()["interrupt-latency"].replace('study = "interrupt-latency"', 'study = "x"'))
+    refused = CliRunner().invoke(app, ["scenarios", str(unknown)])
+    assert refused.exit_code == 2 and "field 'study'" in refused.output
+
+
+def test_differences_name_the_changed_field() -> None:
+    text = builtin_scenarios()["guest-isolation"]
+    changed = parse_scenario(text.replace("repetitions = 10", "repetitions = 2").replace(
+        'name = "guest-isolation"', 'name = "mine"'))
+    assert differences(changed.model_dump(mode="json"), _builtin("guest-isolation").model_dump(mode="json")) == \
+        ["repetitions"]
+
+
+# --- small-scale runs, real guests -----------------------------------------------------------------------
+
+def test_interrupt_latency_report_beside_the_paper(tmp_path: Path) -> None:
+    report = _run(_builtin("interrupt-latency"), 0.02, ["native/native/alone/-/r1", "virtualised/vm/alone/-/r1"],
+                  tmp_path)
+    status = dict(map(tuple, _table(report, "Study interrupt-latency")))
+    assert status["this campaign"].startswith("the study's configuration")
+    assert status["duration"] == "scaled: 0.02 of the study's durations"
+    rows = {row[0]: row for row in _table(report, "Interrupt-latency study")}
+    assert list(rows) == ["native", "virtualised, alone", "virtualised, two more VMs",
+                          "virtualised, extra interrupt source"]
+    native, alone = rows["native"], rows["virtualised, alone"]
+    assert native[5:8] == ["2.3", "2.5", "3.0"] and alone[5:8] == ["4.7", "5.5", "11.8"]
+    assert _number(native[2]) <= _number(native[3]) <= _number(native[4])
+    ratio = _number(alone[3]) / 5.5
+    assert f"{ratio:.2f}x the paper" in alone[8] and "direction" in alone[8]
+    assert rows["virtualised, two more VMs"][1] == "not run"
+
+
+def test_guest_isolation_kernel_operations_beside_a_stressor_guest(tmp_path: Path) -> None:
+    report = _run(_builtin("guest-isolation"), 0.05,
+                  ["kops/guest/solo/-/r1", "kops/guest/spin-same-core/stress-first/r1"], tmp_path)
+    outliers = {row[1]: row for row in _table(report, "Guest-isolation study: outliers")}
+    assert set(outliers) == {"solo", "spin-same-core"}
+    for row in outliers.values():
+        assert row[0] == "kops" and _number(row[3]) >= _number(row[5]) > 0  # cycles: outlier >= median
+        assert row[7] == "540,000 (≈10 ms)" and row[8] == "20–80"
+        assert f"{_number(row[3]) / 540000:.2f}x the paper" in row[9]
+    increase = _table(report, "Guest-isolation study: increase against the solo baseline")
+    assert [row[:2] for row in increase] == [["kops", "spin-same-core"]]
+    assert increase[0][3].endswith("%") and _number(increase[0][5]) > 0
+
+
+def test_modified_study_scenario_runs_and_says_so(tmp_path: Path) -> None:
+    """One field changed (Thread-Metric's interval, so that a short run has enough intervals): the 30-minute
+    and start-order tables still come out, and the report says the configuration is no longer the study's."""
+    text = builtin_scenarios()["guest-isolation"].replace('params = { report_interval = "5s" }',
+                                                          'params = { report_interval = "250ms" }')
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    scenario, _, _ = load_scenario(path)
+    report = _run(scenario, 0.02, ["start-order/guest/solo/-/r1", "30min/guest/spin-other-core-10-20min/-/r1"],
+                  tmp_path / "results")
+    status = dict(map(tuple, _table(report, "Study guest-isolation")))
+    assert status["this campaign"] == \
+        "modified from the study's configuration: field workloads[3].params.report_interval"
+    order = _table(report, "Guest-isolation study: start order")
+    assert order[0][0] == "solo" and int(order[0][2]) >= 10 and order[0][7] == "-35.00 %"
+    on_off = _table(report, "Guest-isolation study: the 30-minute run")
+    assert len(on_off) == 1
+    before, during = _number(on_off[0][1]), _number(on_off[0][2])
+    assert before > 0 and during > 0 and on_off[0][7] == "-0.01 %" and on_off[0][8] == "-29.00 %"
+    assert abs(_number(on_off[0][4].removesuffix(" %")) - (during / before - 1) * 100) < 0.1  # shown rounded
+
+
+@pytest.mark.parametrize("profile", ["TP1/baseline-free/no-load/-/r1"])
+def test_cots_profile_table_and_stability(tmp_path: Path, profile: str) -> None:
+    report = _run(_builtin("cots-hypervisor"), 0.0002, [profile, "TP4/baseline-pinned/load/stress-first/r1"], tmp_path)
+    stats = {row[1]: row for row in _table(report, "COTS-hypervisor study: statistics")}
+    assert set(stats) == {"TP1", "TP4"} and stats["TP1"][0] == "baseline-free"
+    for row in stats.values():
+        whisker_low, q1, median, q3, whisker_high = (_number(row[i]) for i in (3, 4, 5, 8, 9))
+        assert whisker_low <= q1 <= median <= q3 <= whisker_high and int(row[2]) > 100
+    stability = _table(report, "COTS-hypervisor study: stability")
+    assert [row[2].split(" (")[0] for row in stability if row[1] == "TP1"] == ["1 h mark", "2 h mark", "4 h mark",
+                                                                                "8 h mark"]
