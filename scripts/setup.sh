@@ -40,6 +40,7 @@ PYTHON=${PYTHON:-python3}
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 # Build requirements first so the editable install can reuse one build directory (fast rebuilds).
-"$VENV/bin/python" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
+# setuptools + wheel: libvirt-python builds from source (against libvirt-dev) in this same environment.
+"$VENV/bin/python" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" setuptools wheel
 "$VENV/bin/python" -m pip install -q --no-build-isolation -e '.[test]'
 echo "setup: ready ($("$VENV/bin/rtvirt" --version))"
