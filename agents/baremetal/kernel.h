@@ -1,0 +1,175 @@
+/* rtvirt-baremetal: a minimal x86_64 guest kernel whose measurements belong to the hypervisor.
+ *
+ * No libc, no Linux: our own boot code (multiboot 1 for QEMU -kernel, PVH for Xen), LAPIC/TSC code,
+ * 16550 and debug-port output, and a tiny preemptive kernel for the kops and threadmetric probes.
+ * One CPU; every probe writes the rtvirt sample stream (docs/sample-stream.md) to the stream channel.
+ */
+#ifndef RTVIRT_BAREMETAL_KERNEL_H
+#define RTVIRT_BAREMETAL_KERNEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RTVB_VERSION "1"
+
+/* Statuses the guest ends with, as the Linux agents' exit codes (rtvirt.errors). */
+enum { EXIT_OK = 0, EXIT_FAILURE = 1, EXIT_USAGE = 2 };
+
+/* ---- lib.c ---- */
+void *memcpy(void *dst, const void *src, size_t n);
+void *memset(void *dst, int c, size_t n);
+void *memmove(void *dst, const void *src, size_t n);
+int memcmp(const void *a, const void *b, size_t n);
+size_t strlen(const char *s);
+int strcmp(const char *a, const char *b);
+int strncmp(const char *a, const char *b, size_t n);
+char *strchr(const char *s, int c);
+
+/* A bounded text buffer for JSON headers and console lines. */
+typedef struct {
+    char *buf;
+    size_t len, cap;
+} text;
+void text_str(text *t, const char *s);
+void text_char(text *t, char c);
+void text_u64(text *t, uint64_t v);
+void text_i64(text *t, int64_t v);
+void text_json_str(text *t, const char *s); /* quoted, escaped */
+
+/* ---- hw.c ---- */
+static inline void outb(uint16_t port, uint8_t v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }
+static inline void outl(uint16_t port, uint32_t v) { __asm__ volatile("outl %0, %1" ::"a"(v), "Nd"(port)); }
+static inline uint8_t inb(uint16_t port) {
+    uint8_t v;
+    __asm__ volatile("inb %1, %0" : "=a"(v) : "Nd"(port));
+    return v;
+}
+static inline uint64_t rdtsc(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+}
+static inline void cpuid(uint32_t leaf, uint32_t sub, uint32_t r[4]) {
+    __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
+}
+static inline uint64_t irq_save(void) {
+    uint64_t flags;
+    __asm__ volatile("pushfq; popq %0; cli" : "=r"(flags)::"memory");
+    return flags;
+}
+static inline void irq_restore(uint64_t flags) {
+    if (flags & 0x200) __asm__ volatile("sti" ::: "memory");
+}
+#define barrier() __asm__ volatile("" ::: "memory")
+
+extern uint64_t tsc_hz;        /* measured or read from the hypervisor at boot */
+extern const char *tsc_source; /* how tsc_hz was found */
+extern bool has_tsc_deadline;
+extern bool has_serial;        /* a 16550 answers at COM1 */
+
+void hw_init(void);
+void console_write(const char *s, size_t n); /* text: COM1, else the debug port */
+void console_line(const char *s);
+uint64_t tsc_to_ns(uint64_t cycles);
+uint64_t ns_to_tsc(uint64_t ns);
+uint64_t now_ns(void);     /* ns since the TSC was 0 (reset of the VM) */
+uint64_t rtc_unix_ns(void); /* wall clock from the CMOS RTC, 0 if it has none */
+void lapic_init(void);
+void lapic_arm(uint64_t deadline_tsc); /* one interrupt on LAPIC_TIMER_VECTOR at deadline_tsc */
+void lapic_disarm(void);
+void lapic_eoi(void);
+void lapic_self_ipi(uint8_t vector);
+const char *timer_mode(void);
+_Noreturn void guest_exit(int status);
+
+/* ---- interrupts (isr.S, sched.c) ---- */
+enum { LAPIC_TIMER_VECTOR = 32, KOPS_IPI_VECTOR = 33, SWITCH_VECTOR = 34, SPURIOUS_VECTOR = 255 };
+extern volatile uint64_t isr_entry_tsc; /* TSC read at the first instructions of the last IRQ stub */
+void idt_init(void);
+
+/* ---- sched.c: the tiny preemptive kernel ---- */
+typedef struct thread thread;
+typedef struct wait_queue {
+    thread *first;
+} wait_queue;
+typedef struct {
+    int64_t count;
+    wait_queue waiters;
+} semaphore;
+enum { MSG_BYTES = 16, MSGQ_SLOTS = 8 };
+typedef struct {
+    uint8_t slots[MSGQ_SLOTS][MSG_BYTES];
+    unsigned head, count;
+    wait_queue getters;
+} msgq;
+typedef struct ktimer {
+    uint64_t expiry_tsc;
+    semaphore *give; /* given when the timer fires */
+    struct ktimer *next;
+    bool active;
+} ktimer;
+
+void sched_init(void);
+thread *thread_start(void (*entry)(void *), void *arg, int priority, const char *name);
+_Noreturn void sched_run(void); /* the boot context becomes the idle thread */
+void k_yield(void);
+void k_reschedule(void);
+void sem_init(semaphore *s, int64_t count);
+void sem_take(semaphore *s);
+void sem_give(semaphore *s);
+void msgq_init(msgq *q);
+void msgq_put(msgq *q, const void *msg); /* the queue never fills in our probes: a full one drops */
+void msgq_get(msgq *q, void *msg);
+void ktimer_start(ktimer *t, uint64_t expiry_tsc, semaphore *give);
+void ktimer_stop(ktimer *t);
+void sleep_until_tsc(uint64_t tsc);
+uint64_t last_timer_irq_tsc(void); /* entry TSC of the interrupt that fired the last timer */
+void thread_exit(void);
+void set_idle_work(void (*work)(void)); /* what the idle thread does before halting */
+
+/* ---- stream.c ---- */
+typedef struct {
+    const char *name;
+    const char *value_field;
+    const char *aux_field; /* or NULL */
+    const char *const *kinds;
+    const char *const *stats;
+} probe_desc;
+void stream_begin(const probe_desc *probe, const char *params_json);
+void stream_sample(uint64_t t_ns, int64_t value, uint64_t aux, uint16_t thread, uint16_t kind);
+void stream_stat(uint16_t thread, uint16_t key, int64_t value);
+void stream_end(int reason); /* DROPPED + END, then flush everything */
+void stream_drain(void);     /* write out what is buffered (idle work; preemptible) */
+uint64_t stream_dropped(void);
+bool stream_room(size_t records);
+uint64_t stream_pending(void); /* bytes not written out yet */
+
+/* ---- params (main.c): the probe's options as the Linux agent takes them ---- */
+typedef struct {
+    uint64_t duration_ns, loops, threads, priority;
+    /* probe options; each probe reads its own */
+    uint64_t interval_ns, distance_ns, threshold_ns, work_unit, iterations, alloc_size, report_interval_ns, size;
+    bool work;
+    const char *kernel, *engine;
+} params;
+extern params P;
+uint64_t run_deadline_tsc(void); /* UINT64_MAX without --duration */
+/* Memory above the image for probe data (never freed); too little stops the guest naming `option`. */
+void *arena_alloc(size_t bytes, const char *option);
+_Noreturn void usage_error(const char *fmt_option, const char *detail);
+_Noreturn void run_error(const char *detail);
+
+/* ---- probes ---- */
+typedef struct {
+    const probe_desc *desc;
+    int (*run)(void); /* returns the end status; runs as a thread of the tiny kernel */
+} probe_entry;
+extern const probe_desc timer_desc, gap_desc, kops_desc, threadmetric_desc, workload_desc;
+int timer_run(void);
+int gap_run(void);
+int kops_run(void);
+int threadmetric_run(void);
+int workload_run(void);
+
+#endif

@@ -1,0 +1,301 @@
+/* Boot to the probe: console, TSC, command line, interrupts, the tiny kernel, then the probe's thread.
+ *
+ * The command line is what rtvirt passes the Linux agent: "PROBE --name=value ..." (after the
+ * kernel's file name, which multiboot loaders put first). Options are the same as the Linux
+ * agent's (rtvirt.agents.agent_args renders the same pydantic models); a bad one stops the guest with
+ * status 2 and a line naming the option, which rtvirt reports as bad input. */
+#include "kernel.h"
+
+params P = {.duration_ns = 10000000000ull, .threads = 1, .priority = 99, .interval_ns = 1000000,
+            .distance_ns = 500000, .threshold_ns = 1000, .work_unit = 20000, .iterations = 1000,
+            .alloc_size = 256, .report_interval_ns = 5000000000ull, .size = 1200000, .kernel = "qsort",
+            .engine = "cyclictest"};
+const char *boot_kind = "none";
+static uint64_t start_tsc;
+static const probe_entry *probe;
+static bool affinity_given;
+
+static const probe_entry PROBES[] = {
+    {&timer_desc, timer_run},       {&gap_desc, gap_run},
+    {&kops_desc, kops_run},         {&threadmetric_desc, threadmetric_run},
+    {&workload_desc, workload_run},
+};
+
+typedef enum { OPT_U64, OPT_NS, OPT_BOOL, OPT_STR, OPT_CPU0, OPT_IGNORED } opt_type;
+typedef struct {
+    const char *name;
+    opt_type type;
+    void *dest;
+    uint64_t min, max;
+    const char *probe; /* NULL: every probe's option */
+} option;
+
+/* The Linux agent's options with its ranges; mlock and dma-latency have nothing to do here (no paging,
+ * no C-states to hold off) but are accepted so one argv serves both agents. */
+static bool ignored_flag;
+static const option OPTIONS[] = {
+    {"duration", OPT_NS, &P.duration_ns, 0, UINT64_MAX, NULL},
+    {"loops", OPT_U64, &P.loops, 0, UINT64_MAX, NULL},
+    {"threads", OPT_U64, &P.threads, 1, 1, NULL},
+    {"priority", OPT_U64, &P.priority, 0, 99, NULL},
+    {"affinity", OPT_CPU0, &affinity_given, 0, 0, NULL},
+    {"mlock", OPT_BOOL, &ignored_flag, 0, 1, NULL},
+    {"dma-latency", OPT_BOOL, &ignored_flag, 0, 1, NULL},
+    {"interval", OPT_NS, &P.interval_ns, 10000, 10000000000ull, "timer"},
+    {"distance", OPT_NS, &P.distance_ns, 0, 10000000000ull, "timer"},
+    {"engine", OPT_STR, &P.engine, 0, 0, "timer"},
+    {"threshold", OPT_NS, &P.threshold_ns, 1, 1000000000ull, "gap"},
+    {"work", OPT_BOOL, &P.work, 0, 1, "gap"},
+    {"work-unit", OPT_U64, &P.work_unit, 1, 1000000000ull, "gap"},
+    {"iterations", OPT_U64, &P.iterations, 1, 100000000ull, "kops"},
+    {"alloc-size", OPT_U64, &P.alloc_size, 1, 1ull << 30, "kops"},
+    {"report-interval", OPT_NS, &P.report_interval_ns, 1000000, 3600000000000ull, "threadmetric"},
+    {"kernel", OPT_STR, &P.kernel, 0, 0, "workload"},
+    {"size", OPT_U64, &P.size, 1024, 1ull << 32, "workload"},
+};
+enum { NOPTIONS = sizeof OPTIONS / sizeof OPTIONS[0] };
+static bool given[NOPTIONS];
+
+_Noreturn void usage_error(const char *option_name, const char *detail) {
+    text t = {(char[400]){0}, 0, 400};
+    text_str(&t, "rtvirt-baremetal: ");
+    if (option_name) {
+        text_str(&t, "invalid value for '--");
+        text_str(&t, option_name);
+        text_str(&t, "': ");
+    }
+    text_str(&t, detail);
+    console_line(t.buf);
+    stream_end(2);
+    guest_exit(EXIT_USAGE);
+}
+
+_Noreturn void run_error(const char *detail) {
+    text t = {(char[400]){0}, 0, 400};
+    text_str(&t, "rtvirt-baremetal: ");
+    text_str(&t, detail);
+    console_line(t.buf);
+    stream_end(2);
+    guest_exit(EXIT_FAILURE);
+}
+
+extern uint8_t __bss_end[];
+static uint64_t arena_next, memory_top;
+
+void *arena_alloc(size_t bytes, const char *option) {
+    if (!arena_next) arena_next = ((uint64_t)(uintptr_t)__bss_end + 4095) & ~4095ull;
+    if (memory_top < arena_next || bytes > memory_top - arena_next) {
+        text t = {(char[160]){0}, 0, 160};
+        text_str(&t, "needs ");
+        text_u64(&t, (bytes >> 20) + 1);
+        text_str(&t, " MiB of guest memory, the guest has ");
+        text_u64(&t, memory_top > arena_next ? (memory_top - arena_next) >> 20 : 0);
+        text_str(&t, " MiB free (give the VM more memory)");
+        usage_error(option, t.buf);
+    }
+    void *p = (void *)(uintptr_t)arena_next;
+    arena_next += (bytes + 63) & ~(size_t)63;
+    return p;
+}
+
+uint64_t run_deadline_tsc(void) { return P.duration_ns ? start_tsc + ns_to_tsc(P.duration_ns) : UINT64_MAX; }
+
+static bool parse_u64(const char *s, uint64_t *out) {
+    if (!*s) return false;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9') return false;
+        uint64_t d = (uint64_t)(*s - '0');
+        if (v > (UINT64_MAX - d) / 10) return false;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return true;
+}
+
+/* Cut the command line into words in place (no quoting: rtvirt's values never hold spaces). */
+static int split(char *line, char **words, int max) {
+    int n = 0;
+    while (*line && n < max) {
+        while (*line == ' ') *line++ = 0;
+        if (!*line) break;
+        words[n++] = line;
+        while (*line && *line != ' ') line++;
+    }
+    return n;
+}
+
+static void set_option(const option *o, const char *value) {
+    text t = {(char[200]){0}, 0, 200};
+    text_char(&t, '\'');
+    text_str(&t, value);
+    text_str(&t, "' (");
+    uint64_t v;
+    switch (o->type) {
+    case OPT_U64:
+    case OPT_NS:
+        if (!parse_u64(value, &v) || v < o->min || v > o->max) {
+            text_str(&t, o->type == OPT_NS ? "a time in ns" : "an integer");
+            text_str(&t, " from ");
+            text_u64(&t, o->min);
+            text_str(&t, " to ");
+            text_u64(&t, o->max);
+            text_str(&t, o->max == 1 && !strcmp(o->name, "threads") ? "; one CPU, one measuring thread)" : ")");
+            usage_error(o->name, t.buf);
+        }
+        *(uint64_t *)o->dest = v;
+        return;
+    case OPT_BOOL:
+        if (strcmp(value, "0") && strcmp(value, "1")) usage_error(o->name, (text_str(&t, "0 or 1)"), t.buf));
+        *(bool *)o->dest = value[0] == '1';
+        return;
+    case OPT_STR:
+        *(const char **)o->dest = value;
+        return;
+    case OPT_CPU0:
+        if (strcmp(value, "0")) usage_error(o->name, (text_str(&t, "the bare-metal guest has one CPU: 0)"), t.buf));
+        *(bool *)o->dest = true;
+        return;
+    case OPT_IGNORED:
+        return;
+    }
+}
+
+/* The options as run, every one with its value (defaults included), as the Linux agent echoes them. */
+static void params_json(text *t) {
+    text_char(t, '{');
+    bool first = true;
+    for (int i = 0; i < NOPTIONS; i++) {
+        const option *o = &OPTIONS[i];
+        if (o->probe && strcmp(o->probe, probe->desc->name)) continue;
+        if (o->type == OPT_BOOL && o->dest == &ignored_flag) continue;
+        if (!first) text_char(t, ',');
+        first = false;
+        text_char(t, '"');
+        for (const char *c = o->name; *c; c++) text_char(t, *c == '-' ? '_' : *c);
+        text_str(t, "\":");
+        switch (o->type) {
+        case OPT_U64:
+        case OPT_NS: text_u64(t, *(uint64_t *)o->dest); break;
+        case OPT_BOOL: text_str(t, *(bool *)o->dest ? "true" : "false"); break;
+        case OPT_STR: text_json_str(t, *(const char **)o->dest); break;
+        case OPT_CPU0: text_str(t, affinity_given ? "[0]" : "null"); break;
+        case OPT_IGNORED: text_str(t, "null"); break;
+        }
+    }
+    text_char(t, '}');
+}
+
+static void parse_command_line(char *line, bool multiboot) {
+    static char *words[64];
+    int n = split(line, words, 64);
+    int first = multiboot && n ? 1 : 0; /* multiboot loaders (QEMU, GRUB) put the kernel's file name first */
+    if (first >= n) usage_error(NULL, "no probe named on the kernel command line (timer, gap, kops, threadmetric "
+                                      "or workload)");
+    for (size_t i = 0; i < sizeof PROBES / sizeof PROBES[0]; i++)
+        if (!strcmp(words[first], PROBES[i].desc->name)) probe = &PROBES[i];
+    if (!probe) {
+        text t = {(char[200]){0}, 0, 200};
+        text_str(&t, "unknown probe '");
+        text_str(&t, words[first]);
+        text_str(&t, "' (the bare-metal guest runs timer, gap, kops, threadmetric and workload)");
+        usage_error(NULL, t.buf);
+    }
+    for (int w = first + 1; w < n; w++) {
+        const char *arg = words[w];
+        char *eq = strchr(arg, '=');
+        if (strncmp(arg, "--", 2) || !eq) {
+            text t = {(char[200]){0}, 0, 200};
+            text_str(&t, "unexpected argument '");
+            text_str(&t, arg);
+            text_str(&t, "' (options are --name=value)");
+            usage_error(NULL, t.buf);
+        }
+        *eq = 0;
+        const option *o = NULL;
+        for (int i = 0; i < NOPTIONS; i++)
+            if (!strcmp(OPTIONS[i].name, arg + 2) && (!OPTIONS[i].probe || !strcmp(OPTIONS[i].probe, probe->desc->name))) {
+                o = &OPTIONS[i];
+                given[i] = true;
+            }
+        if (!o) {
+            text t = {(char[200]){0}, 0, 200};
+            text_str(&t, "unknown option '");
+            text_str(&t, arg);
+            text_str(&t, "' for the bare-metal ");
+            text_str(&t, probe->desc->name);
+            text_str(&t, " probe");
+            usage_error(NULL, t.buf);
+        }
+        set_option(o, eq + 1);
+    }
+    /* cross-checks the Linux agent makes too, and what only Linux can do */
+    if (!strcmp(probe->desc->name, "timer") && strcmp(P.engine, "cyclictest"))
+        usage_error("engine", "the bare-metal timer probe measures the LAPIC timer itself; only 'cyclictest' "
+                              "(the default) applies (timerlat is a Linux tracer)");
+    if (!strcmp(probe->desc->name, "gap") && P.work)
+        usage_error("work", "the bare-metal gap probe spins on the TSC only (--work is not supported)");
+    if (!strcmp(probe->desc->name, "kops") && P.priority == 1)
+        usage_error("priority", "kops needs at least 2 (the partner thread runs one above), or 0");
+    if (!strcmp(probe->desc->name, "threadmetric") && P.priority < 6)
+        usage_error("priority", "threadmetric needs at least 6 (its five threads take the priorities below it)");
+    if (!strcmp(probe->desc->name, "workload") && strcmp(P.kernel, "qsort") && strcmp(P.kernel, "basicmath") &&
+        strcmp(P.kernel, "bitcount"))
+        usage_error("kernel", "choose qsort, basicmath or bitcount");
+}
+
+static void probe_thread(void *unused) {
+    (void)unused;
+    static char buf[2048];
+    text t = {buf, 0, sizeof buf};
+    params_json(&t);
+    start_tsc = rdtsc();
+    stream_begin(probe->desc, buf);
+    int status = probe->run();
+    stream_end(status ? 2 : 0);
+    guest_exit(status);
+}
+
+/* The multiboot information: flags bit 2 says a command line is at offset 16. */
+static char *multiboot_cmdline(const uint32_t *info) {
+    return info && (info[0] & 4) ? (char *)(uintptr_t)info[4] : NULL;
+}
+
+/* PVH (Xen): hvm_start_info's cmdline_paddr at offset 24. */
+static char *pvh_cmdline(const uint8_t *info) {
+    uint64_t paddr;
+    if (!info) return NULL;
+    memcpy(&paddr, info + 24, 8);
+    return paddr ? (char *)(uintptr_t)paddr : NULL;
+}
+
+void kmain(uint64_t boot, const void *info) {
+    hw_init();
+    boot_kind = boot == 1 ? "multiboot" : "pvh";
+    /* the host's boot watchdog waits for this line (rtvirt.environments.guest_image.READY_MARK) */
+    text t = {(char[96]){0}, 0, 96};
+    text_str(&t, "RTVIRT-READY ");
+    text_u64(&t, now_ns() / 1000);
+    text_str(&t, " us after reset (TSC ");
+    text_str(&t, tsc_source);
+    text_char(&t, ')');
+    console_line(t.buf);
+    static char line[1024];
+    const char *given_line = boot == 1 ? multiboot_cmdline(info) : pvh_cmdline(info);
+    /* multiboot mem_upper (flags bit 0): KiB above 1 MiB; PVH: assume the 128 MiB a domU gets at least */
+    const uint32_t *mb = info;
+    memory_top = boot == 1 && mb && (mb[0] & 1) ? (1ull << 20) + (uint64_t)mb[2] * 1024 : 128ull << 20;
+    if (memory_top > (4ull << 30) - (1ull << 30)) memory_top = 3ull << 30; /* below the APIC hole */
+    if (given_line) {
+        size_t n = strlen(given_line);
+        if (n >= sizeof line) usage_error(NULL, "the kernel command line is longer than 1023 bytes");
+        memcpy(line, given_line, n + 1);
+    }
+    parse_command_line(line, boot == 1);
+    idt_init();
+    lapic_init();
+    sched_init();
+    set_idle_work(stream_drain);
+    thread_start(probe_thread, NULL, (int)(P.priority ? P.priority : 1), probe->desc->name);
+    sched_run();
+}

@@ -1,0 +1,155 @@
+/* The sample stream (docs/sample-stream.md) from the guest: the same header and 32-byte records as
+ * the Linux agents. Records go into a RAM ring first; the idle thread writes the ring out to the
+ * stream channel while nothing else runs, and probes that never idle (gap, workload) write between
+ * measurements or at the end. Channels: QEMU's debug console (port 0xe9, one `rep outsb` per chunk)
+ * or a 16550 at COM2 (0x2f8) where there is no debug console. */
+#include "kernel.h"
+
+typedef struct {
+    uint64_t t_ns;
+    int64_t value;
+    uint64_t aux;
+    uint16_t cpu, thread, kind, flags;
+} record;
+_Static_assert(sizeof(record) == 32, "record layout is part of the file format");
+
+enum { META = 1, META_DROPPED = 1, META_END = 2, META_STAT = 3 };
+enum { RING_BYTES = 32u << 20, CHUNK = 512, COM2 = 0x2f8, DEBUG_PORT = 0xe9 };
+
+const char *stream_channel = "debugcon";
+static uint8_t ring[RING_BYTES];
+static volatile uint64_t head, tail; /* bytes produced / written out */
+static uint64_t written_records, dropped;
+static const probe_desc *probe;
+static bool draining;
+
+static void channel_write(const uint8_t *p, size_t n) {
+    if (stream_channel[0] == 'd') {
+        __asm__ volatile("rep outsb" : "+S"(p), "+c"(n) : "d"((uint16_t)DEBUG_PORT) : "memory");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        for (int spins = 0; !(inb(COM2 + 5) & 0x20) && spins < 100000; spins++) {}
+        outb(COM2, p[i]);
+    }
+}
+
+static void put(const void *data, size_t n) {
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) ring[(head + i) % RING_BYTES] = p[i];
+    barrier();
+    head += n;
+}
+
+uint64_t stream_pending(void) { return head - tail; }
+
+bool stream_room(size_t records) { return RING_BYTES - (head - tail) >= records * sizeof(record); }
+
+/* Writes out what is buffered, a chunk at a time, interruptible between chunks (and within them:
+ * rep outsb takes interrupts between iterations). Only the idle thread or the producing thread drain. */
+void stream_drain(void) {
+    if (draining) return;
+    draining = true;
+    while (tail != head) {
+        uint64_t start = tail % RING_BYTES, avail = head - tail;
+        uint64_t n = avail < CHUNK ? avail : CHUNK;
+        if (n > RING_BYTES - start) n = RING_BYTES - start;
+        channel_write(ring + start, n);
+        barrier();
+        tail += n;
+    }
+    draining = false;
+}
+
+static void push(const record *r) {
+    if (!stream_room(1)) {
+        dropped++;
+        return;
+    }
+    put(r, sizeof *r);
+}
+
+static void json_names(text *t, const char *const *names) {
+    text_char(t, '[');
+    for (int i = 0; names && names[i]; i++) {
+        if (i) text_char(t, ',');
+        text_json_str(t, names[i]);
+    }
+    text_char(t, ']');
+}
+
+extern const char *boot_kind;
+
+void stream_begin(const probe_desc *desc, const char *params_json) {
+    static char buf[4096];
+    probe = desc;
+    text t = {buf, 0, sizeof buf};
+    text_str(&t, "{\"format\":1,\"probe\":");
+    text_json_str(&t, desc->name);
+    text_str(&t, ",\"value_field\":");
+    text_json_str(&t, desc->value_field);
+    text_str(&t, ",\"aux_field\":");
+    if (desc->aux_field) text_json_str(&t, desc->aux_field);
+    else text_str(&t, "null");
+    text_str(&t, ",\"kinds\":");
+    json_names(&t, desc->kinds);
+    text_str(&t, ",\"stats\":");
+    json_names(&t, desc->stats);
+    text_str(&t, ",\"params\":");
+    text_str(&t, params_json);
+    /* CLOCK_MONOTONIC of this guest: TSC time since the VM's reset (there is no other clock here) */
+    text_str(&t, ",\"clock\":\"CLOCK_MONOTONIC\",\"start_monotonic_ns\":");
+    text_u64(&t, now_ns());
+    text_str(&t, ",\"start_realtime_ns\":");
+    text_u64(&t, rtc_unix_ns());
+    text_str(&t, ",\"cycles_hz\":");
+    text_u64(&t, tsc_hz);
+    /* no paging and a strictly priority-preemptive kernel: what SCHED_FIFO and mlockall give a Linux agent */
+    text_str(&t, ",\"rt\":{\"fifo\":true,\"mlockall\":true,\"cpu_dma_latency\":null}");
+    text_str(&t, ",\"host\":{\"hostname\":\"rtvirt-baremetal\",\"kernel\":\"rtvirt-baremetal-" RTVB_VERSION "\"");
+    text_str(&t, ",\"version\":\"rtvirt bare-metal guest " RTVB_VERSION "\",\"machine\":\"x86_64\",\"cpus\":1}");
+    text_str(&t, ",\"guest\":{\"kind\":\"baremetal\",\"boot\":");
+    text_json_str(&t, boot_kind);
+    text_str(&t, ",\"timer\":");
+    text_json_str(&t, timer_mode());
+    text_str(&t, ",\"tsc_source\":");
+    text_json_str(&t, tsc_source);
+    text_str(&t, ",\"channel\":");
+    text_json_str(&t, stream_channel);
+    text_str(&t, "}}");
+    if (t.len + 1 >= t.cap) run_error("the stream header does not fit its buffer");
+    uint32_t version = 1, len = (uint32_t)t.len;
+    put("RTVIRT\0S", 8);
+    put(&version, 4);
+    put(&len, 4);
+    put(t.buf, t.len);
+    static const uint8_t zeros[8];
+    put(zeros, (8 - (16 + t.len) % 8) % 8);
+}
+
+void stream_sample(uint64_t t_ns, int64_t value, uint64_t aux, uint16_t thread, uint16_t kind) {
+    record r = {t_ns, value, aux, 0, thread, kind, 0};
+    push(&r);
+    written_records++;
+}
+
+void stream_stat(uint16_t thread, uint16_t key, int64_t value) {
+    record r = {now_ns(), value, key, 0, thread, META_STAT, META};
+    push(&r);
+}
+
+uint64_t stream_dropped(void) { return dropped; }
+
+void stream_end(int reason) {
+    if (!probe) return;
+    written_records -= dropped;
+    /* the trailer always fits: keep room by writing out first */
+    stream_drain();
+    record drop = {now_ns(), (int64_t)dropped, 0, 0, 0, META_DROPPED, META};
+    record end = {now_ns(), (int64_t)written_records, (uint64_t)reason, 0, 0, META_END, META};
+    put(&drop, sizeof drop);
+    put(&end, sizeof end);
+    draining = false; /* an error may have stopped a drain half-way: finish it here */
+    stream_drain();
+    probe = NULL;
+}
