@@ -43,6 +43,7 @@ class SampleStream:
     end_reason: str | None = None  # None: the stream has no END record (partial)
     written: int | None = None
     error: str | None = None  # the agent's message when it ended with an error (set by the probe runner)
+    corrupt: str | None = None  # where and why reading stopped at a record no writer makes (prefix kept)
 
     @property
     def probe(self) -> str:
@@ -94,6 +95,8 @@ class StreamReader:
         self._chunks: list[np.ndarray] = []
         self._meta: list[np.ndarray] = []
         self._file: BinaryIO | None = None
+        self._ended = False
+        self.corrupt: str | None = None
 
     def _open(self) -> BinaryIO | None:
         if self._file is None:
@@ -144,17 +147,42 @@ class StreamReader:
             return np.empty(0, RECORD)
         if self.header is None and not self._read_header(f, final):
             return np.empty(0, RECORD)
+        if self.corrupt is not None:
+            return np.empty(0, RECORD)
         f.seek(self._offset)
         data = f.read()
         usable = len(data) - len(data) % RECORD.itemsize
-        self._offset += usable
-        records = np.frombuffer(data[:usable], dtype=RECORD)
+        records = self._valid_prefix(np.frombuffer(data[:usable], dtype=RECORD))
+        self._offset += records.size * RECORD.itemsize
         is_meta = (records["flags"] & FLAG_META) != 0
         if is_meta.any():
             self._meta.append(records[is_meta])
             records = records[~is_meta]
         self._chunks.append(records)
         return records
+
+    def _valid_prefix(self, records: np.ndarray) -> np.ndarray:
+        """The records before the first one no writer makes (unknown flag bits or meta kind, anything
+        after END): a channel that garbles bytes (a serial line) must not turn noise into samples."""
+        flags, kinds = records["flags"], records["kind"]
+        is_meta = (flags & FLAG_META) != 0
+        bad = (flags > FLAG_META) | (is_meta & ((kinds < META_DROPPED) | (kinds > META_STAT)))
+        after_end = np.zeros(records.size, dtype=bool)
+        ends = np.flatnonzero(is_meta & (kinds == META_END))
+        if self._ended:
+            after_end[:] = True
+        elif ends.size:
+            after_end[ends[0] + 1:] = True
+        wrong = bad | after_end
+        if not wrong.any():
+            self._ended = self._ended or bool(ends.size)
+            return records
+        first = int(np.argmax(wrong))
+        why = "a record after END" if after_end[first] and not bad[first] else \
+            f"flags {int(flags[first]):#x}, kind {int(kinds[first])}"
+        self.corrupt = (f"{self.path}: corrupt record at byte {self._offset + first * RECORD.itemsize} ({why}); "
+                        "every record before it is kept")
+        return records[:first]
 
     def finish(self) -> SampleStream:
         self.poll(final=True)
@@ -163,7 +191,7 @@ class StreamReader:
             self._file = None
         assert self.header is not None
         records = np.concatenate(self._chunks) if self._chunks else np.empty(0, RECORD)
-        stream = SampleStream(self.header, records)
+        stream = SampleStream(self.header, records, corrupt=self.corrupt)
         stat_names = self.header.get("stats") or []
         for meta in np.concatenate(self._meta) if self._meta else ():
             kind = int(meta["kind"])

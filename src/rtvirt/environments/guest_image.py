@@ -1,10 +1,11 @@
 """The guest image of the ``qemu`` environment: a Debian kernel and an initramfs we build ourselves.
 
 Built once and cached under $RTVIRT_CACHE (default ~/.cache/rtvirt): the kernel comes from Debian's
-``linux-image-amd64`` package, or ``linux-image-rt-amd64`` (PREEMPT_RT) for the ``linux-rt`` guest (fetched with ``apt-get download`` and unpacked with ``dpkg-deb -x``; nothing is
-installed on the host); the initramfs holds busybox-static, the static agents, the virtio modules and
-``/init``. Each run appends a small second archive with its jobs: argv files of NUL-separated arguments
-that the guest hands to ``xargs -0``, so no argument ever passes through a shell.
+``linux-image-amd64`` package, or ``linux-image-rt-amd64`` (PREEMPT_RT) for the ``linux-rt`` guest
+(fetched with ``apt-get download`` and unpacked with ``dpkg-deb -x``; nothing is installed on the host);
+the initramfs holds busybox-static, the static agents, the virtio modules and ``/init``. Each run appends
+a small second archive with its jobs: argv files of NUL-separated arguments that the guest hands to
+``xargs -0``, so no argument ever passes through a shell.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
-from ..agents import AGENTS, agent_path
+from ..agents import AGENTS, BAREMETAL_KERNEL, agent_path
 from ..errors import RunError
 from ..fileio import write_atomically
 
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
-           "GUEST_AGENT_DIR", "guest_port_path", "agent_failure"]
+           "GUEST_AGENT_DIR", "guest_port_path", "agent_failure", "GuestKind", "guest_field", "guest_description"]
 
 # Guest kernel flavour -> Debian meta-package, and the cache directory its unpacked tree lives in.
 KERNEL_PACKAGES = {"linux": "linux-image-amd64", "linux-rt": "linux-image-rt-amd64"}
@@ -65,6 +67,26 @@ echo "RTVIRT-EXIT $status"
 sync
 poweroff -f
 """
+
+
+# The guest kernel of a VM environment (qemu, libvirt, xen): one field, one meaning everywhere.
+GuestKind = Literal["linux", "linux-rt", "baremetal"]
+
+
+def guest_field() -> Any:
+    """The ``guest`` field of a VM environment's config."""
+    from pydantic import Field
+
+    return Field("linux", description="guest kernel: linux (Debian's linux-image-amd64), linux-rt (Debian's "
+                 "PREEMPT_RT linux-image-rt-amd64) or baremetal (rtvirt's own kernel, docs/baremetal.md)")
+
+
+def guest_description(kind: str, image: GuestImage | None) -> dict[str, Any]:
+    """What a manifest records about the guest kernel that ran."""
+    if kind == "baremetal":
+        return {"guest": kind, "guest_kernel": BAREMETAL_KERNEL, "preempt_rt": False}
+    return {"guest": kind, "guest_kernel": image.kernel_release if image else None,
+            "preempt_rt": image.preempt_rt if image else None}
 
 
 def cache_dir() -> Path:

@@ -25,14 +25,18 @@ from ..errors import RunError
 from ..fileio import write_atomically
 from ..params import CpuList
 from ..units import duration_field
+from . import baremetal
 from .base import Environment, EnvironmentConfig, Launched
 from .guest_image import (
     GUEST_AGENT_DIR,
     READY_MARK,
     GuestImage,
     GuestJob,
+    GuestKind,
     agent_failure,
     cache_dir,
+    guest_description,
+    guest_field,
     guest_image,
     guest_port_path,
     job_archive,
@@ -60,12 +64,15 @@ class QemuConfig(EnvironmentConfig):
     accel: Literal["auto", "kvm", "tcg"] = Field("auto", description="auto: KVM if it really accelerates, else TCG")
     boot_timeout: duration_field("s") = Field(90_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
                                               description="time the guest may take to boot (bare numbers in s)")
+    guest: GuestKind = guest_field()
 
     @model_validator(mode="after")
     def _deadline_vcpus_are_unpinned(self) -> QemuConfig:
         if self.vcpu_sched.policy == "deadline" and self.pin:
             raise ValueError("vcpu_sched 'deadline' needs pin = false: the kernel refuses SCHED_DEADLINE for "
                              "threads pinned to part of their root domain")
+        if self.guest == "baremetal" and self.vcpus != 1:
+            raise ValueError("vcpus: the bare-metal guest runs on one vCPU (vcpus = 1)")
         return self
 
 
@@ -167,6 +174,7 @@ class QemuEnvironment(Environment):
         self._ready_at: float | None = None
         self._placement: dict[str, Any] = {}
         self._socket_dir: Path | None = None
+        self._image: GuestImage | None = None
 
     @staticmethod
     def available() -> str | None:
@@ -200,7 +208,9 @@ class QemuEnvironment(Environment):
         self.start()
         assert self._accel is not None
         self.workdir.mkdir(parents=True, exist_ok=True)
-        image = guest_image()
+        if self.config.guest == "baremetal":
+            return self._launch_baremetal(agent, args, out)
+        image = self._image = guest_image(self.config.guest)
         argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
         if out is not None:
             argv.append(f"--out={guest_port_path(OUTPUT_PORT)}")
@@ -225,6 +235,24 @@ class QemuEnvironment(Environment):
         self._launched_at = time.monotonic()
         self._place_and_continue(qmp_socket)
         return Launched(self._proc, out)
+
+    def _launch_baremetal(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        """Our own kernel: the probe's argv is its command line, the stream leaves by the debug console."""
+        assert self._accel is not None
+        command_line = baremetal.command_line(agent, args)
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="rtvirt-qmp-"))
+        qmp_socket = self._socket_dir / "qmp.sock"
+        accel = self._accel["accel"]
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        command = [QEMU, "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
+                   "-smp", "1", "-m", str(self.config.memory), "-display", "none", "-nodefaults", "-no-reboot", "-S",
+                   "-kernel", str(baremetal.kernel_path()), "-append", command_line,
+                   "-qmp", f"unix:{qmp_socket},server=on,wait=off", *baremetal.qemu_devices(self._console, out)]
+        self._proc = self.supervisor.start(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._launched_at = time.monotonic()
+        self._place_and_continue(qmp_socket)
+        return Launched(baremetal.DebugExitProcess(self._proc, self._console), out)
 
     def _place_and_continue(self, qmp_socket: Path) -> None:
         from qemu.qmp.legacy import QEMUMonitorProtocol
@@ -283,6 +311,11 @@ class QemuEnvironment(Environment):
                 return f"the guest did not boot within {self.config.boot_timeout / 1e9:.0f}s"
             return None
         if self._proc.poll() is not None:
+            if self.config.guest == "baremetal":
+                failure = baremetal.failure_exception(console)
+                if failure is not None:
+                    raise failure  # status 2 (a parameter the guest refused) is bad input: exit 2
+                return None
             return agent_failure(console)
         return None
 
@@ -294,7 +327,7 @@ class QemuEnvironment(Environment):
         boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
         return {**super().describe(), "acceleration": (self._accel or {}).get("accel"),
                 "acceleration_reason": (self._accel or {}).get("reason"), "qemu": _qemu_version(),
-                "boot_seconds": boot_s, **self._placement}
+                "boot_seconds": boot_s, **guest_description(self.config.guest, self._image), **self._placement}
 
     def warnings(self) -> list[str]:
         return [TCG_WARNING] if self._accel and self._accel["accel"] == "tcg" else []

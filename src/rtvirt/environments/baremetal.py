@@ -1,0 +1,117 @@
+"""The bare-metal guest (``guest = "baremetal"``): rtvirt's own kernel (agents/baremetal, docs/baremetal.md).
+
+Booted directly by the hypervisor (QEMU ``-kernel``: multiboot); the probe and its options travel on
+the kernel command line exactly as the Linux agent's argv; the sample stream leaves through the debug
+console (I/O port 0xe9), the console text (READY/EXIT marks, errors) through COM1, and the guest ends
+the VM through QEMU's isa-debug-exit device with its status.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from ..agents import BAREMETAL_KERNEL, agent_path
+from ..errors import InputError, RunError
+from .guest_image import EXIT_MARK
+
+__all__ = ["kernel_path", "command_line", "qemu_devices", "DebugExitProcess", "guest_error", "failure_exception",
+           "DEBUG_EXIT_PORT"]
+
+DEBUG_EXIT_PORT = 0xF4
+MAX_COMMAND_LINE = 1023  # the guest's buffer (agents/baremetal/main.c)
+ERROR_PREFIX = "rtvirt-baremetal: "
+
+
+def kernel_path() -> Path:
+    return agent_path(BAREMETAL_KERNEL)
+
+
+def command_line(agent: str, args: list[str]) -> str:
+    """The kernel command line for ``agent args`` ("PROBE --name=value ..."); only probes run bare."""
+    if agent != "rtvirt-probe":
+        raise InputError(f"guest 'baremetal': it runs probes only, not {agent} (use a linux guest for "
+                         "other-vm stressors)")
+    for arg in args:
+        if not arg or any(c.isspace() or not c.isprintable() for c in arg):
+            raise InputError(f"guest 'baremetal': argument {arg[:80]!r} cannot travel on a kernel command line")
+    line = " ".join(args)
+    if len(line) > MAX_COMMAND_LINE:
+        raise InputError(f"guest 'baremetal': the probe's options take {len(line)} bytes, the guest accepts "
+                         f"{MAX_COMMAND_LINE}")
+    return line
+
+
+def qemu_devices(console: Path, out: Path | None) -> list[str]:
+    """QEMU arguments for the guest's console, stream channel and exit device."""
+    devices = ["-serial", f"file:{console}", "-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=4"]
+    if out is not None:
+        devices += ["-debugcon", f"file:{out}"]
+    return devices
+
+
+def guest_error(console: str) -> tuple[int, str] | None:
+    """(status, message) of a guest that ended badly, from its console; None when it ended with 0.
+
+    The console is untrusted: only the guest's own error line is quoted, bounded.
+    """
+    status: int | None = None
+    for line in console.splitlines():
+        if line.startswith(EXIT_MARK):
+            word = line.removeprefix(EXIT_MARK).strip()
+            status = int(word) if word.isdigit() and len(word) < 4 else 1
+    if status == 0:
+        return None
+    said = [x.removeprefix(ERROR_PREFIX).strip() for x in console.splitlines() if x.startswith(ERROR_PREFIX)]
+    message = said[-1][:300] if said else "the bare-metal guest stopped without saying why"
+    return (1 if status is None else status), message
+
+
+class DebugExitProcess:
+    """QEMU running the bare-metal guest, seen as the agent: its status is the guest's.
+
+    isa-debug-exit ends QEMU with ``(status << 1) | 1``; any other end (a triple fault under -no-reboot,
+    QEMU's own error) is a failure.
+    """
+
+    def __init__(self, proc: subprocess.Popen[Any], console: Path) -> None:
+        self._proc = proc
+        self._console = console
+
+    @property
+    def returncode(self) -> int | None:
+        code = self._proc.returncode
+        if code is None:
+            return None
+        return code >> 1 if code > 0 and code & 1 else (code or 1)
+
+    def poll(self) -> int | None:
+        self._proc.poll()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._proc.wait(timeout)
+        code = self.returncode
+        assert code is not None
+        return code
+
+    def error_tail(self) -> str:
+        try:
+            with self._console.open("rb") as f:
+                text = f.read(1 << 16).decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+        failure = guest_error(text)
+        return failure[1] if failure else ""
+
+
+def failure_exception(console: str) -> InputError | RunError | None:
+    """The error a finished bare-metal guest stands for: status 2 is bad input (exit 2), else a failure."""
+    failure = guest_error(console)
+    if failure is None:
+        return None
+    status, message = failure
+    if status == 2:
+        return InputError(f"the bare-metal guest rejected its parameters: {message}")
+    return RunError(f"the bare-metal guest failed (status {status}): {message}")

@@ -1,0 +1,222 @@
+"""The bare-metal guest (agents/baremetal): real boots under QEMU TCG of our own kernel.
+
+Every probe is booted once with parameters rendered from the Linux probes' own pydantic models, the
+way the campaign engine renders them; a host-side SCHED_FIFO duty cycle on the vCPU's CPU must show
+up in the guest's gap probe with its length and period; a parameter the guest refuses stops it with
+status 2; a PREEMPT_RT guest boots and its manifest says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rtvirt.agents import agent_args
+from rtvirt.campaign import CampaignState, run_campaign
+from rtvirt.environments.qemu import QemuConfig, QemuEnvironment
+from rtvirt.environments.sched import SchedPolicy
+from rtvirt.errors import InputError, RtvirtError
+from rtvirt.probes import PROBES
+from rtvirt.procs import Supervisor
+from rtvirt.scenario import parse_scenario
+from rtvirt.store import load_run
+from rtvirt.stream import RECORD, SampleStream, read_stream
+from rtvirt.stressors import start_stressor
+
+pytestmark = pytest.mark.vm
+
+CPUS = sorted(os.sched_getaffinity(0))
+CPU = CPUS[-1]
+MS = 1_000_000
+
+
+def boot(tmp_path: Path, probe: str, params: dict[str, Any] | None = None, raw: list[str] | None = None,
+         vcpu_sched: SchedPolicy | None = None) -> tuple[QemuEnvironment, Path, int, RtvirtError | None]:
+    """Run one probe in the bare-metal guest through the qemu environment: (env, stream, guest status,
+    the error the environment's watchdog raised for the finished guest).
+
+    ``params`` go through the probe's pydantic model and agent_args, as the campaign engine does;
+    ``raw`` arguments are passed as given (what the models cannot produce)."""
+    args = raw if raw is not None else agent_args(PROBES[probe].params(affinity=(0,), **(params or {})))
+    config = QemuConfig(kind="qemu", cpus=(CPU,), accel="tcg", guest="baremetal",
+                        vcpu_sched=vcpu_sched or SchedPolicy(policy="other"))
+    out = tmp_path / f"{probe}.rtvs"
+    with Supervisor() as supervisor:
+        env = QemuEnvironment(config, supervisor, tmp_path / f"vm-{probe}")
+        try:
+            launched = env.launch("rtvirt-probe", [probe, *args], out)
+            status = launched.proc.wait(timeout=180)  # type: ignore[union-attr]
+            try:
+                error = None
+                assert env.check() is None
+            except RtvirtError as exc:
+                error = exc
+        finally:
+            env.close()
+    return env, out, status, error
+
+
+def finished(env: QemuEnvironment, out: Path, status: int, error: RtvirtError | None) -> SampleStream:
+    assert status == 0 and error is None, env.console_text()[-2000:]
+    stream = read_stream(out)
+    assert stream.end_reason == "complete" and stream.total_dropped == 0 and stream.corrupt is None
+    assert stream.header["guest"]["kind"] == "baremetal" and stream.header["host"]["cpus"] == 1
+    return stream
+
+
+@pytest.fixture(scope="module")
+def kops_stream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    tmp = tmp_path_factory.mktemp("kops")
+    finished(*boot(tmp, "kops", {"iterations": 100}))
+    out = tmp / "kops.rtvs"
+    yield out
+
+
+def test_timer_interrupt_and_thread_latency(tmp_path: Path) -> None:
+    stream = finished(*boot(tmp_path, "timer", {"duration": "1s", "interval": "2ms"}))
+    r = stream.records
+    assert stream.header["params"]["interval"] == 2 * MS  # the model's value, in ns, as the Linux agent echoes it
+    assert stream.header["aux_field"] == "irq_latency_ns"
+    assert r.size >= 200  # 500 periods planned; the rest were skipped as overruns under TCG
+    assert r.size + stream.stats[(0, "overruns")] >= 450
+    # the handler runs before the thread resumes: every thread latency covers its interrupt latency
+    assert np.all(r["value"] >= r["aux"].astype(np.int64))
+    steps = np.diff(r["t_ns"].astype(np.int64))
+    assert np.all(np.abs(steps - np.round(steps / (2 * MS)) * 2 * MS) <= 10)  # planned expiries on the period grid
+
+
+def test_kops_keeps_every_iteration_of_every_operation(kops_stream: Path) -> None:
+    stream = read_stream(kops_stream)
+    kinds = stream.header["kinds"]
+    counts = np.bincount(stream.records["kind"], minlength=len(kinds))
+    assert dict(zip(kinds, counts.tolist(), strict=True)) == {k: 100 for k in kinds}
+    assert stream.stats[(0, "iterations")] == 700  # 7 measured sequences, two of them timing two operations
+    medians = {k: float(np.median(stream.records["value"][stream.records["kind"] == i])) for i, k in enumerate(kinds)}
+    # a switch to another thread costs more than a give or put that switches nothing
+    assert medians["sem_switch"] > medians["sem_give"] and medians["msgq_switch"] > medians["msgq_put"]
+
+
+def test_threadmetric_counts_rounds_per_interval(tmp_path: Path) -> None:
+    stream = finished(*boot(tmp_path, "threadmetric", {"duration": "1500ms", "report_interval": "250ms"}))
+    r = stream.records
+    assert 4 <= r.size <= 6 and np.all(r["value"] > 0)
+    steps = np.diff(r["t_ns"].astype(np.int64))  # planned report times, one interval apart
+    assert np.all(np.abs(steps - 250 * MS) <= 10) and np.all(r["aux"] > 0)
+    assert stream.stats[(0, "counter_spread")] <= 1
+    assert stream.stats[(0, "rounds_total")] >= int(r["value"].sum())
+
+
+@pytest.mark.parametrize("kernel", ["qsort", "basicmath", "bitcount"])
+def test_workload_runs_the_linux_probes_kernels(tmp_path: Path, kernel: str) -> None:
+    stream = finished(*boot(tmp_path, "workload", {"duration": "20s", "loops": 5, "kernel": kernel,
+                                                   "size": 65536}))
+    assert stream.records.size == 5 and set(stream.records["kind"].tolist()) == {stream.header["kinds"].index(kernel)}
+    assert np.all(stream.records["value"] > 0)
+
+
+@pytest.mark.skipif(len(CPUS) < 2 or os.geteuid() != 0, reason="needs a second CPU for QEMU's other threads, "
+                    "and root for SCHED_FIFO")
+def test_host_fifo_duty_cycle_shows_in_the_guest_gap_probe(tmp_path: Path) -> None:
+    """A SCHED_FIFO thread above the vCPU thread on its CPU, busy 2 ms every 10 ms: the guest sees holes
+    of 2 ms every 10 ms, however the TCG-emulated guest counts its own time."""
+    params = {"cpus": [CPU], "priority": 90, "duration": 0, "slice": "2ms", "period": "10ms"}
+    with Supervisor() as supervisor:
+        running = start_stressor("cpu", params, supervisor)
+        try:
+            stream = finished(*boot(tmp_path, "gap", {"duration": "3s", "threshold": "300us"},
+                                    vcpu_sched=SchedPolicy(policy="fifo", priority=80)))
+        finally:
+            running.stop()
+    gaps = stream.records[stream.records["value"] >= 1 * MS]
+    assert gaps.size >= 200, f"expected ~300 holes of 2 ms in 3 s, saw {gaps.size}"
+    lengths, spacing = gaps["value"], np.diff(gaps["t_ns"].astype(np.int64))
+    assert abs(np.median(lengths) - 2 * MS) <= 0.15 * 2 * MS
+    assert abs(np.median(spacing) - 10 * MS) <= 0.1 * 10 * MS
+    assert np.mean(np.abs(spacing - 10 * MS) <= 1 * MS) >= 0.7
+    assert stream.stats[(0, "cpu_share_ppm")] <= 850_000
+
+
+def test_a_parameter_the_guest_refuses_stops_it_with_status_2(tmp_path: Path) -> None:
+    # timerlat is valid for the Linux agent (the model accepts it) but not in our kernel
+    _, _, status, error = boot(tmp_path, "timer", {"engine": "timerlat"})
+    assert status == 2 and isinstance(error, InputError) and error.exit_code == 2
+    assert re.search(r"'--engine'.*timerlat is a Linux tracer", str(error))
+    _, out, status, error = boot(tmp_path, "gap", raw=["--threshold=12abc"])
+    assert status == 2 and isinstance(error, InputError)
+    assert "invalid value for '--threshold': '12abc'" in str(error)
+    assert not out.exists() or out.stat().st_size == 0  # refused before the stream began
+
+
+def test_a_corrupted_stream_is_refused_after_its_valid_prefix(kops_stream: Path, tmp_path: Path) -> None:
+    data = kops_stream.read_bytes()
+    good = read_stream(kops_stream)
+    start = len(data) - (good.records.size + len(good.stats) + 2) * RECORD.itemsize  # header end
+    # line noise in record 500: flag bits no writer sets
+    noisy = bytearray(data)
+    at = start + 500 * RECORD.itemsize
+    noisy[at + 30:at + 32] = b"\xff\x7f"
+    (tmp_path / "noisy.rtvs").write_bytes(noisy)
+    stream = read_stream(tmp_path / "noisy.rtvs")
+    assert stream.corrupt is not None and f"byte {at}" in stream.corrupt
+    assert stream.records.size == 500 and np.array_equal(stream.records, good.records[:500])
+    assert stream.end_reason is None  # the END record lay beyond the damage: the run reads as partial
+    # one byte lost on the channel: every later record is misaligned
+    shifted = data[:at + 7] + data[at + 8:]
+    (tmp_path / "shifted.rtvs").write_bytes(shifted)
+    stream = read_stream(tmp_path / "shifted.rtvs")
+    assert stream.corrupt is not None and np.array_equal(stream.records, good.records[:stream.records.size])
+    assert 500 <= stream.records.size < good.records.size
+    # bytes after END
+    (tmp_path / "trailing.rtvs").write_bytes(data + data[start:start + 64])
+    stream = read_stream(tmp_path / "trailing.rtvs")
+    assert "after END" in (stream.corrupt or "") and stream.end_reason == "complete"
+    assert np.array_equal(stream.records, good.records)
+
+
+GUESTS_SCENARIO = """\
+name = "guest-kernels"
+duration = "2s"
+run_timeout = "600s"
+
+[workload]
+probe = "timer"
+params = {{ interval = "2ms" }}
+
+[[environments]]
+kind = "qemu"
+name = "rt"
+accel = "tcg"
+guest = "linux-rt"
+cpus = [{cpu}]
+boot_timeout = "400s"
+
+[[environments]]
+kind = "qemu"
+name = "bare"
+accel = "tcg"
+guest = "baremetal"
+cpus = [{cpu}]
+"""
+
+
+@pytest.mark.skipif(shutil.which("apt-get") is None, reason="the linux-rt kernel comes from apt-get download")
+def test_preempt_rt_and_baremetal_guests_in_a_campaign_say_so_in_their_manifests(tmp_path: Path) -> None:
+    text = GUESTS_SCENARIO.format(cpu=CPU)
+    scenario = parse_scenario(text, "guests.toml")
+    state = CampaignState.create(tmp_path, scenario.name, text, "guests.toml", 1.0)
+    outcomes = run_campaign(scenario, state, tmp_path, show_progress=False, write_report=False).outcomes
+    for key in ("rt/solo/-/r1", "bare/solo/-/r1"):
+        assert outcomes[key].status == "complete", outcomes[key].reason
+    rt = load_run(tmp_path / "runs" / outcomes["rt/solo/-/r1"].run_id).manifest
+    assert rt["environment_detail"]["guest"] == "linux-rt" and rt["environment_detail"]["preempt_rt"] is True
+    assert "-rt-" in rt["environment_detail"]["guest_kernel"]
+    bare = load_run(tmp_path / "runs" / outcomes["bare/solo/-/r1"].run_id).manifest
+    assert bare["environment_detail"]["guest"] == "baremetal"
+    assert bare["environment_detail"]["guest_kernel"] == "rtvirt-baremetal"
