@@ -89,8 +89,13 @@ class _Disturbance:
             if use.where == "other-vm":
                 self._start_vms(use)
                 continue
+            if use.where == "inside" and not self.env.on_host:
+                # a guest runs it as a job of its own beside the workload (the host: on all its cores)
+                self.env.add_guest_job("rtvirt-stress", _guest_stressor_args(use))
+                continue
             cpus = self._cpus(use.where)
-            params = {**use.params, "cpus": list(cpus), "workers": use.workers if use.where != "all-cores"
+            params = {**use.params, "cpus": list(cpus), "workers": use.workers
+                      if use.where not in ("all-cores", "inside")
                       else max(use.workers, len(cpus)), "duration": 0}
             self._host.append(start_stressor(use.stressor, params, self.supervisor, engine=use.engine))
 
@@ -99,12 +104,10 @@ class _Disturbance:
         pinned = self.env.config.pin and bool(others)
         if use.guest_cpus is not None:  # the study says where the disturbing guest runs
             others, pinned = self._cpus(use.guest_cpus), True
-        spec = STRESSORS[use.stressor]
-        params = spec.params(**{**use.params, "workers": use.workers, "duration": 0})
         for _ in range(use.vms):
             self._vm_count += 1
             vm = self.env.stressor_guest(self._vm_count, others if pinned else None)
-            vm.launch("rtvirt-stress", spec.command(params, "")[1:], None)
+            vm.launch("rtvirt-stress", _guest_stressor_args(use), None)
             self._vms.append(vm)
         # stress counts as on once the guests run their stressors, not while they boot
         while not all(vm.booted for vm in self._vms):
@@ -134,6 +137,12 @@ class _Disturbance:
             if reason:
                 return f"disturbing guest {vm.config.label}: {reason}"
         return None
+
+
+def _guest_stressor_args(use: StressorUse) -> list[str]:
+    """Arguments of the stressor agent run inside a guest (it runs until the guest stops)."""
+    spec = STRESSORS[use.stressor]
+    return spec.command(spec.params(**{**use.params, "workers": use.workers, "duration": 0}), "")[1:]
 
 
 def _bounded(text: str) -> str:
@@ -263,6 +272,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
              "study": study_provenance(scenario, plan),
              "campaign": {"key": plan.key, "group": plan.group, "workload": workload.name,
                           "disturbance": disturbance_spec.name, "start_order": plan.start_order,
+                          "events": [{"t_ns": at, "action": action} for at, action in plan.events],
                           "stressors": [u.model_dump(mode="json") for u in disturbance_spec.stressors],
                           "stressor_results": disturbance.summaries,
                           "outcome": outcome_status, "reason": _bounded(reason) or None}}

@@ -179,6 +179,13 @@ class Environment(ABC):
     def after_launch(self, launched: Launched) -> None:  # noqa: B027 - an optional hook
         """Hook run while the agent runs (e.g. to place its threads once they exist)."""
 
+    def add_guest_job(self, agent: str, args: list[str]) -> None:
+        """Run ``agent`` inside the measured guest beside the workload, from its start ("inside" stressors)."""
+        from ..errors import InputError
+
+        raise InputError(f"environment {self.config.label!r} ({self.kind}): stressors with where = 'inside' "
+                         "need a guest that runs them beside the workload (kind qemu)")
+
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None) -> Environment:
         """A disturbing guest for "other-vm" stressors, placed on ``host_cpus`` (None: unpinned).
 

@@ -64,9 +64,10 @@ class StressorUse(_Strict):
     """One stressor: which, where it runs, how many, on which engine."""
 
     stressor: str = Field(description="a stressor from `rtvirt stress --help`")
-    where: Literal["same-core", "other-core", "all-cores", "other-vm"] = Field(
+    where: Literal["same-core", "other-core", "all-cores", "other-vm", "inside"] = Field(
         description="same-core: on the measured workload's host CPU; other-core: on the others; "
-                    "other-vm: inside extra QEMU guests")
+                    "other-vm: inside extra QEMU guests; inside: within the measured system (a guest: on its "
+                    "own vCPUs, started with it; the host: on all its cores)")
     workers: int = Field(1, ge=1, le=256, description="worker threads (per VM for other-vm)")
     vms: int = Field(1, ge=1, le=8, description="other-vm only: how many disturbing guests")
     engine: Literal["native", "stress-ng"] = "native"
@@ -92,8 +93,8 @@ class StressorUse(_Strict):
 
     @model_validator(mode="after")
     def _engine_fits_place(self) -> StressorUse:
-        if self.where == "other-vm" and self.engine != "native":
-            raise ValueError("other-vm stressors run our native agent inside the guest; use engine = 'native'")
+        if self.where in ("other-vm", "inside") and self.engine != "native":
+            raise ValueError(f"{self.where} stressors run our native agent inside the guest; use engine = 'native'")
         if self.guest_cpus is not None and self.where != "other-vm":
             raise ValueError("'guest_cpus' places disturbing guests: it needs where = 'other-vm'")
         return self
@@ -201,7 +202,7 @@ class Scenario(_Strict):
 
             if self.study not in STUDY_NAMES:
                 errors.append((("study",), f"unknown study {self.study!r} (known: {', '.join(STUDY_NAMES)})"))
-        errors += self._group_errors()
+        errors += self._group_errors() + self._inside_errors()
         seen: set[str] = set()
         for index, env in enumerate(self.environments):
             if env.label in seen:
@@ -224,6 +225,21 @@ class Scenario(_Strict):
                 if disturbance in used and disturbance.events and int(disturbance.events[-1].at) >= duration:
                     errors.append((("disturbances", index, "events", len(disturbance.events) - 1, "at"),
                                    "the last event must come before the end of the run (duration)"))
+        return errors
+
+    def _inside_errors(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Stressors "inside" the measured system start with it (a guest's own job): no events, no test-first."""
+        errors: list[tuple[tuple[str | int, ...], str]] = []
+        inside = {d.name for d in self.disturbances if any(u.where == "inside" for u in d.stressors)}
+        for index, disturbance in enumerate(self.disturbances):
+            if disturbance.name in inside and (disturbance.events or self.timeline.events):
+                errors.append((("disturbances", index, "events"), "stressors with where = 'inside' run from the "
+                               "measured system's start to its end: no stress-on/off events"))
+        for index, group in enumerate(self.groups):
+            if "test-first" in (group.start_order or []) and \
+                    inside & set(group.disturbances or [d.name for d in self.disturbances]):
+                errors.append((("groups", index, "start_order"), "stressors with where = 'inside' start with the "
+                               "measured system: use start_order = ['stress-first']"))
         return errors
 
     def _group_errors(self) -> list[tuple[tuple[str | int, ...], str]]:
