@@ -27,6 +27,8 @@ struct Deadline final : HvScheduler {
             v.q = 0;
             v.dl = 0;
             v.stamp = ++counter;
+            // a gap probe spins from the start and so never wakes up: its server starts its first period now
+            if (is_server(v) && v.has_work()) wake(sim, v, 0);
         }
     }
 

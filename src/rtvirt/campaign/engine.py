@@ -358,6 +358,13 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
             if outcome.status == "interrupted":
                 result.interrupted = True
                 return result
+    if scenario.predict is not None:  # the model's answers beside the measured ones (docs/predictions.md)
+        from ..predict.campaign import predict_campaign
+
+        source = Path(state.source)
+        for message in predict_campaign(scenario, plans, results, state,
+                                        source.parent if source.is_file() else Path.cwd()):
+            console.print(message, markup=False, highlight=False)
     state.finished = True
     state.save()
     if write_report:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..fileio import write_atomically
+from ..predict.report import prediction_html, prediction_tables
 from .levels import event_offsets
 from .reportdata import Configuration, ReportData, RunView, as_json, collect
 from .studies.tables import study_tables
@@ -114,6 +115,7 @@ def _tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
                        [[t.vm, t.task, _us(t.bound_ns), _us(t.deadline_ns),
                          "-" if t.schedulable is None else ("yes" if t.schedulable else "no"),
                          _us(t.simulated_max_ns), _us(t.measured_max_ns)] for t in data.tasks]))
+    tables += prediction_tables(data.predictions)  # predicted next to measured (rtvirt.predict)
     tables += study_tables(data)  # the studies' own tables, for runs of a study scenario
     runs = []
     for c in data.configurations:
@@ -197,6 +199,7 @@ def _html(data: ReportData) -> str:
         for c, _ in measured:
             if c.per_cpu:
                 parts.append(_img(figures.histograms_per_cpu(c.label, c.per_cpu), f"histogram {c.label}"))
+    parts.append(prediction_html(data.predictions))
     for title, header, rows in tables[2:]:
         parts.append(_html_table(title, header, rows))
     parts.append("<h2>Runs over time</h2>")

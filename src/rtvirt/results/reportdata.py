@@ -66,6 +66,7 @@ class ReportData:
     margin: float
     tasks: list[TaskBounds]
     analysis_runs: list[StoredRun]
+    predictions: list[Any] = field(default_factory=list)  # rtvirt.predict.compare.Prediction per configuration
 
 
 def _histograms(run: StoredRun) -> tuple[Histogram | None, dict[int, Histogram]]:
@@ -155,7 +156,10 @@ def collect(results: Path, *, baseline: str | None = None, classes_file: Path | 
                 if c.label != chosen and c.summary.samples and base.summary.samples
                 and all(v.run.manifest.get("source") != "simulated" for v in c.runs)]
     analysis_runs = [r for r in runs if r.manifest.get("source") == "analysis"]
-    return ReportData(str(results), configurations, chosen, rows, classes, margin, _task_bounds(runs), analysis_runs)
+    from ..predict.compare import predictions  # bound, simulated and measured of each predicted configuration
+
+    return ReportData(str(results), configurations, chosen, rows, classes, margin, _task_bounds(runs), analysis_runs,
+                      predictions(runs))
 
 
 def as_json(data: ReportData) -> dict[str, Any]:
@@ -181,4 +185,5 @@ def as_json(data: ReportData) -> dict[str, Any]:
         } for c in data.configurations],
         "isolation": [asdict(r) for r in data.isolation],
         "tasks": [asdict(t) for t in data.tasks],
+        "predictions": [p.as_dict() for p in data.predictions],
     }

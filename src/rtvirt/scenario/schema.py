@@ -11,6 +11,7 @@ from ..environments.host import HostConfig
 from ..environments.libvirt import LibvirtConfig
 from ..environments.partition import PartitionConfig
 from ..environments.qemu import QemuConfig
+from ..predict import PredictSpec
 from ..probes import PROBES
 from ..stressors import STRESSORS
 from ..units import duration_field
@@ -179,6 +180,8 @@ class Scenario(_Strict):
     disturbances: list[Disturbance] = Field(default_factory=lambda: [Disturbance.model_validate({"name": "solo"})],
                                            min_length=1)
     timeline: Timeline = Field(default_factory=lambda: Timeline.model_validate({}))
+    predict: PredictSpec | None = Field(None, description="simulate and analyse each measured configuration "
+                                        "beside measuring it (docs/predictions.md)")
 
     def probe_workloads(self) -> list[NamedWorkload]:
         """The measured workloads: ``workloads``, else the single ``workload`` (named "workload")."""

@@ -154,9 +154,10 @@ def task_summary(result: SimResult) -> dict[str, Any]:
 
 
 def write_simulated_run(result: SimResult, results: Path, *, model_path: str, params: dict[str, Any],
-                        label: str | None = None) -> tuple[RunDir, dict[str, Any]]:
+                        label: str | None = None, extra: dict[str, Any] | None = None) -> tuple[RunDir, dict[str, Any]]:
     """Store one simulation as a run (manifest source "simulated"); returns the run and its task summary.
-    ``label`` names the configuration in reports and comparisons (default: the model's name)."""
+    ``label`` names the configuration in reports and comparisons (default: the model's name); ``extra``
+    adds manifest keys (a prediction's link to the measured configuration)."""
     run = new_run(results, f"sim-{result.model.name}")
     # Parquet encoding releases the GIL: the side files are written while the samples are put together
     with ThreadPoolExecutor(max_workers=1) as writer:
@@ -182,6 +183,7 @@ def write_simulated_run(result: SimResult, results: Path, *, model_path: str, pa
                            "simulated_ns": result.end_time_ns, **{k: v for k, v in result.counters.items()
                                                                   if not k.startswith("supplied_ns ")}},
             "sim_summary": summary,
+            **(extra or {}),
         }
         write_run(run, samples_table(result), manifest)
         for written in side_files:
