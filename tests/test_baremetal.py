@@ -220,3 +220,13 @@ def test_preempt_rt_and_baremetal_guests_in_a_campaign_say_so_in_their_manifests
     bare = load_run(tmp_path / "runs" / outcomes["bare/solo/-/r1"].run_id).manifest
     assert bare["environment_detail"]["guest"] == "baremetal"
     assert bare["environment_detail"]["guest_kernel"] == "rtvirt-baremetal"
+
+
+def test_libvirt_takes_the_same_guest_field_and_refuses_what_it_cannot_boot() -> None:
+    from rtvirt.environments.libvirt import LibvirtConfig
+
+    assert LibvirtConfig(kind="libvirt", guest="linux-rt").guest == "linux-rt"
+    with pytest.raises(ValueError, match="guest: 'baremetal' runs in the qemu environment only"):
+        LibvirtConfig(kind="libvirt", guest="baremetal")
+    with pytest.raises(ValueError, match="vcpus: the bare-metal guest runs on one vCPU"):
+        QemuConfig(kind="qemu", guest="baremetal", vcpus=2)

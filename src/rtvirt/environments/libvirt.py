@@ -42,9 +42,13 @@ from .base import Environment, EnvironmentConfig, Launched, SharedResources
 from .guest_image import (
     GUEST_AGENT_DIR,
     READY_MARK,
+    GuestImage,
     GuestJob,
+    GuestKind,
     agent_failure,
     cache_dir,
+    guest_description,
+    guest_field,
     guest_image,
     guest_port_path,
     job_archive,
@@ -106,6 +110,13 @@ class LibvirtConfig(EnvironmentConfig):
                             "vCPUs run where cgroup v1 RT group scheduling would refuse them; keep: never")
     boot_timeout: duration_field("s") = Field(90_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
                                               description="time the guest may take to boot (bare numbers in s)")
+    guest: GuestKind = guest_field()
+
+    @model_validator(mode="after")
+    def _guest_this_environment_boots(self) -> LibvirtConfig:
+        if self.guest == "baremetal":  # its stream channel is QEMU's -debugcon, which libvirt's XML has not
+            raise ValueError("guest: 'baremetal' runs in the qemu environment only, so far (docs/baremetal.md)")
+        return self
 
     @model_validator(mode="after")
     def _cputune_is_whole(self) -> LibvirtConfig:
@@ -431,6 +442,7 @@ class LibvirtEnvironment(Environment):
         self._applied_xml = ""
         self._rt: RtThrottlingLifted | None = None
         self._versions: dict[str, str] = {}
+        self._image: GuestImage | None = None
 
     @staticmethod
     def available() -> str | None:
@@ -601,7 +613,7 @@ class LibvirtEnvironment(Environment):
         self.start()
         connection = self._conn()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        image = guest_image()
+        image = self._image = guest_image(self.config.guest)
         argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
         if out is not None:
             argv.append(f"--out={guest_port_path(OUTPUT_PORT)}")
@@ -704,6 +716,7 @@ class LibvirtEnvironment(Environment):
         boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
         return {**super().describe(), "domain": self._name or None, "domain_type": self._type.get("type"),
                 "domain_type_reason": self._type.get("reason"), **self._versions, "boot_seconds": boot_s,
+                **guest_description(self.config.guest, self._image),
                 "vcpu_cpus": list(self._host_cpus()[:self.config.vcpus]) if self.config.pin else None,
                 "channel_bytes": self._channel_reader.received if self._channel_reader else None,
                 "rt_throttling_lifted": self._rt.describe() if self._rt is not None and self._rt.changed else None,
