@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
-import pytest
 from click.testing import CliRunner
 
 from rtvirt.campaign import PlannedRun, execute_run, expand
@@ -26,8 +26,10 @@ def _builtin(name: str) -> Scenario:
     return parse_scenario(builtin_scenarios()[name], name)
 
 
-def _run(scenario: Scenario, scale: float, keys: list[str], results: Path) -> str:
-    """Run the named plans of ``scenario`` for real and return the Markdown report of those runs."""
+def _run(scenario: Scenario, scale: float, keys: list[str], results: Path,
+         manifests: dict[str, dict[str, Any]] | None = None) -> str:
+    """Run the named plans of ``scenario`` for real and return the Markdown report of those runs (and
+    each run's manifest into ``manifests``, by key)."""
     plans: dict[str, PlannedRun] = {p.key: p for p in expand(scenario, scale)}
     system = audit_system()
     run_ids = set()
@@ -35,6 +37,8 @@ def _run(scenario: Scenario, scale: float, keys: list[str], results: Path) -> st
         outcome = execute_run(scenario, plans[key], results, run_timeout_ns=RUN_TIMEOUT_NS, system=system)
         assert outcome.status == "complete", (key, outcome.reason)
         run_ids.add(str(outcome.run_id))
+        if manifests is not None and outcome.manifest is not None:
+            manifests[key] = outcome.manifest
     return write_report(results, results / "report.md", "markdown", run_ids=run_ids).read_text()
 
 
@@ -91,9 +95,11 @@ def test_cots_profiles_and_interrupt_latency_configurations() -> None:
         assert plan.duration_ns == 8 * 3600 * 10**9
     assert profiles["TP1"] == {("host", False, "no-load"), ("qemu", False, "no-load")}
     assert profiles["TP4"] == {("host", True, "load"), ("qemu", True, "load")}
-    assert profiles["TP5"] == {("qemu", False, "load-in-2-vms")} and profiles["TP6"] == {("qemu", True, "load-in-2-vms")}
+    assert profiles["TP5"] == {("qemu", False, "load-in-2-vms")}
+    assert profiles["TP6"] == {("qemu", True, "load-in-2-vms")}
     load = next(d for d in cots.disturbances if d.name == "load").stressors[0]
-    assert (load.stressor, load.workers, load.params) == ("mix", 10, {"block": "64MiB"})  # 10 sqrt + 10 malloc/free
+    # 10 sqrt + 10 malloc/free workers, inside the system under test (the RT VM itself in TP3/TP4)
+    assert (load.stressor, load.workers, load.params, load.where) == ("mix", 10, {"block": "64MiB"}, "inside")
     in_vms = next(d for d in cots.disturbances if d.name == "load-in-2-vms").stressors[0]
     assert (in_vms.vms, in_vms.workers * 2 * in_vms.vms) == (2, 20)
     interrupt = _builtin("interrupt-latency")
@@ -110,11 +116,15 @@ def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
     shown = CliRunner().invoke(app, ["scenarios", "guest-isolation"], env={"COLUMNS": "250"})
     assert shown.exit_code == 0, shown.output
     assert "reproduces the guest-isolation study" in shown.output and "210 runs" in shown.output
-    assert "stress-on at 10m, stress-off at 20m" in shown.output and "cache x1 other-vm (1 guest, same-core)" in shown.output
+    assert "stress-on at 10m, stress-off at 20m" in shown.output
+    assert "cache x1 other-vm (1 guest, same-core)" in shown.output
     as_json = CliRunner().invoke(app, ["scenarios", "cots-hypervisor", "--json"])
     document = json.loads(as_json.output)
     assert document["study"] == "cots-hypervisor" and document["runs"] == 10
     assert [g["name"] for g in document["groups"]] == ["TP1", "TP2", "TP3", "TP4", "TP5", "TP6"]
+    tp4 = {run["environment"]: run for run in document["groups"][3]["runs"]}
+    assert tp4["qemu-pinned"]["placement"] == "qemu, pinned, 1 vCPU, linux guest"
+    assert tp4["qemu-pinned"]["stressors"] == ["mix x10 inside [block=64MiB]"]
     bad = tmp_path / "bad.toml"
     bad.write_text(builtin_scenarios()["interrupt-latency"].replace('environments = ["native"]',
                                                                     'environments = ["nowhere"]'))
@@ -124,6 +134,23 @@ def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
     unknown.write_text(builtin_scenarios()["interrupt-latency"].replace('study = "interrupt-latency"', 'study = "x"'))
     refused = CliRunner().invoke(app, ["scenarios", str(unknown)])
     assert refused.exit_code == 2 and "field 'study'" in refused.output
+
+
+def test_inside_stressors_start_with_the_measured_system(tmp_path: Path) -> None:
+    """A load inside the measured guest is one of its own jobs: it cannot be switched on later."""
+    text = builtin_scenarios()["cots-hypervisor"]
+    for change, field in (('name = "TP3"\nenvironments = ["baseline-free", "qemu-free"]\ndisturbances = ["load"]\n'
+                           'start_order = ["stress-first"]', "groups[2].start_order"),
+                          ("[timeline]\n", "disturbances[1].events")):
+        if field.startswith("groups"):
+            changed = text.replace(change, change.replace("stress-first", "test-first"))
+        else:
+            changed = text.replace(change, '[timeline]\nevents = [{ at = "1h", action = "stress-on" }]\n')
+        assert changed != text
+        path = tmp_path / "inside.toml"
+        path.write_text(changed)
+        refused = CliRunner().invoke(app, ["scenarios", str(path)])
+        assert refused.exit_code == 2 and f"field '{field}'" in refused.output and "'inside'" in refused.output
 
 
 def test_differences_name_the_changed_field() -> None:
@@ -165,6 +192,7 @@ def test_guest_isolation_kernel_operations_beside_a_stressor_guest(tmp_path: Pat
     increase = _table(report, "Guest-isolation study: increase against the solo baseline")
     assert [row[:2] for row in increase] == [["kops", "spin-same-core"]]
     assert increase[0][3].endswith("%") and _number(increase[0][5]) > 0
+    assert "the 30-minute run" not in report  # stress on for the whole run is no stress-on-off timeline
 
 
 def test_modified_study_scenario_runs_and_says_so(tmp_path: Path) -> None:
@@ -186,17 +214,31 @@ def test_modified_study_scenario_runs_and_says_so(tmp_path: Path) -> None:
     assert len(on_off) == 1
     before, during = _number(on_off[0][1]), _number(on_off[0][2])
     assert before > 0 and during > 0 and on_off[0][7] == "-0.01 %" and on_off[0][8] == "-29.00 %"
-    assert abs(_number(on_off[0][4].removesuffix(" %")) - (during / before - 1) * 100) < 0.1  # shown rounded
+    change = (during / before - 1) * 100
+    assert abs(_number(on_off[0][4].removesuffix(" %")) - change) < 0.1  # shown rounded
+    assert on_off[0][9].startswith("same direction" if change < 0 else "opposite direction")
 
 
-@pytest.mark.parametrize("profile", ["TP1/baseline-free/no-load/-/r1"])
-def test_cots_profile_table_and_stability(tmp_path: Path, profile: str) -> None:
-    report = _run(_builtin("cots-hypervisor"), 0.0002, [profile, "TP4/baseline-pinned/load/stress-first/r1"], tmp_path)
-    stats = {row[1]: row for row in _table(report, "COTS-hypervisor study: statistics")}
-    assert set(stats) == {"TP1", "TP4"} and stats["TP1"][0] == "baseline-free"
+def test_cots_profiles_with_the_load_inside_the_vm(tmp_path: Path) -> None:
+    """TP1 on the baseline, TP2 and TP4 in the RT VM: TP4's 20 workers run inside the measured VM (the study's
+    placement), which keeps its vCPU busy where TP2's idles."""
+    manifests: dict[str, dict[str, Any]] = {}
+    keys = ["TP1/baseline-free/no-load/-/r1", "TP2/qemu-pinned/no-load/-/r1", "TP4/qemu-pinned/load/stress-first/r1"]
+    scale = 0.0003  # 8 h -> 8.6 s
+    report = _run(_builtin("cots-hypervisor"), scale, keys, tmp_path, manifests)
+    stats = {(row[0], row[1]): row for row in _table(report, "COTS-hypervisor study: statistics")}
+    assert set(stats) == {("baseline-free", "TP1"), ("qemu-pinned", "TP2"), ("qemu-pinned", "TP4")}
     for row in stats.values():
         whisker_low, q1, median, q3, whisker_high = (_number(row[i]) for i in (3, 4, 5, 8, 9))
         assert whisker_low <= q1 <= median <= q3 <= whisker_high and int(row[2]) > 100
     stability = _table(report, "COTS-hypervisor study: stability")
-    assert [row[2].split(" (")[0] for row in stability if row[1] == "TP1"] == ["1 h mark", "2 h mark", "4 h mark",
-                                                                                "8 h mark"]
+    for env, group in stats:
+        assert [r[2].split(" (")[0] for r in stability if (r[0], r[1]) == (env, group)] == \
+            ["1 h mark", "2 h mark", "4 h mark", "8 h mark"]
+    idle, loaded = (manifests[k]["environment_detail"] for k in keys[1:])
+    assert idle["jobs_beside"] == [] and len(loaded["jobs_beside"]) == 1
+    argv = loaded["jobs_beside"][0].split()
+    assert argv[:2] == ["/rtvirt/bin/rtvirt-stress", "mix"] and {"--workers=10", "--block=67108864"} <= set(argv)
+    duration_s = 8 * 3600 * scale
+    print("vCPU CPU seconds: idle", idle["vcpu_cpu_seconds"], "loaded", loaded["vcpu_cpu_seconds"])
+    assert loaded["vcpu_cpu_seconds"] - idle["vcpu_cpu_seconds"] > 0.2 * duration_s, (idle, loaded)

@@ -56,8 +56,9 @@ def expand(scenario: Scenario, scale: float = 1.0) -> list[PlannedRun]:
                 orders: list[str | None] = [None] if not disturbance.stressors or scaled_events \
                     else list(group.start_order or scenario.timeline.start_order)
                 if orders != [None] and group.start_order is None \
-                        and any(use.where == "other-vm" for use in disturbance.stressors):
-                    # disturbing guests take seconds to boot: they are up before the workload starts
+                        and any(use.where in ("other-vm", "inside") for use in disturbance.stressors):
+                    # disturbing guests take seconds to boot: they are up before the workload starts;
+                    # stressors inside a guest start with it
                     orders = ["stress-first"]
                 for order in orders:
                     config = f"{env.label} / {disturbance.name}" + (f" / {order}" if order and len(orders) > 1 else "")

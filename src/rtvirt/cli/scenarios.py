@@ -23,6 +23,16 @@ def _stressor(use: StressorUse) -> str:
     return f"{use.stressor} x{use.workers} {place}" + (f" [{params}]" if params else "")
 
 
+def _placement(env: Any) -> str:
+    """The environment's kind and placement in a few words: what the matrix's system profiles differ in."""
+    parts = [env.kind, "pinned" if env.pin else "unpinned"]
+    if getattr(env, "vcpus", None):
+        parts.append(f"{env.vcpus} vCPU{'s' if env.vcpus > 1 else ''}")
+    if getattr(env, "guest", None):
+        parts.append(f"{env.guest} guest")
+    return ", ".join(parts)
+
+
 def matrix(scenario: Scenario, scale: float = 1.0) -> dict[str, Any]:
     """The scenario's run matrix as plain data: groups, their workload, and every run."""
     plans = expand(scenario, scale)
@@ -30,12 +40,13 @@ def matrix(scenario: Scenario, scale: float = 1.0) -> dict[str, Any]:
     groups: dict[str, dict[str, Any]] = {}
     for plan in plans:
         workload = workloads[plan.workload]
-        entry = groups.setdefault(plan.group, {"name": plan.group, "workload": {"name": workload.name, "probe": workload.probe,
-                                                                      "params": workload.params},
-                                          "duration_s": plan.duration_ns / 1e9, "runs": []})
+        entry = groups.setdefault(plan.group, {
+            "name": plan.group, "workload": {"name": workload.name, "probe": workload.probe, "params": workload.params},
+            "duration_s": plan.duration_ns / 1e9, "runs": []})
         disturbance = scenario.disturbances[plan.disturbance]
         entry["runs"].append({
             "key": plan.key, "config": plan.config, "environment": scenario.environments[plan.environment].label,
+            "placement": _placement(scenario.environments[plan.environment]),
             "disturbance": disturbance.name, "stressors": [_stressor(u) for u in disturbance.stressors],
             "start_order": plan.start_order, "repetition": plan.repetition,
             "events": [{"at_s": at / 1e9, "action": action} for at, action in plan.events]})
@@ -65,7 +76,8 @@ def _show(document: dict[str, Any]) -> None:
                 continue
             events = ", ".join(f"{e['action']} at {format_duration(e['at_s'] * 1e9)}" for e in run["events"])
             table.add_row(group["name"], f"{workload['probe']}" + (f" ({params})" if params else ""),
-                          run["environment"], run["disturbance"], "; ".join(run["stressors"]) or "-",
+                          f"{run['environment']} ({run['placement']})", run["disturbance"],
+                          "; ".join(run["stressors"]) or "-",
                           run["start_order"] or "-", events or "throughout" if run["stressors"] else "-",
                           format_duration(group["duration_s"] * 1e9))
     console.print(table)
@@ -84,7 +96,7 @@ def scenarios(name: str | None, as_json: bool, scale: float) -> None:
         else:
             _show(document)
         return
-    listing = {}
+    listing: dict[str, dict[str, Any]] = {}
     for builtin, text in builtin_scenarios().items():
         parsed = parse_scenario(text, f"built-in scenario {builtin}")
         plans: list[PlannedRun] = expand(parsed, scale)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from ..errors import RunError
+from ..errors import InputError, RunError
 from ..fileio import write_atomically
 from ..params import CpuList
 from ..units import duration_field
@@ -175,6 +175,8 @@ class QemuEnvironment(Environment):
         self._placement: dict[str, Any] = {}
         self._socket_dir: Path | None = None
         self._image: GuestImage | None = None
+        self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
+        self._vcpu_cpu_s: float | None = None
 
     @staticmethod
     def available() -> str | None:
@@ -200,6 +202,15 @@ class QemuEnvironment(Environment):
         others = tuple(sorted(os.sched_getaffinity(0) - set(self.measured_cpus())))
         return others or self.measured_cpus()
 
+    def add_guest_job(self, agent: str, args: list[str]) -> None:
+        if self.config.guest == "baremetal":
+            raise InputError(f"environment {self.config.label!r}: the bare-metal guest runs its probe alone; "
+                             "stressors with where = 'inside' need guest = 'linux' or 'linux-rt'")
+        if self._proc is not None:  # the jobs are in the initramfs: they cannot join a running guest
+            raise RunError(f"{self.config.label}: a stressor inside the guest starts with it: give its disturbance "
+                           "start_order = ['stress-first'] and no events")
+        self._beside.append(GuestJob([f"{GUEST_AGENT_DIR}/{agent}", *args]))
+
     def start(self) -> None:
         if self._accel is None:
             self._accel = choose_accel(self.config.accel)
@@ -214,7 +225,7 @@ class QemuEnvironment(Environment):
         argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
         if out is not None:
             argv.append(f"--out={guest_port_path(OUTPUT_PORT)}")
-        initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv)), self.workdir)
+        initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), self._beside), self.workdir)
         # a unix socket path must fit in 108 bytes: run directories can be deeper than that
         self._socket_dir = Path(tempfile.mkdtemp(prefix="rtvirt-qmp-"))
         qmp_socket = self._socket_dir / "qmp.sock"
@@ -289,6 +300,20 @@ class QemuEnvironment(Environment):
         finally:
             monitor.close()
 
+    def after_launch(self, launched: Launched) -> None:
+        # the vCPU threads' CPU time so far (read while QEMU lives): how busy the guest kept its vCPUs
+        if self._proc is None:
+            return
+        ticks = 0
+        for entry in self._placement.get("vcpu_threads", {}).values():
+            try:
+                stat = Path(f"/proc/{self._proc.pid}/task/{entry['tid']}/stat").read_text()
+            except OSError:  # QEMU has ended: keep the last reading
+                return
+            fields = stat.rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime + stime
+        self._vcpu_cpu_s = ticks / os.sysconf("SC_CLK_TCK")
+
     def _stderr_tail(self) -> str:
         if self._proc is None or self._proc.stderr is None or self._proc.poll() is None:
             return "no error output"
@@ -327,7 +352,8 @@ class QemuEnvironment(Environment):
         boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
         return {**super().describe(), "acceleration": (self._accel or {}).get("accel"),
                 "acceleration_reason": (self._accel or {}).get("reason"), "qemu": _qemu_version(),
-                "boot_seconds": boot_s, **guest_description(self.config.guest, self._image), **self._placement}
+                "boot_seconds": boot_s, **guest_description(self.config.guest, self._image), **self._placement,
+                "vcpu_cpu_seconds": self._vcpu_cpu_s, "jobs_beside": [" ".join(job.argv) for job in self._beside]}
 
     def warnings(self) -> list[str]:
         return [TCG_WARNING] if self._accel and self._accel["accel"] == "tcg" else []

@@ -70,6 +70,13 @@ def _reading(ours: float | None, paper: float | None, ours_ref: float | None = N
     return "; ".join(parts) or "no published figure to compare"
 
 
+def _reading_pct(ours: float, paper: float) -> str:
+    """One line for two changes in %: same sign or not, and ours over the paper's."""
+    same = (ours < 0) == (paper < 0)
+    return f"{'same direction' if same else 'opposite direction'}; {ours / paper:.2f}x the paper" if paper \
+        else ("same direction" if same else "opposite direction")
+
+
 def _provenance(name: str, configs: list[Configuration]) -> Table:
     paper = published()[name]
     modified: list[str] = []
@@ -155,9 +162,10 @@ def _isolation(configs: list[Configuration]) -> list[Table]:
                 top = max(tops, key=lambda o: o.value_ns)
                 ratio = top.value_ns / top.median_ns if top.median_ns else float("nan")
                 if top.value_cycles is not None:
-                    reading = (f"{_reading(top.value_cycles, out['outlier_cycles'])}; ours {ratio:,.0f}x the median, "
-                               f"paper {paper_ratio}" + ("" if meta["disturbance"] != "solo"
-                                                         else "; the paper saw such outliers only with a stressor guest"))
+                    solo_note = "; the paper saw such outliers only with a stressor guest" \
+                        if meta["disturbance"] == "solo" else ""
+                    reading = (f"{_reading(top.value_cycles, out['outlier_cycles'])}; ours {ratio:,.0f}x the "
+                               f"median, paper {paper_ratio}{solo_note}")
                 else:
                     reading = "no cycle counter in this run's stream header: time only"
                 outlier_rows.append([meta["workload"], meta["disturbance"], meta["order"],
@@ -182,7 +190,7 @@ def _isolation(configs: list[Configuration]) -> list[Table]:
                 order_rows.append([meta["disturbance"], meta["order"], str(sum(n for *_, n in firsts)),
                                    _num(firsts[0][0], 0) if firsts else "-", _num(firsts[0][1], 0) if firsts else "-",
                                    _pct(change), ramp, _pct(paper["threadmetric"]["first_interval_pct"]),
-                                   _reading(change, paper["threadmetric"]["first_interval_pct"], 1.0, 1.0)
+                                   _reading_pct(change, paper["threadmetric"]["first_interval_pct"])
                                    if change is not None else "no intervals to compare"])
             if _has_events(c):
                 timeline_rows += _on_off_rows(c, meta, paper["threadmetric"])
@@ -210,7 +218,8 @@ def _isolation(configs: list[Configuration]) -> list[Table]:
 
 
 def _has_events(c: Configuration) -> bool:
-    return any(any(seg.after_event == "stress-on" for seg in v.segments) for v in c.runs)
+    """Whether the runs switched stress on and off on a timeline (not on for the whole run)."""
+    return any((v.run.manifest.get("campaign") or {}).get("events") for v in c.runs)
 
 
 def _on_off_rows(c: Configuration, meta: dict[str, Any], paper: dict[str, float]) -> list[list[str]]:
@@ -232,7 +241,7 @@ def _on_off_rows(c: Configuration, meta: dict[str, Any], paper: dict[str, float]
         rows.append([view.run.run_id, _num(level, 0), _num(during.median_ns, 0),
                      _num(after.median_ns, 0) if after else "-", _pct(change), _pct(after_change), _pct(lowest),
                      _pct(paper["under_stress_pct"]), _pct(paper["rare_outlier_pct"]),
-                     _reading(change, paper["under_stress_pct"], 1.0, 1.0) if change is not None else "-"])
+                     _reading_pct(change, paper["under_stress_pct"]) if change is not None else "-"])
     return rows
 
 
