@@ -16,11 +16,13 @@ __all__ = ["summaries_of", "run_summaries"]
 
 
 def run_summaries(run: StoredRun) -> dict[str, Summary]:
-    """Per-group (the manifest's groups where stored as a histogram per CPU) and overall summaries of a run."""
+    """Per-group and overall summaries of a run: per CPU for measured runs, per task (the histogram's ``kind``)
+    for simulated ones, whose CPU says little and whose tasks are what the model is about."""
     table = run.histogram_table()
     dropped = int(run.manifest.get("dropped") or 0)
     if table is not None:
-        return summaries_from_histogram(table, "cpu", dropped)
+        return summaries_from_histogram(table, "kind" if run.manifest.get("source") == "simulated" else "cpu",
+                                        dropped)
     return {"all": run.summary()}
 
 
