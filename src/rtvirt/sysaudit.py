@@ -7,16 +7,54 @@ bounded in length, and an unreadable file is recorded as None rather than failin
 from __future__ import annotations
 
 import os
-import platform
 import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["audit_system", "MAX_VALUE"]
+__all__ = ["audit_system", "LocalSystem", "SystemView", "MAX_VALUE"]
 
 MAX_VALUE = 512
+
+
+class LocalSystem:
+    """The machine rtvirt runs on, as the audit reads it."""
+
+    label = "local"
+
+    def read_many(self, paths: list[str], limit: int = MAX_VALUE) -> dict[str, str | None]:
+        return {path: _read(path, limit) for path in paths}
+
+    def glob(self, directory: str, pattern: str, limit: int = 64) -> list[str]:
+        return [str(p) for p in sorted(Path(directory).glob(pattern))[:limit]]
+
+    def detect_virt(self, kind: str) -> str | None:
+        if not shutil.which("systemd-detect-virt"):
+            return None
+        try:
+            out = subprocess.run(["systemd-detect-virt", kind], capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.strip()[:64] or None
+
+    def cpus(self) -> list[int]:
+        return sorted(os.sched_getaffinity(0))
+
+
+class SystemView(Protocol):
+    """What the audit needs from a system: the local one, or a target behind a connection
+    (rtvirt.remote.RemoteSystem). ``read_many`` is one round trip for many files."""
+
+    label: str
+
+    def read_many(self, paths: list[str], limit: int = MAX_VALUE) -> dict[str, str | None]: ...
+
+    def glob(self, directory: str, pattern: str, limit: int = 64) -> list[str]: ...
+
+    def detect_virt(self, kind: str) -> str | None: ...
+
+    def cpus(self) -> list[int]: ...
 
 
 def _read(path: str | Path, limit: int = MAX_VALUE) -> str | None:
@@ -34,12 +72,11 @@ def _cmdline_value(cmdline: str, key: str) -> str | None:
     return None
 
 
-def _preemption(version: str) -> str:
-    if _read("/sys/kernel/realtime") == "1" or "PREEMPT_RT" in version:
+def _preemption(version: str, realtime: str | None, preempt_mode: str | None) -> str:
+    if realtime == "1" or "PREEMPT_RT" in version:
         return "PREEMPT_RT"
-    mode = _read("/sys/kernel/debug/sched/preempt")
-    if mode:  # e.g. "none voluntary (full)": the bracketed one is active
-        active = re.search(r"\((\w+)\)", mode)
+    if preempt_mode:  # e.g. "none voluntary (full)": the bracketed one is active
+        active = re.search(r"\((\w+)\)", preempt_mode)
         if active:
             return f"PREEMPT_DYNAMIC ({active.group(1)})"
     for model in ("PREEMPT_DYNAMIC", "PREEMPT", "PREEMPT_VOLUNTARY"):
@@ -48,82 +85,88 @@ def _preemption(version: str) -> str:
     return "none (server)"
 
 
-def _cpu_values(pattern: str, cpus: list[int]) -> dict[str, str | None]:
-    return {str(cpu): _read(pattern.format(cpu=cpu)) for cpu in cpus}
+def _idle_states(system: SystemView, cpus: list[int]) -> dict[str, list[dict[str, Any]]]:
+    dirs = {cpu: system.glob(f"/sys/devices/system/cpu/cpu{cpu}/cpuidle", "state*", 16) for cpu in cpus}
+    values = system.read_many([f"{d}/{name}" for found in dirs.values() for d in found
+                               for name in ("name", "latency", "disable")], 64)
+    return {str(cpu): [{"name": values.get(f"{d}/name"), "latency_us": values.get(f"{d}/latency"),
+                        "disabled": values.get(f"{d}/disable") == "1"} for d in found]
+            for cpu, found in dirs.items()}
 
 
-def _idle_states(cpu: int) -> list[dict[str, Any]]:
-    states = []
-    for state in sorted(Path(f"/sys/devices/system/cpu/cpu{cpu}/cpuidle").glob("state*"))[:16]:
-        states.append({"name": _read(state / "name", 64), "latency_us": _read(state / "latency", 32),
-                       "disabled": _read(state / "disable", 8) == "1"})
-    return states
+def _irq_affinity(system: SystemView, limit: int = 64) -> dict[str, str | None]:
+    irqs = sorted(system.glob("/proc/irq", "[0-9]*", 4096), key=lambda p: int(p.rsplit("/", 1)[1]))[:limit]
+    values = system.read_many([f"{irq}/smp_affinity_list" for irq in irqs], 128)
+    return {irq.rsplit("/", 1)[1]: values.get(f"{irq}/smp_affinity_list") for irq in irqs}
 
 
-def _irq_affinity(limit: int = 64) -> dict[str, str | None]:
-    result: dict[str, str | None] = {}
-    for irq in sorted((p for p in Path("/proc/irq").glob("[0-9]*")), key=lambda p: int(p.name))[:limit]:
-        result[irq.name] = _read(irq / "smp_affinity_list", 128)
-    return result
-
-
-def _detect_virt(kind: str) -> str | None:
-    if not shutil.which("systemd-detect-virt"):
-        return None
-    try:
-        out = subprocess.run(["systemd-detect-virt", kind], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.strip()[:64] or None
-
-
-def _virtualization() -> dict[str, Any]:
-    """Are we in a VM (cpuinfo's hypervisor flag, or systemd-detect-virt --vm), and in a container?"""
-    cpuinfo = _read("/proc/cpuinfo", 1 << 16) or ""
+def _virtualization(system: SystemView, files: dict[str, str | None]) -> dict[str, Any]:
+    """Is the system a guest (cpuinfo's hypervisor flag, systemd-detect-virt --vm, /sys/hypervisor, DMI),
+    of which hypervisor, and is it in a container?"""
+    cpuinfo = files["/proc/cpuinfo"] or ""
     flag = bool(re.search(r"^flags\s*:.*\bhypervisor\b", cpuinfo, re.M))
-    vm = _detect_virt("--vm")
-    return {"in_vm": flag or vm not in (None, "none"), "hypervisor_flag": flag, "vm": vm,
-            "container": _detect_virt("--container")}
+    vm = system.detect_virt("--vm")
+    hypervisor_type = files["/sys/hypervisor/type"]  # "xen" in a Xen domain, also on Arm
+    dmi = " ".join(v for v in (files["/sys/class/dmi/id/sys_vendor"], files["/sys/class/dmi/id/product_name"]) if v)
+    return {"in_vm": flag or vm not in (None, "none") or bool(hypervisor_type), "hypervisor_flag": flag, "vm": vm,
+            "hypervisor_type": hypervisor_type, "dmi": dmi[:128] or None,
+            "container": system.detect_virt("--container")}
 
 
-def audit_system() -> dict[str, Any]:
-    """The settings recorded with every run, plus warnings for the ones known to hurt latency."""
-    cpus = sorted(os.sched_getaffinity(0))
-    cmdline = _read("/proc/cmdline", 4096) or ""
-    version = platform.version()[:MAX_VALUE]
-    governors = _cpu_values("/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor", cpus)
-    smt = _read("/sys/devices/system/cpu/smt/active", 8)
-    thp = _read("/sys/kernel/mm/transparent_hugepage/enabled", 128)
+_FILES = ["/proc/cmdline", "/proc/sys/kernel/hostname", "/proc/sys/kernel/osrelease", "/proc/sys/kernel/version",
+          "/sys/kernel/realtime", "/sys/kernel/debug/sched/preempt", "/sys/devices/system/cpu/isolated",
+          "/sys/devices/system/cpu/nohz_full", "/sys/devices/system/cpu/smt/active",
+          "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+          "/sys/kernel/mm/transparent_hugepage/enabled", "/proc/sys/kernel/sched_rt_runtime_us",
+          "/sys/hypervisor/type", "/sys/class/dmi/id/sys_vendor", "/sys/class/dmi/id/product_name"]
+
+
+def audit_system(system: SystemView | None = None) -> dict[str, Any]:
+    """The settings recorded with every run, plus warnings for the ones known to hurt latency.
+
+    ``system``: where to look (default: this machine; an SSH target's view audits the target).
+    """
+    system = system or LocalSystem()
+    cpus = system.cpus()
+    files = system.read_many(_FILES, 4096)
+    files["/proc/cpuinfo"] = system.read_many(["/proc/cpuinfo"], 1 << 16)["/proc/cpuinfo"]
+    cmdline = files["/proc/cmdline"] or ""
+    version = (files["/proc/sys/kernel/version"] or "")[:MAX_VALUE]
+    governor_paths = {cpu: f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor" for cpu in cpus}
+    governor_values = system.read_many(list(governor_paths.values()), 64)
+    smt = files["/sys/devices/system/cpu/smt/active"]
     audit: dict[str, Any] = {
-        "hostname": platform.node()[:128],
-        "kernel": platform.release()[:MAX_VALUE],
+        "hostname": (files["/proc/sys/kernel/hostname"] or "")[:128],
+        "kernel": (files["/proc/sys/kernel/osrelease"] or "")[:MAX_VALUE],
         "kernel_version": version,
         "cmdline": cmdline,
-        "preemption": _preemption(version),
+        "preemption": _preemption(version, files["/sys/kernel/realtime"], files["/sys/kernel/debug/sched/preempt"]),
         "cpus": len(cpus),
-        "isolcpus": _cmdline_value(cmdline, "isolcpus") or _read("/sys/devices/system/cpu/isolated"),
-        "nohz_full": _cmdline_value(cmdline, "nohz_full") or _read("/sys/devices/system/cpu/nohz_full"),
+        "isolcpus": _cmdline_value(cmdline, "isolcpus") or files["/sys/devices/system/cpu/isolated"],
+        "nohz_full": _cmdline_value(cmdline, "nohz_full") or files["/sys/devices/system/cpu/nohz_full"],
         "rcu_nocbs": _cmdline_value(cmdline, "rcu_nocbs"),
-        "governors": governors,
-        "idle_states": {str(cpu): _idle_states(cpu) for cpu in cpus[:8]},
+        "governors": {str(cpu): governor_values.get(path) for cpu, path in governor_paths.items()},
+        "idle_states": _idle_states(system, cpus[:8]),
         "smt_active": None if smt is None else smt == "1",
-        "clocksource": _read("/sys/devices/system/clocksource/clocksource0/current_clocksource", 64),
-        "transparent_hugepages": thp,
-        "irq_affinity": _irq_affinity(),
-        "virtualization": _virtualization(),
-        "rt_throttling_us": _read("/proc/sys/kernel/sched_rt_runtime_us", 32),
+        "clocksource": (files["/sys/devices/system/clocksource/clocksource0/current_clocksource"] or "")[:64] or None,
+        "transparent_hugepages": (files["/sys/kernel/mm/transparent_hugepage/enabled"] or "")[:128] or None,
+        "irq_affinity": _irq_affinity(system),
+        "virtualization": _virtualization(system, files),
+        "rt_throttling_us": (files["/proc/sys/kernel/sched_rt_runtime_us"] or "")[:32] or None,
     }
-    audit["warnings"] = _warnings(audit)
+    audit["warnings"] = _warnings(audit, system.label)
     return audit
 
 
-def _warnings(a: dict[str, Any]) -> list[str]:
+def _warnings(a: dict[str, Any], system_label: str) -> list[str]:
     warnings = []
     if a["preemption"] != "PREEMPT_RT":
         warnings.append(f"kernel is not PREEMPT_RT ({a['preemption']}): expect larger worst-case latencies")
     if a["virtualization"]["in_vm"]:
-        warnings.append(f"rtvirt itself runs inside a VM ({a['virtualization']['vm'] or 'hypervisor flag'}): "
-                        "host timings include the outer hypervisor")
+        virt = a["virtualization"]
+        which = virt["vm"] or virt["hypervisor_type"] or "hypervisor flag"
+        who = "rtvirt itself runs" if system_label == "local" else f"the target {system_label} runs"
+        warnings.append(f"{who} inside a VM ({which}): host timings include the outer hypervisor")
     slow = sorted({g for g in a["governors"].values() if g and g != "performance"})
     if slow:
         warnings.append(f"CPU frequency governor {', '.join(slow)} (not 'performance'): frequency changes add jitter")

@@ -16,6 +16,7 @@ from ..probes.runner import Progress, run_probe
 from ..stats import summarize_stream
 from ..store import new_run, write_measured_run
 from .output import console, err_console, print_json, progress_wanted, summary_table
+from .targetopts import pop_target, target_options
 
 __all__ = ["probe"]
 
@@ -42,7 +43,9 @@ def _make_command(spec: ProbeSpec) -> click.Command:
                   show_default=True, help="results directory the run is written to")
     @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
     @click.option("--progress/--no-progress", default=None, help="progress bar [default: when on a terminal]")
+    @target_options
     def command(results: Path, as_json: bool, progress: bool | None, **values: Any) -> None:
+        target = pop_target(values)
         params = build_params(spec.params, values)
         run = new_run(results, spec.name)
         bar, task = _progress_display(progress_wanted(progress), spec.name)
@@ -53,13 +56,26 @@ def _make_command(spec: ProbeSpec) -> click.Command:
             bar.update(task, total=p.duration_s, completed=p.elapsed_s if p.duration_s else None,
                        status=f"{p.samples} samples, max {peak}")
 
+        extra: dict[str, Any] = {}
+
+        def measure() -> Any:
+            if target is None:
+                return run_probe(spec, params, run.stream_path, show if bar is not None else None)
+            from ..remote.probe import run_probe_on_target
+
+            stream, extra["target"] = run_probe_on_target(spec, params, run.stream_path, target,
+                                                          on_progress=show if bar is not None else None)
+            return stream
+
         if bar is not None:
             with bar:
-                stream = run_probe(spec, params, run.stream_path, show)
+                stream = measure()
         else:
-            stream = run_probe(spec, params, run.stream_path)
+            stream = measure()
+        if stream.error:
+            extra["error"] = stream.error
         manifest = write_measured_run(run, stream, name=spec.name, params=params.model_dump(mode="json"),
-                                      group_by=spec.group_by, extra={"error": stream.error} if stream.error else None)
+                                      group_by=spec.group_by, extra=extra or None)
         if as_json:
             print_json({k: manifest[k] for k in ("run_id", "probe", "status", "end_reason", "dropped", "summary")}
                        | {"path": str(run.path)})

@@ -12,6 +12,7 @@ from ..params import build_params, click_options
 from ..stressors import ENGINES, STRESSORS, StressorSpec, StressProgress, StressSummary, run_stressor
 from ..units import format_duration
 from .output import console, err_console, print_json, progress_wanted
+from .targetopts import pop_target, target_options
 
 __all__ = ["stress"]
 
@@ -40,7 +41,9 @@ def _make_command(spec: StressorSpec) -> click.Command:
                   help="our agent, or stress-ng with the same names and options (approximate, see docs)")
     @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
     @click.option("--progress/--no-progress", default=None, help="progress bar [default: when on a terminal]")
+    @target_options
     def command(engine: str, as_json: bool, progress: bool | None, **values: Any) -> None:
+        target = pop_target(values)
         params = build_params(spec.params, values)
         show_bar = progress_wanted(progress)
         if show_bar:
@@ -52,9 +55,10 @@ def _make_command(spec: StressorSpec) -> click.Command:
                 bar.update(task, total=p.duration_s, completed=p.elapsed_s if p.duration_s else None)
 
             with bar:
-                summary = run_stressor(spec, params, engine=engine, on_progress=show)  # type: ignore[arg-type]
+                summary = run_stressor(spec, params, engine=engine, on_progress=show,  # type: ignore[arg-type]
+                                       target=target)
         else:
-            summary = run_stressor(spec, params, engine=engine)  # type: ignore[arg-type]
+            summary = run_stressor(spec, params, engine=engine, target=target)  # type: ignore[arg-type]
         if as_json:
             print_json(summary.model_dump(mode="json"))
         else:

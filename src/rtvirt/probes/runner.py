@@ -19,7 +19,7 @@ from ..procs import Supervisor
 from ..stream import SampleStream, StreamReader
 from .base import ProbeSpec
 
-__all__ = ["Progress", "run_probe", "check_privileges"]
+__all__ = ["Progress", "run_probe", "check_privileges", "follow_stream"]
 
 
 @dataclass
@@ -46,6 +46,24 @@ def check_privileges(params: CommonParams) -> None:
                              "use --no-mlock or --no-rt")
 
 
+def follow_stream(poll: Callable[[], int | None], reader: StreamReader, params: CommonParams,
+                  on_progress: Callable[[Progress], None] | None, poll_interval: float) -> None:
+    """Read new samples while the agent runs (``poll()`` is None), reporting progress; any agent, anywhere."""
+    duration_s = params.duration / 1e9 if params.duration else None
+    running_max: int | None = None
+    samples = 0
+    started = time.monotonic()
+    while poll() is None:
+        time.sleep(poll_interval)
+        new = reader.poll()
+        if new.size:
+            samples += int(new.size)
+            peak = int(np.max(new["value"]))
+            running_max = peak if running_max is None else max(running_max, peak)
+        if on_progress:
+            on_progress(Progress(time.monotonic() - started, duration_s, samples, running_max))
+
+
 def run_probe(
     spec: ProbeSpec,
     params: CommonParams,
@@ -63,23 +81,11 @@ def run_probe(
     out.parent.mkdir(parents=True, exist_ok=True)
     argv = spec.command(params, str(agent_path("rtvirt-probe")))
     argv.append(f"--out={out}")
-    duration_s = params.duration / 1e9 if params.duration else None
     reader = StreamReader(out)
-    running_max: int | None = None
-    samples = 0
     with Supervisor() as supervisor:
         proc = supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        started = time.monotonic()
         try:
-            while proc.poll() is None:
-                time.sleep(poll_interval)
-                new = reader.poll()
-                if new.size:
-                    samples += int(new.size)
-                    peak = int(np.max(new["value"]))
-                    running_max = peak if running_max is None else max(running_max, peak)
-                if on_progress:
-                    on_progress(Progress(time.monotonic() - started, duration_s, samples, running_max))
+            follow_stream(proc.poll, reader, params, on_progress, poll_interval)
         except KeyboardInterrupt:
             supervisor.stop(proc, grace=10.0)
         status = proc.wait()

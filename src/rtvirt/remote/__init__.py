@@ -6,8 +6,11 @@ control host over SSH (the Xen lab's dom0). asyncssh is imported only when a con
 
 from __future__ import annotations
 
-from .connection import RemoteProcess, RemoteResult, SshConnection, connect, remote_command
-from .target import SshTarget, parse_target
+from .agents import REMOTE_DIR_PATTERN, RemoteAgent, TargetLink, merge_stream_copy
+from .connection import HostKeyRefused, RemoteProcess, RemoteResult, SshConnection, connect, remote_command
+from .system import RemoteSystem
+from .target import SshTarget, SshTargetFields, parse_target
 
-__all__ = ["RemoteProcess", "RemoteResult", "SshConnection", "SshTarget", "connect", "parse_target",
+__all__ = ["HostKeyRefused", "REMOTE_DIR_PATTERN", "RemoteAgent", "RemoteProcess", "RemoteResult", "RemoteSystem",
+           "SshConnection", "SshTarget", "SshTargetFields", "TargetLink", "connect", "merge_stream_copy", "parse_target",
            "remote_command"]

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import RunError
+from ..errors import EXIT_USAGE, RunError
 from .target import SshTarget
 
-__all__ = ["RemoteProcess", "RemoteResult", "SshConnection", "connect", "remote_command"]
+__all__ = ["HostKeyRefused", "RemoteProcess", "RemoteResult", "SshConnection", "connect", "remote_command"]
 
 OUTPUT_LIMIT = 1 << 20  # bytes of a command's stdout/stderr kept by run()
 ERROR_TAIL_BYTES = 4096
@@ -30,6 +30,12 @@ T = TypeVar("T")
 
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
+
+
+class HostKeyRefused(RunError):
+    """The target's host key is not the one known_hosts trusts: never retried, exit 2 (fix the setup)."""
+
+    exit_code = EXIT_USAGE
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
@@ -95,6 +101,7 @@ class RemoteProcess:
         self._label = label
         self._returncode: int | None = None
         self._stderr = bytearray()
+        self.stderr_head = bytearray()  # the first bytes of stderr (where a wrapper announces the remote pid)
         self._done = threading.Event()
         self._process: Any = None
         self.lost = False
@@ -148,6 +155,8 @@ class RemoteProcess:
 
     async def _tail(self, stream: Any) -> None:
         while chunk := await stream.read(CHUNK):
+            if len(self.stderr_head) < 256:
+                self.stderr_head += chunk[:256 - len(self.stderr_head)]
             self._stderr += chunk
             del self._stderr[:-ERROR_TAIL_BYTES]
 
@@ -196,7 +205,7 @@ class SshConnection:
         try:
             return await asyncssh.connect(self.target.host, **options)
         except asyncssh.HostKeyNotVerifiable as exc:
-            raise RunError(f"ssh target {label}: its host key is not trusted ({str(exc)[:200]}); refusing to "
+            raise HostKeyRefused(f"ssh target {label}: its host key is not trusted ({str(exc)[:200]}); refusing to "
                            "connect. Verify the key out of band and add it to known_hosts "
                            f"({self.target.known_hosts or '~/.ssh/known_hosts'})") from None
         except asyncssh.PermissionDenied:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import InputError, first_validation_error
 
-__all__ = ["SshTarget", "parse_target"]
+__all__ = ["SshTarget", "SshTargetFields", "parse_target"]
 
 # host names, ~/.ssh/config aliases, IPv4 and bracket-less IPv6 literals; nothing a shell would care about
 HOST_PATTERN = r"^[A-Za-z0-9_.:%-]{1,253}$"
@@ -18,11 +18,11 @@ _HOP = r"([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.:%-]+(:[0-9]{1,5})?"
 JUMP_PATTERN = rf"^{_HOP}(,{_HOP})*$"
 
 
-class SshTarget(BaseModel):
+class SshTargetFields(BaseModel):
     """How to reach one target. Unset fields come from ``~/.ssh/config`` (aliases, Port, User, IdentityFile,
-    ProxyJump) and then from OpenSSH's defaults; host keys are always verified against known_hosts."""
+    ProxyJump) and then from OpenSSH's defaults; host keys are always verified against known_hosts.
+    Shared by :class:`SshTarget` and the ``ssh`` environment's configuration."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     host: str = Field(pattern=HOST_PATTERN, description="host name, address or ~/.ssh/config alias")
     port: int | None = Field(None, ge=1, le=65535, description="SSH port (default: ~/.ssh/config, else 22)")
     user: str | None = Field(None, pattern=USER_PATTERN, description="login (default: ~/.ssh/config, else yours)")
@@ -31,6 +31,15 @@ class SshTarget(BaseModel):
     proxy_jump: str | None = Field(None, pattern=JUMP_PATTERN, description="[user@]host[:port][,...] to hop through")
     ssh_config: Path | None = Field(None, description="OpenSSH client config to read (default: ~/.ssh/config)")
     connect_timeout: float = Field(15.0, gt=0, le=600, description="seconds to establish the connection")
+
+    def ssh_target(self) -> SshTarget:
+        return SshTarget.model_validate({name: getattr(self, name) for name in SshTargetFields.model_fields})
+
+
+class SshTarget(SshTargetFields):
+    """One target to connect to (see :class:`SshTargetFields`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     @property
     def label(self) -> str:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import ValidationError
@@ -32,8 +32,11 @@ from ..errors import InputError, PrivilegeError, RunError, first_validation_erro
 from ..procs import Supervisor
 from .base import PartSummary, StressorSpec, StressParams, StressSummary
 
+if TYPE_CHECKING:  # asyncssh and the remote package load only when a target is used
+    from ..remote.target import SshTarget
+
 __all__ = ["ENGINES", "Engine", "StressProgress", "RunningStressor", "start_stressor", "run_stressor",
-           "resolve_params", "stress_ng_command"]
+           "resolve_params", "stress_ng_command", "native_summary", "StressorClock"]
 
 Engine = Literal["native", "stress-ng"]
 ENGINES: tuple[Engine, ...] = ("native", "stress-ng")
@@ -95,7 +98,36 @@ def stress_ng_command(spec: StressorSpec, params: StressParams, yaml_path: Path,
     return argv
 
 
-class RunningStressor:
+def native_summary(status: int | None, stdout: bytes, stderr_tail: str, argv: list[str]) -> StressSummary:
+    """The summary rtvirt-stress printed last on stdout (wherever it ran); its failure if it failed."""
+    if status in (1, 2):  # bad options, or a worker failed (disk full...): the agent said why on stderr
+        raise agent_failure(status, stderr_tail)
+    lines = [line for line in stdout.decode(errors="replace").splitlines()
+             if line.startswith("{") and not line.startswith('{"event"')]
+    if not lines:
+        raise agent_failure(status or 1, stderr_tail or f"rtvirt-stress ended ({status}) without a summary")
+    try:
+        return StressSummary.model_validate(json.loads(lines[-1]) | {"engine": "native", "command": argv})
+    except (ValueError, ValidationError) as exc:
+        raise RunError(f"rtvirt-stress printed an unreadable summary: {exc}") from None
+
+
+class StressorClock:
+    """Elapsed and planned time of a started stressor (here or on a target)."""
+
+    started: float
+    params: StressParams
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def duration_s(self) -> float | None:
+        return self.params.duration / 1e9 if self.params.duration else None
+
+
+class RunningStressor(StressorClock):
     """A stressor that is running; ``stop()`` or ``wait()`` ends it and returns its summary."""
 
     def __init__(self, spec: StressorSpec, params: StressParams, engine: Engine, supervisor: Supervisor | None):
@@ -152,14 +184,6 @@ class RunningStressor:
     def running(self) -> bool:
         return self._summary is None and self.process.poll() is None and not self._deadline_passed()
 
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started
-
-    @property
-    def duration_s(self) -> float | None:
-        return self.params.duration / 1e9 if self.params.duration else None
-
     def _deadline_passed(self) -> bool:
         # Only stress-ng needs us to keep time: our agent ends itself on the nanosecond.
         return self.engine == "stress-ng" and self.duration_s is not None and self.elapsed_s >= self.duration_s
@@ -213,18 +237,8 @@ class RunningStressor:
         return self._parse_stress_ng(status, elapsed_ns)
 
     def _parse_native(self, status: int | None) -> StressSummary:
-        if status in (1, 2):  # bad options, or a worker failed (disk full...): the agent said why on stderr
-            raise agent_failure(status, self._stderr_tail())
         self._stdout.seek(0)
-        lines = [line for line in self._stdout.read().decode(errors="replace").splitlines()
-                 if line.startswith("{") and not line.startswith('{"event"')]
-        if not lines:
-            raise agent_failure(status or 1, self._stderr_tail() or f"rtvirt-stress ended ({status}) without a "
-                                 "summary")
-        try:
-            return StressSummary.model_validate(json.loads(lines[-1]) | {"engine": "native", "command": self.argv})
-        except (ValueError, ValidationError) as exc:
-            raise RunError(f"rtvirt-stress printed an unreadable summary: {exc}") from None
+        return native_summary(status, self._stdout.read(), self._stderr_tail(), self.argv)
 
     def _parse_stress_ng(self, status: int | None, elapsed_ns: int) -> StressSummary:
         try:
@@ -289,9 +303,15 @@ def run_stressor(
     supervisor: Supervisor | None = None,
     on_progress: Callable[[StressProgress], None] | None = None,
     poll_interval: float = 0.25,
+    target: SshTarget | None = None,
 ) -> StressSummary:
-    """Run to the end of the duration (or Ctrl-C/SIGTERM as KeyboardInterrupt) and return the summary."""
-    running = start_stressor(stressor, params, supervisor, engine=engine)
+    """Run to the end of the duration (or Ctrl-C/SIGTERM as KeyboardInterrupt) and return the summary;
+    with ``target``, on that SSH target (our native agent only)."""
+    running: Any
+    if target is None:
+        running = start_stressor(stressor, params, supervisor, engine=engine)
+    else:
+        running = _start_on_target(stressor, params, engine, target)
     try:
         while running.running:
             if on_progress:
@@ -303,3 +323,16 @@ def run_stressor(
     finally:
         if running.process.poll() is None:
             running.stop()
+
+
+def _start_on_target(stressor: str | StressorSpec, params: StressParams | Mapping[str, Any] | None, engine: Engine,
+                     target: SshTarget) -> Any:
+    from ..remote.agents import TargetLink
+    from ..remote.probe import DEFAULT_REMOTE_DIR
+    from ..remote.stressor import RemoteStressor
+
+    if engine != "native":
+        raise InputError(f"option --engine {engine}: only rtvirt's own agent is copied to a target; "
+                         "use --engine native with --target")
+    spec = _spec(stressor)
+    return RemoteStressor(TargetLink(target, DEFAULT_REMOTE_DIR), spec, resolve_params(spec, params), owns_link=True)

