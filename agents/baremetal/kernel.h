@@ -129,6 +129,7 @@ void thread_exit(void);
 void set_idle_work(void (*work)(void)); /* what the idle thread does before halting */
 
 /* ---- stream.c ---- */
+void stream_init(void); /* choose the channel: the debug console, else COM2; none stops the guest */
 typedef struct {
     const char *name;
     const char *value_field;

@@ -292,6 +292,7 @@ void kmain(uint64_t boot, const void *info) {
         memcpy(line, given_line, n + 1);
     }
     parse_command_line(line, boot == 1);
+    stream_init();
     idt_init();
     lapic_init();
     sched_init();

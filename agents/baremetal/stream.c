@@ -2,7 +2,7 @@
  * the Linux agents. Records go into a RAM ring first; the idle thread writes the ring out to the
  * stream channel while nothing else runs, and probes that never idle (gap, workload) write between
  * measurements or at the end. Channels: QEMU's debug console (port 0xe9, one `rep outsb` per chunk)
- * or a 16550 at COM2 (0x2f8) where there is no debug console. */
+ * or a 16550 at COM2 (0x2f8) where there is no debug console (stream_init chooses). */
 #include "kernel.h"
 
 typedef struct {
@@ -16,7 +16,7 @@ _Static_assert(sizeof(record) == 32, "record layout is part of the file format")
 enum { META = 1, META_DROPPED = 1, META_END = 2, META_STAT = 3 };
 enum { RING_BYTES = 32u << 20, CHUNK = 512, COM2 = 0x2f8, DEBUG_PORT = 0xe9 };
 
-const char *stream_channel = "debugcon";
+static const char *stream_channel = "none";
 static uint8_t ring[RING_BYTES];
 static volatile uint64_t head, tail; /* bytes produced / written out */
 static uint64_t written_records, dropped;
@@ -32,6 +32,24 @@ static void channel_write(const uint8_t *p, size_t n) {
         for (int spins = 0; !(inb(COM2 + 5) & 0x20) && spins < 100000; spins++) {}
         outb(COM2, p[i]);
     }
+}
+
+/* QEMU's debug console reads back 0xe9; else a 16550 at COM2 (its scratch register keeps what is written). */
+void stream_init(void) {
+    if (inb(DEBUG_PORT) == DEBUG_PORT) {
+        stream_channel = "debugcon";
+        return;
+    }
+    outb(COM2 + 7, 0xa5);
+    if (inb(COM2 + 7) != 0xa5) run_error("no stream channel: neither QEMU's debug console (port 0xe9) nor a "
+                                         "16550 at COM2 (0x2f8) answers");
+    outb(COM2 + 1, 0x00); /* polled */
+    outb(COM2 + 3, 0x80); /* divisor 1: 115200 baud (an emulated UART does not pace a file chardev) */
+    outb(COM2 + 0, 0x01);
+    outb(COM2 + 1, 0x00);
+    outb(COM2 + 3, 0x03); /* 8N1 */
+    outb(COM2 + 2, 0x07); /* FIFO on */
+    stream_channel = "com2";
 }
 
 static void put(const void *data, size_t n) {
