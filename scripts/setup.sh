@@ -17,7 +17,19 @@ DEB_PACKAGES=(
   openssh-server openssh-client                   # ssh targets (tests start their own sshd)
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents for Arm targets
   qemu-user-static                                # runs the aarch64 agents in tests
+  xen-hypervisor-4.17-amd64 xen-utils-4.17        # the xen environment: hypervisor config, xl toolstack
+  flex bison dpkg-dev python3                     # the Xen lab's hypervisor build (apt-get source xen)
+  libxen-dev                                      # rtvirt-a653: sets ARINC 653 schedules (xl has no command)
 )
+
+# The Xen lab builds a hypervisor with the real-time schedulers from Debian's source package
+# (`apt-get source xen`), which needs a deb-src entry for the release's main archive.
+DEB_SRC=/etc/apt/sources.list.d/rtvirt-deb-src.sources
+if [[ $(id -u) -eq 0 && ! -e $DEB_SRC ]] && grep -qs '^VERSION_CODENAME=bookworm' /etc/os-release; then
+  printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\nSigned-By: %s\n' \
+    /usr/share/keyrings/debian-archive-keyring.gpg >"$DEB_SRC"
+  apt-get update -qq
+fi
 
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
@@ -28,6 +40,12 @@ if ((${#missing[@]})); then
     echo "setup: installing Debian packages: ${missing[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    # xen-hypervisor makes GRUB boot Xen by default; rtvirt only needs its files, never a reboot into Xen
+    if [[ -e /etc/default/grub.d/xen.cfg && ! -e /etc/default/grub.d/00-rtvirt-xen.cfg ]]; then
+      echo 'XEN_OVERRIDE_GRUB_DEFAULT=0  # rtvirt: keep the normal kernel the default' \
+        >/etc/default/grub.d/00-rtvirt-xen.cfg
+      if command -v update-grub >/dev/null && [[ -d /boot/grub ]]; then update-grub 2>/dev/null || true; fi
+    fi
   else
     echo "setup: please install these packages first (as root): apt-get install ${missing[*]}" >&2
     command -v cc >/dev/null && command -v cmake >/dev/null || exit 2

@@ -49,7 +49,8 @@ from .guest_image import (
 if TYPE_CHECKING:
     from ..remote import SshConnection
 
-__all__ = ["XEN_CONFIG_OPTIONS", "XenLab", "XenLabConfig", "dom0_image", "reclaim_labs", "rt_hypervisor"]
+__all__ = ["A653_TOOL", "XEN_CONFIG_OPTIONS", "XenLab", "XenLabConfig", "a653_tool", "dom0_image", "local_domu_files", "reclaim_labs",
+           "rt_hypervisor"]
 
 # Kconfig options added to Debian's own hypervisor config: the real-time schedulers are "unsupported".
 XEN_CONFIG_OPTIONS = ("CONFIG_EXPERT=y", "CONFIG_UNSUPPORTED=y", "CONFIG_SCHED_RTDS=y",
@@ -119,6 +120,100 @@ def rt_hypervisor() -> Path:
         if old != target:
             with contextlib.suppress(OSError):
                 old.unlink()
+    return target
+
+
+# ---- rtvirt-a653: xl sets no ARINC 653 schedule, libxenctrl does ------------------------------------
+
+A653_TOOL = "rtvirt-a653"
+A653_SOURCE = r"""/* rtvirt-a653: set or show the ARINC 653 schedule of a cpupool (xl has no command for it).
+   argv: POOL_ID MAJOR_FRAME_NS then UUID VCPU RUNTIME_NS per window: sets it, prints nothing;
+   argv: POOL_ID alone: prints "major_frame NS" and one "UUID VCPU RUNTIME_NS" line per window. */
+#define __XEN_TOOLS__ 1
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xenctrl.h>
+
+static int parse_uuid(const char *text, uint8_t out[16]) {
+    int n = 0;
+    for (const char *p = text; *p && n < 32; p++) {
+        if (*p == '-') continue;
+        char c = *p; int v;
+        if (c >= '0' && c <= '9') v = c - '0';
+        else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
+        else return -1;
+        if (n % 2 == 0) out[n / 2] = (uint8_t)(v << 4); else out[n / 2] |= (uint8_t)v;
+        n++;
+    }
+    return n == 32 ? 0 : -1;
+}
+
+static int show(uint32_t pool) {
+    static struct xen_sysctl_arinc653_schedule schedule;
+    xc_interface *xch = xc_interface_open(NULL, NULL, 0);
+    if (!xch) { perror("rtvirt-a653: xc_interface_open"); return 1; }
+    int rc = xc_sched_arinc653_schedule_get(xch, pool, &schedule);
+    xc_interface_close(xch);
+    if (rc != 0) { perror("rtvirt-a653: xc_sched_arinc653_schedule_get"); return 1; }
+    printf("major_frame %llu\n", (unsigned long long)schedule.major_frame);
+    for (int i = 0; i < schedule.num_sched_entries && i < ARINC653_MAX_DOMAINS_PER_SCHEDULE; i++) {
+        const uint8_t *h = schedule.sched_entries[i].dom_handle;
+        for (int b = 0; b < 16; b++) printf("%02x%s", h[b], (b == 3 || b == 5 || b == 7 || b == 9) ? "-" : "");
+        printf(" %u %llu\n", schedule.sched_entries[i].vcpu_id,
+               (unsigned long long)schedule.sched_entries[i].runtime);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2) return show((uint32_t)strtoul(argv[1], NULL, 10));
+    if (argc < 6 || (argc - 3) % 3 != 0 || (argc - 3) / 3 > ARINC653_MAX_DOMAINS_PER_SCHEDULE) {
+        fprintf(stderr, "usage: rtvirt-a653 POOL_ID MAJOR_FRAME_NS (UUID VCPU RUNTIME_NS)...\n");
+        return 2;
+    }
+    static struct xen_sysctl_arinc653_schedule schedule;
+    memset(&schedule, 0, sizeof(schedule));
+    uint32_t pool = (uint32_t)strtoul(argv[1], NULL, 10);
+    schedule.major_frame = strtoull(argv[2], NULL, 10);
+    schedule.num_sched_entries = (uint8_t)((argc - 3) / 3);
+    for (int i = 0; i < schedule.num_sched_entries; i++) {
+        if (parse_uuid(argv[3 + 3 * i], schedule.sched_entries[i].dom_handle) != 0) {
+            fprintf(stderr, "rtvirt-a653: bad UUID %.40s\n", argv[3 + 3 * i]);
+            return 2;
+        }
+        schedule.sched_entries[i].vcpu_id = (uint32_t)strtoul(argv[4 + 3 * i], NULL, 10);
+        schedule.sched_entries[i].runtime = strtoull(argv[5 + 3 * i], NULL, 10);
+    }
+    xc_interface *xch = xc_interface_open(NULL, NULL, 0);
+    if (!xch) { perror("rtvirt-a653: xc_interface_open"); return 1; }
+    int rc = xc_sched_arinc653_schedule_set(xch, pool, &schedule);
+    if (rc != 0) { perror("rtvirt-a653: xc_sched_arinc653_schedule_set"); xc_interface_close(xch); return 1; }
+    xc_interface_close(xch);
+    return 0;
+}
+"""
+
+
+def a653_tool() -> Path:
+    """The ARINC 653 schedule setter, compiled against libxenctrl on first use (libxen-dev)."""
+    digest = hashlib.sha256(A653_SOURCE.encode()).hexdigest()[:16]
+    target = cache_dir() / "xen" / f"{A653_TOOL}-{digest}"
+    if target.exists():
+        return target
+    if not Path("/usr/include/xenctrl.h").exists():
+        raise RunError("xen: the ARINC 653 scheduler needs libxenctrl's headers (apt-get install libxen-dev; "
+                       "scripts/setup.sh does)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="a653-", dir=target.parent))
+    try:
+        (work / "a653.c").write_text(A653_SOURCE)
+        _run(["cc", "-O2", "-Wall", "-o", str(work / A653_TOOL), str(work / "a653.c"), "-lxenctrl"], work,
+             "compiling rtvirt-a653", timeout=300)
+        os.replace(work / A653_TOOL, target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return target
 
 
@@ -235,8 +330,9 @@ def dom0_image() -> tuple[Path, Path]:
     vmlinuz, modules_dir = _fetch_kernel(cache)
     domu = _domu_base(modules_dir)
     modules = _modules_in_load_order(modules_dir, DOM0_MODULES)
-    libraries = _libraries(TOOLSTACK)
-    files = [*TOOLSTACK, *libraries, str(BUSYBOX), *map(str, modules)]
+    a653 = a653_tool()
+    libraries = _libraries((*TOOLSTACK, str(a653)))
+    files = [*TOOLSTACK, *libraries, str(BUSYBOX), *map(str, modules), str(a653)]
     digest = hashlib.sha256(DOM0_INIT.encode() + VIF_HOTPLUG.encode() + SSHD_CONFIG.encode() + domu)
     for path in files:
         digest.update(path.encode())
@@ -257,6 +353,7 @@ def dom0_image() -> tuple[Path, Path]:
     archive.file("init", DOM0_INIT.encode(), executable=True)
     for path in [*TOOLSTACK, *libraries]:
         archive.file(path.lstrip("/"), Path(path).read_bytes(), executable=True)
+    archive.file(f"usr/lib/xen-4.17/bin/{A653_TOOL}", a653.read_bytes(), executable=True)
     for module in modules:
         archive.file(f"rtvirt/modules.d/{module.name}", module.read_bytes())
     archive.file("rtvirt/modules", "".join(f"{m.name}\n" for m in modules).encode())
@@ -290,13 +387,12 @@ class XenLabConfig(BaseModel):
     pcpus: int = Field(2, ge=1, le=8, description="physical CPUs of the emulated machine (Xen's pCPUs)")
     memory: int = Field(2048, ge=512, le=16384, description="memory of the emulated machine in MiB")
     dom0_memory: int = Field(768, ge=256, le=8192, description="dom0's memory in MiB")
-    dom0_vcpus: int = Field(1, ge=1, le=8, description="dom0's vCPUs (dom0_max_vcpus, pinned to pCPUs 0..n-1)")
     accel: Literal["auto", "kvm", "tcg"] = Field("auto", description="QEMU accelerator (auto: KVM if it helps)")
     boot_timeout: duration_field("s") = Field(240_000_000_000, ge=10_000_000_000,  # type: ignore[valid-type]
                                               description="time Xen and dom0 may take to come up")
 
-    def key(self) -> str:
-        return "xen-lab:" + json.dumps(self.model_dump(mode="json"), sort_keys=True)
+    def key(self, dom0_vcpus: int) -> str:
+        return f"xen-lab:{dom0_vcpus}:" + json.dumps(self.model_dump(mode="json"), sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -353,8 +449,12 @@ def reclaim_labs() -> list[str]:
 class XenLab:
     """One boot of Xen + dom0 in QEMU; ``connection`` drives dom0 over SSH. ``close`` stops QEMU."""
 
-    def __init__(self, config: XenLabConfig, supervisor: Supervisor) -> None:
+    def __init__(self, config: XenLabConfig, dom0_vcpus: int, supervisor: Supervisor) -> None:
+        if dom0_vcpus >= config.pcpus:
+            raise RunError(f"xen lab: dom0_vcpus ({dom0_vcpus}) leaves no pCPU of the lab's {config.pcpus} "
+                           "for domUs")
         self.config = config
+        self.dom0_vcpus = dom0_vcpus
         self.supervisor = supervisor
         self.accel: dict[str, str] = {}
         self.boot_seconds: float | None = None
@@ -388,7 +488,7 @@ class XenLab:
         kvm = self.accel["accel"] == "kvm"
         port = _free_port()
         xen_command_line = (f"console=com1 com1=115200 dom0_mem={self.config.dom0_memory}M,"
-                            f"max:{self.config.dom0_memory}M dom0_max_vcpus={self.config.dom0_vcpus} "
+                            f"max:{self.config.dom0_memory}M dom0_max_vcpus={self.dom0_vcpus} "
                             "dom0_vcpus_pin noreboot sched=credit2")
         argv = [QEMU, "-accel", self.accel["accel"], "-cpu", "host" if kvm else "qemu64",
                 "-smp", str(self.config.pcpus), "-m", str(self.config.memory),
@@ -462,3 +562,16 @@ class XenLab:
             self.supervisor.stop(self._proc, grace=2.0)
             self._proc = None
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def local_domu_files() -> tuple[Path, Path]:
+    """(kernel, initramfs) for domUs created by a local dom0: the guest image plus the netfront overlay."""
+    vmlinuz, modules_dir = _fetch_kernel(cache_dir())
+    base = _domu_base(modules_dir)
+    target = cache_dir() / "xen" / f"domu-{hashlib.sha256(base).hexdigest()[:16]}.cpio"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for old in target.parent.glob("domu-*.cpio"):
+            old.unlink()
+        write_atomically(target, base)
+    return vmlinuz, target

@@ -1,0 +1,758 @@
+"""xen: the workload in a Xen domU, created with ``xl`` in dom0.
+
+dom0 is either this machine (rtvirt runs in a Xen host's dom0: ``xl`` runs locally) or a Xen lab
+(xen_lab.py: Xen and a small dom0 booted in QEMU, ``xl`` driven over SSH). Both go through the same
+:class:`Dom0` with a different transport, so everything below is "xl in dom0".
+
+A run creates the measuring domU paused (``xl create -p``), puts it in the scenario's cpupool, applies
+the scheduler parameters, reads every setting back from ``xl`` into the manifest and only then unpauses
+it. Samples leave the domU live over its vif: the probe's stdout goes through busybox ``nc`` to a
+listener in dom0, whose output is the run's stream file (over SSH in the lab). Domains and cpupools
+carry rtvirt's name prefix so that a killed campaign's leftovers are recognised and removed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..errors import RunError
+from ..params import CpuList
+from ..procs import Supervisor, terminate_group
+from ..units import duration_field
+from .base import Environment, EnvironmentConfig, Launched, SharedResources
+from .guest_image import EXIT_MARK, GUEST_AGENT_DIR, READY_MARK, GuestJob, job_archive
+from .xen_lab import A653_TOOL, DOM0_LINK_ADDRESS, DOMU_INITRAMFS, DOMU_KERNEL, VIF_SCRIPT, XenLab, XenLabConfig
+
+__all__ = ["Arinc653Params", "CreditParams", "RtdsParams", "XenConfig", "XenEnvironment", "NAME_PREFIX"]
+
+NAME_PREFIX = "rtvirt-"
+DEFAULT_POOL = "Pool-0"
+RUN_DIR = "/run/rtvirt"
+CONSOLE_LOG = "/var/log/xen/guest-{name}.log"
+CONSOLE_TAIL_BYTES = 16384
+STREAM_PORT_BASE = 7100
+STATUS_INTERVAL_S = 1.0  # how often a running domain's console is read (each read is a dom0 command)
+XL_TIMEOUT_S = 120.0
+LAB_WARNING = ("nested Xen under {accel} (a Xen lab in QEMU on this machine): its timings are not representative "
+               "of a Xen host")
+
+# The measuring domU's main job: bring up its vif, then pipe the probe's stream to dom0's listener.
+# Only numbers and addresses we chose reach the script as $1..$3; the agent's argv follows verbatim as "$@".
+STREAM_SCRIPT = r"""set -o pipefail
+dom0=$1 self=$2 port=$3
+shift 3
+n=0
+until [ -e /sys/class/net/eth0 ]; do n=$((n+1)); [ $n -gt 300 ] && { echo "rtvirt: no vif" >&2; exit 70; }; sleep 0.1; done
+ip link set lo up
+ip link set eth0 up
+ip addr add "$self/32" dev eth0
+ip route add "$dom0/32" dev eth0
+"$@" | nc "$dom0" "$port"
+"""
+
+
+def _us(ns: int) -> int:
+    return ns // 1000
+
+
+class RtdsParams(BaseModel):
+    """One vCPU's RTDS reservation: ``budget`` of CPU time every ``period``."""
+
+    model_config = ConfigDict(extra="forbid")
+    period: duration_field("us") = Field(10_000_000, ge=100_000, le=10_000_000_000,  # type: ignore[valid-type]
+                                         description="replenishment period (bare numbers in us)")
+    budget: duration_field("us") = Field(4_000_000, ge=100_000,  # type: ignore[valid-type]
+                                         description="CPU time per period (bare numbers in us)")
+    extratime: bool = Field(False, description="let the vCPU run beyond its budget when the pCPU is idle")
+
+    @model_validator(mode="after")
+    def _budget_fits(self) -> RtdsParams:
+        if self.budget > self.period:
+            raise ValueError("budget must not exceed period")
+        if self.budget % 1000 or self.period % 1000:
+            raise ValueError("budget and period are whole microseconds (xl sched-rtds takes us)")
+        return self
+
+    def xl_args(self) -> list[str]:
+        return ["-p", str(_us(self.period)), "-b", str(_us(self.budget)), "-e", "1" if self.extratime else "0"]
+
+
+class CreditParams(BaseModel):
+    """credit/credit2 share of a domain: ``weight`` relative to others, ``cap`` in % of one pCPU (0: none)."""
+
+    model_config = ConfigDict(extra="forbid")
+    weight: int = Field(256, ge=1, le=65535)
+    cap: int = Field(0, ge=0, le=6400)
+
+
+class Arinc653Params(BaseModel):
+    """An ARINC 653 major frame: the measuring domU's window(s) first, then the disturbing domUs' windows."""
+
+    model_config = ConfigDict(extra="forbid")
+    major_frame: duration_field("ms") = Field(10_000_000, ge=100_000, le=10_000_000_000,  # type: ignore[valid-type]
+                                              description="length of the repeating major frame (bare numbers in ms)")
+    window: duration_field("ms") = Field(5_000_000, ge=10_000,  # type: ignore[valid-type]
+                                         description="the measuring domU's window per vCPU in each major frame; "
+                                                     "disturbing domUs in the pool share the rest equally")
+
+    @model_validator(mode="after")
+    def _window_fits(self) -> Arinc653Params:
+        if self.window > self.major_frame:
+            raise ValueError("window must not exceed major_frame")
+        return self
+
+
+class XenConfig(EnvironmentConfig):
+    kind: Literal["xen"] = "xen"
+    where: Literal["auto", "dom0", "lab"] = Field(
+        "auto", description="dom0: rtvirt runs in a Xen host's dom0; lab: Xen booted in QEMU here; "
+                            "auto: dom0 when this is a Xen dom0, else lab")
+    mode: Literal["pv", "pvh"] = Field("pv", description="domU type (PVH needs hvm in `xl info` virt_caps)")
+    vcpus: int = Field(1, ge=1, le=64, description="the measuring domU's vCPUs")
+    memory: int = Field(256, ge=64, le=65536, description="the measuring domU's memory in MiB")
+    affinity: list[CpuList] | None = Field(None, description="hard affinity of each vCPU (pCPU lists); default: "
+                                                             "vCPU i on the i-th of cpus (cycling) when pin")
+    dom0_vcpus: int = Field(1, ge=1, le=64, description="dom0's vCPUs (lab: dom0_max_vcpus, pinned to pCPUs "
+                                                        "0..n-1; dom0: xl vcpu-set, restored at the end)")
+    scheduler: Literal["default", "credit", "credit2", "rtds", "arinc653", "null"] = Field(
+        "default", description="default: the domU stays in Pool-0; otherwise a cpupool of this scheduler is made")
+    pool_cpus: CpuList | None = Field(None, description="pCPUs moved into the cpupool (default: cpus, else the "
+                                                        "last pCPU)")
+    rtds: RtdsParams | list[RtdsParams] | None = Field(None, description="one reservation for every vCPU, or one "
+                                                                         "per vCPU (scheduler rtds)")
+    credit: CreditParams | None = Field(None, description="weight and cap (scheduler credit or credit2)")
+    arinc653: Arinc653Params | None = Field(None, description="major frame and windows (scheduler arinc653; "
+                                                              "default: 10 ms frame, 5 ms window)")
+    stressor_cpus: CpuList | None = Field(None, description="pCPUs of 'other-vm' disturbing domUs (default: the "
+                                                            "measuring domU's; unpinned when pin = false)")
+    stressor_memory: int = Field(128, ge=64, le=65536, description="memory of each disturbing domU in MiB")
+    stressor_rtds: RtdsParams | None = Field(None, description="RTDS reservation of disturbing domUs in the "
+                                                               "cpupool (default: Xen's)")
+    lab: XenLabConfig = Field(default_factory=XenLabConfig, description="the emulated machine of a Xen lab")
+    boot_timeout: duration_field("s") = Field(180_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
+                                              description="time a domU may take to boot (bare numbers in s)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> XenConfig:
+        if self.affinity is not None and len(self.affinity) != self.vcpus:
+            raise ValueError(f"affinity names {len(self.affinity)} vCPUs but vcpus is {self.vcpus}")
+        if self.rtds is not None and self.scheduler != "rtds":
+            raise ValueError("rtds parameters need scheduler = 'rtds'")
+        if isinstance(self.rtds, list) and len(self.rtds) != self.vcpus:
+            raise ValueError(f"rtds lists {len(self.rtds)} reservations but vcpus is {self.vcpus}")
+        if self.stressor_rtds is not None and self.scheduler != "rtds":
+            raise ValueError("stressor_rtds needs scheduler = 'rtds'")
+        if self.arinc653 is not None and self.scheduler != "arinc653":
+            raise ValueError("arinc653 parameters need scheduler = 'arinc653'")
+        if self.scheduler == "arinc653" and self.vcpus * (self.arinc653 or Arinc653Params()).window > \
+                (self.arinc653 or Arinc653Params()).major_frame:
+            raise ValueError("arinc653: vcpus x window exceeds major_frame")
+        if self.credit is not None and self.scheduler not in ("credit", "credit2", "default"):
+            raise ValueError("credit parameters need scheduler 'credit', 'credit2' or 'default'")
+        return self
+
+
+def is_dom0() -> bool:
+    try:
+        return "control_d" in Path("/proc/xen/capabilities").read_text()
+    except OSError:
+        return False
+
+
+class _LocalProcess:
+    """A dom0-side helper started locally, with the AgentProcess shape."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def error_tail(self) -> str:
+        return ""
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        return terminate_group(self.proc, grace)
+
+
+class _LocalTransport:
+    """dom0 is this machine: commands run as argument vectors, files are copied."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    def run(self, argv: list[str], timeout: float = 60.0) -> Any:
+        from ..remote import RemoteResult
+
+        try:
+            done = subprocess.run(argv, capture_output=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise RunError(f"dom0: {argv[0]} failed: {exc}") from None
+        return RemoteResult(done.returncode, done.stdout.decode(errors="replace")[:1 << 20],
+                            done.stderr.decode(errors="replace")[:1 << 20])
+
+    def spawn(self, argv: list[str], stream_to: Path | None) -> _LocalProcess:
+        sink = stream_to.open("wb") if stream_to is not None else subprocess.DEVNULL
+        try:
+            return _LocalProcess(self.supervisor.start(argv, stdout=sink, stderr=subprocess.DEVNULL))
+        finally:
+            if stream_to is not None:
+                sink.close()  # type: ignore[union-attr]
+
+    def put(self, local: Path, remote: str, mode: int = 0o644) -> None:
+        Path(remote).write_bytes(local.read_bytes())
+        os.chmod(remote, mode)
+
+    def close(self) -> None:
+        pass
+
+
+class Dom0:
+    """xl in one dom0 (local or a lab's), shared by every run of a campaign."""
+
+    def __init__(self, transport: Any, lab: XenLab | None, kernel: str, initramfs: str) -> None:
+        self.transport = transport
+        self.lab = lab
+        self.kernel = kernel
+        self.initramfs = initramfs
+        self._count = 0
+        self._info: str | None = None
+        self.restore_dom0_vcpus: int | None = None
+
+    def a653_command(self) -> str:
+        """The ARINC 653 schedule tool: in the lab's dom0 image, else compiled here (xen_lab.a653_tool)."""
+        if self.lab is not None:
+            return A653_TOOL
+        from .xen_lab import a653_tool
+
+        return str(a653_tool())
+
+    def next_index(self) -> int:
+        self._count += 1
+        return self._count
+
+    def run(self, argv: list[str], timeout: float = XL_TIMEOUT_S) -> Any:
+        return self.transport.run(argv, timeout=timeout)
+
+    def xl(self, *args: str, what: str | None = None) -> str:
+        result = self.run(["xl", *args])
+        if result.returncode != 0:
+            said = " ".join((result.stderr or result.stdout).split())[-300:] or f"status {result.returncode}"
+            raise RunError(f"xl {what or args[0]}: {said}")
+        return str(result.stdout)
+
+    def info(self) -> str:
+        if self._info is None:
+            self._info = self.xl("info")[:8192]
+        return self._info
+
+    def domains(self) -> list[str]:
+        return [line.split()[0] for line in self.xl("list").splitlines()[1:] if line.split()]
+
+    def pools(self) -> dict[str, tuple[int, ...]]:
+        """cpupool name -> its pCPUs."""
+        pools: dict[str, tuple[int, ...]] = {}
+        for line in self.xl("cpupool-list", "-c").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 2:
+                pools[fields[0]] = tuple(int(c) for c in re.findall(r"\d+", fields[1])) if fields[1] != "any" else ()
+        return pools
+
+    def destroy_pool(self, name: str) -> None:
+        cpus = self.pools().get(name, ())
+        self.xl("cpupool-destroy", name)
+        for cpu in cpus:
+            self.xl("cpupool-cpu-add", DEFAULT_POOL, str(cpu))
+
+    def reclaim(self) -> list[str]:
+        """Destroy domains and cpupools with rtvirt's prefix (left by a killed campaign)."""
+        removed = []
+        for name in self.domains():
+            if name.startswith(NAME_PREFIX):
+                self.xl("destroy", name)
+                removed.append(f"domain {name}")
+        for name in self.pools():
+            if name.startswith(NAME_PREFIX):
+                self.destroy_pool(name)
+                removed.append(f"cpupool {name}")
+        return removed
+
+    def close(self) -> None:
+        if self.restore_dom0_vcpus is not None:
+            self.run(["xl", "vcpu-set", "0", str(self.restore_dom0_vcpus)])
+        self.transport.close()
+        if self.lab is not None:
+            self.lab.close()
+
+
+def _open_dom0(config: XenConfig, shared: SharedResources) -> Dom0:
+    if _resolve_where(config) == "lab":
+        def boot() -> Dom0:
+            lab = XenLab(config.lab, config.dom0_vcpus, shared.supervisor)
+            try:
+                lab.boot()
+            except BaseException:
+                lab.close()
+                raise
+            return Dom0(lab.connection, lab, DOMU_KERNEL, DOMU_INITRAMFS)
+        return shared.get(config.lab.key(config.dom0_vcpus), boot)
+
+    def local() -> Dom0:
+        from .xen_lab import local_domu_files
+
+        kernel, initramfs = local_domu_files()
+        dom0 = Dom0(_LocalTransport(shared.supervisor), None, str(kernel), str(initramfs))
+        online = len(dom0.xl("vcpu-list", "0").splitlines()) - 1
+        if online != config.dom0_vcpus:
+            dom0.xl("vcpu-set", "0", str(config.dom0_vcpus))
+            dom0.restore_dom0_vcpus = online
+        return dom0
+    return shared.get(f"xen-dom0:{config.dom0_vcpus}", local)
+
+
+def _resolve_where(config: XenConfig) -> str:
+    if config.where == "auto":
+        return "dom0" if is_dom0() else "lab"
+    return config.where
+
+
+def _table(text: str) -> list[dict[str, str]]:
+    """``xl``'s column output as rows keyed by header (the last column takes the rest of the line)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return []
+    header = re.split(r"\s{1,}", lines[0].strip())
+    rows = []
+    for line in lines[1:]:
+        values = line.split(None, len(header) - 1)
+        rows.append(dict(zip(header, values, strict=False)))
+    return rows
+
+
+def _vcpu_list(text: str) -> list[dict[str, str]]:
+    """``xl vcpu-list``: its header ("Affinity (Hard / Soft)") does not split like its rows."""
+    rows = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 9 and fields[-2] == "/":
+            rows.append({"name": fields[0], "id": fields[1], "vcpu": fields[2], "cpu": fields[3],
+                         "state": fields[4], "time_s": fields[5], "hard_affinity": fields[6],
+                         "soft_affinity": fields[8]})
+    return rows
+
+
+class DomainProcess:
+    """A domU's main job, with the AgentProcess shape: running until its console says how it ended."""
+
+    def __init__(self, env: XenEnvironment, relay: Any | None) -> None:
+        self.env = env
+        self.relay = relay
+        self._returncode: int | None = None
+        self._why = ""
+        self._checked = 0.0
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    def poll(self) -> int | None:
+        if self._returncode is not None:
+            return self._returncode
+        if self.relay is not None and self.relay.poll() is None:
+            return None  # samples still flow: the job runs
+        now = time.monotonic()
+        if now - self._checked < STATUS_INTERVAL_S:
+            return None
+        self._checked = now
+        status = self.env.exit_status()
+        if status is not None:
+            self._returncode = status
+        elif not self.env.domain_exists():
+            self._returncode, self._why = 255, "the domain stopped before its agent finished"
+        return self._returncode
+
+    def error_tail(self) -> str:
+        said = [line for line in self.env.console_text().splitlines()
+                if line.strip() and not line.startswith(("RTVIRT-", "["))]
+        return "\n".join([*said[-5:], self._why]).strip()
+
+
+class XenEnvironment(Environment):
+    kind = "xen"
+    config_model = XenConfig
+    on_host = False
+    config: XenConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._dom0: Dom0 | None = None
+        self._index = 0
+        self._pool: str | None = None  # the cpupool this environment made (and removes)
+        self._pool_cpus: tuple[int, ...] = ()
+        self._domain: str | None = None
+        self._process: DomainProcess | None = None
+        self._relay: Any = None
+        self._launched_at = 0.0
+        self._ready_at: float | None = None
+        self._console_checked = 0.0
+        self._console = ""
+        self._readback: dict[str, Any] = {}
+        self._parent: XenEnvironment | None = None  # set on disturbing domUs: they share its pool
+        self._pool_id: int | None = None
+        self._a653_domains: dict[str, list[tuple[str, int]]] = {}  # ARINC 653 pool owner: domain -> (UUID, vCPU)
+
+    @staticmethod
+    def available() -> str | None:
+        if is_dom0():
+            return None
+        from .qemu import QEMU
+
+        for tool, package in ((QEMU, "qemu-system-x86"), ("/usr/lib/xen-4.17/bin/xl", "xen-utils-4.17"),
+                              ("/usr/sbin/sshd", "openssh-server"), ("ssh-keygen", "openssh-client")):
+            if not (Path(tool).exists() if tool.startswith("/") else shutil.which(tool)):
+                return f"the Xen lab needs {tool} (apt-get install {package}; scripts/setup.sh does)"
+        return None
+
+    @classmethod
+    def reclaim(cls, config: EnvironmentConfig, shared: SharedResources) -> list[str]:
+        assert isinstance(config, XenConfig)
+        if _resolve_where(config) == "lab":
+            from .xen_lab import reclaim_labs
+
+            return reclaim_labs()  # a lab's domains and pools died with its QEMU
+        return _open_dom0(config, shared).reclaim()
+
+    # ---- placement ----
+
+    def measured_cpus(self) -> tuple[int, ...]:
+        # host CPUs: the lab's QEMU (or dom0's host) is not pinned; the domU's own pCPUs are in describe()
+        return tuple(sorted(os.sched_getaffinity(0)))
+
+    def probe_overrides(self) -> dict[str, Any]:
+        return {"affinity": (0,)}
+
+    def _pcpus(self) -> tuple[int, ...]:
+        """pCPUs of the measuring domU: cpus, else the last pCPU (dom0 keeps the first ones)."""
+        if self.config.cpus:
+            return tuple(self.config.cpus)
+        assert self._dom0 is not None
+        match = re.search(r"^nr_cpus\s*:\s*(\d+)", self._dom0.info(), re.M)
+        return (int(match.group(1)) - 1,) if match else (0,)
+
+    def _vcpu_affinity(self) -> list[str] | None:
+        if self._parent is not None:
+            return self._stressor_affinity()
+        if self.config.affinity is not None:
+            return [",".join(map(str, cpus)) for cpus in self.config.affinity]
+        if not self.config.pin:
+            return None
+        cpus = self._pcpus()
+        return [str(cpus[i % len(cpus)]) for i in range(self.config.vcpus)]
+
+    def _stressor_affinity(self) -> list[str] | None:
+        assert self._parent is not None
+        if not self.config.pin:
+            return None
+        cpus = self.config.stressor_cpus or self._parent._pcpus()
+        return [",".join(map(str, cpus))]
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        if self._dom0 is not None:
+            return
+        self._dom0 = self._parent._dom0 if self._parent is not None else _open_dom0(self.config, self.shared)
+        self._index = self._dom0.next_index()
+        if self._parent is None and self.config.scheduler != "default":
+            self._make_pool()
+
+    def _make_pool(self) -> None:
+        assert self._dom0 is not None
+        cpus = tuple(self.config.pool_cpus or self._pcpus())
+        pools = self._dom0.pools()
+        name = f"{NAME_PREFIX}{self.config.scheduler}-{self._index}"
+        for cpu in cpus:
+            owner = next((pool for pool, members in pools.items() if cpu in members), None)
+            if owner != DEFAULT_POOL:
+                raise RunError(f"xen: pCPU {cpu} is not in {DEFAULT_POOL} (it is in {owner or 'no pool'})")
+        if set(cpus) >= set(pools.get(DEFAULT_POOL, ())):
+            raise RunError(f"xen: the cpupool cannot take every pCPU of {DEFAULT_POOL}: dom0 needs one")
+        for cpu in cpus:
+            self._dom0.xl("cpupool-cpu-remove", DEFAULT_POOL, str(cpu))
+        self._pool, self._pool_cpus = name, cpus
+        try:
+            self._dom0.xl("cpupool-create", f'name="{name}"', f'sched="{self.config.scheduler}"',
+                          f'cpus="{",".join(map(str, cpus))}"', what="cpupool-create")
+        except RunError as exc:
+            for cpu in cpus:
+                self._dom0.run(["xl", "cpupool-cpu-add", DEFAULT_POOL, str(cpu)])
+            self._pool = None
+            hint = (" (the hypervisor lacks this scheduler: Debian's has credit and credit2 only)"
+                    if self.config.scheduler in ("rtds", "arinc653", "null") else "")
+            raise RunError(f"{exc}{hint}") from None
+
+    def _domain_pool(self) -> str | None:
+        if self._parent is None:
+            return self._pool
+        parent = self._parent
+        if parent._pool is None:
+            return None
+        stressor_cpus = self.config.stressor_cpus if self.config.pin else None
+        if stressor_cpus is None or set(stressor_cpus) <= set(parent._pool_cpus):
+            return parent._pool
+        return None
+
+    def _domain_config(self, name: str, initrd: str, ip: str | None) -> str:
+        assert self._dom0 is not None
+        lines = [f'name = "{name}"', f'type = "{self.config.mode}"', f'kernel = "{self._dom0.kernel}"',
+                 f'ramdisk = "{initrd}"', 'extra = "console=hvc0 rdinit=/init quiet"',
+                 f"memory = {self.config.stressor_memory if self._parent else self.config.memory}",
+                 f"vcpus = {1 if self._parent else self.config.vcpus}",
+                 'on_poweroff = "destroy"', 'on_reboot = "destroy"', 'on_crash = "destroy"']
+        affinity = self._vcpu_affinity()
+        if affinity is not None:
+            lines.append("cpus = [" + ", ".join(f'"{cpus}"' for cpus in affinity) + "]")
+        pool = self._domain_pool()
+        if pool is not None:
+            lines.append(f'pool = "{pool}"')
+        if ip is not None:
+            lines.append(f"vif = ['ip={ip},script={VIF_SCRIPT}']")
+        if self.config.credit is not None and self._parent is None:
+            lines += [f"weight = {self.config.credit.weight}", f"cap = {self.config.credit.cap}"]
+        return "\n".join(lines) + "\n"
+
+    def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        self.start()
+        assert self._dom0 is not None
+        dom0 = self._dom0
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        role = "stress" if self._parent is not None else "measure"
+        name = f"{NAME_PREFIX}{self.config.label[:40]}-{role}-{self._index}"
+        directory = f"{RUN_DIR}/{name}"
+        argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
+        ip = None
+        if out is not None:
+            if self._index > 250:
+                raise RunError("xen: more than 250 measuring domUs in one campaign")
+            ip = f"10.213.0.{self._index + 1}"
+            port = STREAM_PORT_BASE + self._index
+            argv = ["/bin/sh", "-c", STREAM_SCRIPT, "rtvirt-stream", DOM0_LINK_ADDRESS, ip, str(port),
+                    *argv, "--out=-"]
+        local_jobs = self.workdir / "jobs.cpio"
+        local_jobs.write_bytes(job_archive(GuestJob(argv)))
+        local_config = self.workdir / "domain.cfg"
+        dom0.run(["mkdir", "-p", directory]).check("xen: dom0 mkdir")
+        self._domain = name  # from here on, close() destroys it
+        dom0.transport.put(local_jobs, f"{directory}/jobs.cpio")
+        dom0.run(["sh", "-c", 'cat "$1" "$2" > "$3"', "sh", dom0.initramfs, f"{directory}/jobs.cpio",
+                  f"{directory}/initrd"]).check("xen: assembling the domU initramfs")
+        local_config.write_text(self._domain_config(name, f"{directory}/initrd", ip))
+        dom0.transport.put(local_config, f"{directory}/domain.cfg")
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            self._relay = dom0.transport.spawn(["busybox", "nc", "-l", "-p", str(port)], stream_to=out)
+            self._wait_listening(port)
+        self._launched_at = time.monotonic()
+        dom0.xl("create", "-p", f"{directory}/domain.cfg", what=f"create {name}")
+        self._apply_scheduling(name)
+        self._read_back(name)
+        dom0.xl("unpause", name)
+        self._process = DomainProcess(self, self._relay)
+        return Launched(self._process, out)
+
+    def _wait_listening(self, port: int) -> None:
+        assert self._dom0 is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            listening = self._dom0.run(["busybox", "netstat", "-ltn"]).stdout
+            if re.search(rf":{port}\s", listening):
+                return
+            if self._relay.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RunError(f"xen: dom0's stream listener on port {port} did not start")
+
+    def _apply_scheduling(self, name: str) -> None:
+        assert self._dom0 is not None
+        if self.config.scheduler == "arinc653" and self._domain_pool() is not None:
+            owner = self._parent or self
+            uuid, owner._pool_id = self._identity(name)
+            vcpus = 1 if self._parent else self.config.vcpus
+            owner._a653_domains[name] = [(uuid, vcpu) for vcpu in range(vcpus)]
+            owner._set_a653()
+        rtds = self.config.stressor_rtds if self._parent else self.config.rtds
+        if rtds is not None and self._domain_pool() is not None:
+            if isinstance(rtds, list):
+                args = [arg for vcpu, params in enumerate(rtds) for arg in ["-v", str(vcpu), *params.xl_args()]]
+            else:
+                args = ["-v", "all", *rtds.xl_args()]
+            self._dom0.xl("sched-rtds", "-d", name, *args)
+
+    def _identity(self, name: str) -> tuple[str, int]:
+        """(UUID, cpupool id) of a domain, from xl's JSON view of it."""
+        assert self._dom0 is not None
+        text = self._dom0.xl("list", "-l", name)
+        uuid = re.search(r'"uuid":\s*"([0-9a-fA-F-]{36})"', text)
+        pool = re.search(r'"poolid":\s*(\d+)', text)
+        if uuid is None or pool is None:
+            raise RunError(f"xen: xl list -l {name} names no uuid/poolid")
+        return uuid.group(1), int(pool.group(1))
+
+    def _a653_schedule(self) -> list[tuple[str, int, int]]:
+        """(UUID, vCPU, runtime ns) windows: the measuring domU's first, the rest split among disturbers."""
+        params = self.config.arinc653 or Arinc653Params()
+        mine = [entry for name, entries in self._a653_domains.items() if name == self._domain for entry in entries]
+        others = [entry for name, entries in self._a653_domains.items() if name != self._domain
+                  for entry in entries]
+        schedule = [(uuid, vcpu, params.window) for uuid, vcpu in mine]
+        rest = params.major_frame - params.window * len(mine)
+        if others and rest > 0:
+            schedule += [(uuid, vcpu, rest // len(others)) for uuid, vcpu in others]
+        return schedule
+
+    def _set_a653(self) -> None:
+        assert self._dom0 is not None and self._pool_id is not None
+        params = self.config.arinc653 or Arinc653Params()
+        args = [str(self._pool_id), str(params.major_frame)]
+        for uuid, vcpu, runtime in self._a653_schedule():
+            args += [uuid, str(vcpu), str(runtime)]
+        self._dom0.run([self._dom0.a653_command(), *args]).check("xen: setting the ARINC 653 schedule")
+
+    def _read_back(self, name: str) -> None:
+        """Every applied setting as xl reports it; RTDS reservations are checked against the request."""
+        assert self._dom0 is not None
+        readback: dict[str, Any] = {"domain": name, "pool": self._domain_pool() or DEFAULT_POOL,
+                                    "vcpu_list": _vcpu_list(self._dom0.xl("vcpu-list", name))}
+        scheduler = self.config.scheduler if self._domain_pool() else self._default_scheduler()
+        if scheduler == "rtds":
+            rows = _table(self._dom0.xl("sched-rtds", "-d", name, "-v", "all"))
+            readback["sched_rtds"] = rows
+            rtds = self.config.stressor_rtds if self._parent else self.config.rtds
+            wanted = rtds if isinstance(rtds, list) else [rtds] * len(rows) if rtds else []
+            for row, params in zip(rows, wanted, strict=False):
+                if (row.get("Period"), row.get("Budget")) != (str(_us(params.period)), str(_us(params.budget))):
+                    raise RunError(f"xen: {name} vCPU {row.get('VCPU')}: xl reports period/budget "
+                                   f"{row.get('Period')}/{row.get('Budget')} us, not the requested reservation")
+        elif scheduler in ("credit", "credit2"):
+            readback[f"sched_{scheduler}"] = _table(self._dom0.xl(f"sched-{scheduler}", "-d", name))
+        elif scheduler == "arinc653":
+            owner = self._parent or self
+            shown = self._dom0.run([self._dom0.a653_command(), str(owner._pool_id)]).check("xen: reading the ARINC 653 schedule")
+            lines = shown.stdout.split("\n")
+            frame = int(lines[0].split()[1])
+            windows = [{"uuid": f[0], "vcpu": int(f[1]), "runtime_ns": int(f[2])}
+                       for f in (line.split() for line in lines[1:]) if len(f) == 3]
+            wanted = [{"uuid": u, "vcpu": v, "runtime_ns": r} for u, v, r in owner._a653_schedule()]
+            if windows != wanted:
+                raise RunError(f"xen: the ARINC 653 schedule Xen reports ({len(windows)} windows) is not the one set")
+            readback["arinc653"] = {"major_frame_ns": frame, "windows": windows}
+        self._readback = readback
+
+    def _default_scheduler(self) -> str:
+        assert self._dom0 is not None
+        match = re.search(r"^xen_scheduler\s*:\s*(\S+)", self._dom0.info(), re.M)
+        return match.group(1) if match else "unknown"
+
+    # ---- while it runs ----
+
+    def console_text(self) -> str:
+        if self._dom0 is None or self._domain is None:
+            return ""
+        result = self._dom0.run(["tail", "-c", str(CONSOLE_TAIL_BYTES), CONSOLE_LOG.format(name=self._domain)],
+                                timeout=30)
+        if result.returncode == 0:
+            self._console = str(result.stdout)[-CONSOLE_TAIL_BYTES:]
+        return self._console
+
+    def exit_status(self) -> int | None:
+        for line in self.console_text().splitlines():
+            if line.startswith(EXIT_MARK):
+                status = line.removeprefix(EXIT_MARK).strip()
+                return int(status) if status.isdigit() else 255
+        return None
+
+    def domain_exists(self) -> bool:
+        assert self._dom0 is not None and self._domain is not None
+        return self._dom0.run(["xl", "domid", self._domain], timeout=30).returncode == 0
+
+    def check(self) -> str | None:
+        if self._dom0 is not None and self._dom0.lab is not None and not self._dom0.lab.alive():
+            return f"the Xen lab stopped: {self._dom0.lab.console_tail()}"
+        if self._process is None:
+            return None
+        if self._ready_at is None and time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9 \
+                and not self.booted:
+            return f"the domU did not boot within {self.config.boot_timeout / 1e9:.0f}s"
+        status = self._process.poll()
+        if status not in (None, 0):
+            return f"the domU's agent failed (status {status}): {self._process.error_tail()[-200:]}"
+        return None
+
+    @property
+    def booted(self) -> bool:
+        if self._ready_at is None and self._process is not None:
+            now = time.monotonic()
+            if now - self._console_checked >= STATUS_INTERVAL_S:
+                self._console_checked = now
+                if READY_MARK in self.console_text():
+                    self._ready_at = now
+        return self._ready_at is not None
+
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None) -> Environment:
+        """Another domU of the same Xen; its pCPUs come from ``stressor_cpus`` (host CPUs mean nothing to Xen)."""
+        config = self.config.model_copy(update={"name": f"{self.config.label[:40]}-stress{index}"})
+        guest = XenEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
+        guest._parent = self
+        return guest
+
+    # ---- records ----
+
+    def describe(self) -> dict[str, Any]:
+        description: dict[str, Any] = {**super().describe(), "where": _resolve_where(self.config)}
+        if self._dom0 is not None:
+            if self._parent is None:
+                description["xl_info"] = self._dom0.info()
+                description["cpupools"] = _table(self._dom0.xl("cpupool-list")) if self._dom0.lab is None or \
+                    self._dom0.lab.alive() else []
+            if self._dom0.lab is not None:
+                lab = self._dom0.lab
+                description["lab"] = {"accel": lab.accel.get("accel"), "boot_seconds": lab.boot_seconds,
+                                      "pcpus": lab.config.pcpus, "dom0_vcpus": lab.dom0_vcpus,
+                                      "hypervisor": lab.hypervisor.name if lab.hypervisor else None}
+        description["applied"] = self._readback
+        if self._ready_at is not None:
+            description["boot_seconds"] = round(self._ready_at - self._launched_at, 1)
+        return description
+
+    def warnings(self) -> list[str]:
+        if _resolve_where(self.config) != "lab":
+            return []
+        accel = "TCG" if self._dom0 is None or self._dom0.lab is None or \
+            self._dom0.lab.accel.get("accel") != "kvm" else "KVM"
+        return [LAB_WARNING.format(accel=accel)]
+
+    def close(self) -> None:
+        dom0 = self._dom0
+        if dom0 is not None and (dom0.lab is None or dom0.lab.alive()):
+            if self._relay is not None:
+                self._relay.stop(grace=2.0)
+            if self._domain is not None:
+                if self.domain_exists():
+                    dom0.run(["xl", "destroy", self._domain])
+                dom0.run(["rm", "-rf", f"{RUN_DIR}/{self._domain}"])
+            if self._pool is not None:
+                dom0.destroy_pool(self._pool)
+        self._relay = self._domain = self._pool = None
+        super().close()
