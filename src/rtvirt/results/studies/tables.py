@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..isolation import isolation_of
+from ..isolation import Outlier, isolation_of
 from ..reportdata import Configuration, ReportData, RunView
 
 __all__ = ["study_tables", "published", "Table"]
@@ -156,23 +156,34 @@ def _isolation(configs: list[Configuration]) -> list[Table]:
     for group, members in by_group.items():
         metas = [_meta(c) for c in members]
         base = next((c for c, m in zip(members, metas, strict=True) if m["disturbance"] == "solo"), None)
+        base_top = _largest(base) if base is not None else None
         for c, meta in zip(members, metas, strict=True):
-            tops = [v.outliers[0] for v in c.runs if v.outliers]
-            if meta["value_field"] == "duration_ns" and tops:
-                top = max(tops, key=lambda o: o.value_ns)
+            top = _largest(c)
+            if meta["value_field"] == "duration_ns" and top is not None:
                 ratio = top.value_ns / top.median_ns if top.median_ns else float("nan")
-                if top.value_cycles is not None:
-                    solo_note = "; the paper saw such outliers only with a stressor guest" \
-                        if meta["disturbance"] == "solo" else ""
-                    reading = (f"{_reading(top.value_cycles, out['outlier_cycles'])}; ours {ratio:,.0f}x the "
-                               f"median, paper {paper_ratio}{solo_note}")
+                quoted = meta["probe"] == "kops"  # the paper's outlier figures are kernel operations'
+                if meta["disturbance"] == "solo":
+                    # the paper's direction: outliers only with a disturbing guest
+                    direction = "solo: the paper saw no such outliers without a stressor guest"
+                elif base_top is not None:
+                    grown = top.value_ns / base_top.value_ns if base_top.value_ns else float("nan")
+                    direction = (f"{'same direction' if grown > 1 else 'opposite direction'} as the paper "
+                                 f"(outlier {grown:,.1f}x the solo run's)")
                 else:
-                    reading = "no cycle counter in this run's stream header: time only"
+                    direction = "no solo run to compare"
+                if not quoted:
+                    reading = f"{direction}; the paper's outlier figures are for kernel operations only"
+                elif top.value_cycles is not None:
+                    reading = (f"{direction}; {_reading(top.value_cycles, out['outlier_cycles'])}; ours "
+                               f"{ratio:,.0f}x the median, paper {paper_ratio}")
+                else:
+                    reading = f"{direction}; no cycle counter in this run's stream header: time only"
                 outlier_rows.append([meta["workload"], meta["disturbance"], meta["order"],
                                      _num(top.value_cycles, 0), _num(top.value_ns / 1e6, 4),
                                      _num(top.median_cycles, 0), _num(top.median_ns / 1e3, 3),
-                                     f"{out['outlier_cycles']:,} (≈{out['outlier_ms']:g} ms)",
-                                     f"{out['median_cycles_low']}–{out['median_cycles_high']}", reading])
+                                     f"{out['outlier_cycles']:,} (≈{out['outlier_ms']:g} ms)" if quoted else "-",
+                                     f"{out['median_cycles_low']}–{out['median_cycles_high']}" if quoted else "-",
+                                     reading])
             if meta["value_field"] == "duration_ns" and base is not None and c is not base \
                     and c.summary.samples and base.summary.samples:
                 row = isolation_of(c.label, c.summary, base.label, base.summary)
@@ -215,6 +226,12 @@ def _isolation(configs: list[Configuration]) -> list[Table]:
                         "after vs before", "lowest interval vs median", "paper: during vs before",
                         "paper: rare outliers", "reading"], timeline_rows))
     return tables
+
+
+def _largest(c: Configuration) -> Outlier | None:
+    """The largest outlier over a configuration's runs (None: no outliers recorded)."""
+    tops = [v.outliers[0] for v in c.runs if v.outliers]
+    return max(tops, key=lambda o: o.value_ns) if tops else None
 
 
 def _has_events(c: Configuration) -> bool:
