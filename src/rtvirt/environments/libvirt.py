@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import RunError
 from ..fileio import write_atomically
@@ -63,8 +63,8 @@ POOL_PATH = "/var/lib/libvirt/images/rtvirt"
 OWNER_NS = "https://github.com/rtvirt/rtvirt/libvirt-owner"
 XML_LIMIT = 1 << 16  # characters of the applied domain XML kept in the manifest
 CONSOLE_LIMIT = 1 << 16  # bytes of the guest console kept (it is untrusted)
-DRAIN_TIMEOUT_S = 10.0
-MEMLOCK_OVERHEAD_MIB = 256  # time the stream readers get to write the last samples after the guest stopped
+DRAIN_TIMEOUT_S = 10.0  # time the stream readers get to write the last samples after the guest stopped
+MEMLOCK_OVERHEAD_MIB = 256  # locked memory QEMU needs beyond guest RAM (its own allocations)
 URI_PATTERN = r"^qemu(\+(ssh|libssh|libssh2|tcp|tls|unix))?://[^\s'\"\\]*/(system|session)(\?[^\s'\"\\]*)?$"
 CPUTUNE_CHILDREN = {"vcpupin", "emulatorpin", "iothreadpin", "vcpusched", "emulatorsched", "iothreadsched",
                     "shares", "period", "quota", "vcpu_period", "vcpu_quota", "global_period", "global_quota",
@@ -98,7 +98,8 @@ class LibvirtConfig(EnvironmentConfig):
     memory: int = Field(256, ge=64, le=65536, description="guest memory in MiB")
     emulator_cpus: CpuList | None = Field(None, description="host CPUs for QEMU's other threads (emulatorpin; "
                                                             "default: the CPUs not in cpus, if any)")
-    vcpu_sched: VcpuSched = Field(default_factory=VcpuSched, description="vcpusched of every vCPU")
+    vcpu_sched: VcpuSched = Field(default_factory=lambda: VcpuSched(policy="other", priority=1),
+                                  description="vcpusched of every vCPU")
     cputune: str | None = Field(None, max_length=65536,
                                 description="a whole <cputune> element (as `rtvirt design` writes it); it "
                                             "replaces cpus, emulator_cpus and vcpu_sched")
@@ -118,6 +119,13 @@ class LibvirtConfig(EnvironmentConfig):
             raise ValueError("guest: 'baremetal' runs in the qemu environment only, so far (docs/baremetal.md)")
         return self
 
+    @field_validator("cputune")
+    @classmethod
+    def _cputune_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_cputune(value)
+        return value
+
     @model_validator(mode="after")
     def _cputune_is_whole(self) -> LibvirtConfig:
         if self.cputune is None:
@@ -126,8 +134,7 @@ class LibvirtConfig(EnvironmentConfig):
             raise ValueError("cputune replaces cpus, emulator_cpus and vcpu_sched: give either, not both")
         if not self.pin:
             raise ValueError("cputune pins the domain: remove pin = false")
-        element = parse_cputune(self.cputune)
-        for pin in element.findall("vcpupin"):
+        for pin in parse_cputune(self.cputune).findall("vcpupin"):
             if int(pin.get("vcpu", "0")) >= self.vcpus:
                 raise ValueError(f"cputune pins vCPU {pin.get('vcpu')} but the domain has vcpus = {self.vcpus}")
         return self
@@ -158,14 +165,36 @@ def parse_cputune(text: str) -> ET.Element:
     return element
 
 
+_EVENT_LOOP_LOCK = threading.Lock()
+_event_loop: threading.Thread | None = None
+
+
 def _libvirt() -> Any:
-    """The libvirt module, imported on first use (the CLI must start fast), with its stderr printer off."""
+    """The libvirt module, imported on first use (the CLI must start fast), with its stderr printer off and
+    its event loop running.
+
+    Console and channel streams are read from that loop (non-blocking), not by threads blocked in
+    virStreamRecv: with a blocking reader on a connection, libvirt 9's client can leave another thread's
+    call (virDomainGetXMLDesc while a stressor guest's console was being read) waiting for its reply forever.
+    """
     try:
         import libvirt
     except ImportError:
         raise RunError("libvirt: the libvirt-python package is missing (run scripts/setup.sh)") from None
-    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)  # errors reach us as exceptions
+    global _event_loop
+    with _EVENT_LOOP_LOCK:
+        if _event_loop is None:
+            libvirt.registerErrorHandler(lambda _ctx, _err: None, None)  # errors reach us as exceptions
+            libvirt.virEventRegisterDefaultImpl()  # before any connection opens, so that they all use it
+            _event_loop = threading.Thread(target=_run_event_loop, args=(libvirt,), daemon=True,
+                                           name="libvirt-events")
+            _event_loop.start()
     return libvirt
+
+
+def _run_event_loop(libvirt: Any) -> None:
+    while True:
+        libvirt.virEventRunDefaultImpl()
 
 
 def _process_start(pid: int) -> str:
@@ -359,33 +388,60 @@ def _rt_refusal_diagnosis(uri: str, local: bool) -> str:
             f"there; kernel.sched_rt_runtime_us = {_rt_sysctl()}; {fixes}")
 
 
-class _StreamToFile(threading.Thread):
-    """Copies a libvirt stream (console or channel) to a file until the guest closes it."""
+class _StreamToFile:
+    """Copies a non-blocking libvirt stream (console or channel) to a file from the event loop, until the
+    guest closes it."""
 
     def __init__(self, stream: Any, path: Path, keep: bytearray | None = None) -> None:
-        super().__init__(daemon=True, name=f"libvirt-stream-{path.name}")
-        self.stream, self.path, self.keep = stream, path, keep
+        self.stream, self.keep = stream, keep
         self.received = 0
+        self.ended = ""  # why the stream ended, once it has: "end of stream" or libvirt's error
+        self._out = path.open("ab", buffering=0)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
 
-    def run(self) -> None:
+    def start(self) -> None:
         libvirt = _libvirt()
-        with self.path.open("ab", buffering=0) as out:
-            while True:
+        events = (libvirt.VIR_STREAM_EVENT_READABLE | libvirt.VIR_STREAM_EVENT_ERROR
+                  | libvirt.VIR_STREAM_EVENT_HANGUP)
+        self.stream.eventAddCallback(events, self._readable, None)
+
+    def _readable(self, stream: Any, _events: int, _opaque: object) -> None:
+        libvirt = _libvirt()
+        with self._lock:
+            while not self._done.is_set():
                 try:
-                    data = self.stream.recv(1 << 16)
-                except libvirt.libvirtError:
-                    break
-                if not isinstance(data, bytes) or not data:
-                    break
-                out.write(data)
+                    data = stream.recv(1 << 16)
+                except libvirt.libvirtError as exc:
+                    self._finish(abort=True, why=_error_text(exc))
+                    return
+                if isinstance(data, int):  # -2: nothing more for now
+                    return
+                if not data:  # end of stream: the guest side closed
+                    self._finish(abort=False, why="end of stream")
+                    return
+                self._out.write(data)
                 self.received += len(data)
                 if self.keep is not None and len(self.keep) < CONSOLE_LIMIT:
                     self.keep += data[:CONSOLE_LIMIT - len(self.keep)]
 
-    def stop(self) -> None:
+    def _finish(self, abort: bool, why: str) -> None:
+        """Called with the lock held: unregister, close the stream and the file, wake drain()."""
+        self.ended = why
         with contextlib.suppress(Exception):
-            self.stream.abort()
-        self.join(timeout=DRAIN_TIMEOUT_S)
+            self.stream.eventRemoveCallback()
+        with contextlib.suppress(Exception):
+            self.stream.abort() if abort else self.stream.finish()
+        self._out.close()
+        self._done.set()
+
+    def join(self, timeout: float) -> None:
+        self._done.wait(timeout)
+
+    def stop(self) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                self._finish(abort=True, why="closed by rtvirt")
 
 
 class DomainProcess:
@@ -646,7 +702,7 @@ class LibvirtEnvironment(Environment):
 
     def _open_stream(self, channel: str | None, path: Path, keep: bytearray | None) -> _StreamToFile:
         libvirt = _libvirt()
-        stream = self._conn().conn.newStream(0)
+        stream = self._conn().conn.newStream(libvirt.VIR_STREAM_NONBLOCK)
         try:
             if channel is None:
                 self._domain.openConsole(None, stream, 0)
@@ -697,6 +753,9 @@ class LibvirtEnvironment(Environment):
         if stopped is not None:
             self.drain()
             return agent_failure(self.console_text())
+        if self._channel_reader is not None and self._channel_reader.ended:
+            # libvirt stops relaying the channel: the guest's further samples would be lost
+            return f"the samples channel of {self._name} closed while the guest ran: {self._channel_reader.ended}"
         return None
 
     @property
@@ -719,6 +778,7 @@ class LibvirtEnvironment(Environment):
                 **guest_description(self.config.guest, self._image),
                 "vcpu_cpus": list(self._host_cpus()[:self.config.vcpus]) if self.config.pin else None,
                 "channel_bytes": self._channel_reader.received if self._channel_reader else None,
+                "channel_end": self._channel_reader.ended or None if self._channel_reader else None,
                 "rt_throttling_lifted": self._rt.describe() if self._rt is not None and self._rt.changed else None,
                 "domain_xml": self._applied_xml or None}
 

@@ -1,0 +1,302 @@
+"""The libvirt environment against Debian's real libvirtd: fifo vCPUs measured end to end, libvirt stressor
+guests, rtvirt design -> scenario -> run, kill -9 + --resume without stray domains, qemu+libssh over a real
+sshd, and malformed environment tables rejected with their field path."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from sshd_server import SshServer
+
+from rtvirt.environments import SharedResources
+from rtvirt.environments.libvirt import (
+    DOMAIN_PREFIX,
+    RT_SYSCTL,
+    LibvirtConfig,
+    LibvirtConnection,
+    LibvirtEnvironment,
+    RtThrottlingLifted,
+    _v1_cpu_controller,
+)
+from rtvirt.errors import InputError, RunError
+from rtvirt.procs import Supervisor
+from rtvirt.scenario.loader import parse_scenario
+from rtvirt.store import load_run
+from rtvirt.stream import read_stream
+
+URI = "qemu:///system"
+DAEMONS = (("virtlogd", Path("/run/virtlogd.pid")), ("libvirtd", Path("/run/libvirtd.pid")))
+CPUS = sorted(os.sched_getaffinity(0))
+MEASURED, EMULATOR = CPUS[-1], CPUS[0]
+TWO_CPUS = pytest.mark.skipif(len(CPUS) < 2, reason="vCPU and emulator pinning apart need two CPUs")
+
+
+def _daemon_running(name: str, pidfile: Path) -> bool:
+    try:
+        return Path(f"/proc/{int(pidfile.read_text().strip())}/comm").read_text().strip() == name
+    except (OSError, ValueError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def libvirtd() -> Iterator[str]:
+    """Debian's virtlogd and libvirtd (no systemd here), started for these tests and stopped afterwards."""
+    import libvirt
+
+    started = []
+    for name, pidfile in DAEMONS:
+        if not _daemon_running(name, pidfile):
+            started.append(subprocess.Popen([f"/usr/sbin/{name}"], stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                            start_new_session=True))
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            libvirt.open(URI).close()
+            break
+        except libvirt.libvirtError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    try:
+        yield URI
+    finally:
+        with SharedResources() as shared:  # a failed test must not leave domains or a lifted RT limit
+            LibvirtEnvironment.reclaim(LibvirtConfig(uri=URI), shared)
+        for proc in reversed(started):
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def _our_domains(uri: str = URI) -> list[str]:
+    with SharedResources() as shared:
+        connection = shared.get("c", lambda: LibvirtConnection(uri))
+        return sorted(d.name() for d in connection.conn.listAllDomains(0) if d.name().startswith(DOMAIN_PREFIX))
+
+
+def _vcpu_threads(domain_label: str) -> tuple[int, list[int]]:
+    """(QEMU pid, its vCPU thread ids) of the running domain named rtvirt-<label>-..."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(arg.startswith(f"guest={DOMAIN_PREFIX}{domain_label}-".encode()) for arg in cmdline):
+            tids = [int(t.name) for t in (entry / "task").iterdir()
+                    if (t / "comm").read_text().startswith("CPU ")]
+            return int(entry.name), tids
+    return 0, []
+
+
+def _scenario(path: Path, duration: str, environment: str, disturbances: str = '[[disturbances]]\nname = "solo"\n',
+              ) -> Path:
+    path.write_text(f'name = "lv"\nduration = "{duration}"\n[workload]\nprobe = "timer"\n'
+                    f'[workload.params]\ninterval = "1ms"\n[[environments]]\n{environment}\n{disturbances}')
+    return path
+
+
+FIFO_ENV = (f'kind = "libvirt"\nname = "lv"\ndomain_type = "qemu"\ncpus = [{MEASURED}]\nemulator_cpus = [{EMULATOR}]\n'
+            'numa_nodes = [0]\nvcpu_sched = {policy = "fifo", priority = 10}')
+
+
+@TWO_CPUS
+@pytest.mark.vm
+def test_fifo_pinned_domain_killed_with_9_is_reclaimed_and_resumed(libvirtd: str, tmp_path: Path) -> None:
+    """A domain with vcpupin, emulatorpin and fifo vCPUs, measured end to end through `rtvirt run`; kill -9
+    leaves it running, --resume destroys and undefines it, restores the RT limit, and redoes the run."""
+    rt_before = int(RT_SYSCTL.read_text())
+    lifts = _v1_cpu_controller() is not None and os.geteuid() == 0 and rt_before >= 0
+    results = tmp_path / "results"
+    scenario = _scenario(tmp_path / "kill.toml", "6s", FIFO_ENV)
+    proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(scenario), "--out", str(results),
+                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    pid, tids = 0, []
+    while time.monotonic() < deadline and proc.poll() is None:
+        streams = list(results.glob("runs/*/samples.rtvs"))
+        pid, tids = _vcpu_threads("lv")
+        if tids and streams and streams[0].stat().st_size > 2000:
+            break
+        time.sleep(0.2)
+    assert tids and proc.poll() is None, "the domain did not start streaming samples"
+    # what the XML asked for, applied for real by libvirt to QEMU's threads
+    assert os.sched_getscheduler(tids[0]) == os.SCHED_FIFO and os.sched_getparam(tids[0]).sched_priority == 10
+    assert os.sched_getaffinity(tids[0]) == {MEASURED} and os.sched_getaffinity(pid) == {EMULATOR}
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    stray = _our_domains()
+    assert len(stray) == 1 and stray[0].startswith(f"{DOMAIN_PREFIX}lv-")
+    assert int(RT_SYSCTL.read_text()) == (-1 if lifts else rt_before)
+
+    resumed = run_cli("run", "--resume", "--out", str(results), "--no-progress", timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-2000:] + resumed.stdout[-2000:]
+    assert f"reclaimed libvirt domain {stray[0]}" in resumed.stdout + resumed.stderr
+    assert _our_domains() == [] and int(RT_SYSCTL.read_text()) == rt_before
+    with SharedResources() as shared:
+        volumes = shared.get("c", lambda: LibvirtConnection(URI)).pool().listVolumes()
+    assert f"{stray[0]}.initrd" not in volumes
+    state = json.loads(next(results.glob("campaigns/*/state.json")).read_text())
+    entry = state["runs"]["lv/solo/-/r1"]
+    assert entry["status"] == "complete" and len(entry["salvaged"]) == 1
+    manifest = load_run(results / "runs" / entry["run_id"]).manifest
+    detail = manifest["environment_detail"]
+    assert manifest["summary"]["all"]["samples"] > 1000 and manifest["summary"]["all"]["dropped"] == 0
+    xml = detail["domain_xml"]
+    for applied in (f"<vcpupin vcpu='0' cpuset='{MEASURED}'/>", f"<emulatorpin cpuset='{EMULATOR}'/>",
+                    "<vcpusched vcpus='0' scheduler='fifo' priority='10'/>", "<memory mode='strict' nodeset='0'/>",
+                    "<domain type='qemu'"):
+        assert applied in xml
+    assert detail["boot_seconds"] > 0 and detail["channel_bytes"] > 0
+    assert any("type qemu" in w for w in manifest["system"]["warnings"])
+    assert (detail["rt_throttling_lifted"] is not None) == lifts
+    partial = load_run(results / "runs" / entry["salvaged"][0]).manifest
+    assert partial["status"] == "partial" and partial["summary"]["all"]["samples"] > 0
+
+
+@TWO_CPUS
+@pytest.mark.vm
+def test_other_vm_stress_is_a_second_libvirt_domain(libvirtd: str, tmp_path: Path) -> None:
+    env = f'kind = "libvirt"\nname = "lv2"\ndomain_type = "qemu"\ncpus = [{MEASURED}]'
+    disturbance = ('[[disturbances]]\nname = "neighbour"\n'
+                   '[[disturbances.stressors]]\nstressor = "cpu"\nwhere = "other-vm"\n'
+                   '[timeline]\nstart_order = ["stress-first"]\nsettle = "0.5s"\n')
+    scenario = _scenario(tmp_path / "vm.toml", "2s", env, disturbance)
+    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
+                     timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    (key, run), = json.loads(result.stdout[result.stdout.index("{"):])["runs"].items()
+    assert run["status"] == "complete", run
+    manifest = load_run(tmp_path / "results" / "runs" / run["run_id"]).manifest
+    assert [e["event"] for e in manifest["timeline"]][:1] == ["stress-on"]  # stress-first: the guest booted
+    assert manifest["environment_detail"]["domain"].startswith(f"{DOMAIN_PREFIX}lv2-")
+    assert _our_domains() == []
+
+
+@TWO_CPUS
+@pytest.mark.vm
+def test_a_design_runs_as_a_libvirt_scenario_without_editing(libvirtd: str, tmp_path: Path) -> None:
+    model = tmp_path / "pair.toml"
+    model.write_text(f'name = "pair"\n[hypervisor]\nscheduler = "fifo"\npcpus = {len(CPUS)}\n'
+                     f'[[vm]]\nname = "ctl"\nvcpu = [{{affinity = [{MEASURED}]}}]\n'
+                     'task = [{name = "loop", period = "1ms", execution = "100us", priority = 2}]\n'
+                     f'[[vm]]\nname = "web"\nvcpu = [{{affinity = [{MEASURED}]}}]\nload = 0.3\n')
+    out = tmp_path / "configs"
+    designed = run_cli("design", str(model), "-s", "fifo-periodic", "--out", str(out), "--results",
+                       str(tmp_path / "designs"))
+    assert designed.returncode == 0, designed.stderr
+    scenario_file = out / "fifo-periodic" / "scenario-libvirt.toml"
+    scenario = parse_scenario(scenario_file.read_text())
+    cputune = (out / "fifo-periodic" / "libvirt-ctl.xml").read_text()
+    assert scenario.environments[0].kind == "libvirt" and scenario.environments[0].cputune == cputune
+    result = run_cli("run", str(scenario_file), "--scale", "0.05", "--out", str(tmp_path / "results"),
+                     "--no-progress", "--json", timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    runs = json.loads(result.stdout[result.stdout.index("{"):])["runs"]
+    assert {r["status"] for r in runs.values()} == {"complete"} and len(runs) == 2
+    manifest = load_run(tmp_path / "results" / "runs" / runs["ctl/solo/-/r1"]["run_id"]).manifest
+    assert f"<vcpupin vcpu='0' cpuset='{MEASURED}'/>" in manifest["environment_detail"]["domain_xml"]
+    assert "scheduler='fifo' priority='90'" in manifest["environment_detail"]["domain_xml"]
+    assert _our_domains() == []
+
+
+@TWO_CPUS
+@pytest.mark.vm
+def test_remote_uri_over_a_real_sshd(libvirtd: str, tmp_path: Path) -> None:
+    """qemu+libssh://root@127.0.0.1:PORT/system with a key and a known_hosts file: the images travel over
+    the connection (storage pool upload), the samples come back over it (virDomainOpenChannel)."""
+    with SshServer() as server:
+        query = f"keyfile={server.client_key}&known_hosts={server.known_hosts}&no_tty=1&sshauth=privkey"
+        uri = f"qemu+libssh://{server.user}@127.0.0.1:{server.port}/system?{query}"
+        bad_hosts = tmp_path / "known_hosts"
+        bad_hosts.write_text(server.known_hosts.read_text().replace("127.0.0.1", "127.0.0.2"))
+        with pytest.raises(RunError, match="cannot connect to qemu\\+libssh://"):
+            LibvirtConnection(uri.replace(str(server.known_hosts), str(bad_hosts)))
+        out = tmp_path / "samples.rtvs"
+        with Supervisor() as supervisor:
+            env = LibvirtEnvironment(LibvirtConfig(uri=uri, domain_type="qemu", cpus=(MEASURED,)),
+                                     supervisor, tmp_path / "vm")
+            try:
+                launched = env.launch("rtvirt-probe", ["timer", "--duration=1000000000", "--interval=1000000",
+                                                       "--affinity=0"], out)
+                launched.proc.wait(timeout=120)  # type: ignore[union-attr]
+                assert env.check() is None, env.console_text()[-2000:]
+                detail = env.describe()
+            finally:
+                env.close()
+            # without the local sysctl/cgroup files, a refused fifo vcpusched is still explained
+            fifo = LibvirtEnvironment(LibvirtConfig(uri=uri, domain_type="qemu", cpus=(MEASURED,),
+                                                    vcpu_sched={"policy": "fifo", "priority": 5}),
+                                      supervisor, tmp_path / "fifo")
+            try:
+                if int(RT_SYSCTL.read_text()) >= 0 and _v1_cpu_controller() is not None:
+                    with pytest.raises(RunError, match="rt_runtime_us = 0.*sched_rt_runtime_us=-1"):
+                        fifo.launch("rtvirt-probe", ["timer", "--duration=1000000000"], None)
+            finally:
+                fifo.close()
+    stream = read_stream(out)
+    assert stream.end_reason == "complete" and stream.records.size >= 100
+    assert detail["uri"] == uri and detail["boot_seconds"] is not None
+    assert _our_domains() == []
+
+
+def test_a_stopped_libvirtd_is_named_in_the_error(tmp_path: Path) -> None:
+    uri = f"qemu+unix:///system?socket={tmp_path}/no-libvirtd.sock"
+    with pytest.raises(RunError, match=f"cannot connect to {re.escape(uri)}: .*libvirtd must run"):
+        LibvirtConnection(uri)
+
+
+@pytest.mark.parametrize(("table", "path", "message"), [
+    ('uri = "http://example.com/"', "environments[0].uri", "should match pattern"),
+    ('uri = "qemu:///system; reboot"', "environments[0].uri", "should match pattern"),
+    ('vcpu_sched = {policy = "deadline"}', "environments[0].vcpu_sched.policy", "'other', 'fifo' or 'rr'"),
+    ('vcpu_sched = {policy = "fifo", priority = 0}', "environments[0].vcpu_sched.priority", "greater than"),
+    ('cputune = "<cputune><vcpupin vcpu=\'0\'"', "environments[0].cputune", "not well-formed"),
+    ('cputune = "<domain/>"', "environments[0].cputune", "must be a <cputune> element"),
+    ('cputune = "<cputune><reboot/></cputune>"', "environments[0].cputune", "<reboot> is not a <cputune> child"),
+    ('cputune = "<!DOCTYPE x [<!ENTITY a \'b\'>]><cputune/>"', "environments[0].cputune", "DOCTYPE"),
+    ('cputune = "<cputune><vcpupin vcpu=\'3\' cpuset=\'1\'/></cputune>"', "environments[0]", "vcpus = 1"),
+    ('cputune = "<cputune/>"\ncpus = [1]', "environments[0]", "give either, not both"),
+    ('numa_nodes = "0-"', "environments[0].numa_nodes", "CPU list"),
+    ('memory = 16', "environments[0].memory", "greater than or equal to 64"),
+    ('hugepage = true', "environments[0].hugepage", "Extra inputs"),
+])
+def test_malformed_libvirt_tables_are_rejected_with_their_field_path(table: str, path: str, message: str,
+                                                                      tmp_path: Path) -> None:
+    text = _scenario(tmp_path / "bad.toml", "1s", f'kind = "libvirt"\n{table}').read_text()
+    with pytest.raises(InputError) as error:
+        parse_scenario(text)
+    assert path in str(error.value) and message in str(error.value)
+
+
+def test_the_cli_exits_2_naming_the_field(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path / "bad.toml", "1s", 'kind = "libvirt"\ndomain_type = "xen"')
+    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"))
+    assert result.returncode == 2 and "environments[0].domain_type" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_rt_throttling_is_restored_after_a_kill_only_when_its_owner_is_gone(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    sysctl = tmp_path / "sched_rt_runtime_us"
+    sysctl.write_text("950000\n")
+    monkeypatch.setattr("rtvirt.environments.libvirt.RT_SYSCTL", sysctl)
+    monkeypatch.setenv("RTVIRT_CACHE", str(tmp_path / "cache"))
+    lifted = RtThrottlingLifted()
+    assert sysctl.read_text() == "-1\n" and lifted.describe()["kernel.sched_rt_runtime_us"]["before"] == 950000
+    assert RtThrottlingLifted.restore_after_kill() is None  # its owner (this process) still runs
+    record = tmp_path / "cache" / "libvirt-rt-throttling.json"
+    record.write_text(json.dumps({"was": 950000, "pid": os.getpid(), "started": "1"}))  # a dead owner's record
+    assert "950000" in (RtThrottlingLifted.restore_after_kill() or "")
+    assert sysctl.read_text() == "950000\n" and not record.exists()
