@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 
 from rtvirt.agents import agent_args
 from rtvirt.campaign import CampaignState, run_campaign
+from rtvirt.environments import baremetal
 from rtvirt.environments.qemu import QemuConfig, QemuEnvironment
 from rtvirt.environments.sched import SchedPolicy
 from rtvirt.errors import InputError, RtvirtError
@@ -68,6 +70,7 @@ def finished(env: QemuEnvironment, out: Path, status: int, error: RtvirtError | 
     stream = read_stream(out)
     assert stream.end_reason == "complete" and stream.total_dropped == 0 and stream.corrupt is None
     assert stream.header["guest"]["kind"] == "baremetal" and stream.header["host"]["cpus"] == 1
+    assert stream.header["guest"]["channel"] == "virtio-console"
     return stream
 
 
@@ -230,3 +233,20 @@ def test_libvirt_takes_the_same_guest_field_and_refuses_what_it_cannot_boot() ->
         LibvirtConfig(kind="libvirt", guest="baremetal")
     with pytest.raises(ValueError, match="vcpus: the bare-metal guest runs on one vCPU"):
         QemuConfig(kind="qemu", guest="baremetal", vcpus=2)
+
+
+@pytest.mark.parametrize(("channel", "devices"), [("debugcon", ["-debugcon", "file:{out}"]),
+                                                  ("com2", ["-serial", "file:{out}"])])
+def test_without_virtio_the_stream_takes_the_debug_console_or_com2(tmp_path: Path, channel: str,
+                                                                   devices: list[str]) -> None:
+    out, console = tmp_path / "kops.rtvs", tmp_path / "console.log"
+    argv = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", "128", "-display", "none", "-nodefaults",
+            "-no-reboot", "-kernel", str(baremetal.kernel_path()), "-append", "kops --iterations=20",
+            "-serial", f"file:{console}", *[d.format(out=out) for d in devices],
+            *baremetal.qemu_devices(console, None)[2:]]
+    with Supervisor() as supervisor:
+        proc = supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert baremetal.DebugExitProcess(proc, console).wait(timeout=120) == 0, console.read_text()[-1000:]
+    stream = read_stream(out)
+    assert stream.header["guest"]["channel"] == channel and stream.end_reason == "complete"
+    assert stream.records.size == 20 * len(stream.header["kinds"]) and stream.corrupt is None

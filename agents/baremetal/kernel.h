@@ -128,6 +128,10 @@ uint64_t last_timer_irq_tsc(void); /* entry TSC of the interrupt that fired the 
 void thread_exit(void);
 void set_idle_work(void (*work)(void)); /* what the idle thread does before halting */
 
+/* ---- virtio.c ---- */
+bool virtio_console_init(void); /* a legacy virtio-console on PCI bus 0, set up for writing */
+void virtio_console_write(const uint8_t *p, size_t n);
+
 /* ---- stream.c ---- */
 void stream_init(void); /* choose the channel: the debug console, else COM2; none stops the guest */
 typedef struct {

@@ -1,8 +1,8 @@
 /* The sample stream (docs/sample-stream.md) from the guest: the same header and 32-byte records as
  * the Linux agents. Records go into a RAM ring first; the idle thread writes the ring out to the
  * stream channel while nothing else runs, and probes that never idle (gap, workload) write between
- * measurements or at the end. Channels: QEMU's debug console (port 0xe9, one `rep outsb` per chunk)
- * or a 16550 at COM2 (0x2f8) where there is no debug console (stream_init chooses). */
+ * measurements or at the end. Channels (stream_init chooses): virtio-console (virtio.c), QEMU's debug
+ * console (port 0xe9, one `rep outsb` per chunk), or a 16550 at COM2 (0x2f8). */
 #include "kernel.h"
 
 typedef struct {
@@ -14,7 +14,7 @@ typedef struct {
 _Static_assert(sizeof(record) == 32, "record layout is part of the file format");
 
 enum { META = 1, META_DROPPED = 1, META_END = 2, META_STAT = 3 };
-enum { RING_BYTES = 32u << 20, CHUNK = 512, COM2 = 0x2f8, DEBUG_PORT = 0xe9 };
+enum { RING_BYTES = 32u << 20, COM2 = 0x2f8, DEBUG_PORT = 0xe9 };
 
 static const char *stream_channel = "none";
 static uint8_t ring[RING_BYTES];
@@ -22,8 +22,14 @@ static volatile uint64_t head, tail; /* bytes produced / written out */
 static uint64_t written_records, dropped;
 static const probe_desc *probe;
 static bool draining;
+/* bytes per write: port channels take interrupts between bytes anyway; a virtio buffer is one host write */
+static uint64_t chunk = 512;
 
 static void channel_write(const uint8_t *p, size_t n) {
+    if (stream_channel[0] == 'v') {
+        virtio_console_write(p, n);
+        return;
+    }
     if (stream_channel[0] == 'd') {
         __asm__ volatile("rep outsb" : "+S"(p), "+c"(n) : "d"((uint16_t)DEBUG_PORT) : "memory");
         return;
@@ -34,8 +40,14 @@ static void channel_write(const uint8_t *p, size_t n) {
     }
 }
 
-/* QEMU's debug console reads back 0xe9; else a 16550 at COM2 (its scratch register keeps what is written). */
+/* virtio-console when there is one; else QEMU's debug console, which reads back 0xe9; else a 16550 at
+ * COM2 (its scratch register keeps what is written). */
 void stream_init(void) {
+    if (virtio_console_init()) {
+        stream_channel = "virtio-console";
+        chunk = 65536;
+        return;
+    }
     if (inb(DEBUG_PORT) == DEBUG_PORT) {
         stream_channel = "debugcon";
         return;
@@ -70,7 +82,7 @@ void stream_drain(void) {
     draining = true;
     while (tail != head) {
         uint64_t start = tail % RING_BYTES, avail = head - tail;
-        uint64_t n = avail < CHUNK ? avail : CHUNK;
+        uint64_t n = avail < chunk ? avail : chunk;
         if (n > RING_BYTES - start) n = RING_BYTES - start;
         channel_write(ring + start, n);
         barrier();

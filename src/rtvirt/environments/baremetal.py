@@ -1,8 +1,9 @@
 """The bare-metal guest (``guest = "baremetal"``): rtvirt's own kernel (agents/baremetal, docs/baremetal.md).
 
 Booted directly by the hypervisor (QEMU ``-kernel``: multiboot); the probe and its options travel on
-the kernel command line exactly as the Linux agent's argv; the sample stream leaves through the debug
-console (I/O port 0xe9), the console text (READY/EXIT marks, errors) through COM1, and the guest ends
+the kernel command line exactly as the Linux agent's argv; the sample stream leaves through a virtio-console
+(the guest's own legacy virtio-pci driver; its fallbacks, QEMU's debug console and COM2, are for
+platforms without one), the console text (READY/EXIT marks, errors) through COM1, and the guest ends
 the VM through QEMU's isa-debug-exit device with its status.
 """
 
@@ -46,8 +47,9 @@ def command_line(agent: str, args: list[str]) -> str:
 def qemu_devices(console: Path, out: Path | None) -> list[str]:
     """QEMU arguments for the guest's console, stream channel and exit device."""
     devices = ["-serial", f"file:{console}", "-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=4"]
-    if out is not None:
-        devices += ["-debugcon", f"file:{out}"]
+    if out is not None:  # port 0 without multiport: the guest's driver needs nothing else
+        devices += ["-device", "virtio-serial-pci,max_ports=1", "-chardev", f"file,id=rtvirtout,path={out}",
+                    "-device", "virtconsole,chardev=rtvirtout"]
     return devices
 
 
