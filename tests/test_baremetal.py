@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from rtvirt.probes import PROBES
 from rtvirt.procs import Supervisor
 from rtvirt.scenario import parse_scenario
 from rtvirt.store import load_run
-from rtvirt.stream import RECORD, SampleStream, read_stream
+from rtvirt.stream import RECORD, SampleStream, StreamReader, read_stream
 from rtvirt.stressors import start_stressor
 
 pytestmark = pytest.mark.vm
@@ -250,3 +251,28 @@ def test_without_virtio_the_stream_takes_the_debug_console_or_com2(tmp_path: Pat
     stream = read_stream(out)
     assert stream.header["guest"]["channel"] == channel and stream.end_reason == "complete"
     assert stream.records.size == 20 * len(stream.header["kinds"]) and stream.corrupt is None
+
+
+@pytest.mark.parametrize("probe", ["timer", "gap"])
+def test_stopping_a_running_guest_writes_out_every_sample(tmp_path: Path, probe: str) -> None:
+    """Closing the environment mid-run (Ctrl-C, a watchdog) stops the guest as SIGTERM stops an agent:
+    everything it took reaches the file and the stream ends with reason 'signal'."""
+    params = {"duration": 0, **({"interval": "1ms"} if probe == "timer" else {"threshold": "50us"})}
+    out = tmp_path / "samples.rtvs"
+    config = QemuConfig(kind="qemu", cpus=(CPU,), accel="tcg", guest="baremetal",
+                        vcpu_sched=SchedPolicy(policy="other"))
+    with Supervisor() as supervisor:
+        env = QemuEnvironment(config, supervisor, tmp_path / "vm")
+        try:
+            launched = env.launch("rtvirt-probe", [probe, *agent_args(PROBES[probe].params(**params))], out)
+            reader, seen = StreamReader(out), 0
+            while seen < 30:  # running, with samples on the host already
+                assert launched.poll() is None, env.console_text()[-1000:]
+                time.sleep(0.1)
+                seen += reader.poll().size
+        finally:
+            env.close()
+    assert launched.returncode == 0
+    stream = read_stream(out)
+    assert stream.end_reason == "signal" and stream.corrupt is None and stream.total_dropped == 0
+    assert stream.records.size >= seen and stream.written == stream.records.size

@@ -61,6 +61,7 @@ STUB 31, 0
 STUB 32, 0
 STUB 33, 0
 STUB 34, 0
+STUB 35, 0
 STUB 255, 0
 
 isr_common:
@@ -104,7 +105,7 @@ isr_common:
     .section .rodata
     .align 8
     .global isr_stubs
-isr_stubs: /* vectors 0..34, then 255 */
-    .irp v, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,255
+isr_stubs: /* vectors 0..35, then 255 */
+    .irp v, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,255
     .quad isr_stub_\v
     .endr

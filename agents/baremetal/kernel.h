@@ -84,7 +84,12 @@ const char *timer_mode(void);
 _Noreturn void guest_exit(int status);
 
 /* ---- interrupts (isr.S, sched.c) ---- */
-enum { LAPIC_TIMER_VECTOR = 32, KOPS_IPI_VECTOR = 33, SWITCH_VECTOR = 34, SPURIOUS_VECTOR = 255 };
+enum { NMI_VECTOR = 2, LAPIC_TIMER_VECTOR = 32, KOPS_IPI_VECTOR = 33, SWITCH_VECTOR = 34, STOP_VECTOR = 35,
+       SPURIOUS_VECTOR = 255 };
+/* Set by an NMI (the host's "stop": QMP inject-nmi): probes end their loops, the stream ends as a signal
+ * ends a Linux agent's (every sample written, END reason 1). */
+extern volatile bool stop_requested;
+_Noreturn void stop_now(void); /* write everything out, END reason 1, leave the VM */
 extern volatile uint64_t isr_entry_tsc; /* TSC read at the first instructions of the last IRQ stub */
 void idt_init(void);
 
@@ -149,6 +154,7 @@ void stream_drain(void);     /* write out what is buffered (idle work; preemptib
 uint64_t stream_dropped(void);
 bool stream_room(size_t records);
 uint64_t stream_pending(void); /* bytes not written out yet */
+bool stream_draining(void);
 
 /* ---- params (main.c): the probe's options as the Linux agent takes them ---- */
 typedef struct {

@@ -252,8 +252,15 @@ static void probe_thread(void *unused) {
     start_tsc = rdtsc();
     stream_begin(probe->desc, buf);
     int status = probe->run();
+    if (stop_requested) stop_now();
     stream_end(status ? 2 : 0);
     guest_exit(status);
+}
+
+_Noreturn void stop_now(void) {
+    __asm__ volatile("cli");
+    stream_end(1);
+    guest_exit(EXIT_OK);
 }
 
 /* The multiboot information: flags bit 2 says a command line is at offset 16. */

@@ -65,15 +65,15 @@ int gap_run(void) {
         }
         loops++;
         last = now;
-        if (now >= deadline) break;
+        if (now >= deadline || stop_requested) break;
     }
     uint64_t observed = last - start - unobserved;
-    irq_restore(flags);
     stream_stat(0, 0, (int64_t)tsc_to_ns(min == UINT64_MAX ? 0 : min));
     stream_stat(0, 1, loops ? (int64_t)tsc_to_ns((observed - gap_cycles) / loops) : 0);
     stream_stat(0, 2, observed ? (int64_t)((__uint128_t)(observed - gap_cycles) * 1000000 / observed) : 0);
     stream_stat(0, 3, (int64_t)gaps);
     stream_stat(0, 4, (int64_t)tsc_to_ns(unobserved));
+    irq_restore(flags); /* a pending stop (an NMI came while spinning) ends the stream here, stats included */
     return 0;
 }
 
@@ -206,7 +206,7 @@ int kops_run(void) {
     uint64_t done = 0;
     for (size_t o = 0; o < sizeof measured / sizeof measured[0]; o++) {
         for (uint64_t i = 0; i < P.iterations; i++) {
-            if (rdtsc() >= deadline) goto out;
+            if (rdtsc() >= deadline || stop_requested) goto out;
             kops_once(measured[o]);
             if (stream_pending() >= 16384) stream_drain(); /* between iterations: never inside one */
             done++;

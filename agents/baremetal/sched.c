@@ -41,11 +41,12 @@ struct __attribute__((packed)) idt_entry {
     uint32_t offset_hi, zero;
 };
 static struct idt_entry idt[256];
-extern const uint64_t isr_stubs[36];
+extern const uint64_t isr_stubs[37];
+volatile bool stop_requested;
 
 void idt_init(void) {
-    for (int i = 0; i < 36; i++) {
-        int vector = i < 35 ? i : SPURIOUS_VECTOR;
+    for (int i = 0; i < 37; i++) {
+        int vector = i < 36 ? i : SPURIOUS_VECTOR;
         uint64_t a = isr_stubs[i];
         idt[vector] = (struct idt_entry){(uint16_t)a, 0x08, 0, 0x8E, (uint16_t)(a >> 16), (uint32_t)(a >> 32), 0};
     }
@@ -103,6 +104,14 @@ frame *isr_dispatch(frame *f) {
     case KOPS_IPI_VECTOR:
         if (kops_ipi_hook) kops_ipi_hook();
         lapic_eoi();
+        break;
+    case NMI_VECTOR: /* may interrupt anything, even cli sections: only a flag and a self-IPI here */
+        stop_requested = true;
+        lapic_self_ipi(STOP_VECTOR);
+        break;
+    case STOP_VECTOR: /* an ordinary interrupt: the kernel's lists are consistent here */
+        lapic_eoi();
+        if (!stream_draining()) stop_now(); /* else the drain stops between two of its writes */
         break;
     case SWITCH_VECTOR:
     case SPURIOUS_VECTOR:

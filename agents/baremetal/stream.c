@@ -21,7 +21,7 @@ static uint8_t ring[RING_BYTES];
 static volatile uint64_t head, tail; /* bytes produced / written out */
 static uint64_t written_records, dropped;
 static const probe_desc *probe;
-static bool draining;
+static bool draining, ending;
 /* bytes per write: port channels take interrupts between bytes anyway; a virtio buffer is one host write */
 static uint64_t chunk = 512;
 
@@ -72,6 +72,7 @@ static void put(const void *data, size_t n) {
 }
 
 uint64_t stream_pending(void) { return head - tail; }
+bool stream_draining(void) { return draining; }
 
 bool stream_room(size_t records) { return RING_BYTES - (head - tail) >= records * sizeof(record); }
 
@@ -81,6 +82,10 @@ void stream_drain(void) {
     if (draining) return;
     draining = true;
     while (tail != head) {
+        if (stop_requested && probe && !ending) {
+            draining = false;
+            stop_now();
+        }
         uint64_t start = tail % RING_BYTES, avail = head - tail;
         uint64_t n = avail < chunk ? avail : chunk;
         if (n > RING_BYTES - start) n = RING_BYTES - start;
@@ -172,6 +177,7 @@ uint64_t stream_dropped(void) { return dropped; }
 
 void stream_end(int reason) {
     if (!probe) return;
+    ending = true;
     written_records -= dropped;
     /* the trailer always fits: keep room by writing out first */
     stream_drain();

@@ -9,6 +9,7 @@ the VM through QEMU's isa-debug-exit device with its status.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,12 @@ from ..errors import InputError, RunError
 from .guest_image import EXIT_MARK
 
 __all__ = ["kernel_path", "command_line", "qemu_devices", "DebugExitProcess", "guest_error", "failure_exception",
-           "DEBUG_EXIT_PORT"]
+           "request_stop", "DEBUG_EXIT_PORT"]
 
 DEBUG_EXIT_PORT = 0xF4
 MAX_COMMAND_LINE = 1023  # the guest's buffer (agents/baremetal/main.c)
 ERROR_PREFIX = "rtvirt-baremetal: "
+STOP_TIMEOUT_S = 10.0  # time a stopped guest gets to write out what it holds
 
 
 def kernel_path() -> Path:
@@ -68,6 +70,25 @@ def guest_error(console: str) -> tuple[int, str] | None:
     said = [x.removeprefix(ERROR_PREFIX).strip() for x in console.splitlines() if x.startswith(ERROR_PREFIX)]
     message = said[-1][:300] if said else "the bare-metal guest stopped without saying why"
     return (1 if status is None else status), message
+
+
+def request_stop(proc: subprocess.Popen[Any], qmp_socket: Path, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Stop a running guest as SIGTERM stops an agent: an NMI (QMP inject-nmi) makes it write out every
+    sample it holds and end its stream with reason 'signal'; we wait for it to leave the VM."""
+    from qemu.qmp.legacy import QEMUMonitorProtocol
+
+    if proc.poll() is not None or not qmp_socket.exists():
+        return
+    monitor = QEMUMonitorProtocol(str(qmp_socket))
+    try:
+        monitor.connect()
+        monitor.cmd("inject-nmi")
+    except OSError:
+        return  # QEMU is going anyway: the caller stops it
+    finally:
+        monitor.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout_s)
 
 
 class DebugExitProcess:

@@ -360,6 +360,8 @@ class QemuEnvironment(Environment):
 
     def close(self) -> None:
         if self._proc is not None:
+            if self.config.guest == "baremetal" and self._socket_dir is not None:
+                baremetal.request_stop(self._proc, self._socket_dir / "qmp.sock")
             self.supervisor.stop(self._proc, grace=5.0)
             self._proc = None
         if self._socket_dir is not None:
