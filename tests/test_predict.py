@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from rtvirt.analysis.system import analyse_model
 from rtvirt.model import load_model
@@ -15,8 +16,6 @@ from rtvirt.predict import PredictSpec
 from rtvirt.predict.derive import NotPredictable, derive_model
 from rtvirt.scenario.loader import parse_scenario
 from rtvirt.sim import simulate, task_summary
-
-from conftest import run_cli
 
 MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
 LAST_CPU = max(os.sched_getaffinity(0))
@@ -50,8 +49,8 @@ def test_each_environment_kind_maps_to_its_scheduler() -> None:
     assert qemu.model.hypervisor.scheduler == "fifo" and qemu.model.hypervisor.pcpus == 2
     assert [v.priority for v in qemu.model.vm[0].vcpu] == [40, 40]
     assert qemu.compare == "probe/timer" and qemu.model.vm[0].task[0].period == 2_000_000
-    qemu_dl = _derived('[[environments]]\nkind = "qemu"\npin = false\nvcpu_sched = { policy = "deadline", runtime = "1ms", '
-                       'period = "4ms" }')
+    qemu_dl = _derived('[[environments]]\nkind = "qemu"\npin = false\n'
+                       'vcpu_sched = { policy = "deadline", runtime = "1ms", period = "4ms" }')
     assert qemu_dl.model.hypervisor.scheduler == "deadline"
     libvirt = _derived('[[environments]]\nkind = "libvirt"\nvcpu_sched = { policy = "rr", priority = 10 }')
     assert libvirt.model.hypervisor.scheduler == "fifo" and libvirt.model.vm[0].vcpu[0].priority == 10
