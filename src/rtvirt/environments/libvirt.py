@@ -73,6 +73,7 @@ CPUTUNE_CHILDREN = {"vcpupin", "emulatorpin", "iothreadpin", "vcpusched", "emula
 RT_SYSCTL = Path("/proc/sys/kernel/sched_rt_runtime_us")
 RT_RECORD = "libvirt-rt-throttling.json"  # under cache_dir(): what to restore after a kill -9
 RT_REFUSED = "Cannot set scheduler parameters"  # libvirt's message when vcpusched is refused
+MEMLOCK_REFUSED = "cannot limit locked memory"  # libvirt's message when QEMU's RLIMIT_MEMLOCK cannot be raised
 
 ET.register_namespace("rtvirt", OWNER_NS)
 
@@ -300,17 +301,53 @@ def _connection(shared: SharedResources, uri: str) -> LibvirtConnection:
     return shared.get(f"libvirt:{uri}", lambda: LibvirtConnection(uri))
 
 
+def _mounts() -> list[list[str]]:
+    """The fields of each line of /proc/mounts."""
+    try:
+        return [line.split() for line in Path("/proc/mounts").read_text()[:1 << 20].splitlines()]
+    except OSError:
+        return []
+
+
 def _v1_cpu_controller() -> Path | None:
     """The cgroup v1 cpu controller's mount point if RT group scheduling is active there."""
-    try:
-        mounts = Path("/proc/mounts").read_text()[:1 << 20].splitlines()
-    except OSError:
-        return None
-    for line in mounts:
-        fields = line.split()
+    for fields in _mounts():
         if len(fields) > 3 and fields[2] == "cgroup" and "cpu" in fields[3].split(","):
             mount = Path(fields[1])
             return mount if (mount / "cpu.rt_runtime_us").exists() else None
+    return None
+
+
+def _meminfo_kib(field: str) -> int | None:
+    """A field of /proc/meminfo (kB, or a count for the HugePages_ ones); None if absent."""
+    try:
+        for line in Path("/proc/meminfo").read_text()[:1 << 16].splitlines():
+            name, _, value = line.partition(":")
+            if name == field:
+                return int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def hugepage_problem(memory_mib: int) -> str | None:
+    """Why this host cannot back ``memory_mib`` of guest RAM with hugepages (None: it can).
+
+    libvirt only finds hugetlbfs mounts when libvirtd starts, and QEMU fails late (after the domain was
+    defined) with a message that does not say what to reserve; this says it up front.
+    """
+    size_kib = _meminfo_kib("Hugepagesize")
+    free = _meminfo_kib("HugePages_Free")
+    if not size_kib or free is None:
+        return "hugepages = true: this kernel has no hugetlb support (no Hugepagesize in /proc/meminfo)"
+    needed = -(-memory_mib * 1024 // size_kib)
+    if free < needed:
+        return (f"hugepages = true: the guest's {memory_mib} MiB need {needed} free hugepages of {size_kib} kB, "
+                f"the host has {free} (HugePages_Free in /proc/meminfo); reserve them with "
+                f"`sysctl -w vm.nr_hugepages=N` (N = HugePages_Total + {needed - free} or more)")
+    if not any(len(fields) > 2 and fields[2] == "hugetlbfs" for fields in _mounts()):
+        return ("hugepages = true: no hugetlbfs is mounted, so libvirt cannot give QEMU hugepages: "
+                "`mount -t hugetlbfs hugetlbfs /dev/hugepages`, then restart libvirtd (it looks for mounts at start)")
     return None
 
 
@@ -396,6 +433,7 @@ class _StreamToFile:
         self.stream, self.keep = stream, keep
         self.received = 0
         self.ended = ""  # why the stream ended, once it has: "end of stream" or libvirt's error
+        self.ended_at = 0.0
         self._out = path.open("ab", buffering=0)
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -427,7 +465,7 @@ class _StreamToFile:
 
     def _finish(self, abort: bool, why: str) -> None:
         """Called with the lock held: unregister, close the stream and the file, wake drain()."""
-        self.ended = why
+        self.ended, self.ended_at = why, time.monotonic()
         with contextlib.suppress(Exception):
             self.stream.eventRemoveCallback()
         with contextlib.suppress(Exception):
@@ -673,6 +711,10 @@ class LibvirtEnvironment(Environment):
         argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
         if out is not None:
             argv.append(f"--out={guest_port_path(OUTPUT_PORT)}")
+        if self.config.hugepages and self.config.local:
+            problem = hugepage_problem(self.config.memory)
+            if problem:
+                raise RunError(f"libvirt: {problem}")
         initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv)), self.workdir)
         self._name = f"{DOMAIN_PREFIX}{self.config.label}-{uuid.uuid4().hex[:8]}"
         self._initrd_volume = f"{self._name}.initrd"
@@ -690,6 +732,13 @@ class LibvirtEnvironment(Environment):
         except libvirt.libvirtError as exc:
             if RT_REFUSED in str(exc):
                 raise RunError(_rt_refusal_diagnosis(self.config.uri, self.config.local)) from None
+            if MEMLOCK_REFUSED in str(exc):
+                raise RunError(
+                    f"libvirt ({self.config.uri}) could not lock guest memory (memory_locked = true): raising QEMU's "
+                    f"RLIMIT_MEMLOCK to {self.config.memory + MEMLOCK_OVERHEAD_MIB} MiB needs CAP_SYS_RESOURCE, "
+                    "which libvirtd lacks there (a container or a restricted capability bounding set: see CapBnd "
+                    "in /proc/<libvirtd pid>/status); give libvirtd that capability or set memory_locked = "
+                    f"false ({_error_text(exc)})") from None
             raise RunError(f"libvirt ({self.config.uri}) could not start {self._name}: {_error_text(exc)}") from None
         self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
         self._open_stream(None, self._console_file, self._console)
@@ -753,9 +802,12 @@ class LibvirtEnvironment(Environment):
         if stopped is not None:
             self.drain()
             return agent_failure(self.console_text())
-        if self._channel_reader is not None and self._channel_reader.ended:
-            # libvirt stops relaying the channel: the guest's further samples would be lost
-            return f"the samples channel of {self._name} closed while the guest ran: {self._channel_reader.ended}"
+        channel = self._channel_reader
+        if channel is not None and channel.ended and (channel.ended != "end of stream"
+                                                      or time.monotonic() - channel.ended_at > DRAIN_TIMEOUT_S):
+            # libvirt stopped relaying the channel: the guest's further samples would be lost (an end of
+            # stream is normal when the agent finishes, shortly before the guest powers off)
+            return f"the samples channel of {self._name} closed while the guest ran: {channel.ended}"
         return None
 
     @property
