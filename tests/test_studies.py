@@ -103,13 +103,19 @@ def test_cots_profiles_and_interrupt_latency_configurations() -> None:
     in_vms = next(d for d in cots.disturbances if d.name == "load-in-2-vms").stressors[0]
     assert (in_vms.vms, in_vms.workers * 2 * in_vms.vms) == (2, 20)
     interrupt = _builtin("interrupt-latency")
-    assert interrupt.workload.params == {"interval": "1ms", "loops": 105000, "threads": 1}
+    probes = {w.name: (w.probe, w.params) for w in interrupt.probe_workloads()}
+    assert probes == {"wakeup": ("wakeup", {"interval": "1ms", "loops": 105000, "threads": 1}),
+                      "timer-interrupt": ("timer", {"interval": "1ms", "loops": 105000})}
     assert interrupt.repetitions == 3 and interrupt.duration == 105 * 10**9
     configs = {p.config for p in expand(interrupt)}
-    assert configs == {"native: native / alone", "virtualised: vm / alone", "virtualised: vm / two-more-vms",
-                       "virtualised: vm / extra-interrupt-source"}
-    # every published row names a configuration the built-in runs
-    assert {f"{r['ours'].split(' / ')[0]}" for r in published()["interrupt-latency"]["rows"]} == {"native", "vm"}
+    stand_ins = {f"{group}: {env} / {d}" for group, env in (("virtualised", "vm"),
+                                                             ("virtualised-baremetal", "vm-baremetal"))
+                 for d in ("alone", "two-more-vms", "extra-interrupt-source")}
+    assert configs == {"native: native / alone"} | stand_ins
+    assert next(e for e in interrupt.environments if e.label == "vm-baremetal").guest == "baremetal"
+    # every published row names configurations the built-in runs
+    assert {key for r in published()["interrupt-latency"]["rows"] for key in r["ours"]} == \
+        {config.split(": ", 1)[1] for config in configs}
 
 
 def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
@@ -117,7 +123,8 @@ def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
     assert shown.exit_code == 0, shown.output
     assert "reproduces the guest-isolation study" in shown.output and "210 runs" in shown.output
     assert "stress-on at 10m, stress-off at 20m" in shown.output
-    assert "cache x1 other-vm (1 guest, same-core)" in shown.output
+    assert "cache x1 other-vm (1 guest, same-core) [level=2]" in shown.output  # parameters are no rich markup
+    assert "guest (qemu, pinned, 1 vCPU, baremetal guest)" in shown.output
     as_json = CliRunner().invoke(app, ["scenarios", "cots-hypervisor", "--json"])
     document = json.loads(as_json.output)
     assert document["study"] == "cots-hypervisor" and document["runs"] == 10
@@ -164,20 +171,33 @@ def test_differences_name_the_changed_field() -> None:
 # --- small-scale runs, real guests -----------------------------------------------------------------------
 
 def test_interrupt_latency_report_beside_the_paper(tmp_path: Path) -> None:
-    report = _run(_builtin("interrupt-latency"), 0.02, ["native/native/alone/-/r1", "virtualised/vm/alone/-/r1"],
-                  tmp_path)
+    """Native and the RT VM alone through both stand-ins for the paper's interrupt source: the cross-CPU
+    wake-up in a Linux guest and the timer interrupt in the bare-metal guest."""
+    report = _run(_builtin("interrupt-latency"), 0.02, ["native/native/alone/-/r1", "virtualised/vm/alone/-/r1",
+                                                        "virtualised-baremetal/vm-baremetal/alone/-/r1"], tmp_path)
     status = dict(map(tuple, _table(report, "Study interrupt-latency")))
     assert status["this campaign"].startswith("the study's configuration")
     assert status["duration"] == "scaled: 0.02 of the study's durations"
-    rows = {row[0]: row for row in _table(report, "Interrupt-latency study")}
-    assert list(rows) == ["native", "virtualised, alone", "virtualised, two more VMs",
-                          "virtualised, extra interrupt source"]
-    native, alone = rows["native"], rows["virtualised, alone"]
-    assert native[5:8] == ["2.3", "2.5", "3.0"] and alone[5:8] == ["4.7", "5.5", "11.8"]
+    table = _table(report, "Interrupt-latency study")
+    assert [row[0] for row in table] == ["native"] + [f"virtualised, {c}" for c in ("alone", "alone", "two more VMs",
+                                                                                     "two more VMs",
+                                                                                     "extra interrupt source",
+                                                                                     "extra interrupt source")]
+    rows = {(row[0], row[1]): row for row in table}
+    native = rows[("native", "native: native / alone")]
+    assert native[5:8] == ["2.3", "2.5", "3.0"]
     assert _number(native[2]) <= _number(native[3]) <= _number(native[4])
-    ratio = _number(alone[3]) / 5.5
-    assert f"{ratio:.2f}x the paper" in alone[8] and "direction" in alone[8]
-    assert rows["virtualised, two more VMs"][1] == "not run"
+    for label in ("virtualised: vm / alone", "virtualised-baremetal: vm-baremetal / alone"):
+        alone = rows[("virtualised, alone", label)]
+        assert alone[5:8] == ["4.7", "5.5", "11.8"] and _number(alone[2]) <= _number(alone[3]) <= _number(alone[4])
+        reading = re.search(r"avg: (same|opposite) direction \(ours ([+-][\d,]+) %, paper \+120 %\); "
+                            r"([\d.,]+)x the paper", alone[8])
+        assert reading is not None, alone
+        ours_change = (_number(alone[3]) / _number(native[3]) - 1) * 100  # from the rounded cells
+        assert reading[1] == ("same" if ours_change > 0 else "opposite")
+        assert abs(_number(reading[2]) - ours_change) <= 1 + abs(ours_change) * 1e-3
+        assert abs(_number(reading[3]) - _number(alone[3]) / 5.5) <= 0.01 + _number(reading[3]) * 1e-3
+    assert rows[("virtualised, two more VMs", "not run (vm-baremetal / two-more-vms)")][2:5] == ["-", "-", "-"]
 
 
 def test_guest_isolation_workloads_beside_stressor_guests(tmp_path: Path) -> None:

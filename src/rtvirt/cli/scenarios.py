@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ..campaign import PlannedRun, expand
@@ -75,11 +76,12 @@ def _show(document: dict[str, Any]) -> None:
             if run["repetition"] != 1:
                 continue
             events = ", ".join(f"{e['action']} at {format_duration(e['at_s'] * 1e9)}" for e in run["events"])
-            table.add_row(group["name"], f"{workload['probe']}" + (f" ({params})" if params else ""),
-                          f"{run['environment']} ({run['placement']})", run["disturbance"],
-                          "; ".join(run["stressors"]) or "-",
-                          run["start_order"] or "-", events or "throughout" if run["stressors"] else "-",
-                          format_duration(group["duration_s"] * 1e9))
+            # scenario strings are plain text: "[block=64MiB]" is no rich markup
+            table.add_row(*(escape(cell) for cell in (
+                group["name"], f"{workload['probe']}" + (f" ({params})" if params else ""),
+                f"{run['environment']} ({run['placement']})", run["disturbance"], "; ".join(run["stressors"]) or "-",
+                run["start_order"] or "-", events or "throughout" if run["stressors"] else "-",
+                format_duration(group["duration_s"] * 1e9))))
     console.print(table)
 
 
@@ -110,6 +112,7 @@ def scenarios(name: str | None, as_json: bool, scale: float) -> None:
     for column in ("name", "study", "runs", "measurement", "description"):
         table.add_column(column)
     for builtin, entry in listing.items():
-        table.add_row(builtin, entry["study"] or "-", str(entry["runs"]),
-                      format_duration(entry["total_duration_s"] * 1e9), entry["description"])
+        table.add_row(*(escape(cell) for cell in (builtin, entry["study"] or "-", str(entry["runs"]),
+                                                  format_duration(entry["total_duration_s"] * 1e9),
+                                                  entry["description"])))
     console.print(table)
