@@ -162,3 +162,64 @@ def test_aarch64_agent_runs_under_qemu_user(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def _fields_toml(server: SshServer) -> str:
+    return (f'host = "127.0.0.1"\nport = {server.port}\nuser = "{server.user}"\n'
+            f'identity_file = "{server.client_key}"\nknown_hosts = "{server.known_hosts}"\n')
+
+
+def test_scenario_two_targets_and_hooks(server: SshServer, second_server: SshServer, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    scenario = tmp_path / "two-targets.toml"
+    scenario.write_text(f'''
+name = "two-targets"
+duration = "2s"
+run_timeout = "2m"
+
+[workload]
+probe = "timer"
+params = {{ interval = "1ms" }}
+
+[[environments]]
+kind = "ssh"
+name = "board"
+{_fields_toml(server)}
+[[environments.disturbers]]
+{_fields_toml(second_server)}
+[[disturbances]]
+name = "solo"
+
+[[disturbances]]
+name = "other-target"
+events = [{{ at = "0.5s", action = "stress-on" }}, {{ at = "1.5s", action = "stress-off" }}]
+[[disturbances.stressors]]
+stressor = "cpu"
+where = "other-vm"
+
+[hooks]
+[[hooks.before_campaign]]
+argv = ["touch", "{marks}/campaign-start"]
+[[hooks.before_run]]
+argv = ["mkdir", "{marks}/before-{{environment}}-{{disturbance}}-{{repetition}}"]
+[[hooks.after_run]]
+argv = ["touch", "{marks}/after-{{run_id}}"]
+[[hooks.after_campaign]]
+argv = ["touch", "{marks}/campaign-end"]
+''')
+    results = tmp_path / "results"
+    result = run_cli("run", str(scenario), "--out", str(results), "--json", timeout=300)
+    assert result.returncode == 0, result.stderr
+    manifests = [json.loads(p.read_text()) for p in results.glob("runs/*/manifest.json")]
+    assert sorted(m["campaign"]["disturbance"] for m in manifests) == ["other-target", "solo"]
+    for manifest in manifests:
+        assert manifest["status"] == "complete", manifest["campaign"]
+        assert manifest["environment_detail"]["target"]["arch"] == os.uname().machine
+        assert [h["argv"][0] for h in manifest["hooks"]] == ["mkdir", "touch"]
+        assert all(h["status"] == 0 for h in manifest["hooks"])
+        assert (marks / f"after-{manifest['run_id']}").exists()
+    names = sorted(p.name for p in marks.iterdir())
+    assert "before-board-solo-1" in names and "before-board-other-target-1" in names
+    assert "campaign-start" in names and "campaign-end" in names
+    assert our_agents_running() == []

@@ -30,8 +30,9 @@ from ..results.studies.provenance import study_provenance
 from ..scenario.schema import Scenario, StressorUse
 from ..store import RunDir, new_run, write_measured_run
 from ..stream import StreamReader
-from ..stressors import STRESSORS, RunningStressor, start_stressor
+from ..stressors import STRESSORS, RunningStressor
 from ..sysaudit import audit_system
+from .hooks import HookRunner
 from .matrix import PlannedRun, expand
 from .state import CampaignState
 
@@ -70,7 +71,7 @@ class _Disturbance:
         self.summaries: list[dict[str, Any]] = []  # what each host stressor did (bogo-ops, CPU time)
 
     def _cpus(self, where: str) -> tuple[int, ...]:
-        allowed = tuple(sorted(os.sched_getaffinity(0)))
+        allowed = self.env.platform_cpus()
         measured = self.env.measured_cpus()
         if where == "same-core":
             return measured[:1]
@@ -97,7 +98,7 @@ class _Disturbance:
             params = {**use.params, "cpus": list(cpus), "workers": use.workers
                       if use.where not in ("all-cores", "inside")
                       else max(use.workers, len(cpus)), "duration": 0}
-            self._host.append(start_stressor(use.stressor, params, self.supervisor, engine=use.engine))
+            self._host.append(self.env.start_stressor(use.stressor, params, use.engine))
 
     def _start_vms(self, use: StressorUse) -> None:
         others = tuple(c for c in sorted(os.sched_getaffinity(0)) if c not in self.env.measured_cpus())
@@ -153,7 +154,7 @@ def _bounded(text: str) -> str:
 def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_timeout_ns: int,
                 system: dict[str, Any], on_progress: Callable[[float, int, int | None], None] | None = None,
                 on_run_dir: Callable[[str], None] | None = None,
-                shared: SharedResources | None = None) -> RunOutcome:
+                shared: SharedResources | None = None, hooks: HookRunner | None = None) -> RunOutcome:
     """Run one planned run in a fresh environment; never raises for run failures (only Ctrl-C).
 
     ``shared`` carries what runs of one campaign reuse (a Xen lab boot, connections); without it the
@@ -173,6 +174,9 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     env_description: dict[str, Any] = {}
     env_warnings: list[str] = []
     params = None
+    hook_log: list[dict[str, Any]] = []
+    hook_values = {"environment": env_config.label, "disturbance": disturbance_spec.name,
+                   "repetition": str(plan.repetition), "key": plan.key, "run_id": run.run_id}
     with Supervisor() as supervisor:
         env = ENVIRONMENTS[env_config.kind](env_config, supervisor, workdir, shared)
         disturbance = _Disturbance(disturbance_spec.stressors, env, supervisor)
@@ -183,6 +187,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
             marks.append((time.monotonic(), action))
 
         try:
+            if hooks is not None:
+                hook_log += hooks.run("before_run", hook_values, env_config.label)
             env.start()
             try:
                 params = probe.params(**{**workload.params, "duration": f"{plan.duration_ns}ns",
@@ -251,6 +257,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
             env_warnings = env.warnings()
             env.close()
             supervisor.stop_all()
+            if hooks is not None:
+                hook_log += hooks.run("after_run", hook_values, env_config.label)
     # the per-run initramfs is a copy of the cached image plus a few bytes of jobs: not worth keeping
     for leftover in workdir.glob("**/initramfs.cpio"):
         leftover.unlink(missing_ok=True)
@@ -270,6 +278,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
              "repetition": plan.repetition, "timeline": timeline, "system": run_system,
              "environment_detail": env_description,
              "study": study_provenance(scenario, plan),
+             "hooks": hook_log,
              "campaign": {"key": plan.key, "group": plan.group, "workload": workload.name,
                           "disturbance": disturbance_spec.name, "start_order": plan.start_order,
                           "events": [{"t_ns": at, "action": action} for at, action in plan.events],
@@ -312,52 +321,21 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
     system = audit_system()
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"))
-    expected_s = sum(p.duration_ns for p in plans if not state.is_finished(p.key)) / 1e9
     progress = Progress(*columns, console=console, disable=not show_progress, transient=False)
     with progress, SharedResources() as shared:
         _reclaim(scenario, availability, shared, progress.console)
-        matrix: TaskID = progress.add_task(f"campaign {scenario.name}", total=max(expected_s, 1e-9), status="")
-        for index, plan in enumerate(plans, 1):
-            if state.is_finished(plan.key):
-                entry = state.runs[plan.key]
-                result.outcomes[plan.key] = RunOutcome(entry["status"], entry.get("reason", ""), entry.get("run_id"))
-                continue
-            unavailable = availability[plan.environment]
-            if unavailable and scenario.skip_unavailable:
-                state.record(plan.key, status="skipped", reason=_bounded(unavailable), config=plan.config)
-                result.outcomes[plan.key] = RunOutcome("skipped", unavailable)
-                progress.advance(matrix, plan.duration_ns / 1e9)
-                continue
-            run_task = progress.add_task(f"{index}/{len(plans)} {plan.key}", total=1.0, status="starting")
-            done_before = progress.tasks[matrix].completed
-
-            def show(fraction: float, samples: int, peak: int | None, task: TaskID = run_task,
-                     base: float = done_before, plan: PlannedRun = plan) -> None:
-                top = "-" if peak is None else f"{peak / 1000:.1f} us"
-                progress.update(task, completed=fraction, status=f"{samples} samples, max {top}")
-                progress.update(matrix, completed=base + fraction * plan.duration_ns / 1e9)
-
-            def remember_run_dir(run_id: str, key: str = plan.key) -> None:
-                state.record(key, run_id=run_id)  # so a killed campaign's state names the unfinished run
-
-            killed = state.runs.get(plan.key, {})
-            if killed.get("status") == "running" and killed.get("run_id") and \
-                    _salvage_killed_run(scenario, plan, results, str(killed["run_id"])):
-                state.record(plan.key, salvaged=[*killed.get("salvaged", []), killed["run_id"]])
-            state.record(plan.key, status="running", config=plan.config)
-            outcome = execute_run(scenario, plan, results, run_timeout_ns=scenario.run_timeout, system=system,
-                                  on_progress=show, on_run_dir=remember_run_dir, shared=shared)
-            progress.remove_task(run_task)
-            progress.update(matrix, completed=done_before + plan.duration_ns / 1e9)
-            state.record(plan.key, status=outcome.status, run_id=outcome.run_id, reason=outcome.reason)
-            result.outcomes[plan.key] = outcome
-            colour = {"complete": "green", "failed": "red"}.get(outcome.status, "yellow")
-            progress.console.print(f"[{colour}]{outcome.status}[/] {plan.key}"
-                                   + (f": {outcome.reason}" if outcome.reason else ""), markup=True,
-                                   highlight=False)
-            if outcome.status == "interrupted":
-                result.interrupted = True
-                return result
+        hooks = HookRunner(scenario.hooks, shared)
+        campaign_values = {"key": scenario.name}
+        hooks.run("before_campaign", campaign_values)
+        try:
+            _run_plans(scenario, state, results, plans, availability, system, progress, hooks, shared, result)
+        finally:
+            for record in hooks.run("after_campaign", campaign_values):
+                if record["status"] != 0:
+                    progress.console.print(f"[yellow]warning:[/] after_campaign hook {record['argv'][0][:100]!r} "
+                                           f"failed ({record['status']})", markup=True, highlight=False)
+    if result.interrupted:
+        return result
     if scenario.predict is not None:  # the model's answers beside the measured ones (docs/predictions.md)
         from ..predict.campaign import predict_campaign
 
@@ -370,6 +348,56 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
     if write_report:
         result.report = _write_report(results, state)
     return result
+
+
+def _run_plans(scenario: Scenario, state: CampaignState, results: Path, plans: list[PlannedRun],
+               availability: dict[int, str | None], system: dict[str, Any], progress: Progress,
+               hooks: HookRunner, shared: SharedResources, result: CampaignResult) -> None:
+    """Every unfinished run of the matrix in turn (the body of :func:`run_campaign`)."""
+    expected_s = sum(p.duration_ns for p in plans if not state.is_finished(p.key)) / 1e9
+    matrix: TaskID = progress.add_task(f"campaign {scenario.name}", total=max(expected_s, 1e-9), status="")
+    for index, plan in enumerate(plans, 1):
+        if state.is_finished(plan.key):
+            entry = state.runs[plan.key]
+            result.outcomes[plan.key] = RunOutcome(entry["status"], entry.get("reason", ""), entry.get("run_id"))
+            continue
+        unavailable = availability[plan.environment]
+        if unavailable and scenario.skip_unavailable:
+            state.record(plan.key, status="skipped", reason=_bounded(unavailable), config=plan.config)
+            result.outcomes[plan.key] = RunOutcome("skipped", unavailable)
+            progress.advance(matrix, plan.duration_ns / 1e9)
+            continue
+        run_task = progress.add_task(f"{index}/{len(plans)} {plan.key}", total=1.0, status="starting")
+        done_before = progress.tasks[matrix].completed
+
+        def show(fraction: float, samples: int, peak: int | None, task: TaskID = run_task,
+                 base: float = done_before, plan: PlannedRun = plan) -> None:
+            top = "-" if peak is None else f"{peak / 1000:.1f} us"
+            progress.update(task, completed=fraction, status=f"{samples} samples, max {top}")
+            progress.update(matrix, completed=base + fraction * plan.duration_ns / 1e9)
+
+        def remember_run_dir(run_id: str, key: str = plan.key) -> None:
+            state.record(key, run_id=run_id)  # so a killed campaign's state names the unfinished run
+
+        killed = state.runs.get(plan.key, {})
+        if killed.get("status") == "running" and killed.get("run_id") and \
+                _salvage_killed_run(scenario, plan, results, str(killed["run_id"])):
+            state.record(plan.key, salvaged=[*killed.get("salvaged", []), killed["run_id"]])
+        state.record(plan.key, status="running", config=plan.config)
+        outcome = execute_run(scenario, plan, results, run_timeout_ns=scenario.run_timeout, system=system,
+                              on_progress=show, on_run_dir=remember_run_dir, shared=shared,
+                              hooks=hooks)
+        progress.remove_task(run_task)
+        progress.update(matrix, completed=done_before + plan.duration_ns / 1e9)
+        state.record(plan.key, status=outcome.status, run_id=outcome.run_id, reason=outcome.reason)
+        result.outcomes[plan.key] = outcome
+        colour = {"complete": "green", "failed": "red"}.get(outcome.status, "yellow")
+        progress.console.print(f"[{colour}]{outcome.status}[/] {plan.key}"
+                               + (f": {outcome.reason}" if outcome.reason else ""), markup=True,
+                               highlight=False)
+        if outcome.status == "interrupted":
+            result.interrupted = True
+            return
 
 
 def _salvage_killed_run(scenario: Scenario, plan: PlannedRun, results: Path, run_id: str) -> bool:

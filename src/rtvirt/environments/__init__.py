@@ -7,6 +7,7 @@ from .host import HostEnvironment
 from .libvirt import LibvirtEnvironment
 from .partition import PartitionEnvironment
 from .qemu import QemuEnvironment
+from .ssh import SshEnvironment
 
 __all__ = ["ENVIRONMENTS", "Environment", "EnvironmentConfig", "Launched", "SharedResources"]
 
@@ -15,4 +16,5 @@ ENVIRONMENTS: dict[str, type[Environment]] = {env.kind: env for env in (
     PartitionEnvironment,
     QemuEnvironment,
     LibvirtEnvironment,
+    SshEnvironment,
 )}

@@ -99,7 +99,7 @@ class SharedResources:
     def __init__(self) -> None:
         self.supervisor = Supervisor()
         self._objects: dict[str, Any] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a factory may get() what it needs (a target audit: its link)
 
     def get(self, key: str, factory: Callable[[], T]) -> T:
         with self._lock:
@@ -178,6 +178,17 @@ class Environment(ABC):
 
     def after_launch(self, launched: Launched) -> None:  # noqa: B027 - an optional hook
         """Hook run while the agent runs (e.g. to place its threads once they exist)."""
+
+    def platform_cpus(self) -> tuple[int, ...]:
+        """CPUs where same-core/other-core/all-cores stressors may run: this host's (a target: its own)."""
+        return tuple(sorted(os.sched_getaffinity(0)))
+
+    def start_stressor(self, stressor: str, params: dict[str, Any], engine: str) -> Any:
+        """Start a same-core/other-core/all-cores stressor beside the workload; returns a running
+        stressor (``stop()`` gives its summary). By default on this host; a target starts it on itself."""
+        from ..stressors import start_stressor
+
+        return start_stressor(stressor, params, self.supervisor, engine=engine)  # type: ignore[arg-type]
 
     def add_guest_job(self, agent: str, args: list[str]) -> None:
         """Run ``agent`` inside the measured guest beside the workload, from its start ("inside" stressors)."""

@@ -11,21 +11,25 @@ from ..environments.host import HostConfig
 from ..environments.libvirt import LibvirtConfig
 from ..environments.partition import PartitionConfig
 from ..environments.qemu import QemuConfig
+from ..environments.ssh import SshConfig
 from ..predict import PredictSpec
 from ..probes import PROBES
+from ..remote.target import SshTargetFields
 from ..stressors import STRESSORS
 from ..units import duration_field
 
-__all__ = ["Scenario", "Workload", "NamedWorkload", "RunGroup", "Disturbance", "StressorUse", "Timeline", "TimelineEvent",
-           "EnvironmentEntry"]
+__all__ = ["Scenario", "Hook", "Hooks", "Workload", "NamedWorkload", "RunGroup", "Disturbance", "StressorUse",
+           "Timeline", "TimelineEvent", "EnvironmentEntry"]
 
 Seconds = duration_field("s")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 # One variant per environment module, told apart by ``kind`` (ENVIRONMENTS is the table of record).
-EnvironmentEntry = Annotated[HostConfig | PartitionConfig | QemuConfig | LibvirtConfig, Field(discriminator="kind")]
+EnvironmentEntry = Annotated[HostConfig | PartitionConfig | QemuConfig | LibvirtConfig | SshConfig,
+                             Field(discriminator="kind")]
 assert {HostConfig.model_fields["kind"].default, PartitionConfig.model_fields["kind"].default,
-        QemuConfig.model_fields["kind"].default, LibvirtConfig.model_fields["kind"].default} == set(ENVIRONMENTS)
+        QemuConfig.model_fields["kind"].default, LibvirtConfig.model_fields["kind"].default,
+        SshConfig.model_fields["kind"].default} == set(ENVIRONMENTS)
 
 
 class _Strict(BaseModel):
@@ -132,6 +136,31 @@ class Disturbance(_Strict):
         return events
 
 
+class Hook(_Strict):
+    """A command run around runs, as an argument vector (never through a shell): e.g. start, pin or stop a
+    VM with its hypervisor's own tool (virsh, xl, jailhouse, a vendor CLI)."""
+
+    argv: list[Annotated[str, Field(max_length=4096)]] = Field(
+        min_length=1, max_length=256, description="the command and its arguments; {environment}, {disturbance}, "
+        "{repetition}, {key} and {run_id} in an argument are replaced by the run's values")
+    timeout: Seconds = Field(60_000_000_000, gt=0, description="time the command may take")  # type: ignore[valid-type]
+    environments: list[str] | None = Field(None, min_length=1, description="only around runs of these "
+                                                                           "environments (default: all)")
+
+
+class Hooks(_Strict):
+    """Lifecycle hooks: commands run on a control host (default: this machine) around the matrix.
+
+    A failing ``before_*`` hook fails the run (or the campaign); a failing ``after_*`` hook is recorded.
+    """
+
+    control: SshTargetFields | None = Field(None, description="run the hooks on this SSH host instead of here")
+    before_campaign: list[Hook] = Field(default_factory=list)
+    before_run: list[Hook] = Field(default_factory=list)
+    after_run: list[Hook] = Field(default_factory=list)
+    after_campaign: list[Hook] = Field(default_factory=list)
+
+
 StartOrder = Literal["test-first", "stress-first"]
 
 
@@ -180,6 +209,7 @@ class Scenario(_Strict):
     disturbances: list[Disturbance] = Field(default_factory=lambda: [Disturbance.model_validate({"name": "solo"})],
                                            min_length=1)
     timeline: Timeline = Field(default_factory=lambda: Timeline.model_validate({}))
+    hooks: Hooks = Field(default_factory=lambda: Hooks.model_validate({}))
     predict: PredictSpec | None = Field(None, description="simulate and analyse each measured configuration "
                                         "beside measuring it (docs/predictions.md)")
 
@@ -206,6 +236,12 @@ class Scenario(_Strict):
             if self.study not in STUDY_NAMES:
                 errors.append((("study",), f"unknown study {self.study!r} (known: {', '.join(STUDY_NAMES)})"))
         errors += self._group_errors() + self._inside_errors()
+        labels = {env.label for env in self.environments}
+        for stage in ("before_campaign", "before_run", "after_run", "after_campaign"):
+            for index, hook in enumerate(getattr(self.hooks, stage)):
+                for name in hook.environments or []:
+                    if name not in labels:
+                        errors.append((("hooks", stage, index, "environments"), f"unknown environment {name!r}"))
         seen: set[str] = set()
         for index, env in enumerate(self.environments):
             if env.label in seen:

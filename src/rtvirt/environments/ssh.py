@@ -1,0 +1,191 @@
+"""ssh: the workload on any Linux reachable over SSH (a hypervisor's guest, a Jailhouse cell, a board).
+
+rtvirt stays on the workstation; the target runs only our static agents, copied for its architecture.
+The probe streams its samples over the SSH channel into the run's stream file as they are taken, and
+keeps a copy on the target (``--tee``): if the connection drops or the target reboots, the run keeps
+every sample received, and the copy is fetched after reconnecting to complete it. Agents run with
+``--watch-stdin``, so they stop with their session; after each run rtvirt checks that they are gone.
+Stressors beside the workload run on the target; "other-vm" disturbance runs on the ``disturbers``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from ..errors import InputError, RunError
+from ..params import CpuList
+from ..remote.agents import REMOTE_DIR_PATTERN, RemoteAgent, TargetLink
+from ..remote.target import SshTargetFields
+from ..sysaudit import audit_system
+from .base import Environment, EnvironmentConfig, Launched, SharedResources
+
+__all__ = ["SshConfig", "SshEnvironment", "Disturber"]
+
+
+class Disturber(SshTargetFields):
+    """Another target that carries "other-vm" stressors while the measured target runs the probe."""
+
+    cpus: CpuList | None = Field(None, description="target CPUs for the stressor (default: all)")
+
+
+class SshConfig(EnvironmentConfig, SshTargetFields):
+    kind: Literal["ssh"] = "ssh"
+    cpus: CpuList | None = Field(None, description="target CPUs the measured workload runs on "
+                                                   "(default: the target's last online CPU)")
+    remote_dir: str = Field("/var/tmp/rtvirt", pattern=REMOTE_DIR_PATTERN,
+                            description="directory on the target for our agents and stream copies "
+                                        "(/var/tmp survives a reboot on most systems, /tmp often does not)")
+    reconnect_timeout: float = Field(60.0, gt=0, le=3600,
+                                     description="seconds to keep trying to reconnect after a dropped connection")
+    disturbers: list[Disturber] = Field([], max_length=64,
+                                        description="targets for 'other-vm' stressors, used in turn")
+
+    @field_validator("remote_dir")
+    @classmethod
+    def _no_parent_components(cls, value: str) -> str:
+        if ".." in value.split("/"):
+            raise ValueError("remote_dir must not contain '..'")
+        return value
+
+
+def _link(shared: SharedResources, fields: SshTargetFields, remote_dir: str) -> TargetLink:
+    """The campaign's one connection to this target (made on first use)."""
+    target = fields.ssh_target()
+    return shared.get(f"ssh:{target.model_dump_json()}:{remote_dir}", lambda: TargetLink(target, remote_dir))
+
+
+class SshEnvironment(Environment):
+    kind = "ssh"
+    config_model = SshConfig
+    on_host = False  # the agent sees the target's CPUs
+    config: SshConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._agent: RemoteAgent | None = None
+        self._stressors: list[Any] = []
+        self._problems: list[str] = []
+        self._target_cpus: tuple[int, ...] | None = None
+
+    @staticmethod
+    def available() -> str | None:
+        try:
+            import asyncssh  # noqa: F401
+        except ImportError:
+            return "asyncssh is not installed (pip install asyncssh)"
+        return None
+
+    @classmethod
+    def reclaim(cls, config: EnvironmentConfig, shared: SharedResources) -> list[str]:
+        assert isinstance(config, SshConfig)
+        removed = _link(shared, config, config.remote_dir).reclaim()
+        for disturber in config.disturbers:
+            removed += _link(shared, disturber, config.remote_dir).reclaim()
+        return removed
+
+    @property
+    def link(self) -> TargetLink:
+        return _link(self.shared, self.config, self.config.remote_dir)
+
+    def _audit(self) -> dict[str, Any]:
+        """The target's system audit, once per campaign (it is the same machine for every run)."""
+        from ..remote.system import RemoteSystem
+
+        def audit() -> dict[str, Any]:
+            connection = self.link.connection()
+            return {"arch": connection.arch(), **audit_system(RemoteSystem(connection))}
+
+        return self.shared.get(f"ssh-audit:{self.link.target.label}", audit)
+
+    def platform_cpus(self) -> tuple[int, ...]:
+        if self._target_cpus is None:
+            from ..remote.system import RemoteSystem
+
+            self._target_cpus = tuple(RemoteSystem(self.link.connection()).cpus())
+        return self._target_cpus
+
+    def measured_cpus(self) -> tuple[int, ...]:
+        if not self.config.pin:
+            return self.platform_cpus()
+        return tuple(self.config.cpus) if self.config.cpus else self.platform_cpus()[-1:]
+
+    def probe_overrides(self) -> dict[str, Any]:
+        return {"affinity": self.measured_cpus() if self.config.pin else None}
+
+    def start(self) -> None:
+        self._audit()
+
+    def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        tee = f"{self.config.label}-{time.time_ns()}.rtvs" if out is not None and agent == "rtvirt-probe" else None
+        self._agent = self.link.start(agent, args, out, tee)
+        return Launched(self._agent, out)
+
+    def check(self) -> str | None:
+        agent = self._agent
+        if agent is None or not agent.lost:
+            return None
+        found = agent.recover(self.config.reconnect_timeout)
+        return f"the connection to {self.link.target.label} was lost; samples received kept; {found}"
+
+    def start_stressor(self, stressor: str, params: dict[str, Any], engine: str) -> Any:
+        if engine != "native":
+            raise InputError(f"stressor {stressor}: engine {engine!r} cannot run on an ssh target "
+                             "(only rtvirt's own agents are copied there); use engine = \"native\"")
+        from ..remote.stressor import RemoteStressor
+        from ..stressors import get_stressor
+        from ..stressors.runner import resolve_params
+
+        spec = get_stressor(stressor)
+        running = RemoteStressor(self.link, spec, resolve_params(spec, params))
+        self._stressors.append(running)
+        return running
+
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None) -> Environment:
+        if not self.config.disturbers:
+            raise RunError(f"ssh environment {self.config.label}: 'other-vm' stress needs disturbers "
+                           "(other targets to run the stressors on)")
+        disturber = self.config.disturbers[(index - 1) % len(self.config.disturbers)]
+        fields = {name: getattr(disturber, name) for name in SshTargetFields.model_fields}
+        config = SshConfig.model_validate({**fields, "kind": "ssh", "name": f"{self.config.label}-disturber-{index}",
+                                           "cpus": disturber.cpus, "pin": disturber.cpus is not None,
+                                           "remote_dir": self.config.remote_dir,
+                                           "reconnect_timeout": self.config.reconnect_timeout})
+        return SshEnvironment(config, self.supervisor, self.workdir / f"disturber-{index}", self.shared)
+
+    def describe(self) -> dict[str, Any]:
+        description = super().describe()
+        try:
+            description["target"] = self._audit()
+        except RunError as exc:
+            description["target"] = {"error": str(exc)[:300]}
+        return description
+
+    def warnings(self) -> list[str]:
+        try:
+            audit = self._audit()
+        except RunError:
+            return self._problems
+        label = self.link.target.label
+        return [w if label in w else f"target {label}: {w}" for w in audit.get("warnings", [])] + self._problems
+
+    def close(self) -> None:
+        for stressor in self._stressors:  # normally stopped by the run already
+            if stressor.running:
+                try:
+                    stressor.stop()
+                except Exception as exc:  # noqa: BLE001 - a failed stressor must not keep the others running
+                    self._problems.append(f"stressor on {self.link.target.label}: {str(exc)[:200]}")
+            self._problems += stressor.problems
+        self._stressors.clear()
+        agent, self._agent = self._agent, None
+        if agent is not None:
+            if agent.lost:
+                agent.recover(self.config.reconnect_timeout)
+            else:
+                agent.stop()
+            self._problems += agent.cleanup()
+        super().close()
