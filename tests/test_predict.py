@@ -103,11 +103,14 @@ def test_bandwidth_partition_and_deadline_reservation_measured_simulated_analyse
     assert 0.8 <= dl["measured"]["long_gap_rate_per_s"] / dl["simulated"]["long_gap_rate_per_s"] <= 1.2
     assert 0.85 <= dl["measured"]["long_gap_mean_ns"] / dl["simulated"]["long_gap_mean_ns"] <= 1.3
     bw = rows["bw / solo"]
-    # CFS bandwidth: 10 ms holes every 20 ms in the model; the kernel's other SCHED_OTHER work shares the CPU
-    # (holes shorter or more frequent), so only direction and size are checked.
+    # CFS bandwidth: 10 ms holes every 20 ms in the model. The CPU's other SCHED_OTHER work (the machine is
+    # shared) takes turns inside and after the quota, so the probe gets less than its quota, never more: the
+    # measured interrupted share is at least the model's (direction), and holes of the model's size occur
+    # (size); their exact lengths depend on the neighbours' load (docs/predictions.md).
     assert bw["simulated"]["long_gap_mean_ns"] == 10_000_000
-    assert bw["measured"]["long_gap_rate_per_s"] > 0.5 * bw["simulated"]["long_gap_rate_per_s"]
-    assert 0.3 <= bw["measured"]["long_gap_mean_ns"] / bw["simulated"]["long_gap_mean_ns"] <= 1.5
+    assert bw["simulated"]["share"] == pytest.approx(0.5, abs=0.02)
+    assert bw["measured"]["share"] >= 0.9 * bw["simulated"]["share"], bw
+    assert bw["measured"]["max_ns"] >= 0.9 * bw["simulated"]["long_gap_mean_ns"], bw
     markdown = tmp_path / "report.md"
     run_cli("report", str(results), "--format", "markdown", "--out", str(markdown), check=True)
     text = markdown.read_text()
@@ -152,3 +155,22 @@ def test_study_models_load_and_simulate() -> None:
     for name in ("esc-paper-sedf.toml", "esc-paper-psedf.toml"):
         summary = task_summary(simulate(load_model(MODELS / name, [("simulation.duration", "1s")])))
         assert summary["misses"] == 0 and all(c["jobs"] > 0 for c in summary["chains"].values())
+
+
+def test_explicit_model_is_simulated_beside_the_measurement_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    text = ('name = "explicit"\nduration = "1s"\n[workload]\nprobe = "gap"\nparams = { threshold = "20us" }\n'
+            f'[[environments]]\nkind = "host"\ncpus = "{LAST_CPU}"\n[predict]\nmodel = "{MODELS / "rtxen-gap.toml"}"\n')
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text + 'compare = "probe/none"\n')
+    refused = run_cli("run", str(bad), "--out", str(tmp_path / "r0"))
+    assert refused.returncode == 2 and "predict.compare" in refused.stderr and "gap:probe.0" in refused.stderr
+    assert not list((tmp_path / "r0").glob("runs/*"))  # refused before anything was measured
+    good = tmp_path / "good.toml"
+    good.write_text(text + 'compare = "gap:probe.0"\n')
+    results = tmp_path / "r1"
+    run_cli("run", str(good), "--out", str(results), check=True, timeout=120)
+    out = tmp_path / "report.json"
+    run_cli("report", str(results), "--format", "json", "--out", str(out), check=True)
+    (row,) = json.loads(out.read_text())["predictions"]
+    assert row["config"] == "host / solo" and row["mapping"] == ["explicit model rtxen-gap.toml"]
+    assert row["simulated"]["max_ns"] == 25_000_000 and row["measured"]["samples"] > 0

@@ -316,6 +316,10 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
     """Run every unfinished run of ``state``'s campaign; returns what happened to each."""
     console = console or Console(stderr=True)
     plans = expand(scenario, state.scale)
+    if scenario.predict is not None:  # a bad explicit model is bad input: refused before measuring
+        from ..predict.campaign import check_predict
+
+        check_predict(scenario, state)
     result = CampaignResult(state, results)
     availability = _availability(scenario)
     system = audit_system()
@@ -339,9 +343,7 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
     if scenario.predict is not None:  # the model's answers beside the measured ones (docs/predictions.md)
         from ..predict.campaign import predict_campaign
 
-        source = Path(state.source)
-        for message in predict_campaign(scenario, plans, results, state,
-                                        source.parent if source.is_file() else Path.cwd()):
+        for message in predict_campaign(scenario, plans, results, state):
             console.print(message, markup=False, highlight=False)
     state.finished = True
     state.save()

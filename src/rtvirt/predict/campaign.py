@@ -18,9 +18,9 @@ from ..scenario.schema import Scenario
 from . import PredictSpec
 from .derive import Derived, NotPredictable, derive_model
 
-__all__ = ["predict_configuration", "predict_campaign", "SIMULATED_SUFFIX", "bound_of"]
+__all__ = ["predict_configuration", "predict_campaign", "check_predict", "SIMULATED_SUFFIX", "bound_of"]
 
-SIMULATED_SUFFIX = " [simulated]"
+SIMULATED_SUFFIX = " (simulated)"
 _STATE_PREFIX = "predict/"
 
 
@@ -84,8 +84,20 @@ def predict_configuration(derived: Derived, results: Path, config: str, *, scena
     return run.run_id, analysis_run.run_id
 
 
-def predict_campaign(scenario: Scenario, plans: list[Any], results: Path, state: Any,
-                     base_dir: Path) -> list[str]:
+def _scenario_dir(state: Any) -> Path:
+    """Explicit model paths are relative to the scenario file (built-in scenarios: the working directory)."""
+    source = Path(state.source)
+    return source.parent if source.is_file() else Path.cwd()
+
+
+def check_predict(scenario: Scenario, state: Any) -> None:
+    """Refuse a bad explicit model (unreadable, invalid, unknown ``compare``) before anything is measured."""
+    spec = scenario.predict
+    if spec is not None and spec.enabled and spec.model is not None:
+        _explicit(spec, _scenario_dir(state), 1_000_000_000)
+
+
+def predict_campaign(scenario: Scenario, plans: list[Any], results: Path, state: Any) -> list[str]:
     """Predict every configuration of ``plans`` not yet predicted in ``state``; returns messages to show.
 
     A configuration without a model (another probe, a platform without a mapping) is recorded with the
@@ -93,6 +105,7 @@ def predict_campaign(scenario: Scenario, plans: list[Any], results: Path, state:
     spec = scenario.predict
     if spec is None or not spec.enabled:
         return []
+    base_dir = _scenario_dir(state)
     messages = []
     seen: set[str] = set()
     for plan in plans:

@@ -36,6 +36,12 @@ class Distribution:
     seconds: float
     long_gaps: int = 0
     long_gap_mean_ns: float | None = None
+    total_ns: float = 0.0  # sum of all values: for gaps, the time the probe did not run
+
+    @property
+    def share(self) -> float | None:
+        """For gaps: the share of the run the probe was interrupted."""
+        return self.total_ns / (self.seconds * 1e9) if self.seconds > 0 else None
 
     @property
     def long_gap_rate(self) -> float | None:
@@ -44,7 +50,7 @@ class Distribution:
     def as_dict(self) -> dict[str, Any]:
         return {"samples": self.samples, "p50_ns": self.p50_ns, "p99_ns": self.p99_ns, "max_ns": self.max_ns,
                 "seconds": self.seconds, "long_gaps": self.long_gaps, "long_gap_rate_per_s": self.long_gap_rate,
-                "long_gap_mean_ns": self.long_gap_mean_ns}
+                "long_gap_mean_ns": self.long_gap_mean_ns, "total_ns": self.total_ns, "share": self.share}
 
 
 @dataclass
@@ -77,7 +83,8 @@ def distribution(histogram: Histogram | None, seconds: float, long_gap_ns: int |
     if histogram is None or histogram.n == 0:
         return Distribution(0, None, None, None, seconds)
     result = Distribution(int(histogram.n), histogram.quantile(0.5), histogram.quantile(0.99),
-                          float(histogram.values[-1]), seconds)
+                          float(histogram.values[-1]), seconds,
+                          total_ns=float((histogram.values.astype(np.float64) * histogram.counts).sum()))
     if long_gap_ns is not None:
         mask = histogram.values >= long_gap_ns
         count = int(histogram.counts[mask].sum())
