@@ -351,6 +351,7 @@ static void *writer_main(void *arg) {
     keep_writer_off_measured_cpus(ctx);
     rtv_record *batch = malloc(CHUNK * sizeof *batch);
     if (!batch) rtv_die(RTV_EXIT_FAILURE, "out of memory");
+    uint64_t last_ns = rtv_now_ns(); /* start of the interval whose records the next drain collects */
     for (;;) {
         int quitting = atomic_load(&writer_quit);
         size_t n = drain(ctx, batch, CHUNK);
@@ -360,12 +361,22 @@ static void *writer_main(void *arg) {
         } else if (quitting) {
             break;
         }
-        /* A partial batch means the rings are nearly empty: wait 1 ms rather than wake the CPUs
-         * thousands of times a second. At 8 M samples/s that leaves 8,000 records per ring, far
-         * below the default capacity of 65,536. */
+        /* A partial batch means the rings are nearly empty: pause for as long as the rate just seen
+         * takes to fill an eighth of a ring (1 ms at 8 M samples/s, which leaves 8,000 records per ring
+         * of the default 65,536; 20 ms at most). A slow probe (a 1 kHz timer) then wakes the writer 50
+         * times a second, not 1,000: each wake-up is a timer interrupt, a context switch and, inside a
+         * VM, exits that land on the CPUs the probe measures when the writer has no other CPU. */
         if (n < CHUNK / 8 && !quitting) {
-            struct timespec pause = {0, 1000 * 1000};
+            uint64_t now = rtv_now_ns(), pause_ns = 20 * 1000 * 1000;
+            if (n && now > last_ns) {
+                uint64_t fill_ns = (uint64_t)((double)(ctx->rings[0].mask + 1) / 8 * (double)(now - last_ns) / (double)n);
+                if (fill_ns < pause_ns) pause_ns = fill_ns < 1000 * 1000 ? 1000 * 1000 : fill_ns;
+            }
+            last_ns = now;
+            struct timespec pause = rtv_ts(pause_ns);
             nanosleep(&pause, NULL);
+        } else {
+            last_ns = rtv_now_ns();
         }
     }
     free(batch);

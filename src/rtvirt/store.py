@@ -167,6 +167,8 @@ def _group_histograms(table: pa.Table, value_field: str) -> pa.Table:
             kind_names, kinds = _factorize(kind_column)
     else:
         kind_names, kinds = [""], np.zeros(n, np.int32)
+    if _repetitive(values):
+        return _hashed_histograms(cpus, kinds, kind_names, values)
     keys = cpus.astype(np.int64) * (len(kind_names) + 1) + kinds.astype(np.int64)
     sizes = np.bincount(keys)  # a counting pass
     distinct_keys = np.flatnonzero(sizes)
@@ -180,6 +182,25 @@ def _group_histograms(table: pa.Table, value_field: str) -> pa.Table:
         cpu, kind = divmod(int(key), len(kind_names) + 1)
         groups.append((cpu, kind_names[kind], Histogram.of(values[end - size:end])))
     return histogram_table(groups)
+
+
+def _repetitive(values: np.ndarray) -> bool:
+    """Few distinct values (simulated response times repeat, measured ns latencies rarely do), judged on a
+    strided subsample: then one hash aggregation counts every group at once, ~10x faster than sorting."""
+    probe = values[:: max(1, values.size // 65_536)]
+    return probe.size >= 1024 and np.unique(probe).size * 64 <= probe.size
+
+
+def _hashed_histograms(cpus: np.ndarray, kinds: np.ndarray, kind_names: list[str], values: np.ndarray) -> pa.Table:
+    counted = pa.table({"cpu": cpus, "kind": kinds, "value": values}).group_by(
+        ["cpu", "kind", "value"], use_threads=False).aggregate([("value", "count")])
+    counted = counted.sort_by([("cpu", "ascending"), ("kind", "ascending"), ("value", "ascending")])
+    return pa.table({
+        "cpu": counted["cpu"].cast(pa.int16()),
+        "kind": pc.take(pa.array(kind_names, pa.string()), counted["kind"]),
+        "value": counted["value"].cast(pa.int64()),
+        "count": counted["value_count"].cast(pa.int64()),
+    })
 
 
 def _factorize(column: pa.Array) -> tuple[list[str], np.ndarray]:
