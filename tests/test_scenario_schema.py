@@ -84,7 +84,7 @@ MALFORMED = [
     (('params = { interval = "1ms" }', 'params = { interval = "1parsec" }'), "workload.params.interval", 6),
     (('params = { interval = "1ms" }', 'params = { bogus = 1 }'), "workload.params.bogus", 6),
     (('params = { interval = "1ms" }', 'params = { duration = "3s" }'), "workload.params", 6),
-    (('kind = "host"', 'kind = "xen"'), "environments[0].kind", 9),
+    (('kind = "host"', 'kind = "vmware"'), "environments[0].kind", 9),
     (('vcpus = 1', 'vcpus = 0'), "environments[1].vcpus", 13),
     (('vcpus = 1', 'vcpus = 1\nmemory = "lots"'), "environments[1].memory", 14),
     (('vcpus = 1', 'vcpus = 1\nvcpu_sched = { policy = "deadline" }'), "environments[1].vcpu_sched", 14),
