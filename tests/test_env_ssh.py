@@ -223,3 +223,34 @@ argv = ["touch", "{marks}/campaign-end"]
     assert "before-board-solo-1" in names and "before-board-other-target-1" in names
     assert "campaign-start" in names and "campaign-end" in names
     assert our_agents_running() == []
+
+
+def test_lab_of_targets_from_inventory(server: SshServer, second_server: SshServer, tmp_path: Path) -> None:
+    inventory = tmp_path / "lab.toml"
+    inventory.write_text(f'[[targets]]\nname = "ecu-a"\n{_fields_toml(server)}\n'
+                         f'[[targets]]\nname = "ecu-b"\n{_fields_toml(second_server)}\n'
+                         f'[[targets]]\nname = "gone"\nhost = "127.0.0.1"\nport = 1\nconnect_timeout = 3\n'
+                         f'known_hosts = "{server.known_hosts}"\n')
+    results = tmp_path / "results"
+    result = run_cli("lab", str(inventory), "--set", "interval=1ms", "-D", "2s", "--results", str(results), "--json",
+                     timeout=300)
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    by_name = {t["name"]: t for t in outcome["targets"]}
+    assert by_name["ecu-a"]["status"] == by_name["ecu-b"]["status"] == "complete"
+    assert by_name["gone"]["status"] == "failed" and "cannot connect" in by_name["gone"]["reason"]
+    manifests = {m["config"]: m for m in (json.loads(p.read_text()) for p in results.glob("runs/*/manifest.json"))}
+    assert set(manifests) == {"ecu-a", "ecu-b"}
+    # measured at the same time: the two runs overlap (each lasted 2 s)
+    starts = sorted(m["stream_header"]["start_realtime_ns"] for m in manifests.values())
+    assert starts[1] - starts[0] < 2e9
+    report = Path(outcome["report"]).read_text()
+    assert "ecu-a" in report and "ecu-b" in report
+    assert our_agents_running() == []
+
+
+def test_lab_inventory_errors_exit_2(tmp_path: Path) -> None:
+    inventory = tmp_path / "lab.toml"
+    inventory.write_text('[[targets]]\nname = "a"\nhost = "x;rm -rf"\n')
+    result = run_cli("lab", str(inventory), "-D", "1s")
+    assert result.returncode == 2 and "targets[0].host" in result.stderr and "lab.toml:3" in result.stderr

@@ -40,6 +40,7 @@ COMMANDS = {
     "analyze": CommandEntry("analyze", "analyze", "Worst-case response-time bounds for MODEL.toml."),
     "design": CommandEntry("design", "design", "Smallest budget per vCPU that keeps every guest task of MODEL.toml "
                            "schedulable, per hypervisor scheduler."),
+    "lab": CommandEntry("lab", "lab", "Run one probe on every SSH target of an inventory at once; one report."),
 }
 
 

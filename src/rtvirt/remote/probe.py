@@ -3,6 +3,7 @@ samples streamed back live over the SSH channel, the target's audit for the mani
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,13 +27,13 @@ DEFAULT_REMOTE_DIR = "/var/tmp/rtvirt"
 
 def run_probe_on_target(spec: ProbeSpec, params: CommonParams, out: Path, target: SshTarget, *,
                         on_progress: Callable[[Progress], None] | None = None, remote_dir: str = DEFAULT_REMOTE_DIR,
-                        reconnect_timeout: float = 60.0, poll_interval: float = 0.25
-                        ) -> tuple[SampleStream, dict[str, Any]]:
+                        reconnect_timeout: float = 60.0, poll_interval: float = 0.25,
+                        stop: threading.Event | None = None) -> tuple[SampleStream, dict[str, Any]]:
     """Run ``spec`` on ``target``; return its samples and the manifest's ``target`` section.
 
     A dropped connection keeps every sample received; the agent's copy on the target is fetched after
     reconnecting (``target.connection``, ``target.recovered``) and the run is partial. Ctrl-C stops the
-    agent, which flushes first. Nothing we started is left on the target (``target.leftovers`` says
+    agent, which flushes first, and so does setting ``stop`` (from another thread). Nothing we started is left on the target (``target.leftovers`` says
     what had to be killed).
     """
     link = TargetLink(target, remote_dir)
@@ -44,8 +45,13 @@ def run_probe_on_target(spec: ProbeSpec, params: CommonParams, out: Path, target
         _check_cpus(params, RemoteSystem(connection).cpus(), target)
         args = spec.command(params, "rtvirt-probe")[1:]
         agent = link.start("rtvirt-probe", args, out, tee_name=f"{spec.name}-{time.time_ns()}.rtvs")
+        def poll() -> int | None:
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
+            return agent.poll()
+
         try:
-            follow_stream(agent.poll, StreamReader(out), params, on_progress, poll_interval)
+            follow_stream(poll, StreamReader(out), params, on_progress, poll_interval)
         except KeyboardInterrupt:
             agent.stop()
         status = agent.poll()
