@@ -29,7 +29,7 @@ def _derived(environment: str, workload: str = 'probe = "gap"', disturbances: st
     scenario = parse_scenario(_scenario(environment, workload, disturbances))
     stressors = scenario.disturbances[0].stressors
     return derive_model(scenario.environments[0], scenario.probe_workloads()[0], stressors, 1_000_000_000,
-                        PredictSpec())
+                        PredictSpec.model_validate({}))
 
 
 def test_each_environment_kind_maps_to_its_scheduler() -> None:
@@ -69,7 +69,7 @@ def test_same_core_stressor_is_background_load_and_other_probes_have_no_model() 
                        '[[disturbances.stressors]]\nstressor = "cpu"\nwhere = "other-core"')
     assert derived.model.hypervisor.scheduler == "fifo"  # the core is shared now: not a dedicated CPU
     stress = derived.model.vm[1]
-    assert (stress.load, stress.load_period, stress.vcpu[0].priority) == (0.2, 5_000_000, 99)
+    assert (stress.load, stress.load_period, stress.vcpu[0].priority) == (0.2, 5_000_000, 100)
     assert any("other-core" in note for note in derived.notes)
     with pytest.raises(NotPredictable, match="kops"):
         _derived('[[environments]]\nkind = "host"', 'probe = "kops"')

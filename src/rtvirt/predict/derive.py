@@ -191,9 +191,14 @@ def _stressor_vm(index: int, use: StressorUse, platform: _Platform, cpu: int) ->
         what = "100 % CPU"
     vcpu = {**platform.stress_vcpu, "affinity": [cpu]}
     scheduler = platform.hypervisor["scheduler"]
-    if scheduler == "fifo":
-        vcpu["priority"] = priority
     policy = f"SCHED_FIFO {priority}" if priority else "SCHED_OTHER"
+    if scheduler == "fifo":
+        # SCHED_FIFO never preempts an equal priority, the model's fifo lets the earlier vCPU (the probe) win:
+        # an equal-priority stressor is placed just above the probe, which delays a waking probe the same way
+        probe = int(platform.vcpus[0].get("priority", 0))
+        vcpu["priority"] = priority + 1 if priority and priority >= probe else priority
+        if priority and priority == probe:
+            policy += " (equal to the probe's: modelled one above it)"
     # any number of workers on one CPU add up to at most that CPU: one vCPU with the load
     vm = {"name": f"stress{index}", "vcpu": [vcpu], "load": load, "load_period": f"{load_period}ns"}
     return vm, f"stressor {use.stressor} ({use.where}, {policy}): background load {what} on the measured CPU"
@@ -216,6 +221,8 @@ def derive_model(env: EnvironmentConfig, workload: NamedWorkload, stressors: lis
         compare, metric = f"{PROBE_VM}/timer", "latency"
         mapping.append(f"timer probe: periodic task every {interval / 1e6:g} ms, {spec.probe_cost / 1e3:g} us per "
                        "wake-up; latency = start - planned wake-up")
+        notes.append("the wake-up path itself (timer interrupt, scheduler, context switch) costs nothing in the "
+                     "model: every measured latency carries it on top")
         if int(params.get("threads", 1)) > 1:
             notes.append("only the first probe thread is modelled")
     elif workload.probe == "gap":
