@@ -85,6 +85,8 @@ def libvirtd() -> Iterator[str]:
             time.sleep(0.2)
     try:
         assert hugepage_problem(GUEST_MIB) is None, hugepage_problem(GUEST_MIB)
+        assert mounted is None or any(Path(p.args[0]).name == "libvirtd" for p in started), \
+            "libvirtd ran before hugetlbfs was mounted for these tests and will not see it: restart libvirtd"
         yield URI
     finally:
         with SharedResources() as shared:  # a failed test must not leave domains or a lifted RT limit
