@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from rtvirt.agents import agent_args
 from rtvirt.campaign import CampaignState, run_campaign
@@ -276,3 +277,19 @@ def test_stopping_a_running_guest_writes_out_every_sample(tmp_path: Path, probe:
     stream = read_stream(out)
     assert stream.end_reason == "signal" and stream.corrupt is None and stream.total_dropped == 0
     assert stream.records.size >= seen and stream.written == stream.records.size
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ('probe = "timer"\nparams = { engine = "timerlat" }', "engine: timerlat is a Linux tracer"),
+    ('probe = "gap"\nparams = { work = true }', "work: the bare-metal gap probe spins on the TSC only"),
+    ('probe = "wakeup"', "the bare-metal guest runs timer, gap, kops, threadmetric, workload, not wakeup"),
+])
+def test_rtvirt_run_exits_2_for_what_the_bare_metal_guest_cannot_run(tmp_path: Path, params: str,
+                                                                    message: str) -> None:
+    scenario = tmp_path / "bare.toml"
+    scenario.write_text(f'name = "bare"\nduration = "1s"\n\n[workload]\n{params}\n\n'
+                        '[[environments]]\nkind = "qemu"\nguest = "baremetal"\n')
+    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"))
+    assert result.returncode == 2, result.stderr
+    assert "field 'workload.params'" in result.stderr and message in result.stderr
+    assert not (tmp_path / "results" / "runs").exists()  # refused before anything booted

@@ -19,7 +19,7 @@ from ..errors import InputError, RunError
 from .guest_image import EXIT_MARK
 
 __all__ = ["kernel_path", "command_line", "qemu_devices", "DebugExitProcess", "guest_error", "failure_exception",
-           "request_stop", "DEBUG_EXIT_PORT"]
+           "request_stop", "unsupported", "DEBUG_EXIT_PORT"]
 
 DEBUG_EXIT_PORT = 0xF4
 MAX_COMMAND_LINE = 1023  # the guest's buffer (agents/baremetal/main.c)
@@ -89,6 +89,25 @@ def request_stop(proc: subprocess.Popen[Any], qmp_socket: Path, timeout_s: float
         monitor.close()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout_s)
+
+
+BAREMETAL_PROBES = ("timer", "gap", "kops", "threadmetric", "workload")
+
+
+def unsupported(probe: str, params: dict[str, Any]) -> str | None:
+    """Why the bare-metal guest cannot run this workload (what only a Linux agent does), or None.
+
+    The guest refuses these itself (status 2); saying so while the scenario is read fails before any boot.
+    """
+    if probe not in BAREMETAL_PROBES:
+        return f"the bare-metal guest runs {', '.join(BAREMETAL_PROBES)}, not {probe}"
+    if params.get("threads", 1) != 1:
+        return "threads: the bare-metal guest has one CPU and one measuring thread"
+    if probe == "timer" and params.get("engine", "cyclictest") != "cyclictest":
+        return "engine: timerlat is a Linux tracer; the bare-metal timer probe measures the LAPIC timer itself"
+    if probe == "gap" and params.get("work"):
+        return "work: the bare-metal gap probe spins on the TSC only"
+    return None
 
 
 class DebugExitProcess:

@@ -235,7 +235,7 @@ class Scenario(_Strict):
 
             if self.study not in STUDY_NAMES:
                 errors.append((("study",), f"unknown study {self.study!r} (known: {', '.join(STUDY_NAMES)})"))
-        errors += self._group_errors() + self._inside_errors()
+        errors += self._group_errors() + self._inside_errors() + self._guest_errors()
         labels = {env.label for env in self.environments}
         for stage in ("before_campaign", "before_run", "after_run", "after_campaign"):
             for index, hook in enumerate(getattr(self.hooks, stage)):
@@ -264,6 +264,23 @@ class Scenario(_Strict):
                 if disturbance in used and disturbance.events and int(disturbance.events[-1].at) >= duration:
                     errors.append((("disturbances", index, "events", len(disturbance.events) - 1, "at"),
                                    "the last event must come before the end of the run (duration)"))
+        return errors
+
+    def _guest_errors(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Workloads a bare-metal guest cannot run (what only a Linux agent does), before anything boots."""
+        from ..environments.baremetal import unsupported
+
+        errors: list[tuple[tuple[str | int, ...], str]] = []
+        bare = {e.label for e in self.environments if isinstance(e, QemuConfig) and e.guest == "baremetal"}
+        for group in self.run_groups() if bare else []:
+            if not bare & set(group.environments or bare):
+                continue
+            index = self.workload_of(group)
+            workload = self.probe_workloads()[index]
+            problem = unsupported(workload.probe, workload.params)
+            path: tuple[str | int, ...] = ("workloads", index, "params") if self.workloads else ("workload", "params")
+            if problem and (path, problem) not in errors:
+                errors.append((path, f"{problem} (guest = 'baremetal' in {', '.join(sorted(bare))})"))
         return errors
 
     def _inside_errors(self) -> list[tuple[tuple[str | int, ...], str]]:
