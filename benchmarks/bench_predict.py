@@ -1,7 +1,9 @@
 """Predicted vs measured interruptions on this machine's real kernel schedulers.
 
 The gap probe spins inside SCHED_DEADLINE reservations and inside cgroup CPU-bandwidth partitions across a
-sweep of runtime/period (quota/period) pairs; `rtvirt run` measures each point and, with the scenario's
+sweep of runtime/period (quota/period) pairs
+(bandwidth partitions with a SCHED_OTHER probe, and two with the default FIFO-99 probe, which cgroup v1's RT
+group throttling limits instead); `rtvirt run` measures each point and, with the scenario's
 [predict] table, simulates and analyses the derived model of each. Per point it prints the measured and
 simulated rate and mean length of the scheduler's holes (gaps at least half the model's median gap), their
 ratios, and the analysed bound next to the measured maximum.
@@ -21,6 +23,7 @@ from pathlib import Path
 
 DEADLINE_POINTS = [("2ms", "10ms"), ("5ms", "10ms"), ("6ms", "20ms"), ("10ms", "50ms")]
 BANDWIDTH_POINTS = [("5ms", "10ms"), ("10ms", "20ms"), ("20ms", "50ms"), ("50ms", "100ms")]
+RT_GROUP_POINTS = [("10ms", "20ms"), ("20ms", "50ms")]  # FIFO probe: cgroup v1 RT group throttling
 
 
 def scenario_text(duration: str) -> str:
@@ -32,6 +35,9 @@ def scenario_text(duration: str) -> str:
     for quota, period in BANDWIDTH_POINTS:
         lines.append(f'[[environments]]\nkind = "partition"\nname = "bw-{quota}-{period}"\ncpus = "1"\n'
                      f'quota = "{quota}"\nperiod = "{period}"\nsched = {{ policy = "other" }}\n')
+    for quota, period in RT_GROUP_POINTS:
+        lines.append(f'[[environments]]\nkind = "partition"\nname = "rt-{quota}-{period}"\ncpus = "1"\n'
+                     f'quota = "{quota}"\nperiod = "{period}"\n')
     lines.append("[predict]\n")
     return "\n".join(lines)
 
