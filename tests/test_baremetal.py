@@ -227,12 +227,17 @@ def test_preempt_rt_and_baremetal_guests_in_a_campaign_say_so_in_their_manifests
     assert bare["environment_detail"]["guest_kernel"] == "rtvirt-baremetal"
 
 
-def test_libvirt_takes_the_same_guest_field_and_refuses_what_it_cannot_boot() -> None:
+def test_libvirt_and_xen_take_the_same_guest_field_and_refuse_what_they_cannot_boot() -> None:
     from rtvirt.environments.libvirt import LibvirtConfig
+    from rtvirt.environments.xen import XenConfig
 
     assert LibvirtConfig(kind="libvirt", guest="linux-rt").guest == "linux-rt"
     with pytest.raises(ValueError, match="guest: 'baremetal' runs in the qemu environment only"):
         LibvirtConfig(kind="libvirt", guest="baremetal")
+    assert XenConfig(kind="xen").model_dump()["guest"] == "linux"  # recorded in the manifest's environment_detail
+    for kind in ("linux-rt", "baremetal"):
+        with pytest.raises(ValueError, match=f"guest: '{kind}' is not available in the xen environment yet"):
+            XenConfig(kind="xen", guest=kind)
     with pytest.raises(ValueError, match="vcpus: the bare-metal guest runs on one vCPU"):
         QemuConfig(kind="qemu", guest="baremetal", vcpus=2)
 

@@ -28,7 +28,7 @@ from ..params import CpuList
 from ..procs import Supervisor, terminate_group
 from ..units import duration_field
 from .base import Environment, EnvironmentConfig, Launched, SharedResources
-from .guest_image import EXIT_MARK, GUEST_AGENT_DIR, READY_MARK, GuestJob, job_archive
+from .guest_image import EXIT_MARK, GUEST_AGENT_DIR, READY_MARK, GuestJob, GuestKind, guest_field, job_archive
 from .xen_lab import A653_TOOL, DOM0_LINK_ADDRESS, DOMU_INITRAMFS, DOMU_KERNEL, VIF_SCRIPT, XenLab, XenLabConfig
 
 __all__ = ["Arinc653Params", "CreditParams", "RtdsParams", "XenConfig", "XenEnvironment", "NAME_PREFIX"]
@@ -139,6 +139,15 @@ class XenConfig(EnvironmentConfig):
     lab: XenLabConfig = Field(default_factory=XenLabConfig, description="the emulated machine of a Xen lab")
     boot_timeout: duration_field("s") = Field(180_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
                                               description="time a domU may take to boot (bare numbers in s)")
+    guest: GuestKind = guest_field()
+
+    @model_validator(mode="after")
+    def _guest_the_lab_boots(self) -> XenConfig:
+        # the domU kernel is the lab's (xen_lab.DOMU_KERNEL): the other guest kernels are not wired in yet
+        if self.guest != "linux":
+            raise ValueError(f"guest: {self.guest!r} is not available in the xen environment yet (only 'linux'; "
+                             "linux-rt and baremetal run in the qemu environment)")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> XenConfig:
