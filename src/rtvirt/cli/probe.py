@@ -85,6 +85,9 @@ def _make_command(spec: ProbeSpec) -> click.Command:
             state = "" if manifest["status"] == "complete" else f" [yellow]({manifest['status']}: " \
                 f"{manifest['end_reason']})[/]"
             console.print(f"run {run.run_id} written to {run.path}{state}")
+        if extra.get("target", {}).get("connection") == "lost":
+            err_console.print(f"the connection to {target.label} was lost mid-run: the samples received are kept; "
+                              f"{extra['target']['recovered']}", markup=False, highlight=False)
         if stream.error:
             raise RunError(f"{stream.error} (the samples taken are kept in {run.path})")
 
