@@ -254,3 +254,35 @@ def test_lab_inventory_errors_exit_2(tmp_path: Path) -> None:
     inventory.write_text('[[targets]]\nname = "a"\nhost = "x;rm -rf"\n')
     result = run_cli("lab", str(inventory), "-D", "1s")
     assert result.returncode == 2 and "targets[0].host" in result.stderr and "lab.toml:3" in result.stderr
+
+
+def test_proxy_jump_from_ssh_config(second_server: SshServer, tmp_path: Path) -> None:
+    with SshServer() as jump:  # its own server: any session on it is this test's hop
+        _run_through_jump(jump, second_server, tmp_path)
+
+
+def _run_through_jump(server: SshServer, second_server: SshServer, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text(server.known_hosts.read_text() + second_server.known_hosts.read_text())
+    config = tmp_path / "ssh_config"
+    config.write_text(
+        f"Host jump\n  HostName 127.0.0.1\n  Port {server.port}\n  User {server.user}\n"
+        f"  IdentityFile {server.client_key}\n  UserKnownHostsFile {known}\n"
+        f"Host board\n  HostName 127.0.0.1\n  Port {second_server.port}\n  User {second_server.user}\n"
+        f"  IdentityFile {second_server.client_key}\n  UserKnownHostsFile {known}\n  ProxyJump jump\n")
+    assert server.session_pids() == []
+    args = [*RTVIRT, "probe", "timer", "--target", "board", "--ssh-config", str(config), "--duration", "3s",
+            "--results", str(tmp_path / "results"), "--json"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("results/runs/*/samples.rtvs")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        assert server.session_pids(), "the connection to the target did not go through the jump host"
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert json.loads(out)["status"] == "complete"
