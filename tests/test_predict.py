@@ -60,6 +60,9 @@ def test_each_environment_kind_maps_to_its_scheduler() -> None:
     assert (rtds.model.vm[0].vcpu[0].budget, rtds.model.vm[0].vcpu[0].extratime) == (2_000_000, True)
     credit = _derived('[[environments]]\nkind = "xen"\nscheduler = "credit"\ncredit = { weight = 512, cap = 50 }')
     assert (credit.model.vm[0].vcpu[0].weight, credit.model.vm[0].vcpu[0].cap) == (512, 50)
+    null = _derived('[[environments]]\nkind = "xen"\nscheduler = "null"\nvcpus = 2\naffinity = ["2", "3"]')
+    assert null.model.hypervisor.scheduler == "partitioned"
+    assert [v.affinity for v in null.model.vm[0].vcpu] == [(0,), (1,)]  # the two pCPUs, renumbered from 0
 
 
 def test_same_core_stressor_is_background_load_and_other_probes_have_no_model() -> None:

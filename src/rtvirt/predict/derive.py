@@ -172,7 +172,11 @@ def _platform(env: Any, priority: int, crowded: bool) -> _Platform:
         deadline = (sched.runtime, sched.period) if sched.policy == "deadline" else None
         return _kvm_guest(env, sched.policy, sched.priority, deadline)
     if env.kind == "libvirt":
-        return _kvm_guest(env, env.vcpu_sched.policy, env.vcpu_sched.priority, None)
+        platform = _kvm_guest(env, env.vcpu_sched.policy, env.vcpu_sched.priority, None)
+        if env.cputune:
+            platform.notes.append("the raw <cputune> XML (vcpu_period/vcpu_quota, vcpusched) is not read: the "
+                                  "model follows vcpu_sched only")
+        return platform
     if env.kind == "xen":
         return _xen(env)
     raise NotPredictable(f"environment kind {env.kind!r} has no model mapping (its platform is not known here)")
@@ -244,7 +248,10 @@ def derive_model(env: EnvironmentConfig, workload: NamedWorkload, stressors: lis
         vms.append(vm)
         mapping.append(line)
     for use in stressors:
-        if use not in same_core:
+        if use.where == "inside":
+            notes.append(f"stressor {use.stressor} (inside the guest): runs below the probe in the guest; the "
+                         "model has no shared caches or memory bus, so it predicts no effect")
+        elif use not in same_core:
             notes.append(f"stressor {use.stressor} ({use.where}): runs on other CPUs; the model has no shared "
                          "caches, memory bus or interrupts, so it predicts no effect")
     hypervisor = {"pcpus": 1, **platform.hypervisor,
