@@ -286,3 +286,28 @@ def _run_through_jump(server: SshServer, second_server: SshServer, tmp_path: Pat
             proc.kill()
     assert proc.returncode == 0, err
     assert json.loads(out)["status"] == "complete"
+
+
+def test_campaign_run_on_a_dropped_target_keeps_its_samples(server: SshServer, tmp_path: Path) -> None:
+    scenario = tmp_path / "drop.toml"
+    scenario.write_text(f'name = "drop"\nduration = "10s"\n[workload]\nprobe = "timer"\n'
+                        f'[[environments]]\nkind = "ssh"\nname = "board"\n{_fields_toml(server)}')
+    results = tmp_path / "results"
+    proc = subprocess.Popen([*RTVIRT, "run", str(scenario), "--out", str(results), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.stat().st_size > 20_000 for p in results.glob("runs/*/samples.rtvs")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        assert server.kill_sessions() >= 1
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err  # a failed run: the campaign says so
+    (manifest,) = [json.loads(p.read_text()) for p in results.glob("runs/*/manifest.json")]
+    assert manifest["status"] == "partial" and manifest["summary"]["all"]["samples"] > 500
+    assert manifest["campaign"]["outcome"] == "failed"
+    assert "was lost" in manifest["campaign"]["reason"] and "fetched after reconnecting" in manifest["campaign"]["reason"]
+    assert our_agents_running() == []
