@@ -311,3 +311,34 @@ def test_campaign_run_on_a_dropped_target_keeps_its_samples(server: SshServer, t
     assert manifest["campaign"]["outcome"] == "failed"
     assert "was lost" in manifest["campaign"]["reason"] and "fetched after reconnecting" in manifest["campaign"]["reason"]
     assert our_agents_running() == []
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_agent_never_outlives_rtvirt(server: SshServer, tmp_path: Path, signal_name: str) -> None:
+    """SIGTERM: rtvirt stops the agent and keeps the samples; SIGKILL: the session ends with rtvirt, and so
+    does the agent (--watch-stdin), with nobody left to ask it."""
+    import signal
+
+    results = tmp_path / "results"
+    proc = subprocess.Popen([*RTVIRT, "probe", "timer", *target_args(server), "--duration", "60s",
+                             "--results", str(results), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.stat().st_size > 5_000 for p in results.glob("runs/*/samples.rtvs")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        assert our_agents_running()
+        proc.send_signal(getattr(signal, signal_name))
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 20
+    while our_agents_running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert our_agents_running() == []
+    if signal_name == "SIGTERM":
+        summary = json.loads(out)
+        assert summary["status"] == "partial" and summary["end_reason"] == "signal", err
+        assert summary["summary"]["all"]["samples"] > 100
