@@ -205,8 +205,11 @@ class Environment(ABC):
         """
         from .qemu import QemuConfig, QemuEnvironment
 
+        # as large as the measured guest: a load the study ran in it (64 MB blocks) must fit in them too
+        memory = getattr(self.config, "memory", None)
         config = QemuConfig.model_validate({"kind": "qemu", "name": f"stress-vm-{index}",
-                                            "pin": host_cpus is not None, "cpus": host_cpus})
+                                            "pin": host_cpus is not None, "cpus": host_cpus,
+                                            **({"memory": memory} if isinstance(memory, int) else {})})
         return QemuEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
 
     @property
