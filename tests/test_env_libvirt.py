@@ -279,7 +279,9 @@ def test_remote_uris_over_a_real_sshd(libvirtd: str, tmp_path: Path) -> None:
             finally:
                 fifo.close()
     stream = read_stream(out)
-    assert stream.end_reason == "complete" and stream.records.size >= 100
+    # every sample the agent wrote came back over the SSH connection (how many fit in 1 s depends on the load)
+    assert stream.end_reason == "complete" and stream.records.size == stream.written > 0
+    assert set(stream.dropped.values()) == {0}
     assert detail["uri"] == uri and detail["boot_seconds"] is not None
     assert _our_domains() == []
 
