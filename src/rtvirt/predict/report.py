@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 from html import escape
 
+import numpy as np
+
 from .compare import Prediction
 
 __all__ = ["prediction_tables", "prediction_html", "cdf_overlay"]
@@ -52,7 +54,10 @@ def cdf_overlay(p: Prediction) -> bytes:
     figure, axes = plt.subplots(figsize=(7, 3.6))
     for label, h in (("simulated", p.simulated_histogram), ("measured", p.measured_histogram)):
         if h is not None and h.n:
-            axes.step(h.values / 1000, h.cumulative / h.n, where="post", label=f"{label} ({h.n} samples)")
+            # start each curve at share 0, so that a distribution of one value (a model's exact holes) shows
+            x = np.concatenate([h.values[:1], h.values]) / 1000
+            y = np.concatenate([[0.0], h.cumulative / h.n])
+            axes.step(x, y, where="post", label=f"{label} ({h.n} samples)")
     if p.bound_ns is not None:
         axes.axvline(p.bound_ns / 1000, color="black", linestyle="--", label="analysed bound")
     axes.set_xscale("log")
