@@ -194,6 +194,39 @@ def test_fifo_pinned_domain_killed_with_9_is_reclaimed_and_resumed(libvirtd: str
 
 @TWO_CPUS
 @pytest.mark.vm
+def test_sigterm_mid_run_destroys_the_domain_and_restores_rt_throttling(libvirtd: str, tmp_path: Path) -> None:
+    rt_before = int(RT_SYSCTL.read_text())
+    results = tmp_path / "results"
+    env = (f'kind = "libvirt"\nname = "lvt"\ndomain_type = "qemu"\ncpus = [{MEASURED}]\nemulator_cpus = [{EMULATOR}]\n'
+           'vcpu_sched = {policy = "rr", priority = 7}')
+    scenario = _scenario(tmp_path / "term.toml", "60s", env)
+    log = tmp_path / "terminated-run.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(scenario), "--out", str(results),
+                                 "--no-progress"], stdout=sink, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    tids: list[int] = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        streams = list(results.glob("runs/*/samples.rtvs"))
+        _, tids = _vcpu_threads("lvt")
+        if tids and streams and streams[0].stat().st_size > 2000:
+            break
+        time.sleep(0.2)
+    assert tids and proc.poll() is None, f"the domain did not start streaming samples: {log.read_text()[-2000:]}"
+    assert os.sched_getscheduler(tids[0]) == os.SCHED_RR and os.sched_getparam(tids[0]).sched_priority == 7
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+    assert _our_domains() == [] and int(RT_SYSCTL.read_text()) == rt_before
+    with SharedResources() as shared:
+        volumes = shared.get("c", lambda: LibvirtConnection(URI)).pool().listVolumes()
+    assert not [v for v in volumes if v.startswith(f"{DOMAIN_PREFIX}lvt-")]
+    manifest = load_run(next(results.glob("runs/*")).resolve()).manifest
+    assert manifest["status"] == "partial" and manifest["summary"]["all"]["samples"] > 0
+    assert "--resume" in log.read_text()
+
+
+@TWO_CPUS
+@pytest.mark.vm
 def test_other_vm_stress_is_a_second_libvirt_domain(libvirtd: str, tmp_path: Path) -> None:
     env = f'kind = "libvirt"\nname = "lv2"\ndomain_type = "qemu"\ncpus = [{MEASURED}]'
     disturbance = ('[[disturbances]]\nname = "neighbour"\n'
