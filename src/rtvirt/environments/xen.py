@@ -31,7 +31,7 @@ from .base import Environment, EnvironmentConfig, Launched, SharedResources
 from .guest_image import EXIT_MARK, GUEST_AGENT_DIR, READY_MARK, GuestJob, GuestKind, guest_field, job_archive
 from .xen_lab import A653_TOOL, DOM0_LINK_ADDRESS, DOMU_INITRAMFS, DOMU_KERNEL, VIF_SCRIPT, XenLab, XenLabConfig
 
-__all__ = ["Arinc653Params", "CreditParams", "RtdsParams", "XenConfig", "XenEnvironment", "NAME_PREFIX"]
+__all__ = ["NAME_PREFIX", "Arinc653Params", "CreditParams", "RtdsParams", "XenConfig", "XenEnvironment"]
 
 NAME_PREFIX = "rtvirt-"
 DEFAULT_POOL = "Pool-0"
@@ -50,7 +50,9 @@ STREAM_SCRIPT = r"""set -o pipefail
 dom0=$1 self=$2 port=$3
 shift 3
 n=0
-until [ -e /sys/class/net/eth0 ]; do n=$((n+1)); [ $n -gt 300 ] && { echo "rtvirt: no vif" >&2; exit 70; }; sleep 0.1; done
+until [ -e /sys/class/net/eth0 ]; do
+  n=$((n+1)); [ $n -gt 300 ] && { echo "rtvirt: no vif" >&2; exit 70; }; sleep 0.1
+done
 ip link set lo up
 ip link set eth0 up
 ip addr add "$self/32" dev eth0
@@ -110,6 +112,9 @@ class Arinc653Params(BaseModel):
         return self
 
 
+DEFAULT_A653 = Arinc653Params.model_validate({})
+
+
 class XenConfig(EnvironmentConfig):
     kind: Literal["xen"] = "xen"
     where: Literal["auto", "dom0", "lab"] = Field(
@@ -126,8 +131,8 @@ class XenConfig(EnvironmentConfig):
         "default", description="default: the domU stays in Pool-0; otherwise a cpupool of this scheduler is made")
     pool_cpus: CpuList | None = Field(None, description="pCPUs moved into the cpupool (default: cpus, else the "
                                                         "last pCPU)")
-    rtds: RtdsParams | list[RtdsParams] | None = Field(None, description="one reservation for every vCPU, or one "
-                                                                         "per vCPU (scheduler rtds)")
+    rtds: RtdsParams | None = Field(None, description="the reservation of every vCPU (scheduler rtds)")
+    rtds_vcpus: list[RtdsParams] | None = Field(None, description="one reservation per vCPU instead (scheduler rtds)")
     credit: CreditParams | None = Field(None, description="weight and cap (scheduler credit or credit2)")
     arinc653: Arinc653Params | None = Field(None, description="major frame and windows (scheduler arinc653; "
                                                               "default: 10 ms frame, 5 ms window)")
@@ -136,7 +141,8 @@ class XenConfig(EnvironmentConfig):
     stressor_memory: int = Field(128, ge=64, le=65536, description="memory of each disturbing domU in MiB")
     stressor_rtds: RtdsParams | None = Field(None, description="RTDS reservation of disturbing domUs in the "
                                                                "cpupool (default: Xen's)")
-    lab: XenLabConfig = Field(default_factory=XenLabConfig, description="the emulated machine of a Xen lab")
+    lab: XenLabConfig = Field(default_factory=lambda: XenLabConfig.model_validate({}),
+                              description="the emulated machine of a Xen lab")
     boot_timeout: duration_field("s") = Field(180_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
                                               description="time a domU may take to boot (bare numbers in s)")
     guest: GuestKind = guest_field()
@@ -153,17 +159,21 @@ class XenConfig(EnvironmentConfig):
     def _consistent(self) -> XenConfig:
         if self.affinity is not None and len(self.affinity) != self.vcpus:
             raise ValueError(f"affinity names {len(self.affinity)} vCPUs but vcpus is {self.vcpus}")
-        if self.rtds is not None and self.scheduler != "rtds":
+        if (self.rtds is not None or self.rtds_vcpus is not None) and self.scheduler != "rtds":
             raise ValueError("rtds parameters need scheduler = 'rtds'")
-        if isinstance(self.rtds, list) and len(self.rtds) != self.vcpus:
-            raise ValueError(f"rtds lists {len(self.rtds)} reservations but vcpus is {self.vcpus}")
+        if self.rtds is not None and self.rtds_vcpus is not None:
+            raise ValueError("give rtds (every vCPU) or rtds_vcpus (one per vCPU), not both")
+        if self.rtds_vcpus is not None and len(self.rtds_vcpus) != self.vcpus:
+            raise ValueError(f"rtds_vcpus lists {len(self.rtds_vcpus)} reservations but vcpus is {self.vcpus}")
         if self.stressor_rtds is not None and self.scheduler != "rtds":
             raise ValueError("stressor_rtds needs scheduler = 'rtds'")
         if self.arinc653 is not None and self.scheduler != "arinc653":
             raise ValueError("arinc653 parameters need scheduler = 'arinc653'")
-        if self.scheduler == "arinc653" and self.vcpus * (self.arinc653 or Arinc653Params()).window > \
-                (self.arinc653 or Arinc653Params()).major_frame:
+        if self.scheduler == "arinc653" and self.vcpus * (self.arinc653 or DEFAULT_A653).window > \
+                (self.arinc653 or DEFAULT_A653).major_frame:
             raise ValueError("arinc653: vcpus x window exceeds major_frame")
+        if self.where == "lab" and self.dom0_vcpus >= self.lab.pcpus:
+            raise ValueError(f"dom0_vcpus ({self.dom0_vcpus}) leaves no pCPU of the lab's {self.lab.pcpus} for domUs")
         if self.credit is not None and self.scheduler not in ("credit", "credit2", "default"):
             raise ValueError("credit parameters need scheduler 'credit', 'credit2' or 'default'")
         return self
@@ -350,6 +360,16 @@ def _table(text: str) -> list[dict[str, str]]:
     return rows
 
 
+def _xl_info(text: str) -> dict[str, str]:
+    """``xl info`` as key -> value (values bounded: they come from dom0)."""
+    info = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and re.fullmatch(r"[a-z_0-9]+", key.strip()):
+            info[key.strip()] = value.strip()[:512]
+    return info
+
+
 def _vcpu_list(text: str) -> list[dict[str, str]]:
     """``xl vcpu-list``: its header ("Affinity (Hard / Soft)") does not split like its rows."""
     rows = []
@@ -420,6 +440,7 @@ class XenEnvironment(Environment):
         self._readback: dict[str, Any] = {}
         self._parent: XenEnvironment | None = None  # set on disturbing domUs: they share its pool
         self._pool_id: int | None = None
+        self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
         self._a653_domains: dict[str, list[tuple[str, int]]] = {}  # ARINC 653 pool owner: domain -> (UUID, vCPU)
 
     @staticmethod
@@ -482,8 +503,12 @@ class XenEnvironment(Environment):
     def start(self) -> None:
         if self._dom0 is not None:
             return
-        self._dom0 = self._parent._dom0 if self._parent is not None else _open_dom0(self.config, self.shared)
-        self._index = self._dom0.next_index()
+        dom0 = self._parent._dom0 if self._parent is not None else _open_dom0(self.config, self.shared)
+        assert dom0 is not None
+        self._dom0 = dom0
+        if dom0.lab is not None and not dom0.lab.alive():
+            raise RunError(f"the Xen lab stopped: {dom0.lab.panic() or dom0.lab.console_tail()}")
+        self._index = dom0.next_index()
         if self._parent is None and self.config.scheduler != "default":
             self._make_pool()
 
@@ -560,7 +585,7 @@ class XenEnvironment(Environment):
             argv = ["/bin/sh", "-c", STREAM_SCRIPT, "rtvirt-stream", DOM0_LINK_ADDRESS, ip, str(port),
                     *argv, "--out=-"]
         local_jobs = self.workdir / "jobs.cpio"
-        local_jobs.write_bytes(job_archive(GuestJob(argv)))
+        local_jobs.write_bytes(job_archive(GuestJob(argv), self._beside))
         local_config = self.workdir / "domain.cfg"
         dom0.run(["mkdir", "-p", directory]).check("xen: dom0 mkdir")
         self._domain = name  # from here on, close() destroys it
@@ -601,13 +626,18 @@ class XenEnvironment(Environment):
             vcpus = 1 if self._parent else self.config.vcpus
             owner._a653_domains[name] = [(uuid, vcpu) for vcpu in range(vcpus)]
             owner._set_a653()
-        rtds = self.config.stressor_rtds if self._parent else self.config.rtds
+        rtds = self._rtds_request()
         if rtds is not None and self._domain_pool() is not None:
             if isinstance(rtds, list):
                 args = [arg for vcpu, params in enumerate(rtds) for arg in ["-v", str(vcpu), *params.xl_args()]]
             else:
                 args = ["-v", "all", *rtds.xl_args()]
             self._dom0.xl("sched-rtds", "-d", name, *args)
+
+    def _rtds_request(self) -> RtdsParams | list[RtdsParams] | None:
+        if self._parent is not None:
+            return self.config.stressor_rtds
+        return self.config.rtds_vcpus or self.config.rtds
 
     def _identity(self, name: str) -> tuple[str, int]:
         """(UUID, cpupool id) of a domain, from xl's JSON view of it."""
@@ -621,7 +651,7 @@ class XenEnvironment(Environment):
 
     def _a653_schedule(self) -> list[tuple[str, int, int]]:
         """(UUID, vCPU, runtime ns) windows: the measuring domU's first, the rest split among disturbers."""
-        params = self.config.arinc653 or Arinc653Params()
+        params = self.config.arinc653 or DEFAULT_A653
         mine = [entry for name, entries in self._a653_domains.items() if name == self._domain for entry in entries]
         others = [entry for name, entries in self._a653_domains.items() if name != self._domain
                   for entry in entries]
@@ -633,7 +663,7 @@ class XenEnvironment(Environment):
 
     def _set_a653(self) -> None:
         assert self._dom0 is not None and self._pool_id is not None
-        params = self.config.arinc653 or Arinc653Params()
+        params = self.config.arinc653 or DEFAULT_A653
         args = [str(self._pool_id), str(params.major_frame)]
         for uuid, vcpu, runtime in self._a653_schedule():
             args += [uuid, str(vcpu), str(runtime)]
@@ -648,7 +678,7 @@ class XenEnvironment(Environment):
         if scheduler == "rtds":
             rows = _table(self._dom0.xl("sched-rtds", "-d", name, "-v", "all"))
             readback["sched_rtds"] = rows
-            rtds = self.config.stressor_rtds if self._parent else self.config.rtds
+            rtds = self._rtds_request()
             wanted = rtds if isinstance(rtds, list) else [rtds] * len(rows) if rtds else []
             for row, params in zip(rows, wanted, strict=False):
                 if (row.get("Period"), row.get("Budget")) != (str(_us(params.period)), str(_us(params.budget))):
@@ -658,14 +688,16 @@ class XenEnvironment(Environment):
             readback[f"sched_{scheduler}"] = _table(self._dom0.xl(f"sched-{scheduler}", "-d", name))
         elif scheduler == "arinc653":
             owner = self._parent or self
-            shown = self._dom0.run([self._dom0.a653_command(), str(owner._pool_id)]).check("xen: reading the ARINC 653 schedule")
+            shown = self._dom0.run([self._dom0.a653_command(), str(owner._pool_id)]).check(
+                "xen: reading the ARINC 653 schedule")
             lines = shown.stdout.split("\n")
             frame = int(lines[0].split()[1])
             windows = [{"uuid": f[0], "vcpu": int(f[1]), "runtime_ns": int(f[2])}
                        for f in (line.split() for line in lines[1:]) if len(f) == 3]
-            wanted = [{"uuid": u, "vcpu": v, "runtime_ns": r} for u, v, r in owner._a653_schedule()]
-            if windows != wanted:
-                raise RunError(f"xen: the ARINC 653 schedule Xen reports ({len(windows)} windows) is not the one set")
+            requested = [{"uuid": u, "vcpu": v, "runtime_ns": r} for u, v, r in owner._a653_schedule()]
+            if windows != requested:
+                raise RunError(f"xen: the ARINC 653 schedule Xen reports ({len(windows)} windows) is not the one "
+                               "set")
             readback["arinc653"] = {"major_frame_ns": frame, "windows": windows}
         self._readback = readback
 
@@ -698,11 +730,10 @@ class XenEnvironment(Environment):
 
     def check(self) -> str | None:
         if self._dom0 is not None and self._dom0.lab is not None and not self._dom0.lab.alive():
-            return f"the Xen lab stopped: {self._dom0.lab.console_tail()}"
+            return f"the Xen lab stopped: {self._dom0.lab.panic() or self._dom0.lab.console_tail()}"
         if self._process is None:
             return None
-        if self._ready_at is None and time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9 \
-                and not self.booted:
+        if not self.booted and time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
             return f"the domU did not boot within {self.config.boot_timeout / 1e9:.0f}s"
         status = self._process.poll()
         if status not in (None, 0):
@@ -719,6 +750,12 @@ class XenEnvironment(Environment):
                     self._ready_at = now
         return self._ready_at is not None
 
+    def add_guest_job(self, agent: str, args: list[str]) -> None:
+        if self._process is not None:  # the jobs are in the initramfs: they cannot join a running domU
+            raise RunError(f"{self.config.label}: a stressor inside the domU starts with it: give its disturbance "
+                           "start_order = ['stress-first'] and no events")
+        self._beside.append(GuestJob([f"{GUEST_AGENT_DIR}/{agent}", *args]))
+
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None) -> Environment:
         """Another domU of the same Xen; its pCPUs come from ``stressor_cpus`` (host CPUs mean nothing to Xen)."""
         config = self.config.model_copy(update={"name": f"{self.config.label[:40]}-stress{index}"})
@@ -732,7 +769,7 @@ class XenEnvironment(Environment):
         description: dict[str, Any] = {**super().describe(), "where": _resolve_where(self.config)}
         if self._dom0 is not None:
             if self._parent is None:
-                description["xl_info"] = self._dom0.info()
+                description["xl_info"] = _xl_info(self._dom0.info())
                 description["cpupools"] = _table(self._dom0.xl("cpupool-list")) if self._dom0.lab is None or \
                     self._dom0.lab.alive() else []
             if self._dom0.lab is not None:

@@ -49,13 +49,23 @@ from .guest_image import (
 if TYPE_CHECKING:
     from ..remote import SshConnection
 
-__all__ = ["A653_TOOL", "XEN_CONFIG_OPTIONS", "XenLab", "XenLabConfig", "a653_tool", "dom0_image", "local_domu_files", "reclaim_labs",
-           "rt_hypervisor"]
+__all__ = ["A653_TOOL", "XEN_CONFIG_OPTIONS", "XenLab", "XenLabConfig", "a653_tool", "dom0_image", "local_domu_files",
+           "reclaim_labs", "rt_hypervisor"]
 
 # Kconfig options added to Debian's own hypervisor config: the real-time schedulers are "unsupported".
 XEN_CONFIG_OPTIONS = ("CONFIG_EXPERT=y", "CONFIG_UNSUPPORTED=y", "CONFIG_SCHED_RTDS=y",
                       "CONFIG_SCHED_ARINC653=y", "CONFIG_SCHED_NULL=y")
 PACKAGED_CONFIG_GLOB = "/boot/xen-4.*-amd64.config"
+# Xen 4.17's RTDS crashes the hypervisor when the last pCPU of an RTDS cpupool leaves it (cpupool-destroy):
+# rt_deinit_pdata -> move_repl_timer reads the cpupool that pCPU has just left (NULL, page fault). The
+# lab's hypervisor gets this fix: with no pool left there is no pCPU to move the timer to, so it is killed.
+RTDS_FIX = ("xen/common/sched/rt.c",
+            """    cpumask_t *online = get_sched_res(old_cpu)->cpupool->res_valid;
+    unsigned int new_cpu = cpumask_cycle(old_cpu, online);
+""",
+            """    const struct cpupool *pool = get_sched_res(old_cpu)->cpupool;
+    unsigned int new_cpu = pool ? cpumask_cycle(old_cpu, pool->res_valid) : nr_cpu_ids;
+""")
 BUILD_TIMEOUT_S = 3600
 
 
@@ -82,7 +92,7 @@ def _packaged_config() -> Path:
 def rt_hypervisor() -> Path:
     """The multiboot ELF of a Xen with RTDS, ARINC 653 and null; built on first use (a few minutes)."""
     config = _packaged_config()
-    digest = hashlib.sha256(config.read_bytes() + "\n".join(XEN_CONFIG_OPTIONS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(config.read_bytes() + "\n".join((*XEN_CONFIG_OPTIONS, *RTDS_FIX)).encode()).hexdigest()[:16]
     root = cache_dir() / "xen"
     target = root / f"xen-rt-{digest}.elf"
     if target.exists():
@@ -97,6 +107,11 @@ def rt_hypervisor() -> Path:
         if not trees:
             raise RunError("xen lab: apt-get source xen unpacked no source tree")
         xen_dir = trees[0] / "xen"
+        fixed, before, after = trees[0] / RTDS_FIX[0], RTDS_FIX[1], RTDS_FIX[2]
+        source = fixed.read_text()
+        if before not in source:
+            raise RunError(f"xen lab: {RTDS_FIX[0]} of this Xen source is not the one the RTDS fix is for")
+        fixed.write_text(source.replace(before, after))
         text = config.read_text()
         for option in XEN_CONFIG_OPTIONS:
             name = option.split("=")[0]
@@ -378,6 +393,8 @@ LAB_ROOT = "xen-lab"
 OWNER_FILE = "owner.pid"
 QEMU_PID_FILE = "qemu.pid"
 CONSOLE_LIMIT = 1 << 20
+PANIC_MARK = "Panic on CPU"
+PANIC_WINDOW = 1 << 16
 
 
 class XenLabConfig(BaseModel):
@@ -514,7 +531,7 @@ class XenLab:
         known_hosts.write_text(f"[127.0.0.1]:{port} {keys.host_public}\n")
         target = SshTarget(host="127.0.0.1", port=port, user="root", identity_file=keys.client_key,
                            known_hosts=known_hosts, ssh_config=self.directory / "ssh_config",
-                           connect_timeout=60)
+                           connect_timeout=60, proxy_jump=None)
         (self.directory / "ssh_config").write_text("")  # never the user's ~/.ssh/config
         attempt_deadline = time.monotonic() + 60
         while True:
@@ -541,7 +558,20 @@ class XenLab:
         return self._connection
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._proc is not None and self._proc.poll() is None and self.panic() is None
+
+    def panic(self) -> str | None:
+        """Xen's panic message if the hypervisor crashed (QEMU keeps running a halted machine)."""
+        if not self.console.exists():
+            return None
+        with self.console.open("rb") as f:
+            f.seek(max(0, self.console.stat().st_size - PANIC_WINDOW))
+            text = f.read().decode("utf-8", errors="replace")
+        at = text.rfind(PANIC_MARK)
+        if at < 0:
+            return None
+        said = [line.removeprefix("(XEN)").strip() for line in text[at:].splitlines()[1:4]]
+        return "Xen panicked: " + " | ".join(line[:160] for line in said if line and not line.startswith("*"))
 
     def console_text(self) -> str:
         if not self.console.exists():

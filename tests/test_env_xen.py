@@ -1,0 +1,320 @@
+"""The xen environment on a real Xen: the Xen lab (Xen 4.17 built from Debian's source with RTDS and ARINC 653,
+a busybox dom0 with Debian's xl, booted in QEMU under TCG here) driven over SSH.
+
+Lab boots are few: one campaign (one boot) runs the timer and gap probes, two RTDS reservations and a shared
+versus pinned-apart pCPU, and several tests read its runs; SIGTERM costs one boot, kill -9 + --resume two
+(the second also runs ARINC 653 and credit cpupools). Timings are TCG-nested: the assertions check direction and
+order of magnitude only.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import RTVIRT, run_cli
+
+from rtvirt.environments.guest_image import cache_dir
+from rtvirt.environments.xen import XenConfig, XenEnvironment
+from rtvirt.environments.xen_lab import LAB_ROOT
+from rtvirt.errors import InputError
+from rtvirt.scenario.loader import load_scenario, parse_scenario
+from rtvirt.store import load_run
+from rtvirt.stream import read_stream
+
+RUN_S = 4
+LAB_SCENARIO = f"""
+name = "xen-lab-tests"
+duration = "{RUN_S}s"
+run_timeout = "5m"
+
+[[workloads]]
+name = "timer"
+probe = "timer"
+params = {{ interval = "1ms" }}
+
+[[workloads]]
+name = "gap"
+probe = "gap"
+params = {{ threshold = "500us" }}
+
+[[environments]]
+kind = "xen"
+name = "default-pool"
+cpus = "1"
+
+# RTDS servers on the measuring vCPU: interruptions of period - budget, once a period
+[[environments]]
+kind = "xen"
+name = "rtds-4-10"
+scheduler = "rtds"
+cpus = "1"
+rtds = {{ period = "10ms", budget = "4ms" }}
+
+[[environments]]
+kind = "xen"
+name = "rtds-4-40"
+scheduler = "rtds"
+cpus = "1"
+rtds = {{ period = "40ms", budget = "4ms" }}
+
+# Xen's default scheduler (credit2): a spinning neighbour domU on the same pCPU, or pinned to the other one
+[[environments]]
+kind = "xen"
+name = "shared-pcpu"
+cpus = "1"
+
+[[environments]]
+kind = "xen"
+name = "pinned-apart"
+cpus = "1"
+stressor_cpus = "0"
+
+[[disturbances]]
+name = "alone"
+
+[[disturbances]]
+name = "neighbour"
+[[disturbances.stressors]]
+stressor = "cpu"
+where = "other-vm"
+
+[[groups]]
+name = "timer"
+workload = "timer"
+environments = ["default-pool"]
+disturbances = ["alone"]
+
+[[groups]]
+name = "rtds"
+workload = "gap"
+environments = ["rtds-4-10", "rtds-4-40"]
+disturbances = ["alone"]
+
+[[groups]]
+name = "placement"
+workload = "gap"
+environments = ["shared-pcpu", "pinned-apart"]
+disturbances = ["neighbour"]
+start_order = ["stress-first"]
+"""
+
+
+def _lab_qemus() -> list[str]:
+    """Running QEMUs of Xen labs (their command line names the lab directory); other rtvirt processes on
+    this machine may run labs of their own, so tests look for their own lab's directory in these."""
+    found = subprocess.run(["pgrep", "-af", f"{cache_dir() / LAB_ROOT}/lab-"], capture_output=True, text=True)
+    return [line for line in found.stdout.splitlines() if "qemu-system" in line]
+
+
+def _lab_dirs(owner: int | None = None) -> list[Path]:
+    root = cache_dir() / LAB_ROOT
+    labs = sorted(root.glob("lab-*")) if root.exists() else []
+    return [lab for lab in labs if owner is None or (lab / "owner.pid").read_text() == str(owner)]
+
+
+def _orphans() -> list[str]:
+    """Lab directories whose rtvirt is gone, and lab QEMUs without a live lab: what teardown must not leave."""
+    orphans = [str(lab) for lab in _lab_dirs() if not Path(f"/proc/{(lab / 'owner.pid').read_text()}").exists()]
+    live = [lab for lab in _lab_dirs() if str(lab) not in orphans]
+    return orphans + [line for line in _lab_qemus() if not any(str(lab) in line for lab in live)]
+
+
+def _summary(output: str) -> dict[str, Any]:
+    return json.loads(output[output.index("{"):])  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def lab_campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """One Xen lab boot for five runs; returns (results dir, campaign summary)."""
+    assert XenEnvironment.available() is None, XenEnvironment.available()
+    work = tmp_path_factory.mktemp("xen-lab")
+    (work / "lab.toml").write_text(LAB_SCENARIO)
+    result = run_cli("run", str(work / "lab.toml"), "--out", str(work / "results"), "--no-progress", "--json",
+                     timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    return work / "results", _summary(result.stdout)
+
+
+def _run(lab_campaign: tuple[Path, dict[str, Any]], key: str) -> dict[str, Any]:
+    results, summary = lab_campaign
+    run = summary["runs"][key]
+    assert run["status"] == "complete", run
+    return load_run(results / "runs" / run["run_id"]).manifest  # type: ignore[no-any-return]
+
+
+def _gaps_ns(lab_campaign: tuple[Path, dict[str, Any]], key: str) -> list[int]:
+    results, summary = lab_campaign
+    stream = read_stream(results / "runs" / summary["runs"][key]["run_id"] / "samples.rtvs")
+    return [int(v) for v in stream.records["value"]]
+
+
+@pytest.mark.vm
+def test_timer_and_gap_probes_run_in_a_domu_of_the_lab(lab_campaign: tuple[Path, dict[str, Any]]) -> None:
+    timer = _run(lab_campaign, "timer/default-pool/alone/-/r1")
+    gap = _run(lab_campaign, "rtds/rtds-4-10/alone/-/r1")
+    assert timer["probe"] == "timer" and gap["probe"] == "gap"
+    assert timer["summary"]["all"]["samples"] > 500 and timer["summary"]["all"]["dropped"] == 0
+    assert gap["summary"]["all"]["samples"] > 50 and gap["summary"]["all"]["dropped"] == 0
+    detail = timer["environment_detail"]
+    assert detail["where"] == "lab" and detail["lab"]["accel"] in ("tcg", "kvm")
+    assert detail["lab"]["hypervisor"].startswith("xen-rt-")
+    # xl info in the record, and the domU's placement as xl reports it
+    assert detail["xl_info"]["xen_major"] == "4" and "nr_cpus" in detail["xl_info"]
+    assert detail["applied"]["domain"].startswith("rtvirt-default-pool-measure-")
+    assert [v["hard_affinity"] for v in detail["applied"]["vcpu_list"]] == ["1"]
+    assert detail["applied"]["sched_credit2"][0]["Weight"] == "256"
+    assert any("not representative" in w for w in timer["system"]["warnings"])
+    # every run of the campaign shared one lab boot
+    boots = {_run(lab_campaign, key)["environment_detail"]["lab"]["boot_seconds"]
+             for key in lab_campaign[1]["runs"]}
+    assert len(boots) == 1
+
+
+@pytest.mark.vm
+def test_an_rtds_reservation_shows_as_interruptions_of_its_length_and_rate(
+        lab_campaign: tuple[Path, dict[str, Any]]) -> None:
+    figures = {}
+    for name, period_ms, budget_ms in (("rtds-4-10", 10, 4), ("rtds-4-40", 40, 4)):
+        key = f"rtds/{name}/alone/-/r1"
+        applied = _run(lab_campaign, key)["environment_detail"]["applied"]
+        assert applied["pool"].startswith("rtvirt-rtds-")
+        assert [(r["Period"], r["Budget"], r["Extra"]) for r in applied["sched_rtds"]] == \
+            [(str(period_ms * 1000), str(budget_ms * 1000), "0")]
+        gaps = _gaps_ns(lab_campaign, key)
+        median_ms, rate = statistics.median(gaps) / 1e6, len(gaps) / RUN_S
+        expected_ms, expected_rate = period_ms - budget_ms, 1000 / period_ms
+        # order of magnitude: nested TCG stretches and adds gaps, never by 3x
+        assert expected_ms / 3 < median_ms < expected_ms * 3, (name, median_ms)
+        assert expected_rate / 3 < rate < expected_rate * 3, (name, rate)
+        figures[name] = (median_ms, rate)
+    # direction: a longer period with the same budget means longer and rarer interruptions
+    assert figures["rtds-4-40"][0] > figures["rtds-4-10"][0] and figures["rtds-4-40"][1] < figures["rtds-4-10"][1]
+
+
+@pytest.mark.vm
+def test_a_neighbour_domu_on_the_same_pcpu_takes_time_that_one_pinned_apart_does_not(
+        lab_campaign: tuple[Path, dict[str, Any]]) -> None:
+    lost = {}
+    for name in ("shared-pcpu", "pinned-apart"):
+        key = f"placement/{name}/neighbour/-/stress-first/r1"
+        manifest = _run(lab_campaign, key)
+        assert [e["event"] for e in manifest["timeline"]][:1] == ["stress-on"]
+        lost[name] = sum(_gaps_ns(lab_campaign, key)) / (RUN_S * 1e9)
+    assert lost["shared-pcpu"] > 0.2, lost  # credit2 shares the pCPU between the two domUs
+    assert lost["pinned-apart"] < lost["shared-pcpu"] / 2, lost
+
+
+@pytest.mark.vm
+def test_sigterm_keeps_the_streamed_samples_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    scenario = tmp_path / "long.toml"
+    scenario.write_text('name = "xen-sigterm"\nduration = "2m"\n[workload]\nprobe = "timer"\n'
+                        'params = { interval = "1ms" }\n[[environments]]\nkind = "xen"\nname = "lab"\n')
+    results = tmp_path / "results"
+    proc = subprocess.Popen([*RTVIRT, "run", str(scenario), "--out", str(results), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 400
+    # samples reach the results store while the domU still runs: the stream is live
+    while not any(p.stat().st_size > 20_000 for p in results.glob("runs/*/samples.rtvs")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.5)
+    (lab,) = _lab_dirs(proc.pid)
+    assert any(str(lab) in line for line in _lab_qemus())
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert not lab.exists() and not any(str(lab) in line for line in _lab_qemus()) and _orphans() == []
+    state = json.loads(next(results.glob("campaigns/*/state.json")).read_text())
+    (entry,) = state["runs"].values()
+    manifest = load_run(results / "runs" / entry["run_id"]).manifest
+    assert manifest["campaign"]["outcome"] == "interrupted" and manifest["summary"]["all"]["samples"] > 500
+
+
+@pytest.mark.vm
+def test_kill_9_then_resume_reclaims_the_lab_and_finishes_arinc653_and_credit(tmp_path: Path) -> None:
+    scenario = tmp_path / "schedulers.toml"
+    scenario.write_text(
+        'name = "xen-kill"\nduration = "3s"\nrun_timeout = "5m"\n[workload]\nprobe = "timer"\n'
+        'params = { interval = "1ms" }\n'
+        '[[environments]]\nkind = "xen"\nname = "a653"\nscheduler = "arinc653"\ncpus = "1"\n'
+        'arinc653 = { major_frame = "20ms", window = "5ms" }\n'
+        '[[environments]]\nkind = "xen"\nname = "credit"\nscheduler = "credit"\ncpus = "1"\n'
+        'credit = { weight = 512, cap = 50 }\n')
+    results = tmp_path / "results"
+    proc = subprocess.Popen([*RTVIRT, "run", str(scenario), "--out", str(results), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 400
+    while not any(p.stat().st_size > 2_000 for p in results.glob("runs/*/samples.rtvs")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    (lab,) = _lab_dirs(proc.pid)
+    proc.kill()
+    proc.wait()
+    # the lab's QEMU dies with rtvirt (PR_SET_PDEATHSIG); its directory is left for --resume to reclaim
+    until = time.monotonic() + 30
+    while any(str(lab) in line for line in _lab_qemus()) and time.monotonic() < until:
+        time.sleep(0.5)
+    assert not any(str(lab) in line for line in _lab_qemus()) and lab.exists()
+    resumed = run_cli("run", "--resume", "--out", str(results), "--no-progress", "--json", timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:] + resumed.stdout[-3000:]
+    assert not lab.exists() and _orphans() == []
+    runs = _summary(resumed.stdout)["runs"]
+    assert {key: run["status"] for key, run in runs.items()} == {"a653/solo/-/r1": "complete",
+                                                                 "credit/solo/-/r1": "complete"}
+    a653 = load_run(results / "runs" / runs["a653/solo/-/r1"]["run_id"]).manifest
+    applied = a653["environment_detail"]["applied"]["arinc653"]
+    assert applied["major_frame_ns"] == 20_000_000
+    assert [(w["vcpu"], w["runtime_ns"]) for w in applied["windows"]] == [(0, 5_000_000)]
+    # the domU only runs in its 5 ms window of every 20 ms: the 1 ms timer sees wake-ups held back by up to 15 ms
+    assert a653["summary"]["all"]["max_ns"] > 5_000_000
+    credit = load_run(results / "runs" / runs["credit/solo/-/r1"]["run_id"]).manifest
+    assert credit["environment_detail"]["applied"]["sched_credit"][0]["Weight"] == "512"
+    assert credit["environment_detail"]["applied"]["sched_credit"][0]["Cap"] == "50"
+
+
+@pytest.mark.parametrize(("table", "path", "message"), [
+    ('scheduler = "bfs"', "environments[0].scheduler", "'credit2'"),
+    ('where = "cloud"', "environments[0].where", "'lab'"),
+    ('scheduler = "rtds"\nrtds = { period = "10ms", budget = "20ms" }', "environments[0].rtds",
+     "budget must not exceed period"),
+    ('rtds = { period = "10ms", budget = "4ms" }', "environments[0]", "need scheduler = 'rtds'"),
+    ('scheduler = "rtds"\nrtds = { period = "10ms", budget = "4ms", slack = 1 }', "environments[0].rtds.slack",
+     "Extra inputs"),
+    ('scheduler = "arinc653"\narinc653 = { major_frame = "5ms", window = "6ms" }', "environments[0].arinc653",
+     "window must not exceed major_frame"),
+    ('credit = { weight = 0 }', "environments[0].credit.weight", "greater than or equal to 1"),
+    ('affinity = ["1", "0"]', "environments[0]", "affinity names 2 vCPUs but vcpus is 1"),
+    ('lab = { pcpus = 0 }', "environments[0].lab.pcpus", "greater than or equal to 1"),
+    ('where = "lab"\ndom0_vcpus = 2', "environments[0]", "dom0_vcpus (2) leaves no pCPU"),
+])
+def test_malformed_xen_tables_are_rejected_with_their_field_path(table: str, path: str, message: str) -> None:
+    text = f'name = "bad"\nduration = "1s"\n[workload]\nprobe = "timer"\n[[environments]]\nkind = "xen"\n{table}\n'
+    with pytest.raises(InputError) as error:
+        parse_scenario(text)
+    assert path in str(error.value) and message in str(error.value)
+
+
+def test_the_cli_exits_2_naming_the_xen_field(tmp_path: Path) -> None:
+    scenario = tmp_path / "bad.toml"
+    scenario.write_text('name = "bad"\nduration = "1s"\n[workload]\nprobe = "timer"\n[[environments]]\nkind = "xen"\n'
+                        'scheduler = "rtds"\nrtds = { period = "10ms", budget = "4.5us" }\n')
+    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"))
+    assert result.returncode == 2 and "environments[0].rtds" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_built_in_xen_scenarios_cover_the_studies_schedulers() -> None:
+    servers, schedulers = load_scenario("rt-xen-servers")[0], load_scenario("xen-schedulers")[0]
+    xen_servers = [env for env in servers.environments if isinstance(env, XenConfig)]
+    xen_schedulers = [env for env in schedulers.environments if isinstance(env, XenConfig)]
+    assert len(xen_servers) == len(servers.environments) and len(xen_schedulers) == len(schedulers.environments)
+    assert {env.scheduler for env in xen_schedulers} == {"credit", "credit2", "rtds", "arinc653"}
+    rtds = [env for env in xen_servers if env.scheduler == "rtds"]
+    assert {env.pin for env in rtds} == {True, False} and any(env.stressor_cpus for env in rtds)
+    assert {d.name for d in servers.disturbances} == {"alone", "competing"}
