@@ -473,7 +473,13 @@ class _StreamToFile:
         self._out.close()
         self._done.set()
 
+    def pump(self) -> None:
+        """Take what libvirt already holds for this stream, from the calling thread: samples keep moving
+        even if the event loop falls behind (the run's poll loop calls this)."""
+        self._readable(self.stream, 0, None)
+
     def join(self, timeout: float) -> None:
+        self.pump()
         self._done.wait(timeout)
 
     def stop(self) -> None:
@@ -783,12 +789,17 @@ class LibvirtEnvironment(Environment):
         for reader in self._readers:
             reader.join(timeout=DRAIN_TIMEOUT_S)
 
+    def _pump(self) -> None:
+        for reader in self._readers:
+            reader.pump()
+
     def console_text(self) -> str:
         return bytes(self._console).decode("utf-8", errors="replace")
 
     def check(self) -> str | None:
         if self._domain is None:
             return None
+        self._pump()
         console = self.console_text()
         if self._ready_at is None and READY_MARK in console:
             self._ready_at = time.monotonic()
@@ -812,6 +823,7 @@ class LibvirtEnvironment(Environment):
 
     @property
     def booted(self) -> bool:
+        self._pump()
         if self._ready_at is None and READY_MARK in self.console_text():
             self._ready_at = time.monotonic()
         return self._ready_at is not None
