@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -127,6 +126,8 @@ def _compact(table: pa.Table, value_field: str) -> pa.Table:
     """Store latencies as int32 when they fit: half the bytes to read back, same values."""
     column = table[value_field]
     if pa.types.is_integer(column.type) and column.type != pa.int32() and len(column):
+        import pyarrow.compute as pc  # ~50 ms to import: only the write paths need it, not `rtvirt stats`
+
         lo, hi = pc.min_max(column).values()
         if lo.as_py() is not None and _INT32.min <= lo.as_py() and hi.as_py() <= _INT32.max:
             table = table.set_column(table.schema.get_field_index(value_field), value_field,
@@ -136,6 +137,8 @@ def _compact(table: pa.Table, value_field: str) -> pa.Table:
 
 def histogram_table(groups: Iterable[tuple[int, str, Histogram]]) -> pa.Table:
     """The stored histogram layout (cpu, kind, value, count) from per-(cpu, kind) histograms."""
+    import pyarrow.compute as pc
+
     groups = list(groups)
     kind_names = list(dict.fromkeys(kind for _, kind, _ in groups))
     code = {kind: i for i, kind in enumerate(kind_names)}
@@ -192,6 +195,8 @@ def _repetitive(values: np.ndarray) -> bool:
 
 
 def _hashed_histograms(cpus: np.ndarray, kinds: np.ndarray, kind_names: list[str], values: np.ndarray) -> pa.Table:
+    import pyarrow.compute as pc
+
     counted = pa.table({"cpu": cpus, "kind": kinds, "value": values}).group_by(
         ["cpu", "kind", "value"], use_threads=False).aggregate([("value", "count")])
     counted = counted.sort_by([("cpu", "ascending"), ("kind", "ascending"), ("value", "ascending")])
@@ -204,6 +209,8 @@ def _hashed_histograms(cpus: np.ndarray, kinds: np.ndarray, kind_names: list[str
 
 
 def _factorize(column: pa.Array) -> tuple[list[str], np.ndarray]:
+    import pyarrow.compute as pc
+
     encoded = pc.dictionary_encode(column.cast(pa.string()))
     return [str(k) for k in encoded.dictionary.to_pylist()], encoded.indices.to_numpy(zero_copy_only=False)
 
@@ -212,10 +219,17 @@ def summaries_from_histogram(histogram: pa.Table, group_by: str | None, dropped:
     """Per-group (``cpu`` or ``kind``) and ``all`` summaries from a stored histogram table."""
     result: dict[str, Summary] = {}
     if group_by and histogram.num_rows:
-        encoded = pc.dictionary_encode(histogram[group_by].combine_chunks())  # codes, not a Python object per row
-        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        column = histogram[group_by].combine_chunks()
+        # codes, not a Python object per row; stored kinds are read as a dictionary (histogram_table)
+        if pa.types.is_dictionary(column.type):
+            groups, codes = column.dictionary.to_pylist(), column.indices.to_numpy(zero_copy_only=False)
+        elif pa.types.is_integer(column.type):
+            distinct, codes = np.unique(column.to_numpy(), return_inverse=True)
+            groups = distinct.tolist()
+        else:
+            groups, codes = _factorize(column)
         values, counts = histogram["value"].to_numpy(), histogram["count"].to_numpy()
-        for code, group in sorted(enumerate(encoded.dictionary.to_pylist()), key=lambda item: str(item[1])):
+        for code, group in sorted(enumerate(groups), key=lambda item: str(item[1])):
             mask = codes == code
             label = f"cpu {group}" if group_by == "cpu" else str(group)
             result[label] = summarize_histogram(Histogram.merged([Histogram(values[mask], counts[mask])]))
@@ -328,7 +342,7 @@ class StoredRun:
     def histogram_table(self) -> pa.Table | None:
         path = self.path / "histogram.parquet"
         if path.exists():
-            return _read_parquet(path)
+            return _read_parquet(path, read_dictionary=["kind"])
         return None
 
     def histogram(self) -> Histogram | None:
@@ -369,9 +383,9 @@ def open_parquet(path: Path) -> pq.ParquetFile:
     return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 22)
 
 
-def _read_parquet(path: Path, columns: list[str] | None = None) -> pa.Table:
+def _read_parquet(path: Path, columns: list[str] | None = None, read_dictionary: list[str] | None = None) -> pa.Table:
     try:
-        return pq.read_table(path, columns=columns)
+        return pq.read_table(path, columns=columns, read_dictionary=read_dictionary)
     except FileNotFoundError:
         raise InputError(f"{path}: file not found") from None
     except (OSError, pa.ArrowException) as exc:
