@@ -95,6 +95,8 @@ def _pick_baseline(labels: list[str], wanted: str | None) -> str | None:
 
 
 def _task_bounds(runs: list[StoredRun]) -> list[TaskBounds]:
+    # a campaign's predictions are shown per configuration (rtvirt.predict), not merged here by task name
+    runs = [r for r in runs if not (r.manifest.get("predict") or (r.manifest.get("analysis") or {}).get("predict"))]
     tasks: dict[str, TaskBounds] = {}
     for run in runs:
         for task in ((run.manifest.get("analysis") or {}).get("tasks") or []):
