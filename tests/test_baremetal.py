@@ -59,7 +59,7 @@ def boot(tmp_path: Path, probe: str, params: dict[str, Any] | None = None, raw: 
             status = launched.proc.wait(timeout=180)  # type: ignore[union-attr]
             try:
                 error = None
-                assert env.check() is None
+                assert env.check() is None, f"status {status}: {env.console_text()[-2000:]}"
             except RtvirtError as exc:
                 error = exc
         finally:
@@ -89,12 +89,14 @@ def test_timer_interrupt_and_thread_latency(tmp_path: Path) -> None:
     r = stream.records
     assert stream.header["params"]["interval"] == 2 * MS  # the model's value, in ns, as the Linux agent echoes it
     assert stream.header["aux_field"] == "irq_latency_ns"
-    assert r.size >= 200  # 500 periods planned; the rest were skipped as overruns under TCG
-    assert r.size + stream.stats[(0, "overruns")] >= 450
+    # 500 periods in the second: each one is a sample or a counted overrun (a loaded TCG host misses many)
+    assert r.size >= 20 and abs(r.size + stream.stats[(0, "overruns")] - 500) <= 2
     # the handler runs before the thread resumes: every thread latency covers its interrupt latency
     assert np.all(r["value"] >= r["aux"].astype(np.int64))
     steps = np.diff(r["t_ns"].astype(np.int64))
-    assert np.all(np.abs(steps - np.round(steps / (2 * MS)) * 2 * MS) <= 10)  # planned expiries on the period grid
+    periods = np.round(steps / (2 * MS))
+    assert np.all(periods >= 1)  # each period sampled once at most
+    assert np.all(np.abs(steps - periods * 2 * MS) <= 2 + periods)  # on the grid (period rounded to whole cycles)
 
 
 def test_kops_keeps_every_iteration_of_every_operation(kops_stream: Path) -> None:

@@ -130,6 +130,7 @@ void ktimer_start(ktimer *t, uint64_t expiry_tsc, semaphore *give);
 void ktimer_stop(ktimer *t);
 void sleep_until_tsc(uint64_t tsc);
 uint64_t last_timer_irq_tsc(void); /* entry TSC of the interrupt that fired the last timer */
+bool k_can_block(void);            /* a thread other than idle, not in an interrupt handler */
 void thread_exit(void);
 void set_idle_work(void (*work)(void)); /* what the idle thread does before halting */
 

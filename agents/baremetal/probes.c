@@ -27,7 +27,7 @@ int timer_run(void) {
         /* a one-shot count rounds to APIC ticks: an entry a few cycles early counts as 0 */
         stream_sample(tsc_to_ns(next), (int64_t)tsc_to_ns(now - next), irq > next ? tsc_to_ns(irq - next) : 0, 0, 0);
         next += period;
-        for (now = rdtsc(); next <= now; next += period) overruns++; /* missed periods are skipped */
+        for (now = rdtsc(); next <= now && next <= deadline; next += period) overruns++; /* missed: skipped */
     }
     stream_stat(0, 0, (int64_t)overruns);
     return 0;

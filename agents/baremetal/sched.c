@@ -304,3 +304,5 @@ void sleep_until_tsc(uint64_t tsc) {
 }
 
 uint64_t last_timer_irq_tsc(void) { return timer_irq_tsc; }
+
+bool k_can_block(void) { return current && current != &threads[0] && !in_isr; }

@@ -177,6 +177,9 @@ uint64_t stream_dropped(void) { return dropped; }
 
 void stream_end(int reason) {
     if (!probe) return;
+    /* The idle thread may be preempted inside a write: let it finish (its chunk is not yet counted in
+     * tail, and writing from tail again would repeat it). Error and stop paths that cannot block go on. */
+    while (draining && k_can_block()) sleep_until_tsc(rdtsc() + ns_to_tsc(100000));
     ending = true;
     written_records -= dropped;
     /* the trailer always fits: keep room by writing out first */

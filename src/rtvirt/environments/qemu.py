@@ -266,17 +266,23 @@ class QemuEnvironment(Environment):
         return Launched(baremetal.DebugExitProcess(self._proc, self._console), out)
 
     def _place_and_continue(self, qmp_socket: Path) -> None:
+        from qemu.qmp import ConnectError
         from qemu.qmp.legacy import QEMUMonitorProtocol
 
         assert self._proc is not None
         deadline = time.monotonic() + 30
-        while not qmp_socket.exists():
+        while True:
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 raise RunError(f"qemu did not start: {self._stderr_tail()}")
+            if qmp_socket.exists():
+                monitor = QEMUMonitorProtocol(str(qmp_socket))
+                try:
+                    monitor.connect()
+                    break
+                except ConnectError:  # bound a moment before QEMU listens on it (seen under load)
+                    monitor.close()
             time.sleep(0.05)
-        monitor = QEMUMonitorProtocol(str(qmp_socket))
         try:
-            monitor.connect()
             cpus: list[dict[str, Any]] = list(monitor.cmd("query-cpus-fast"))  # type: ignore[call-overload]
             host_cpus = self._host_cpus()
             vcpu_threads: dict[int, int] = {int(c["cpu-index"]): int(c["thread-id"]) for c in cpus}
