@@ -92,6 +92,7 @@ extern volatile bool stop_requested;
 _Noreturn void stop_now(void); /* write everything out, END reason 1, leave the VM */
 extern volatile uint64_t isr_entry_tsc; /* TSC read at the first instructions of the last IRQ stub */
 void idt_init(void);
+extern void (*kops_ipi_hook)(void); /* what KOPS_IPI_VECTOR runs (the kops probe's timestamps) */
 
 /* ---- sched.c: the tiny preemptive kernel ---- */
 typedef struct thread thread;
@@ -152,7 +153,6 @@ void stream_sample(uint64_t t_ns, int64_t value, uint64_t aux, uint16_t thread, 
 void stream_stat(uint16_t thread, uint16_t key, int64_t value);
 void stream_end(int reason); /* DROPPED + END, then flush everything */
 void stream_drain(void);     /* write out what is buffered (idle work; preemptible) */
-uint64_t stream_dropped(void);
 bool stream_room(size_t records);
 uint64_t stream_pending(void); /* bytes not written out yet */
 bool stream_draining(void);

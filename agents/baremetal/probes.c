@@ -87,7 +87,6 @@ static const char *const kops_kinds[] = {"irq_entry", "irq_exit", "thread_switch
 static const char *const kops_stats[] = {"iterations", NULL};
 const probe_desc kops_desc = {"kops", "duration_ns", "cycles", kops_kinds, kops_stats};
 
-extern void (*kops_ipi_hook)(void);
 static volatile uint64_t ipi_entry_tsc, ipi_hook_tsc;
 static volatile bool ipi_seen;
 static volatile uint64_t partner_t0, partner_delta;

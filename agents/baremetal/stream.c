@@ -173,8 +173,6 @@ void stream_stat(uint16_t thread, uint16_t key, int64_t value) {
     push(&r);
 }
 
-uint64_t stream_dropped(void) { return dropped; }
-
 void stream_end(int reason) {
     if (!probe) return;
     /* The idle thread may be preempted inside a write: let it finish (its chunk is not yet counted in
