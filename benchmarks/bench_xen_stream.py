@@ -18,22 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_guest_stream import _figures  # the same samples/s and drops figures as the QEMU channel's
+
 from rtvirt.environments import SharedResources
 from rtvirt.environments.xen import XenConfig, XenEnvironment
 from rtvirt.procs import Supervisor
-from rtvirt.stream import read_stream
 
 RATES = (("100k", 100_000), ("200k", 200_000), ("max", 0))
-
-
-def _figures(path: Path, label: str, wall: float) -> dict[str, float]:
-    stream = read_stream(path)
-    t = stream.records["t_ns"]
-    span = (int(t.max()) - int(t.min())) / 1e9 if t.size > 1 else float("nan")
-    rate = stream.records.size / span if span else float("nan")
-    print(f"{label:6s} samples={stream.records.size:>9d} dropped={stream.total_dropped:>8d} end={stream.end_reason} "
-          f"span={span:6.2f}s rate={rate / 1e3:8.1f} k samples/s ({rate * 32 / 1e6:5.2f} MB/s) wall={wall:5.1f}s")
-    return {"rate": rate, "dropped": stream.total_dropped, "samples": stream.records.size}
 
 
 def _domu(seconds: float, rate: int, label: str, work: Path, shared: SharedResources) -> dict[str, float]:

@@ -60,6 +60,9 @@ ip route add "$dom0/32" dev eth0
 "$@" | nc "$dom0" "$port"
 """
 
+# cpupool ids by name, as "ID NAME" lines (libxl keeps them in xenstore; xl prints names only)
+POOL_IDS_SCRIPT = 'for i in $(seq 0 63); do n=$(xenstore-read /local/pool/$i/name 2>/dev/null) && echo "$i $n"; done'
+
 
 def _us(ns: int) -> int:
     return ns // 1000
@@ -640,14 +643,20 @@ class XenEnvironment(Environment):
         return self.config.rtds_vcpus or self.config.rtds
 
     def _identity(self, name: str) -> tuple[str, int]:
-        """(UUID, cpupool id) of a domain, from xl's JSON view of it."""
+        """(UUID, cpupool id) of a domain: the UUID from xl's JSON view of it, the id of its pool (which xl
+        never prints) from xenstore's /local/pool/ID/name."""
         assert self._dom0 is not None
         text = self._dom0.xl("list", "-l", name)
         uuid = re.search(r'"uuid":\s*"([0-9a-fA-F-]{36})"', text)
-        pool = re.search(r'"poolid":\s*(\d+)', text)
-        if uuid is None or pool is None:
-            raise RunError(f"xen: xl list -l {name} names no uuid/poolid")
-        return uuid.group(1), int(pool.group(1))
+        pool_name = re.search(r'"pool_name":\s*"([^"]+)"', text)
+        if uuid is None or pool_name is None:
+            raise RunError(f"xen: xl list -l {name} names no uuid or pool_name")
+        listed = self._dom0.run(["sh", "-c", POOL_IDS_SCRIPT]).check("xen: listing cpupool ids in xenstore")
+        for line in listed.stdout.splitlines():
+            pool_id, _, pool = line.partition(" ")
+            if pool == pool_name.group(1) and pool_id.isdigit():
+                return uuid.group(1), int(pool_id)
+        raise RunError(f"xen: cpupool {pool_name.group(1)[:64]!r} is not in xenstore's /local/pool")
 
     def _a653_schedule(self) -> list[tuple[str, int, int]]:
         """(UUID, vCPU, runtime ns) windows: the measuring domU's first, the rest split among disturbers."""
