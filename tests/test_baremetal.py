@@ -265,7 +265,7 @@ def test_without_virtio_the_stream_takes_the_debug_console_or_com2(tmp_path: Pat
 def test_stopping_a_running_guest_writes_out_every_sample(tmp_path: Path, probe: str) -> None:
     """Closing the environment mid-run (Ctrl-C, a watchdog) stops the guest as SIGTERM stops an agent:
     everything it took reaches the file and the stream ends with reason 'signal'."""
-    params = {"duration": 0, **({"interval": "1ms"} if probe == "timer" else {"threshold": "50us"})}
+    params: dict[str, Any] = {"duration": 0, **({"interval": "1ms"} if probe == "timer" else {"threshold": "50us"})}
     out = tmp_path / "samples.rtvs"
     config = QemuConfig(kind="qemu", cpus=(CPU,), accel="tcg", guest="baremetal",
                         vcpu_sched=SchedPolicy(policy="other"))
