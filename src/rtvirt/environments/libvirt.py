@@ -34,12 +34,13 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..errors import RunError
+from ..errors import InputError, RunError
 from ..fileio import write_atomically
 from ..params import CpuList, parse_cpulist
 from ..units import duration_field
 from .base import Environment, EnvironmentConfig, Launched, SharedResources
 from .guest_image import (
+    EXIT_MARK,
     GUEST_AGENT_DIR,
     READY_MARK,
     GuestImage,
@@ -430,7 +431,7 @@ class _StreamToFile:
     guest closes it."""
 
     def __init__(self, stream: Any, path: Path, keep: bytearray | None = None) -> None:
-        self.stream, self.keep = stream, keep
+        self.stream, self.path, self.keep = stream, path, keep
         self.received = 0
         self.ended = ""  # why the stream ended, once it has: "end of stream" or libvirt's error
         self.ended_at = 0.0
@@ -789,6 +790,17 @@ class LibvirtEnvironment(Environment):
         for reader in self._readers:
             reader.join(timeout=DRAIN_TIMEOUT_S)
 
+    def _samples_complete(self) -> bool:
+        """Whether the samples the guest sent end with the agent's END record for a complete run."""
+        from ..stream import read_stream  # numpy/pyarrow: not at CLI start
+
+        if self._channel_reader is None:
+            return False
+        try:
+            return read_stream(self._channel_reader.path).end_reason == "complete"
+        except InputError:
+            return False
+
     def _pump(self) -> None:
         for reader in self._readers:
             reader.pump()
@@ -812,7 +824,12 @@ class LibvirtEnvironment(Environment):
             return None
         if stopped is not None:
             self.drain()
-            return agent_failure(self.console_text())
+            failure = agent_failure(self.console_text())
+            if failure and not stopped and EXIT_MARK not in self.console_text() and self._samples_complete():
+                # libvirt kills QEMU as soon as the guest powers off and the console's last lines can be
+                # lost with it under load; the agent's END record on the channel says it finished
+                return None
+            return failure
         channel = self._channel_reader
         if channel is not None and channel.ended and (channel.ended != "end of stream"
                                                       or time.monotonic() - channel.ended_at > DRAIN_TIMEOUT_S):
