@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from rtvirt.stream import StreamReader
 
 from conftest import RTVIRT, run_cli
-from sshd_server import SshServer
+from sshd_server import SshServer, descendants, process_name
 
 REMOTE_BIN = "/var/tmp/rtvirt/bin-"
 
@@ -111,6 +112,7 @@ def test_stress_over_ssh(server: SshServer) -> None:
 
 
 def test_connection_killed_mid_run_keeps_samples_and_fetches_copy(server: SshServer, results_dir: Path) -> None:
+    copies_before = set(Path("/var/tmp/rtvirt/runs").glob("timer-*"))
     args = [*RTVIRT, "probe", "timer", *target_args(server), "--duration", "20s", "--interval", "1ms",
             "--results", str(results_dir), "--json"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -135,7 +137,7 @@ def test_connection_killed_mid_run_keeps_samples_and_fetches_copy(server: SshSer
     assert stream.complete  # the copy ends with the agent's own END record: nothing was lost at the tail
     assert manifest["target"]["leftovers"] == []
     assert our_agents_running() == []
-    assert not list(Path("/var/tmp/rtvirt/runs").glob("timer-*"))  # the copy was removed once fetched
+    assert set(Path("/var/tmp/rtvirt/runs").glob("timer-*")) <= copies_before  # removed once fetched
 
 
 def test_aarch64_agent_runs_under_qemu_user(tmp_path: Path) -> None:
@@ -175,8 +177,11 @@ def test_scenario_two_targets_and_hooks(server: SshServer, second_server: SshSer
     scenario = tmp_path / "two-targets.toml"
     scenario.write_text(f'''
 name = "two-targets"
-duration = "2s"
+duration = "3s"
 run_timeout = "2m"
+
+[timeline]
+settle = "0.2s"
 
 [workload]
 probe = "timer"
@@ -193,10 +198,16 @@ name = "solo"
 
 [[disturbances]]
 name = "other-target"
-events = [{{ at = "0.5s", action = "stress-on" }}, {{ at = "1.5s", action = "stress-off" }}]
+events = [{{ at = "0.3s", action = "stress-on" }}, {{ at = "2.8s", action = "stress-off" }}]
 [[disturbances.stressors]]
 stressor = "cpu"
 where = "other-vm"
+
+[[disturbances]]
+name = "on-target"
+[[disturbances.stressors]]
+stressor = "cpu"
+where = "other-core"
 
 [hooks]
 [[hooks.before_campaign]]
@@ -209,16 +220,37 @@ argv = ["touch", "{marks}/after-{{run_id}}"]
 argv = ["touch", "{marks}/campaign-end"]
 ''')
     results = tmp_path / "results"
-    result = run_cli("run", str(scenario), "--out", str(results), "--json", timeout=300)
+    seen_on_second: set[str] = set()  # what ran under the second target's sshd (the "other target")
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            assert second_server.proc is not None
+            seen_on_second.update(process_name(pid) for pid in descendants(second_server.proc.pid))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = run_cli("run", str(scenario), "--out", str(results), "--json", timeout=300)
+    finally:
+        done.set()
+        watcher.join()
     assert result.returncode == 0, result.stderr
     manifests = [json.loads(p.read_text()) for p in results.glob("runs/*/manifest.json")]
-    assert sorted(m["campaign"]["disturbance"] for m in manifests) == ["other-target", "solo"]
+    assert "rtvirt-stress" in seen_on_second and "rtvirt-probe" not in seen_on_second, \
+        (seen_on_second, [m["timeline"] for m in manifests])
+    assert sorted(m["campaign"]["disturbance"] for m in manifests) == ["on-target", "other-target", "solo"]
     for manifest in manifests:
         assert manifest["status"] == "complete", manifest["campaign"]
         assert manifest["environment_detail"]["target"]["arch"] == os.uname().machine
         assert [h["argv"][0] for h in manifest["hooks"]] == ["mkdir", "touch"]
         assert all(h["status"] == 0 for h in manifest["hooks"])
         assert (marks / f"after-{manifest['run_id']}").exists()
+    (beside,) = [m for m in manifests if m["campaign"]["disturbance"] == "on-target"]
+    (result,) = beside["campaign"]["stressor_results"]
+    assert result["engine"] == "native" and result["parts"][0]["bogo_ops"] > 0
+    assert result["command"][0].startswith(REMOTE_BIN)  # it ran on the target, from our copied agent
     names = sorted(p.name for p in marks.iterdir())
     assert "before-board-solo-1" in names and "before-board-other-target-1" in names
     assert "campaign-start" in names and "campaign-end" in names
@@ -338,6 +370,13 @@ def test_agent_never_outlives_rtvirt(server: SshServer, tmp_path: Path, signal_n
     while our_agents_running() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert our_agents_running() == []
+    if signal_name == "SIGKILL":  # its copy stays until the next rtvirt on the target cleans up
+        assert list(Path("/var/tmp/rtvirt/runs").glob("timer-*"))
+        again = run_cli("probe", "timer", *target_args(server), "--duration", "200ms", "--results", str(results))
+        assert again.returncode == 0, again.stderr
+        assert not list(Path("/var/tmp/rtvirt/runs").glob("timer-*"))
+        cleaned = [json.loads(p.read_text())["target"]["leftovers_before"] for p in results.glob("runs/*/manifest.json")]
+        assert any("stream copy" in item for found in cleaned for item in found)
     if signal_name == "SIGTERM":
         summary = json.loads(out)
         assert summary["status"] == "partial" and summary["end_reason"] == "signal", err

@@ -124,9 +124,21 @@ class SshEnvironment(Environment):
         self._agent = self.link.start(agent, args, out, tee)
         return Launched(self._agent, out)
 
+    @property
+    def booted(self) -> bool:
+        """A disturber counts as started once its agent runs (its wrapper announced the pid just before
+        exec): the target's login shell may take a while, and stress-on is marked only after this."""
+        agent = self._agent
+        return agent is None or agent.pid(timeout=0) is not None or agent.poll() is not None
+
     def check(self) -> str | None:
         agent = self._agent
-        if agent is None or not agent.lost:
+        if agent is None:
+            return None
+        if not agent.lost:
+            if agent.stream_to is None and agent.poll() is not None:  # a disturber's stressor runs until stopped
+                return (f"rtvirt-stress on {self.link.target.label} ended early ({agent.poll()}): "
+                        f"{agent.error_tail()[-300:] or 'no message'}")
             return None
         found = agent.recover(self.config.reconnect_timeout)
         return f"the connection to {self.link.target.label} was lost; samples received kept; {found}"

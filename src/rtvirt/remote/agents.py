@@ -27,7 +27,7 @@ REMOTE_DIR_PATTERN = r"^/[A-Za-z0-9_./-]{1,200}$"  # absolute; ".." components a
 # A constant wrapper script: it announces the pid, then becomes the agent. The agent and its arguments
 # are positional parameters ($0, $@), never part of the script.
 _PID_WRAPPER = 'echo "rtvirt-pid $$" >&2; exec "$0" "$@"'
-_PID_LINE = re.compile(rb"^rtvirt-pid (\d{1,10})\n")
+_PID_LINE = re.compile(rb"(?m)^rtvirt-pid (\d{1,10})\n")  # a login shell may print before it
 
 
 def _digest(path: Path) -> str:
@@ -101,7 +101,8 @@ class TargetLink:
         return RemoteAgent(self, process, remote, stream_to, tee)
 
     def reclaim(self) -> list[str]:
-        """Kill agents a killed earlier campaign left on the target (ours: started from our bin dirs)."""
+        """Kill agents a killed earlier rtvirt left on the target (ours: started from our bin dirs) and
+        remove their stream copies; say what was found."""
         # "[/]" keeps the pattern from matching the command line that carries it
         pattern = "[/]" + re.escape(self.bin_dir_prefix.lstrip("/")).replace("\\-", "-") + ".*/rtvirt-"
         connection = self.connection()
@@ -109,7 +110,11 @@ class TargetLink:
         pids = [pid for pid in found if pid.isdigit()][:256]
         if pids:
             connection.run(["kill", "-KILL", *pids], timeout=30)
-        return [f"agent pid {pid} left on {self.target.label}" for pid in pids]
+        # copies of streams whose rtvirt was killed: their samples were received up to the kill
+        copies = connection.run(["find", f"{self.remote_dir}/runs", "-maxdepth", "1", "-type", "f", "-name", "*.rtvs",
+                                 "-print", "-delete"], timeout=60, limit=1 << 16).stdout.split()
+        return ([f"agent pid {pid} left on {self.target.label}" for pid in pids]
+                + [f"stream copy {name[-80:]} left on {self.target.label}: removed" for name in copies[:64]])
 
     def close(self) -> None:
         if self._connection is not None:
@@ -144,7 +149,7 @@ class RemoteAgent:
         """The agent's pid on the target, as its wrapper announced it (None if it never did)."""
         deadline = time.monotonic() + timeout
         while True:
-            match = _PID_LINE.match(bytes(self.process.stderr_head))
+            match = _PID_LINE.search(bytes(self.process.stderr_head))
             if match:
                 return int(match.group(1))
             if time.monotonic() > deadline or (self.process.poll() is not None and b"\n" in self.process.stderr_head):

@@ -24,7 +24,7 @@ from ..errors import InputError, RtvirtError
 from ..probes import ProbeSpec
 from ..scenario.loader import _error as located_error
 from ..store import new_run, write_measured_run
-from .agents import REMOTE_DIR_PATTERN
+from .agents import REMOTE_DIR_PATTERN, TargetLink
 from .probe import DEFAULT_REMOTE_DIR, run_probe_on_target
 from .target import SshTargetFields
 
@@ -80,13 +80,24 @@ class LabResult:
 def run_lab(inventory: Inventory, spec: ProbeSpec, params: Any, results: Path) -> list[LabResult]:
     """Run ``spec`` with ``params`` on every target at once; Ctrl-C stops them all (samples kept)."""
     stop = threading.Event()
+    leftovers: dict[str, list[str]] = {}
+
+    def clean(target: InventoryTarget) -> None:
+        link = TargetLink(target.ssh_target(), inventory.remote_dir)
+        try:
+            leftovers[target.name] = link.reclaim()
+        except RtvirtError:
+            pass  # the measurement will say why this target cannot be reached
+        finally:
+            link.close()
 
     def one(target: InventoryTarget) -> LabResult:
         outcome = LabResult(target.name)
         run = new_run(results, f"{spec.name}-{target.name}")
         try:
             stream, section = run_probe_on_target(spec, params, run.stream_path, target.ssh_target(),
-                                                  remote_dir=inventory.remote_dir, stop=stop)
+                                                  remote_dir=inventory.remote_dir, stop=stop, reclaim=False)
+            section["leftovers_before"] = leftovers.get(target.name, [])
             manifest = write_measured_run(run, stream, name=f"{spec.name} on {target.name}",
                                           params=params.model_dump(mode="json"), group_by=spec.group_by,
                                           extra={"config": target.name, "target": section,
@@ -101,6 +112,7 @@ def run_lab(inventory: Inventory, spec: ProbeSpec, params: Any, results: Path) -
         return outcome
 
     with ThreadPoolExecutor(max_workers=min(len(inventory.targets), 32), thread_name_prefix="rtvirt-lab") as pool:
+        list(pool.map(clean, inventory.targets))  # before any agent starts
         futures = [pool.submit(one, target) for target in inventory.targets]
         try:
             return [future.result() for future in futures]

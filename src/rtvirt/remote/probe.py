@@ -28,7 +28,8 @@ DEFAULT_REMOTE_DIR = "/var/tmp/rtvirt"
 def run_probe_on_target(spec: ProbeSpec, params: CommonParams, out: Path, target: SshTarget, *,
                         on_progress: Callable[[Progress], None] | None = None, remote_dir: str = DEFAULT_REMOTE_DIR,
                         reconnect_timeout: float = 60.0, poll_interval: float = 0.25,
-                        stop: threading.Event | None = None) -> tuple[SampleStream, dict[str, Any]]:
+                        stop: threading.Event | None = None, reclaim: bool = True
+                        ) -> tuple[SampleStream, dict[str, Any]]:
     """Run ``spec`` on ``target``; return its samples and the manifest's ``target`` section.
 
     A dropped connection keeps every sample received; the agent's copy on the target is fetched after
@@ -40,7 +41,8 @@ def run_probe_on_target(spec: ProbeSpec, params: CommonParams, out: Path, target
     section: dict[str, Any] = {"label": target.label}
     try:
         connection = link.connection()
-        section["leftovers_before"] = link.reclaim()
+        if reclaim:  # a lab reclaims every target first: two of its targets may be one machine
+            section["leftovers_before"] = link.reclaim()
         section["audit"] = {"arch": connection.arch(), **audit_system(RemoteSystem(connection))}
         _check_cpus(params, RemoteSystem(connection).cpus(), target)
         args = spec.command(params, "rtvirt-probe")[1:]
