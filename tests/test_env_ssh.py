@@ -210,6 +210,7 @@ stressor = "cpu"
 where = "other-core"
 
 [hooks]
+control = {{ host = "127.0.0.1", port = {second_server.port}, user = "{second_server.user}", identity_file = "{second_server.client_key}", known_hosts = "{second_server.known_hosts}" }}
 [[hooks.before_campaign]]
 argv = ["touch", "{marks}/campaign-start"]
 [[hooks.before_run]]
@@ -246,6 +247,7 @@ argv = ["touch", "{marks}/campaign-end"]
         assert manifest["environment_detail"]["target"]["arch"] == os.uname().machine
         assert [h["argv"][0] for h in manifest["hooks"]] == ["mkdir", "touch"]
         assert all(h["status"] == 0 for h in manifest["hooks"])
+        assert {h["on"] for h in manifest["hooks"]} == {f"{second_server.user}@127.0.0.1:{second_server.port}"}
         assert (marks / f"after-{manifest['run_id']}").exists()
     (beside,) = [m for m in manifests if m["campaign"]["disturbance"] == "on-target"]
     (result,) = beside["campaign"]["stressor_results"]
