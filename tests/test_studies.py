@@ -239,8 +239,12 @@ def test_modified_study_scenario_runs_and_says_so(tmp_path: Path) -> None:
     path = tmp_path / "mine.toml"
     path.write_text(text)
     scenario, _, _ = load_scenario(path)
+    manifests: dict[str, dict[str, Any]] = {}
     report = _run(scenario, 0.02, ["start-order/guest/solo/-/r1", "30min/guest/spin-other-core-10-20min/-/r1"],
-                  tmp_path / "results")
+                  tmp_path / "results", manifests)
+    # the stressor guest booted before the workload, paused: it runs from the event on, not a boot later
+    events = {e["event"]: e["t_ns"] for e in manifests["30min/guest/spin-other-core-10-20min/-/r1"]["timeline"]}
+    assert 12e9 <= events["stress-on"] < 18e9 and 24e9 <= events["stress-off"] < 30e9, events  # 10/20 min x 0.02
     status = dict(map(tuple, _table(report, "Study guest-isolation")))
     assert status["this campaign"] == \
         "modified from the study's configuration: field workloads[3].params.report_interval"

@@ -68,6 +68,7 @@ class _Disturbance:
         self._vms: list[Environment] = []
         self.on = False
         self._vm_count = 0
+        self._paused = False  # the disturbing guests are booted and paused, waiting for stress-on
         self.summaries: list[dict[str, Any]] = []  # what each host stressor did (bogo-ops, CPU time)
 
     def _cpus(self, where: str) -> tuple[int, ...]:
@@ -82,13 +83,28 @@ class _Disturbance:
             return others
         return allowed
 
+    def prepare(self) -> None:
+        """Boot a timeline's disturbing guests before the workload starts, paused until stress-on: booted
+        at stress-on, they would start the stress a boot time late (tens of seconds under TCG)."""
+        for use in self.uses:
+            if use.where == "other-vm" and not self._start_vms(use, pausable_only=True):
+                self.close_guests()  # guests of a kind that cannot pause boot at stress-on
+                return
+        for vm in self._vms:
+            vm.set_paused(True)
+        self._paused = bool(self._vms)
+
     def start(self) -> None:
         if self.on:
             return
         self.on = True
+        if self._paused:
+            for vm in self._vms:
+                vm.set_paused(False)
         for use in self.uses:
             if use.where == "other-vm":
-                self._start_vms(use)
+                if not self._paused:
+                    self._start_vms(use)
                 continue
             if use.where == "inside" and not self.env.on_host:
                 # a guest runs it as a job of its own beside the workload (the host: on all its cores)
@@ -100,7 +116,8 @@ class _Disturbance:
                       else max(use.workers, len(cpus)), "duration": 0}
             self._host.append(self.env.start_stressor(use.stressor, params, use.engine))
 
-    def _start_vms(self, use: StressorUse) -> None:
+    def _start_vms(self, use: StressorUse, pausable_only: bool = False) -> bool:
+        """Boot ``use``'s disturbing guests (False: they cannot pause, and ``pausable_only`` asked so)."""
         others = tuple(c for c in sorted(os.sched_getaffinity(0)) if c not in self.env.measured_cpus())
         pinned = self.env.config.pin and bool(others)
         if use.guest_cpus is not None:  # the study says where the disturbing guest runs
@@ -108,6 +125,8 @@ class _Disturbance:
         for _ in range(use.vms):
             self._vm_count += 1
             vm = self.env.stressor_guest(self._vm_count, others if pinned else None)
+            if pausable_only and not vm.pausable:
+                return False
             vm.launch("rtvirt-stress", _guest_stressor_args(use), None)
             self._vms.append(vm)
         # stress counts as on once the guests run their stressors, not while they boot
@@ -116,6 +135,7 @@ class _Disturbance:
             if problem:
                 raise RunError(problem)
             time.sleep(POLL_S)
+        return True
 
     def stop(self) -> None:
         if not self.on:
@@ -128,9 +148,13 @@ class _Disturbance:
                 self.summaries.append({"stressor": stressor.spec.name, "error": _bounded(str(exc))})
                 continue
             self.summaries.append(summary.model_dump(mode="json", exclude={"per_worker"}))
+        self._host = []
+        self.close_guests()
+
+    def close_guests(self) -> None:
         for vm in self._vms:
             vm.close()
-        self._host, self._vms = [], []
+        self._vms, self._paused = [], False
 
     def check(self) -> str | None:
         for vm in self._vms:
@@ -197,6 +221,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
                 raise InputError(f"workload.params: {exc.errors()[0]['msg']}") from None
             if env.on_host:
                 params.check_host()
+            if plan.events:
+                disturbance.prepare()
             if plan.start_order == "stress-first":
                 disturbance.start()
                 mark("stress-on")
@@ -253,6 +279,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
             if disturbance.on:
                 disturbance.stop()
                 mark("stress-off")
+            disturbance.close_guests()
             env_description = env.describe()
             env_warnings = env.warnings()
             env.close()

@@ -131,6 +131,7 @@ class Environment(ABC):
     kind: ClassVar[str]
     config_model: ClassVar[type[EnvironmentConfig]]
     on_host: ClassVar[bool] = True  # the agent sees the host's CPUs (False: a guest's)
+    pausable: ClassVar[bool] = False  # set_paused works (a timeline's stressor guests then boot early)
 
     def __init__(self, config: EnvironmentConfig, supervisor: Supervisor, workdir: Path,
                  shared: SharedResources | None = None) -> None:
@@ -196,6 +197,12 @@ class Environment(ABC):
 
         raise InputError(f"environment {self.config.label!r} ({self.kind}): stressors with where = 'inside' "
                          "need a guest that runs them beside the workload (kind qemu)")
+
+    def set_paused(self, paused: bool) -> None:
+        """Pause or resume the running guest (timeline stressor guests wait paused); only if ``pausable``."""
+        from ..errors import RunError
+
+        raise RunError(f"{self.kind}: guests of this kind cannot be paused")
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None) -> Environment:
         """A disturbing guest for "other-vm" stressors, placed on ``host_cpus`` (None: unpinned).
