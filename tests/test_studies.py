@@ -88,15 +88,19 @@ def test_guest_isolation_matrix_is_the_studys() -> None:
 
 def test_cots_profiles_and_interrupt_latency_configurations() -> None:
     cots = _builtin("cots-hypervisor")
-    profiles = {}
+    profiles: dict[str, set[tuple[str, bool, str]]] = {}
     for plan in expand(cots):
         env, disturbance = cots.environments[plan.environment], cots.disturbances[plan.disturbance]
         profiles.setdefault(plan.group, set()).add((env.kind, env.pin, disturbance.name))
         assert plan.duration_ns == 8 * 3600 * 10**9
-    assert profiles["TP1"] == {("host", False, "no-load"), ("qemu", False, "no-load")}
-    assert profiles["TP4"] == {("host", True, "load"), ("qemu", True, "load")}
-    assert profiles["TP5"] == {("qemu", False, "load-in-2-vms")}
-    assert profiles["TP6"] == {("qemu", True, "load-in-2-vms")}
+    # the baseline and each hypervisor (QEMU/KVM, Xen) with and without affinity, no load / load inside
+    for group, pin, load in (("TP1", False, "no-load"), ("TP2", True, "no-load"), ("TP3", False, "load"),
+                             ("TP4", True, "load")):
+        assert profiles[group] == {(kind, pin, load) for kind in ("host", "qemu", "xen")}
+    assert profiles["TP5"] == {("qemu", False, "load-in-2-vms"), ("xen", False, "load-in-2-vms")}
+    assert profiles["TP6"] == {("qemu", True, "load-in-2-vms"), ("xen", True, "load-in-2-vms")}
+    xen = [e for e in cots.environments if e.kind == "xen"]
+    assert all(e.memory >= 10 * 64 and e.stressor_memory >= 5 * 64 for e in xen)  # the load's blocks fit
     load = next(d for d in cots.disturbances if d.name == "load").stressors[0]
     # 10 sqrt + 10 malloc/free workers, inside the system under test (the RT VM itself in TP3/TP4)
     assert (load.stressor, load.workers, load.params, load.where) == ("mix", 10, {"block": "64MiB"}, "inside")
@@ -127,7 +131,7 @@ def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
     assert "guest (qemu, pinned, 1 vCPU, baremetal guest)" in shown.output
     as_json = CliRunner().invoke(app, ["scenarios", "cots-hypervisor", "--json"])
     document = json.loads(as_json.output)
-    assert document["study"] == "cots-hypervisor" and document["runs"] == 10
+    assert document["study"] == "cots-hypervisor" and document["runs"] == 16
     assert [g["name"] for g in document["groups"]] == ["TP1", "TP2", "TP3", "TP4", "TP5", "TP6"]
     tp4 = {run["environment"]: run for run in document["groups"][3]["runs"]}
     assert tp4["qemu-pinned"]["placement"] == "qemu, pinned, 1 vCPU, linux guest"
@@ -146,13 +150,10 @@ def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
 def test_inside_stressors_start_with_the_measured_system(tmp_path: Path) -> None:
     """A load inside the measured guest is one of its own jobs: it cannot be switched on later."""
     text = builtin_scenarios()["cots-hypervisor"]
-    for change, field in (('name = "TP3"\nenvironments = ["baseline-free", "qemu-free"]\ndisturbances = ["load"]\n'
-                           'start_order = ["stress-first"]', "groups[2].start_order"),
-                          ("[timeline]\n", "disturbances[1].events")):
-        if field.startswith("groups"):
-            changed = text.replace(change, change.replace("stress-first", "test-first"))
-        else:
-            changed = text.replace(change, '[timeline]\nevents = [{ at = "1h", action = "stress-on" }]\n')
+    # TP3's start order, within its own [[groups]] table
+    test_first = re.sub(r'(name = "TP3"\n(?:(?!\[\[)[\s\S])*?start_order = \[)"stress-first"', r'\1"test-first"', text)
+    with_events = text.replace("[timeline]\n", '[timeline]\nevents = [{ at = "1h", action = "stress-on" }]\n')
+    for changed, field in ((test_first, "groups[2].start_order"), (with_events, "disturbances[1].events")):
         assert changed != text
         path = tmp_path / "inside.toml"
         path.write_text(changed)
@@ -175,7 +176,7 @@ def test_interrupt_latency_report_beside_the_paper(tmp_path: Path) -> None:
     wake-up in a Linux guest and the timer interrupt in the bare-metal guest."""
     report = _run(_builtin("interrupt-latency"), 0.02, ["native/native/alone/-/r1", "virtualised/vm/alone/-/r1",
                                                         "virtualised-baremetal/vm-baremetal/alone/-/r1"], tmp_path)
-    status = dict(map(tuple, _table(report, "Study interrupt-latency")))
+    status = {row[0]: row[1] for row in _table(report, "Study interrupt-latency")}
     assert status["this campaign"].startswith("the study's configuration")
     assert status["duration"] == "scaled: 0.02 of the study's durations"
     table = _table(report, "Interrupt-latency study")
@@ -245,7 +246,7 @@ def test_modified_study_scenario_runs_and_says_so(tmp_path: Path) -> None:
     # the stressor guest booted before the workload, paused: it runs from the event on, not a boot later
     events = {e["event"]: e["t_ns"] for e in manifests["30min/guest/spin-other-core-10-20min/-/r1"]["timeline"]}
     assert 12e9 <= events["stress-on"] < 18e9 and 24e9 <= events["stress-off"] < 30e9, events  # 10/20 min x 0.02
-    status = dict(map(tuple, _table(report, "Study guest-isolation")))
+    status = {row[0]: row[1] for row in _table(report, "Study guest-isolation")}
     assert status["this campaign"] == \
         "modified from the study's configuration: field workloads[3].params.report_interval"
     order = _table(report, "Guest-isolation study: start order")
