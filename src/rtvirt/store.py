@@ -385,7 +385,8 @@ def open_parquet(path: Path) -> pq.ParquetFile:
 
 def _read_parquet(path: Path, columns: list[str] | None = None, read_dictionary: list[str] | None = None) -> pa.Table:
     try:
-        return pq.read_table(path, columns=columns, read_dictionary=read_dictionary)
+        # one file: ParquetFile, not read_table, whose dataset layer costs ~70 ms of imports (pyarrow.dataset)
+        return pq.ParquetFile(path, read_dictionary=read_dictionary).read(columns=columns, use_threads=True)
     except FileNotFoundError:
         raise InputError(f"{path}: file not found") from None
     except (OSError, pa.ArrowException) as exc:
