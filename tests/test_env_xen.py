@@ -137,7 +137,7 @@ def lab_campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[s
     work = tmp_path_factory.mktemp("xen-lab")
     (work / "lab.toml").write_text(LAB_SCENARIO)
     result = run_cli("run", str(work / "lab.toml"), "--out", str(work / "results"), "--no-progress", "--json",
-                     timeout=900)
+                     timeout=1500)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     return work / "results", _summary(result.stdout)
 
