@@ -15,11 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from rtvirt.stream import StreamReader
-
 from conftest import RTVIRT, run_cli
 from sshd_server import SshServer, descendants, process_name
+
+from rtvirt.stream import StreamReader
 
 REMOTE_BIN = "/var/tmp/rtvirt/bin-"
 
@@ -79,7 +78,8 @@ def test_probe_timer_over_ssh(server: SshServer, results_dir: Path) -> None:
 def test_user_at_host_port_form(server: SshServer, results_dir: Path) -> None:
     text = f"{server.user}@127.0.0.1:{server.port}"
     result = run_cli("probe", "timer", "--target", text, "--known-hosts", str(server.known_hosts),
-                     "--identity", str(server.client_key), "--duration", "300ms", "--results", str(results_dir), "--json")
+                     "--identity", str(server.client_key), "--duration", "300ms", "--results", str(results_dir),
+                     "--json")
     assert result.returncode == 0, result.stderr
     assert manifest_of(results_dir)["target"]["label"] == text
 
@@ -210,7 +210,7 @@ stressor = "cpu"
 where = "other-core"
 
 [hooks]
-control = {{ host = "127.0.0.1", port = {second_server.port}, user = "{second_server.user}", identity_file = "{second_server.client_key}", known_hosts = "{second_server.known_hosts}" }}
+control = {{ {_fields_toml(second_server).strip().replace(chr(10), ", ")} }}
 [[hooks.before_campaign]]
 argv = ["touch", "{marks}/campaign-start"]
 [[hooks.before_run]]
@@ -343,7 +343,8 @@ def test_campaign_run_on_a_dropped_target_keeps_its_samples(server: SshServer, t
     (manifest,) = [json.loads(p.read_text()) for p in results.glob("runs/*/manifest.json")]
     assert manifest["status"] == "partial" and manifest["summary"]["all"]["samples"] > 500
     assert manifest["campaign"]["outcome"] == "failed"
-    assert "was lost" in manifest["campaign"]["reason"] and "fetched after reconnecting" in manifest["campaign"]["reason"]
+    reason = manifest["campaign"]["reason"]
+    assert "was lost" in reason and "fetched after reconnecting" in reason
     assert our_agents_running() == []
 
 
@@ -377,7 +378,8 @@ def test_agent_never_outlives_rtvirt(server: SshServer, tmp_path: Path, signal_n
         again = run_cli("probe", "timer", *target_args(server), "--duration", "200ms", "--results", str(results))
         assert again.returncode == 0, again.stderr
         assert not list(Path("/var/tmp/rtvirt/runs").glob("timer-*"))
-        cleaned = [json.loads(p.read_text())["target"]["leftovers_before"] for p in results.glob("runs/*/manifest.json")]
+        cleaned = [json.loads(p.read_text())["target"]["leftovers_before"]
+                   for p in results.glob("runs/*/manifest.json")]
         assert any("stream copy" in item for found in cleaned for item in found)
     if signal_name == "SIGTERM":
         summary = json.loads(out)

@@ -47,7 +47,7 @@ def lab(inventory: Path, probe_name: str, assignments: tuple[str, ...], duration
             raise InputError(f"option --set: {text!r} is not PARAM=VALUE (e.g. interval=1ms)")
         values[key.strip().replace("-", "_")] = value.strip()
     try:
-        params = spec.params(**values)
+        params = spec.params.model_validate(values)
     except ValidationError as exc:
         field, message = first_validation_error(exc)
         raise InputError(f"option --set/--duration: {field}: {message}") from None

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator
 from ..errors import InputError, RunError
 from ..params import CpuList
 from ..remote.agents import REMOTE_DIR_PATTERN, RemoteAgent, TargetLink
+from ..remote.connection import STDERR_HEAD_BYTES
 from ..remote.target import SshTargetFields
 from ..sysaudit import audit_system
 from .base import Environment, EnvironmentConfig, Launched, SharedResources
@@ -129,7 +130,8 @@ class SshEnvironment(Environment):
         """A disturber counts as started once its agent runs (its wrapper announced the pid just before
         exec): the target's login shell may take a while, and stress-on is marked only after this."""
         agent = self._agent
-        return agent is None or agent.pid(timeout=0) is not None or agent.poll() is not None
+        return (agent is None or agent.pid(timeout=0) is not None or agent.poll() is not None
+                or len(agent.process.stderr_head) >= STDERR_HEAD_BYTES)  # a shell too chatty to find the pid
 
     def check(self) -> str | None:
         agent = self._agent

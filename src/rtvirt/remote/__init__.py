@@ -12,5 +12,6 @@ from .system import RemoteSystem
 from .target import SshTarget, SshTargetFields, parse_target
 
 __all__ = ["HostKeyRefused", "REMOTE_DIR_PATTERN", "RemoteAgent", "RemoteProcess", "RemoteResult", "RemoteSystem",
-           "SshConnection", "SshTarget", "SshTargetFields", "TargetLink", "connect", "merge_stream_copy", "parse_target",
+           "SshConnection", "SshTarget", "SshTargetFields", "TargetLink", "connect", "merge_stream_copy",
+           "parse_target",
            "remote_command"]

@@ -21,10 +21,12 @@ from typing import Any, TypeVar
 from ..errors import EXIT_USAGE, RunError
 from .target import SshTarget
 
-__all__ = ["HostKeyRefused", "RemoteProcess", "RemoteResult", "SshConnection", "connect", "remote_command"]
+__all__ = ["STDERR_HEAD_BYTES", "HostKeyRefused", "RemoteProcess", "RemoteResult", "SshConnection", "connect",
+           "remote_command"]
 
 OUTPUT_LIMIT = 1 << 20  # bytes of a command's stdout/stderr kept by run()
 ERROR_TAIL_BYTES = 4096
+STDERR_HEAD_BYTES = 4096  # room for what a target's login shell prints before our wrapper's pid line
 CHUNK = 1 << 16
 T = TypeVar("T")
 
@@ -155,8 +157,8 @@ class RemoteProcess:
 
     async def _tail(self, stream: Any) -> None:
         while chunk := await stream.read(CHUNK):
-            if len(self.stderr_head) < 256:
-                self.stderr_head += chunk[:256 - len(self.stderr_head)]
+            if len(self.stderr_head) < STDERR_HEAD_BYTES:
+                self.stderr_head += chunk[:STDERR_HEAD_BYTES - len(self.stderr_head)]
             self._stderr += chunk
             del self._stderr[:-ERROR_TAIL_BYTES]
 

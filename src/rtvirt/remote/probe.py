@@ -34,8 +34,8 @@ def run_probe_on_target(spec: ProbeSpec, params: CommonParams, out: Path, target
 
     A dropped connection keeps every sample received; the agent's copy on the target is fetched after
     reconnecting (``target.connection``, ``target.recovered``) and the run is partial. Ctrl-C stops the
-    agent, which flushes first, and so does setting ``stop`` (from another thread). Nothing we started is left on the target (``target.leftovers`` says
-    what had to be killed).
+    agent, which flushes first, and so does setting ``stop`` (from another thread). Nothing we started is
+    left on the target (``target.leftovers`` says what had to be killed).
     """
     link = TargetLink(target, remote_dir)
     section: dict[str, Any] = {"label": target.label}
