@@ -178,6 +178,7 @@ class QemuEnvironment(Environment):
         self._image: GuestImage | None = None
         self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
         self._vcpu_cpu_s: float | None = None
+        self._boot_cpu_s: float | None = None  # the vCPUs' CPU time when the guest said it had booted
 
     @staticmethod
     def available() -> str | None:
@@ -322,6 +323,8 @@ class QemuEnvironment(Environment):
             fields = stat.rsplit(")", 1)[1].split()
             ticks += int(fields[11]) + int(fields[12])  # utime + stime
         self._vcpu_cpu_s = ticks / os.sysconf("SC_CLK_TCK")
+        if self._boot_cpu_s is None and self._ready_at is not None:
+            self._boot_cpu_s = self._vcpu_cpu_s
 
     def set_paused(self, paused: bool) -> None:
         from qemu.qmp.legacy import QEMUMonitorProtocol
@@ -376,7 +379,9 @@ class QemuEnvironment(Environment):
         return {**super().describe(), "acceleration": (self._accel or {}).get("accel"),
                 "acceleration_reason": (self._accel or {}).get("reason"), "qemu": _qemu_version(),
                 "boot_seconds": boot_s, **guest_description(self.config.guest, self._image), **self._placement,
-                "vcpu_cpu_seconds": self._vcpu_cpu_s, "jobs_beside": [" ".join(job.argv) for job in self._beside]}
+                "vcpu_cpu_seconds": self._vcpu_cpu_s, "jobs_beside": [" ".join(job.argv) for job in self._beside],
+                "vcpu_cpu_seconds_after_boot": None if self._vcpu_cpu_s is None or self._boot_cpu_s is None
+                else round(self._vcpu_cpu_s - self._boot_cpu_s, 2)}
 
     def warnings(self) -> list[str]:
         return [TCG_WARNING] if self._accel and self._accel["accel"] == "tcg" else []
