@@ -643,20 +643,22 @@ class XenEnvironment(Environment):
         return self.config.rtds_vcpus or self.config.rtds
 
     def _identity(self, name: str) -> tuple[str, int]:
-        """(UUID, cpupool id) of a domain: the UUID from xl's JSON view of it, the id of its pool (which xl
-        never prints) from xenstore's /local/pool/ID/name."""
+        """(UUID, cpupool id) of a domain in our pool: the UUID from ``xl list -v`` (``xl list -l`` cannot
+        always read a domain's stored configuration), the pool's id, which xl never prints, from xenstore's
+        /local/pool/ID/name."""
         assert self._dom0 is not None
-        text = self._dom0.xl("list", "-l", name)
-        uuid = re.search(r'"uuid":\s*"([0-9a-fA-F-]{36})"', text)
-        pool_name = re.search(r'"pool_name":\s*"([^"]+)"', text)
-        if uuid is None or pool_name is None:
-            raise RunError(f"xen: xl list -l {name} names no uuid or pool_name")
-        listed = self._dom0.run(["sh", "-c", POOL_IDS_SCRIPT]).check("xen: listing cpupool ids in xenstore")
-        for line in listed.stdout.splitlines():
-            pool_id, _, pool = line.partition(" ")
-            if pool == pool_name.group(1) and pool_id.isdigit():
-                return uuid.group(1), int(pool_id)
-        raise RunError(f"xen: cpupool {pool_name.group(1)[:64]!r} is not in xenstore's /local/pool")
+        pool = self._domain_pool()
+        listed = re.findall(r"^(\S+)\s.*?\b([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\b",
+                            self._dom0.xl("list", "-v", name), re.M)
+        uuid = next((found for domain, found in listed if domain == name), None)
+        if uuid is None or pool is None:
+            raise RunError(f"xen: xl list -v names no UUID for {name}")
+        ids = self._dom0.run(["sh", "-c", POOL_IDS_SCRIPT]).check("xen: listing cpupool ids in xenstore")
+        for line in ids.stdout.splitlines():
+            pool_id, _, pool_name = line.partition(" ")
+            if pool_name == pool and pool_id.isdigit():
+                return uuid, int(pool_id)
+        raise RunError(f"xen: cpupool {pool} is not in xenstore's /local/pool")
 
     def _a653_schedule(self) -> list[tuple[str, int, int]]:
         """(UUID, vCPU, runtime ns) windows: the measuring domU's first, the rest split among disturbers."""
