@@ -155,7 +155,10 @@ def _gaps_ns(lab_campaign: tuple[Path, dict[str, Any]], key: str) -> list[int]:
     return [int(v) for v in stream.records["value"]]
 
 
+# the module's lab campaign (one boot, five runs) is set up by the first of these: about 4 min on a quiet
+# 2-core machine, 12 min with other work running beside it
 @pytest.mark.vm
+@pytest.mark.timeout(1500)
 def test_timer_and_gap_probes_run_in_a_domu_of_the_lab(lab_campaign: tuple[Path, dict[str, Any]]) -> None:
     timer = _run(lab_campaign, "timer/default-pool/alone/-/r1")
     gap = _run(lab_campaign, "rtds/rtds-4-10/alone/-/r1")
@@ -178,6 +181,7 @@ def test_timer_and_gap_probes_run_in_a_domu_of_the_lab(lab_campaign: tuple[Path,
 
 
 @pytest.mark.vm
+@pytest.mark.timeout(1500)
 def test_an_rtds_reservation_shows_as_interruptions_of_its_length_and_rate(
         lab_campaign: tuple[Path, dict[str, Any]]) -> None:
     figures = {}
@@ -199,6 +203,7 @@ def test_an_rtds_reservation_shows_as_interruptions_of_its_length_and_rate(
 
 
 @pytest.mark.vm
+@pytest.mark.timeout(1500)
 def test_a_neighbour_domu_on_the_same_pcpu_takes_time_that_one_pinned_apart_does_not(
         lab_campaign: tuple[Path, dict[str, Any]]) -> None:
     share = {}
@@ -239,6 +244,7 @@ def test_sigterm_keeps_the_streamed_samples_and_leaves_nothing_behind(tmp_path: 
 
 
 @pytest.mark.vm
+@pytest.mark.timeout(1200)
 def test_kill_9_then_resume_reclaims_the_lab_and_finishes_arinc653_and_credit(tmp_path: Path) -> None:
     scenario = tmp_path / "schedulers.toml"
     scenario.write_text(
