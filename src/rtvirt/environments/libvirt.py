@@ -636,9 +636,8 @@ class LibvirtEnvironment(Environment):
     # the domain ------------------------------------------------------------------------------------
 
     def _conn(self) -> LibvirtConnection:
-        # each domain has its own connection, closed with it: with a stressor guest's console and the
-        # measuring guest's streams on one shared connection, a stream of the second domain sometimes
-        # received nothing at all (its guest booted and finished, its console stayed empty)
+        # each domain has its own connection, closed with it: its streams never queue behind another
+        # domain's on one client, and no connection (an SSH session for remote URIs) outlives its run
         if self._connection is None:
             self._connection = LibvirtConnection(self.config.uri)
         return self._connection
