@@ -61,7 +61,9 @@ ip route add "$dom0/32" dev eth0
 """
 
 # cpupool ids by name, as "ID NAME" lines (libxl keeps them in xenstore; xl prints names only)
-POOL_IDS_SCRIPT = 'for i in $(seq 0 63); do n=$(xenstore-read /local/pool/$i/name 2>/dev/null) && echo "$i $n"; done'
+POOL_IDS_SCRIPT = ('for i in $(seq 0 63); do n=$(xenstore-read /local/pool/$i/name 2>/dev/null) && echo "$i $n"; '
+                   'done; exit 0')
+POOL_DESTROY_S = 30.0
 
 
 def _us(ns: int) -> int:
@@ -294,7 +296,13 @@ class Dom0:
 
     def destroy_pool(self, name: str) -> None:
         cpus = self.pools().get(name, ())
-        self.xl("cpupool-destroy", name)
+        # a destroyed domain leaves its pool only once Xen has finished tearing it down
+        deadline = time.monotonic() + POOL_DESTROY_S
+        while (result := self.run(["xl", "cpupool-destroy", name])).returncode != 0:
+            if time.monotonic() > deadline:
+                said = " ".join((result.stderr or result.stdout).split())[-300:]
+                raise RunError(f"xl cpupool-destroy {name}: {said or f'status {result.returncode}'}")
+            time.sleep(0.5)
         for cpu in cpus:
             self.xl("cpupool-cpu-add", DEFAULT_POOL, str(cpu))
 
