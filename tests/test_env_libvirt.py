@@ -128,6 +128,25 @@ def _scenario(path: Path, duration: str, environment: str, disturbances: str = '
     return path
 
 
+def _run_until_streaming(scenario: Path, results: Path, label: str) -> tuple[subprocess.Popen[bytes], int, list[int]]:
+    """`rtvirt run` started in the background and left running once its domain streams samples: the
+    process, QEMU's pid and its vCPU thread ids."""
+    log = results.parent / f"{label}-run.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(scenario), "--out", str(results),
+                                 "--no-progress"], stdout=sink, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    pid, tids = 0, []
+    while time.monotonic() < deadline and proc.poll() is None:
+        streams = list(results.glob("runs/*/samples.rtvs"))
+        pid, tids = _vcpu_threads(label)
+        if tids and streams and streams[0].stat().st_size > 2000:
+            break
+        time.sleep(0.2)
+    assert tids and proc.poll() is None, f"the domain did not start streaming samples: {log.read_text()[-2000:]}"
+    return proc, pid, tids
+
+
 FIFO_ENV = (f'kind = "libvirt"\nname = "lv"\ndomain_type = "qemu"\ncpus = [{MEASURED}]\nemulator_cpus = [{EMULATOR}]\n'
             'numa_nodes = [0]\nvcpu_sched = {policy = "fifo", priority = 10}\nhugepages = true')
 
@@ -141,20 +160,7 @@ def test_fifo_pinned_domain_killed_with_9_is_reclaimed_and_resumed(libvirtd: str
     hugepages_free = _meminfo_kib("HugePages_Free") or 0
     lifts = _v1_cpu_controller() is not None and os.geteuid() == 0 and rt_before >= 0
     results = tmp_path / "results"
-    scenario = _scenario(tmp_path / "kill.toml", "6s", FIFO_ENV)
-    log = tmp_path / "killed-run.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(scenario), "--out", str(results),
-                                 "--no-progress"], stdout=sink, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    pid, tids = 0, []
-    while time.monotonic() < deadline and proc.poll() is None:
-        streams = list(results.glob("runs/*/samples.rtvs"))
-        pid, tids = _vcpu_threads("lv")
-        if tids and streams and streams[0].stat().st_size > 2000:
-            break
-        time.sleep(0.2)
-    assert tids and proc.poll() is None, f"the domain did not start streaming samples: {log.read_text()[-2000:]}"
+    proc, pid, tids = _run_until_streaming(_scenario(tmp_path / "kill.toml", "6s", FIFO_ENV), results, "lv")
     # what the XML asked for, applied for real by libvirt to QEMU's threads
     assert os.sched_getscheduler(tids[0]) == os.SCHED_FIFO and os.sched_getparam(tids[0]).sched_priority == 10
     assert os.sched_getaffinity(tids[0]) == {MEASURED} and os.sched_getaffinity(pid) == {EMULATOR}
@@ -199,20 +205,7 @@ def test_sigterm_mid_run_destroys_the_domain_and_restores_rt_throttling(libvirtd
     results = tmp_path / "results"
     env = (f'kind = "libvirt"\nname = "lvt"\ndomain_type = "qemu"\ncpus = [{MEASURED}]\nemulator_cpus = [{EMULATOR}]\n'
            'vcpu_sched = {policy = "rr", priority = 7}')
-    scenario = _scenario(tmp_path / "term.toml", "60s", env)
-    log = tmp_path / "terminated-run.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(scenario), "--out", str(results),
-                                 "--no-progress"], stdout=sink, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    tids: list[int] = []
-    while time.monotonic() < deadline and proc.poll() is None:
-        streams = list(results.glob("runs/*/samples.rtvs"))
-        _, tids = _vcpu_threads("lvt")
-        if tids and streams and streams[0].stat().st_size > 2000:
-            break
-        time.sleep(0.2)
-    assert tids and proc.poll() is None, f"the domain did not start streaming samples: {log.read_text()[-2000:]}"
+    proc, _, tids = _run_until_streaming(_scenario(tmp_path / "term.toml", "60s", env), results, "lvt")
     assert os.sched_getscheduler(tids[0]) == os.SCHED_RR and os.sched_getparam(tids[0]).sched_priority == 7
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) != 0
@@ -222,7 +215,7 @@ def test_sigterm_mid_run_destroys_the_domain_and_restores_rt_throttling(libvirtd
     assert not [v for v in volumes if v.startswith(f"{DOMAIN_PREFIX}lvt-")]
     manifest = load_run(next(results.glob("runs/*")).resolve()).manifest
     assert manifest["status"] == "partial" and manifest["summary"]["all"]["samples"] > 0
-    assert "--resume" in log.read_text()
+    assert "--resume" in (tmp_path / "lvt-run.log").read_text()
 
 
 @TWO_CPUS
