@@ -574,8 +574,6 @@ class XenEnvironment(Environment):
             lines.append(f'pool = "{pool}"')
         if ip is not None:
             lines.append(f"vif = ['ip={ip},script={VIF_SCRIPT}']")
-        if self.config.credit is not None and self._parent is None:
-            lines += [f"weight = {self.config.credit.weight}", f"cap = {self.config.credit.cap}"]
         return "\n".join(lines) + "\n"
 
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
@@ -637,6 +635,11 @@ class XenEnvironment(Environment):
             vcpus = 1 if self._parent else self.config.vcpus
             owner._a653_domains[name] = [(uuid, vcpu) for vcpu in range(vcpus)]
             owner._set_a653()
+        scheduler = self.config.scheduler if self._domain_pool() else self._default_scheduler()
+        if self.config.credit is not None and self._parent is None and scheduler in ("credit", "credit2"):
+            # libxl does not apply a config file's weight/cap in a pool of its own; xl sched-* does
+            self._dom0.xl(f"sched-{scheduler}", "-d", name, "-w", str(self.config.credit.weight),
+                          "-c", str(self.config.credit.cap))
         rtds = self._rtds_request()
         if rtds is not None and self._domain_pool() is not None:
             if isinstance(rtds, list):
@@ -704,7 +707,13 @@ class XenEnvironment(Environment):
                     raise RunError(f"xen: {name} vCPU {row.get('VCPU')}: xl reports period/budget "
                                    f"{row.get('Period')}/{row.get('Budget')} us, not the requested reservation")
         elif scheduler in ("credit", "credit2"):
-            readback[f"sched_{scheduler}"] = _table(self._dom0.xl(f"sched-{scheduler}", "-d", name))
+            rows = _table(self._dom0.xl(f"sched-{scheduler}", "-d", name))
+            readback[f"sched_{scheduler}"] = rows
+            credit = self.config.credit if self._parent is None else None
+            if credit is not None and rows and (rows[0].get("Weight"), rows[0].get("Cap")) != \
+                    (str(credit.weight), str(credit.cap)):
+                raise RunError(f"xen: {name}: xl reports weight/cap {rows[0].get('Weight')}/{rows[0].get('Cap')}, "
+                               "not the requested ones")
         elif scheduler == "arinc653":
             owner = self._parent or self
             shown = self._dom0.run([self._dom0.a653_command(), str(owner._pool_id)]).check(
