@@ -234,8 +234,9 @@ def test_libvirt_and_xen_take_the_same_guest_field_and_refuse_what_they_cannot_b
     from rtvirt.environments.xen import XenConfig
 
     assert LibvirtConfig(kind="libvirt", guest="linux-rt").guest == "linux-rt"
-    with pytest.raises(ValueError, match="guest: 'baremetal' runs in the qemu environment only"):
-        LibvirtConfig(kind="libvirt", guest="baremetal")
+    assert LibvirtConfig(kind="libvirt", guest="baremetal").guest == "baremetal"
+    with pytest.raises(ValueError, match="vcpus: the bare-metal guest runs on one vCPU"):
+        LibvirtConfig(kind="libvirt", guest="baremetal", vcpus=2)
     assert XenConfig(kind="xen").model_dump()["guest"] == "linux"  # recorded in the manifest's environment_detail
     for kind in ("linux-rt", "baremetal"):
         with pytest.raises(ValueError, match=f"guest: '{kind}' is not available in the xen environment yet"):

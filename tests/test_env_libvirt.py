@@ -397,3 +397,25 @@ def test_rt_throttling_is_restored_after_a_kill_only_when_its_owner_is_gone(tmp_
     record.write_text(json.dumps({"was": 950000, "pid": os.getpid(), "started": "1"}))  # a dead owner's record
     assert "950000" in (RtThrottlingLifted.restore_after_kill() or "")
     assert sysctl.read_text() == "950000\n" and not record.exists()
+
+
+@pytest.mark.vm
+def test_the_bare_metal_guest_streams_samples_from_a_libvirt_domain(libvirtd: str, tmp_path: Path) -> None:
+    """Our own kernel booted directly by libvirt (<os><kernel>, the probe's argv as <cmdline>): its samples
+    leave by a virtio <console> and land in the store; its domain is gone afterwards."""
+    env = 'kind = "libvirt"\nname = "lvbare"\ndomain_type = "qemu"\nguest = "baremetal"'
+    scenario = _scenario(tmp_path / "bare.toml", "2s", env)
+    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
+                     timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    (key, run), = json.loads(result.stdout[result.stdout.index("{"):])["runs"].items()
+    assert run["status"] == "complete", run
+    stored = load_run(tmp_path / "results" / "runs" / run["run_id"])
+    detail = stored.manifest["environment_detail"]
+    assert detail["guest"] == "baremetal" and detail["guest_kernel"] == "rtvirt-baremetal"
+    assert "<kernel>" in detail["domain_xml"] and "<initrd>" not in detail["domain_xml"]
+    stream = read_stream(tmp_path / "results" / "runs" / run["run_id"] / "samples.rtvs")
+    assert stream.end_reason == "complete" and stream.corrupt is None
+    assert stream.header["guest"]["kind"] == "baremetal" and stream.header["guest"]["channel"] == "virtio-console"
+    assert stream.to_table().num_rows > 100  # 1 ms for ~2 s, less what a TCG guest misses
+    assert _our_domains() == []

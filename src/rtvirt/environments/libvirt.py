@@ -38,6 +38,7 @@ from ..errors import InputError, RunError
 from ..fileio import write_atomically
 from ..params import CpuList, parse_cpulist
 from ..units import duration_field
+from . import baremetal
 from .base import Environment, EnvironmentConfig, Launched, SharedResources
 from .guest_image import (
     EXIT_MARK,
@@ -59,6 +60,7 @@ from .qemu import OUTPUT_PORT, TCG_WARNING, choose_accel
 __all__ = ["LibvirtConfig", "LibvirtEnvironment", "VcpuSched", "DOMAIN_PREFIX"]
 
 DOMAIN_PREFIX = "rtvirt-"
+BAREMETAL_CONSOLE = "console1"  # libvirt's alias of the bare-metal guest's virtio console (console0 is COM1)
 POOL_NAME = "rtvirt"
 POOL_PATH = "/var/lib/libvirt/images/rtvirt"
 OWNER_NS = "https://github.com/rtvirt/rtvirt/libvirt-owner"
@@ -117,8 +119,8 @@ class LibvirtConfig(EnvironmentConfig):
 
     @model_validator(mode="after")
     def _guest_this_environment_boots(self) -> LibvirtConfig:
-        if self.guest == "baremetal":  # its stream channel is QEMU's -debugcon, which libvirt's XML has not
-            raise ValueError("guest: 'baremetal' runs in the qemu environment only, so far (docs/baremetal.md)")
+        if self.guest == "baremetal" and self.vcpus != 1:
+            raise ValueError("vcpus: the bare-metal guest runs on one vCPU (vcpus = 1)")
         return self
 
     @field_validator("cputune")
@@ -507,6 +509,9 @@ class DomainProcess:
             if crashed is not None:
                 self._env.drain()  # every sample on disk before the run reads the stream's end
                 self._returncode = 1 if crashed else 0
+                if self._env.config.guest == "baremetal":  # it ends the VM by a triple fault: its status is said
+                    failure = baremetal.guest_error(self._env.console_text())
+                    self._returncode = failure[0] if failure else 0
         return self._returncode
 
     def wait(self, timeout: float) -> int:
@@ -535,6 +540,7 @@ class LibvirtEnvironment(Environment):
         self._name = ""
         self._type: dict[str, str] = {}
         self._initrd_volume = ""
+        self._baremetal_cmdline = ""
         self._readers: list[_StreamToFile] = []
         self._channel_reader: _StreamToFile | None = None
         self._console = bytearray()
@@ -667,7 +673,7 @@ class LibvirtEnvironment(Environment):
             return {"type": "kvm", "reason": "the remote host offers KVM"}
         return {"type": "qemu", "reason": "the remote host offers no KVM"}
 
-    def _domain_xml(self, kernel: str, initrd: str, with_output: bool) -> str:
+    def _domain_xml(self, kernel: str, initrd: str | None, with_output: bool) -> str:
         config = self.config
         root = ET.Element("domain", type=self._type["type"])
         ET.SubElement(root, "name").text = self._name
@@ -695,9 +701,12 @@ class LibvirtEnvironment(Environment):
         os_element = ET.SubElement(root, "os")
         ET.SubElement(os_element, "type", arch="x86_64").text = "hvm"
         ET.SubElement(os_element, "kernel").text = kernel
-        ET.SubElement(os_element, "initrd").text = initrd
-        # no_timer_check: a vCPU starved under TCG fails the kernel's IO-APIC timer check and panics at boot
-        ET.SubElement(os_element, "cmdline").text = "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check"
+        if initrd is None:  # the bare-metal guest (multiboot): the probe's argv is its command line
+            ET.SubElement(os_element, "cmdline").text = self._baremetal_cmdline
+        else:
+            ET.SubElement(os_element, "initrd").text = initrd
+            # no_timer_check: a vCPU starved under TCG fails the kernel's IO-APIC timer check and panics at boot
+            ET.SubElement(os_element, "cmdline").text = "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check"
         ET.SubElement(ET.SubElement(root, "features"), "acpi")  # the guest's poweroff ends the domain
         ET.SubElement(root, "cpu", mode="host-passthrough" if self._type["type"] == "kvm" else "maximum")
         for event in ("on_poweroff", "on_reboot", "on_crash"):
@@ -705,8 +714,16 @@ class LibvirtEnvironment(Environment):
         devices = ET.SubElement(root, "devices")
         ET.SubElement(ET.SubElement(devices, "serial", type="pty"), "target", port="0")
         ET.SubElement(ET.SubElement(devices, "console", type="pty"), "target", type="serial", port="0")
-        ET.SubElement(devices, "controller", type="virtio-serial", index="0")
-        if with_output:
+        if initrd is None:
+            # the bare-metal guest's driver writes to port 0 of a virtio-console without multiport
+            # (ports = 1): libvirt makes a second <console> of target virtio that virtconsole
+            ET.SubElement(devices, "controller", type="virtio-serial", index="0", ports="1")
+            if with_output:
+                # a pty: libvirt puts the stream's end of it in raw mode, so binary records pass unchanged
+                ET.SubElement(ET.SubElement(devices, "console", type="pty"), "target", type="virtio")
+        else:
+            ET.SubElement(devices, "controller", type="virtio-serial", index="0")
+        if with_output and initrd is not None:
             channel = ET.SubElement(devices, "channel", type="unix")
             ET.SubElement(channel, "source", mode="bind")
             ET.SubElement(channel, "target", type="virtio", name=OUTPUT_PORT)
@@ -718,26 +735,34 @@ class LibvirtEnvironment(Environment):
         self.start()
         connection = self._conn()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        image = self._image = guest_image(self.config.guest)
-        argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
-        if out is not None:
-            argv.append(f"--out={guest_port_path(OUTPUT_PORT)}")
         if self.config.hugepages and self.config.local:
             problem = hugepage_problem(self.config.memory)
             if problem:
                 raise RunError(f"libvirt: {problem}")
-        initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv)), self.workdir)
         self._name = f"{DOMAIN_PREFIX}{self.config.label}-{uuid.uuid4().hex[:8]}"
-        self._initrd_volume = f"{self._name}.initrd"
-        kernel_path = connection.kernel(image.kernel)
-        definition = self._domain_xml(kernel_path, connection.volume_path(self._initrd_volume), out is not None)
+        initrd: Path | None = None
+        if self.config.guest == "baremetal":  # our own kernel (multiboot): no initrd, the probe's argv on <cmdline>
+            self._baremetal_cmdline = baremetal.command_line(agent, args)
+            channel = BAREMETAL_CONSOLE
+            definition = self._domain_xml(connection.kernel(baremetal.kernel_path()), None, out is not None)
+        else:
+            image = self._image = guest_image(self.config.guest)
+            argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
+            if out is not None:
+                argv.append(f"--out={guest_port_path(OUTPUT_PORT)}")
+            initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv)), self.workdir)
+            self._initrd_volume = f"{self._name}.initrd"
+            channel = OUTPUT_PORT
+            definition = self._domain_xml(connection.kernel(image.kernel), connection.volume_path(self._initrd_volume),
+                                          out is not None)
         try:
             # defined before its initrd exists, so that reclaim never sees a volume without its domain
             self._domain = connection.conn.defineXML(definition)
         except libvirt.libvirtError as exc:
             raise RunError(f"libvirt ({self.config.uri}) rejected the domain: {_error_text(exc)}") from None
         self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
-        connection.upload(self._initrd_volume, initrd)
+        if initrd is not None:
+            connection.upload(self._initrd_volume, initrd)
         try:
             self._domain.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
         except libvirt.libvirtError as exc:
@@ -755,7 +780,7 @@ class LibvirtEnvironment(Environment):
         self._open_stream(None, self._console_file, self._console)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            self._channel_reader = self._open_stream(OUTPUT_PORT, out, None)
+            self._channel_reader = self._open_stream(channel, out, None)
         self._domain.resume()
         self._launched_at = time.monotonic()
         return Launched(DomainProcess(self), out)
@@ -764,7 +789,9 @@ class LibvirtEnvironment(Environment):
         libvirt = _libvirt()
         stream = self._conn().conn.newStream(libvirt.VIR_STREAM_NONBLOCK)
         try:
-            if channel is None:
+            if channel == BAREMETAL_CONSOLE:
+                self._domain.openConsole(channel, stream, 0)
+            elif channel is None:
                 self._domain.openConsole(None, stream, 0)
             else:
                 self._domain.openChannel(channel, stream, 0)
@@ -830,6 +857,11 @@ class LibvirtEnvironment(Environment):
             return None
         if stopped is not None:
             self.drain()
+            if self.config.guest == "baremetal":
+                exception = baremetal.failure_exception(self.console_text())
+                if exception is not None:
+                    raise exception  # status 2 (a parameter the guest refused) is bad input: exit 2
+                return None
             failure = agent_failure(self.console_text())
             if failure and not stopped and EXIT_MARK not in self.console_text() and self._samples_complete():
                 # libvirt kills QEMU as soon as the guest powers off and the console's last lines can be
