@@ -419,3 +419,24 @@ def test_the_bare_metal_guest_streams_samples_from_a_libvirt_domain(libvirtd: st
     assert stream.header["guest"]["kind"] == "baremetal" and stream.header["guest"]["channel"] == "virtio-console"
     assert stream.to_table().num_rows > 100  # 1 ms for ~2 s, less what a TCG guest misses
     assert _our_domains() == []
+
+
+@pytest.mark.vm
+def test_a_parameter_the_bare_metal_guest_refuses_is_bad_input_in_libvirt(libvirtd: str, tmp_path: Path) -> None:
+    """The guest ends its domain with status 2 (what its console says): the environment raises InputError,
+    which rtvirt reports as exit 2, and nothing reached the stream."""
+    config = LibvirtConfig(kind="libvirt", domain_type="qemu", guest="baremetal")
+    out = tmp_path / "gap.rtvs"
+    with Supervisor() as supervisor, SharedResources() as shared:
+        env = LibvirtEnvironment(config, supervisor, tmp_path / "vm", shared)
+        try:
+            launched = env.launch("rtvirt-probe", ["gap", "--threshold=12abc"], out)
+            status = launched.proc.wait(timeout=180)  # type: ignore[union-attr]
+            with pytest.raises(InputError) as error:
+                env.check()
+        finally:
+            env.close()
+    assert status == 2 and error.value.exit_code == 2
+    assert "invalid value for '--threshold': '12abc'" in str(error.value)
+    assert not out.exists() or out.stat().st_size == 0
+    assert _our_domains() == []
