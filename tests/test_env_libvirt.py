@@ -440,3 +440,17 @@ def test_a_parameter_the_bare_metal_guest_refuses_is_bad_input_in_libvirt(libvir
     assert "invalid value for '--threshold': '12abc'" in str(error.value)
     assert not out.exists() or out.stat().st_size == 0
     assert _our_domains() == []
+
+
+@pytest.mark.vm
+def test_a_preempt_rt_guest_boots_in_libvirt_and_its_manifest_says_so(libvirtd: str, tmp_path: Path) -> None:
+    env = 'kind = "libvirt"\nname = "lvrt"\ndomain_type = "qemu"\nguest = "linux-rt"'
+    scenario = _scenario(tmp_path / "rt.toml", "1s", env)
+    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
+                     timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    (key, run), = json.loads(result.stdout[result.stdout.index("{"):])["runs"].items()
+    assert run["status"] == "complete", run
+    detail = load_run(tmp_path / "results" / "runs" / run["run_id"]).manifest["environment_detail"]
+    assert detail["guest"] == "linux-rt" and detail["preempt_rt"] is True
+    assert _our_domains() == []
