@@ -18,6 +18,7 @@ import pytest
 from conftest import run_cli
 from sshd_server import SshServer
 
+from rtvirt.agents import agent_args
 from rtvirt.environments import SharedResources
 from rtvirt.environments.libvirt import (
     DOMAIN_PREFIX,
@@ -33,10 +34,11 @@ from rtvirt.environments.libvirt import (
     hugepage_problem,
 )
 from rtvirt.errors import InputError, RunError
+from rtvirt.probes import PROBES
 from rtvirt.procs import Supervisor
 from rtvirt.scenario.loader import parse_scenario
 from rtvirt.store import load_run
-from rtvirt.stream import read_stream
+from rtvirt.stream import StreamReader, read_stream
 
 URI = "qemu:///system"
 DAEMONS = (("virtlogd", Path("/run/virtlogd.pid")), ("libvirtd", Path("/run/libvirtd.pid")))
@@ -453,4 +455,29 @@ def test_a_preempt_rt_guest_boots_in_libvirt_and_its_manifest_says_so(libvirtd: 
     assert run["status"] == "complete", run
     detail = load_run(tmp_path / "results" / "runs" / run["run_id"]).manifest["environment_detail"]
     assert detail["guest"] == "linux-rt" and detail["preempt_rt"] is True
+    assert _our_domains() == []
+
+
+@pytest.mark.vm
+def test_a_bare_metal_domain_stopped_mid_run_writes_out_every_sample(libvirtd: str, tmp_path: Path) -> None:
+    """close() of a running bare-metal domain sends it an NMI before destroying it: everything the guest
+    took reaches the file and the stream ends with reason 'signal'."""
+    config = LibvirtConfig(kind="libvirt", domain_type="qemu", guest="baremetal")
+    out = tmp_path / "timer.rtvs"
+    args = agent_args(PROBES["timer"].params(duration=0, interval="1ms"))
+    with Supervisor() as supervisor, SharedResources() as shared:
+        env = LibvirtEnvironment(config, supervisor, tmp_path / "vm", shared)
+        try:
+            launched = env.launch("rtvirt-probe", ["timer", *args], out)
+            reader, seen, deadline = StreamReader(out), 0, time.monotonic() + 120
+            while seen < 30 and time.monotonic() < deadline:  # running, with samples on the host already
+                assert env.check() is None and launched.poll() is None, env.console_text()[-1000:]
+                time.sleep(0.1)
+                seen += reader.poll().size
+        finally:
+            env.close()
+    assert seen >= 30
+    stream = read_stream(out)
+    assert stream.end_reason == "signal" and stream.corrupt is None and stream.total_dropped == 0
+    assert stream.records.size >= seen and stream.written == stream.records.size
     assert _our_domains() == []

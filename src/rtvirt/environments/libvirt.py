@@ -913,6 +913,18 @@ class LibvirtEnvironment(Environment):
                          "ran: cgroup v1 RT group scheduling refuses them otherwise; restored afterwards")
         return found
 
+    def _stop_baremetal(self) -> None:
+        """As baremetal.request_stop for QEMU: an NMI makes the guest write out every sample it holds and
+        end its stream with reason 'signal'; it gets STOP_TIMEOUT_S to leave before the domain is destroyed."""
+        libvirt = _libvirt()
+        with contextlib.suppress(libvirt.libvirtError):
+            self._domain.injectNMI(0)
+            deadline = time.monotonic() + baremetal.STOP_TIMEOUT_S
+            while self.stopped() is None and time.monotonic() < deadline:
+                self._pump()
+                time.sleep(0.1)
+            self.drain()
+
     def _dropped_tuning(self) -> list[str]:
         """Elements of the requested <cputune> missing from the XML libvirt applied (e.g. out of range)."""
         try:
@@ -924,6 +936,8 @@ class LibvirtEnvironment(Environment):
         return sorted({f"<{tag}>" for tag in wanted if wanted.count(tag) > have.count(tag)})
 
     def close(self) -> None:
+        if self._domain is not None and self.config.guest == "baremetal" and self.stopped() is None:
+            self._stop_baremetal()
         if self._domain is not None:
             _destroy_and_undefine(self._domain)
             self._domain = None
