@@ -103,6 +103,9 @@ workload = "gap"
 environments = ["shared-pcpu", "pinned-apart"]
 disturbances = ["neighbour"]
 start_order = ["stress-first"]
+
+# every configuration is also simulated and analysed (issue 11): the RTDS runs are compared with their model
+[predict]
 """
 
 
@@ -200,6 +203,40 @@ def test_an_rtds_reservation_shows_as_interruptions_of_its_length_and_rate(
         figures[name] = (median_ms, rate)
     # direction: a longer period with the same budget means longer and rarer interruptions
     assert figures["rtds-4-40"][0] > figures["rtds-4-10"][0] and figures["rtds-4-40"][1] < figures["rtds-4-10"][1]
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(1500)
+def test_rtds_predictions_are_stored_beside_the_measurement_and_agree_with_it(
+        lab_campaign: tuple[Path, dict[str, Any]]) -> None:
+    from rtvirt.predict.compare import predictions
+    from rtvirt.store import list_runs
+
+    results, summary = lab_campaign
+    rows = {p.config: p for p in predictions(list_runs(results))}
+    figures = {}
+    for name, period_ms, budget_ms in (("rtds-4-10", 10, 4), ("rtds-4-40", 40, 4)):
+        key = f"rtds/{name}/alone/-/r1"
+        row = rows[_run(lab_campaign, key)["config"]]
+        # the simulated and the analysis runs sit in the measurement's results store, matched to its run
+        assert row.runs["measured"] == [summary["runs"][key]["run_id"]]
+        assert all((results / "runs" / run_id / "manifest.json").exists()
+                   for run_id in row.runs["simulated"] + row.runs["analysis"]), row.runs
+        assert row.compare == "gap:probe.0" and any("rtds" in line for line in row.mapping), row.mapping
+        sim, meas = row.simulated, row.measured
+        assert meas is not None and sim.long_gap_rate and meas.long_gap_rate and meas.long_gap_mean_ns
+        # the model's holes are exactly period - budget, once a period; the analysed blackout covers two
+        assert sim.long_gap_mean_ns == (period_ms - budget_ms) * 1_000_000
+        assert row.bound_ns is not None and row.bound_ns >= sim.max_ns
+        # measured against simulated under nested TCG: same order of magnitude (within 3x), as for the
+        # configured figures above
+        assert 1 / 3 < meas.long_gap_mean_ns / sim.long_gap_mean_ns < 3, (name, meas, sim)
+        assert 1 / 3 < meas.long_gap_rate / sim.long_gap_rate < 3, (name, meas, sim)
+        figures[name] = (sim, meas)
+    # direction: both answers see the longer period's holes as longer and rarer
+    for answer in (0, 1):
+        longer, shorter = figures["rtds-4-40"][answer], figures["rtds-4-10"][answer]
+        assert longer.long_gap_mean_ns > shorter.long_gap_mean_ns and longer.long_gap_rate < shorter.long_gap_rate
 
 
 @pytest.mark.vm
