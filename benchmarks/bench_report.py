@@ -85,7 +85,8 @@ def main() -> None:
     try:
         started = time.perf_counter()
         paths = build(root, args.runs, args.samples)
-        print(f"{len(paths)} runs x {args.samples:,} samples in {root} (built in {time.perf_counter() - started:.1f} s)")
+        built_s = time.perf_counter() - started
+        print(f"{len(paths)} runs x {args.samples:,} samples in {root} (built in {built_s:.1f} s)")
         out = root / "report.html"
         report_cmd = [str(RTVIRT), "report", str(root), "--out", str(out)]
         reference_cmd = [sys.executable, "-c", REFERENCE, *(str(p / "samples.parquet") for p in paths)]

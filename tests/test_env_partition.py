@@ -126,7 +126,7 @@ def test_partition_quota_throttles_a_spinning_task(tmp_path: Path) -> None:
 
 
 def test_registry_and_availability() -> None:
-    assert set(ENVIRONMENTS) == {"host", "partition", "qemu"}
+    assert set(ENVIRONMENTS) == {"host", "partition", "qemu", "libvirt", "ssh", "xen"}
     for cls in ENVIRONMENTS.values():
         assert cls.available() is None or isinstance(cls.available(), str)
 

@@ -8,6 +8,7 @@ from .libvirt import LibvirtEnvironment
 from .partition import PartitionEnvironment
 from .qemu import QemuEnvironment
 from .ssh import SshEnvironment
+from .xen import XenEnvironment
 
 __all__ = ["ENVIRONMENTS", "Environment", "EnvironmentConfig", "Launched", "SharedResources"]
 
@@ -17,4 +18,5 @@ ENVIRONMENTS: dict[str, type[Environment]] = {env.kind: env for env in (
     QemuEnvironment,
     LibvirtEnvironment,
     SshEnvironment,
+    XenEnvironment,
 )}

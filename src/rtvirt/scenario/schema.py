@@ -12,6 +12,7 @@ from ..environments.libvirt import LibvirtConfig
 from ..environments.partition import PartitionConfig
 from ..environments.qemu import QemuConfig
 from ..environments.ssh import SshConfig
+from ..environments.xen import XenConfig
 from ..predict import PredictSpec
 from ..probes import PROBES
 from ..remote.target import SshTargetFields
@@ -25,11 +26,12 @@ Seconds = duration_field("s")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 # One variant per environment module, told apart by ``kind`` (ENVIRONMENTS is the table of record).
-EnvironmentEntry = Annotated[HostConfig | PartitionConfig | QemuConfig | LibvirtConfig | SshConfig,
+EnvironmentEntry = Annotated[HostConfig | PartitionConfig | QemuConfig | LibvirtConfig | SshConfig
+                             | XenConfig,
                              Field(discriminator="kind")]
 assert {HostConfig.model_fields["kind"].default, PartitionConfig.model_fields["kind"].default,
         QemuConfig.model_fields["kind"].default, LibvirtConfig.model_fields["kind"].default,
-        SshConfig.model_fields["kind"].default} == set(ENVIRONMENTS)
+        SshConfig.model_fields["kind"].default, XenConfig.model_fields["kind"].default} == set(ENVIRONMENTS)
 
 
 class _Strict(BaseModel):
