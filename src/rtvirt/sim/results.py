@@ -9,6 +9,7 @@ start. supply.parquet holds the time each vCPU ran per supply window; gaps.parqu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ def samples_table(result: SimResult) -> pa.Table:
     return pa.table({name: columns[name] for name in ordered})
 
 
-def _chunked(chunks: tuple | list, kind: pa.DataType) -> pa.ChunkedArray:
+def _chunked(chunks: Sequence[Any], kind: pa.DataType) -> pa.ChunkedArray:
     """One column from the jobs', chains' and gaps' parts (zero-copy where the type already matches)."""
     arrays = []
     for part in chunks:
