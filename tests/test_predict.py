@@ -80,6 +80,20 @@ def test_same_core_stressor_is_background_load_and_other_probes_have_no_model() 
         _derived('[[environments]]\nkind = "host"', 'probe = "kops"')
 
 
+def test_xen_disturbing_domus_share_the_measured_pcpu_unless_placed_apart() -> None:
+    other_vm = ('[[disturbances]]\nname = "neighbour"\n[[disturbances.stressors]]\nstressor = "cpu"\n'
+                'where = "other-vm"')
+    shared = _derived('[[environments]]\nkind = "xen"\nscheduler = "rtds"\ncpus = "1"\n'
+                      'rtds = { budget = "4ms", period = "10ms" }\n'
+                      'stressor_rtds = { budget = "3ms", period = "6ms" }', disturbances=other_vm)
+    assert len(shared.model.vm) == 2  # by default a disturbing domU goes on the measuring domU's pCPUs
+    neighbour = shared.model.vm[1].vcpu[0]
+    assert (neighbour.budget, neighbour.period) == (3_000_000, 6_000_000)
+    apart = _derived('[[environments]]\nkind = "xen"\nscheduler = "credit"\ncpus = "1"\nstressor_cpus = "0"',
+                     disturbances=other_vm)
+    assert len(apart.model.vm) == 1 and any("other-vm" in note for note in apart.notes)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="cgroups and SCHED_DEADLINE need root")
 def test_bandwidth_partition_and_deadline_reservation_measured_simulated_analysed(tmp_path: Path) -> None:
     scenario = tmp_path / "predict.toml"

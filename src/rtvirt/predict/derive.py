@@ -147,8 +147,12 @@ def _xen(env: Any) -> _Platform:
             out.append({"affinity": affinity[i]} if p is None else
                        {"affinity": affinity[i], "budget": f"{p.budget}ns", "period": f"{p.period}ns",
                         "extratime": p.extratime})
+        # disturbing domUs get stressor_rtds, else Xen's default reservation (4 ms every 10 ms)
+        stress = env.stressor_rtds
+        stress_vcpu = {"budget": "4ms", "period": "10ms"} if stress is None else \
+            {"budget": f"{stress.budget}ns", "period": f"{stress.period}ns", "extratime": stress.extratime}
         return _Platform({"scheduler": "rtds", "pcpus": pcpus, "mode": "partitioned"}, out,
-                         {"budget": "4ms", "period": "10ms"}, 99,
+                         stress_vcpu, 99,
                          [f"{label}: RTDS budget/period per vCPU -> rtds (partitioned on the first pCPU of each "
                           "affinity)"], notes)
     if env.scheduler == "null":
@@ -208,12 +212,23 @@ def _stressor_vm(index: int, use: StressorUse, platform: _Platform, cpu: int) ->
     return vm, f"stressor {use.stressor} ({use.where}, {policy}): background load {what} on the measured CPU"
 
 
+def _shares_measured_cpu(env: Any, use: StressorUse) -> bool:
+    """Whether a stressor competes for the measured CPU (the model holds only that CPU's contention)."""
+    if use.where in ("same-core", "all-cores"):
+        return True
+    if use.where != "other-vm":
+        return False
+    if env.kind == "xen":  # disturbing domUs go on stressor_cpus, by default the measuring domU's own pCPUs
+        measured = {cpu for cpus in env.affinity for cpu in cpus} if env.affinity else set(env.cpus or ())
+        return env.stressor_cpus is None or not measured or bool(measured & set(env.stressor_cpus))
+    return use.guest_cpus == "same-core"
+
+
 def derive_model(env: EnvironmentConfig, workload: NamedWorkload, stressors: list[StressorUse],
                  duration_ns: int, spec: PredictSpec, name: str = "derived") -> Derived:
     """The model of one measured configuration; raises NotPredictable with the reason when there is none."""
     params = workload.params
-    same_core = [u for u in stressors if u.where in ("same-core", "all-cores")
-                 or (u.where == "other-vm" and u.guest_cpus == "same-core")]
+    same_core = [u for u in stressors if _shares_measured_cpu(env, u)]
     priority = _probe_priority(env, params)
     platform = _platform(env, priority, bool(same_core))
     mapping, notes = list(platform.mapping), list(platform.notes)
