@@ -244,7 +244,7 @@ argv = ["touch", "{marks}/campaign-end"]
     assert sorted(m["campaign"]["disturbance"] for m in manifests) == ["on-target", "other-target", "solo"]
     for manifest in manifests:
         assert manifest["status"] == "complete", manifest["campaign"]
-        assert manifest["environment_detail"]["target"]["arch"] == os.uname().machine
+        assert manifest["system"]["platform"]["target"]["arch"] == os.uname().machine
         assert [h["argv"][0] for h in manifest["hooks"]] == ["mkdir", "touch"]
         assert all(h["status"] == 0 for h in manifest["hooks"])
         assert {h["on"] for h in manifest["hooks"]} == {f"{second_server.user}@127.0.0.1:{second_server.port}"}

@@ -281,6 +281,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
                 mark("stress-off")
             disturbance.close_guests()
             env_description = env.describe()
+            platform_audit = env.platform_audit()
             env_warnings = env.warnings()
             env.close()
             supervisor.stop_all()
@@ -300,7 +301,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     # events before the workload started (stress-first) get negative times
     origin = t0 if t0 is not None else (marks[0][0] if marks else 0.0)
     timeline = [{"t_ns": int((at - origin) * 1e9), "event": event} for at, event in marks]
-    run_system = {**system, "warnings": [*system.get("warnings", []), *env_warnings]}
+    run_system = {**system, "warnings": [*system.get("warnings", []), *env_warnings],
+                  **({"platform": platform_audit} if platform_audit else {})}
     extra = {"scenario": scenario.name, "environment": env_config.label, "config": plan.config,
              "repetition": plan.repetition, "timeline": timeline, "system": run_system,
              "environment_detail": env_description,

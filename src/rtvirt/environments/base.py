@@ -219,6 +219,11 @@ class Environment(ABC):
                                             **({"memory": memory} if isinstance(memory, int) else {})})
         return QemuEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
 
+    def platform_audit(self) -> dict[str, Any]:
+        """The audit of the platform the workload runs on when it is not this host (a Xen host's ``xl info``,
+        an SSH target's kernel and tuning); the manifest's system audit carries it as ``platform``."""
+        return {}
+
     @property
     def booted(self) -> bool:
         """Whether the agent's platform is up (a guest has booted); environments without a boot: True."""

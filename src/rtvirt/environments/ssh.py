@@ -170,13 +170,11 @@ class SshEnvironment(Environment):
                                            "reconnect_timeout": self.config.reconnect_timeout})
         return SshEnvironment(config, self.supervisor, self.workdir / f"disturber-{index}", self.shared)
 
-    def describe(self) -> dict[str, Any]:
-        description = super().describe()
+    def platform_audit(self) -> dict[str, Any]:
         try:
-            description["target"] = self._audit()
+            return {"kind": "ssh", "target": self._audit()}
         except RunError as exc:
-            description["target"] = {"error": str(exc)[:300]}
-        return description
+            return {"kind": "ssh", "target": {"error": str(exc)[:300]}}
 
     def warnings(self) -> list[str]:
         try:

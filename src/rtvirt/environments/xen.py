@@ -793,11 +793,16 @@ class XenEnvironment(Environment):
 
     # ---- records ----
 
+    def platform_audit(self) -> dict[str, Any]:
+        dom0 = self._dom0
+        if dom0 is None or self._parent is not None or (dom0.lab is not None and not dom0.lab.alive()):
+            return {}  # a disturbing domU's parent audits the host; a dead lab has nothing left to ask
+        return {"kind": "xen", "xl_info": _xl_info(dom0.info())}
+
     def describe(self) -> dict[str, Any]:
         description: dict[str, Any] = {**super().describe(), "where": _resolve_where(self.config)}
         if self._dom0 is not None:
             if self._parent is None:
-                description["xl_info"] = _xl_info(self._dom0.info())
                 description["cpupools"] = _table(self._dom0.xl("cpupool-list")) if self._dom0.lab is None or \
                     self._dom0.lab.alive() else []
             if self._dom0.lab is not None:
