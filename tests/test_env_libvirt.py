@@ -4,6 +4,7 @@ sshd, and malformed environment tables rejected with their field path."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -68,6 +69,7 @@ def libvirtd() -> Iterator[str]:
         mounted = Path("/dev/hugepages")
         mounted.mkdir(exist_ok=True)
         subprocess.run(["mount", "-t", "hugetlbfs", "hugetlbfs", str(mounted)], check=True)
+    machine_cgroups_before = set(Path("/sys/fs/cgroup").glob("*/machine"))
     page_kib = _meminfo_kib("Hugepagesize") or 2048
     NR_HUGEPAGES.write_text(f"{pages_before + GUEST_MIB * 1024 // page_kib + 4}\n")
     started = []
@@ -97,6 +99,10 @@ def libvirtd() -> Iterator[str]:
             proc.terminate()
             proc.wait(timeout=30)
         NR_HUGEPAGES.write_text(f"{pages_before}\n")
+        # the daemon we started made its "machine" partition in every hierarchy: empty now, so remove it
+        for cgroup in set(Path("/sys/fs/cgroup").glob("*/machine")) - machine_cgroups_before:
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()
         if mounted is not None:
             subprocess.run(["umount", str(mounted)], check=True)
 
