@@ -27,3 +27,23 @@ def run_cli(
 @pytest.fixture
 def results_dir(tmp_path: Path) -> Path:
     return tmp_path / "results"
+
+
+def esc_overrides(seed: int, load: float, switch_us: int, delay_us: int, driver: tuple[int, int, int],
+                  wheels: list[dict[str, object]], wheel_exec: list[tuple[int, int]]) -> list[tuple[str, object]]:
+    """Overrides of a shipped ESC model for one random draw: overheads, the driver domain N's slice, period
+    and packet cost (``driver`` = exec, slice, period in us), each wheel's vCPU fields and control-task
+    execution range (low, low + extra in us)."""
+    driver_exec, driver_slice, driver_period = driver
+    overrides: list[tuple[str, object]] = [
+        ("simulation.duration", "0.5s"), ("simulation.seed", seed), ("vm.nonrt.load", load),
+        ("hypervisor.overheads.vm_switch", f"{switch_us}us"),
+        ("hypervisor.overheads.interrupt_delay", f"{delay_us}us"),
+        ("vm.N.vcpu.0.slice", f"{driver_slice}us"), ("vm.N.vcpu.0.period", f"{driver_period}us")]
+    for wheel, (fields, (low, extra)) in enumerate(zip(wheels, wheel_exec, strict=True), 1):
+        overrides += [(f"vm.wheel{wheel}.vcpu.0.{name}", value) for name, value in fields.items()]
+        overrides.append((f"vm.wheel{wheel}.task.control.execution",
+                          {"distribution": "uniform", "min": f"{low}us", "max": f"{low + extra}us"}))
+        overrides += [(f"vm.N.task.{task}{wheel}.execution",
+                       {"distribution": "uniform", "min": "1us", "max": f"{driver_exec}us"}) for task in ("rx", "tx")]
+    return overrides

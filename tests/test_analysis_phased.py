@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from conftest import esc_overrides
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -51,20 +52,10 @@ def test_bounds_never_below_a_simulation(priorities: list[int], slices: list[int
                                          wheel_exec: list[tuple[int, int]], driver_exec: int, switch: int,
                                          delay: int, driver_slice: int, driver_period: int, load: float,
                                          seed: int) -> None:
-    overrides: list[tuple[str, object]] = [
-        ("simulation.duration", "0.5s"), ("simulation.seed", seed), ("vm.nonrt.load", load),
-        ("hypervisor.overheads.vm_switch", f"{switch}us"), ("hypervisor.overheads.interrupt_delay", f"{delay}us"),
-        ("vm.N.vcpu.0.slice", f"{driver_slice}us"), ("vm.N.vcpu.0.period", f"{driver_period}us")]
-    for wheel in range(4):
-        low, extra = wheel_exec[wheel]
-        overrides += [(f"vm.wheel{wheel + 1}.vcpu.0.priority", priorities[wheel]),
-                      (f"vm.wheel{wheel + 1}.vcpu.0.slice", f"{slices[wheel]}us"),
-                      (f"vm.wheel{wheel + 1}.task.control.execution",
-                       {"distribution": "uniform", "min": f"{low}us", "max": f"{low + extra}us"})]
-    for task in ("rx", "tx"):
-        for wheel in range(1, 5):
-            overrides.append((f"vm.N.task.{task}{wheel}.execution",
-                              {"distribution": "uniform", "min": "1us", "max": f"{driver_exec}us"}))
+    wheels: list[dict[str, object]] = [{"priority": priority, "slice": f"{slice_}us"}
+                                       for priority, slice_ in zip(priorities, slices, strict=True)]
+    overrides = esc_overrides(seed, load, switch, delay, (driver_exec, driver_slice, driver_period), wheels,
+                              wheel_exec)
     model = load_model(MODELS / "esc-psedf.toml", overrides)
     phased, reason = phased_chain_bounds(model)
     event("applies" if phased is not None else reason.split(":")[0].split(" needs")[0][:40])

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import esc_overrides, run_cli
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -174,19 +174,8 @@ def test_esc_paper_chains_have_finite_bounds_above_the_simulated_worst() -> None
 def test_sedf_esc_bounds_never_below_a_simulation(wheel_slice: list[int], wheel_exec: list[tuple[int, int]],
                                                   driver_exec: int, driver_slice: int, period: int, switch: int,
                                                   delay: int, load: float, seed: int) -> None:
-    overrides: list[tuple[str, object]] = [
-        ("simulation.duration", "0.5s"), ("simulation.seed", seed), ("vm.nonrt.load", load),
-        ("hypervisor.overheads.vm_switch", f"{switch}us"), ("hypervisor.overheads.interrupt_delay", f"{delay}us"),
-        ("vm.N.vcpu.0.slice", f"{driver_slice}us"), ("vm.N.vcpu.0.period", f"{period}us")]
-    for wheel in range(4):
-        low, extra = wheel_exec[wheel]
-        overrides += [(f"vm.wheel{wheel + 1}.vcpu.0.slice", f"{wheel_slice[wheel]}us"),
-                      (f"vm.wheel{wheel + 1}.vcpu.0.period", f"{period}us"),
-                      (f"vm.wheel{wheel + 1}.task.control.execution",
-                       {"distribution": "uniform", "min": f"{low}us", "max": f"{low + extra}us"})]
-        for task in ("rx", "tx"):
-            overrides.append((f"vm.N.task.{task}{wheel + 1}.execution",
-                              {"distribution": "uniform", "min": "1us", "max": f"{driver_exec}us"}))
+    wheels: list[dict[str, object]] = [{"slice": f"{slice_}us", "period": f"{period}us"} for slice_ in wheel_slice]
+    overrides = esc_overrides(seed, load, switch, delay, (driver_exec, driver_slice, period), wheels, wheel_exec)
     model = load_model(MODELS / "esc-sedf.toml", overrides)
     analysis = analyse_model(model)
     bounded = [c for c in analysis.chains if c.bound is not None]
