@@ -42,6 +42,10 @@ PrintMotd no
 MaxStartups 50
 MaxSessions 50
 LogLevel ERROR
+# Debian's bash sources ~/.bashrc for a command run by sshd only in a top-level shell (SHLVL < 2): root's
+# .bashrc here starts pyenv, a few hundred ms per remote command under load. The test targets' shell is
+# still the login shell every target uses; it only skips that rc file.
+SetEnv SHLVL=1
 """
 
 

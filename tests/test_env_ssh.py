@@ -209,6 +209,12 @@ name = "on-target"
 stressor = "cpu"
 where = "other-core"
 
+[[disturbances]]
+name = "inside-target"
+[[disturbances.stressors]]
+stressor = "cpu"
+where = "inside"
+
 [hooks]
 control = {{ {_fields_toml(second_server).strip().replace(chr(10), ", ")} }}
 [[hooks.before_campaign]]
@@ -241,7 +247,8 @@ argv = ["touch", "{marks}/campaign-end"]
     manifests = [json.loads(p.read_text()) for p in results.glob("runs/*/manifest.json")]
     assert "rtvirt-stress" in seen_on_second and "rtvirt-probe" not in seen_on_second, \
         (seen_on_second, [m["timeline"] for m in manifests])
-    assert sorted(m["campaign"]["disturbance"] for m in manifests) == ["on-target", "other-target", "solo"]
+    assert sorted(m["campaign"]["disturbance"] for m in manifests) == ["inside-target", "on-target", "other-target",
+                                                                       "solo"]
     for manifest in manifests:
         assert manifest["status"] == "complete", manifest["campaign"]
         assert manifest["system"]["platform"]["target"]["arch"] == os.uname().machine
@@ -253,6 +260,10 @@ argv = ["touch", "{marks}/campaign-end"]
     (result,) = beside["campaign"]["stressor_results"]
     assert result["engine"] == "native" and result["parts"][0]["bogo_ops"] > 0
     assert result["command"][0].startswith(REMOTE_BIN)  # it ran on the target, from our copied agent
+    (inside,) = [m for m in manifests if m["campaign"]["disturbance"] == "inside-target"]
+    (result,) = inside["campaign"]["stressor_results"]  # inside the measured target: on all its CPUs
+    assert result["command"][0].startswith(REMOTE_BIN) and result["bogo_ops"] > 0
+    assert len(result["cpus"]) == inside["system"]["platform"]["target"]["cpus"] == len(os.sched_getaffinity(0))
     names = sorted(p.name for p in marks.iterdir())
     assert "before-board-solo-1" in names and "before-board-other-target-1" in names
     assert "campaign-start" in names and "campaign-end" in names

@@ -106,7 +106,7 @@ class _Disturbance:
                 if not self._paused:
                     self._start_vms(use)
                 continue
-            if use.where == "inside" and not self.env.on_host:
+            if use.where == "inside" and not (self.env.on_host or self.env.inside_on_platform):
                 # a guest runs it as a job of its own beside the workload (the host: on all its cores)
                 self.env.add_guest_job("rtvirt-stress", _guest_stressor_args(use))
                 continue

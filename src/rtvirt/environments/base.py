@@ -132,6 +132,9 @@ class Environment(ABC):
     config_model: ClassVar[type[EnvironmentConfig]]
     on_host: ClassVar[bool] = True  # the agent sees the host's CPUs (False: a guest's)
     pausable: ClassVar[bool] = False  # set_paused works (a timeline's stressor guests then boot early)
+    # "inside" stressors run as stressors on platform_cpus (an SSH target: the measured machine itself),
+    # not as a guest's own job (add_guest_job); the host does so anyway
+    inside_on_platform: ClassVar[bool] = False
 
     def __init__(self, config: EnvironmentConfig, supervisor: Supervisor, workdir: Path,
                  shared: SharedResources | None = None) -> None:

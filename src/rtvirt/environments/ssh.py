@@ -5,7 +5,8 @@ The probe streams its samples over the SSH channel into the run's stream file as
 keeps a copy on the target (``--tee``): if the connection drops or the target reboots, the run keeps
 every sample received, and the copy is fetched after reconnecting to complete it. Agents run with
 ``--watch-stdin``, so they stop with their session; after each run rtvirt checks that they are gone.
-Stressors beside the workload run on the target; "other-vm" disturbance runs on the ``disturbers``.
+Stressors beside the workload (same-core, other-core, all-cores, inside) run on the target; "other-vm"
+disturbance runs on the ``disturbers``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class SshEnvironment(Environment):
     kind = "ssh"
     config_model = SshConfig
     on_host = False  # the agent sees the target's CPUs
+    inside_on_platform = True  # "inside" the measured target: stressors on all its CPUs, beside the workload
     config: SshConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
