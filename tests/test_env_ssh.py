@@ -396,3 +396,95 @@ def test_agent_never_outlives_rtvirt(server: SshServer, tmp_path: Path, signal_n
         summary = json.loads(out)
         assert summary["status"] == "partial" and summary["end_reason"] == "signal", err
         assert summary["summary"]["all"]["samples"] > 100
+
+
+LAB_SCENARIO = '''
+name = "lab-matrix"
+duration = "1.5s"
+repetitions = 2
+[hooks]
+[[hooks.before_run]]
+argv = ["true"]
+environments = ["board"]    # renamed with the environment
+[workload]
+probe = "timer"
+params = { interval = "1ms" }
+[[environments]]
+kind = "ssh"
+name = "board"
+host = "placeholder"        # each target of the inventory takes its place
+[[disturbances]]
+name = "solo"
+[[disturbances]]
+name = "beside"
+[[disturbances.stressors]]
+stressor = "cpu"
+where = "other-core"
+[timeline]
+start_order = ["test-first", "stress-first"]
+'''
+
+
+def test_lab_runs_a_scenario_matrix_on_every_target_and_resumes(server: SshServer, second_server: SshServer,
+                                                                tmp_path: Path) -> None:
+    import signal
+
+    inventory = tmp_path / "lab.toml"
+    inventory.write_text(f'[[targets]]\nname = "ecu-a"\n{_fields_toml(server)}\n'
+                         f'[[targets]]\nname = "ecu-b"\n{_fields_toml(second_server)}\n')
+    scenario = tmp_path / "lab-matrix.toml"
+    scenario.write_text(LAB_SCENARIO)
+    results = tmp_path / "results"
+    args = [*RTVIRT, "lab", str(inventory), "--scenario", str(scenario), "--results", str(results), "--json"]
+    # interrupted once every target has finished a run: Ctrl-C stops both campaigns, --resume finishes them
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len({json.loads(p.read_text())["environment"] for p in results.glob("runs/*/manifest.json")}) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "--resume" in err
+    assert our_agents_running() == []
+    first = {t["name"]: t for t in json.loads(out)["targets"]}
+    assert all(t["interrupted"] for t in first.values()), first
+    result = run_cli("lab", str(inventory), "--scenario", str(scenario), "--results", str(results), "--resume",
+                     "--json", timeout=300)
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    for name, target in ((t["name"], t) for t in outcome["targets"]):
+        assert target["campaign_id"] == first[name]["campaign_id"]  # the same campaign, continued
+        # the whole matrix: solo and beside (two start orders), two repetitions each
+        assert sorted(target["runs"]) == sorted(f"{name}/{d}/{o}/r{r}" for d, o in
+                                                (("solo", "-"), ("beside", "test-first"), ("beside", "stress-first"))
+                                                for r in (1, 2)), target["runs"]
+        assert set(target["runs"].values()) == {"complete"}
+    manifests = [json.loads(p.read_text()) for p in results.glob("runs/*/manifest.json")]
+    by_target: dict[str, list[dict]] = {}
+    for manifest in manifests:
+        if manifest["status"] == "complete":
+            by_target.setdefault(manifest["environment"], []).append(manifest)
+    assert {name: len(runs) for name, runs in by_target.items()} == {"ecu-a": 6, "ecu-b": 6}
+    for name, runs in by_target.items():
+        port = server.port if name == "ecu-a" else second_server.port
+        assert all(m["environment_detail"]["port"] == port for m in runs)
+    # at the same time: each target's first run overlaps the other's
+    starts = sorted(min(m["stream_header"]["start_realtime_ns"] for m in runs) for runs in by_target.values())
+    assert starts[1] - starts[0] < 1.5e9
+    report = Path(outcome["report"]).read_text()
+    assert "ecu-a" in report and "ecu-b" in report
+    assert our_agents_running() == []
+
+
+def test_lab_scenario_refuses_other_kinds(tmp_path: Path) -> None:
+    inventory = tmp_path / "lab.toml"
+    inventory.write_text('[[targets]]\nname = "a"\nhost = "127.0.0.1"\nport = 1\n')
+    result = run_cli("lab", str(inventory), "--scenario", "default", "--results", str(tmp_path / "r"))
+    assert result.returncode == 2 and "environments[0].kind" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli("lab", str(inventory), "--scenario", "default", "-D", "1s")
+    assert result.returncode == 2 and "--duration" in result.stderr

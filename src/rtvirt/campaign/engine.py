@@ -341,8 +341,11 @@ def _reclaim(scenario: Scenario, availability: dict[int, str | None], shared: Sh
 
 
 def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, console: Console | None = None,
-                 show_progress: bool = True, write_report: bool = True) -> CampaignResult:
-    """Run every unfinished run of ``state``'s campaign; returns what happened to each."""
+                 show_progress: bool = True, write_report: bool = True, reclaim: bool = True) -> CampaignResult:
+    """Run every unfinished run of ``state``'s campaign; returns what happened to each.
+
+    ``reclaim=False``: the caller already cleaned the platforms (a lab cleans all its targets before any
+    campaign starts, since two targets may be one machine)."""
     console = console or Console(stderr=True)
     plans = expand(scenario, state.scale)
     if scenario.predict is not None:  # a bad explicit model is bad input: refused before measuring
@@ -356,7 +359,8 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"))
     progress = Progress(*columns, console=console, disable=not show_progress, transient=False)
     with progress, SharedResources() as shared:
-        _reclaim(scenario, availability, shared, progress.console)
+        if reclaim:
+            _reclaim(scenario, availability, shared, progress.console)
         hooks = HookRunner(scenario.hooks, shared)
         campaign_values = {"key": scenario.name}
         hooks.run("before_campaign", campaign_values)

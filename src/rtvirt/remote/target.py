@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import InputError, first_validation_error
+from .labgrid import LABGRID_SCHEME, is_labgrid, resolve_place
 
 __all__ = ["SshTarget", "SshTargetFields", "parse_target"]
 
@@ -40,27 +41,35 @@ class SshTarget(SshTargetFields):
     """One target to connect to (see :class:`SshTargetFields`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    place: str | None = Field(None, description="the labgrid place it was resolved from (labels only)")
 
     @property
     def label(self) -> str:
         user = f"{self.user}@" if self.user else ""
         port = f":{self.port}" if self.port else ""
-        return f"{user}{self.host}{port}"
+        address = f"{user}{self.host}{port}"
+        return f"labgrid://{self.place} ({address})" if self.place else address
 
 
 _TARGET_TEXT = re.compile(r"^(?:(?P<user>[^@]+)@)?(?P<host>\[[^\]]+\]|[^:@]+)(?::(?P<port>[0-9]+))?$")
 
 
 def parse_target(text: str, option: str = "--target", **fields: object) -> SshTarget:
-    """``user@host[:port]`` (IPv6 as ``[addr]:port``) as an :class:`SshTarget`; bad text names ``option``."""
-    match = _TARGET_TEXT.match(text.strip())
-    if not match:
-        raise InputError(f"option {option}: {text[:100]!r} is not user@host[:port]")
-    values: dict[str, object] = {"host": match["host"].strip("[]"), **fields}
-    if match["user"]:
-        values["user"] = match["user"]
-    if match["port"]:
-        values["port"] = int(match["port"])
+    """``user@host[:port]`` (IPv6 as ``[addr]:port``) as an :class:`SshTarget`, or ``labgrid://PLACE[/NAME]``
+    resolved through the labgrid coordinator (``LG_COORDINATOR``); bad text names ``option``."""
+    text = text.strip()
+    if is_labgrid(text):
+        place = text[len(LABGRID_SCHEME):]
+        values: dict[str, object] = {**resolve_place(place, option=option), "place": place, **fields}
+    else:
+        match = _TARGET_TEXT.match(text)
+        if not match:
+            raise InputError(f"option {option}: {text[:100]!r} is not user@host[:port] or labgrid://PLACE")
+        values = {"host": match["host"].strip("[]"), **fields}
+        if match["user"]:
+            values["user"] = match["user"]
+        if match["port"]:
+            values["port"] = int(match["port"])
     try:
         return SshTarget.model_validate(values)
     except ValidationError as exc:
