@@ -92,6 +92,23 @@ def process_name(pid: int) -> str:
         return ""
 
 
+REMOTE_BIN = "/var/tmp/rtvirt/bin-"
+
+
+def our_agents_running() -> list[str]:
+    """Command lines of agents started from our target-side bin directories (the target: this machine)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            except OSError:
+                continue
+            if cmdline.startswith(REMOTE_BIN):
+                found.append(f"{entry.name} {cmdline}")
+    return found
+
+
 class SshServer:
     """One sshd on a free loopback port; a context manager."""
 

@@ -16,25 +16,9 @@ from pathlib import Path
 
 import pytest
 from conftest import RTVIRT, run_cli
-from sshd_server import SshServer, descendants, process_name
+from sshd_server import REMOTE_BIN, SshServer, descendants, our_agents_running, process_name
 
 from rtvirt.stream import StreamReader
-
-REMOTE_BIN = "/var/tmp/rtvirt/bin-"
-
-
-def our_agents_running() -> list[str]:
-    """Command lines of agents started from our target-side bin directories (the target is this machine)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-            except OSError:
-                continue
-            if cmdline.startswith(REMOTE_BIN):
-                found.append(f"{entry.name} {cmdline}")
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -57,8 +57,11 @@ def resolve_place(place: str, coordinator: str | None = None, *, option: str = "
     worker.join(timeout)
     if worker.is_alive():
         raise RunError(f"labgrid coordinator {address}: no answer within {timeout:g} s")
-    if "error" in outcome:
-        raise outcome["error"]
+    error = outcome.get("error")
+    if isinstance(error, InputError):
+        raise InputError(f"option {option}: {error}") from None
+    if error is not None:
+        raise error
     fields: dict[str, Any] = outcome["fields"]
     return fields
 
@@ -77,10 +80,11 @@ def _ask(address: str, place: str, resource: str | None, outcome: dict[str, Any]
                     if cls == SERVICE}
         outcome["fields"] = _service_fields(place, resource, services)
     except UserError as exc:
-        outcome["error"] = InputError(f"labgrid place {place}: {str(exc)[:300]} (acquire it first: "
-                                      f"labgrid-client -p {place} acquire)")
+        message = str(exc).removeprefix("Error: ")[:300]
+        hint = f" (acquire it first: labgrid-client -p {place} acquire)" if "not acquired" in message else ""
+        outcome["error"] = InputError(f"labgrid place {place}: {message}{hint}")
     except Error as exc:
-        outcome["error"] = RunError(f"labgrid coordinator {address}: {str(exc)[:300]}")
+        outcome["error"] = RunError(f"labgrid coordinator {address}: {str(exc).removeprefix('Error: ')[:300]}")
     except (InputError, RunError) as exc:
         outcome["error"] = exc
     except Exception as exc:  # noqa: BLE001 - grpc's errors have many types; the thread must report them
