@@ -507,7 +507,9 @@ class XenLab:
         xen_command_line = (f"console=com1 com1=115200 dom0_mem={self.config.dom0_memory}M,"
                             f"max:{self.config.dom0_memory}M dom0_max_vcpus={self.dom0_vcpus} "
                             "dom0_vcpus_pin noreboot sched=credit2")
-        argv = [QEMU, "-accel", self.accel["accel"], "-cpu", "host" if kvm else "qemu64",
+        # TCG: qemu64 (-cpu max faults the PV dom0) with AMD's nested paging (+npt): Xen's HVM side needs it
+        # for PVH/HVM domUs (Debian's Xen has no shadow paging)
+        argv = [QEMU, "-accel", self.accel["accel"], "-cpu", "host" if kvm else "qemu64,+npt",
                 "-smp", str(self.config.pcpus), "-m", str(self.config.memory),
                 "-display", "none", "-nodefaults", "-no-reboot", "-serial", f"file:{self.console}",
                 "-kernel", str(self.hypervisor), "-append", xen_command_line,
