@@ -126,15 +126,17 @@ class SshServer:
         self.proc: subprocess.Popen[bytes] | None = None
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
 
+    def _spawn(self) -> bool:
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.dir / "sshd_config")],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=(self.dir / "sshd.log").open("ab"), start_new_session=True)
+        return self._wait_listening()
+
     def start(self) -> SshServer:
         for _attempt in range(5):
             self.port = free_port()
-            config = self.dir / "sshd_config"
-            config.write_text(CONFIG.format(port=self.port, dir=self.dir))
-            self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=(self.dir / "sshd.log").open("wb"),
-                                         start_new_session=True)
-            if self._wait_listening():
+            (self.dir / "sshd_config").write_text(CONFIG.format(port=self.port, dir=self.dir))
+            if self._spawn():
                 algo, key = self.host_key_line.split()[:2]
                 self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {algo} {key}\n")
                 return self
@@ -181,6 +183,16 @@ class SshServer:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return len(pids)
+
+    def down(self) -> None:
+        """SIGKILL the server and every session and command under it, as a target going down for a reboot
+        (the port and keys stay for :meth:`up`)."""
+        self._kill_server()
+
+    def up(self) -> None:
+        """Start again on the same port, with the same host key: the target is back."""
+        if not self._spawn():
+            raise RuntimeError(f"sshd did not come back: {(self.dir / 'sshd.log').read_text()[-500:]}")
 
     def _kill_server(self) -> None:
         if self.proc is None:

@@ -1,6 +1,7 @@
 """SSH targets end to end against a real Debian OpenSSH server on a loopback port (tests/sshd_server.py):
-probes and stressors through it, host keys verified, a connection killed mid-run, scenarios with two
-targets and a hook, a lab of targets from an inventory, and the aarch64 agents under qemu-aarch64."""
+probes and stressors through it, host keys verified, a connection killed mid-run, a target rebooting
+mid-run, scenarios with two targets, hooks and inside stressors, a lab of targets from an inventory (one
+probe, or a scenario matrix interrupted and resumed), and the aarch64 agents under qemu-aarch64."""
 
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ def second_server() -> Iterator[SshServer]:
 
 def target_args(server: SshServer, alias: str = "board") -> list[str]:
     return ["--target", alias, "--ssh-config", str(server.ssh_config(alias))]
+
+
+def wait_streaming(proc: subprocess.Popen[str], results: Path, min_bytes: int = 20_000) -> None:
+    """Wait until a run of ``proc`` under ``results`` has streamed more than ``min_bytes`` (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while not any(p.stat().st_size > min_bytes for p in results.glob("runs/*/samples.rtvs")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
 
 
 def manifest_of(results: Path) -> dict:
@@ -101,10 +110,7 @@ def test_connection_killed_mid_run_keeps_samples_and_fetches_copy(server: SshSer
             "--results", str(results_dir), "--json"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not any(p.stat().st_size > 20_000 for p in results_dir.glob("runs/*/samples.rtvs")):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
+        wait_streaming(proc, results_dir)
         assert server.kill_sessions() >= 1  # as if the network had gone
         out, err = proc.communicate(timeout=90)
     finally:
@@ -122,6 +128,45 @@ def test_connection_killed_mid_run_keeps_samples_and_fetches_copy(server: SshSer
     assert manifest["target"]["leftovers"] == []
     assert our_agents_running() == []
     assert set(Path("/var/tmp/rtvirt/runs").glob("timer-*")) <= copies_before  # removed once fetched
+
+
+def test_target_rebooting_mid_run_keeps_samples_and_reconnects(tmp_path: Path) -> None:
+    """The target goes down (its sshd, the sessions and our agent SIGKILLed at once) and comes back 3 s later
+    on the same address: rtvirt keeps what it received, retries until it can reconnect, fetches the agent's
+    copy and stores the run as partial."""
+    results = tmp_path / "results"
+    with SshServer() as board:  # its own server: it is rebooted
+        args = [*RTVIRT, "probe", "timer", *target_args(board), "--duration", "30s", "--interval", "1ms",
+                "--results", str(results), "--json"]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_streaming(proc, results)
+            assert our_agents_running()
+            board.down()  # sessions first, then the agent under them: nothing flushes, nothing says goodbye
+            (stream_path,) = results.glob("runs/*/samples.rtvs")
+            snapshot = tmp_path / "received.rtvs"
+            shutil.copyfile(stream_path, snapshot)
+            gone = time.monotonic() + 10  # a SIGKILLed process takes a moment to go on a loaded machine
+            while our_agents_running() and time.monotonic() < gone:
+                time.sleep(0.05)
+            assert our_agents_running() == []
+            time.sleep(3)
+            assert proc.poll() is None  # still trying to reconnect
+            board.up()
+            out, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err
+    assert "was lost mid-run" in err
+    manifest = manifest_of(results)
+    assert manifest["status"] == "partial" and manifest["target"]["connection"] == "lost"
+    assert "fetched after reconnecting" in manifest["target"]["recovered"], manifest["target"]
+    received = StreamReader(snapshot).finish().records.size
+    assert manifest["summary"]["all"]["samples"] >= received > 500  # every sample received kept
+    assert manifest["target"]["leftovers"] == []
+    assert not [p for p in Path("/var/tmp/rtvirt/runs").glob("timer-*") if p.stat().st_mtime > time.time() - 120]
 
 
 def test_aarch64_agent_runs_under_qemu_user(tmp_path: Path) -> None:
@@ -325,10 +370,7 @@ def test_campaign_run_on_a_dropped_target_keeps_its_samples(server: SshServer, t
     proc = subprocess.Popen([*RTVIRT, "run", str(scenario), "--out", str(results), "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not any(p.stat().st_size > 20_000 for p in results.glob("runs/*/samples.rtvs")):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
+        wait_streaming(proc, results)
         assert server.kill_sessions() >= 1
         out, err = proc.communicate(timeout=120)
     finally:
@@ -354,10 +396,7 @@ def test_agent_never_outlives_rtvirt(server: SshServer, tmp_path: Path, signal_n
                              "--results", str(results), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        deadline = time.monotonic() + 60
-        while not any(p.stat().st_size > 5_000 for p in results.glob("runs/*/samples.rtvs")):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
+        wait_streaming(proc, results, 5_000)
         assert our_agents_running()
         proc.send_signal(getattr(signal, signal_name))
         out, err = proc.communicate(timeout=60)

@@ -1,4 +1,4 @@
-"""``--target user@host[:port]`` and its SSH options, shared by ``rtvirt probe`` and ``rtvirt stress``."""
+"""``--target user@host[:port]|labgrid://PLACE`` and its SSH options, shared by ``rtvirt probe``/``stress``."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ def target_options(command: F) -> F:
     """Add the target options; the command gets them among its ``**values`` (see :func:`pop_target`)."""
     for decorator in reversed((
         click.option("--target", metavar="USER@HOST[:PORT]",
-                     help="run on this SSH target instead of here (host may be a ~/.ssh/config alias)"),
+                     help="run on this SSH target instead of here (host may be a ~/.ssh/config alias; "
+                          "labgrid://PLACE: a labgrid place's NetworkService, coordinator from LG_COORDINATOR)"),
         click.option("--ssh-config", type=_FILE, help="OpenSSH client config to read [default: ~/.ssh/config]"),
         click.option("--known-hosts", type=_FILE, help="known_hosts file [default: ~/.ssh/known_hosts]"),
         click.option("--identity", type=_FILE, help="private key [default: ssh-agent, ~/.ssh/id_*]"),

@@ -214,9 +214,10 @@ class RemoteAgent:
 def merge_stream_copy(local: Path, fetched: Path) -> int:
     """Complete the stream received live (``local``) with the agent's own copy (``fetched``).
 
-    The copy is the same byte stream written by the same writer, so the received bytes are a prefix of it:
-    the copy replaces the local file and nothing is duplicated. A copy that does not start with the
-    received bytes is refused (the local stream is kept as it is). Returns the bytes added.
+    The copy is the same byte stream written by the same writer, so one is a prefix of the other: usually
+    the received bytes of the copy, which then replaces the local file (nothing duplicated); after an agent
+    killed with its target (a reboot) the copy may stop earlier, and the received bytes stay. Copies that
+    differ are refused (the local stream is kept as it is). Returns the bytes added.
     """
     received = local.stat().st_size if local.exists() else 0
     size = fetched.stat().st_size
@@ -225,10 +226,13 @@ def merge_stream_copy(local: Path, fetched: Path) -> int:
             expected = live.read(1 << 20)
             if not expected:
                 break
-            if copy.read(len(expected)) != expected:
+            found = copy.read(len(expected))
+            if found != expected[:len(found)]:
                 fetched.unlink(missing_ok=True)
                 raise RunError("the target's copy of the stream differs from the samples received; "
                                "the received samples are kept as they are")
+            if len(found) < len(expected):
+                break  # the copy ends inside what was received
     if size <= received:
         fetched.unlink(missing_ok=True)
         return 0
