@@ -183,5 +183,10 @@ int gap_run(void);
 int kops_run(void);
 int threadmetric_run(void);
 int workload_run(void);
+/* stress.c: the stressor programs (cpu, cache) of a disturbing bare-metal guest */
+extern const probe_desc stress_cpu_desc, stress_cache_desc;
+extern uint64_t stress_level, stress_buffer;
+int stress_cpu_run(void);
+int stress_cache_run(void);
 
 #endif

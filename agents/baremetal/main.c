@@ -19,6 +19,7 @@ static const probe_entry PROBES[] = {
     {&timer_desc, timer_run},       {&gap_desc, gap_run},
     {&kops_desc, kops_run},         {&threadmetric_desc, threadmetric_run},
     {&workload_desc, workload_run},
+    {&stress_cpu_desc, stress_cpu_run}, {&stress_cache_desc, stress_cache_run}, /* stress.c: stressor guests */
 };
 
 typedef enum { OPT_U64, OPT_NS, OPT_BOOL, OPT_STR, OPT_CPU0, OPT_IGNORED } opt_type;
@@ -52,6 +53,8 @@ static const option OPTIONS[] = {
     {"report-interval", OPT_NS, &P.report_interval_ns, 1000000, 3600000000000ull, "threadmetric"},
     {"kernel", OPT_STR, &P.kernel, 0, 0, "workload"},
     {"size", OPT_U64, &P.size, 1024, 1ull << 32, "workload"},
+    {"level", OPT_U64, &stress_level, 0, 4, "cache"},
+    {"buffer", OPT_U64, &stress_buffer, 0, 1ull << 32, "cache"},
 };
 enum { NOPTIONS = sizeof OPTIONS / sizeof OPTIONS[0] };
 static bool given[NOPTIONS];

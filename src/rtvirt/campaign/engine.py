@@ -33,7 +33,7 @@ from ..stream import StreamReader
 from ..stressors import STRESSORS, RunningStressor
 from ..sysaudit import audit_system
 from .hooks import HookRunner
-from .matrix import PlannedRun, expand
+from .matrix import PlannedRun, expand, scaled_params
 from .state import CampaignState
 
 __all__ = ["CampaignResult", "run_campaign", "execute_run"]
@@ -124,7 +124,9 @@ class _Disturbance:
             others, pinned = self._cpus(use.guest_cpus), True
         for _ in range(use.vms):
             self._vm_count += 1
-            vm = self.env.stressor_guest(self._vm_count, others if pinned else None)
+            # a chosen kernel only for QEMU disturbing guests (the scenario schema checks the kinds)
+            vm = self.env.stressor_guest(self._vm_count, others if pinned else None,
+                                         **({"guest": use.guest} if use.guest else {}))
             if pausable_only and not vm.pausable:
                 return False
             vm.launch("rtvirt-stress", _guest_stressor_args(use), None)
@@ -215,8 +217,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
                 hook_log += hooks.run("before_run", hook_values, env_config.label)
             env.start()
             try:
-                params = probe.params(**{**workload.params, "duration": f"{plan.duration_ns}ns",
-                                         **env.probe_overrides()})
+                params = probe.params(**{**scaled_params(workload.params, plan.scale),
+                                         "duration": f"{plan.duration_ns}ns", **env.probe_overrides()})
             except ValidationError as exc:
                 raise InputError(f"workload.params: {exc.errors()[0]['msg']}") from None
             if env.on_host:

@@ -30,6 +30,7 @@ class CampaignState:
     scale: float
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     finished: bool = False
+    repetitions: int | None = None  # `rtvirt run --repetitions`: instead of the scenario's (None: the scenario's)
 
     @classmethod
     def create(cls, results: Path, scenario: str, text: str, source: str, scale: float) -> CampaignState:
@@ -50,13 +51,14 @@ class CampaignState:
             document = json.loads(path.read_text())
             return cls(path, str(document["campaign_id"]), str(document["scenario"]), str(document["scenario_text"]),
                        str(document["source"]), float(document["scale"]), dict(document["runs"]),
-                       bool(document["finished"]))
+                       bool(document["finished"]), document.get("repetitions"))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise InputError(f"{path}: unreadable campaign state ({exc})") from None
 
     def save(self) -> None:
         document = {"campaign_id": self.campaign_id, "scenario": self.scenario, "scenario_text": self.scenario_text,
                     "source": self.source, "scale": self.scale, "runs": self.runs, "finished": self.finished,
+                    "repetitions": self.repetitions,
                     "updated": dt.datetime.now(dt.UTC).isoformat()}
         try:
             write_atomically(self.path, json.dumps(document, indent=2))

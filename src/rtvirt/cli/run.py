@@ -81,12 +81,14 @@ def _document(result: CampaignResult) -> dict[str, Any]:
 @click.option("--out", "results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True, help="results directory (runs/, campaigns/)")
 @click.option("--scale", type=float, default=None, help="multiply every duration and event time (0.01: 100x shorter)")
+@click.option("--repetitions", type=click.IntRange(1, 1000), default=None,
+              help="runs per configuration instead of the scenario's (1: a quick look; the report says so)")
 @click.option("--resume", is_flag=True, help="continue the last unfinished campaign in --out, skipping finished runs")
 @click.option("--progress/--no-progress", default=None, help="progress bars on stderr [default: when stderr is a "
               "terminal]")
 @click.option("--json", "as_json", is_flag=True, help="print the campaign summary (every run) as JSON")
-def run(scenario: str | None, results: Path, scale: float | None, resume: bool, progress: bool | None,
-        as_json: bool) -> None:
+def run(scenario: str | None, results: Path, scale: float | None, repetitions: int | None, resume: bool,
+        progress: bool | None, as_json: bool) -> None:
     """Run a campaign: a built-in scenario NAME (default: `default`) or a scenario FILE.toml."""
     if resume:
         wanted = None
@@ -96,6 +98,10 @@ def run(scenario: str | None, results: Path, scale: float | None, resume: bool, 
         if scale is not None and not math.isclose(scale, state.scale):
             raise InputError(f"option --scale: the campaign being resumed ran at scale {state.scale}; "
                              "leave --scale out or give the same value")
+        if repetitions is not None and repetitions != state.repetitions:
+            ran = state.repetitions if state.repetitions is not None else "the scenario's"
+            raise InputError(f"option --repetitions: the campaign being resumed runs {ran} repetitions; leave "
+                             "--repetitions out or give the same value")
         parsed = parse_scenario(state.scenario_text, state.source)
         if not as_json:
             finished = sum(1 for r in state.runs.values() if r.get("status") in FINISHED)
@@ -106,6 +112,11 @@ def run(scenario: str | None, results: Path, scale: float | None, resume: bool, 
         if not 0 < factor <= 1000:
             raise InputError("option --scale: must be above 0 and at most 1000")
         state = CampaignState.create(results, parsed.name, text, source, factor)
+        if repetitions is not None:
+            state.repetitions = repetitions
+            state.save()
+    if state.repetitions is not None:  # like --scale, a property of the campaign, kept for --resume
+        parsed = parsed.model_copy(update={"repetitions": state.repetitions})
     resume_hint = f"continue with rtvirt run --resume --out {results}"
     try:
         result = run_campaign(parsed, state, results, show_progress=progress_wanted(progress))

@@ -18,8 +18,9 @@ __all__ = ["scenarios"]
 
 
 def _stressor(use: StressorUse) -> str:
-    place = use.where + (f" ({use.vms} guest{'s' if use.vms > 1 else ''}, {use.guest_cpus or 'default cores'})"
-                         if use.where == "other-vm" else "")
+    kernel = f"{use.guest} " if use.guest else ""
+    place = use.where + (f" ({use.vms} {kernel}guest{'s' if use.vms > 1 else ''}, "
+                         f"{use.guest_cpus or 'default cores'})" if use.where == "other-vm" else "")
     params = ", ".join(f"{k}={v}" for k, v in use.params.items())
     return f"{use.stressor} x{use.workers} {place}" + (f" [{params}]" if params else "")
 

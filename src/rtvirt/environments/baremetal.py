@@ -19,7 +19,7 @@ from ..errors import InputError, RunError
 from .guest_image import EXIT_MARK
 
 __all__ = ["kernel_path", "command_line", "qemu_devices", "DebugExitProcess", "guest_error", "failure_exception",
-           "request_stop", "unsupported", "DEBUG_EXIT_PORT"]
+           "request_stop", "unsupported", "stressor_unsupported", "DEBUG_EXIT_PORT"]
 
 DEBUG_EXIT_PORT = 0xF4
 MAX_COMMAND_LINE = 1023  # the guest's buffer (agents/baremetal/main.c)
@@ -31,11 +31,48 @@ def kernel_path() -> Path:
     return agent_path(BAREMETAL_KERNEL)
 
 
+# Stressor programs of the guest (agents/baremetal/stress.c), and the stressor agent's options they take
+# only at the value they honour (one CPU: one worker; always busy: no duty cycle).
+BAREMETAL_STRESSORS = ("cpu", "cache")
+_STRESSOR_FIXED = {"workers": "1", "slice": "0", "period": "0"}
+
+
+def stressor_unsupported(stressor: str, params: dict[str, Any], workers: int) -> str | None:
+    """Why a bare-metal disturbing guest cannot run this stressor, or None (checked when a scenario is read)."""
+    if stressor not in BAREMETAL_STRESSORS:
+        return f"a bare-metal disturbing guest runs the {' and '.join(BAREMETAL_STRESSORS)} stressors, not {stressor}"
+    if workers != 1:
+        return "workers: a bare-metal disturbing guest has one CPU and one worker"
+    if stressor == "cpu" and (params.get("slice") or params.get("period")):
+        return "slice/period: a bare-metal disturbing guest spins all the time (no duty cycle)"
+    return None
+
+
+def _stressor_args(args: list[str]) -> list[str]:
+    """The stressor agent's argv as the guest takes it: options it honours only at one value are dropped."""
+    if not args or args[0] not in BAREMETAL_STRESSORS:
+        raise InputError(f"guest 'baremetal': it runs the {', '.join(BAREMETAL_STRESSORS)} stressors only, not "
+                         f"{(args or ['nothing'])[0][:40]!r} (use a linux guest for other-vm stressors)")
+    kept = [args[0]]
+    for arg in args[1:]:
+        name, _, value = arg.removeprefix("--").partition("=")
+        if name in _STRESSOR_FIXED:
+            if value != _STRESSOR_FIXED[name]:
+                raise InputError(f"guest 'baremetal': option --{name} can only be {_STRESSOR_FIXED[name]} "
+                                 "in a bare-metal disturbing guest (one CPU, always busy)")
+            continue
+        kept.append(arg)
+    return kept
+
+
 def command_line(agent: str, args: list[str]) -> str:
-    """The kernel command line for ``agent args`` ("PROBE --name=value ..."); only probes run bare."""
-    if agent != "rtvirt-probe":
-        raise InputError(f"guest 'baremetal': it runs probes only, not {agent} (use a linux guest for "
-                         "other-vm stressors)")
+    """The kernel command line for ``agent args`` ("PROBE --name=value ..."): a probe, or one of the
+    guest's stressor programs for a disturbing guest."""
+    if agent == "rtvirt-stress":
+        args = _stressor_args(args)
+    elif agent != "rtvirt-probe":
+        raise InputError(f"guest 'baremetal': it runs probes and the {', '.join(BAREMETAL_STRESSORS)} stressors, "
+                         f"not {agent}")
     for arg in args:
         if not arg or any(c.isspace() or not c.isprintable() for c in arg):
             raise InputError(f"guest 'baremetal': argument {arg[:80]!r} cannot travel on a kernel command line")

@@ -207,8 +207,9 @@ class Environment(ABC):
 
         raise RunError(f"{self.kind}: guests of this kind cannot be paused")
 
-    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None) -> Environment:
-        """A disturbing guest for "other-vm" stressors, placed on ``host_cpus`` (None: unpinned).
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
+        """A disturbing guest for "other-vm" stressors, placed on ``host_cpus`` (None: unpinned), running
+        ``guest`` (linux, or the bare-metal kernel's stressor programs).
 
         By default a QEMU guest beside the measured platform; hypervisor kinds override it so that the
         disturber is a guest of the same hypervisor (another domU, another libvirt domain, another target).
@@ -218,7 +219,7 @@ class Environment(ABC):
         # as large as the measured guest: a load the study ran in it (64 MB blocks) must fit in them too
         memory = getattr(self.config, "memory", None)
         config = QemuConfig.model_validate({"kind": "qemu", "name": f"stress-vm-{index}",
-                                            "pin": host_cpus is not None, "cpus": host_cpus,
+                                            "pin": host_cpus is not None, "cpus": host_cpus, "guest": guest,
                                             **({"memory": memory} if isinstance(memory, int) else {})})
         return QemuEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
 

@@ -883,7 +883,7 @@ class LibvirtEnvironment(Environment):
             self._ready_at = time.monotonic()
         return self._ready_at is not None
 
-    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None) -> Environment:
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         config = LibvirtConfig.model_validate({
             "kind": "libvirt", "name": f"stress-vm-{index}", "uri": self.config.uri,
             "domain_type": self._type.get("type", self.config.domain_type),

@@ -258,12 +258,13 @@ class QemuEnvironment(Environment):
         self._socket_dir = Path(tempfile.mkdtemp(prefix="rtvirt-qmp-"))
         qmp_socket = self._socket_dir / "qmp.sock"
         accel = self._accel["accel"]
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
+        # the guest needs a stream channel even as a disturbing guest (out None): its statistics go here
+        channel = out if out is not None else self.workdir / "stressor.rtvs"
+        channel.parent.mkdir(parents=True, exist_ok=True)
         command = [QEMU, "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
                    "-smp", "1", "-m", str(self.config.memory), "-display", "none", "-nodefaults", "-no-reboot", "-S",
                    "-kernel", str(baremetal.kernel_path()), "-append", command_line,
-                   "-qmp", f"unix:{qmp_socket},server=on,wait=off", *baremetal.qemu_devices(self._console, out)]
+                   "-qmp", f"unix:{qmp_socket},server=on,wait=off", *baremetal.qemu_devices(self._console, channel)]
         self._proc = self.supervisor.start(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._launched_at = time.monotonic()
         self._place_and_continue(qmp_socket)

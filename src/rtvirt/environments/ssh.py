@@ -160,7 +160,7 @@ class SshEnvironment(Environment):
         self._stressors.append(running)
         return running
 
-    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None) -> Environment:
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         if not self.config.disturbers:
             raise RunError(f"ssh environment {self.config.label}: 'other-vm' stress needs disturbers "
                            "(other targets to run the stressors on)")

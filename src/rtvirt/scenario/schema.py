@@ -82,6 +82,9 @@ class StressorUse(_Strict):
     guest_cpus: Literal["same-core", "other-core"] | None = Field(
         None, description="other-vm only: pin the disturbing guests to the measured workload's host core or to "
                           "the others (default: the others when the measured environment is pinned, else unpinned)")
+    guest: Literal["linux", "baremetal"] | None = Field(
+        None, description="other-vm only, QEMU disturbing guests: their kernel; baremetal (rtvirt's own, boots in "
+                          "about a second) runs the cpu and cache stressors (default: linux)")
 
     @field_validator("stressor")
     @classmethod
@@ -104,6 +107,14 @@ class StressorUse(_Strict):
             raise ValueError(f"{self.where} stressors run our native agent inside the guest; use engine = 'native'")
         if self.guest_cpus is not None and self.where != "other-vm":
             raise ValueError("'guest_cpus' places disturbing guests: it needs where = 'other-vm'")
+        if self.guest is not None and self.where != "other-vm":
+            raise ValueError("'guest' chooses the disturbing guests' kernel: it needs where = 'other-vm'")
+        if self.guest == "baremetal":
+            from ..environments.baremetal import stressor_unsupported
+
+            problem = stressor_unsupported(self.stressor, self.params, self.workers)
+            if problem:
+                raise ValueError(f"guest 'baremetal': {problem}")
         return self
 
 
@@ -237,7 +248,7 @@ class Scenario(_Strict):
 
             if self.study not in STUDY_NAMES:
                 errors.append((("study",), f"unknown study {self.study!r} (known: {', '.join(STUDY_NAMES)})"))
-        errors += self._group_errors() + self._inside_errors() + self._guest_errors()
+        errors += self._group_errors() + self._inside_errors() + self._guest_errors() + self._stressor_guest_errors()
         labels = {env.label for env in self.environments}
         for stage in ("before_campaign", "before_run", "after_run", "after_campaign"):
             for index, hook in enumerate(getattr(self.hooks, stage)):
@@ -283,6 +294,23 @@ class Scenario(_Strict):
             path: tuple[str | int, ...] = ("workloads", index, "params") if self.workloads else ("workload", "params")
             if problem and (path, problem) not in errors:
                 errors.append((path, f"{problem} (guest = 'baremetal' in {', '.join(sorted(bare))})"))
+        return errors
+
+    def _stressor_guest_errors(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """A disturbing guest's kernel is chosen only where the disturbing guests are QEMU guests (host,
+        partition, qemu); the other kinds make guests of their own hypervisor (Environment.stressor_guest)."""
+        errors: list[tuple[tuple[str | int, ...], str]] = []
+        for group in self.run_groups():
+            kinds = {e.kind for e in self.environments if group.environments is None or e.label in group.environments}
+            for index, disturbance in enumerate(self.disturbances):
+                if group.disturbances is not None and disturbance.name not in group.disturbances:
+                    continue
+                for use_index, use in enumerate(disturbance.stressors):
+                    other = sorted(kinds - {"host", "partition", "qemu"})
+                    path: tuple[str | int, ...] = ("disturbances", index, "stressors", use_index, "guest")
+                    if use.guest is not None and other and not any(p == path for p, _ in errors):
+                        errors.append((path, f"the disturbing guests of {', '.join(other)} environments are guests "
+                                             "of their own hypervisor: 'guest' applies to QEMU disturbing guests"))
         return errors
 
     def _inside_errors(self) -> list[tuple[tuple[str | int, ...], str]]:

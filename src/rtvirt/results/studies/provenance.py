@@ -32,13 +32,16 @@ def study_provenance(scenario: Scenario, plan: Any) -> dict[str, Any] | None:
     """What a run's manifest records about the study it reproduces (None: the scenario names no study).
 
     ``modified`` lists the fields that differ from the built-in study scenario; ``scale`` is the run's
-    duration over the full-length one (``--scale``).
+    duration over the full-length one (``--scale``); ``repetitions`` the runs per configuration beside the
+    study's (``--repetitions`` or the file's), shown on their own like the scale rather than as a modified field.
     """
     if scenario.study is None:
         return None
     reference = parse_scenario(builtin_scenarios()[scenario.study], f"built-in scenario {scenario.study}")
-    changed = differences(scenario.model_dump(mode="json"), reference.model_dump(mode="json"))
+    changed = [field for field in differences(scenario.model_dump(mode="json"), reference.model_dump(mode="json"))
+               if field != "repetitions"]
     group = next(group for group in scenario.run_groups() if group.name == plan.group)
     full = int(group.duration if group.duration is not None else scenario.duration)
     return {"name": scenario.study, "modified": changed[:_MAX_LISTED], "modified_count": len(changed),
-            "scale": plan.duration_ns / full}
+            "scale": plan.duration_ns / full, "repetitions": scenario.repetitions,
+            "study_repetitions": reference.repetitions}

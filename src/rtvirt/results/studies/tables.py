@@ -81,6 +81,7 @@ def _provenance(name: str, configs: list[Configuration]) -> Table:
     paper = published()[name]
     modified: list[str] = []
     scales: set[float] = set()
+    repetitions: set[tuple[int, int]] = set()  # (ours, the study's) runs per configuration
     warnings: set[str] = set()
     for c in configs:
         for view in c.runs:
@@ -88,6 +89,8 @@ def _provenance(name: str, configs: list[Configuration]) -> Table:
             modified += [f for f in study.get("modified") or [] if f not in modified]
             if isinstance(study.get("scale"), int | float):
                 scales.add(round(float(study["scale"]), 6))
+            if isinstance(study.get("repetitions"), int) and isinstance(study.get("study_repetitions"), int):
+                repetitions.add((study["repetitions"], study["study_repetitions"]))
             system = view.run.manifest.get("system") or {}
             warnings.update(str(w) for w in (system.get("warnings") or []) if "not represent" in str(w))
     status = ("modified from the study's configuration: field " + ", ".join(modified)) if modified \
@@ -96,6 +99,10 @@ def _provenance(name: str, configs: list[Configuration]) -> Table:
         "scaled: " + ", ".join(f"{s:g}" for s in sorted(scales)) + " of the study's durations"
     rows = [["paper", str(paper["title"])], ["paper's platform", str(paper["platform"])],
             ["paper's method", str(paper["method"])], ["this campaign", status], ["duration", scale]]
+    rows += [["repetitions", f"{ours} per configuration" + (" (the study's)" if ours == theirs else
+                                                            f", fewer than the study's {theirs}" if ours < theirs
+                                                            else f", more than the study's {theirs}")]
+             for ours, theirs in sorted(repetitions)]
     rows += [["timings here", w] for w in sorted(warnings)[:3]]
     return (f"Study {name}: this campaign beside the paper", ["item", "value"], rows)
 
