@@ -48,7 +48,13 @@ Sim::Sim(Config config) : cfg(std::move(config)), rng_(cfg.seed) {
         if (task.vcpu < 0 || task.vcpu >= static_cast<int>(vcpus.size())) throw std::invalid_argument("task vcpu");
     }
     for (int policy : cfg.guest) guest_keys_.push_back(guest_registry().at(static_cast<size_t>(policy)).key);
+    // task codes are int16 in the records (the stored `thread` column)
+    if (cfg.tasks.size() > 32767) throw std::invalid_argument("at most 32767 tasks");
+    jobs.with_release = std::any_of(cfg.tasks.begin(), cfg.tasks.end(), [](const TaskSpec& t) { return t.jitter > 0; });
+    jobs.with_event = !cfg.chains.empty();
+    task_stats.resize(cfg.tasks.size());
     supply.resize(vcpus.size());
+    previous_.assign(static_cast<size_t>(cfg.pcpus), -1);
     std::fill(std::begin(gantt_open_), std::end(gantt_open_), -1);
 }
 
@@ -154,10 +160,13 @@ void Sim::add_supply(VCpu& v, Time from, Time to) {
     const Time w = cfg.supply_window;
     std::vector<Time>& windows = supply[static_cast<size_t>(v.index)];
     while (from < to) {
-        size_t bucket = static_cast<size_t>(from / w);
-        if (bucket >= windows.size()) windows.resize(bucket + 1, 0);
-        Time edge = std::min(to, static_cast<Time>(bucket + 1) * w);
-        windows[bucket] += edge - from;
+        if (from >= v.window_end) {  // time only moves forward: a division only when a window is left
+            v.window = static_cast<size_t>(from / w);
+            v.window_end = static_cast<Time>(v.window + 1) * w;
+            if (v.window >= windows.size()) windows.resize(v.window + 1, 0);
+        }
+        Time edge = std::min(to, v.window_end);
+        windows[v.window] += edge - from;
         from = edge;
     }
 }
@@ -179,19 +188,20 @@ void Sim::add_segment(int cpu, int vcpu, int task, Time from, Time to) {
     segments.push_back(Segment{cpu, vcpu, task, from, to});
 }
 
-void Sim::run() {
+void Sim::start() {
+    started_ = true;
     hv->init(*this);
-    double expected_jobs = 0;  // reserve the records up front: no reallocation while running
+    double expected = 0;
     for (const TaskSpec& task : cfg.tasks) {
         Time gap = task.type == PERIODIC ? task.period : task.type == SPORADIC ? task.min_ia : 0;
-        if (gap > 0 && task.record) expected_jobs += static_cast<double>(cfg.duration) / static_cast<double>(gap);
+        if (gap > 0 && task.record) expected += static_cast<double>(cfg.duration) / static_cast<double>(gap);
     }
     for (const ChainSpec& chain : cfg.chains) {
         double events_expected = static_cast<double>(cfg.duration) / static_cast<double>(chain.period);
-        expected_jobs += events_expected * static_cast<double>(chain.stages.size());
+        expected += events_expected * static_cast<double>(chain.stages.size());
         chain_records.reserve(chain_records.capacity() + static_cast<size_t>(std::min(events_expected, 4e6)));
     }
-    jobs.reserve(static_cast<size_t>(std::min(expected_jobs + 16, 1.6e7)));  // beyond that, let it grow
+    expected_jobs_ = static_cast<size_t>(std::min(expected + 16, 1e12));
     for (size_t t = 0; t < cfg.tasks.size(); ++t) {
         if (cfg.tasks[t].type != EVENT) schedule_next_arrival(static_cast<int>(t), cfg.tasks[t].offset);
     }
@@ -200,27 +210,62 @@ void Sim::run() {
         push(chain.offset + (chain.jitter ? rng_.uniform(0, chain.jitter) : 0), 0, EV_CHAIN, static_cast<int>(c),
              0, chain.offset);
     }
-    const Time end = cfg.duration;
-    Time hv_next = 0;
-    std::vector<int> previous(static_cast<size_t>(cfg.pcpus), -1);
     resched_ = true;
+}
+
+// The job at the head of `v`'s ready queue, running on `cpu`, has just finished.
+void Sim::complete(VCpu& v, int cpu) {
+    Job job = v.ready.pop();
+    ++jobs_done;
+    const TaskSpec& task = cfg.tasks[job.task];
+    if (task.record) {
+        jobs.push(job, now, cpu);
+        TaskStats& stats = task_stats[static_cast<size_t>(job.task)];
+        Time response = now - job.arrival;
+        ++stats.jobs;
+        stats.response_sum += response;
+        stats.response_max = std::max(stats.response_max, response);
+        if (now > job.deadline) ++stats.misses;
+    }
+    if (task.chain >= 0) {
+        const ChainSpec& chain = cfg.chains[task.chain];
+        if (task.stage + 1 < static_cast<int>(chain.stages.size())) {
+            push(now + cfg.interrupt_delay, 1, EV_STAGE, chain.stages[task.stage + 1], job.event, job.event_arrival);
+        } else {
+            chain_records.push_back(ChainRecord{task.chain, cpu, job.event, job.event_arrival, now});
+        }
+    }
+    if (v.ready.empty()) {
+        hv->block(*this, v, now);
+        resched_ = true;
+    }
+}
+
+bool Sim::advance(size_t rows) {
+    if (!started_) start();
+    if (ended_) return true;
+    // reserve the chunk up front: no reallocation while running
+    jobs.reserve(std::min(rows, expected_jobs_));
+    const Time end = cfg.duration;
     while (now < end) {  // the run covers [0, duration): nothing is released at `end` itself
         while (!queue_.empty() && queue_.top().t <= now) {
-            Event e = queue_.top();
-            queue_.pop();
+            const Event e = queue_.top();
             ++events;
             if (e.kind == EV_RELEASE) {
                 const TaskSpec& task = cfg.tasks[e.index];
                 release(e.index, e.b, e.t, -1, 0);
-                Time gap = task.type == SPORADIC ? rng_.uniform(task.min_ia, task.max_ia) : task.period;
-                schedule_next_arrival(e.index, e.b + gap);
+                Time nominal = e.b + (task.type == SPORADIC ? rng_.uniform(task.min_ia, task.max_ia) : task.period);
+                Time jitter = task.jitter ? rng_.uniform(0, task.jitter) : 0;
+                queue_.replace_top(Event{nominal + jitter, 1, seq_++, EV_RELEASE, e.index, 0, nominal});
             } else if (e.kind == EV_CHAIN) {
                 const ChainSpec& chain = cfg.chains[e.index];
-                push(e.t + cfg.interrupt_delay, 1, EV_STAGE, chain.stages[0], e.a, e.t);
+                Event stage{e.t + cfg.interrupt_delay, 1, seq_++, EV_STAGE, chain.stages[0], e.a, e.t};
                 Time nominal = e.b + chain.period;
-                push(nominal + (chain.jitter ? rng_.uniform(0, chain.jitter) : 0), 0, EV_CHAIN, e.index, e.a + 1,
-                     nominal);
+                queue_.replace_top(Event{nominal + (chain.jitter ? rng_.uniform(0, chain.jitter) : 0), 0, seq_++,
+                                         EV_CHAIN, e.index, e.a + 1, nominal});
+                queue_.push(stage);
             } else {
+                queue_.pop();
                 release(e.index, e.t, e.t, e.a, e.b);
             }
         }
@@ -233,15 +278,15 @@ void Sim::run() {
             break;
         }
         if (resched_) {
-            for (int p = 0; p < cfg.pcpus; ++p) previous[p] = cpus[p].run;
+            for (int p = 0; p < cfg.pcpus; ++p) previous_[p] = cpus[p].run;
             for (auto& c : cpus) c.run = -1;
-            hv_next = hv->pick(*this, now);
+            hv_next_ = hv->pick(*this, now);
             // a scheduler asking to be called again "now" would spin in place; its timers lie in the future
-            if (hv_next <= now) hv_next = now + 1;
-            apply_assignment(previous);
+            if (hv_next_ <= now) hv_next_ = now + 1;
+            apply_assignment(previous_);
             resched_ = false;
         }
-        Time next = std::min(end, hv_next);
+        Time next = std::min(end, hv_next_);
         if (!queue_.empty()) next = std::min(next, queue_.top().t);
         if (cfg.quantum > 0) next = std::min(next, (now / cfg.quantum + 1) * cfg.quantum);
         for (const PCpu& c : cpus) {
@@ -296,7 +341,7 @@ void Sim::run() {
             add_segment(p, c.run, job.task, t, next);
         }
         hv->account(*this, now, next);
-        if (next >= hv_next) resched_ = true;
+        if (next >= hv_next_) resched_ = true;
         now = next;
         if (cfg.quantum > 0 && now % cfg.quantum == 0) resched_ = true;
         for (int p = 0; p < cfg.pcpus; ++p) {
@@ -304,27 +349,16 @@ void Sim::run() {
             if (run < 0) continue;
             VCpu& v = vcpus[run];
             if (v.spec.gap_threshold >= 0 || v.ready.empty() || v.ready.top().remaining > 0) continue;
-            Job job = v.ready.pop();
-            ++jobs_done;
-            const TaskSpec& task = cfg.tasks[job.task];
-            if (task.record) {
-                jobs.push(JobRecord{job.arrival, job.release, job.start, now, job.deadline, job.task, p, job.event});
-            }
-            if (task.chain >= 0) {
-                const ChainSpec& chain = cfg.chains[task.chain];
-                if (task.stage + 1 < static_cast<int>(chain.stages.size())) {
-                    push(now + cfg.interrupt_delay, 1, EV_STAGE, chain.stages[task.stage + 1], job.event,
-                         job.event_arrival);
-                } else {
-                    chain_records.push_back(ChainRecord{task.chain, p, job.event, job.event_arrival, now});
-                }
-            }
-            if (v.ready.empty()) {
-                hv->block(*this, v, now);
-                resched_ = true;
-            }
+            complete(v, p);
         }
+        if (jobs.size() >= rows) return false;
     }
+    finish();
+    return true;
+}
+
+void Sim::finish() {
+    ended_ = true;
     for (const VCpu& v : vcpus) {
         for (const Job& job : v.ready.heap) {
             if (cfg.tasks[job.task].record) {

@@ -7,10 +7,10 @@
 // are the ready-queue orders in guest.cpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <queue>
 #include <string>
 #include <vector>
 
@@ -122,6 +122,8 @@ struct VCpu {
     bool gap_running = false;
     Time gap_since = -1;
     Time supplied = 0;
+    size_t window = 0;    // supply window being filled, and where it ends
+    Time window_end = 0;
     // state shared by the budget-based schedulers (each keeps anything else in its own tables)
     Time q = 0;             // budget / slice / runtime left
     Time dl = 0;            // absolute deadline or end of the current period
@@ -145,26 +147,37 @@ struct JobRecord {
     int32_t cpu;
     int64_t event;
 };
-// Finished jobs, stored as columns: they go to Python as numpy arrays without another copy.
+// Finished jobs of one chunk, as columns close to the stored layout (docs/simulator.md): they go to Python as
+// numpy arrays without another copy. release and event are kept only when they can differ from arrival / -1
+// (a task with release jitter, a model with chains): otherwise they would be columns of copies.
 struct JobColumns {
-    std::vector<Time> arrival, release, start, finish, deadline;
-    std::vector<int32_t> task, cpu;
-    std::vector<int64_t> event;
+    std::vector<Time> arrival, response, start, release, event;
+    std::vector<int16_t> task, cpu;
+    bool with_release = true, with_event = true;
+    size_t size() const { return task.size(); }
     void reserve(size_t n) {
-        for (auto* v : {&arrival, &release, &start, &finish, &deadline, &event}) v->reserve(n);
+        arrival.reserve(n);
+        response.reserve(n);
+        start.reserve(n);
+        if (with_release) release.reserve(n);
+        if (with_event) event.reserve(n);
         task.reserve(n);
         cpu.reserve(n);
     }
-    void push(const JobRecord& r) {
-        arrival.push_back(r.arrival);
-        release.push_back(r.release);
-        start.push_back(r.start);
-        finish.push_back(r.finish);
-        deadline.push_back(r.deadline);
-        task.push_back(r.task);
-        cpu.push_back(r.cpu);
-        event.push_back(r.event);
+    void push(const Job& job, Time finish, int p) {
+        arrival.push_back(job.arrival);
+        response.push_back(finish - job.arrival);
+        start.push_back(job.start);
+        if (with_release) release.push_back(job.release);
+        if (with_event) event.push_back(job.event);
+        task.push_back(static_cast<int16_t>(job.task));
+        cpu.push_back(static_cast<int16_t>(p));
     }
+};
+// Per task, over every finished job: the summary `rtvirt sim` prints, counted while simulating.
+struct TaskStats {
+    int64_t jobs = 0, misses = 0;
+    Time response_sum = 0, response_max = -1;
 };
 struct ChainRecord {
     int32_t chain;
@@ -223,10 +236,50 @@ struct Event {
     }
 };
 
+// Binary min-heap of events. replace_top() re-arms the event just handled (a task's next arrival, a chain's
+// next event) with one sift instead of a pop and a push; the order is the same, (t, prio, seq) being unique.
+class EventQueue {
+public:
+    bool empty() const { return heap_.empty(); }
+    const Event& top() const { return heap_.front(); }
+    void push(const Event& e) {
+        heap_.push_back(e);
+        std::push_heap(heap_.begin(), heap_.end(), std::greater<Event>());
+    }
+    void pop() {
+        std::pop_heap(heap_.begin(), heap_.end(), std::greater<Event>());
+        heap_.pop_back();
+    }
+    void replace_top(const Event& e) {
+        const size_t n = heap_.size();
+        size_t i = 0;
+        for (;;) {
+            size_t c = 2 * i + 1;
+            if (c >= n) break;
+            if (c + 1 < n && heap_[c] > heap_[c + 1]) ++c;
+            if (!(e > heap_[c])) break;
+            heap_[i] = heap_[c];
+            i = c;
+        }
+        heap_[i] = e;
+    }
+
+private:
+    std::vector<Event> heap_;
+};
+
 class Sim {
 public:
     explicit Sim(Config config);
-    void run();
+    // Simulate until `rows` finished jobs are in `jobs` (the caller takes them away between calls) or the run
+    // ends; true once it has ended (then `unfinished` holds the jobs still queued).
+    bool advance(size_t rows);
+    // End the run where it is (an interruption that reached Python between two advance() calls).
+    void stop(const std::string& reason) {
+        if (ended_) return;
+        end_reason = reason;
+        finish();
+    }
 
     Config cfg;
     std::vector<VCpu> vcpus;
@@ -235,6 +288,7 @@ public:
     Time now = 0;
 
     JobColumns jobs;
+    std::vector<TaskStats> task_stats;
     std::vector<JobRecord> unfinished;  // jobs still queued when the run ended (finish = -1)
     std::vector<ChainRecord> chain_records;
     std::vector<GapRecord> gaps;
@@ -251,13 +305,19 @@ public:
     void assign_ranked(const std::vector<int>& order);
 
 private:
-    std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue_;
+    EventQueue queue_;
     uint64_t seq_ = 0, job_seq_ = 0;
-    bool resched_ = true;
+    bool resched_ = true, started_ = false, ended_ = false;
+    Time hv_next_ = 0;
+    std::vector<int> previous_;  // assignment before the last pick
+    size_t expected_jobs_ = 0;   // recorded jobs the run will have, roughly: sizes the chunk buffers
     std::vector<Time (*)(const TaskSpec&, const Job&)> guest_keys_;  // per VM
     int64_t gantt_open_[64] = {};
 
     void push(Time t, int prio, int kind, int index, int64_t a = 0, Time b = 0);
+    void start();
+    void finish();
+    void complete(VCpu& v, int cpu);
     Time draw_exec(const TaskSpec& task);
     void release(int task, Time arrival, Time release, int64_t event, Time event_arrival);
     void schedule_next_arrival(int task, Time nominal);

@@ -1,4 +1,4 @@
-// Python binding: rtvirt._simcore.simulate(config: dict) -> dict of numpy arrays (see rtvirt/sim/core.py).
+// Python binding: rtvirt._simcore.Simulation(config: dict), run in chunks of numpy columns (see rtvirt/sim/core.py).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -114,82 +114,113 @@ py::array_t<T> adopt(std::vector<T>&& values) {
     return py::array_t<T>(static_cast<py::ssize_t>(owned->size()), owned->data(), free_when_done);
 }
 
-py::dict simulate(const py::dict& config) {
-    Config cfg = to_config(config);
-    Sim sim(std::move(cfg));
-    sim.interrupted = [] {  // Ctrl-C / SIGTERM: stop and hand back what was simulated so far
-        py::gil_scoped_acquire gil;
-        if (PyErr_CheckSignals() == 0) return false;
-        PyErr_Clear();
-        return true;
-    };
-    {
-        py::gil_scoped_release unlocked;
-        sim.run();
+// One simulation, run in chunks: advance() hands over the jobs finished so far while the caller (rtvirt.sim)
+// writes the previous chunk in another thread; results() returns everything else once the run has ended.
+class Simulation {
+public:
+    explicit Simulation(const py::dict& config) : sim_(to_config(config)) {
+        sim_.interrupted = [] {  // Ctrl-C / SIGTERM: stop and hand back what was simulated so far
+            py::gil_scoped_acquire gil;
+            if (PyErr_CheckSignals() == 0) return false;
+            PyErr_Clear();
+            return true;
+        };
     }
-    py::dict out;
-    py::dict jobs;
-    jobs["arrival"] = adopt(std::move(sim.jobs.arrival));
-    jobs["release"] = adopt(std::move(sim.jobs.release));
-    jobs["start"] = adopt(std::move(sim.jobs.start));
-    jobs["finish"] = adopt(std::move(sim.jobs.finish));
-    jobs["deadline"] = adopt(std::move(sim.jobs.deadline));
-    jobs["task"] = adopt(std::move(sim.jobs.task));
-    jobs["cpu"] = adopt(std::move(sim.jobs.cpu));
-    jobs["event"] = adopt(std::move(sim.jobs.event));
-    out["jobs"] = jobs;
-    py::dict pending;
-    pending["task"] = column(sim.unfinished, &JobRecord::task);
-    pending["deadline"] = column(sim.unfinished, &JobRecord::deadline);
-    out["unfinished"] = pending;
-    py::dict chains;
-    chains["chain"] = column(sim.chain_records, &ChainRecord::chain);
-    chains["event"] = column(sim.chain_records, &ChainRecord::event);
-    chains["cpu"] = column(sim.chain_records, &ChainRecord::cpu);
-    chains["arrival"] = column(sim.chain_records, &ChainRecord::arrival);
-    chains["finish"] = column(sim.chain_records, &ChainRecord::finish);
-    out["chains"] = chains;
-    py::dict gaps;
-    gaps["vcpu"] = column(sim.gaps, &GapRecord::vcpu);
-    gaps["cpu"] = column(sim.gaps, &GapRecord::cpu);
-    gaps["start"] = column(sim.gaps, &GapRecord::start);
-    gaps["length"] = column(sim.gaps, &GapRecord::length);
-    out["gaps"] = gaps;
-    py::dict segments;
-    segments["cpu"] = column(sim.segments, &Segment::cpu);
-    segments["vcpu"] = column(sim.segments, &Segment::vcpu);
-    segments["task"] = column(sim.segments, &Segment::task);
-    segments["start"] = column(sim.segments, &Segment::start);
-    segments["end"] = column(sim.segments, &Segment::end);
-    out["segments"] = segments;
-    out["segments_truncated"] = sim.segments.size() >= MAX_SEGMENTS;
-    // vCPU-major matrix of the windows up to where the run ended
-    size_t windows = static_cast<size_t>((sim.now + sim.cfg.supply_window - 1) / sim.cfg.supply_window);
-    py::array_t<Time> supply(static_cast<py::ssize_t>(windows * sim.vcpus.size()));
-    Time* cells = supply.mutable_data();
-    std::fill(cells, cells + windows * sim.vcpus.size(), 0);
-    for (size_t v = 0; v < sim.vcpus.size(); ++v) {
-        const auto& row = sim.supply[v];
-        std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), windows)),
-                  cells + v * windows);
+
+    // (jobs finished since the last call as numpy columns, whether the run has ended)
+    py::tuple advance(size_t rows) {
+        bool ended;
+        {
+            py::gil_scoped_release unlocked;
+            ended = sim_.advance(std::max<size_t>(rows, 1));
+        }
+        JobColumns& j = sim_.jobs;
+        py::dict chunk;
+        chunk["arrival"] = adopt(std::move(j.arrival));
+        chunk["response"] = adopt(std::move(j.response));
+        chunk["start"] = adopt(std::move(j.start));
+        if (j.with_release) chunk["release"] = adopt(std::move(j.release));
+        if (j.with_event) chunk["event"] = adopt(std::move(j.event));
+        chunk["task"] = adopt(std::move(j.task));
+        chunk["cpu"] = adopt(std::move(j.cpu));
+        // moved-from vectors are empty but unspecified: start the next chunk from fresh ones
+        for (auto* v : {&j.arrival, &j.response, &j.start, &j.release, &j.event}) *v = std::vector<Time>();
+        j.task = std::vector<int16_t>();
+        j.cpu = std::vector<int16_t>();
+        return py::make_tuple(chunk, ended);
     }
-    out["supply"] = supply;
-    std::vector<Time> supplied;
-    for (const VCpu& v : sim.vcpus) supplied.push_back(v.supplied);
-    out["supplied"] = supplied;
-    out["end_time"] = sim.now;
-    out["end_reason"] = sim.end_reason;
-    out["steps"] = sim.steps;
-    out["events"] = sim.events;
-    out["jobs_done"] = sim.jobs_done;
-    return out;
-}
+
+    void stop() { sim_.stop("interrupted"); }
+
+    py::dict results() {
+        Sim& sim = sim_;
+        py::dict out;
+        py::dict stats;
+        stats["jobs"] = column(sim.task_stats, &TaskStats::jobs);
+        stats["misses"] = column(sim.task_stats, &TaskStats::misses);
+        stats["response_sum"] = column(sim.task_stats, &TaskStats::response_sum);
+        stats["response_max"] = column(sim.task_stats, &TaskStats::response_max);
+        out["task_stats"] = stats;
+        py::dict pending;
+        pending["task"] = column(sim.unfinished, &JobRecord::task);
+        pending["deadline"] = column(sim.unfinished, &JobRecord::deadline);
+        out["unfinished"] = pending;
+        py::dict chains;
+        chains["chain"] = column(sim.chain_records, &ChainRecord::chain);
+        chains["event"] = column(sim.chain_records, &ChainRecord::event);
+        chains["cpu"] = column(sim.chain_records, &ChainRecord::cpu);
+        chains["arrival"] = column(sim.chain_records, &ChainRecord::arrival);
+        chains["finish"] = column(sim.chain_records, &ChainRecord::finish);
+        out["chains"] = chains;
+        py::dict gaps;
+        gaps["vcpu"] = column(sim.gaps, &GapRecord::vcpu);
+        gaps["cpu"] = column(sim.gaps, &GapRecord::cpu);
+        gaps["start"] = column(sim.gaps, &GapRecord::start);
+        gaps["length"] = column(sim.gaps, &GapRecord::length);
+        out["gaps"] = gaps;
+        py::dict segments;
+        segments["cpu"] = column(sim.segments, &Segment::cpu);
+        segments["vcpu"] = column(sim.segments, &Segment::vcpu);
+        segments["task"] = column(sim.segments, &Segment::task);
+        segments["start"] = column(sim.segments, &Segment::start);
+        segments["end"] = column(sim.segments, &Segment::end);
+        out["segments"] = segments;
+        out["segments_truncated"] = sim.segments.size() >= MAX_SEGMENTS;
+        // vCPU-major matrix of the windows up to where the run ended
+        size_t windows = static_cast<size_t>((sim.now + sim.cfg.supply_window - 1) / sim.cfg.supply_window);
+        py::array_t<Time> supply(static_cast<py::ssize_t>(windows * sim.vcpus.size()));
+        Time* cells = supply.mutable_data();
+        std::fill(cells, cells + windows * sim.vcpus.size(), 0);
+        for (size_t v = 0; v < sim.vcpus.size(); ++v) {
+            const auto& row = sim.supply[v];
+            std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), windows)),
+                      cells + v * windows);
+        }
+        out["supply"] = supply;
+        std::vector<Time> supplied;
+        for (const VCpu& v : sim.vcpus) supplied.push_back(v.supplied);
+        out["supplied"] = supplied;
+        out["end_time"] = sim.now;
+        out["end_reason"] = sim.end_reason;
+        out["steps"] = sim.steps;
+        out["events"] = sim.events;
+        out["jobs_done"] = sim.jobs_done;
+        return out;
+    }
+
+private:
+    Sim sim_;
+};
 
 }  // namespace
 
 PYBIND11_MODULE(_simcore, m) {
     m.doc() = "rtvirt hierarchical scheduling simulator core";
-    m.def("simulate", &simulate, py::arg("config"), "Run one simulation; see rtvirt.sim.core");
+    py::class_<Simulation>(m, "Simulation")
+        .def(py::init<const py::dict&>(), py::arg("config"))
+        .def("advance", &Simulation::advance, py::arg("rows"), "Simulate until `rows` jobs finished or the end")
+        .def("stop", &Simulation::stop, "End the run as interrupted (Ctrl-C seen between two chunks)")
+        .def("results", &Simulation::results, "Everything but the jobs, once advance() reported the end");
     std::vector<std::string> hv, guest;
     for (const auto& e : hv_registry()) hv.emplace_back(e.name);
     for (const auto& e : guest_registry()) guest.emplace_back(e.name);

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..model import load_model, parse_assignment, parse_sweep
-from ..sim import simulate, write_gantt, write_simulated_run
+from ..sim import simulate_to_store, write_gantt
 from ..units import format_duration, parse_duration
 from .output import console, print_json, us
 
@@ -75,14 +75,15 @@ def sim(model_path: Path, duration: str | None, seed: int | None, results: Path,
     for value in values:
         extra = [(key, value)] if key is not None else []
         model = load_model(model_path, overrides + extra)
-        result = simulate(model, duration_ns=duration_ns, seed=seed,
-                          gantt=(start, end) if gantt is not None and key is None else None)
-        params = {"model": str(model_path), "set": list(assignments), "duration_ns": result.duration_ns,
+        params = {"model": str(model_path), "set": list(assignments),
+                  "duration_ns": duration_ns if duration_ns is not None else model.simulation.duration,
                   "seed": seed if seed is not None else model.simulation.seed}
         if key is not None:
             params["sweep"] = {key: value}
         label = " ".join([model.name, *assignments, *([f"{key}={value}"] if key is not None else [])])
-        run, summary = write_simulated_run(result, results, model_path=str(model_path), params=params, label=label)
+        result, run, summary = simulate_to_store(
+            model, results, model_path=str(model_path), params=params, label=label, duration_ns=duration_ns,
+            seed=seed, gantt=(start, end) if gantt is not None and key is None else None)
         if gantt is not None and key is None:
             write_gantt(result, gantt, start, end)
         documents.append({"run_id": run.run_id, "path": str(run.path), **({"sweep": {key: value}} if key else {}),

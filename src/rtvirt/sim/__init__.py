@@ -2,7 +2,7 @@
 
 from .core import SimResult, core_config, simulate
 from .gantt import gantt_svg, write_gantt
-from .results import samples_table, task_summary, write_simulated_run
+from .results import simulate_to_store, task_summary, write_simulated_run
 
-__all__ = ["SimResult", "simulate", "core_config", "samples_table", "task_summary", "write_simulated_run",
+__all__ = ["SimResult", "simulate", "core_config", "simulate_to_store", "task_summary", "write_simulated_run",
            "gantt_svg", "write_gantt"]

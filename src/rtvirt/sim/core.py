@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -12,7 +14,7 @@ from ..errors import InputError, RunError
 from ..model import Model, home_cpu
 from ..model.schema import Execution
 
-__all__ = ["SimResult", "core_config", "simulate", "supply_window", "NEVER"]
+__all__ = ["SimResult", "core_config", "optional_columns", "simulate", "supply_window", "NEVER", "CHUNK_ROWS"]
 
 NEVER = (2**63 - 1) // 4  # the core's "no deadline"
 _TYPES = {"periodic": 0, "sporadic": 1, "event": 2}
@@ -20,6 +22,10 @@ _DISTRIBUTIONS = {"uniform": 1, "normal": 2}
 _GLOBAL = {"rtds": lambda hv: hv.mode == "global", "deadline": lambda hv: True}
 _DEFAULT_WEIGHT = {"credit": 256, "fair": 1024}
 _RTDS_DEFAULT = (4_000_000, 10_000_000)  # Xen's default budget / period
+
+
+CHUNK_ROWS = 1 << 20  # jobs per chunk the core hands over (and per Parquet row group of the stored samples)
+JobChunk = dict[str, np.ndarray]  # the core's job columns: arrival, response, start, [release], [event], task, cpu
 
 
 @dataclass
@@ -30,7 +36,7 @@ class SimResult:
     duration_ns: int
     end_reason: str
     end_time_ns: int
-    jobs: pa.Table  # one row per finished job
+    job_chunks: list[JobChunk]  # finished jobs as the core handed them over, in finishing order
     chains: pa.Table  # one row per event that left the last stage of its chain
     gaps: pa.Table  # gap probe: every interval the probe did not run, above its threshold
     supply: pa.Table  # per vCPU and supply window: ns the vCPU ran
@@ -38,7 +44,33 @@ class SimResult:
     vcpu_names: list[str]
     task_names: list[str]
     unfinished: pa.Table  # jobs still queued at the end: task, deadline_ns (overdue ones count as misses)
+    task_stats: dict[str, np.ndarray]  # per task (core order), counted by the core: jobs, misses, response_sum/max
+    task_deadlines: np.ndarray  # per task: relative deadline, NEVER if none
     counters: dict[str, int] = field(default_factory=dict)
+
+    @cached_property
+    def jobs(self) -> pa.Table:
+        """One row per finished job with every field (finish, absolute deadline, met derived), built on first
+        use: the store writes the core's chunks directly and never needs it."""
+        def joined(key: str, dtype: type) -> np.ndarray:
+            parts = [chunk[key] for chunk in self.job_chunks if key in chunk]
+            return np.concatenate(parts) if parts else np.empty(0, dtype)
+
+        arrival, response = joined("arrival", np.int64), joined("response", np.int64)
+        task = joined("task", np.int16)
+        release = joined("release", np.int64) if self.job_chunks and "release" in self.job_chunks[0] else arrival
+        event = (joined("event", np.int64) if self.job_chunks and "event" in self.job_chunks[0]
+                 else np.full(arrival.size, -1, np.int64))
+        relative = self.task_deadlines[task]
+        has_deadline = relative < NEVER
+        return pa.table({
+            "task": _dictionary(task, self.task_names),
+            "arrival_ns": arrival, "release_ns": release, "start_ns": joined("start", np.int64),
+            "finish_ns": arrival + response, "response_ns": response,
+            "deadline_ns": pa.array(np.where(has_deadline, arrival + relative, 0), mask=~has_deadline),
+            "met": pa.array(np.where(has_deadline, response <= relative, True)),
+            "cpu": joined("cpu", np.int16), "event": event,
+        })
 
 
 MAX_SUPPLY_WINDOWS = 1_000_000  # per vCPU: bounds the supply records of very long runs
@@ -135,34 +167,44 @@ def core_config(model: Model, *, duration_ns: int | None = None, seed: int | Non
     return config, names
 
 
+def optional_columns(config: dict[str, Any]) -> tuple[bool, bool]:
+    """Whether the core keeps each job's release (a task has release jitter) and event (the model has chains);
+    otherwise release equals arrival and event is -1 (sim/core.h, JobColumns)."""
+    return any(task.get("jitter", 0) > 0 for task in config["tasks"]), bool(config["chains"])
+
+
 def _dictionary(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names, pa.string()))
 
 
 def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None = None,
-             gantt: tuple[int, int] | None = None) -> SimResult:
-    """Run the model in the compiled core."""
+             gantt: tuple[int, int] | None = None, on_chunk: Callable[[JobChunk], None] | None = None,
+             config: tuple[dict[str, Any], list[str]] | None = None) -> SimResult:
+    """Run the model in the compiled core. ``on_chunk`` sees each chunk of finished jobs as soon as the core
+    hands it over (the store writes it while the core simulates on); ``config`` is core_config()'s result
+    when the caller already built it."""
     try:
         from .. import _simcore  # type: ignore[attr-defined]
     except ImportError as exc:  # pragma: no cover - a broken install
         raise RunError(f"the simulator core is not built ({exc}); reinstall rtvirt with pip") from None
-    config, task_names = core_config(model, duration_ns=duration_ns, seed=seed, gantt=gantt)
-    if config["duration"] <= 0:
+    core_input, task_names = config or core_config(model, duration_ns=duration_ns, seed=seed, gantt=gantt)
+    if core_input["duration"] <= 0:
         raise InputError("simulation duration must be larger than 0")
-    out = _simcore.simulate(config)
+    simulation = _simcore.Simulation(core_input)
+    chunks: list[JobChunk] = []
+    ended = False
+    while not ended:
+        try:
+            chunk, ended = simulation.advance(CHUNK_ROWS)
+        except KeyboardInterrupt:  # arrived between two chunks (inside, the core stops by itself): keep them
+            simulation.stop()
+            break
+        if chunk["task"].size:
+            chunks.append(chunk)
+            if on_chunk is not None:
+                on_chunk(chunk)
+    out = simulation.results()
     vcpu_names = _vcpu_names(model)
-    j = out["jobs"]
-    response = j["finish"] - j["arrival"]
-    deadline = j["deadline"]
-    has_deadline = deadline < NEVER
-    jobs = pa.table({
-        "task": _dictionary(j["task"], task_names),
-        "arrival_ns": j["arrival"], "release_ns": j["release"], "start_ns": j["start"], "finish_ns": j["finish"],
-        "response_ns": response,
-        "deadline_ns": pa.array(np.where(has_deadline, deadline, 0), mask=~has_deadline),
-        "met": pa.array(np.where(has_deadline, j["finish"] <= deadline, True)),
-        "cpu": j["cpu"].astype(np.int16), "event": j["event"],
-    })
     c = out["chains"]
     chain_names = [chain.name for chain in model.chain]
     chain_deadlines = np.array([ch.deadline if ch.deadline is not None else NEVER for ch in model.chain] or [NEVER],
@@ -177,7 +219,7 @@ def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None =
     gaps = pa.table({"vcpu": _dictionary(g["vcpu"], vcpu_names), "cpu": g["cpu"].astype(np.int16),
                      "start_ns": g["start"], "gap_ns": g["length"]})
     windows = len(out["supply"]) // max(1, len(vcpu_names))
-    width = config["supply_window"]
+    width = core_input["supply_window"]
     supply = pa.table({
         "vcpu": _dictionary(np.repeat(np.arange(len(vcpu_names)), windows), vcpu_names),
         "window_start_ns": np.tile(np.arange(windows, dtype=np.int64) * width, len(vcpu_names)),
@@ -191,5 +233,7 @@ def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None =
     counters.update({f"supplied_ns {name}": int(ns) for name, ns in zip(vcpu_names, out["supplied"], strict=True)})
     u = out["unfinished"]
     unfinished = pa.table({"task": _dictionary(u["task"], task_names), "deadline_ns": u["deadline"]})
-    return SimResult(model, int(config["duration"]), str(out["end_reason"]), int(out["end_time"]), jobs, chains,
-                     gaps, supply, segments, vcpu_names, task_names, unfinished, counters)
+    deadlines = np.array([task["deadline"] for task in core_input["tasks"]], np.int64)
+    return SimResult(model, int(core_input["duration"]), str(out["end_reason"]), int(out["end_time"]), chunks,
+                     chains, gaps, supply, segments, vcpu_names, task_names, unfinished, out["task_stats"],
+                     deadlines, counters)

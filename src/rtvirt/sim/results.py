@@ -3,28 +3,97 @@
 samples.parquet holds one row per record, all durations in ns in ``response_ns`` (the value field):
 job response times (kind ``vm/task``), end-to-end responses of event chains (kind ``chain:NAME``) and gap
 probe interruptions (kind ``gap:vm.vcpu``); ``t_ns`` is the job's arrival, the event's arrival or the gap's
-start. supply.parquet holds the time each vCPU ran per supply window; gaps.parquet repeats the gaps in the real
-``gap`` probe's layout (t_ns, duration_ns, cpu, thread, kind).
+start. Nothing derivable is stored (docs/simulator.md): finish = t_ns + response_ns, the record type is the
+kind's prefix, a job met its deadline if response_ns <= the task's deadline in the manifest's model;
+``release_ns`` is a column only when a task has release jitter, ``event`` only when the model has chains.
+The jobs are written a chunk (row group) at a time straight from the core's buffers, in a background thread
+while the core simulates the next chunk. supply.parquet holds the time each vCPU ran per supply window;
+gaps.parquet repeats the gaps in the real ``gap`` probe's layout (t_ns, duration_ns, cpu, thread, kind).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..store import RunDir, new_run, write_run
-from .core import SimResult, supply_window
+from ..model import Model
+from ..store import RunDir, _group_histograms, new_run, write_run
+from .core import JobChunk, SimResult, core_config, optional_columns, simulate, supply_window
 
-__all__ = ["samples_table", "gap_probe_table", "task_summary", "write_simulated_run"]
+__all__ = ["gap_probe_table", "task_summary", "simulate_to_store", "write_simulated_run"]
 
 _SUPPLY_ENCODING = {"window_start_ns": "DELTA_BINARY_PACKED", "supply_ns": "DELTA_BINARY_PACKED"}
+# Cheap to write (the writer must keep up with the core): no column statistics, delta-encoded time stamps,
+# dictionaries only where values repeat by nature (response times of periodic work do, but dictionary encoding
+# gives up on the random ones at a cost), zstd on top (fewer bytes to write than lz4/none, as fast here).
+_SAMPLES_OPTIONS: dict[str, Any] = {
+    "compression": "zstd", "write_statistics": False, "use_dictionary": ["kind", "cpu", "thread"],
+    "column_encoding": {name: "DELTA_BINARY_PACKED" for name in ("t_ns", "start_ns", "release_ns", "event")},
+}
+
+
+class SamplesFile:
+    """samples.parquet, written one chunk (row group) at a time by a background thread: Parquet encoding
+    releases the GIL, so the core simulates the next chunk meanwhile."""
+
+    def __init__(self, path: Path, kinds: list[str], with_release: bool, with_event: bool) -> None:
+        self._kinds = pa.array(kinds, pa.string())
+        fields = [("t_ns", pa.int64()), ("response_ns", pa.int64()), ("cpu", pa.int16()), ("thread", pa.int16()),
+                  ("kind", pa.dictionary(pa.int16(), pa.string())), ("start_ns", pa.int64())]
+        fields += [("release_ns", pa.int64())] * with_release + [("event", pa.int64())] * with_event
+        self.schema = pa.schema(fields)
+        encodings = {k: v for k, v in _SAMPLES_OPTIONS["column_encoding"].items() if k in self.schema.names}
+        self._writer = pq.ParquetWriter(path, self.schema, **{**_SAMPLES_OPTIONS, "column_encoding": encodings})
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self._pending: list[Future[None]] = []
+        self.columns: dict[str, list[np.ndarray]] = {"response_ns": [], "cpu": [], "thread": []}  # for the histogram
+
+    def add(self, columns: dict[str, np.ndarray]) -> None:
+        """Queue one chunk (numpy columns named as the schema, kind codes as ``thread``); no copy is made."""
+        for name in self.columns:
+            self.columns[name].append(columns[name])
+        arrays = [pa.array(columns[name]) for name in ("t_ns", "response_ns", "cpu", "thread")]
+        arrays.append(pa.DictionaryArray.from_arrays(arrays[3], self._kinds))  # the same buffer as thread
+        arrays += [pa.array(columns[name]) for name in self.schema.names[5:]]
+        self._pending.append(self._pool.submit(self._writer.write_batch, pa.record_batch(arrays, schema=self.schema),
+                                               row_group_size=max(1, len(arrays[0]))))
+
+    def add_jobs(self, chunk: JobChunk) -> None:
+        arrival = chunk["arrival"]
+        self.add({"t_ns": arrival, "response_ns": chunk["response"], "cpu": chunk["cpu"], "thread": chunk["task"],
+                  "start_ns": chunk["start"], "release_ns": chunk.get("release", arrival), "event": chunk.get("event")})
+
+    def histogram(self) -> pa.Table:
+        """The exact histogram per (cpu, kind) of every row added (store layout), counted while the writer
+        thread is still encoding."""
+        def joined(name: str) -> np.ndarray:
+            return np.concatenate(self.columns[name]) if self.columns[name] else np.empty(0, np.int64)
+
+        codes = joined("thread").astype(np.int16, copy=False)
+        table = pa.table({"response_ns": joined("response_ns"), "cpu": joined("cpu").astype(np.int16, copy=False),
+                          "kind": pa.DictionaryArray.from_arrays(pa.array(codes), self._kinds)})
+        return _group_histograms(table, "response_ns")
+
+    def close(self) -> None:
+        try:
+            for pending in self._pending:
+                pending.result()
+        finally:
+            self._pool.shutdown()
+            self._writer.close()
+
+    def __enter__(self) -> SamplesFile:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
 
 
 def _names(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
@@ -32,58 +101,32 @@ def _names(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
     return [str(n) for n in array.dictionary.to_pylist()], array.indices.to_numpy(zero_copy_only=False)
 
 
-_SAMPLE_TYPES = {"t_ns": pa.int64(), "response_ns": pa.int64(), "cpu": pa.int16(), "thread": pa.int16(),
-                 "release_ns": pa.int64(), "start_ns": pa.int64(), "finish_ns": pa.int64(),
-                 "deadline_met": pa.bool_(), "event": pa.int64()}
+def _kinds(result_names: list[str], model: Model) -> list[str]:
+    vcpus = [f"{vm.name}.{c}" for vm in model.vm for c in range(len(vm.vcpu))]
+    return result_names + [f"chain:{c.name}" for c in model.chain] + [f"gap:{v}" for v in vcpus]
 
 
-def samples_table(result: SimResult) -> pa.Table:
-    """Jobs, chain events and gaps as one table in the store's sample layout (plus extra columns).
+def _add_chains_and_gaps(samples: SamplesFile, result: SimResult) -> None:
+    """The chain events and gaps after the jobs, as the last row group (kind codes after the tasks')."""
+    c, g = result.chains, result.gaps
+    if not c.num_rows and not g.num_rows:
+        return
+    first_chain, first_gap = len(result.task_names), len(result.task_names) + len(result.model.chain)
 
-    Each column is three chunks (jobs, chain events, gaps) over the core's own buffers: no row is copied or
-    reordered in Python. Rows are in the core's order (jobs as they finished), not sorted by ``t_ns``;
-    readers that need time order sort (results.windows.load_series), as for multi-thread probe runs.
-    """
-    task_names, task_codes = _names(result.jobs["task"])
-    chain_names, chain_codes = _names(result.chains["chain"])
-    vcpu_names, vcpu_codes = _names(result.gaps["vcpu"])
-    kinds = pa.array(task_names + [f"chain:{n}" for n in chain_names] + [f"gap:{n}" for n in vcpu_names],
-                     pa.string())
-    j, c, g = result.jobs, result.chains, result.gaps
-    kind_codes = [task_codes, chain_codes + len(task_names), vcpu_codes + len(task_names) + len(chain_names)]
-    gap_end = pc.add(g["start_ns"], g["gap_ns"])
-    parts = {
-        "t_ns": (j["arrival_ns"], c["arrival_ns"], g["start_ns"]),
-        "response_ns": (j["response_ns"], c["response_ns"], g["gap_ns"]),
-        "cpu": (j["cpu"], c["cpu"], g["cpu"]),
-        "thread": [codes.astype(np.int16) for codes in kind_codes],
-        "release_ns": (j["release_ns"], c["arrival_ns"], g["start_ns"]),
-        "start_ns": (j["start_ns"], np.full(c.num_rows, -1, np.int64), g["start_ns"]),
-        "finish_ns": (j["finish_ns"], c["finish_ns"], gap_end),
-        "deadline_met": (j["met"], c["met"], np.ones(g.num_rows, np.bool_)),
-        "event": (j["event"], c["event"], np.full(g.num_rows, -1, np.int64)),
-    }
-    columns = {name: _chunked(chunks, _SAMPLE_TYPES[name]) for name, chunks in parts.items()}
-    columns["kind"] = pa.chunked_array([pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)),
-                                                                       kinds) for codes in kind_codes])
-    records = pa.array(["job", "chain", "gap"], pa.string())
-    columns["record"] = pa.chunked_array([
-        pa.DictionaryArray.from_arrays(pa.array(np.full(n, index, np.int32)), records)
-        for index, n in enumerate((j.num_rows, c.num_rows, g.num_rows))])
-    ordered = ["t_ns", "response_ns", "cpu", "thread", "kind", "record", "release_ns", "start_ns", "finish_ns",
-               "deadline_met", "event"]
-    return pa.table({name: columns[name] for name in ordered})
+    def codes(column: pa.ChunkedArray, offset: int) -> np.ndarray:
+        return column.combine_chunks().indices.to_numpy(zero_copy_only=False).astype(np.int16) + offset
 
+    def both(chain: Any, gap: Any) -> np.ndarray:
+        return np.concatenate([np.asarray(chain, np.int64), np.asarray(gap, np.int64)])
 
-def _chunked(chunks: Sequence[Any], kind: pa.DataType) -> pa.ChunkedArray:
-    """One column from the jobs', chains' and gaps' parts (zero-copy where the type already matches)."""
-    arrays = []
-    for part in chunks:
-        if isinstance(part, pa.ChunkedArray):
-            arrays.extend(part.chunks)
-        else:
-            arrays.append(pa.array(part))
-    return pa.chunked_array([a if a.type == kind else a.cast(kind) for a in arrays], kind)
+    chain_t, gap_t = c["arrival_ns"].to_numpy(), g["start_ns"].to_numpy()
+    samples.add({
+        "t_ns": both(chain_t, gap_t), "response_ns": both(c["response_ns"].to_numpy(), g["gap_ns"].to_numpy()),
+        "cpu": np.concatenate([c["cpu"].to_numpy(), g["cpu"].to_numpy()]).astype(np.int16),
+        "thread": np.concatenate([codes(c["chain"], first_chain), codes(g["vcpu"], first_gap)]).astype(np.int16),
+        "start_ns": both(np.full(c.num_rows, -1), gap_t), "release_ns": both(chain_t, gap_t),
+        "event": both(c["event"].to_numpy(), np.full(g.num_rows, -1)),
+    })
 
 
 def gap_probe_table(result: SimResult) -> pa.Table:
@@ -114,13 +157,16 @@ def _stats(names: list[str], codes: np.ndarray, response: np.ndarray, met: np.nd
 
 def task_summary(result: SimResult) -> dict[str, Any]:
     """Per task and per chain: jobs, mean and max response, deadline misses (including jobs still unfinished
-    past their deadline at the end); per gap probe: count and max."""
-    task_names, task_codes = _names(result.jobs["task"])
+    past their deadline at the end); per gap probe: count and max. The tasks' figures are the core's counts."""
+    task_names = result.task_names
     recorded = [n for n in task_names if "/load." not in n]
-    tasks = _stats(task_names, task_codes, result.jobs["response_ns"].to_numpy(),
-                   result.jobs["met"].to_numpy(zero_copy_only=False))
-    for stats in tasks.values():
-        stats["unfinished"] = 0
+    counts = result.task_stats
+    tasks: dict[str, dict[str, Any]] = {}
+    for index, name in enumerate(task_names):
+        jobs = int(counts["jobs"][index])
+        tasks[name] = {"jobs": jobs, "mean_response_ns": float(counts["response_sum"][index]) / jobs if jobs else None,
+                       "max_response_ns": int(counts["response_max"][index]) if jobs else None,
+                       "misses": int(counts["misses"][index]), "unfinished": 0}
     pending_names, pending_codes = _names(result.unfinished["task"])
     overdue = result.unfinished["deadline_ns"].to_numpy() < result.end_time_ns
     for index, name in enumerate(pending_names):
@@ -154,39 +200,62 @@ def task_summary(result: SimResult) -> dict[str, Any]:
     }
 
 
+def _store(result: SimResult, run: RunDir, samples: SamplesFile, *, model_path: str, params: dict[str, Any],
+           label: str | None, extra: dict[str, Any] | None) -> dict[str, Any]:
+    """The rest of a simulated run once its jobs are queued: chains and gaps, side files, histogram, manifest."""
+    _add_chains_and_gaps(samples, result)
+    pq.write_table(result.supply, run.path / "supply.parquet", compression="zstd", use_dictionary=["vcpu"],
+                   column_encoding=_SUPPLY_ENCODING)
+    if result.gaps.num_rows:
+        pq.write_table(gap_probe_table(result), run.path / "gaps.parquet", compression="zstd")
+    summary = task_summary(result)
+    histogram = samples.histogram()
+    samples.close()
+    manifest = {
+        "name": f"sim {result.model.name}",
+        "source": "simulated",
+        "probe": "sim",
+        "value_field": "response_ns",
+        "status": summary["status"],
+        "end_reason": result.end_reason,
+        "params": params,
+        "config": label or result.model.name,
+        "model_path": model_path,
+        "model": result.model.model_dump(mode="json"),
+        "simulation": {"scheduler": result.model.hypervisor.scheduler, "duration_ns": result.duration_ns,
+                       "supply_window_ns": supply_window(result.model, result.duration_ns),
+                       "simulated_ns": result.end_time_ns, **{k: v for k, v in result.counters.items()
+                                                              if not k.startswith("supplied_ns ")}},
+        "sim_summary": summary,
+        **(extra or {}),
+    }
+    write_run(run, None, manifest, histogram=histogram)
+    return summary
+
+
+def simulate_to_store(model: Model, results: Path, *, model_path: str, params: dict[str, Any],
+                      duration_ns: int | None = None, seed: int | None = None, gantt: tuple[int, int] | None = None,
+                      label: str | None = None,
+                      extra: dict[str, Any] | None = None) -> tuple[SimResult, RunDir, dict[str, Any]]:
+    """Simulate ``model`` into a new run (manifest source "simulated"), writing each chunk of jobs while the
+    core simulates the next; returns the result, the run and its task summary. ``label`` names the
+    configuration in reports and comparisons (default: the model's name); ``extra`` adds manifest keys."""
+    config = core_config(model, duration_ns=duration_ns, seed=seed, gantt=gantt)
+    run = new_run(results, f"sim-{model.name}")
+    with SamplesFile(run.parquet_path, _kinds(config[1], model), *optional_columns(config[0])) as samples:
+        result = simulate(model, config=config, on_chunk=samples.add_jobs)
+        summary = _store(result, run, samples, model_path=model_path, params=params, label=label, extra=extra)
+    return result, run, summary
+
+
 def write_simulated_run(result: SimResult, results: Path, *, model_path: str, params: dict[str, Any],
                         label: str | None = None, extra: dict[str, Any] | None = None) -> tuple[RunDir, dict[str, Any]]:
-    """Store one simulation as a run (manifest source "simulated"); returns the run and its task summary.
-    ``label`` names the configuration in reports and comparisons (default: the model's name); ``extra``
-    adds manifest keys (a prediction's link to the measured configuration)."""
+    """Store a finished simulation as a run; as simulate_to_store() otherwise."""
     run = new_run(results, f"sim-{result.model.name}")
-    # Parquet encoding releases the GIL: the side files are written while the samples are put together
-    with ThreadPoolExecutor(max_workers=1) as writer:
-        side_files = [writer.submit(pq.write_table, result.supply, run.path / "supply.parquet", compression="zstd",
-                                    use_dictionary=["vcpu"], column_encoding=_SUPPLY_ENCODING)]
-        if result.gaps.num_rows:
-            side_files.append(writer.submit(pq.write_table, gap_probe_table(result), run.path / "gaps.parquet",
-                                            compression="zstd"))
-        summary = task_summary(result)
-        manifest = {
-            "name": f"sim {result.model.name}",
-            "source": "simulated",
-            "probe": "sim",
-            "value_field": "response_ns",
-            "status": summary["status"],
-            "end_reason": result.end_reason,
-            "params": params,
-            "config": label or result.model.name,
-            "model_path": model_path,
-            "model": result.model.model_dump(mode="json"),
-            "simulation": {"scheduler": result.model.hypervisor.scheduler, "duration_ns": result.duration_ns,
-                           "supply_window_ns": supply_window(result.model, result.duration_ns),
-                           "simulated_ns": result.end_time_ns, **{k: v for k, v in result.counters.items()
-                                                                  if not k.startswith("supplied_ns ")}},
-            "sim_summary": summary,
-            **(extra or {}),
-        }
-        write_run(run, samples_table(result), manifest)
-        for written in side_files:
-            written.result()
+    with_release = bool(result.job_chunks) and "release" in result.job_chunks[0]
+    with_event = bool(result.model.chain)
+    with SamplesFile(run.parquet_path, _kinds(result.task_names, result.model), with_release, with_event) as samples:
+        for chunk in result.job_chunks:
+            samples.add_jobs(chunk)
+        summary = _store(result, run, samples, model_path=model_path, params=params, label=label, extra=extra)
     return run, summary
