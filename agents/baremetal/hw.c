@@ -1,4 +1,4 @@
-/* Hardware: console (16550 COM1, else the debug port 0xe9), TSC frequency, local APIC timer, RTC,
+/* Hardware: console (16550 COM1, else Xen's PV console, else the debug port 0xe9), TSC frequency, local APIC timer, RTC,
  * and leaving the VM (QEMU's isa-debug-exit, else a triple fault). */
 #include "kernel.h"
 
@@ -33,6 +33,10 @@ static void serial_init(void) {
 }
 
 void console_write(const char *s, size_t n) {
+    if (xen_console()) { /* Xen PVH: no UART, the PV console carries text and stream */
+        xen_console_text(s, n);
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
         if (has_serial) {
             for (int spins = 0; !(inb(COM1 + 5) & 0x20) && spins < 100000; spins++) {}
@@ -195,6 +199,7 @@ static uint8_t cmos(uint8_t reg) {
 }
 
 uint64_t rtc_unix_ns(void) {
+    if (cmos(0x0A) == 0xff) return 0; /* no RTC (Xen PVH): no port to wait on */
     for (int tries = 0; (cmos(0x0A) & 0x80) && tries < 1000000; tries++) {}
     uint8_t raw[6] = {cmos(0x00), cmos(0x02), cmos(0x04), cmos(0x07), cmos(0x08), cmos(0x09)};
     uint8_t status_b = cmos(0x0B);
@@ -215,14 +220,17 @@ uint64_t rtc_unix_ns(void) {
 
 void hw_init(void) {
     serial_init();
+    if (!has_serial) xen_init(); /* a PVH domain has no UART: its console is Xen's */
     tsc_init();
 }
 
 _Noreturn void guest_exit(int status) {
+    xen_console_flush();
     text t = {(char[32]){0}, 0, 32};
     text_str(&t, "RTVIRT-EXIT ");
     text_i64(&t, status);
     console_line(t.buf);
+    if (on_xen) xen_shutdown(); /* poweroff: the status is on the console */
     outl(DEBUG_EXIT_PORT, (uint32_t)status); /* QEMU's isa-debug-exit: QEMU ends with (status << 1) | 1 */
     /* no debug-exit device (Xen, libvirt without it): a triple fault ends the VM */
     struct __attribute__((packed)) { uint16_t limit; uint64_t base; } none = {0, 0};

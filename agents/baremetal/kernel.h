@@ -139,6 +139,16 @@ void set_idle_work(void (*work)(void)); /* what the idle thread does before halt
 bool virtio_console_init(void); /* a legacy virtio-console on PCI bus 0, set up for writing */
 void virtio_console_write(const uint8_t *p, size_t n);
 
+/* ---- xen.c: Xen PVH (hypercalls, the PV console, the start info's memory map) ---- */
+extern bool on_xen;                         /* Xen's CPUID leaves answered and the hypercall page is set */
+bool xen_init(void);                        /* true when the PV console is there */
+bool xen_console(void);
+void xen_console_text(const char *s, size_t n);
+void xen_console_stream(const uint8_t *p, size_t n); /* framed: 00 'RVS' length16 bytes */
+void xen_console_flush(void);               /* finish an open frame, write held text */
+uint64_t pvh_memory_top(const void *start_info); /* 0 without a memory map */
+void xen_shutdown(void);
+
 /* ---- stream.c ---- */
 void stream_init(void); /* choose the channel: the debug console, else COM2; none stops the guest */
 typedef struct {

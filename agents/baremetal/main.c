@@ -292,9 +292,12 @@ void kmain(uint64_t boot, const void *info) {
     console_line(t.buf);
     static char line[1024];
     const char *given_line = boot == 1 ? multiboot_cmdline(info) : pvh_cmdline(info);
-    /* multiboot mem_upper (flags bit 0): KiB above 1 MiB; PVH: assume the 128 MiB a domU gets at least */
+    /* multiboot mem_upper (flags bit 0): KiB above 1 MiB; PVH: the start info's memory map, else 64 MiB */
     const uint32_t *mb = info;
-    memory_top = boot == 1 && mb && (mb[0] & 1) ? (1ull << 20) + (uint64_t)mb[2] * 1024 : 128ull << 20;
+    uint64_t pvh_top = boot == 2 && info ? pvh_memory_top(info) : 0;
+    memory_top = boot == 1 && mb && (mb[0] & 1) ? (1ull << 20) + (uint64_t)mb[2] * 1024
+                 : pvh_top                      ? pvh_top
+                                                : 64ull << 20;
     if (memory_top > (4ull << 30) - (1ull << 30)) memory_top = 3ull << 30; /* below the APIC hole */
     if (given_line) {
         size_t n = strlen(given_line);

@@ -1,7 +1,7 @@
 /* The sample stream (docs/sample-stream.md) from the guest: the same header and 32-byte records as
  * the Linux agents. Records go into a RAM ring first; the idle thread writes the ring out to the
  * stream channel while nothing else runs, and probes that never idle (gap, workload) write between
- * measurements or at the end. Channels (stream_init chooses): virtio-console (virtio.c), QEMU's debug
+ * measurements or at the end. Channels (stream_init chooses): Xen's PV console (xen.c, framed), virtio-console (virtio.c), QEMU's debug
  * console (port 0xe9, one `rep outsb` per chunk), or a 16550 at COM2 (0x2f8). */
 #include "kernel.h"
 
@@ -26,6 +26,10 @@ static bool draining, ending;
 static uint64_t chunk = 512;
 
 static void channel_write(const uint8_t *p, size_t n) {
+    if (stream_channel[0] == 'x') {
+        xen_console_stream(p, n);
+        return;
+    }
     if (stream_channel[0] == 'v') {
         virtio_console_write(p, n);
         return;
@@ -43,6 +47,11 @@ static void channel_write(const uint8_t *p, size_t n) {
 /* virtio-console when there is one; else QEMU's debug console, which reads back 0xe9; else a 16550 at
  * COM2 (its scratch register keeps what is written). */
 void stream_init(void) {
+    if (xen_console()) { /* Xen PVH: framed beside the console text (xen.c) */
+        stream_channel = "xen-console";
+        chunk = 4096;
+        return;
+    }
     if (virtio_console_init()) {
         stream_channel = "virtio-console";
         chunk = 65536;

@@ -1,16 +1,19 @@
 """The bare-metal guest (``guest = "baremetal"``): rtvirt's own kernel (agents/baremetal, docs/baremetal.md).
 
-Booted directly by the hypervisor (QEMU ``-kernel``: multiboot); the probe and its options travel on
+Booted directly by the hypervisor (QEMU ``-kernel``: multiboot; Xen: a PVH domU); the probe and its options travel on
 the kernel command line exactly as the Linux agent's argv; the sample stream leaves through a virtio-console
 (the guest's own legacy virtio-pci driver; its fallbacks, QEMU's debug console and COM2, are for
 platforms without one), the console text (READY/EXIT marks, errors) through COM1, and the guest ends
-the VM through QEMU's isa-debug-exit device with its status.
+the VM through QEMU's isa-debug-exit device with its status. Under Xen PVH there is no UART and no virtio:
+text and stream share the domain's PV console, the stream in frames (ConsoleDemux splits dom0's log).
 """
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,8 @@ from ..errors import InputError, RunError
 from .guest_image import EXIT_MARK
 
 __all__ = ["kernel_path", "command_line", "qemu_devices", "DebugExitProcess", "guest_error", "failure_exception",
-           "request_stop", "unsupported", "stressor_unsupported", "DEBUG_EXIT_PORT"]
+           "request_stop", "unsupported", "stressor_unsupported", "DEBUG_EXIT_PORT",
+           "ConsoleDemux", "XenConsoleRelay", "xen_domain_lines", "xen_request_stop"]
 
 DEBUG_EXIT_PORT = 0xF4
 MAX_COMMAND_LINE = 1023  # the guest's buffer (agents/baremetal/main.c)
@@ -194,3 +198,167 @@ def failure_exception(console: str) -> InputError | RunError | None:
     if status == 2:
         return InputError(f"the bare-metal guest rejected its parameters: {message}")
     return RunError(f"the bare-metal guest failed (status {status}): {message}")
+
+
+# ---- Xen PVH: the guest's console carries its text and, in frames, its sample stream (agents/baremetal/xen.c)
+
+FRAME_MAGIC = b"\0RVS"
+FRAME_HEADER = 6  # magic, then the payload's length as 16-bit little-endian
+CONSOLE_TEXT_LIMIT = 1 << 16  # console text kept (the guest's lines: READY, EXIT, errors)
+# dom0 side of the relay: follow xenconsoled's log of the domain from its first byte for as long as the domain
+# exists (then once more: busybox tail reads once a second). Only paths we chose reach it, as $1 and $2.
+RELAY_SCRIPT = r"""log=$1 name=$2
+id=$(xl domid "$name") || exit 1
+n=0
+until [ -e "$log" ]; do
+  n=$((n+1)); [ $n -gt 300 ] && { echo "rtvirt: no console log $log" >&2; exit 1; }; sleep 0.1
+done
+tail -c +1 -f "$log" & tail=$!
+while xenstore-read "/local/domain/$id/name" >/dev/null 2>&1; do sleep 0.5; done
+sleep 1.5
+kill $tail
+"""
+RELAY_POLL_S = 0.05
+XEN_MEMORY_MIB = 64  # a PVH domU's memory unless the scenario says: the kernel, its 32 MiB ring, probe data
+
+
+def xen_domain_lines(kernel: str, line: str, memory: int) -> list[str]:
+    """The xl configuration lines that boot the guest as a PVH domU: our ELF, its probe on the command line
+    (start info's cmdline), no ramdisk, no device model."""
+    bad = next((c for c in line if c in "\"'\\"), None)
+    if bad is not None:
+        raise InputError(f"guest 'baremetal' in xen: the probe's options cannot contain {bad!r} (an xl "
+                         "configuration string)")
+    # tsc_mode native: the guest reads the TSC itself (Xen otherwise traps every RDTSC where the host TSC is
+    # not invariant, as under TCG here: 28 us per read, which the gap probe would take for its own loop)
+    return ['type = "pvh"', f'kernel = "{kernel}"', f'cmdline = "{line}"', f"memory = {memory}",
+            'tsc_mode = "native"']
+
+
+class ConsoleDemux:
+    """Splits the guest's Xen console into the sample stream (the payload of its frames) and console text.
+
+    The console is untrusted: a frame header that is not ours ends the stream there (the stream reader keeps
+    its valid prefix) and the rest is read as text; the text kept is bounded.
+    """
+
+    def __init__(self, out: Path | None) -> None:
+        self._out = out.open("wb") if out is not None else None
+        self._pending = bytearray()
+        self._frame_left = 0
+        self._text = bytearray()
+        self.stream_bytes = 0
+        self.corrupt: str | None = None
+
+    def feed(self, data: bytes) -> None:
+        self._pending += data
+        while self._pending:
+            if self._frame_left:
+                part = bytes(self._pending[:self._frame_left])
+                del self._pending[:len(part)]
+                self._frame_left -= len(part)
+                self._stream(part)
+                continue
+            start = self._pending.find(0)
+            self._keep_text(self._pending[:len(self._pending) if start < 0 else start])
+            if start < 0:
+                self._pending.clear()
+                return
+            del self._pending[:start]
+            if len(self._pending) < FRAME_HEADER:
+                return  # the rest of the header is still on its way
+            length = int.from_bytes(self._pending[4:FRAME_HEADER], "little")
+            if self._pending[:4] != FRAME_MAGIC or length == 0:
+                if self.corrupt is None:
+                    self.corrupt = f"a malformed stream frame after {self.stream_bytes} stream bytes"
+                del self._pending[:1]
+                continue
+            del self._pending[:FRAME_HEADER]
+            self._frame_left = length
+
+    def _stream(self, part: bytes) -> None:
+        if self._out is not None and self.corrupt is None:
+            self._out.write(part)
+            self._out.flush()  # the run's reader follows the file live
+            self.stream_bytes += len(part)
+
+    def _keep_text(self, part: bytes | bytearray) -> None:
+        self._text += part
+        del self._text[:-CONSOLE_TEXT_LIMIT]
+
+    def text(self) -> str:
+        return self._text.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+
+class XenConsoleRelay:
+    """dom0's log of the guest's console followed live over the dom0 transport (a process shaped like an agent:
+    ``poll`` is None until the domain has gone and every byte of its log has been split)."""
+
+    def __init__(self, transport: Any, log: str, domain: str, raw: Path, out: Path | None) -> None:
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        raw.unlink(missing_ok=True)
+        self._raw = raw
+        self._demux = ConsoleDemux(out)
+        self._finished = threading.Event()
+        self._proc = transport.spawn(["sh", "-c", RELAY_SCRIPT, "rtvirt-console", log, domain], stream_to=raw)
+        self._thread = threading.Thread(target=self._follow, name=f"xen-console-{domain}", daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        try:
+            while not self._raw.exists():
+                if self._proc.poll() is not None:
+                    return
+                time.sleep(RELAY_POLL_S)
+            with self._raw.open("rb") as raw:
+                while True:
+                    ended = self._proc.poll() is not None  # before the read: nothing comes after it
+                    chunk = raw.read(1 << 16)
+                    if chunk:
+                        self._demux.feed(chunk)
+                    elif ended:
+                        return
+                    else:
+                        time.sleep(RELAY_POLL_S)
+        finally:
+            self._demux.close()
+            self._finished.set()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._finished.is_set() else None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float) -> bool:
+        return self._finished.wait(timeout)
+
+    def text(self) -> str:
+        return self._demux.text()
+
+    @property
+    def corrupt(self) -> str | None:
+        return self._demux.corrupt
+
+    def error_tail(self) -> str:
+        return str(self._proc.error_tail())
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        self._proc.stop(grace)
+        self._finished.wait(grace + 5.0)
+        return self.returncode
+
+
+def xen_request_stop(dom0: Any, domain: str, relay: XenConsoleRelay, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Stop a running PVH guest as SIGTERM stops an agent: an NMI (``xl trigger nmi``) makes it write out every
+    sample it holds, end its stream with reason 'signal' and power its domain off; we wait for its console."""
+    if relay.poll() is not None:
+        return
+    if dom0.run(["xl", "trigger", domain, "nmi", "0"], timeout=30).returncode == 0:
+        relay.wait(timeout_s)

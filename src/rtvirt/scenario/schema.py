@@ -284,7 +284,7 @@ class Scenario(_Strict):
         from ..environments.baremetal import unsupported
 
         errors: list[tuple[tuple[str | int, ...], str]] = []
-        bare = {e.label for e in self.environments if isinstance(e, QemuConfig) and e.guest == "baremetal"}
+        bare = {e.label for e in self.environments if getattr(e, "guest", None) == "baremetal"}
         for group in self.run_groups() if bare else []:
             if not bare & set(group.environments or bare):
                 continue

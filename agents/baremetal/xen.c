@@ -1,0 +1,192 @@
+/* Xen PVH: the hypercall page, the PV console (the only device a PVH domU without a device model has),
+ * the start-of-day memory map and leaving the domain. Written from the ABI the Xen public headers
+ * document (arch-x86/cpuid.h, hvm/hvm_op.h, hvm/params.h, io/console.h, event_channel.h, sched.h,
+ * arch-x86/hvm/start_info.h).
+ *
+ * One console carries both the text (READY/EXIT lines, errors) and the sample stream, so stream bytes
+ * travel in frames: 0x00 'R' 'V' 'S', a 16-bit little-endian length, then the bytes. Text never holds a
+ * 0x00 byte; the host (rtvirt.environments.baremetal.ConsoleDemux) splits dom0's console log into both.
+ * A frame, once begun, is finished before anything else is written: text written meanwhile (an error
+ * from a thread that preempted the writer) waits in a small buffer until the frame is closed. */
+#include "kernel.h"
+
+enum { HYPERVISOR_sched_op = 29, HYPERVISOR_event_channel_op = 32, HYPERVISOR_hvm_op = 34 };
+enum { HVMOP_get_param = 1, HVM_PARAM_CONSOLE_PFN = 17, HVM_PARAM_CONSOLE_EVTCHN = 18, DOMID_SELF = 0x7FF0 };
+enum { EVTCHNOP_send = 4, SCHEDOP_shutdown = 2, SHUTDOWN_poweroff = 0 };
+enum { XEN_START_MAGIC = 0x336ec578, MEMMAP_RAM = 1 };
+enum { FRAME_HEADER = 6, TEXT_HELD = 1024 };
+
+struct xencons_interface {
+    char in[1024];
+    char out[2048];
+    uint32_t in_cons, in_prod;
+    uint32_t out_cons, out_prod;
+};
+struct xen_hvm_param {
+    uint16_t domid, pad;
+    uint32_t index;
+    uint64_t value;
+};
+
+bool on_xen;
+static _Alignas(4096) uint8_t hypercall_page[4096];
+static volatile struct xencons_interface *cons;
+static uint32_t cons_port;
+static size_t frame_left, frame_len; /* the open frame: bytes still to publish, its length */
+static char held[TEXT_HELD];
+static size_t held_len;
+static bool after_frame; /* the last thing written was stream bytes: text starts on a new line */
+
+/* Hypercall NR with up to three arguments through the page Xen filled (32 bytes per hypercall). Xen may
+ * clobber the argument registers, and rcx/r11 as a syscall would. */
+static long hypercall(unsigned nr, uint64_t a1, uint64_t a2, uint64_t a3) {
+    long ret;
+    __asm__ volatile("call *%[entry]"
+                     : "=a"(ret), "+D"(a1), "+S"(a2), "+d"(a3)
+                     : [entry] "r"(hypercall_page + nr * 32)
+                     : "rcx", "r8", "r9", "r10", "r11", "memory");
+    return ret;
+}
+
+static bool hvm_param(uint32_t index, uint64_t *value) {
+    struct xen_hvm_param p = {.domid = DOMID_SELF, .index = index};
+    if (hypercall(HYPERVISOR_hvm_op, HVMOP_get_param, (uint64_t)(uintptr_t)&p, 0) != 0) return false;
+    *value = p.value;
+    return true;
+}
+
+static void notify(void) {
+    uint32_t port = cons_port;
+    hypercall(HYPERVISOR_event_channel_op, EVTCHNOP_send, (uint64_t)(uintptr_t)&port, 0);
+}
+
+/* Xen's CPUID leaves (the first base with its signature), the hypercall page through the MSR they name,
+ * then the console's page and event channel. False when this is not Xen or it offers no console. */
+bool xen_init(void) {
+    uint32_t r[4];
+    for (uint32_t base = 0x40000000; base <= 0x40010000 && !on_xen; base += 0x100) {
+        cpuid(base, 0, r);
+        if (r[1] != 0x566e6558 || r[2] != 0x65584d4d || r[3] != 0x4d4d566e || r[0] < base + 2) continue;
+        cpuid(base + 2, 0, r);
+        uint64_t page = (uint64_t)(uintptr_t)hypercall_page;
+        __asm__ volatile("wrmsr" ::"c"(r[1]), "a"((uint32_t)page), "d"((uint32_t)(page >> 32)));
+        on_xen = true;
+    }
+    uint64_t pfn, port;
+    if (!on_xen || !hvm_param(HVM_PARAM_CONSOLE_PFN, &pfn) || !hvm_param(HVM_PARAM_CONSOLE_EVTCHN, &port) ||
+        !pfn)
+        return false;
+    cons = (volatile struct xencons_interface *)(uintptr_t)(pfn << 12);
+    cons_port = (uint32_t)port;
+    return true;
+}
+
+bool xen_console(void) { return cons != NULL; }
+
+/* Publish n bytes in the ring, waiting for xenconsoled to make room; *left counts down as they become
+ * visible (an interrupted write resumes from there). Interrupts stay enabled. */
+static void ring_put(const uint8_t *p, size_t n, size_t *left) {
+    bool told = false;
+    while (n) {
+        uint32_t done = cons->out_cons, prod = cons->out_prod;
+        barrier();
+        size_t room = sizeof cons->out - (prod - done);
+        if (!room) {
+            if (!told) notify(); /* once: xenconsoled rate-limits a domain's events */
+            told = true;
+            __asm__ volatile("pause");
+            continue;
+        }
+        told = false;
+        size_t k = n < room ? n : room;
+        for (size_t i = 0; i < k; i++) cons->out[(prod + i) & (sizeof cons->out - 1)] = (char)p[i];
+        barrier();
+        cons->out_prod = prod + (uint32_t)k;
+        if (left) *left -= k;
+        p += k;
+        n -= k;
+    }
+    notify();
+}
+
+static void text_now(const char *s, size_t n) {
+    if (after_frame && n) {
+        ring_put((const uint8_t *)"\n", 1, NULL);
+        after_frame = false;
+    }
+    ring_put((const uint8_t *)s, n, NULL);
+}
+
+void xen_console_text(const char *s, size_t n) {
+    if (frame_left) { /* a frame is open: keep the text for its end */
+        for (size_t i = 0; i < n && held_len < sizeof held; i++) held[held_len++] = s[i];
+        return;
+    }
+    text_now(s, n);
+}
+
+/* Stream bytes as frames. A call that finds a frame open is the same chunk again (the stream's tail did
+ * not move while the first writer was interrupted): the bytes already published are skipped. */
+void xen_console_stream(const uint8_t *p, size_t n) {
+    if (frame_left) {
+        size_t sent = frame_len - frame_left;
+        ring_put(p + sent, frame_left, &frame_left);
+        p += frame_len;
+        n -= frame_len;
+    }
+    while (n) {
+        size_t k = n < 0xFFFF ? n : 0xFFFF;
+        uint8_t header[FRAME_HEADER] = {0, 'R', 'V', 'S', (uint8_t)k, (uint8_t)(k >> 8)};
+        /* the header goes in whole or not at all: wait for its room first */
+        while (sizeof cons->out - (cons->out_prod - cons->out_cons) < FRAME_HEADER) __asm__ volatile("pause");
+        ring_put(header, FRAME_HEADER, NULL);
+        frame_len = frame_left = k;
+        after_frame = true;
+        ring_put(p, k, &frame_left);
+        p += k;
+        n -= k;
+    }
+    xen_console_flush();
+}
+
+/* The end of the RAM the kernel was loaded into, from hvm_start_info's memory map (version 1); 0 if none. */
+uint64_t pvh_memory_top(const void *start_info) {
+    const uint8_t *info = start_info;
+    uint32_t magic, version, entries;
+    uint64_t map;
+    memcpy(&magic, info, 4);
+    memcpy(&version, info + 4, 4);
+    if (magic != XEN_START_MAGIC || version < 1) return 0;
+    memcpy(&map, info + 40, 8); /* memmap_paddr, then memmap_entries */
+    memcpy(&entries, info + 48, 4);
+    if (!map || map >= (4ull << 30) || entries > 128) return 0; /* our identity map ends at 4 GiB */
+    for (uint32_t i = 0; i < entries; i++) {
+        const uint8_t *e = (const uint8_t *)(uintptr_t)(map + 24ull * i);
+        uint64_t addr, size;
+        uint32_t type;
+        memcpy(&addr, e, 8);
+        memcpy(&size, e + 8, 8);
+        memcpy(&type, e + 16, 4);
+        if (type == MEMMAP_RAM && addr <= (1u << 20) && addr + size > (1u << 20)) return addr + size;
+    }
+    return 0;
+}
+
+/* Before the last text: an open frame (a writer that never came back) is finished with filler, which
+ * the stream reader refuses after its valid prefix; held text goes out. */
+void xen_console_flush(void) {
+    if (!cons) return;
+    static const uint8_t filler[64];
+    while (frame_left) ring_put(filler, frame_left < sizeof filler ? frame_left : sizeof filler, &frame_left);
+    if (held_len) {
+        size_t n_held = held_len;
+        held_len = 0;
+        text_now(held, n_held);
+    }
+}
+
+/* The domain ends itself (its status is on the console's EXIT line). */
+void xen_shutdown(void) {
+    uint32_t reason = SHUTDOWN_poweroff;
+    hypercall(HYPERVISOR_sched_op, SCHEDOP_shutdown, (uint64_t)(uintptr_t)&reason, 0);
+}
