@@ -98,7 +98,8 @@ def test_broken_runs_give_exit_2_naming_the_file(tmp_path: Path) -> None:
     values = np.arange(1000)
     manifest = synthetic_run(tmp_path, "victim", values)
     run_dir = tmp_path / "runs" / manifest["run_id"]
-    (run_dir / "histogram.parquet").unlink()  # force reading the samples
+    for stored in ("histogram.parquet", "digest.json"):  # force reading the samples
+        (run_dir / stored).unlink()
     data = (run_dir / "samples.parquet").read_bytes()
     (run_dir / "samples.parquet").write_bytes(data[: len(data) // 2])
     truncated = run_cli("stats", str(run_dir))

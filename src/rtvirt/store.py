@@ -6,6 +6,8 @@ Layout and schema: docs/results-store.md ::
     RESULTS/runs/<run_id>/samples.rtvs        the agent's raw stream, kept as taken (measured runs)
     RESULTS/runs/<run_id>/samples.parquet     the samples as columns: t_ns, <value_field>, cpu, thread, kind, [aux]
     RESULTS/runs/<run_id>/histogram.parquet   exact histogram per (cpu, kind): cpu, kind, value, count
+    RESULTS/runs/<run_id>/digest.json         statistics, time profile, largest samples (results/digest.py)
+    RESULTS/runs/<run_id>/series.parquet      every k-th sample, for plots
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from .fileio import write_atomically
 from .stats import Histogram, HistogramBuilder, Summary, summarize_histogram, summarize_stream
 from .stream import SampleStream
 
-__all__ = ["RunDir", "Manifest", "StoredRun", "new_run", "write_run", "write_measured_run", "load_run", "list_runs",
-           "resolve_runs", "histogram_table", "open_parquet", "MANIFEST_VERSION"]
+__all__ = ["RunDir", "Manifest", "StoredRun", "new_run", "write_run", "write_measured_run", "write_digest", "load_run",
+           "list_runs", "resolve_runs", "histogram_table", "open_parquet", "MANIFEST_VERSION"]
 
 MANIFEST_VERSION = 1
 _INT32 = np.iinfo(np.int32)
@@ -262,7 +264,10 @@ def write_run(run: RunDir, table: pa.Table | None, manifest: dict[str, Any], *,
             written = writer.submit(pq.write_table, table, run.parquet_path, compression="zstd",
                                     use_dictionary=["kind"], column_encoding=_delta_encoded(table))
             histogram = _group_histograms(table, value_field)
+            write_digest(run, document, table, histogram)  # while the samples are still being encoded
             written.result()
+    else:
+        write_digest(run, document, None, histogram)
     if histogram is not None:
         pq.write_table(histogram, run.histogram_path, compression="zstd")
         if "summary" not in document:
@@ -271,6 +276,16 @@ def write_run(run: RunDir, table: pa.Table | None, manifest: dict[str, Any], *,
     _validated(document, str(run.manifest_path))
     write_atomically(run.manifest_path, json.dumps(_json_safe(document), indent=2, default=str))
     return document
+
+
+def write_digest(run: RunDir, manifest: dict[str, Any], table: pa.Table | None, histogram: pa.Table | None) -> None:
+    """digest.json and series.parquet beside the samples: the statistics, time profile, largest samples and
+    plot series that `rtvirt stats` and the report read instead of the samples (rtvirt.results.digest).
+    Every writer of runs must call it; write_run does. ``manifest`` needs ``run_id`` (and ``timeline``,
+    ``source``, ``dropped``, ``value_field`` as the manifest will hold them)."""
+    from .results.digest import write_digest as write
+
+    write(run.path, manifest, table, histogram)
 
 
 def _delta_encoded(table: pa.Table) -> dict[str, str]:
@@ -364,12 +379,18 @@ class StoredRun:
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"{path}: cannot read samples ({exc})") from None
 
-    def row_count(self) -> int:
+    def _samples_file(self) -> pq.ParquetFile:
         path = self.path / "samples.parquet"
         try:
-            return pq.ParquetFile(path).metadata.num_rows
+            return pq.ParquetFile(path)
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"{path}: cannot read samples ({exc})") from None
+
+    def row_count(self) -> int:
+        return self._samples_file().metadata.num_rows
+
+    def sample_columns(self) -> list[str]:
+        return list(self._samples_file().schema_arrow.names)
 
     def samples(self, columns: list[str] | None = None) -> pa.Table:
         return _read_parquet(self.path / "samples.parquet", columns)

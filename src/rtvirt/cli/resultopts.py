@@ -6,8 +6,6 @@ from typing import Any
 
 import click
 
-from ..units import parse_duration
-
 __all__ = ["DURATION"]
 
 
@@ -15,6 +13,8 @@ class _Duration(click.ParamType):
     name = "DURATION"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from ..units import parse_duration  # pydantic: only when a duration is given (fast `rtvirt stats`)
+
         try:
             return parse_duration(value, "s")
         except ValueError as exc:

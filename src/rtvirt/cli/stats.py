@@ -7,10 +7,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from ..results.sources import summaries_of
-from ..results.windows import time_profile
-from ..stats import Summary
-from ..store import resolve_runs
+from ..results.digest import read_digest, stored_summaries
+from ..summary import Summary
 from .output import console, print_json, us
 from .resultopts import DURATION
 
@@ -37,6 +35,9 @@ def _table(title: str, summaries: dict[str, Summary]) -> Table:
 
 
 def _windows_table(source: str, window: int | None) -> Table | None:
+    from ..results.windows import time_profile
+    from ..store import resolve_runs
+
     runs = resolve_runs(source) if Path(source).is_dir() or Path(source).name == "manifest.json" else []
     table = Table(title="over time (cumulative marks, then per-window maxima)", title_justify="left")
     for column in ("run", "from (s)", "to (s)", "samples", "median µs", "p99 µs", "max µs"):
@@ -44,7 +45,9 @@ def _windows_table(source: str, window: int | None) -> Table | None:
     for run in runs:
         if not run.has_samples:
             continue
-        profile = time_profile(run, window)
+        digest = read_digest(run.path, run.run_id)
+        stored = digest is not None and digest.has_profile and window in (None, digest.window_ns)
+        profile = digest.profile() if digest is not None and stored else time_profile(run, window)
         for end, s in profile.marks:
             table.add_row(run.run_id, "0", f"{end / 1e9:.1f}", str(s.samples), us(s.median_ns), us(s.p99_ns),
                           us(s.max_ns))
@@ -70,7 +73,13 @@ def stats(sources: tuple[str, ...], column: str | None, over_time: bool, window:
     """
     collected: dict[str, dict[str, Summary]] = {}
     for source in sources:
-        collected |= summaries_of(source, column)
+        # a stored run's digest holds its statistics: no numpy, pyarrow or pass over the samples
+        stored = stored_summaries(source) if column is None else None
+        if stored is None:
+            from ..results.sources import summaries_of
+
+            stored = summaries_of(source, column)
+        collected |= stored
     if as_json:
         print_json({name: {group: s.as_dict() for group, s in groups.items()} for name, groups in collected.items()})
         return

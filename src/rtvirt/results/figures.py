@@ -2,33 +2,57 @@
 
 Box plots use the exact whiskers and quartiles; violins are densities of the exact histogram on a log
 axis; histograms use 1 µs bins with log counts per CPU (the OSADL layout); time series are thinned for
-drawing only, always keeping the largest values.
+drawing only, always keeping the largest values. Time series and per-window maxima are drawn per
+configuration, every run of it in one figure, so a report of many runs stays a few dozen figures.
 """
 
 from __future__ import annotations
 
 import io
+import math
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display: figures go into files
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullFormatter  # noqa: E402
 
 from ..stats import Histogram, Summary  # noqa: E402
-from ..store import StoredRun  # noqa: E402
-from .windows import TimeProfile, load_series  # noqa: E402
+from .windows import TimeProfile  # noqa: E402
 
 __all__ = ["box_violin", "histograms_per_cpu", "cdf", "time_series", "window_maxima"]
 
 _US = 1000.0
 _SERIES_POINTS = 20_000
+# (run id, t from the run's first sample, value, how many of its largest samples to keep whatever the thinning)
+RunSeries = tuple[str, np.ndarray, np.ndarray, int]
 
 
-def _png(figure: Figure) -> bytes:
+def _log(axes: Axes, which: str) -> None:
+    """A log ``which`` ("x" or "y") axis labelled in plain numbers (1, 10, 100): the default 10^n labels go
+    through mathtext, whose parsing was a large share of the report's time."""
+    (axes.set_xscale if which == "x" else axes.set_yscale)("log")
+    axis = axes.xaxis if which == "x" else axes.yaxis
+    axis.set_major_formatter(FuncFormatter(_plain_number))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _plain_number(value: float, _: int | None = None) -> str:
+    """1, 10, 1000, 1e4, 1e5, 0.01, 1e-3: short enough for a narrow margin."""
+    if value > 0 and not 1e-2 <= value < 1e4:
+        exponent = math.log10(value)
+        if abs(exponent - round(exponent)) < 1e-9:
+            return f"1e{round(exponent)}"
+    return f"{value:g}"
+
+
+def _png(figure: Figure, bottom: float = 0.16, wspace: float | None = None) -> bytes:
     buffer = io.BytesIO()
-    figure.tight_layout()
+    # fixed margins: tight_layout measures every tick label again, about half the cost of a figure
+    figure.subplots_adjust(left=0.075, right=0.985, top=0.9, bottom=bottom, wspace=wspace)
     figure.savefig(buffer, format="png", dpi=90)
     plt.close(figure)
     return buffer.getvalue()
@@ -44,7 +68,7 @@ def box_violin(labels: list[str], summaries: list[Summary], histograms: list[His
               "med": s.median_ns / _US, "q3": s.q3_ns / _US, "whishi": s.upper_whisker_ns / _US,
               "mean": s.mean_ns / _US, "fliers": [s.max_ns / _US]} for label, s in zip(labels, summaries, strict=True)]
     box_axes.bxp(stats, showmeans=True, showfliers=True)
-    box_axes.set_yscale("log")
+    _log(box_axes, "y")
     box_axes.set_ylabel("latency (µs, log)")
     box_axes.set_title("Box plot (Tukey whiskers; dot = max)")
     violins = []
@@ -58,7 +82,7 @@ def box_violin(labels: list[str], summaries: list[Summary], histograms: list[His
                         "mean": float(np.dot(h.values, h.counts) / h.n) / _US, "median": h.quantile(0.5) / _US,
                         "min": low / _US, "max": high / _US})
     violin_axes.violin(violins, showmedians=True, showextrema=True, widths=0.8)
-    violin_axes.set_yscale("log")
+    _log(violin_axes, "y")
     violin_axes.set_xticks(range(1, len(labels) + 1), [_short(label) for label in labels])
     violin_axes.set_ylabel("latency (µs, log)")
     violin_axes.set_title("Violin plot (density of all samples)")
@@ -66,7 +90,7 @@ def box_violin(labels: list[str], summaries: list[Summary], histograms: list[His
         # Many configurations: steeper labels so that they do not overlap.
         axes.tick_params(axis="x", labelrotation=20 if len(labels) <= 5 else 60)
         axes.grid(axis="y", alpha=0.3)
-    return _png(figure)
+    return _png(figure, bottom=0.24 if len(labels) <= 5 else 0.36, wspace=0.22)
 
 
 def histograms_per_cpu(label: str, per_cpu: dict[int, Histogram]) -> bytes:
@@ -76,63 +100,91 @@ def histograms_per_cpu(label: str, per_cpu: dict[int, Histogram]) -> bytes:
         edges = np.arange(int(bins.min()), int(bins.max()) + 2)
         counts = np.bincount(bins - bins.min(), weights=h.counts.astype(float), minlength=edges.size - 1)
         axes.step(edges[:-1], np.where(counts > 0, counts, np.nan), where="post", label=f"CPU {cpu}")
-    axes.set_yscale("log")
+    _log(axes, "y")
     axes.set_xlabel("latency (µs, 1 µs bins)")
     axes.set_ylabel("samples (log)")
     axes.set_title(f"Latency histogram per CPU: {_short(label, 60)}")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize="small")
+    axes.legend(fontsize="small", loc="upper right")  # "best" would test every point of every line
     return _png(figure)
 
 
 def cdf(labels: list[str], histograms: list[Histogram]) -> bytes:
     figure, (cdf_axes, tail_axes) = plt.subplots(1, 2, figsize=(11, 3.8))
     for label, h in zip(labels, histograms, strict=True):
+        # Drawn at most ~4,000 points per line (a figure is ~1,000 pixels wide): every k-th distinct value,
+        # and every one of the last 1,000, where the tail plot resolves single samples.
+        keep = np.zeros(h.values.size, bool)
+        keep[:: max(1, h.values.size // 3000)] = True
+        keep[-1000:] = True
         share = h.cumulative / h.n
-        cdf_axes.step(h.values / _US, share, where="post", label=_short(label))
         survivors = 1 - np.concatenate([[0.0], share[:-1]])
-        tail_axes.step(h.values / _US, survivors, where="post", label=_short(label))
-    cdf_axes.set_xscale("log")
+        cdf_axes.step(h.values[keep] / _US, share[keep], where="post", label=_short(label))
+        tail_axes.step(h.values[keep] / _US, survivors[keep], where="post", label=_short(label))
+    _log(cdf_axes, "x")
     cdf_axes.set_title("CDF")
     cdf_axes.set_ylabel("share of samples ≤ x")
-    tail_axes.set_xscale("log")
-    tail_axes.set_yscale("log")
+    _log(tail_axes, "x")
+    _log(tail_axes, "y")
     tail_axes.set_title("Tail: share of samples ≥ x")
     for axes in (cdf_axes, tail_axes):
         axes.set_xlabel("latency (µs, log)")
         axes.grid(alpha=0.3)
-        axes.legend(fontsize="small")
-    return _png(figure)
+    cdf_axes.legend(fontsize="small", loc="lower right")
+    tail_axes.legend(fontsize="small", loc="lower left")
+    return _png(figure, wspace=0.22)
 
 
-def time_series(run: StoredRun, profile: TimeProfile, events: list[tuple[int, str]]) -> bytes:
-    t, values = load_series(run, _SERIES_POINTS)
-    figure, axes = plt.subplots(figsize=(11, 3.4))
-    axes.plot(t / 1e9, values / _US, ".", markersize=2, alpha=0.6)
+def _events(axes: Axes, events: list[tuple[int, str]], labelled: bool) -> None:
     for at, name in events:
         axes.axvline(at / 1e9, color="tab:red", linestyle="--", linewidth=1)
-        axes.annotate(_short(name, 30), (at / 1e9, 0.97), xycoords=("data", "axes fraction"), rotation=90,
-                      va="top", ha="right", fontsize="small", color="tab:red",
-                      bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.7, "pad": 1})
-    axes.set_yscale("log")
-    axes.set_xlabel("time since first sample (s)")
+        if labelled:
+            axes.annotate(_short(name, 30), (at / 1e9, 0.97), xycoords=("data", "axes fraction"), rotation=90,
+                          va="top", ha="right", fontsize="small", color="tab:red",
+                          bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.7, "pad": 1})
+
+
+def time_series(label: str, runs: list[RunSeries], events: list[tuple[int, str]]) -> bytes:
+    """Every run of a configuration, time from each run's first sample: about _SERIES_POINTS points in all
+    (each run's thinned series thinned again), each run's largest samples always kept."""
+    figure, axes = plt.subplots(figsize=(11, 3.4))
+    share = max(1, _SERIES_POINTS // max(1, len(runs)))
+    for _, t, values, largest in runs:
+        step = max(1, t.size // share)
+        keep = np.zeros(t.size, bool)
+        keep[::step] = True
+        keep[np.argsort(-values, kind="stable")[:largest]] = True  # the largest ones of this run
+        axes.plot(t[keep] / 1e9, values[keep] / _US, ".", markersize=2, alpha=0.6)
+    _events(axes, events, labelled=True)
+    _log(axes, "y")
+    axes.set_xlabel("time since the run's first sample (s)")
     axes.set_ylabel("latency (µs, log)")
-    axes.set_title(f"Time series: {_short(run.manifest.get('name') or run.run_id, 60)}")
+    runs_note = f" ({len(runs)} runs, one colour each)" if len(runs) > 1 else ""
+    axes.set_title(f"Time series: {_short(label, 60)}{runs_note}")
     axes.grid(alpha=0.3)
     return _png(figure)
 
 
-def window_maxima(run: StoredRun, profile: TimeProfile, events: list[tuple[int, str]]) -> bytes:
+def window_maxima(label: str, profiles: list[tuple[str, TimeProfile]], events: list[tuple[int, str]]) -> bytes:
     figure, axes = plt.subplots(figsize=(11, 3.0))
-    starts = np.array([w.start_ns for w in profile.windows]) / 1e9
-    axes.step(starts, [w.max_ns / _US for w in profile.windows], where="post", label="max per window")
-    axes.step(starts, [w.level_ns / _US for w in profile.windows], where="post", label="level per window")
-    for at, _ in events:
-        axes.axvline(at / 1e9, color="tab:red", linestyle="--", linewidth=1)
-    axes.set_yscale("log")
-    axes.set_xlabel("time since first sample (s)")
+    many = len(profiles) > 1
+    for index, (_, profile) in enumerate(profiles):
+        colour = f"C{index % 10}"
+        starts = np.array([w.start_ns for w in profile.windows]) / 1e9
+        axes.step(starts, [w.max_ns / _US for w in profile.windows], where="post", color=colour,
+                  label=None if many else "max per window", linewidth=1)
+        axes.step(starts, [w.level_ns / _US for w in profile.windows], where="post", color=colour,
+                  linestyle=":" if many else "-", alpha=0.8 if many else 1.0,
+                  label=None if many else "level per window", linewidth=1)
+    _events(axes, events, labelled=False)
+    _log(axes, "y")
+    axes.set_xlabel("time since the run's first sample (s)")
     axes.set_ylabel("latency (µs, log)")
-    axes.set_title(f"Per-window maxima ({profile.window_ns / 1e9:g} s windows)")
+    windows = sorted({p.window_ns for _, p in profiles})
+    what = f"{len(profiles)} runs: max per window solid, level dotted; " if many else ""
+    axes.set_title(f"Per-window maxima: {_short(label, 40)} ({what}{', '.join(f'{w / 1e9:g}' for w in windows)} s "
+                   "windows)")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize="small")
+    if not many:
+        axes.legend(fontsize="small", loc="upper right")
     return _png(figure)

@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..stats import Summary
 from ..store import StoredRun
 
-__all__ = ["IsolationRow", "Outlier", "isolation", "isolation_of", "outliers", "cycles_hz"]
+__all__ = ["IsolationRow", "Outlier", "isolation", "isolation_of", "outliers", "outlier_rows", "cycles_hz"]
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,14 @@ def outliers(run: StoredRun, top: int = 10, median_ns: float | None = None) -> l
         order = np.argsort(-best_v, kind="stable")[:top]
         best_t, best_v, best_cpu = best_t[order], best_v[order], best_cpu[order]
     median = run.summary().median_ns if median_ns is None else median_ns
+    return outlier_rows(run, [(int(t) - (first or 0), int(v), int(c))
+                              for t, v, c in zip(best_t, best_v, best_cpu, strict=True)], median)
+
+
+def outlier_rows(run: StoredRun, largest: list[tuple[int, int, int]], median_ns: float) -> list[Outlier]:
+    """Outliers from (t from the first sample, value, CPU) of the largest samples, with cycle counts when the
+    run's stream header gives its clock (e.g. the largest samples kept in the run's digest)."""
     hz = cycles_hz(run)
     per_ns = hz / 1e9 if hz else None
-    return [Outlier(int(t) - (first or 0), int(v), median, int(c),
-                    v * per_ns if per_ns else None, median * per_ns if per_ns else None)
-            for t, v, c in zip(best_t, best_v, best_cpu, strict=True)]
+    return [Outlier(t, v, median_ns, c, v * per_ns if per_ns else None, median_ns * per_ns if per_ns else None)
+            for t, v, c in largest]

@@ -15,11 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..stats import HistogramBuilder, summarize_histogram
-from ..store import StoredRun
+from ..summary import Summary
 from .windows import TimeProfile
 
-__all__ = ["Ramp", "Segment", "Switch", "detect_ramp", "transitions", "event_offsets"]
+__all__ = ["Ramp", "Segment", "Switch", "detect_ramp", "transitions", "event_offsets", "segments_of"]
 
 
 @dataclass(frozen=True)
@@ -76,42 +75,29 @@ def detect_ramp(profile: TimeProfile, threshold_pct: float = 5.0, min_windows: i
     return Ramp(end, float(means[0]), steady, _deviation(float(means[0]), steady))
 
 
-def event_offsets(profile: TimeProfile, timeline: list[dict[str, Any]]) -> list[tuple[int, str]]:
-    """Timeline events as offsets from the first sample; ``t_ns`` before the first sample are taken as
-    already relative to the run's start."""
+def event_offsets(first_ns: int, timeline: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """Timeline events as offsets from the first sample (at ``first_ns``); ``t_ns`` before the first sample
+    are taken as already relative to the run's start."""
     events = []
     for item in timeline:
         t = int(item["t_ns"])
-        events.append((t - profile.first_ns if t >= profile.first_ns else t, str(item["event"])))
+        events.append((t - first_ns if t >= first_ns else t, str(item["event"])))
     return sorted(events)
 
 
-def _segments(run: StoredRun, profile: TimeProfile, events: list[tuple[int, str]]) -> list[Segment]:
-    """Exact statistics of the samples between consecutive events (one chunked pass)."""
-    cuts = np.array([t for t, _ in events], np.int64)
-    builders = [HistogramBuilder() for _ in range(cuts.size + 1)]
-    for batch in run.iter_batches(["t_ns", str(run.value_field)]):
-        t = batch.column(0).to_numpy() - profile.first_ns
-        values = batch.column(1).to_numpy()
-        where = np.searchsorted(cuts, t, side="right")
-        for index in np.unique(where):
-            builders[index].add(values[where == index])
-    bounds = [(0, "start"), *events, (profile.duration_ns, "end")]
-    segments = []
-    for builder, (begin, label), (end, _) in zip(builders, bounds[:-1], bounds[1:], strict=True):
-        summary = summarize_histogram(builder.finish() if builder.has_samples else None)
-        if summary.samples:
-            segments.append(Segment(begin, end, label, summary.samples, summary.median_ns, summary.mean_ns,
-                                    summary.max_ns))
-    return segments
+def segments_of(events: list[tuple[int, str]], duration_ns: int, between: list[Summary]) -> list[Segment]:
+    """Segments from the exact statistics of the samples between consecutive events
+    (:func:`rtvirt.results.windows.profile_pass` with the events' times as cuts)."""
+    bounds = [(0, "start"), *events, (duration_ns, "end")]
+    return [Segment(begin, end, label, summary.samples, summary.median_ns, summary.mean_ns, summary.max_ns)
+            for summary, (begin, label), (end, _) in zip(between, bounds[:-1], bounds[1:], strict=True)
+            if summary.samples]
 
 
-def transitions(run: StoredRun, profile: TimeProfile, timeline: list[dict[str, Any]], around: int = 2) -> tuple[
-        list[Segment], list[Switch]]:
-    events = event_offsets(profile, timeline)
+def transitions(profile: TimeProfile, events: list[tuple[int, str]], segments: list[Segment],
+                around: int = 2) -> list[Switch]:
     starts = np.array([w.start_ns for w in profile.windows], np.int64)
     levels = np.array([w.level_ns for w in profile.windows])
-    segments = _segments(run, profile, events)
     switches: list[Switch] = []
     for t, label in events:
         before = next((s for s in segments if s.end_ns == t), None)
@@ -128,4 +114,4 @@ def transitions(run: StoredRun, profile: TimeProfile, timeline: list[dict[str, A
         overshoot = float(outside[pick - near.start])
         switches.append(Switch(t, label, before.median_ns, after.median_ns, float(levels[pick]), int(starts[pick]),
                                overshoot / before.median_ns * 100 if before.median_ns else float("nan")))
-    return segments, switches
+    return switches

@@ -17,6 +17,7 @@ from ..predict.report import prediction_html, prediction_tables
 from .levels import event_offsets
 from .reportdata import Configuration, ReportData, RunView, as_json, collect
 from .studies.tables import study_tables
+from .windows import TOP_KEPT
 
 __all__ = ["render", "write_report", "FORMATS"]
 
@@ -168,6 +169,11 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
 
 
+def _events(view: RunView) -> list[tuple[int, str]]:
+    assert view.profile is not None
+    return event_offsets(view.profile.first_ns, view.run.manifest.get("timeline") or [])
+
+
 def _html(data: ReportData) -> str:
     from . import figures  # matplotlib takes 0.5 s to import: only the HTML report pays for it
 
@@ -204,13 +210,22 @@ def _html(data: ReportData) -> str:
         parts.append(_html_table(title, header, rows))
     parts.append("<h2>Runs over time</h2>")
     for c in data.configurations:
+        timed = [view for view in c.runs if view.profile is not None and view.series is not None]
+        if timed:
+            # one figure of each kind per configuration, every run in it: a report of 100 runs stays readable
+            # (and takes seconds, not minutes)
+            events = sorted({e for view in timed for e in _events(view)})
+            heading = f"{c.label} ({len(timed)} run{'s' if len(timed) > 1 else ''})"
+            parts.append(f"<h3>{escape(heading)}</h3>")
+            keep = max(10, TOP_KEPT // len(timed))
+            series = [(view.run.run_id, *view.series(), keep) for view in timed if view.series is not None]
+            parts.append(_img(figures.time_series(c.label, series, events), f"time series {heading}"))
+            parts.append(_img(figures.window_maxima(c.label, [(v.run.run_id, v.profile) for v in timed
+                                                              if v.profile is not None], events),
+                              f"window maxima {heading}"))
         for view in c.runs:
             heading = f"{view.run.run_id} ({c.label})" + (" — partial" if view.run.partial else "")
-            parts.append(f"<h3>{escape(heading)}</h3>")
-            if view.profile is not None:
-                events = event_offsets(view.profile, view.run.manifest.get("timeline") or [])
-                parts.append(_img(figures.time_series(view.run, view.profile, events), f"time series {heading}"))
-                parts.append(_img(figures.window_maxima(view.run, view.profile, events), f"window maxima {heading}"))
+            parts.append(f"<h4>{escape(heading)}</h4>")
             settings, warnings = _settings(view)
             if warnings:
                 parts.append("<ul>" + "".join(f'<li class="warn">{escape(w)}</li>' for w in warnings) + "</ul>")

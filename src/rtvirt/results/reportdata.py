@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import InputError
 from ..stats import Histogram, Summary, summarize_histogram
 from ..store import StoredRun, resolve_runs
-from .isolation import IsolationRow, Outlier, isolation_of, outliers
-from .levels import Ramp, Segment, Switch, detect_ramp, transitions
+from .digest import Digest, read_digest
+from .isolation import IsolationRow, Outlier, isolation_of, outlier_rows
+from .levels import Ramp, Segment, Switch, detect_ramp, event_offsets, segments_of, transitions
 from .verdicts import DEFAULT_MARGIN, RequirementClass, Verdict, judge, load_classes
-from .windows import TimeProfile, time_profile
+from .windows import TOP_KEPT, TimeProfile, run_pass, time_range
 
 __all__ = ["ReportData", "Configuration", "RunView", "TaskBounds", "collect", "as_json"]
 
@@ -29,6 +32,8 @@ class RunView:
     segments: list[Segment] = field(default_factory=list)
     switches: list[Switch] = field(default_factory=list)
     outliers: list[Outlier] = field(default_factory=list)
+    # (t from the first sample, value) of every k-th sample and of the largest ones, for plots
+    series: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None
 
 
 @dataclass
@@ -69,18 +74,13 @@ class ReportData:
     predictions: list[Any] = field(default_factory=list)  # rtvirt.predict.compare.Prediction per configuration
 
 
-def _histograms(run: StoredRun) -> tuple[Histogram | None, dict[int, Histogram]]:
-    table = run.histogram_table()
-    if table is None:
-        whole = run.histogram()
-        return whole, {}
-    per_cpu = {}
+def _per_cpu(table: Any) -> dict[int, Histogram]:
+    """A stored histogram table's rows per CPU (as stored: per kind, so a value may repeat; merging sums them)."""
     cpus = table["cpu"].to_numpy()
     values, counts = table["value"].to_numpy(), table["count"].to_numpy()
-    for cpu in sorted(set(cpus.tolist())):
-        mask = cpus == cpu
-        per_cpu[int(cpu)] = Histogram.merged([Histogram(values[mask], counts[mask])])
-    return Histogram.merged(per_cpu.values()), per_cpu
+    if cpus.size and cpus.min() == cpus.max():
+        return {int(cpus[0]): Histogram(values, counts)}
+    return {int(cpu): Histogram(values[cpus == cpu], counts[cpus == cpu]) for cpu in np.unique(cpus).tolist()}
 
 
 def _pick_baseline(labels: list[str], wanted: str | None) -> str | None:
@@ -115,6 +115,42 @@ def _task_bounds(runs: list[StoredRun]) -> list[TaskBounds]:
     return list(tasks.values())
 
 
+def _over_time(view: RunView, digest: Digest | None, window_ns: int | None, top: int) -> None:
+    """Time profile, ramp, transitions, outliers and plot series of a run with samples: from the digest stored
+    with it, else (older runs, another window) from one pass over its samples."""
+    run = view.run
+    timeline = run.manifest.get("timeline") or []
+    if digest is not None and digest.has_profile and window_ns in (None, digest.window_ns) and top <= TOP_KEPT:
+        view.profile, largest, segments = digest.over_time()
+        events = event_offsets(view.profile.first_ns, timeline)
+        thinned: Callable[[], tuple[np.ndarray, np.ndarray]] = digest.series
+    else:
+        first_last = time_range(run)
+        events = event_offsets(first_last[0], timeline)
+        result = run_pass(run, window_ns, [t for t, _ in events], first_last)
+        view.profile = result.profile
+        segments = segments_of(events, result.profile.duration_ns, result.between_cuts) if events else []
+        largest = [(int(t), int(v), int(c)) for t, v, c in zip(result.top_t, result.top_values, result.top_cpu,
+                                                              strict=True)]
+
+        def thinned() -> tuple[np.ndarray, np.ndarray]:
+            return result.series_t, result.series_values
+
+    def series() -> tuple[np.ndarray, np.ndarray]:
+        # the largest samples join the thinned series, so no spike is thinned away
+        t, values = thinned()
+        t = np.concatenate([t, np.array([row[0] for row in largest], np.int64)])
+        values = np.concatenate([values, np.array([row[1] for row in largest], np.int64)])
+        order = np.argsort(t, kind="stable")
+        return t[order], values[order]
+
+    view.ramp = detect_ramp(view.profile)
+    if timeline:
+        view.segments, view.switches = segments, transitions(view.profile, events, segments)
+    view.outliers = outlier_rows(run, largest[:top], view.summary.median_ns)
+    view.series = series
+
+
 def collect(results: Path, *, baseline: str | None = None, classes_file: Path | None = None,
             margin: float = DEFAULT_MARGIN, top: int = 10, window_ns: int | None = None,
             run_ids: Collection[str] | None = None) -> ReportData:
@@ -128,26 +164,32 @@ def collect(results: Path, *, baseline: str | None = None, classes_file: Path | 
     for run in runs:
         if run.manifest.get("source") == "analysis":
             continue
-        whole, per_cpu = _histograms(run)
-        if whole is None:
-            continue
-        view = RunView(run, summarize_histogram(whole, int(run.manifest.get("dropped") or 0)))
+        dropped = int(run.manifest.get("dropped") or 0)
+        table = run.histogram_table()
+        digest = read_digest(run.path, run.run_id)
+        per_cpu: dict[int, Histogram] = {}
+        if table is None:
+            whole = run.histogram()
+            if whole is None:
+                continue
+            summary = summarize_histogram(whole, dropped)
+        else:
+            per_cpu = _per_cpu(table)
+            # the digest's statistics are those of the whole histogram: no merge per run
+            summary = digest.groups()["all"] if digest is not None and "all" in digest.document["groups"] \
+                else summarize_histogram(Histogram.merged(per_cpu.values()), dropped)
+        view = RunView(run, summary)
         if run.has_samples and view.summary.samples:
-            view.profile = time_profile(run, window_ns)
-            view.ramp = detect_ramp(view.profile)
-            if run.manifest.get("timeline"):
-                view.segments, view.switches = transitions(run, view.profile, run.manifest["timeline"])
-            view.outliers = outliers(run, top, view.summary.median_ns)
+            _over_time(view, digest, window_ns, top)
         by_label.setdefault(run.label, []).append(view)
         for cpu, h in per_cpu.items():
             per_cpu_by_label.setdefault(run.label, {}).setdefault(cpu, []).append(h)
     configurations = []
     for label, views in by_label.items():
-        pooled = Histogram.merged([h for hs in per_cpu_by_label.get(label, {}).values() for h in hs]) \
-            if label in per_cpu_by_label else None
+        per_cpu = {cpu: Histogram.merged(hs) for cpu, hs in sorted(per_cpu_by_label.get(label, {}).items())}
+        pooled = Histogram.merged(per_cpu.values()) if label in per_cpu_by_label else None
         summary = summarize_histogram(pooled, sum(v.summary.dropped for v in views)) if pooled is not None \
             else views[0].summary
-        per_cpu = {cpu: Histogram.merged(hs) for cpu, hs in sorted(per_cpu_by_label.get(label, {}).items())}
         configurations.append(Configuration(label, views, pooled, per_cpu, summary, judge(summary, classes, margin)))
     chosen = _pick_baseline([c.label for c in configurations], baseline)
     rows: list[IsolationRow] = []
