@@ -169,6 +169,37 @@ def test_target_rebooting_mid_run_keeps_samples_and_reconnects(tmp_path: Path) -
     assert not [p for p in Path("/var/tmp/rtvirt/runs").glob("timer-*") if p.stat().st_mtime > time.time() - 120]
 
 
+def test_target_not_back_within_the_bound_gives_up(tmp_path: Path) -> None:
+    """A target that stays down: the campaign retries for reconnect_timeout, then keeps what it received."""
+    results = tmp_path / "results"
+    with SshServer() as board:
+        scenario = tmp_path / "down.toml"
+        scenario.write_text(f'name = "down"\nduration = "20s"\n[workload]\nprobe = "timer"\n'
+                            f'[[environments]]\nkind = "ssh"\nname = "board"\nreconnect_timeout = 2\n'
+                            f'{_fields_toml(board)}')
+        proc = subprocess.Popen([*RTVIRT, "run", str(scenario), "--out", str(results), "--no-progress"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_streaming(proc, results)
+            board.down()
+            went = time.monotonic()
+            out, err = proc.communicate(timeout=120)
+            waited = time.monotonic() - went
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 1, err
+    assert waited < 15, waited  # 2 s of retries, not the 20 s run nor a hang
+    (manifest,) = [json.loads(p.read_text()) for p in results.glob("runs/*/manifest.json")]
+    assert manifest["status"] == "partial" and manifest["summary"]["all"]["samples"] > 500
+    assert "could not be fetched" in manifest["campaign"]["reason"], manifest["campaign"]
+    gone = time.monotonic() + 10
+    while our_agents_running() and time.monotonic() < gone:
+        time.sleep(0.05)
+    assert our_agents_running() == []
+
+
 def test_aarch64_agent_runs_under_qemu_user(tmp_path: Path) -> None:
     from rtvirt.agents import agent_path
 
@@ -511,3 +542,24 @@ def test_lab_scenario_refuses_other_kinds(tmp_path: Path) -> None:
     assert result.returncode == 2 and "environments[0].kind" in result.stderr and "Traceback" not in result.stderr
     result = run_cli("lab", str(inventory), "--scenario", "default", "-D", "1s")
     assert result.returncode == 2 and "--duration" in result.stderr
+    result = run_cli("lab", str(inventory), "--scenario", "default", "--resume", "--scale", "0.1")
+    assert result.returncode == 2 and "--scale" in result.stderr
+    result = run_cli("lab", str(inventory), "--resume")
+    assert result.returncode == 2 and "--resume" in result.stderr and "--scenario" in result.stderr
+
+
+def test_merge_stream_copy_keeps_the_longer_of_two_agreeing_streams(tmp_path: Path) -> None:
+    """The received stream and the agent's copy on the target: one is a prefix of the other, never different."""
+    from rtvirt.errors import RunError
+    from rtvirt.remote import merge_stream_copy
+
+    local, fetched = tmp_path / "samples.rtvs", tmp_path / "copy.rtvs"
+    local.write_bytes(b"abcdef")
+    fetched.write_bytes(b"abcdefgh")  # the agent wrote on after the connection went
+    assert merge_stream_copy(local, fetched) == 2 and local.read_bytes() == b"abcdefgh"
+    fetched.write_bytes(b"abc")  # killed with its target (a reboot) before its copy caught up
+    assert merge_stream_copy(local, fetched) == 0 and local.read_bytes() == b"abcdefgh"
+    fetched.write_bytes(b"abXdefghij")
+    with pytest.raises(RunError, match="differs"):
+        merge_stream_copy(local, fetched)
+    assert local.read_bytes() == b"abcdefgh" and not fetched.exists()

@@ -104,12 +104,17 @@ def _scenario_lab(inventory: Any, title: str, scenario: str, scale: float | None
     from ..remote.lab import run_lab_scenario
     from ..scenario import load_scenario
 
+    if resume and scale is not None:
+        raise InputError("option --scale: not with --resume (each target's campaign keeps the scale it started with)")
     factor = 1.0 if scale is None else scale
     if not 0 < factor <= 1000:
         raise InputError("option --scale: must be above 0 and at most 1000")
     parsed, text, source = load_scenario(scenario)
     outcomes, report = run_lab_scenario(inventory, text, source, results, scale=factor, resume=resume,
                                         console=err_console)
+    for o in outcomes:
+        for what in o.reclaimed:
+            err_console.print(f"reclaimed on {o.name}: {what[:300]}", markup=False, highlight=False)
     if as_json:
         print_json({"scenario": parsed.name, "targets": [{**vars(o), "status": o.status} for o in outcomes],
                     "report": str(report) if report else None})

@@ -74,14 +74,13 @@ class Inventory(BaseModel):
 
     def resolve(self, target: InventoryTarget) -> SshTarget:
         """How to reach ``target``: its own fields, or its labgrid place's NetworkService (asked now; the
-        inventory's fields other than host, port and user still apply, e.g. identity_file, known_hosts)."""
+        target's own fields still apply and win, e.g. identity_file, known_hosts, or another user)."""
         fields = {name: getattr(target, name) for name in SshTargetFields.model_fields
                   if getattr(target, name) is not None}
         if target.labgrid is None:
             return SshTarget.model_validate(fields)
         found = resolve_place(target.labgrid, self.labgrid_coordinator, option=f"target {target.name}")
-        return SshTarget.model_validate({**found, **{k: v for k, v in fields.items() if k not in found},
-                                         "place": target.labgrid})
+        return SshTarget.model_validate({**found, **fields, "place": target.labgrid})
 
 
 def load_inventory(path: Path) -> Inventory:
