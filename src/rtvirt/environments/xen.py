@@ -23,12 +23,23 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..errors import RunError
+from ..errors import InputError, RunError
 from ..params import CpuList
 from ..procs import Supervisor, terminate_group
 from ..units import duration_field
 from .base import Environment, EnvironmentConfig, Launched, SharedResources
-from .guest_image import EXIT_MARK, GUEST_AGENT_DIR, READY_MARK, GuestJob, GuestKind, guest_field, job_archive
+from .guest_image import (
+    EXIT_MARK,
+    GUEST_AGENT_DIR,
+    READY_MARK,
+    GuestImage,
+    GuestJob,
+    GuestKind,
+    guest_description,
+    guest_field,
+    guest_image,
+    job_archive,
+)
 from .xen_lab import A653_TOOL, DOM0_LINK_ADDRESS, DOMU_INITRAMFS, DOMU_KERNEL, VIF_SCRIPT, XenLab, XenLabConfig
 
 __all__ = ["NAME_PREFIX", "Arinc653Params", "CreditParams", "RtdsParams", "XenConfig", "XenEnvironment"]
@@ -38,6 +49,7 @@ DEFAULT_POOL = "Pool-0"
 RUN_DIR = "/run/rtvirt"
 CONSOLE_LOG = "/var/log/xen/guest-{name}.log"
 CONSOLE_TAIL_BYTES = 16384
+UNAME_MARK = "RTVIRT-UNAME"
 STREAM_PORT_BASE = 7100
 STATUS_INTERVAL_S = 1.0  # how often a running domain's console is read (each read is a dom0 command)
 XL_TIMEOUT_S = 120.0
@@ -57,6 +69,7 @@ ip link set lo up
 ip link set eth0 up
 ip addr add "$self/32" dev eth0
 ip route add "$dom0/32" dev eth0
+echo "RTVIRT-UNAME $(uname -r) $(uname -v)" >&2
 "$@" | nc "$dom0" "$port"
 """
 
@@ -125,7 +138,8 @@ class XenConfig(EnvironmentConfig):
     where: Literal["auto", "dom0", "lab"] = Field(
         "auto", description="dom0: rtvirt runs in a Xen host's dom0; lab: Xen booted in QEMU here; "
                             "auto: dom0 when this is a Xen dom0, else lab")
-    mode: Literal["pv", "pvh"] = Field("pv", description="domU type (PVH needs hvm in `xl info` virt_caps)")
+    mode: Literal["pv", "pvh"] = Field("pv", description="domU type (PVH needs hvm and hap or shadow in `xl info` "
+                                                         "virt_caps)")
     vcpus: int = Field(1, ge=1, le=64, description="the measuring domU's vCPUs")
     memory: int = Field(256, ge=64, le=65536, description="the measuring domU's memory in MiB")
     affinity: list[CpuList] | None = Field(None, description="hard affinity of each vCPU (pCPU lists); default: "
@@ -154,10 +168,9 @@ class XenConfig(EnvironmentConfig):
 
     @model_validator(mode="after")
     def _guest_the_lab_boots(self) -> XenConfig:
-        # the domU kernel is the lab's (xen_lab.DOMU_KERNEL): the other guest kernels are not wired in yet
-        if self.guest != "linux":
-            raise ValueError(f"guest: {self.guest!r} is not available in the xen environment yet (only 'linux'; "
-                             "linux-rt and baremetal run in the qemu environment)")
+        if self.guest == "baremetal":
+            raise ValueError("guest: 'baremetal' is not available in the xen environment yet (linux and linux-rt; "
+                             "baremetal runs in the qemu and libvirt environments)")
         return self
 
     @model_validator(mode="after")
@@ -249,8 +262,8 @@ class Dom0:
     def __init__(self, transport: Any, lab: XenLab | None, kernel: str, initramfs: str) -> None:
         self.transport = transport
         self.lab = lab
-        self.kernel = kernel
-        self.initramfs = initramfs
+        # guest kernel flavour -> (kernel, initramfs) in dom0; a lab's image holds linux's
+        self._domu: dict[str, tuple[str, str]] = {"linux": (kernel, initramfs)}
         self._count = 0
         self._info: str | None = None
         self.restore_dom0_vcpus: int | None = None
@@ -262,6 +275,23 @@ class Dom0:
         from .xen_lab import a653_tool
 
         return str(a653_tool())
+
+    def domu_files(self, flavour: str) -> tuple[str, str]:
+        """(kernel, initramfs) in dom0 of a domU with the flavour's guest kernel; copied into a lab's dom0 on
+        first use (its image holds linux's only: the others would cost every lab boot their size)."""
+        if flavour not in self._domu:
+            from .xen_lab import local_domu_files
+
+            kernel, initramfs = local_domu_files(flavour)
+            if self.lab is None:
+                self._domu[flavour] = (str(kernel), str(initramfs))
+            else:
+                directory = f"{RUN_DIR}/domu-{flavour}"
+                self.run(["mkdir", "-p", directory]).check("xen: dom0 mkdir")
+                self.transport.put(kernel, f"{directory}/vmlinuz")
+                self.transport.put(initramfs, f"{directory}/base.cpio")
+                self._domu[flavour] = (f"{directory}/vmlinuz", f"{directory}/base.cpio")
+        return self._domu[flavour]
 
     def next_index(self) -> int:
         self._count += 1
@@ -381,6 +411,21 @@ def _xl_info(text: str) -> dict[str, str]:
     return info
 
 
+def _mode_refusal(mode: str, info: str) -> str | None:
+    """Why this Xen cannot create ``mode`` domUs, from ``xl info``; None when it can. PVH and HVM domUs run
+    on Xen's HVM side, which needs hardware virtualisation and paging for guests: HAP (EPT/NPT) or shadow
+    paging (Debian's hypervisor is built without shadow paging)."""
+    if mode == "pv":
+        return None
+    caps = _xl_info(info).get("virt_caps", "")
+    words = set(caps.split())
+    if "hvm" in words and words & {"hap", "shadow"}:
+        return None
+    return (f"mode = {mode!r}: this Xen cannot create {mode.upper()} domUs: xl info says virt_caps: {caps or '?'} "
+            "(they need hvm and hap or shadow: VT-x/AMD-V with EPT/NPT, or a hypervisor with shadow paging); "
+            "use mode = 'pv'")
+
+
 def _vcpu_list(text: str) -> list[dict[str, str]]:
     """``xl vcpu-list``: its header ("Affinity (Hard / Soft)") does not split like its rows."""
     rows = []
@@ -452,6 +497,7 @@ class XenEnvironment(Environment):
         self._parent: XenEnvironment | None = None  # set on disturbing domUs: they share its pool
         self._pool_id: int | None = None
         self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
+        self._image: GuestImage | None = None  # the measuring domU's guest image (linux, linux-rt)
         self._a653_domains: dict[str, list[tuple[str, int]]] = {}  # ARINC 653 pool owner: domain -> (UUID, vCPU)
 
     @staticmethod
@@ -520,8 +566,15 @@ class XenEnvironment(Environment):
         if dom0.lab is not None and not dom0.lab.alive():
             raise RunError(f"the Xen lab stopped: {dom0.lab.panic() or dom0.lab.console_tail()}")
         self._index = dom0.next_index()
+        if self._parent is None:
+            refusal = _mode_refusal(self._domain_type(), dom0.info())
+            if refusal is not None:
+                raise InputError(f"environment {self.config.label!r}: {refusal}")
         if self._parent is None and self.config.scheduler != "default":
             self._make_pool()
+
+    def _domain_type(self) -> str:
+        return "pvh" if self.config.guest == "baremetal" else self.config.mode
 
     def _make_pool(self) -> None:
         assert self._dom0 is not None
@@ -559,9 +612,14 @@ class XenEnvironment(Environment):
             return parent._pool
         return None
 
+    def _flavour(self) -> str:
+        """The guest kernel of this domU: the scenario's for the measuring one, Debian's for disturbing ones."""
+        return self.config.guest if self._parent is None else "linux"
+
     def _domain_config(self, name: str, initrd: str, ip: str | None) -> str:
         assert self._dom0 is not None
-        lines = [f'name = "{name}"', f'type = "{self.config.mode}"', f'kernel = "{self._dom0.kernel}"',
+        lines = [f'name = "{name}"', f'type = "{self.config.mode}"',
+                 f'kernel = "{self._dom0.domu_files(self._flavour())[0]}"',
                  f'ramdisk = "{initrd}"', 'extra = "console=hvc0 rdinit=/init quiet"',
                  f"memory = {self.config.stressor_memory if self._parent else self.config.memory}",
                  f"vcpus = {1 if self._parent else self.config.vcpus}",
@@ -599,7 +657,10 @@ class XenEnvironment(Environment):
         dom0.run(["mkdir", "-p", directory]).check("xen: dom0 mkdir")
         self._domain = name  # from here on, close() destroys it
         dom0.transport.put(local_jobs, f"{directory}/jobs.cpio")
-        dom0.run(["sh", "-c", 'cat "$1" "$2" > "$3"', "sh", dom0.initramfs, f"{directory}/jobs.cpio",
+        if self._parent is None:
+            self._image = guest_image(self._flavour())  # what the manifest says about the guest kernel
+        dom0.run(["sh", "-c", 'cat "$1" "$2" > "$3"', "sh", dom0.domu_files(self._flavour())[1],
+                  f"{directory}/jobs.cpio",
                   f"{directory}/initrd"]).check("xen: assembling the domU initramfs")
         local_config.write_text(self._domain_config(name, f"{directory}/initrd", ip))
         dom0.transport.put(local_config, f"{directory}/domain.cfg")
@@ -694,8 +755,12 @@ class XenEnvironment(Environment):
     def _read_back(self, name: str) -> None:
         """Every applied setting as xl reports it; RTDS reservations are checked against the request."""
         assert self._dom0 is not None
-        readback: dict[str, Any] = {"domain": name, "pool": self._domain_pool() or DEFAULT_POOL,
+        readback: dict[str, Any] = {"domain": name, "type": self._type_of(name),
+                                    "pool": self._domain_pool() or DEFAULT_POOL,
                                     "vcpu_list": _vcpu_list(self._dom0.xl("vcpu-list", name))}
+        if readback["type"] != self._domain_type():
+            raise RunError(f"xen: {name} is a {readback['type'] or 'domain of unknown type'} domU, not the "
+                           f"requested {self._domain_type()}")
         scheduler = self.config.scheduler if self._domain_pool() else self._default_scheduler()
         if scheduler == "rtds":
             rows = _table(self._dom0.xl("sched-rtds", "-d", name, "-v", "all"))
@@ -729,6 +794,13 @@ class XenEnvironment(Environment):
             readback["arinc653"] = {"major_frame_ns": frame, "windows": windows}
         self._readback = readback
 
+    def _type_of(self, name: str) -> str | None:
+        """pv, pvh or hvm as libxl recorded it in xenstore (xl prints no domain type)."""
+        assert self._dom0 is not None
+        domid = self._dom0.xl("domid", name).strip()
+        found = self._dom0.run(["xenstore-read", f"/libxl/{domid}/type"]) if domid.isdigit() else None
+        return found.stdout.strip()[:16] if found is not None and found.returncode == 0 else None
+
     def _default_scheduler(self) -> str:
         assert self._dom0 is not None
         match = re.search(r"^xen_scheduler\s*:\s*(\S+)", self._dom0.info(), re.M)
@@ -744,6 +816,13 @@ class XenEnvironment(Environment):
         if result.returncode == 0:
             self._console = str(result.stdout)[-CONSOLE_TAIL_BYTES:]
         return self._console
+
+    def _uname(self) -> str | None:
+        """``uname -r -v`` as the measuring domU printed it (untrusted: printable ASCII, bounded)."""
+        for line in self._console.splitlines():
+            if line.startswith(UNAME_MARK + " "):
+                return re.sub(r"[^ -~]", "?", line.removeprefix(UNAME_MARK + " ").strip())[:200]
+        return None
 
     def exit_status(self) -> int | None:
         for line in self.console_text().splitlines():
@@ -784,12 +863,12 @@ class XenEnvironment(Environment):
                            "start_order = ['stress-first'] and no events")
         self._beside.append(GuestJob([f"{GUEST_AGENT_DIR}/{agent}", *args]))
 
-    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None) -> Environment:
         """Another domU of the same Xen; its pCPUs come from ``stressor_cpus`` (host CPUs mean nothing to Xen)."""
         config = self.config.model_copy(update={"name": f"{self.config.label[:40]}-stress{index}"})
-        domu = XenEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
-        domu._parent = self
-        return domu
+        guest = XenEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
+        guest._parent = self
+        return guest
 
     # ---- records ----
 
@@ -801,6 +880,8 @@ class XenEnvironment(Environment):
 
     def describe(self) -> dict[str, Any]:
         description: dict[str, Any] = {**super().describe(), "where": _resolve_where(self.config)}
+        if self._parent is None:
+            description.update(guest_description(self.config.guest, self._image), guest_uname=self._uname())
         if self._dom0 is not None:
             if self._parent is None:
                 description["cpupools"] = _table(self._dom0.xl("cpupool-list")) if self._dom0.lab is None or \

@@ -324,9 +324,9 @@ def _libraries(binaries: tuple[str, ...]) -> list[str]:
     return sorted(found)
 
 
-def _domu_base(modules_dir: Path) -> bytes:
+def _domu_base(modules_dir: Path, flavour: str = "linux") -> bytes:
     """The guest image's initramfs plus an overlay: the netfront driver and a module list naming it."""
-    image = guest_image()
+    image = guest_image(flavour)
     modules = _modules_in_load_order(modules_dir, DOMU_MODULES)
     overlay = Cpio()
     for module in modules:
@@ -596,14 +596,18 @@ class XenLab:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def local_domu_files() -> tuple[Path, Path]:
-    """(kernel, initramfs) for domUs created by a local dom0: the guest image plus the netfront overlay."""
-    vmlinuz, modules_dir = _fetch_kernel(cache_dir())
-    base = _domu_base(modules_dir)
-    target = cache_dir() / "xen" / f"domu-{hashlib.sha256(base).hexdigest()[:16]}.cpio"
+def local_domu_files(flavour: str = "linux") -> tuple[Path, Path]:
+    """(kernel, initramfs) of a domU with the flavour's guest kernel (guest_image.KERNEL_PACKAGES): the guest
+    image plus the netfront overlay. A local dom0 boots them from here; a lab's dom0 gets copies of them
+    unless they are the ones its image holds (linux)."""
+    vmlinuz, modules_dir = _fetch_kernel(cache_dir(), flavour)
+    base = _domu_base(modules_dir, flavour)
+    prefix = "domu-" if flavour == "linux" else f"domu-{flavour}-"
+    target = cache_dir() / "xen" / f"{prefix}{hashlib.sha256(base).hexdigest()[:16]}.cpio"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        for old in target.parent.glob("domu-*.cpio"):
-            old.unlink()
+        for old in target.parent.glob(f"{prefix}*.cpio"):
+            if old.name.removeprefix(prefix).count("-") == 0:  # not another flavour's ("domu-linux-rt-...")
+                old.unlink()
         write_atomically(target, base)
     return vmlinuz, target
