@@ -8,7 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
+from conftest import run_cli
 
 from rtvirt.campaign import PlannedRun, execute_run, expand
 from rtvirt.cli import app
@@ -17,6 +19,8 @@ from rtvirt.results.studies.provenance import differences
 from rtvirt.results.studies.tables import published
 from rtvirt.scenario import builtin_scenarios, load_scenario, parse_scenario
 from rtvirt.scenario.schema import Scenario
+from rtvirt.store import load_run
+from rtvirt.stream import read_stream
 from rtvirt.sysaudit import audit_system
 
 RUN_TIMEOUT_NS = 120_000_000_000
@@ -69,7 +73,7 @@ def test_guest_isolation_matrix_is_the_studys() -> None:
     assert probes["threadmetric"][0] == "threadmetric"
     # every disturbance is a stressor guest, spinning at top priority or memsetting 1.5 x L2, on either core
     stressed = [d for d in scenario.disturbances if d.stressors]
-    assert all(u.where == "other-vm" for d in stressed for u in d.stressors)
+    assert all(u.where == "other-vm" and u.guest == "baremetal" for d in stressed for u in d.stressors)
     placed = {(u.stressor, u.guest_cpus) for d in stressed for u in d.stressors}
     assert {("cpu", "same-core"), ("cpu", "other-core"), ("cache", "same-core"), ("cache", "other-core")} <= placed
     assert all(u.params == {"level": 2} for d in stressed for u in d.stressors if u.stressor == "cache")
@@ -122,12 +126,37 @@ def test_cots_profiles_and_interrupt_latency_configurations() -> None:
         {config.split(": ", 1)[1] for config in configs}
 
 
+def test_rt_xen_servers_is_the_rt_xen_studys_matrix() -> None:
+    """The RT-Xen study's scenarios as the brief describes them: one vCPU alone on a core, contention with one
+    and with two other RT VMs on that core, an idle high-priority VM answering a 0.5 ms interrupt source."""
+    scenario = _builtin("rt-xen-servers")
+    assert scenario.study == "rt-xen-servers"
+    probes = {w.name: (w.probe, w.params) for w in scenario.probe_workloads()}
+    assert probes == {"gap": ("gap", {"threshold": "500us"}), "interrupt": ("timer", {"interval": "500us"})}
+    runs = {(p.group, scenario.environments[p.environment].label, scenario.disturbances[p.disturbance].name)
+            for p in expand(scenario)}
+    assert runs == {("affinity", "rtds", "alone"), ("affinity", "credit2", "alone")} | \
+        {("contention", env, d) for env in ("rtds", "credit2") for d in ("1-rt-vm", "2-rt-vms")} | \
+        {("interrupt", env, d) for env in ("rtds-high-priority", "credit2") for d in ("alone", "2-rt-vms")}
+    vms = {d.name: sum(u.vms for u in d.stressors) for d in scenario.disturbances}
+    assert vms == {"alone": 0, "1-rt-vm": 1, "2-rt-vms": 2}
+    for env in scenario.environments:  # every VM of a run on one core: the other RT VMs stay on the parent's
+        assert env.cpus == (1,) and env.stressor_cpus is None
+    rtds = {env.label: env for env in scenario.environments if env.scheduler == "rtds"}
+    # equal priority: the other RT VMs hold the measuring VM's server; the high-priority VM's period is shorter
+    assert rtds["rtds"].rtds == rtds["rtds"].stressor_rtds == rtds["rtds-high-priority"].stressor_rtds
+    assert rtds["rtds-high-priority"].rtds.period < rtds["rtds"].rtds.period
+    # every published figure names a configuration the built-in runs
+    keys = {f"{group}: {env} / {d}" for group, env, d in runs}
+    assert {key for ref in published()["rt-xen-servers"]["holes"] for key in ref["ours"]} <= keys
+
+
 def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
     shown = CliRunner().invoke(app, ["scenarios", "guest-isolation"], env={"COLUMNS": "250"})
     assert shown.exit_code == 0, shown.output
     assert "reproduces the guest-isolation study" in shown.output and "210 runs" in shown.output
     assert "stress-on at 10m, stress-off at 20m" in shown.output
-    assert "cache x1 other-vm (1 guest, same-core) [level=2]" in shown.output  # parameters are no rich markup
+    assert "cache x1 other-vm (1 baremetal guest, same-core) [level=2]" in shown.output  # no rich markup
     assert "guest (qemu, pinned, 1 vCPU, baremetal guest)" in shown.output
     as_json = CliRunner().invoke(app, ["scenarios", "cots-hypervisor", "--json"])
     document = json.loads(as_json.output)
@@ -145,6 +174,25 @@ def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
     unknown.write_text(builtin_scenarios()["interrupt-latency"].replace('study = "interrupt-latency"', 'study = "x"'))
     refused = CliRunner().invoke(app, ["scenarios", str(unknown)])
     assert refused.exit_code == 2 and "field 'study'" in refused.output
+
+
+def test_bare_metal_stressor_guests_refuse_what_they_cannot_run(tmp_path: Path) -> None:
+    """Exit 2 naming the field, before anything boots: a stressor our kernel lacks, more than one worker, or
+    a disturbing guest of another hypervisor (Xen makes domUs of its own)."""
+    text = builtin_scenarios()["guest-isolation"]
+    spin = 'stressor = "cpu"\nwhere = "other-vm"\nguest = "baremetal"\nguest_cpus = "same-core"\n'
+    assert spin in text
+    xen = text.replace('kind = "qemu"\nname = "guest"\nguest = "baremetal"\nvcpus = 1', 'kind = "xen"\nname = "guest"')
+    for changed, field, message in (
+            (text.replace(spin, spin.replace('"cpu"', '"mem"'), 1), "disturbances[1].stressors[0]",
+             "runs the cpu and cache stressors, not mem"),
+            (text.replace(spin, spin + "workers = 2\n", 1), "disturbances[1].stressors[0]", "one worker"),
+            (xen, "disturbances[1].stressors[0].guest", "'guest' applies to QEMU disturbing guests")):
+        assert changed != text
+        path = tmp_path / "bad.toml"
+        path.write_text(changed)
+        refused = CliRunner().invoke(app, ["scenarios", str(path)])
+        assert refused.exit_code == 2 and field in refused.output and message in refused.output, refused.output
 
 
 def test_inside_stressors_start_with_the_measured_system(tmp_path: Path) -> None:
@@ -201,17 +249,42 @@ def test_interrupt_latency_report_beside_the_paper(tmp_path: Path) -> None:
     assert rows[("virtualised, two more VMs", "not run (vm-baremetal / two-more-vms)")][2:5] == ["-", "-", "-"]
 
 
-def test_guest_isolation_workloads_beside_stressor_guests(tmp_path: Path) -> None:
-    """Kernel operations and qsort in the bare-metal measuring guest, solo and beside a spinning or a
-    cache-polluting Linux stressor guest on the same core."""
-    manifests: dict[str, dict[str, Any]] = {}
-    keys = ["kops/guest/solo/-/r1", "kops/guest/spin-same-core/stress-first/r1", "qsort/guest/solo/-/r1",
-            "qsort/guest/cache-same-core/stress-first/r1"]
-    report = _run(_builtin("guest-isolation"), 0.05, keys, tmp_path, manifests)
+def _stressor_stats(results: Path, run_id: str) -> dict[str, int]:
+    """The statistics of a run's first disturbing guest (a bare-metal stressor guest writes them as it works)."""
+    stream = read_stream(results / "runs" / run_id / "work" / "stress-vm-1" / "stressor.rtvs")
+    assert stream.end_reason == "signal"  # stopped by the host at the end of the run, everything written out
+    return {name: value for (_, name), value in stream.stats.items()}
+
+
+@pytest.mark.vm
+def test_the_whole_guest_isolation_study_at_a_small_scale(tmp_path: Path) -> None:
+    """Every run of the built-in (all workloads x disturbances x start orders, and the stress-on-off run) at
+    0.01 with one repetition, bare-metal measuring and stressor guests: each study table in its layout."""
+    results = tmp_path / "results"
+    done = run_cli("run", "guest-isolation", "--scale", "0.01", "--repetitions", "1", "--out", str(results),
+                   "--json", "--no-progress", timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    runs = json.loads(done.stdout)["runs"]
+    assert len(runs) == 21 and {r["status"] for r in runs.values()} == {"complete"}
+    manifests = {key: load_run(results / "runs" / r["run_id"]).manifest for key, r in runs.items()}
     assert all(m["environment_detail"]["guest"] == "baremetal" for m in manifests.values())
+    # the stressor guests ran our kernel's programs: spinning, and stores over 1.5 x the L2 CPUID reports
+    spin = _stressor_stats(results, runs["kops/guest/spin-same-core/stress-first/r1"]["run_id"])
+    assert spin["spins"] >= spin["spins_per_ms"] > 0
+    cache = _stressor_stats(results, runs["qsort/guest/cache-other-core/stress-first/r1"]["run_id"])
+    assert cache["cache_level"] == 2 and cache["buffer_bytes"] == (cache["cache_bytes"] * 3 // 2 + 7) // 8 * 8
+    assert cache["passes"] >= 1
+    # the stressor guest of the 30-minute run waited paused until minute 10 (x 0.01) and stopped at minute 20
+    events = {e["event"]: e["t_ns"] for e in manifests["30min/guest/spin-other-core-10-20min/-/r1"]["timeline"]}
+    assert 6e9 <= events["stress-on"] < 9e9 and 12e9 <= events["stress-off"] < 15e9, events
+    report = write_report(results, results / "report.md", "markdown").read_text()
+    status = {row[0]: row[1] for row in _table(report, "Study guest-isolation")}
+    assert status["this campaign"].startswith("the study's configuration")
+    assert status["duration"] == "scaled: 0.01 of the study's durations"
+    assert status["repetitions"] == "1 per configuration, fewer than the study's 10"
+    disturbances = {"solo", "spin-same-core", "spin-other-core", "cache-same-core", "cache-other-core"}
     outliers = {(row[0], row[1]): row for row in _table(report, "Guest-isolation study: outliers")}
-    assert set(outliers) == {("kops", "solo"), ("kops", "spin-same-core"), ("qsort", "solo"),
-                             ("qsort", "cache-same-core")}
+    assert set(outliers) == {(w, d) for w in ("kops", "qsort", "basicmath") for d in disturbances}
     for (workload, disturbance), row in outliers.items():
         assert _number(row[3]) >= _number(row[5]) > 0 and _number(row[4]) > 0  # cycles and ms: outlier >= median
         if workload == "kops":  # the paper's outlier figures are the kernel operations'
@@ -220,38 +293,26 @@ def test_guest_isolation_workloads_beside_stressor_guests(tmp_path: Path) -> Non
         else:
             assert row[7] == row[8] == "-" and "kernel operations only" in row[9]
         if disturbance != "solo":
-            solo = outliers[(workload, "solo")]
-            grown = _number(row[4]) / _number(solo[4])  # from the rounded cells
+            grown = _number(row[4]) / _number(outliers[(workload, "solo")][4])  # from the rounded cells
             reading = re.match(r"(same|opposite) direction as the paper \(outlier ([\d,.]+)x the solo run's\)", row[9])
-            assert reading is not None and abs(_number(reading[2]) - grown) <= 0.05 + grown * 1e-3, (row, solo)
-            assert reading[1] == ("same" if grown > 1 else "opposite") or abs(grown - 1) < 1e-3
+            assert reading is not None and abs(_number(reading[2]) - grown) <= 0.05 + grown * 1e-3, row
+            assert reading[1] == ("same" if grown > 1 else "opposite") or abs(grown - 1) < 0.05
     increase = {(row[0], row[1]): row for row in _table(report, "Guest-isolation study: increase against the solo")}
-    assert set(increase) == {("kops", "spin-same-core"), ("qsort", "cache-same-core")}
+    assert set(increase) == {(w, d) for w in ("kops", "qsort", "basicmath") for d in disturbances - {"solo"}}
     for row in increase.values():
         assert row[3].endswith("%") and row[4].endswith("%") and _number(row[5]) > 0 and _number(row[6]) > 0
         assert abs(_number(row[7]) - _number(row[5]) / _number(row[6])) < 0.01 + 0.005 * _number(row[7])
-    assert "the 30-minute run" not in report  # stress on for the whole run is no stress-on-off timeline
-
-
-def test_modified_study_scenario_runs_and_says_so(tmp_path: Path) -> None:
-    """One field changed (Thread-Metric's interval, so that a short run has enough intervals): the 30-minute
-    and start-order tables still come out, and the report says the configuration is no longer the study's."""
-    text = builtin_scenarios()["guest-isolation"].replace('params = { report_interval = "5s" }',
-                                                          'params = { report_interval = "250ms" }')
-    path = tmp_path / "mine.toml"
-    path.write_text(text)
-    scenario, _, _ = load_scenario(path)
-    manifests: dict[str, dict[str, Any]] = {}
-    report = _run(scenario, 0.02, ["start-order/guest/solo/-/r1", "30min/guest/spin-other-core-10-20min/-/r1"],
-                  tmp_path / "results", manifests)
-    # the stressor guest booted before the workload, paused: it runs from the event on, not a boot later
-    events = {e["event"]: e["t_ns"] for e in manifests["30min/guest/spin-other-core-10-20min/-/r1"]["timeline"]}
-    assert 12e9 <= events["stress-on"] < 18e9 and 24e9 <= events["stress-off"] < 30e9, events  # 10/20 min x 0.02
-    status = {row[0]: row[1] for row in _table(report, "Study guest-isolation")}
-    assert status["this campaign"] == \
-        "modified from the study's configuration: field workloads[3].params.report_interval"
-    order = _table(report, "Guest-isolation study: start order")
-    assert order[0][0] == "solo" and int(order[0][2]) >= 10 and order[0][7] == "-35.00 %"
+    # start orders: Thread-Metric's 5 s interval scaled with the run, so a 3 s run still has the study's 60
+    order = {(row[0], row[1]): row for row in _table(report, "Guest-isolation study: start order")}
+    assert set(order) == {("solo", "-")} | {(d, o) for d in ("spin-same-core", "spin-other-core")
+                                            for o in ("test-first", "stress-first")}
+    for row in order.values():
+        assert 30 <= int(row[2]) <= 61 and row[7] == "-35.00 %", row
+        change = _number(row[5].removesuffix(" %"))
+        # from the rounded cells: the steady level is a median, shown to the round
+        assert abs(change - (_number(row[3]) / _number(row[4]) - 1) * 100) < 0.01 + 100 * _number(row[3]) / \
+            _number(row[4]) ** 2
+        assert row[8].startswith("same direction" if change < 0 else "opposite direction")
     on_off = _table(report, "Guest-isolation study: the 30-minute run")
     assert len(on_off) == 1
     before, during = _number(on_off[0][1]), _number(on_off[0][2])
@@ -259,6 +320,24 @@ def test_modified_study_scenario_runs_and_says_so(tmp_path: Path) -> None:
     change = (during / before - 1) * 100
     assert abs(_number(on_off[0][4].removesuffix(" %")) - change) < 0.1  # shown rounded
     assert on_off[0][9].startswith("same direction" if change < 0 else "opposite direction")
+
+
+@pytest.mark.vm
+def test_modified_study_scenario_runs_and_says_so(tmp_path: Path) -> None:
+    """One field changed (Thread-Metric's interval): the run and its study table still come out, and the report
+    says the configuration is no longer the study's."""
+    text = builtin_scenarios()["guest-isolation"].replace('params = { report_interval = "5s" }',
+                                                          'params = { report_interval = "2.5s" }')
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    scenario, _, _ = load_scenario(path)
+    report = _run(scenario, 0.01, ["start-order/guest/solo/-/r1"], tmp_path / "results")
+    status = {row[0]: row[1] for row in _table(report, "Study guest-isolation")}
+    assert status["this campaign"] == \
+        "modified from the study's configuration: field workloads[3].params.report_interval"
+    assert status["repetitions"] == "10 per configuration (the study's)"
+    order = _table(report, "Guest-isolation study: start order")
+    assert order[0][0] == "solo" and 60 <= int(order[0][2]) <= 121  # 2.5 s x 0.01: 25 ms intervals in 3 s
 
 
 def test_cots_profiles_with_the_load_inside_the_vm(tmp_path: Path) -> None:

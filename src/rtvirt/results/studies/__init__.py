@@ -9,4 +9,4 @@ from __future__ import annotations
 __all__ = ["STUDY_NAMES"]
 
 # study name -> built-in scenario reproducing it (they share the name)
-STUDY_NAMES = ("cots-hypervisor", "guest-isolation", "interrupt-latency")
+STUDY_NAMES = ("cots-hypervisor", "guest-isolation", "interrupt-latency", "rt-xen-servers")

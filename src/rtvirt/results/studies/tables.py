@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ...units import parse_duration
 from ..isolation import Outlier, isolation_of
 from ..reportdata import Configuration, ReportData, RunView
 
@@ -297,7 +298,102 @@ def _interrupt(configs: list[Configuration]) -> list[Table]:
              rows)]
 
 
-_BUILDERS = {"cots-hypervisor": _cots, "guest-isolation": _isolation, "interrupt-latency": _interrupt}
+# --- RT-Xen -------------------------------------------------------------------------------------------------
+
+def _server(meta_env: dict[str, Any]) -> str:
+    rtds = meta_env.get("rtds")
+    if isinstance(rtds, dict) and rtds.get("budget") and rtds.get("period"):
+        return f"RTDS {rtds['budget']} every {rtds['period']}"
+    return f"{meta_env.get('scheduler') or 'default'} (no reservation)"
+
+
+def _holes(c: Configuration) -> dict[str, float] | None:
+    """Interruptions of a gap run (over its runs): count, median and max length, median spacing of their
+    starts and how many a second (ms, ms, ms, 1/s); None without any."""
+    lengths, spacings, seconds = [], [], 0.0
+    for view in c.runs:
+        run = view.run
+        if not run.has_samples or not run.value_field:
+            continue
+        table = run.samples(["t_ns", run.value_field])
+        starts = np.sort(table.column(0).to_numpy())
+        lengths.append(table.column(1).to_numpy().astype(float))
+        spacings.append(np.diff(starts).astype(float))
+        seconds += parse_duration(run.manifest.get("params", {}).get("duration", 0)) / 1e9
+    if not lengths or not sum(x.size for x in lengths):
+        return None
+    length, spacing = np.concatenate(lengths), np.concatenate(spacings)
+    return {"count": float(length.size), "median_ms": float(np.median(length)) / 1e6,
+            "max_ms": float(np.max(length)) / 1e6,
+            "every_ms": float(np.median(spacing)) / 1e6 if spacing.size else float("nan"),
+            "per_s": length.size / seconds if seconds else float("nan")}
+
+
+def _rt_xen(configs: list[Configuration]) -> list[Table]:
+    paper = published()["rt-xen-servers"]
+    by_key = {c.label: c for c in configs}
+    quoted = {key: ref for ref in paper["holes"] for key in ref["ours"]}
+    holes = {c.label: _holes(c) for c in configs if _meta(c)["probe"] == "gap"}
+    affinity_ref = next(ref for ref in paper["holes"] if any(k.startswith("affinity:") for k in ref["ours"]))
+    gap_rows, response_rows = [], []
+    for c in sorted(configs, key=lambda c: (_meta(c)["group"], _meta(c)["environment"], _meta(c)["disturbance"])):
+        meta = _meta(c)
+        detail = c.runs[0].run.manifest.get("environment_detail") or {}
+        if meta["probe"] == "gap":
+            ours = holes[c.label]
+            ref = quoted.get(c.label)
+            alone = holes.get(f"affinity: {meta['environment']} / alone")
+            if ours is None:
+                reading = "no interruption above the threshold"
+            elif ref is not None:
+                # contention is read against the VM alone, as the paper's against its budget-exhausted figure
+                against = ref is not affinity_ref and alone is not None
+                hole = _reading(ours["median_ms"], ref["hole_ms"], alone["median_ms"] if against and alone else None,
+                                affinity_ref["hole_ms"] if against else None)
+                reading = (f"hole {hole}; every {ours['every_ms']:,.1f} ms, paper {ref['every_ms']:g} ms "
+                           f"({ours['every_ms'] / ref['every_ms']:.2f}x)")
+            elif alone is not None and c.label != f"affinity: {meta['environment']} / alone":
+                reading = (f"no published figure; holes {ours['median_ms'] / alone['median_ms']:.2f}x as long and "
+                           f"{ours['per_s'] / alone['per_s']:.2f}x as frequent as alone")
+            else:
+                reading = "no published figure for this configuration"
+            gap_rows.append([meta["group"], meta["environment"], meta["disturbance"], _server(detail),
+                             "-" if ours is None else f"{ours['count']:,.0f}",
+                             "-" if ours is None else _num(ours["median_ms"], 2),
+                             "-" if ours is None else _num(ours["max_ms"], 2),
+                             "-" if ours is None else _num(ours["every_ms"], 2),
+                             "-" if ours is None else _num(ours["per_s"], 1),
+                             f"{ref['hole_ms']:g} every {ref['every_ms']:g} ({ref['configuration']})" if ref else "-",
+                             reading])
+        elif meta["probe"] == "timer":
+            s = c.summary
+            base = by_key.get(f"{meta['group']}: {meta['environment']} / alone")
+            reading = "not quoted in our source" if paper.get("response_quoted") is False else ""
+            if base is not None and base is not c and base.summary.max_ns:
+                reading += (f"; max {s.max_ns / base.summary.max_ns:.2f}x, p99 "
+                            f"{s.p99_ns / base.summary.p99_ns:.2f}x the VM alone")
+            response_rows.append([meta["environment"], meta["disturbance"], _server(detail), str(s.samples),
+                                  _num(s.min_ns / 1e3, 1), _num(s.median_ns / 1e3, 1), _num(s.mean_ns / 1e3, 1),
+                                  _num(s.p99_ns / 1e3, 1), _num(s.max_ns / 1e3, 1), "not quoted in our source",
+                                  reading])
+    missing = [key for key in quoted if key not in by_key]
+    gap_rows += [[key.split(": ")[0], key.split(": ")[1].split(" / ")[0], key.split(" / ")[-1], "-", "not run", "-",
+                  "-", "-", "-", f"{quoted[key]['hole_ms']:g} every {quoted[key]['every_ms']:g} "
+                  f"({quoted[key]['configuration']})", "not run here"] for key in missing]
+    tables: list[Table] = []
+    if gap_rows:
+        tables.append(("RT-Xen study: interruptions of a spinning thread in the RT VM (clock-tick-duration method, ms)",
+                       ["scenario", "system", "disturbance", "server", "interruptions", "median hole", "max hole",
+                        "every (median spacing)", "per second", "paper: hole every (ms)", "reading"], gap_rows))
+    if response_rows:
+        tables.append(("RT-Xen study: an idle high-priority VM's response to the 0.5 ms interrupt source (µs)",
+                       ["system", "disturbance", "server", "samples", "min", "median", "mean", "p99", "max",
+                        "paper", "reading"], response_rows))
+    return tables
+
+
+_BUILDERS = {"cots-hypervisor": _cots, "guest-isolation": _isolation, "interrupt-latency": _interrupt,
+             "rt-xen-servers": _rt_xen}
 
 
 def study_tables(data: ReportData) -> list[Table]:
