@@ -14,6 +14,8 @@ import numpy as np
 from ..errors import InputError
 from ..stats import Summary
 from ..store import StoredRun
+from .digest import read_digest
+from .windows import TOP_KEPT
 
 __all__ = ["IsolationRow", "Outlier", "isolation", "isolation_of", "outliers", "outlier_rows", "cycles_hz"]
 
@@ -72,9 +74,13 @@ def cycles_hz(run: StoredRun) -> float | None:
 
 
 def outliers(run: StoredRun, top: int = 10, median_ns: float | None = None) -> list[Outlier]:
-    """The ``top`` largest samples, in descending order (one chunked pass)."""
+    """The ``top`` largest samples, in descending order (from the run's digest, else one chunked pass)."""
     if not run.has_samples or not run.value_field:
         return []
+    median = run.summary().median_ns if median_ns is None else median_ns
+    digest = read_digest(run.path, run.run_id)
+    if digest is not None and digest.has_profile and top <= TOP_KEPT:
+        return outlier_rows(run, digest.over_time()[1][:top], median)
     best_t = np.empty(0, np.int64)
     best_v = np.empty(0, np.int64)
     best_cpu = np.empty(0, np.int64)
@@ -91,7 +97,6 @@ def outliers(run: StoredRun, top: int = 10, median_ns: float | None = None) -> l
         best_t, best_v, best_cpu = (np.concatenate(x) for x in ((best_t, t), (best_v, v), (best_cpu, cpu)))
         order = np.argsort(-best_v, kind="stable")[:top]
         best_t, best_v, best_cpu = best_t[order], best_v[order], best_cpu[order]
-    median = run.summary().median_ns if median_ns is None else median_ns
     return outlier_rows(run, [(int(t) - (first or 0), int(v), int(c))
                               for t, v, c in zip(best_t, best_v, best_cpu, strict=True)], median)
 
