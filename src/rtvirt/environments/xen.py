@@ -27,6 +27,7 @@ from ..errors import InputError, RunError
 from ..params import CpuList
 from ..procs import Supervisor, terminate_group
 from ..units import duration_field
+from . import baremetal
 from .base import Environment, EnvironmentConfig, Launched, SharedResources
 from .guest_image import (
     EXIT_MARK,
@@ -168,10 +169,12 @@ class XenConfig(EnvironmentConfig):
 
     @model_validator(mode="after")
     def _guest_the_lab_boots(self) -> XenConfig:
-        if self.guest == "baremetal":
-            raise ValueError("guest: 'baremetal' is not available in the xen environment yet (linux and linux-rt; "
-                             "baremetal runs in the qemu and libvirt environments)")
-        return self
+        if self.guest == "baremetal":  # our own kernel, booted as a PVH domU (docs/baremetal.md)
+            if self.vcpus != 1:
+                raise ValueError("vcpus: the bare-metal guest runs on one vCPU (vcpus = 1)")
+            if "mode" in self.model_fields_set and self.mode != "pvh":
+                raise ValueError("mode: the bare-metal guest boots as a PVH domU (mode = 'pvh')")
+        return self  # linux and linux-rt: our guest image with that Debian kernel (Dom0.domu_files)
 
     @model_validator(mode="after")
     def _consistent(self) -> XenConfig:
@@ -616,12 +619,13 @@ class XenEnvironment(Environment):
         """The guest kernel of this domU: the scenario's for the measuring one, Debian's for disturbing ones."""
         return self.config.guest if self._parent is None else "linux"
 
-    def _domain_config(self, name: str, initrd: str, ip: str | None) -> str:
+    def _domain_config(self, name: str, initrd: str | None, ip: str | None, boot: list[str] | None = None) -> str:
+        """xl's configuration of the domU; ``boot`` replaces the lines that boot our Linux image."""
         assert self._dom0 is not None
-        lines = [f'name = "{name}"', f'type = "{self.config.mode}"',
-                 f'kernel = "{self._dom0.domu_files(self._flavour())[0]}"',
-                 f'ramdisk = "{initrd}"', 'extra = "console=hvc0 rdinit=/init quiet"',
-                 f"memory = {self.config.stressor_memory if self._parent else self.config.memory}",
+        boot = boot or [f'type = "{self.config.mode}"', f'kernel = "{self._dom0.domu_files(self._flavour())[0]}"',
+                        f'ramdisk = "{initrd}"', 'extra = "console=hvc0 rdinit=/init quiet"',
+                        f"memory = {self.config.stressor_memory if self._parent else self.config.memory}"]
+        lines = [f'name = "{name}"', *boot,
                  f"vcpus = {1 if self._parent else self.config.vcpus}",
                  'on_poweroff = "destroy"', 'on_reboot = "destroy"', 'on_crash = "destroy"']
         affinity = self._vcpu_affinity()
@@ -642,6 +646,8 @@ class XenEnvironment(Environment):
         role = "stress" if self._parent is not None else "measure"
         name = f"{NAME_PREFIX}{self.config.label[:40]}-{role}-{self._index}"
         directory = f"{RUN_DIR}/{name}"
+        if self.config.guest == "baremetal" and self._parent is None:
+            return self._launch_baremetal(agent, args, out, name, directory)
         argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
         ip = None
         if out is not None:
@@ -670,6 +676,32 @@ class XenEnvironment(Environment):
             self._wait_listening(port)
         self._launched_at = time.monotonic()
         dom0.xl("create", "-p", f"{directory}/domain.cfg", what=f"create {name}")
+        self._apply_scheduling(name)
+        self._read_back(name)
+        dom0.xl("unpause", name)
+        self._process = DomainProcess(self, self._relay)
+        return Launched(self._process, out)
+
+    def _launch_baremetal(self, agent: str, args: list[str], out: Path | None, name: str,
+                          directory: str) -> Launched:
+        """Our own kernel as a PVH domU: the probe's argv on its command line, its stream framed on its console
+        and split from dom0's console log (baremetal.XenConsoleRelay)."""
+        assert self._dom0 is not None
+        dom0 = self._dom0
+        line = baremetal.command_line(agent, args)
+        memory = self.config.memory if "memory" in self.config.model_fields_set else baremetal.XEN_MEMORY_MIB
+        dom0.run(["mkdir", "-p", directory]).check("xen: dom0 mkdir")
+        self._domain = name  # from here on, close() destroys it
+        dom0.transport.put(baremetal.kernel_path(), f"{directory}/kernel")
+        local_config = self.workdir / "domain.cfg"
+        local_config.write_text(self._domain_config(name, None, None, baremetal.xen_domain_lines(
+            f"{directory}/kernel", line, memory)))
+        dom0.transport.put(local_config, f"{directory}/domain.cfg")
+        log = CONSOLE_LOG.format(name=name)
+        dom0.run(["rm", "-f", log]).check("xen: removing an old console log")  # a reused name's log is appended
+        self._launched_at = time.monotonic()
+        dom0.xl("create", "-p", f"{directory}/domain.cfg", what=f"create {name}")
+        self._relay = baremetal.XenConsoleRelay(dom0.transport, log, name, self.workdir / "console.raw", out)
         self._apply_scheduling(name)
         self._read_back(name)
         dom0.xl("unpause", name)
@@ -809,6 +841,8 @@ class XenEnvironment(Environment):
     # ---- while it runs ----
 
     def console_text(self) -> str:
+        if isinstance(self._relay, baremetal.XenConsoleRelay):
+            return self._relay.text()  # the text part of the console; the log also holds the stream
         if self._dom0 is None or self._domain is None:
             return ""
         result = self._dom0.run(["tail", "-c", str(CONSOLE_TAIL_BYTES), CONSOLE_LOG.format(name=self._domain)],
@@ -843,6 +877,10 @@ class XenEnvironment(Environment):
         if not self.booted and time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
             return f"the domU did not boot within {self.config.boot_timeout / 1e9:.0f}s"
         status = self._process.poll()
+        if status not in (None, 0) and isinstance(self._relay, baremetal.XenConsoleRelay):
+            failure = baremetal.failure_exception(self.console_text())
+            if failure is not None:
+                raise failure  # status 2 (a parameter the guest refused) is bad input: exit 2
         if status not in (None, 0):
             return f"the domU's agent failed (status {status}): {self._process.error_tail()[-200:]}"
         return None
@@ -906,6 +944,8 @@ class XenEnvironment(Environment):
     def close(self) -> None:
         dom0 = self._dom0
         if dom0 is not None and (dom0.lab is None or dom0.lab.alive()):
+            if isinstance(self._relay, baremetal.XenConsoleRelay) and self._domain is not None:
+                baremetal.xen_request_stop(dom0, self._domain, self._relay)  # every sample it holds, then off
             if self._relay is not None:
                 self._relay.stop(grace=2.0)
             if self._domain is not None:
