@@ -1,10 +1,11 @@
 """Exact statistics at scale: 100 M int32 latencies.
 
 Prints: the in-memory computation time of rtvirt.stats.summarize (goal <= 0.5 s), the whole
-`rtvirt stats RUN` command (table and --json, new processes; goal <= 0.3 s) against the reference (read the
-same Parquet file with pyarrow, then numpy.percentile, mean and std; goal >= 2x faster) and against
-`python -c "import click"` (the bare start of any click CLI here), and each command's peak memory (goal
-<= 1 GB). Also the chunked pass over a foreign Parquet file without a stored histogram.
+`rtvirt stats RUN` command (table and --json, new processes, reading the run's digest.json; goal <= 0.3 s)
+against the reference (read the same Parquet file with pyarrow, then numpy.percentile, mean and std; goal
+>= 2x faster) and against `python -c "import click"` (the bare start of any click CLI here), and each
+command's peak memory (goal <= 1 GB). Also the chunked pass over a foreign Parquet file without a stored
+histogram.
 
     .venv/bin/python benchmarks/bench_stats.py [--samples 100000000] [--keep DIR]
 """
@@ -93,13 +94,14 @@ def main() -> None:
         start = time.perf_counter()
         write_run(run, table, {"name": "bench", "source": "measured", "probe": "timer", "value_field": "latency_ns"},
                   group_by="cpu")
-        print(f"write_run (Parquet + histogram): {time.perf_counter() - start:7.3f} s")
+        print(f"write_run (Parquet, histogram, digest): {time.perf_counter() - start:7.3f} s")
         del table
         run_path = run.path
     del values
     samples = run_path / "samples.parquet"
     print(f"samples.parquet {samples.stat().st_size / 1e6:,.0f} MB, histogram.parquet "
-          f"{(run_path / 'histogram.parquet').stat().st_size / 1e6:,.2f} MB")
+          f"{(run_path / 'histogram.parquet').stat().st_size / 1e6:,.2f} MB, digest.json (what `rtvirt stats RUN` "
+          f"reads) {(run_path / 'digest.json').stat().st_size / 1e3:,.1f} kB")
 
     rtvirt = [str(Path(sys.executable).with_name("rtvirt"))]  # the installed command, as a user starts it
     measured([*rtvirt, "stats", str(run_path)])  # warm the page cache
