@@ -9,8 +9,9 @@ and the median against the goal as a ratio (< 1 meets it). TCG timings are emula
 ``--xen`` boots it instead as a PVH domU of the Xen lab (one lab boot, not counted, then ``--boots`` domUs
 through the xen environment): wall is from the start of ``launch`` (the kernel and the domain's config
 copied into dom0 over SSH, ``xl create``, read-back, unpause) to the first record split from dom0's console
-log here; in-guest is the first sample's TSC time since Xen created the domain. Nested in TCG: not what a Xen
-host takes, and no goal applies (the ratio is printed against the same 2 s for comparison only).
+log here; in-guest is the first sample's TSC time since Xen created the domain, which includes the seconds
+it sits paused while rtvirt applies and reads back its settings. Nested in TCG: not what a Xen host takes, and
+no goal applies (the ratio is printed against the same 2 s for comparison only).
 
     .venv/bin/python benchmarks/bench_baremetal_boot.py [--boots 5] [--accel tcg] [--xen]
 """
