@@ -154,6 +154,10 @@ def test_runs_without_a_digest_report_the_same(stored: Stored,
     stats = [json.loads(run_cli("stats", str(root / "runs" / path.name), "--json", check=True).stdout)
              for root in (new, old)]
     assert stats[0] == stats[1]
+    over_time = [run_cli("stats", str(root / "runs" / path.name), "--over-time", check=True).stdout
+                 for root in (new, old)]
+    assert over_time[0] == over_time[1] and "per-window maxima" in over_time[0]
+    assert f"{fresh.summary.max_ns / 1000:.3f}" in over_time[0].split("over time")[1]
     # another window than the stored one: computed from the samples
     other = collect(new, window_ns=7 * SEC).configurations[0].runs[0]
     assert other.profile is not None and other.profile.window_ns == 7 * SEC
