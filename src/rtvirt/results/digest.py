@@ -95,9 +95,17 @@ class Digest:
 
     def series(self) -> tuple[Any, Any]:
         """(t_ns from the first sample, value) of the thinned series, in time order."""
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pq.ParquetFile(self.path / SERIES_FILE).read()
+        from ..errors import InputError
+
+        path = self.path / SERIES_FILE
+        try:
+            table = pq.ParquetFile(path).read(columns=["t_ns", "value"])
+        except (OSError, pa.ArrowException, KeyError) as exc:
+            raise InputError(f"{path}: unreadable ({exc}); delete it and digest.json to report from the samples") \
+                from None
         return table["t_ns"].to_numpy(), table["value"].to_numpy()
 
 
