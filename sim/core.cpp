@@ -13,21 +13,26 @@ double Rng::normal() {  // Box-Muller
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
-static bool job_after(const Job& a, const Job& b) {
-    if (a.key != b.key) return a.key > b.key;
-    return a.seq > b.seq;
-}
-
-void ReadyQueue::push(Job job) {
-    heap.push_back(job);
-    std::push_heap(heap.begin(), heap.end(), job_after);
+void ReadyQueue::push(const Job& job) {
+    uint32_t slot;
+    if (free_slots.empty()) {
+        slot = static_cast<uint32_t>(slots.size());
+        slots.push_back(job);
+    } else {
+        slot = free_slots.back();
+        free_slots.pop_back();
+        slots[slot] = job;
+    }
+    heap.push_back(Entry{job.key, job.seq, slot});
+    std::push_heap(heap.begin(), heap.end(), std::greater<Entry>());
 }
 
 Job ReadyQueue::pop() {
-    std::pop_heap(heap.begin(), heap.end(), job_after);
-    Job job = heap.back();
+    std::pop_heap(heap.begin(), heap.end(), std::greater<Entry>());
+    uint32_t slot = heap.back().slot;
     heap.pop_back();
-    return job;
+    free_slots.push_back(slot);
+    return slots[slot];
 }
 
 enum EventKind { EV_RELEASE = 0, EV_CHAIN = 1, EV_STAGE = 2 };
@@ -56,6 +61,7 @@ Sim::Sim(Config config) : cfg(std::move(config)), rng_(cfg.seed) {
     supply.resize(vcpus.size());
     previous_.assign(static_cast<size_t>(cfg.pcpus), -1);
     std::fill(std::begin(gantt_open_), std::end(gantt_open_), -1);
+    gantt_ = cfg.gantt_to > cfg.gantt_from;
 }
 
 void Sim::push(Time t, int prio, int kind, int index, int64_t a, Time b) {
@@ -172,7 +178,7 @@ void Sim::add_supply(VCpu& v, Time from, Time to) {
 }
 
 void Sim::add_segment(int cpu, int vcpu, int task, Time from, Time to) {
-    if (cfg.gantt_to <= cfg.gantt_from || to <= cfg.gantt_from || from >= cfg.gantt_to) return;
+    if (to <= cfg.gantt_from || from >= cfg.gantt_to) return;
     from = std::max(from, cfg.gantt_from);
     to = std::min(to, cfg.gantt_to);
     int64_t open = gantt_open_[cpu];
@@ -308,7 +314,7 @@ bool Sim::advance(size_t rows) {
             Time t = now;
             Time overhead = std::min(next - t, c.overhead_left);
             if (overhead > 0) {
-                add_segment(p, c.run, -2, t, t + overhead);
+                if (gantt_) add_segment(p, c.run, -2, t, t + overhead);
                 c.overhead_left -= overhead;
                 t += overhead;
             }
@@ -321,24 +327,24 @@ bool Sim::advance(size_t rows) {
                     }
                     v.gap_running = true;
                 }
-                add_segment(p, c.run, -1, t, next);
+                if (gantt_) add_segment(p, c.run, -1, t, next);
                 continue;
             }
             if (v.ready.empty()) {
-                add_segment(p, c.run, -3, t, next);
+                if (gantt_) add_segment(p, c.run, -3, t, next);
                 continue;
             }
             Job& job = v.ready.top();
             Time cs = std::min(next - t, v.cs_left);
             if (cs > 0) {
-                add_segment(p, c.run, -2, t, t + cs);
+                if (gantt_) add_segment(p, c.run, -2, t, t + cs);
                 v.cs_left -= cs;
                 t += cs;
             }
             if (t >= next) continue;
             if (job.start < 0) job.start = t;
             job.remaining -= next - t;
-            add_segment(p, c.run, job.task, t, next);
+            if (gantt_) add_segment(p, c.run, job.task, t, next);
         }
         hv->account(*this, now, next);
         if (next >= hv_next_) resched_ = true;
@@ -360,7 +366,8 @@ bool Sim::advance(size_t rows) {
 void Sim::finish() {
     ended_ = true;
     for (const VCpu& v : vcpus) {
-        for (const Job& job : v.ready.heap) {
+        for (const ReadyQueue::Entry& entry : v.ready.heap) {
+            const Job& job = v.ready.slots[entry.slot];
             if (cfg.tasks[job.task].record) {
                 unfinished.push_back(JobRecord{job.arrival, job.release, job.start, -1, job.deadline, job.task, -1, job.event});
             }

@@ -102,13 +102,22 @@ struct Job {
     Time key = 0;  // guest ready-queue order: smaller first, then seq
 };
 
-// Ready queue of one vCPU: a binary heap of jobs ordered by (key, seq).
+// Ready queue of one vCPU: a binary heap ordered by (key, seq) of small entries pointing at job slots, so a
+// sift moves 24 bytes instead of a whole Job.
 struct ReadyQueue {
-    std::vector<Job> heap;
+    struct Entry {
+        Time key;
+        uint64_t seq;
+        uint32_t slot;
+        bool operator>(const Entry& o) const { return key != o.key ? key > o.key : seq > o.seq; }
+    };
+    std::vector<Entry> heap;
+    std::vector<Job> slots;
+    std::vector<uint32_t> free_slots;
     bool empty() const { return heap.empty(); }
-    const Job& top() const { return heap.front(); }
-    Job& top() { return heap.front(); }
-    void push(Job job);
+    const Job& top() const { return slots[heap.front().slot]; }
+    Job& top() { return slots[heap.front().slot]; }
+    void push(const Job& job);
     Job pop();
 };
 
@@ -313,6 +322,7 @@ private:
     size_t expected_jobs_ = 0;   // recorded jobs the run will have, roughly: sizes the chunk buffers
     std::vector<Time (*)(const TaskSpec&, const Job&)> guest_keys_;  // per VM
     int64_t gantt_open_[64] = {};
+    bool gantt_ = false;  // a Gantt window was asked for
 
     void push(Time t, int prio, int kind, int index, int64_t a = 0, Time b = 0);
     void start();

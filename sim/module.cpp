@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "core.h"
+#include "histogram.h"
 
 namespace py = pybind11;
 using namespace rtv;
@@ -212,6 +213,36 @@ private:
     Sim sim_;
 };
 
+// Exact histograms per (cpu, kind) of the stored values, fed chunk by chunk (see histogram.h).
+class Histograms {
+public:
+    void add(const py::array_t<int64_t, py::array::c_style>& values, const py::array_t<int16_t, py::array::c_style>& cpu,
+             const py::array_t<int16_t, py::array::c_style>& kind) {
+        if (cpu.size() != values.size() || kind.size() != values.size())
+            throw std::invalid_argument("values, cpu and kind differ in length");
+        const int64_t* v = values.data();
+        const int16_t* c = cpu.data();
+        const int16_t* k = kind.data();
+        py::gil_scoped_release unlocked;
+        counts_.add(v, c, k, static_cast<size_t>(values.size()));
+    }
+
+    py::dict entries() const {
+        std::vector<int16_t> cpu, kind;
+        std::vector<int64_t> value, count;
+        counts_.entries(cpu, kind, value, count);
+        py::dict out;
+        out["cpu"] = adopt(std::move(cpu));
+        out["kind"] = adopt(std::move(kind));
+        out["value"] = adopt(std::move(value));
+        out["count"] = adopt(std::move(count));
+        return out;
+    }
+
+private:
+    GroupHistograms counts_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_simcore, m) {
@@ -221,6 +252,11 @@ PYBIND11_MODULE(_simcore, m) {
         .def("advance", &Simulation::advance, py::arg("rows"), "Simulate until `rows` jobs finished or the end")
         .def("stop", &Simulation::stop, "End the run as interrupted (Ctrl-C seen between two chunks)")
         .def("results", &Simulation::results, "Everything but the jobs, once advance() reported the end");
+    py::class_<Histograms>(m, "Histograms")
+        .def(py::init<>())
+        .def("add", &Histograms::add, py::arg("values"), py::arg("cpu"), py::arg("kind"),
+             "Count int64 values per (cpu, kind) group")
+        .def("entries", &Histograms::entries, "cpu, kind, value, count arrays sorted by cpu, kind, value");
     std::vector<std::string> hv, guest;
     for (const auto& e : hv_registry()) hv.emplace_back(e.name);
     for (const auto& e : guest_registry()) guest.emplace_back(e.name);

@@ -6,6 +6,17 @@
 namespace rtv {
 
 struct Rtds final : HvScheduler {
+    // sort key: vCPUs with budget first, then earliest deadline, then index (a strict total order)
+    struct Rank {
+        bool spent;
+        Time dl;
+        int index;
+        bool operator<(const Rank& o) const {
+            if (spent != o.spent) return o.spent;
+            return dl != o.dl ? dl < o.dl : index < o.index;
+        }
+    };
+    std::vector<Rank> ranks;
     std::vector<int> order;
 
     void init(Sim& sim) override {
@@ -13,16 +24,13 @@ struct Rtds final : HvScheduler {
     }
 
     Time pick(Sim& sim, Time now) override {
-        order.clear();
+        ranks.clear();
         for (const VCpu& v : sim.vcpus) {
-            if (v.has_work() && (v.q > 0 || v.spec.extratime)) order.push_back(v.index);
+            if (v.has_work() && (v.q > 0 || v.spec.extratime)) ranks.push_back(Rank{v.q <= 0, v.dl, v.index});
         }
-        std::sort(order.begin(), order.end(), [&](int a, int b) {
-            const VCpu &x = sim.vcpus[a], &y = sim.vcpus[b];
-            if ((x.q > 0) != (y.q > 0)) return x.q > 0;
-            if (x.dl != y.dl) return x.dl < y.dl;
-            return a < b;
-        });
+        std::sort(ranks.begin(), ranks.end());
+        order.clear();
+        for (const Rank& r : ranks) order.push_back(r.index);
         sim.assign_ranked(order);
         return PeriodicBudget::horizon(sim, now);
     }

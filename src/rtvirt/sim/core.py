@@ -24,7 +24,7 @@ _DEFAULT_WEIGHT = {"credit": 256, "fair": 1024}
 _RTDS_DEFAULT = (4_000_000, 10_000_000)  # Xen's default budget / period
 
 
-CHUNK_ROWS = 1 << 20  # jobs per chunk the core hands over (and per Parquet row group of the stored samples)
+CHUNK_ROWS = 1 << 19  # jobs per chunk the core hands over (and per Parquet row group of the stored samples)
 JobChunk = dict[str, np.ndarray]  # the core's job columns: arrival, response, start, [release], [event], task, cpu
 
 
@@ -152,6 +152,8 @@ def core_config(model: Model, *, duration_ns: int | None = None, seed: int | Non
             tasks[task_index].update(chain=k, stage=s)
         chains.append({"period": chain.period, "jitter": chain.jitter, "offset": chain.offset,
                        "deadline": chain.deadline if chain.deadline is not None else NEVER, "stages": stages})
+    if (duration_ns if duration_ns is not None else sim.duration) <= 0:
+        raise InputError("simulation duration must be larger than 0")
     config = {
         "duration": duration_ns if duration_ns is not None else sim.duration,
         "seed": seed if seed is not None else sim.seed,
@@ -188,8 +190,6 @@ def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None =
     except ImportError as exc:  # pragma: no cover - a broken install
         raise RunError(f"the simulator core is not built ({exc}); reinstall rtvirt with pip") from None
     core_input, task_names = config or core_config(model, duration_ns=duration_ns, seed=seed, gantt=gantt)
-    if core_input["duration"] <= 0:
-        raise InputError("simulation duration must be larger than 0")
     simulation = _simcore.Simulation(core_input)
     chunks: list[JobChunk] = []
     ended = False

@@ -13,6 +13,7 @@ gaps.parquet repeats the gaps in the real ``gap`` probe's layout (t_ns, duration
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -23,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..model import Model
-from ..store import RunDir, _group_histograms, new_run, write_run
+from ..store import RunDir, new_run, write_run
 from .core import JobChunk, SimResult, core_config, optional_columns, simulate, supply_window
 
 __all__ = ["gap_probe_table", "task_summary", "simulate_to_store", "write_simulated_run"]
@@ -52,33 +53,40 @@ class SamplesFile:
         self._writer = pq.ParquetWriter(path, self.schema, **{**_SAMPLES_OPTIONS, "column_encoding": encodings})
         self._pool = ThreadPoolExecutor(max_workers=1)
         self._pending: list[Future[None]] = []
-        self.columns: dict[str, list[np.ndarray]] = {"response_ns": [], "cpu": [], "thread": []}  # for the histogram
+        from .. import _simcore  # type: ignore[attr-defined]
+
+        self._counts = _simcore.Histograms()
 
     def add(self, columns: dict[str, np.ndarray]) -> None:
         """Queue one chunk (numpy columns named as the schema, kind codes as ``thread``); no copy is made."""
-        for name in self.columns:
-            self.columns[name].append(columns[name])
         arrays = [pa.array(columns[name]) for name in ("t_ns", "response_ns", "cpu", "thread")]
         arrays.append(pa.DictionaryArray.from_arrays(arrays[3], self._kinds))  # the same buffer as thread
         arrays += [pa.array(columns[name]) for name in self.schema.names[5:]]
-        self._pending.append(self._pool.submit(self._writer.write_batch, pa.record_batch(arrays, schema=self.schema),
-                                               row_group_size=max(1, len(arrays[0]))))
+        self._pending.append(self._pool.submit(self._write, pa.record_batch(arrays, schema=self.schema),
+                                               columns["response_ns"], columns["cpu"], columns["thread"]))
 
     def add_jobs(self, chunk: JobChunk) -> None:
         arrival = chunk["arrival"]
         self.add({"t_ns": arrival, "response_ns": chunk["response"], "cpu": chunk["cpu"], "thread": chunk["task"],
                   "start_ns": chunk["start"], "release_ns": chunk.get("release", arrival), "event": chunk.get("event")})
 
-    def histogram(self) -> pa.Table:
-        """The exact histogram per (cpu, kind) of every row added (store layout), counted while the writer
-        thread is still encoding."""
-        def joined(name: str) -> np.ndarray:
-            return np.concatenate(self.columns[name]) if self.columns[name] else np.empty(0, np.int64)
+    def _write(self, batch: pa.RecordBatch, values: np.ndarray, cpu: np.ndarray, kind: np.ndarray) -> None:
+        # in the writer thread, both without the GIL: the core simulates the next chunk meanwhile
+        self._writer.write_batch(batch, row_group_size=max(1, batch.num_rows))
+        self._counts.add(values, cpu, kind)
 
-        codes = joined("thread").astype(np.int16, copy=False)
-        table = pa.table({"response_ns": joined("response_ns"), "cpu": joined("cpu").astype(np.int16, copy=False),
-                          "kind": pa.DictionaryArray.from_arrays(pa.array(codes), self._kinds)})
-        return _group_histograms(table, "response_ns")
+    def later(self, write: Callable[..., None], *args: Any, **options: Any) -> None:
+        """Run another write in the writer thread, after the chunks queued so far."""
+        self._pending.append(self._pool.submit(write, *args, **options))
+
+    def histogram(self) -> pa.Table:
+        """The exact histogram per (cpu, kind) of every row added, in the store's layout (histogram.parquet)."""
+        for pending in self._pending:
+            pending.result()
+        found = self._counts.entries()
+        return pa.table({"cpu": found["cpu"],
+                         "kind": pa.DictionaryArray.from_arrays(pa.array(found["kind"]), self._kinds).dictionary_decode(),
+                         "value": found["value"], "count": found["count"]})
 
     def close(self) -> None:
         try:
@@ -204,10 +212,11 @@ def _store(result: SimResult, run: RunDir, samples: SamplesFile, *, model_path: 
            label: str | None, extra: dict[str, Any] | None) -> dict[str, Any]:
     """The rest of a simulated run once its jobs are queued: chains and gaps, side files, histogram, manifest."""
     _add_chains_and_gaps(samples, result)
-    pq.write_table(result.supply, run.path / "supply.parquet", compression="zstd", use_dictionary=["vcpu"],
-                   column_encoding=_SUPPLY_ENCODING)
+    # the side files go to the writer thread too, after the samples
+    samples.later(pq.write_table, result.supply, run.path / "supply.parquet", compression="zstd",
+                  use_dictionary=["vcpu"], column_encoding=_SUPPLY_ENCODING)
     if result.gaps.num_rows:
-        pq.write_table(gap_probe_table(result), run.path / "gaps.parquet", compression="zstd")
+        samples.later(pq.write_table, gap_probe_table(result), run.path / "gaps.parquet", compression="zstd")
     summary = task_summary(result)
     histogram = samples.histogram()
     samples.close()

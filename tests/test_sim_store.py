@@ -1,0 +1,89 @@
+"""How a simulation reaches the results store: the core hands over chunks of jobs, written while it simulates on.
+Every record is kept, nothing derivable is stored, and the histogram counted beside the writer is exact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import run_cli
+from simcases import build
+
+import rtvirt.sim.core as sim_core
+from rtvirt.model import load_model
+from rtvirt.sim import simulate, write_simulated_run
+from rtvirt.store import _group_histograms
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
+# jitter (release_ns kept), a chain (event kept), random execution times, and a gap probe beside them
+JITTER_CHAIN = [{"name": "vm", "vcpu": [{"affinity": [0]}], "task": [
+    {"name": "uni", "period": "10ms", "jitter": "1ms", "priority": 3,
+     "execution": {"distribution": "uniform", "min": "0.1ms", "max": "0.5ms"}},
+    {"name": "ev", "type": "event", "execution": "0.1ms", "priority": 4}]}]
+CHAIN = [{"name": "c", "period": "4ms", "jitter": "0.5ms", "stages": ["vm/ev"]}]
+
+
+def _jobs(result: sim_core.SimResult) -> dict[str, list[int]]:
+    return {name: result.jobs[name].to_pylist() for name in result.jobs.column_names}
+
+
+def test_chunk_boundaries_do_not_change_the_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = load_model(EXAMPLES / "eight-vms-rtds.toml", [("simulation.duration", "3s")])
+    whole = simulate(model)
+    monkeypatch.setattr(sim_core, "CHUNK_ROWS", 997)  # a prime: chunks end anywhere in the schedule
+    pieces = simulate(model)
+    assert len(pieces.job_chunks) > 5 and len(whole.job_chunks) == 1
+    assert _jobs(pieces) == _jobs(whole)
+    assert pieces.counters == whole.counters
+    assert {k: v.tolist() for k, v in pieces.task_stats.items()} == {k: v.tolist() for k, v in whole.task_stats.items()}
+
+
+def test_stored_samples_hold_every_record_and_an_exact_histogram(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sim_core, "CHUNK_ROWS", 1000)  # several row groups, each counted on its own
+    model = build({"scheduler": "partitioned"}, JITTER_CHAIN, duration="5s", chain=CHAIN)
+    result = simulate(model)
+    run, summary = write_simulated_run(result, tmp_path, model_path="inline", params={})
+    samples = pq.ParquetFile(run.parquet_path)
+    assert samples.metadata.num_row_groups > 2
+    table = samples.read()
+    assert table.column_names == ["t_ns", "response_ns", "cpu", "thread", "kind", "start_ns", "release_ns", "event"]
+    jobs, chains = result.jobs, result.chains
+    assert table.num_rows == jobs.num_rows + chains.num_rows
+    head = table.slice(0, jobs.num_rows)
+    assert head["t_ns"].to_pylist() == jobs["arrival_ns"].to_pylist()
+    # derived, not stored: finish = t_ns + response_ns
+    assert (head["t_ns"].to_numpy() + head["response_ns"].to_numpy()).tolist() == jobs["finish_ns"].to_pylist()
+    assert head["release_ns"].to_pylist() == jobs["release_ns"].to_pylist()
+    assert head["start_ns"].to_pylist() == jobs["start_ns"].to_pylist()
+    assert head["event"].to_pylist() == jobs["event"].to_pylist()
+    assert [str(k) for k in head["kind"].to_pylist()] == [str(k) for k in jobs["task"].to_pylist()]
+    tail = table.slice(jobs.num_rows)
+    assert set(tail["kind"].to_pylist()) == {"chain:c"}
+    assert tail["response_ns"].to_pylist() == chains["response_ns"].to_pylist()
+    stored = pq.read_table(run.histogram_path)
+    recounted = _group_histograms(table, "response_ns")
+
+    def rows(t):  # type: ignore[no-untyped-def]
+        return sorted(zip(t["cpu"].to_pylist(), map(str, t["kind"].to_pylist()), t["value"].to_pylist(),
+                          t["count"].to_pylist(), strict=True))
+
+    assert rows(stored) == rows(recounted) and len(rows(stored)) > 100  # drawn execution times: many values
+    manifest = json.loads((run.path / "manifest.json").read_text())
+    assert manifest["summary"]["vm/uni"]["samples"] == summary["tasks"]["vm/uni"]["jobs"] > 400
+    assert manifest["summary"]["vm/uni"]["max_ns"] == summary["tasks"]["vm/uni"]["max_response_ns"]
+
+
+def test_columns_that_would_repeat_t_ns_or_minus_one_are_left_out(tmp_path: Path) -> None:
+    model = tmp_path / "plain.toml"
+    model.write_text('[hypervisor]\nscheduler = "partitioned"\n[[vm]]\nname = "vm"\n[[vm.vcpu]]\naffinity = [0]\n'
+                     '[[vm.task]]\nname = "t"\nperiod = "1ms"\nexecution = "0.2ms"\n')
+    document = json.loads(run_cli("sim", str(model), "-D", "0.1", "--results", str(tmp_path / "r"), "--json",
+                                  check=True).stdout)
+    table = pq.read_table(Path(document["path"]) / "samples.parquet")
+    assert table.column_names == ["t_ns", "response_ns", "cpu", "thread", "kind", "start_ns"]
+    assert table.num_rows == document["tasks"]["vm/t"]["jobs"] == 100
+    assert np.all(table["response_ns"].to_numpy() == 200_000)
