@@ -154,6 +154,7 @@ def write_digest(run_dir: Path, document: dict[str, Any], table: pa.Table | None
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from ..errors import InputError
     from ..fileio import write_atomically
     from ..stats import Histogram, summarize_histogram
     from ..store import summaries_from_histogram
@@ -178,14 +179,20 @@ def write_digest(run_dir: Path, document: dict[str, Any], table: pa.Table | None
                        batch.column(2).to_numpy(zero_copy_only=False) if len(columns) == 3 else None)
 
         overall = Histogram.merged([Histogram(histogram["value"].to_numpy(), histogram["count"].to_numpy())])
-        result = profile_pass(chunks(), first_ns=first, last_ns=last, rows=table.num_rows, overall=overall,
-                              cuts=[t for t, _ in events])
-        segments = segments_of(events, result.profile.duration_ns, result.between_cuts) if events else []
-        digest["profile"] = _profile_json(result, segments)
-        pq.write_table(pa.table({"t_ns": pa.array(result.series_t, pa.int64()),
-                                 "value": pa.array(result.series_values.astype(np.int64), pa.int64())}),
-                       Path(run_dir) / SERIES_FILE, compression="zstd", column_encoding={"t_ns": "DELTA_BINARY_PACKED"},
-                       use_dictionary=False)
+        try:
+            result = profile_pass(chunks(), first_ns=first, last_ns=last, rows=table.num_rows, overall=overall,
+                                  cuts=[t for t, _ in events])
+        except InputError:
+            # time stamps no window fits (e.g. one sample dated 0 among wall-clock ones): the run is stored all the
+            # same, without a profile; a report says why when it takes the pass over the samples
+            result = None
+        if result is not None:
+            segments = segments_of(events, result.profile.duration_ns, result.between_cuts) if events else []
+            digest["profile"] = _profile_json(result, segments)
+            pq.write_table(pa.table({"t_ns": pa.array(result.series_t, pa.int64()),
+                                     "value": pa.array(result.series_values.astype(np.int64), pa.int64())}),
+                           Path(run_dir) / SERIES_FILE, compression="zstd",
+                           column_encoding={"t_ns": "DELTA_BINARY_PACKED"}, use_dictionary=False)
     write_atomically(Path(run_dir) / DIGEST_FILE, json.dumps(digest, allow_nan=False, separators=(",", ":")))
 
 
