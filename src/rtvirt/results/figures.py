@@ -183,7 +183,7 @@ def window_maxima(label: str, profiles: list[tuple[str, TimeProfile]], events: l
         starts = np.array([w.start_ns for w in profile.windows]) / 1e9
         axes.step(starts, [w.max_ns / _US for w in profile.windows], where="post", color=colour,
                   label=None if many else "max per window", linewidth=1)
-        axes.step(starts, [w.level_ns / _US for w in profile.windows], where="post", color=colour,
+        axes.step(starts, [w.level_ns / _US for w in profile.windows], where="post", color=colour if many else "C1",
                   linestyle=":" if many else "-", alpha=0.8 if many else 1.0,
                   label=None if many else "level per window", linewidth=1)
     _events(axes, events, labelled=False)
