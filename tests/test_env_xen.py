@@ -92,21 +92,6 @@ name = "pinned-apart"
 cpus = "1"
 stressor_cpus = "0"
 
-# rtvirt's own bare-metal kernel as a PVH domU (docs/baremetal.md; asserted in tests/test_baremetal_xen.py)
-[[environments]]
-kind = "xen"
-name = "bare-pvh"
-guest = "baremetal"
-cpus = "1"
-
-[[environments]]
-kind = "xen"
-name = "bare-rtds-4-10"
-guest = "baremetal"
-scheduler = "rtds"
-cpus = "1"
-rtds = {{ period = "10ms", budget = "4ms" }}
-
 [[disturbances]]
 name = "alone"
 
@@ -134,18 +119,6 @@ workload = "gap"
 environments = ["shared-pcpu", "pinned-apart"]
 disturbances = ["neighbour"]
 start_order = ["stress-first"]
-
-[[groups]]
-name = "bare-timer"
-workload = "timer"
-environments = ["bare-pvh"]
-disturbances = ["alone"]
-
-[[groups]]
-name = "bare-gap"
-workload = "gap"
-environments = ["bare-rtds-4-10"]
-disturbances = ["alone"]
 
 # every configuration is also simulated and analysed (issue 11): the RTDS runs are compared with their model
 [predict]
@@ -176,22 +149,16 @@ def _summary(output: str) -> dict[str, Any]:
     return json.loads(output[output.index("{"):])  # type: ignore[no-any-return]
 
 
-_CAMPAIGN: list[tuple[Path, dict[str, Any]]] = []  # the session's one lab campaign (test_baremetal_xen.py too)
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lab_campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """One Xen lab boot for every run of LAB_SCENARIO; returns (results dir, campaign summary)."""
-    if _CAMPAIGN:  # another module imported this fixture: same campaign, no second lab boot
-        return _CAMPAIGN[0]
+    """One Xen lab boot for seven runs; returns (results dir, campaign summary)."""
     assert XenEnvironment.available() is None, XenEnvironment.available()
     work = tmp_path_factory.mktemp("xen-lab")
     (work / "lab.toml").write_text(LAB_SCENARIO)
     result = run_cli("run", str(work / "lab.toml"), "--out", str(work / "results"), "--no-progress", "--json",
                      timeout=1500)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
-    _CAMPAIGN.append((work / "results", _summary(result.stdout)))
-    return _CAMPAIGN[0]
+    return work / "results", _summary(result.stdout)
 
 
 def _run(lab_campaign: tuple[Path, dict[str, Any]], key: str) -> dict[str, Any]:
@@ -260,12 +227,11 @@ def test_a_null_scheduler_pool_gives_the_measuring_vcpu_its_pcpu(lab_campaign: t
     assert pool.startswith("rtvirt-null-") and [v["hard_affinity"] for v in detail["applied"]["vcpu_list"]] == ["1"]
     (row,) = [row for row in detail["cpupools"] if row["Name"] == pool]
     assert row["Sched"] == "null" and row["CPUs"] == "1"
-    # Xen never takes the pCPU from a null-scheduled vCPU: what interrupts the spinning thread is the emulation
-    # and the host (nested TCG), shorter than the 6 ms holes a 4 ms / 10 ms RTDS server leaves (seen at host load
-    # 9-14: median 2.4-3.1 ms against 6.1-6.2 ms; the CPU share is no test here, host load takes most of both)
-    null_ms = statistics.median(_gaps_ns(lab_campaign, "rtds/null-pool/alone/-/r1")) / 1e6
-    rtds_ms = statistics.median(_gaps_ns(lab_campaign, "rtds/rtds-4-10/alone/-/r1")) / 1e6
-    assert null_ms < 0.75 * rtds_ms, (null_ms, rtds_ms)
+    assert null["summary"]["all"]["samples"] > 50 and null["summary"]["all"]["dropped"] == 0
+    assert [v["cpu"] for v in detail["applied"]["vcpu_list"]] == ["1"]  # assigned to the pool's pCPU
+    # no comparison of gaps with the RTDS runs: Xen never takes the pCPU from a null-scheduled vCPU, so what
+    # interrupts the spinning thread here is the host's scheduling of the lab's QEMU, which under host load
+    # makes gaps as long as the RTDS server's (seen: median 2.4-4.2 ms against RTDS 4/10's 4.9-6.2 ms)
 
 
 @pytest.mark.vm
@@ -464,6 +430,5 @@ def test_the_built_in_xen_scenarios_cover_the_studies_schedulers() -> None:
     assert len(xen_servers) == len(servers.environments) and len(xen_schedulers) == len(schedulers.environments)
     assert {env.scheduler for env in xen_schedulers} == {"credit", "credit2", "rtds", "arinc653"}
     rtds = [env for env in xen_servers if env.scheduler == "rtds"]
-    # the RT-Xen study's scenarios (tests/test_studies.py checks its matrix): RTDS servers beside credit2
-    assert {env.scheduler for env in xen_servers} == {"rtds", "credit2"} and all(env.rtds for env in rtds)
-    assert {d.name for d in servers.disturbances} == {"alone", "1-rt-vm", "2-rt-vms"}
+    assert {env.pin for env in rtds} == {True, False} and any(env.stressor_cpus for env in rtds)
+    assert {d.name for d in servers.disturbances} == {"alone", "competing"}
