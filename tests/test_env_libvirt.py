@@ -332,28 +332,90 @@ def test_hugepages_beyond_the_reserve_are_refused_before_a_domain_is_defined(lib
     assert _our_domains() == []
 
 
+def _libvirtd_can_lock(mib: int) -> bool:
+    """Whether the running libvirtd may give QEMU ``mib`` of locked memory: CAP_SYS_RESOURCE (to raise the
+    limit) or a hard RLIMIT_MEMLOCK that is already high enough (libvirt only lowers it then)."""
+    pid = int(Path("/run/libvirtd.pid").read_text().strip())
+    caps = re.search(r"^CapEff:\s+([0-9a-f]+)", Path(f"/proc/{pid}/status").read_text(), re.M)
+    hard = re.search(r"^Max locked memory\s+\S+\s+(\S+)", Path(f"/proc/{pid}/limits").read_text(), re.M)
+    assert caps is not None and hard is not None
+    return bool(int(caps.group(1), 16) & (1 << 24)) or hard.group(1) == "unlimited" or int(hard.group(1)) >= mib << 20
+
+
 @pytest.mark.vm
-def test_memory_locking_is_applied_or_its_refusal_explained(libvirtd: str, tmp_path: Path) -> None:
+def test_memory_locking_is_applied_or_refused_up_front_as_bad_input(libvirtd: str, tmp_path: Path) -> None:
     """Locking guest memory needs libvirtd to raise QEMU's RLIMIT_MEMLOCK (CAP_SYS_RESOURCE). Where libvirtd
-    has it, QEMU's memory is locked; where it does not (this sandbox: libvirtd runs with our bounding set),
-    the error says why and what to change, and no domain is left behind."""
-    capable = bool(int(re.search(r"^CapBnd:\s+([0-9a-f]+)", Path("/proc/self/status").read_text(),
-                                 re.M).group(1), 16) & (1 << 24))  # type: ignore[union-attr]
+    may, QEMU's memory is locked; where it may not (this container: no CAP_SYS_RESOURCE, `ulimit -l` 8 MiB),
+    the scenario is refused before any domain exists: exit 2 naming memory_locked, the capability and the limit."""
+    if not _libvirtd_can_lock(GUEST_MIB + 256):
+        scenario = _scenario(tmp_path / "lock.toml", "1s", 'kind = "libvirt"\nmemory_locked = true')
+        result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"))
+        assert result.returncode == 2, result.stderr[-2000:]
+        message = " ".join(result.stderr.split())
+        assert "environments[0]" in message and "memory_locked = true" in message
+        assert "CAP_SYS_RESOURCE" in message and "RLIMIT_MEMLOCK" in message and "hard limit is" in message
+        assert "Traceback" not in result.stderr and not (tmp_path / "results" / "runs").exists()
+        assert _our_domains() == []
+        return
     with Supervisor() as supervisor:
         env = LibvirtEnvironment(LibvirtConfig(domain_type="qemu", memory_locked=True), supervisor, tmp_path / "vm")
         try:
-            if not capable:
-                with pytest.raises(RunError, match="memory_locked = true.*CAP_SYS_RESOURCE.*memory_locked = false"):
-                    env.launch("rtvirt-probe", ["timer", "--duration=1000000000"], None)
-            else:
-                env.launch("rtvirt-probe", ["timer", "--duration=1000000000"], None)
-                pid, _ = _vcpu_threads("libvirt")
-                vmlck = re.search(r"^VmLck:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M)
-                assert vmlck is not None and int(vmlck.group(1)) >= GUEST_MIB * 1024
-                assert "<locked/>" in env.describe()["domain_xml"]
+            env.launch("rtvirt-probe", ["timer", "--duration=1000000000"], None)
+            pid, _ = _vcpu_threads("libvirt")
+            vmlck = re.search(r"^VmLck:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M)
+            assert vmlck is not None and int(vmlck.group(1)) >= GUEST_MIB * 1024
+            assert "<locked/>" in env.describe()["domain_xml"]
         finally:
             env.close()
     assert _our_domains() == []
+
+
+CACHETUNE = ("<cputune><cachetune vcpus='0'><cache id='0' level='3' type='both' size='2' unit='MiB'/></cachetune>"
+             "</cputune>")
+
+
+def test_cache_allocation_needs_resctrl_and_says_so_naming_the_field(tmp_path: Path) -> None:
+    """<cachetune> goes through the kernel's resctrl: without it (this machine: a VM whose CPU offers no
+    cache allocation) a local scenario is refused at load time naming cputune; with it, it loads."""
+    text = _scenario(tmp_path / "cat.toml", "1s", f'kind = "libvirt"\ncputune = "{CACHETUNE}"').read_text()
+    if Path("/sys/fs/resctrl/info").is_dir():
+        assert "cachetune" in parse_scenario(text).environments[0].cputune  # type: ignore[union-attr]
+        return
+    with pytest.raises(InputError) as error:
+        parse_scenario(text)
+    assert "environments[0]" in str(error.value) and "cputune: <cachetune> needs the kernel's resctrl" in \
+        str(error.value)
+    # a remote host's resctrl is its own business: libvirt there decides
+    remote = text.replace('kind = "libvirt"', 'kind = "libvirt"\nuri = "qemu+ssh://root@203.0.113.1/system"')
+    assert parse_scenario(remote).environments[0].cputune is not None  # type: ignore[union-attr]
+
+
+def test_numa_nodes_must_exist_on_a_local_host(tmp_path: Path) -> None:
+    text = _scenario(tmp_path / "numa.toml", "1s", 'kind = "libvirt"\nnuma_nodes = [200]').read_text()
+    with pytest.raises(InputError) as error:
+        parse_scenario(text)
+    assert "environments[0]" in str(error.value) and "numa_nodes: this host has no NUMA node 200 (online: 0" in \
+        str(error.value)
+    assert parse_scenario(text.replace("[200]", "[0]")).environments[0].numa_nodes == (0,)  # type: ignore[union-attr]
+
+
+def test_domain_type_auto_follows_whether_kvm_accelerates(libvirtd: str, tmp_path: Path) -> None:
+    """auto: type kvm only where a calibration boot under KVM showed it accelerates (else TCG, type qemu),
+    with the reason in the manifest; this machine's /dev/kvm does not accelerate."""
+    from rtvirt.environments.qemu import choose_accel
+
+    decision = choose_accel("auto")
+    with Supervisor() as supervisor:
+        env = LibvirtEnvironment(LibvirtConfig(), supervisor, tmp_path / "vm")
+        try:
+            env.start()
+            described = env.describe()
+        finally:
+            env.close()
+    assert described["domain_type"] == ("kvm" if decision["accel"] == "kvm" else "qemu")
+    assert described["domain_type_reason"] == decision["reason"] and described["domain_type_reason"]
+    if described["domain_type"] == "qemu":
+        assert any("type qemu" in w for w in env.warnings())
 
 
 def test_a_stopped_libvirtd_is_named_in_the_error(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -77,6 +78,9 @@ RT_SYSCTL = Path("/proc/sys/kernel/sched_rt_runtime_us")
 RT_RECORD = "libvirt-rt-throttling.json"  # under cache_dir(): what to restore after a kill -9
 RT_REFUSED = "Cannot set scheduler parameters"  # libvirt's message when vcpusched is refused
 MEMLOCK_REFUSED = "cannot limit locked memory"  # libvirt's message when QEMU's RLIMIT_MEMLOCK cannot be raised
+CAP_SYS_RESOURCE = 24  # the capability that lets libvirtd raise a process's RLIMIT_MEMLOCK hard limit
+RESCTRL = Path("/sys/fs/resctrl")
+NUMA_ONLINE = Path("/sys/devices/system/node/online")
 
 ET.register_namespace("rtvirt", OWNER_NS)
 
@@ -121,6 +125,19 @@ class LibvirtConfig(EnvironmentConfig):
     def _guest_this_environment_boots(self) -> LibvirtConfig:
         if self.guest == "baremetal" and self.vcpus != 1:
             raise ValueError("vcpus: the bare-metal guest runs on one vCPU (vcpus = 1)")
+        return self
+
+    @model_validator(mode="after")
+    def _this_host_has_it(self) -> LibvirtConfig:
+        # a local URI's libvirtd is this host: refuse what it cannot give before any domain exists
+        # (a remote host's refusals come from libvirt when the domain is defined or started)
+        if not self.local:
+            return self
+        problem = ((self.memory_locked and memlock_problem(self.memory))
+                   or (self.cputune is not None and resctrl_problem(parse_cputune(self.cputune)))
+                   or (self.numa_nodes and numa_problem(self.numa_nodes)))
+        if problem:
+            raise ValueError(problem)
         return self
 
     @field_validator("cputune")
@@ -353,6 +370,72 @@ def hugepage_problem(memory_mib: int) -> str | None:
         return ("hugepages = true: no hugetlbfs is mounted, so libvirt cannot give QEMU hugepages: "
                 "`mount -t hugetlbfs hugetlbfs /dev/hugepages`, then restart libvirtd (it looks for mounts at start)")
     return None
+
+
+def _libvirtd_status() -> tuple[str, str, str]:
+    """(/proc status, /proc limits, who) of the running libvirtd, else of this process (libvirtd started
+    from here inherits its capability bounding set and limits)."""
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "libvirtd":
+                return ((entry / "status").read_text(), (entry / "limits").read_text(), f"libvirtd (pid {entry.name})")
+    return (Path("/proc/self/status").read_text(), Path("/proc/self/limits").read_text(),
+            "this host (libvirtd is not running; started from here it would inherit these)")
+
+
+def memlock_problem(memory_mib: int) -> str | None:
+    """Why libvirtd cannot lock ``memory_mib`` of guest RAM in QEMU (None: it can).
+
+    libvirt sets QEMU's RLIMIT_MEMLOCK (soft and hard) to the domain's hard_limit: raising a hard limit
+    needs CAP_SYS_RESOURCE, lowering it does not. Without the capability and with a smaller hard limit,
+    QEMU's start fails ("cannot limit locked memory"); this says so before a domain is defined.
+    """
+    needed_mib = memory_mib + MEMLOCK_OVERHEAD_MIB
+    status, limits, who = _libvirtd_status()
+    caps = re.search(r"^CapEff:\s*([0-9a-f]+)", status, re.M)
+    if caps is None or int(caps.group(1), 16) >> CAP_SYS_RESOURCE & 1:
+        return None
+    hard = re.search(r"^Max locked memory\s+\S+\s+(\S+)", limits, re.M)
+    if hard is None or hard.group(1) == "unlimited" or int(hard.group(1)) >= needed_mib << 20:
+        return None
+    return (f"memory_locked = true: libvirt must raise QEMU's locked-memory limit (RLIMIT_MEMLOCK) to {needed_mib} "
+            f"MiB (guest memory + {MEMLOCK_OVERHEAD_MIB} MiB for QEMU), which needs CAP_SYS_RESOURCE; {who} lacks it "
+            f"(CapEff {caps.group(1).lstrip('0') or '0'}) and its hard limit is {int(hard.group(1)) >> 10} KiB "
+            "(`ulimit -Hl`): run libvirtd with CAP_SYS_RESOURCE (a container must not drop it) or with a hard "
+            f"RLIMIT_MEMLOCK of at least {needed_mib} MiB, or set memory_locked = false")
+
+
+def resctrl_problem(cputune: ET.Element) -> str | None:
+    """Why this host cannot apply ``<cachetune>``/``<memorytune>`` (None: it can, or none is asked for).
+
+    libvirt allocates cache ways and memory bandwidth through the kernel's resctrl file system, which
+    only exists with CPU support (Intel RDT, AMD PQoS) and must be mounted at /sys/fs/resctrl.
+    """
+    asked = [child.tag for child in cputune if child.tag in ("cachetune", "memorytune")]
+    if not asked or (RESCTRL / "info").is_dir():
+        return None
+    try:
+        flags = set(re.findall(r"\b(rdt_a|cat_l3|cat_l2|mba)\b", Path("/proc/cpuinfo").read_text()[:1 << 16]))
+    except OSError:
+        flags = set()
+    fix = (f"mount it (`mount -t resctrl resctrl {RESCTRL}`), then restart libvirtd" if flags else
+           "this CPU (or the hypervisor this host runs in) offers no cache allocation (no rdt_a/cat_l3/mba in "
+           "/proc/cpuinfo): remove them, or run on a host that has it")
+    return (f"cputune: <{asked[0]}> needs the kernel's resctrl file system at {RESCTRL}, which this host lacks; "
+            f"{fix}")
+
+
+def numa_problem(nodes: tuple[int, ...]) -> str | None:
+    """Which of ``nodes`` this host does not have (None: it has them all)."""
+    try:
+        online = set(parse_cpulist(NUMA_ONLINE.read_text().strip()))
+    except (OSError, ValueError):
+        online = {0}  # a kernel without NUMA: one node
+    missing = sorted(set(nodes) - online)
+    if not missing:
+        return None
+    return (f"numa_nodes: this host has no NUMA node {','.join(map(str, missing))} (online: "
+            f"{','.join(map(str, sorted(online)))}, from {NUMA_ONLINE})")
 
 
 def _rt_sysctl() -> int | None:
