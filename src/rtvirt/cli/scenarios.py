@@ -32,6 +32,10 @@ def _placement(env: Any) -> str:
         parts.append(f"{env.vcpus} vCPU{'s' if env.vcpus > 1 else ''}")
     if getattr(env, "guest", None):
         parts.append(f"{env.guest} guest")
+    if getattr(env, "scheduler", None) not in (None, "default"):  # a Xen cpupool's scheduler and server
+        rtds = getattr(env, "rtds", None)
+        parts.append(env.scheduler + (f" {format_duration(rtds.budget)}/{format_duration(rtds.period)}"
+                                      if rtds is not None else ""))
     return ", ".join(parts)
 
 
