@@ -119,7 +119,7 @@ def test_html_renders_in_chromium(results: Path, tmp_path: Path) -> None:
     assert HOSTILE not in html and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in html
     assert "(partial)" in html and "http" not in html.replace("http-equiv", "")  # offline: no links out
     images = len(re.findall(r"<img ", html))
-    assert images >= 4 + 2 * 5  # box/violin, CDF, histograms; time series + window maxima per run
+    assert images >= 4 + 2 * 5  # box/violin, CDF, histograms; time series + window maxima per configuration
     # A copy with a probe that reports each image the browser could not decode.
     probe = ("<script>window.addEventListener('load',()=>{for(const i of document.images){"
              "if(!i.complete||i.naturalWidth===0)console.error('IMAGE-BROKEN '+i.alt)}"
