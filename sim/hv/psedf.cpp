@@ -6,6 +6,7 @@ namespace rtv {
 
 struct Psedf final : HvScheduler {
     std::vector<std::vector<int>> rt_by_cpu;
+    PeriodicBudget budgets;
 
     void init(Sim& sim) override {
         rt_by_cpu = vcpus_by_home(sim, [](const VCpu& a, const VCpu& b) { return a.spec.priority > b.spec.priority; });
@@ -13,7 +14,7 @@ struct Psedf final : HvScheduler {
             list.erase(std::remove_if(list.begin(), list.end(), [&](int i) { return !sim.vcpus[i].spec.rt; }),
                        list.end());
         }
-        for (VCpu& v : sim.vcpus) PeriodicBudget::start(v, v.spec.slice, v.spec.period);
+        budgets.start_all(sim, &VCpuSpec::slice);
     }
     void block(Sim&, VCpu& v, Time now) override { v.blocked_at = now; }
     void wake(Sim&, VCpu& v, Time now) override {
@@ -34,11 +35,11 @@ struct Psedf final : HvScheduler {
             int& run = sim.cpus[v.spec.home].run;
             if (run < 0 || (!sim.vcpus[run].spec.rt && v.dl < sim.vcpus[run].dl)) run = v.index;
         }
-        return PeriodicBudget::horizon(sim, now);
+        return budgets.horizon(sim, now);
     }
 
     void account(Sim& sim, Time from, Time to) override {
-        PeriodicBudget::account(sim, from, to, &VCpuSpec::slice);
+        budgets.account(sim, from, to, &VCpuSpec::slice);
     }
 };
 

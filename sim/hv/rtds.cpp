@@ -17,10 +17,11 @@ struct Rtds final : HvScheduler {
         }
     };
     std::vector<Rank> ranks;
+    PeriodicBudget budgets;
     std::vector<int> order;
 
     void init(Sim& sim) override {
-        for (VCpu& v : sim.vcpus) PeriodicBudget::start(v, v.spec.budget, v.spec.period);
+        budgets.start_all(sim, &VCpuSpec::budget);
     }
 
     Time pick(Sim& sim, Time now) override {
@@ -32,11 +33,11 @@ struct Rtds final : HvScheduler {
         order.clear();
         for (const Rank& r : ranks) order.push_back(r.index);
         sim.assign_ranked(order);
-        return PeriodicBudget::horizon(sim, now);
+        return budgets.horizon(sim, now);
     }
 
     void account(Sim& sim, Time from, Time to) override {
-        PeriodicBudget::account(sim, from, to, &VCpuSpec::budget);
+        budgets.account(sim, from, to, &VCpuSpec::budget);
     }
 };
 

@@ -31,7 +31,10 @@ std::vector<std::vector<int>> vcpus_by_home(const Sim& sim, Before before) {
 }
 
 // A budget of `amount` refilled at every multiple of `period` (slice/period of SEDF, budget/period of servers).
+// An instance remembers the earliest refill due, so the steps between refills look at no vCPU's period.
 struct PeriodicBudget {
+    Time earliest_refill = NEVER;
+
     static void start(VCpu& v, Time amount, Time period) {
         v.q = amount;
         v.period_start = 0;
@@ -47,19 +50,31 @@ struct PeriodicBudget {
     }
     static void charge(VCpu& v, Time used) { v.q = std::max<Time>(0, v.q - used); }
 
-    // Charge every running vCPU for [from, to), then apply the refills due by `to`; `amount` names the
-    // VCpuSpec field refilled (budget for servers, slice for SEDF).
-    static void account(Sim& sim, Time from, Time to, Time VCpuSpec::*amount) {
+    // start() every vCPU with the VCpuSpec field `amount` names (budget for servers, slice for SEDF)
+    void start_all(Sim& sim, Time VCpuSpec::*amount) {
+        earliest_refill = NEVER;
+        for (VCpu& v : sim.vcpus) {
+            start(v, v.spec.*amount, v.spec.period);
+            earliest_refill = std::min(earliest_refill, v.next_repl);
+        }
+    }
+
+    // Charge every running vCPU for [from, to), then apply the refills due by `to`.
+    void account(Sim& sim, Time from, Time to, Time VCpuSpec::*amount) {
         for (const PCpu& c : sim.cpus) {
             if (c.run >= 0) charge(sim.vcpus[c.run], to - from);
         }
-        for (VCpu& v : sim.vcpus) refill_due(v, to, v.spec.*amount, v.spec.period);
+        if (to < earliest_refill) return;
+        earliest_refill = NEVER;
+        for (VCpu& v : sim.vcpus) {
+            refill_due(v, to, v.spec.*amount, v.spec.period);
+            earliest_refill = std::min(earliest_refill, v.next_repl);
+        }
     }
 
     // The next instant the schedule can change: a refill, or a running vCPU with budget running out.
-    static Time horizon(const Sim& sim, Time now) {
-        Time next = NEVER;
-        for (const VCpu& v : sim.vcpus) next = std::min(next, v.next_repl);
+    Time horizon(const Sim& sim, Time now) const {
+        Time next = earliest_refill;
         for (const PCpu& c : sim.cpus) {
             if (c.run >= 0 && sim.vcpus[c.run].q > 0) next = std::min(next, now + sim.vcpus[c.run].q);
         }

@@ -7,10 +7,11 @@ namespace rtv {
 
 struct Sedf final : HvScheduler {
     bool short_unblocking;
+    PeriodicBudget budgets;
     explicit Sedf(bool rule) : short_unblocking(rule) {}
 
     void init(Sim& sim) override {
-        for (VCpu& v : sim.vcpus) PeriodicBudget::start(v, v.spec.slice, v.spec.period);
+        budgets.start_all(sim, &VCpuSpec::slice);
     }
     void block(Sim&, VCpu& v, Time now) override { v.blocked_at = now; }
     void wake(Sim&, VCpu& v, Time now) override {
@@ -23,11 +24,11 @@ struct Sedf final : HvScheduler {
             int& run = sim.cpus[v.spec.home].run;
             if (run < 0 || v.dl < sim.vcpus[run].dl) run = v.index;
         }
-        return PeriodicBudget::horizon(sim, now);
+        return budgets.horizon(sim, now);
     }
 
     void account(Sim& sim, Time from, Time to) override {
-        PeriodicBudget::account(sim, from, to, &VCpuSpec::slice);
+        budgets.account(sim, from, to, &VCpuSpec::slice);
     }
 };
 

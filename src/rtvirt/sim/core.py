@@ -36,7 +36,7 @@ class SimResult:
     duration_ns: int
     end_reason: str
     end_time_ns: int
-    job_chunks: list[JobChunk]  # finished jobs as the core handed them over, in finishing order
+    job_chunks: list[JobChunk]  # finished jobs as the core handed them over, in finishing order (or none kept)
     chains: pa.Table  # one row per event that left the last stage of its chain
     gaps: pa.Table  # gap probe: every interval the probe did not run, above its threshold
     supply: pa.Table  # per vCPU and supply window: ns the vCPU ran
@@ -181,10 +181,11 @@ def _dictionary(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
 
 def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None = None,
              gantt: tuple[int, int] | None = None, on_chunk: Callable[[JobChunk], None] | None = None,
-             config: tuple[dict[str, Any], list[str]] | None = None) -> SimResult:
+             keep_jobs: bool = True, config: tuple[dict[str, Any], list[str]] | None = None) -> SimResult:
     """Run the model in the compiled core. ``on_chunk`` sees each chunk of finished jobs as soon as the core
-    hands it over (the store writes it while the core simulates on); ``config`` is core_config()'s result
-    when the caller already built it."""
+    hands it over (the store writes it while the core simulates on); without ``keep_jobs`` the result holds
+    no jobs (``job_chunks`` empty): each chunk's memory is reused once written. ``config`` is core_config()'s
+    result when the caller already built it."""
     try:
         from .. import _simcore  # type: ignore[attr-defined]
     except ImportError as exc:  # pragma: no cover - a broken install
@@ -200,7 +201,8 @@ def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None =
             simulation.stop()
             break
         if chunk["task"].size:
-            chunks.append(chunk)
+            if keep_jobs:
+                chunks.append(chunk)
             if on_chunk is not None:
                 on_chunk(chunk)
     out = simulation.results()

@@ -67,8 +67,11 @@ class SamplesFile:
 
     def add_jobs(self, chunk: JobChunk) -> None:
         arrival = chunk["arrival"]
-        self.add({"t_ns": arrival, "response_ns": chunk["response"], "cpu": chunk["cpu"], "thread": chunk["task"],
-                  "start_ns": chunk["start"], "release_ns": chunk.get("release", arrival), "event": chunk.get("event")})
+        columns = {"t_ns": arrival, "response_ns": chunk["response"], "cpu": chunk["cpu"], "thread": chunk["task"],
+                   "start_ns": chunk["start"], "release_ns": chunk.get("release", arrival)}
+        if "event" in chunk:
+            columns["event"] = chunk["event"]
+        self.add(columns)
 
     def _write(self, batch: pa.RecordBatch, values: np.ndarray, cpu: np.ndarray, kind: np.ndarray) -> None:
         # in the writer thread, both without the GIL: the core simulates the next chunk meanwhile
@@ -84,9 +87,8 @@ class SamplesFile:
         for pending in self._pending:
             pending.result()
         found = self._counts.entries()
-        return pa.table({"cpu": found["cpu"],
-                         "kind": pa.DictionaryArray.from_arrays(pa.array(found["kind"]), self._kinds).dictionary_decode(),
-                         "value": found["value"], "count": found["count"]})
+        kinds = pa.DictionaryArray.from_arrays(pa.array(found["kind"]), self._kinds).dictionary_decode()
+        return pa.table({"cpu": found["cpu"], "kind": kinds, "value": found["value"], "count": found["count"]})
 
     def close(self) -> None:
         try:
@@ -248,11 +250,12 @@ def simulate_to_store(model: Model, results: Path, *, model_path: str, params: d
                       extra: dict[str, Any] | None = None) -> tuple[SimResult, RunDir, dict[str, Any]]:
     """Simulate ``model`` into a new run (manifest source "simulated"), writing each chunk of jobs while the
     core simulates the next; returns the result, the run and its task summary. ``label`` names the
-    configuration in reports and comparisons (default: the model's name); ``extra`` adds manifest keys."""
+    configuration in reports and comparisons (default: the model's name); ``extra`` adds manifest keys.
+    The result keeps no jobs (they are in the store): its summary, chains, gaps, supply and Gantt segments."""
     config = core_config(model, duration_ns=duration_ns, seed=seed, gantt=gantt)
     run = new_run(results, f"sim-{model.name}")
     with SamplesFile(run.parquet_path, _kinds(config[1], model), *optional_columns(config[0])) as samples:
-        result = simulate(model, config=config, on_chunk=samples.add_jobs)
+        result = simulate(model, config=config, on_chunk=samples.add_jobs, keep_jobs=False)
         summary = _store(result, run, samples, model_path=model_path, params=params, label=label, extra=extra)
     return result, run, summary
 
