@@ -370,7 +370,7 @@ def _rt_xen(configs: list[Configuration]) -> list[Table]:
         elif meta["probe"] == "timer":
             s = c.summary
             base = by_key.get(f"{meta['group']}: {meta['environment']} / alone")
-            reading = "the VM alone: the reference of the row below" if base is c else "no VM alone to compare"
+            reading = "the VM alone (the reference of its system)" if base is c else "no VM alone to compare"
             if base is not None and base is not c and base.summary.max_ns and base.summary.p99_ns:
                 reading = (f"max {s.max_ns / base.summary.max_ns:.2f}x, p99 {s.p99_ns / base.summary.p99_ns:.2f}x "
                            "the VM alone")
