@@ -151,9 +151,9 @@ def test_runs_without_a_digest_report_the_same(stored: Stored,
     assert all(_same(a, b) for a, b in zip(fresh.switches, aged.switches, strict=True))
     # the HTML report of the old run draws its time series from the pass (the new one: test_results_report)
     assert "time series" in write_report(old, old / "report.html").read_text()
-    stats = [json.loads(run_cli("stats", str(root / "runs" / path.name), "--json", check=True).stdout)
-             for root in (new, old)]
-    assert stats[0] == stats[1]
+    for spec in (Path("runs") / path.name, Path(".")):  # the run, and its results directory
+        stats = [json.loads(run_cli("stats", str(root / spec), "--json", check=True).stdout) for root in (new, old)]
+        assert stats[0] == stats[1] and list(stats[0]) == [path.name]
     over_time = [run_cli("stats", str(root / "runs" / path.name), "--over-time", check=True).stdout
                  for root in (new, old)]
     assert over_time[0] == over_time[1] and "per-window maxima" in over_time[0]

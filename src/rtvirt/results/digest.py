@@ -196,19 +196,34 @@ def write_digest(run_dir: Path, document: dict[str, Any], table: pa.Table | None
     write_atomically(Path(run_dir) / DIGEST_FILE, json.dumps(digest, allow_nan=False, separators=(",", ":")))
 
 
-def stored_summaries(spec: str) -> dict[str, dict[str, Summary]] | None:
-    """{run id: {group: summary}} of a run directory, its manifest.json or its samples.parquet, read from the
-    run's digest alone (no numpy, pyarrow or pydantic); None when the run has no usable digest or ``spec`` is
-    something else (the caller then takes the general path, which also validates and reports bad input)."""
-    path = Path(spec)
-    if path.name in ("manifest.json", "samples.parquet") and path.is_file():
-        path = path.parent
+def _run_summaries(run_dir: Path) -> tuple[str, str, dict[str, Summary]] | None:
+    """(created, run id, summaries) of one run directory from its digest, or None."""
     try:
-        manifest = json.loads((path / "manifest.json").read_bytes())
+        manifest = json.loads((run_dir / "manifest.json").read_bytes())
     except (OSError, ValueError):
         return None
     run_id = manifest.get("run_id") if isinstance(manifest, dict) else None
     if not isinstance(run_id, str) or not 0 < len(run_id) <= 200:
         return None
-    digest = read_digest(path, run_id, over_time=False)
-    return None if digest is None else {run_id: digest.groups()}
+    digest = read_digest(run_dir, run_id, over_time=False)
+    return None if digest is None else (str(manifest.get("created", "")), run_id, digest.groups())
+
+
+def stored_summaries(spec: str) -> dict[str, dict[str, Summary]] | None:
+    """{run id: {group: summary}} of a run directory, its manifest.json or samples.parquet, or every run of a
+    results directory, read from the runs' digests alone (no numpy, pyarrow or pydantic); None when a run has
+    no usable digest or ``spec`` is something else (the caller then takes the general path, which also
+    validates and reports bad input)."""
+    path = Path(spec)
+    if path.name in ("manifest.json", "samples.parquet") and path.is_file():
+        path = path.parent
+    if (path / "manifest.json").is_file():
+        runs = [_run_summaries(path)]
+    elif (path / "runs").is_dir():
+        runs = [_run_summaries(d) for d in sorted((path / "runs").iterdir()) if (d / "manifest.json").is_file()]
+    else:
+        return None
+    if not runs or any(run is None for run in runs):
+        return None
+    # in creation order, as rtvirt.store.list_runs gives them
+    return {run_id: groups for _, run_id, groups in sorted((r for r in runs if r is not None), key=lambda r: r[0])}
