@@ -150,7 +150,7 @@ uint64_t pvh_memory_top(const void *start_info); /* 0 without a memory map */
 void xen_shutdown(void);
 
 /* ---- stream.c ---- */
-void stream_init(void); /* choose the channel: the debug console, else COM2; none stops the guest */
+void stream_init(void); /* choose the channel: Xen PV console, virtio-console, debug console, COM2; none stops */
 typedef struct {
     const char *name;
     const char *value_field;
