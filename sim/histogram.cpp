@@ -52,8 +52,11 @@ void GroupHistograms::entries(std::vector<int16_t>& cpu, std::vector<int16_t>& k
     for (const Slot& s : slots_) {
         if (s.count != 0) found.push_back(s);
     }
+    // kind, value, cpu: each kind's values ascending, the CPUs of one value side by side
     std::sort(found.begin(), found.end(), [](const Slot& a, const Slot& b) {
-        return a.group != b.group ? a.group < b.group : a.value < b.value;
+        uint32_t ka = a.group & 0xFFFF, kb = b.group & 0xFFFF;
+        if (ka != kb) return ka < kb;
+        return a.value != b.value ? a.value < b.value : a.group < b.group;
     });
     for (const Slot& s : found) {
         cpu.push_back(static_cast<int16_t>(s.group >> 16));

@@ -13,7 +13,7 @@ class GroupHistograms {
 public:
     GroupHistograms() : slots_(1024) {}
     void add(const int64_t* values, const int16_t* cpu, const int16_t* kind, size_t n);
-    // Every (cpu, kind, value, count), sorted by cpu, kind, value.
+    // Every (cpu, kind, value, count), sorted by kind, value, cpu.
     void entries(std::vector<int16_t>& cpu, std::vector<int16_t>& kind, std::vector<int64_t>& value,
                  std::vector<int64_t>& count) const;
 

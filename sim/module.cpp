@@ -256,7 +256,7 @@ PYBIND11_MODULE(_simcore, m) {
         .def(py::init<>())
         .def("add", &Histograms::add, py::arg("values"), py::arg("cpu"), py::arg("kind"),
              "Count int64 values per (cpu, kind) group")
-        .def("entries", &Histograms::entries, "cpu, kind, value, count arrays sorted by cpu, kind, value");
+        .def("entries", &Histograms::entries, "cpu, kind, value, count arrays sorted by kind, value, cpu");
     std::vector<std::string> hv, guest;
     for (const auto& e : hv_registry()) hv.emplace_back(e.name);
     for (const auto& e : guest_registry()) guest.emplace_back(e.name);

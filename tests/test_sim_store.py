@@ -15,7 +15,7 @@ from simcases import build
 import rtvirt.sim.core as sim_core
 from rtvirt.model import load_model
 from rtvirt.sim import simulate, write_simulated_run
-from rtvirt.store import _group_histograms
+from rtvirt.store import _group_histograms, summaries_from_histogram
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
 # jitter (release_ns kept), a chain (event kept), random execution times, and a gap probe beside them
@@ -73,6 +73,9 @@ def test_stored_samples_hold_every_record_and_an_exact_histogram(tmp_path: Path,
 
     assert rows(stored) == rows(recounted) and len(rows(stored)) > 100  # drawn execution times: many values
     manifest = json.loads((run.path / "manifest.json").read_text())
+    # the statistics counted from the sorted histogram are those the store computes from any histogram
+    expected = {group: s.as_dict() for group, s in summaries_from_histogram(stored, "kind").items()}
+    assert json.loads(json.dumps(expected)) == manifest["summary"] and list(manifest["summary"])[-1] == "all"
     assert manifest["summary"]["vm/uni"]["samples"] == summary["tasks"]["vm/uni"]["jobs"] > 400
     assert manifest["summary"]["vm/uni"]["max_ns"] == summary["tasks"]["vm/uni"]["max_response_ns"]
 

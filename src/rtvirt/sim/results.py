@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..model import Model
+from ..stats import Histogram, Summary, summarize_histogram
 from ..store import RunDir, new_run, write_run
 from .core import JobChunk, SimResult, core_config, optional_columns, simulate, supply_window
 
@@ -82,13 +83,30 @@ class SamplesFile:
         """Run another write in the writer thread, after the chunks queued so far."""
         self._pending.append(self._pool.submit(write, *args, **options))
 
-    def histogram(self) -> pa.Table:
-        """The exact histogram per (cpu, kind) of every row added, in the store's layout (histogram.parquet)."""
+    def histogram(self) -> tuple[pa.Table, dict[str, Summary]]:
+        """The exact histogram per (cpu, kind) of every row added, in the store's layout (histogram.parquet),
+        and the statistics per kind and ``all`` the manifest holds (as store.write_run would compute them)."""
         for pending in self._pending:
             pending.result()
-        found = self._counts.entries()
+        found = self._counts.entries()  # sorted by kind, value, cpu
         kinds = pa.DictionaryArray.from_arrays(pa.array(found["kind"]), self._kinds).dictionary_decode()
-        return pa.table({"cpu": found["cpu"], "kind": kinds, "value": found["value"], "count": found["count"]})
+        table = pa.table({"cpu": found["cpu"], "kind": kinds, "value": found["value"], "count": found["count"]})
+        return table, self._summaries(found["kind"], found["value"], found["count"])
+
+    def _summaries(self, kind: np.ndarray, value: np.ndarray, count: np.ndarray) -> dict[str, Summary]:
+        # each kind's rows already hold its ascending values: only the CPUs of one value are summed (no
+        # per-kind mask and merge over the whole histogram)
+        first = np.ones(kind.size, np.bool_)
+        first[1:] = (kind[1:] != kind[:-1]) | (value[1:] != value[:-1])
+        starts = np.flatnonzero(first)
+        kind, value, count = kind[starts], value[starts], np.add.reduceat(count, starts) if starts.size else count
+        bounds = [0, *(np.flatnonzero(np.diff(kind)) + 1).tolist(), kind.size]
+        names = self._kinds.to_pylist()
+        groups = {str(names[kind[a]]): summarize_histogram(Histogram(value[a:b], count[a:b]))
+                  for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a}
+        result = {name: groups[name] for name in sorted(groups)}
+        result["all"] = summarize_histogram(Histogram.merged([Histogram(value, count)]))
+        return result
 
     def close(self) -> None:
         try:
@@ -220,7 +238,7 @@ def _store(result: SimResult, run: RunDir, samples: SamplesFile, *, model_path: 
     if result.gaps.num_rows:
         samples.later(pq.write_table, gap_probe_table(result), run.path / "gaps.parquet", compression="zstd")
     summary = task_summary(result)
-    histogram = samples.histogram()
+    histogram, statistics = samples.histogram()
     samples.close()
     manifest = {
         "name": f"sim {result.model.name}",
@@ -238,6 +256,7 @@ def _store(result: SimResult, run: RunDir, samples: SamplesFile, *, model_path: 
                        "simulated_ns": result.end_time_ns, **{k: v for k, v in result.counters.items()
                                                               if not k.startswith("supplied_ns ")}},
         "sim_summary": summary,
+        "summary": {group: s.as_dict() for group, s in statistics.items()},
         **(extra or {}),
     }
     write_run(run, None, manifest, histogram=histogram)
