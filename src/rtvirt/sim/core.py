@@ -24,7 +24,7 @@ _DEFAULT_WEIGHT = {"credit": 256, "fair": 1024}
 _RTDS_DEFAULT = (4_000_000, 10_000_000)  # Xen's default budget / period
 
 
-CHUNK_ROWS = 1 << 19  # jobs per chunk the core hands over (and per Parquet row group of the stored samples)
+CHUNK_ROWS = 1 << 18  # jobs per chunk the core hands over (and per Parquet row group of the stored samples)
 JobChunk = dict[str, np.ndarray]  # the core's job columns: arrival, response, start, [release], [event], task, cpu
 
 
@@ -223,7 +223,8 @@ def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None =
     windows = len(out["supply"]) // max(1, len(vcpu_names))
     width = core_input["supply_window"]
     supply = pa.table({
-        "vcpu": _dictionary(np.repeat(np.arange(len(vcpu_names)), windows), vcpu_names),
+        # int32 codes: np.repeat of int64 ones took 0.1 s for 8 vCPUs x 360 k windows here, int32 ones 3 ms
+        "vcpu": _dictionary(np.repeat(np.arange(len(vcpu_names), dtype=np.int32), windows), vcpu_names),
         "window_start_ns": np.tile(np.arange(windows, dtype=np.int64) * width, len(vcpu_names)),
         "supply_ns": out["supply"],
     })
