@@ -15,7 +15,6 @@ numeric imports are inside it, and `rtvirt stats` reads a digest without numpy o
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,13 +41,13 @@ def stats_grouping(manifest: dict[str, Any]) -> str:
     return "kind" if manifest.get("source") == "simulated" else "cpu"
 
 
-@dataclass(frozen=True)
 class Digest:
-    """A run's digest.json, read back."""
+    """A run's digest.json, read back (a plain class: a dataclass costs `rtvirt stats` milliseconds to build)."""
 
-    path: Path  # the run directory
-    document: dict[str, Any]
-    cache: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    def __init__(self, path: Path, document: dict[str, Any]) -> None:
+        self.path = path  # the run directory
+        self.document = document
+        self.cache: dict[str, Any] = {}
 
     def groups(self) -> dict[str, Summary]:
         return {str(k): Summary.from_json(v) for k, v in self.document["groups"].items()}
