@@ -116,25 +116,29 @@ void Sim::release(int task_index, Time arrival, Time release_time, int64_t event
 }
 
 void Sim::assign_ranked(const std::vector<int>& order) {
-    // Best first, each takes a free pCPU it may use: its current one if free, else one no other candidate is
-    // running on (fewer migrations), else any.
-    uint64_t occupied = 0;
+    // Best first, each takes a free pCPU it may use: its current one if free, else the lowest one no other
+    // candidate is running on (fewer migrations), else the lowest. Bit masks: pcpus <= 64.
+    uint64_t occupied = 0, free = 0;
     for (int index : order) {
         if (vcpus[index].on_cpu >= 0) occupied |= uint64_t{1} << vcpus[index].on_cpu;
     }
+    for (int p = 0; p < cfg.pcpus; ++p) {
+        if (cpus[p].run < 0) free |= uint64_t{1} << p;
+    }
     for (int index : order) {
-        VCpu& v = vcpus[index];
-        int chosen = -1;
-        if (v.on_cpu >= 0 && v.allowed(v.on_cpu) && cpus[v.on_cpu].run < 0) chosen = v.on_cpu;
-        for (int pass = 0; pass < 2 && chosen < 0; ++pass) {
-            for (int p = 0; p < cfg.pcpus; ++p) {
-                if (cpus[p].run < 0 && v.allowed(p) && (pass == 1 || !((occupied >> p) & 1U))) {
-                    chosen = p;
-                    break;
-                }
-            }
+        if (free == 0) break;
+        const VCpu& v = vcpus[index];
+        const uint64_t usable = v.spec.affinity & free;
+        if (usable == 0) continue;
+        int chosen;
+        if (v.on_cpu >= 0 && ((usable >> v.on_cpu) & 1U)) {
+            chosen = v.on_cpu;
+        } else {
+            const uint64_t unclaimed = usable & ~occupied;
+            chosen = __builtin_ctzll(unclaimed ? unclaimed : usable);
         }
-        if (chosen >= 0) cpus[chosen].run = index;
+        cpus[chosen].run = index;
+        free &= ~(uint64_t{1} << chosen);
     }
 }
 

@@ -141,7 +141,6 @@ struct VCpu {
     Time blocked_at = -1;   // last time it ran out of work
     int64_t stamp = 0;      // round-robin order
     bool has_work() const { return spec.gap_threshold >= 0 || !ready.empty(); }
-    bool allowed(int cpu) const { return (spec.affinity >> cpu) & 1U; }
 };
 
 struct PCpu {
