@@ -413,3 +413,19 @@ def test_the_xen_lab_campaign_reports_the_rt_xen_study(
     response = {(row[0], row[1]): row for row in _table(report, "RT-Xen study: an idle high-priority VM")}
     timer = response[("default-pool", "alone")]
     assert int(timer[3]) > 0 and _number(timer[4]) <= _number(timer[5]) <= _number(timer[8])
+
+
+def test_repetitions_are_kept_for_resume(tmp_path: Path) -> None:
+    """--repetitions belongs to the campaign like --scale: a --resume with another count is refused (exit 2,
+    naming the option) before anything runs."""
+    from rtvirt.campaign import CampaignState
+
+    results = tmp_path / "results"
+    state = CampaignState.create(results, "interrupt-latency", builtin_scenarios()["interrupt-latency"],
+                                 "interrupt-latency", 0.02)
+    state.repetitions = 1
+    state.save()
+    assert CampaignState.load(state.path).repetitions == 1
+    refused = run_cli("run", "--resume", "--repetitions", "2", "--out", str(results))
+    assert refused.returncode == 2 and "--repetitions" in refused.stderr and "runs 1 repetitions" in refused.stderr
+    assert "Traceback" not in refused.stderr
