@@ -150,7 +150,6 @@ def write_digest(run_dir: Path, document: dict[str, Any], table: pa.Table | None
     (value column as stored), ``histogram`` its exact histogram table (cpu, kind, value, count)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from ..errors import InputError
@@ -168,6 +167,8 @@ def write_digest(run_dir: Path, document: dict[str, Any], table: pa.Table | None
     value_field = document.get("value_field")
     if table is not None and table.num_rows and histogram is not None and "t_ns" in table.column_names:
         columns = ["t_ns", str(value_field)] + (["cpu"] if "cpu" in table.column_names else [])
+        import pyarrow.compute as pc  # ~0.1 s to import: only with samples (not for a simulated run's digest)
+
         first, last = (int(x.as_py()) for x in pc.min_max(table["t_ns"]).values())
         timeline = document.get("timeline") or []
         events = event_offsets(first, timeline)
