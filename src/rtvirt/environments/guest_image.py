@@ -10,7 +10,9 @@ a small second archive with its jobs: argv files of NUL-separated arguments that
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -238,9 +240,21 @@ def _module_depends(path: Path) -> list[str]:
     return [d for d in match.group(1).decode().split(",") if d] if match else []
 
 
+def _module_index(modules_dir: Path) -> dict[str, Path]:
+    """Module name -> file, kept beside the unpacked tree: walking its thousands of files is slow where the
+    cache is read over a network file system (a Xen lab's dom0 running rtvirt from a 9p share of the host)."""
+    saved = modules_dir / "rtvirt-module-index.json"
+    with contextlib.suppress(OSError, ValueError):
+        return {name: modules_dir / relative for name, relative in json.loads(saved.read_text()).items()}
+    index = {p.name.removesuffix(".ko").replace("-", "_"): p for p in modules_dir.rglob("*.ko")}
+    with contextlib.suppress(OSError):
+        write_atomically(saved, json.dumps({n: str(p.relative_to(modules_dir)) for n, p in index.items()}).encode())
+    return index
+
+
 def _modules_in_load_order(modules_dir: Path, names: Iterable[str] = GUEST_MODULES) -> list[Path]:
     """Modules ``names`` and their dependencies, each after what it depends on."""
-    index = {p.name.removesuffix(".ko").replace("-", "_"): p for p in modules_dir.rglob("*.ko")}
+    index = _module_index(modules_dir)
     ordered: list[Path] = []
 
     def visit(name: str) -> None:

@@ -13,6 +13,7 @@ carry rtvirt's name prefix so that a killed campaign's leftovers are recognised 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -41,7 +42,16 @@ from .guest_image import (
     guest_image,
     job_archive,
 )
-from .xen_lab import A653_TOOL, DOM0_LINK_ADDRESS, DOMU_INITRAMFS, DOMU_KERNEL, VIF_SCRIPT, XenLab, XenLabConfig
+from .xen_lab import (
+    A653_TOOL,
+    DOM0_LINK_ADDRESS,
+    DOMU_INITRAMFS,
+    DOMU_KERNEL,
+    VIF_HOTPLUG,
+    VIF_SCRIPT,
+    XenLab,
+    XenLabConfig,
+)
 
 __all__ = ["NAME_PREFIX", "Arinc653Params", "CreditParams", "RtdsParams", "XenConfig", "XenEnvironment"]
 
@@ -246,7 +256,10 @@ class _LocalTransport:
     def spawn(self, argv: list[str], stream_to: Path | None) -> _LocalProcess:
         sink = stream_to.open("wb") if stream_to is not None else subprocess.DEVNULL
         try:
-            return _LocalProcess(self.supervisor.start(argv, stdout=sink, stderr=subprocess.DEVNULL))
+            # stdin stays open (a pipe we hold, as the lab's SSH channel does): busybox nc shuts its socket's
+            # sending side at EOF on stdin, the domU's nc then ends and the probe dies of a broken pipe
+            return _LocalProcess(self.supervisor.start(argv, stdout=sink, stderr=subprocess.DEVNULL,
+                                                       stdin=subprocess.PIPE))
         finally:
             if stream_to is not None:
                 sink.close()  # type: ignore[union-attr]
@@ -270,6 +283,7 @@ class Dom0:
         self._count = 0
         self._info: str | None = None
         self.restore_dom0_vcpus: int | None = None
+        self.vif_script = VIF_SCRIPT  # in the lab's dom0 image; a local dom0 gets it installed (_open_dom0)
 
     def a653_command(self) -> str:
         """The ARINC 653 schedule tool: in the lab's dom0 image, else compiled here (xen_lab.a653_tool)."""
@@ -355,6 +369,8 @@ class Dom0:
     def close(self) -> None:
         if self.restore_dom0_vcpus is not None:
             self.run(["xl", "vcpu-set", "0", str(self.restore_dom0_vcpus)])
+            if self.lab is None:
+                _bring_cpus_online(self.restore_dom0_vcpus)
         self.transport.close()
         if self.lab is not None:
             self.lab.close()
@@ -377,12 +393,32 @@ def _open_dom0(config: XenConfig, shared: SharedResources) -> Dom0:
 
         kernel, initramfs = local_domu_files()
         dom0 = Dom0(_LocalTransport(shared.supervisor), None, str(kernel), str(initramfs))
-        online = len(dom0.xl("vcpu-list", "0").splitlines()) - 1
+        # a Xen host has no rtvirt-vif among its hotplug scripts: install ours where rtvirt keeps its files
+        script = Path(RUN_DIR) / "rtvirt-vif"
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(VIF_HOTPLUG)
+        script.chmod(0o755)
+        dom0.vif_script = str(script)
+        # offline vCPUs are listed too (state "--p")
+        online = sum("p" not in vcpu["state"] for vcpu in _vcpu_list(dom0.xl("vcpu-list", "0")))
         if online != config.dom0_vcpus:
             dom0.xl("vcpu-set", "0", str(config.dom0_vcpus))
             dom0.restore_dom0_vcpus = online
         return dom0
     return shared.get(f"xen-dom0:{config.dom0_vcpus}", local)
+
+
+def _bring_cpus_online(count: int) -> None:
+    """Bring this dom0's CPUs 1..count-1 online: ``xl vcpu-set`` gives them back to Linux, which only
+    registers them; udev rules online them on a full Debian dom0, nothing does in a minimal one."""
+    for cpu in range(1, count):
+        control = Path(f"/sys/devices/system/cpu/cpu{cpu}/online")
+        deadline = time.monotonic() + 10
+        while not control.exists() and time.monotonic() < deadline:  # registered from a xenstore watch
+            time.sleep(0.1)
+        with contextlib.suppress(OSError):
+            if control.read_text().strip() == "0":
+                control.write_text("1")
 
 
 def _resolve_where(config: XenConfig) -> str:
@@ -635,7 +671,7 @@ class XenEnvironment(Environment):
         if pool is not None:
             lines.append(f'pool = "{pool}"')
         if ip is not None:
-            lines.append(f"vif = ['ip={ip},script={VIF_SCRIPT}']")
+            lines.append(f"vif = ['ip={ip},script={self._dom0.vif_script}']")
         return "\n".join(lines) + "\n"
 
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:

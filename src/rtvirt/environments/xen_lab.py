@@ -49,8 +49,8 @@ from .guest_image import (
 if TYPE_CHECKING:
     from ..remote import SshConnection
 
-__all__ = ["A653_TOOL", "XEN_CONFIG_OPTIONS", "XenLab", "XenLabConfig", "a653_tool", "dom0_image", "local_domu_files",
-           "reclaim_labs", "rt_hypervisor"]
+__all__ = ["A653_TOOL", "XEN_CONFIG_OPTIONS", "LabShare", "XenLab", "XenLabConfig", "a653_tool", "dom0_image",
+           "local_domu_files", "reclaim_labs", "rt_hypervisor"]
 
 # Kconfig options added to Debian's own hypervisor config: the real-time schedulers are "unsupported".
 XEN_CONFIG_OPTIONS = ("CONFIG_EXPERT=y", "CONFIG_UNSUPPORTED=y", "CONFIG_SCHED_RTDS=y",
@@ -241,7 +241,7 @@ TOOLSTACK = ("/usr/lib/xen-4.17/bin/xl", "/usr/lib/xen-4.17/bin/xenstored", "/us
 # xl dlopens libgcc_s for pthread_cancel; ldd does not name it
 EXTRA_LIBRARIES = ("/lib/x86_64-linux-gnu/libgcc_s.so.1",)
 DOM0_MODULES = ("xen_evtchn", "xen_privcmd", "xen_gntdev", "xen_gntalloc", "xenfs", "xen_netback",
-                "virtio_pci", "virtio_net")
+                "virtio_pci", "virtio_net", "9p", "9pnet_virtio")  # 9p: host directories shared into dom0
 DOMU_MODULES = (*GUEST_MODULES, "xen_netfront")
 DOM0_READY_MARK = "RTVIRT-DOM0-READY"
 DOM0_PATH = "/usr/lib/xen-4.17/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -262,6 +262,12 @@ mkdir -p /dev/pts /dev/shm /var/run/xen /var/lib/xen /var/lib/xenstored /var/log
 mount -t devpts devpts /dev/pts
 for m in $(cat /rtvirt/modules); do insmod "/rtvirt/modules.d/$m" || echo "rtvirt: insmod $m failed"; done
 mount -t xenfs xenfs /proc/xen
+# host directories QEMU shares into dom0 (virtio-9p), one "TAG ro|rw" line each: mounted at /mnt/TAG
+while read -r tag mode; do
+  mkdir -p "/mnt/$tag"
+  mount -t 9p -o "trans=virtio,version=9p2000.L,msize=512000,cache=loose,$mode" "$tag" "/mnt/$tag" \
+    || echo "rtvirt: mounting the 9p share $tag failed"
+done < /rtvirt/shares
 xenstored --pid-file /var/run/xen/xenstored.pid
 n=0; until [ -s /var/run/xen/xenstored.pid ] || [ $n -gt 100 ]; do n=$((n+1)); sleep 0.1; done
 xen-init-dom0
@@ -372,6 +378,7 @@ def dom0_image() -> tuple[Path, Path]:
     for module in modules:
         archive.file(f"rtvirt/modules.d/{module.name}", module.read_bytes())
     archive.file("rtvirt/modules", "".join(f"{m.name}\n" for m in modules).encode())
+    archive.file("rtvirt/shares", b"")  # a lab boot's overlay lists its shares
     archive.file(DOMU_KERNEL.lstrip("/"), vmlinuz.read_bytes())
     archive.file(DOMU_INITRAMFS.lstrip("/"), domu)
     archive.file(VIF_SCRIPT.lstrip("/"), VIF_HOTPLUG.encode(), executable=True)
@@ -410,6 +417,15 @@ class XenLabConfig(BaseModel):
 
     def key(self, dom0_vcpus: int) -> str:
         return f"xen-lab:{dom0_vcpus}:" + json.dumps(self.model_dump(mode="json"), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class LabShare:
+    """A host directory QEMU shares into the lab's dom0 (virtio-9p), mounted there at ``/mnt/<tag>``."""
+
+    tag: str
+    path: Path
+    writable: bool = False
 
 
 @dataclass(frozen=True)
@@ -466,13 +482,20 @@ def reclaim_labs() -> list[str]:
 class XenLab:
     """One boot of Xen + dom0 in QEMU; ``connection`` drives dom0 over SSH. ``close`` stops QEMU."""
 
-    def __init__(self, config: XenLabConfig, dom0_vcpus: int, supervisor: Supervisor) -> None:
+    def __init__(self, config: XenLabConfig, dom0_vcpus: int, supervisor: Supervisor,
+                 shares: tuple[LabShare, ...] = ()) -> None:
         if dom0_vcpus >= config.pcpus:
             raise RunError(f"xen lab: dom0_vcpus ({dom0_vcpus}) leaves no pCPU of the lab's {config.pcpus} "
                            "for domUs")
         self.config = config
         self.dom0_vcpus = dom0_vcpus
         self.supervisor = supervisor
+        for share in shares:
+            # QEMU's option syntax: a comma would start another option
+            if not re.fullmatch(r"[a-z][a-z0-9_]{0,30}", share.tag) or "," in str(share.path):
+                raise RunError(f"xen lab: cannot share {share.path} as {share.tag!r} (tag: lower-case word; "
+                               "path: no comma)")
+        self.shares = shares
         self.accel: dict[str, str] = {}
         self.boot_seconds: float | None = None
         self.hypervisor: Path | None = None
@@ -495,6 +518,8 @@ class XenLab:
         lab_files = Cpio()
         lab_files.file("etc/ssh/ssh_host_ed25519_key", keys.host_key.read_bytes())
         lab_files.file("root/.ssh/authorized_keys", (keys.client_public + "\n").encode())
+        lab_files.file("rtvirt/shares", "".join(f"{share.tag} {'rw' if share.writable else 'ro'}\n"
+                                                for share in self.shares).encode())
         with initrd.open("wb") as out, base.open("rb") as source:
             shutil.copyfileobj(source, out, 1 << 20)
             out.write(lab_files.to_bytes())
@@ -508,14 +533,21 @@ class XenLab:
                             f"max:{self.config.dom0_memory}M dom0_max_vcpus={self.dom0_vcpus} "
                             "dom0_vcpus_pin noreboot sched=credit2")
         # TCG: qemu64 (-cpu max faults the PV dom0) with AMD's nested paging (+npt): Xen's HVM side needs it
-        # for PVH/HVM domUs (Debian's Xen has no shadow paging)
-        argv = [QEMU, "-accel", self.accel["accel"], "-cpu", "host" if kvm else "qemu64,+npt",
+        # for PVH/HVM domUs (Debian's Xen has no shadow paging); a dom0 running the host's own binaries from a
+        # share needs more than qemu64 has (numpy and pyarrow die with SIGILL): Haswell-noTSX, PV domUs only
+        cpu = "host" if kvm else "Haswell-noTSX" if self.shares else "qemu64,+npt"
+        argv = [QEMU, "-accel", self.accel["accel"], "-cpu", cpu,
                 "-smp", str(self.config.pcpus), "-m", str(self.config.memory),
                 "-display", "none", "-nodefaults", "-no-reboot", "-serial", f"file:{self.console}",
                 "-kernel", str(self.hypervisor), "-append", xen_command_line,
                 "-initrd", f"{vmlinuz} console=hvc0 rdinit=/init quiet,{initrd}",
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
                 "-device", "virtio-net-pci,netdev=n0"]
+        for share in self.shares:
+            # multidevs=remap: files of different host file systems (/proc, /sys) under one share
+            # keep distinct inode numbers, else dom0's 9p client takes one for the other
+            argv += ["-virtfs", f"local,path={share.path},mount_tag={share.tag},security_model=none,"
+                     "multidevs=remap" + ("" if share.writable else ",readonly=on")]
         started = time.monotonic()
         self._proc = self.supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         (self.directory / QEMU_PID_FILE).write_text(str(self._proc.pid))
