@@ -222,10 +222,11 @@ def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None =
                      "start_ns": g["start"], "gap_ns": g["length"]})
     windows = len(out["supply"]) // max(1, len(vcpu_names))
     width = core_input["supply_window"]
+    # vCPU-major: broadcast copies, not np.repeat/np.tile (0.1 s each for 8 vCPUs x 360 k windows here)
+    shape = (len(vcpu_names), windows)
     supply = pa.table({
-        # int32 codes: np.repeat of int64 ones took 0.1 s for 8 vCPUs x 360 k windows here, int32 ones 3 ms
-        "vcpu": _dictionary(np.repeat(np.arange(len(vcpu_names), dtype=np.int32), windows), vcpu_names),
-        "window_start_ns": np.tile(np.arange(windows, dtype=np.int64) * width, len(vcpu_names)),
+        "vcpu": _dictionary(np.broadcast_to(np.arange(shape[0], dtype=np.int32)[:, None], shape).ravel(), vcpu_names),
+        "window_start_ns": np.broadcast_to(np.arange(windows, dtype=np.int64) * width, shape).ravel(),
         "supply_ns": out["supply"],
     })
     s = out["segments"]
