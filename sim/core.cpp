@@ -27,12 +27,10 @@ void ReadyQueue::push(const Job& job) {
     std::push_heap(heap.begin(), heap.end(), std::greater<Entry>());
 }
 
-Job ReadyQueue::pop() {
+void ReadyQueue::pop() {
     std::pop_heap(heap.begin(), heap.end(), std::greater<Entry>());
-    uint32_t slot = heap.back().slot;
+    free_slots.push_back(heap.back().slot);
     heap.pop_back();
-    free_slots.push_back(slot);
-    return slots[slot];
 }
 
 enum EventKind { EV_RELEASE = 0, EV_CHAIN = 1, EV_STAGE = 2 };
@@ -225,7 +223,7 @@ void Sim::start() {
 
 // The job at the head of `v`'s ready queue, running on `cpu`, has just finished.
 void Sim::complete(VCpu& v, int cpu) {
-    Job job = v.ready.pop();
+    const Job& job = v.ready.top();  // popped at the end: nothing below touches the ready queue
     ++jobs_done;
     const TaskSpec& task = cfg.tasks[job.task];
     if (task.record) {
@@ -245,6 +243,7 @@ void Sim::complete(VCpu& v, int cpu) {
             chain_records.push_back(ChainRecord{task.chain, cpu, job.event, job.event_arrival, now});
         }
     }
+    v.ready.pop();
     if (v.ready.empty()) {
         hv->block(*this, v, now);
         resched_ = true;

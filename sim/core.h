@@ -118,7 +118,7 @@ struct ReadyQueue {
     const Job& top() const { return slots[heap.front().slot]; }
     Job& top() { return slots[heap.front().slot]; }
     void push(const Job& job);
-    Job pop();
+    void pop();
 };
 
 struct VCpu {
