@@ -13,6 +13,7 @@ from conftest import run_cli
 from simcases import build
 
 import rtvirt.sim.core as sim_core
+from rtvirt.errors import InputError
 from rtvirt.model import load_model
 from rtvirt.sim import simulate, write_simulated_run
 from rtvirt.store import _group_histograms, summaries_from_histogram
@@ -90,3 +91,10 @@ def test_columns_that_would_repeat_t_ns_or_minus_one_are_left_out(tmp_path: Path
     assert table.column_names == ["t_ns", "response_ns", "cpu", "thread", "kind", "start_ns"]
     assert table.num_rows == document["tasks"]["vm/t"]["jobs"] == 100
     assert np.all(table["response_ns"].to_numpy() == 200_000)
+
+
+def test_more_kinds_than_the_int16_codes_hold_is_refused() -> None:
+    tasks = [{"name": f"t{i}", "period": "1s", "execution": "1us"} for i in range(32767)]
+    model = build({"scheduler": "partitioned"}, [{"name": "vm", "vcpu": [{"affinity": [0]}], "task": tasks}])
+    with pytest.raises(InputError, match="more than 32767 tasks, chains and vCPUs"):
+        simulate(model)

@@ -154,6 +154,8 @@ def core_config(model: Model, *, duration_ns: int | None = None, seed: int | Non
                        "deadline": chain.deadline if chain.deadline is not None else NEVER, "stages": stages})
     if (duration_ns if duration_ns is not None else sim.duration) <= 0:
         raise InputError("simulation duration must be larger than 0")
+    if len(tasks) + len(chains) + len(vcpus) > 32767:  # the stored kind codes are int16
+        raise InputError(f"model {model.name}: more than 32767 tasks, chains and vCPUs together")
     config = {
         "duration": duration_ns if duration_ns is not None else sim.duration,
         "seed": seed if seed is not None else sim.seed,
