@@ -20,6 +20,7 @@ DEB_PACKAGES=(
   xen-hypervisor-4.17-amd64 xen-utils-4.17        # the xen environment: hypervisor config, xl toolstack
   flex bison dpkg-dev python3                     # the Xen lab's hypervisor build (apt-get source xen)
   libxen-dev                                      # rtvirt-a653: sets ARINC 653 schedules (xl has no command)
+  qemu-system-xen seabios                         # HVM domUs in the Xen lab: device model, BIOS
 )
 
 # The Xen lab builds a hypervisor with the real-time schedulers from Debian's source package

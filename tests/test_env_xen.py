@@ -422,7 +422,7 @@ def test_kill_9_then_resume_reclaims_the_lab_and_finishes_arinc653_and_credit(tm
     ('credit = { weight = 0 }', "environments[0].credit.weight", "greater than or equal to 1"),
     ('affinity = ["1", "0"]', "environments[0]", "affinity names 2 vCPUs but vcpus is 1"),
     ('lab = { pcpus = 0 }', "environments[0].lab.pcpus", "greater than or equal to 1"),
-    ('mode = "hvm"', "environments[0].mode", "'pvh'"),
+    ('mode = "pvhvm"', "environments[0].mode", "'hvm'"),
     ('where = "lab"\ndom0_vcpus = 2', "environments[0]", "dom0_vcpus (2) leaves no pCPU"),
 ])
 def test_malformed_xen_tables_are_rejected_with_their_field_path(table: str, path: str, message: str) -> None:
@@ -456,6 +456,21 @@ def test_a_mode_the_hypervisor_cannot_run_is_refused_naming_mode_and_virt_caps()
     assert _mode_refusal("pv", XL_INFO_NO_HAP) is None
     assert _mode_refusal("pvh", XL_INFO_NO_HAP.replace("pv hvm", "pv hvm hap")) is None
     assert _mode_refusal("pvh", XL_INFO_NO_HAP.replace("pv hvm", "pv")) is not None
+
+
+def test_the_hvm_archive_holds_the_device_model_its_firmware_and_the_libraries_dom0_lacks() -> None:
+    import io
+    import tarfile
+
+    from rtvirt.environments.xen_lab import DEVICE_MODEL, TOOLSTACK, _libraries, hvm_archive
+
+    with tarfile.open(fileobj=io.BytesIO(hvm_archive())) as tar:
+        names = set(tar.getnames())
+    assert {DEVICE_MODEL.lstrip("/"), "usr/lib/xen-4.17/boot/hvmloader", "usr/share/seabios/bios-256k.bin",
+            "usr/share/qemu/linuxboot_dma.bin", "usr/share/qemu/keymaps/en-us"} <= names
+    libraries = {lib.lstrip("/") for lib in _libraries((DEVICE_MODEL,))}
+    in_dom0 = {lib.lstrip("/") for lib in _libraries(TOOLSTACK)}
+    assert libraries - in_dom0 <= names and not names & in_dom0  # only what the dom0 image lacks
 
 
 def test_the_built_in_xen_scenarios_cover_the_studies_schedulers() -> None:

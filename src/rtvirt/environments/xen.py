@@ -149,8 +149,8 @@ class XenConfig(EnvironmentConfig):
     where: Literal["auto", "dom0", "lab"] = Field(
         "auto", description="dom0: rtvirt runs in a Xen host's dom0; lab: Xen booted in QEMU here; "
                             "auto: dom0 when this is a Xen dom0, else lab")
-    mode: Literal["pv", "pvh"] = Field("pv", description="domU type (PVH needs hvm and hap or shadow in `xl info` "
-                                                         "virt_caps)")
+    mode: Literal["pv", "pvh", "hvm"] = Field("pv", description="domU type (PVH and HVM need hvm and hap or "
+                                                                "shadow in `xl info` virt_caps; HVM a device model)")
     vcpus: int = Field(1, ge=1, le=64, description="the measuring domU's vCPUs")
     memory: int = Field(256, ge=64, le=65536, description="the measuring domU's memory in MiB")
     affinity: list[CpuList] | None = Field(None, description="hard affinity of each vCPU (pCPU lists); default: "
@@ -280,6 +280,7 @@ class Dom0:
         self.lab = lab
         # guest kernel flavour -> (kernel, initramfs) in dom0; a lab's image holds linux's
         self._domu: dict[str, tuple[str, str]] = {"linux": (kernel, initramfs)}
+        self._hvm_ready = False
         self._count = 0
         self._info: str | None = None
         self.restore_dom0_vcpus: int | None = None
@@ -309,6 +310,17 @@ class Dom0:
                 self.transport.put(initramfs, f"{directory}/base.cpio")
                 self._domu[flavour] = (f"{directory}/vmlinuz", f"{directory}/base.cpio")
         return self._domu[flavour]
+
+    def hvm_support(self) -> None:
+        """The device model and firmware HVM domUs need: a Xen host has them (qemu-system-xen); a lab's dom0 gets
+        them on first use (xen_lab.hvm_archive, unpacked by busybox tar)."""
+        if self.lab is None or self._hvm_ready:
+            return
+        from .xen_lab import hvm_archive
+
+        self.transport.run(["tar", "-x", "-f", "-", "-C", "/"], timeout=600, input=hvm_archive()).check(
+            "xen: copying the HVM device model into the lab's dom0")
+        self._hvm_ready = True
 
     def next_index(self) -> int:
         self._count += 1
@@ -670,8 +682,12 @@ class XenEnvironment(Environment):
         pool = self._domain_pool()
         if pool is not None:
             lines.append(f'pool = "{pool}"')
+        if self._domain_type() == "hvm":  # a device model without display; the console is hvc0 as for PV
+            lines += ["vnc = 0", "sdl = 0", 'vga = "none"']
         if ip is not None:
-            lines.append(f"vif = ['ip={ip},script={self._dom0.vif_script}']")
+            # HVM: the paravirtual NIC only (type=vif), no emulated one beside it
+            kind = "type=vif," if self._domain_type() == "hvm" else ""
+            lines.append(f"vif = ['{kind}ip={ip},script={self._dom0.vif_script}']")
         return "\n".join(lines) + "\n"
 
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
@@ -704,6 +720,8 @@ class XenEnvironment(Environment):
         dom0.run(["sh", "-c", 'cat "$1" "$2" > "$3"', "sh", dom0.domu_files(self._flavour())[1],
                   f"{directory}/jobs.cpio",
                   f"{directory}/initrd"]).check("xen: assembling the domU initramfs")
+        if self._domain_type() == "hvm":
+            dom0.hvm_support()
         local_config.write_text(self._domain_config(name, f"{directory}/initrd", ip))
         dom0.transport.put(local_config, f"{directory}/domain.cfg")
         if out is not None:

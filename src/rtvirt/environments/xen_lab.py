@@ -330,6 +330,37 @@ def _libraries(binaries: tuple[str, ...]) -> list[str]:
     return sorted(found)
 
 
+# HVM domUs' device model and firmware (Debian's qemu-system-xen and seabios); the lab's dom0 gets them on first
+# use. -vnc none still reads the default keymap.
+DEVICE_MODEL = "/usr/libexec/xen-qemu-system-i386"
+HVM_FIRMWARE = ("/usr/lib/xen-4.17/boot/hvmloader", "/usr/share/seabios/bios-256k.bin")
+QEMU_DATA = Path("/usr/share/qemu")
+QEMU_KEYMAPS = ("en-us",)
+QEMU_DATA_LIMIT = 600_000  # option ROMs (linuxboot_dma.bin, ...) are small; the big firmware images are not needed
+
+
+def hvm_archive() -> bytes:
+    """A tar of what HVM domUs need in a lab's dom0 beyond its image: the device model, the libraries it adds,
+    hvmloader, SeaBIOS and QEMU's option ROMs and keymap (about 30 MB), paths kept."""
+    import io
+    import tarfile
+
+    missing = [path for path in (DEVICE_MODEL, *HVM_FIRMWARE) if not Path(path).exists()]
+    if missing:
+        raise RunError(f"xen: HVM domUs need {missing[0]} (apt-get install qemu-system-xen seabios; "
+                       "scripts/setup.sh does)")
+    in_image = set(_libraries(TOOLSTACK))
+    data = [path for path in QEMU_DATA.iterdir() if path.is_file() and path.stat().st_size < QEMU_DATA_LIMIT]
+    files = [Path(DEVICE_MODEL), *map(Path, HVM_FIRMWARE), *sorted(data),
+             *(QEMU_DATA / "keymaps" / name for name in QEMU_KEYMAPS),
+             *(Path(lib) for lib in _libraries((DEVICE_MODEL,)) if lib not in in_image)]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path in files:
+            tar.add(path.resolve(), arcname=str(path).lstrip("/"))  # symlinks (ROMs) as the files they name
+    return buffer.getvalue()
+
+
 def _domu_base(modules_dir: Path, flavour: str = "linux") -> bytes:
     """The guest image's initramfs plus an overlay: the netfront driver and a module list naming it."""
     image = guest_image(flavour)
