@@ -403,6 +403,9 @@ def _open_dom0(config: XenConfig, shared: SharedResources) -> Dom0:
     def local() -> Dom0:
         from .xen_lab import local_domu_files
 
+        problem = _console_log_problem()
+        if problem:
+            raise RunError(problem)
         kernel, initramfs = local_domu_files()
         dom0 = Dom0(_LocalTransport(shared.supervisor), None, str(kernel), str(initramfs))
         # a Xen host has no rtvirt-vif among its hotplug scripts: install ours where rtvirt keeps its files
@@ -418,6 +421,22 @@ def _open_dom0(config: XenConfig, shared: SharedResources) -> Dom0:
             dom0.restore_dom0_vcpus = online
         return dom0
     return shared.get(f"xen-dom0:{config.dom0_vcpus}", local)
+
+
+def _console_log_problem() -> str | None:
+    """Why this dom0 cannot tell how a domU's job ended (None: it can). rtvirt reads the RTVIRT- marks from
+    xenconsoled's guest logs; Debian's xencommons starts xenconsoled without them (XENCONSOLED_TRACE=none)."""
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == "xenconsoled":
+                args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                pairs = [*args, *(f"{a}={b}" for a, b in zip(args, args[1:], strict=False) if a in ("--log", "-l"))]
+                if any(arg in ("--log=guest", "--log=all", "-l=guest", "-l=all") for arg in pairs):
+                    return None
+                return (f"xen: this dom0's xenconsoled (pid {entry.name}) keeps no guest console logs, where rtvirt "
+                        "reads how a domU's job ended: run it with --log=guest (Debian: XENCONSOLED_TRACE=guest in "
+                        "/etc/default/xencommons, then restart xencommons)")
+    return "xen: no xenconsoled runs in this dom0 (rtvirt reads the domUs' consoles from its guest logs)"
 
 
 def _bring_cpus_online(count: int) -> None:
