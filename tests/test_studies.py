@@ -116,7 +116,19 @@ def test_cots_profiles_and_interrupt_latency_configurations() -> None:
     assert profiles["TP5"] == {("qemu", False, "load-in-2-vms"), ("xen", False, "load-in-2-vms")}
     assert profiles["TP6"] == {("qemu", True, "load-in-2-vms"), ("xen", True, "load-in-2-vms")}
     xen = [e for e in cots.environments if e.kind == "xen"]
-    assert all(e.memory >= 10 * 64 and e.stressor_memory >= 5 * 64 for e in xen)  # the load's blocks fit
+    # the load's blocks fit (the bare-metal guest runs no load inside)
+    assert all(e.memory >= 10 * 64 for e in xen if e.guest != "baremetal")
+    assert all(e.stressor_memory >= 5 * 64 for e in xen)
+    # general-purpose vs PREEMPT_RT vs bare-metal guest under the same profiles (issue 12); no load inside a
+    # bare-metal guest
+    guests: dict[str, set[tuple[str, str]]] = {}
+    for plan in expand(cots):
+        env = cots.environments[plan.environment]
+        if env.kind in ("qemu", "xen") and env.pin:
+            guests.setdefault(plan.group, set()).add((env.kind, env.guest))
+    every = {(kind, guest) for kind in ("qemu", "xen") for guest in ("linux", "linux-rt", "baremetal")}
+    assert guests["TP2"] == guests["TP6"] == every
+    assert guests["TP4"] == every - {("qemu", "baremetal"), ("xen", "baremetal")}
     load = next(d for d in cots.disturbances if d.name == "load").stressors[0]
     # 10 sqrt + 10 malloc/free workers, inside the system under test (the RT VM itself in TP3/TP4)
     assert (load.stressor, load.workers, load.params, load.where) == ("mix", 10, {"block": "64MiB"}, "inside")
@@ -172,7 +184,7 @@ def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
     assert "guest (qemu, pinned, 1 vCPU, baremetal guest)" in shown.output
     as_json = CliRunner().invoke(app, ["scenarios", "cots-hypervisor", "--json"])
     document = json.loads(as_json.output)
-    assert document["study"] == "cots-hypervisor" and document["runs"] == 16
+    assert document["study"] == "cots-hypervisor" and document["runs"] == 26
     assert [g["name"] for g in document["groups"]] == ["TP1", "TP2", "TP3", "TP4", "TP5", "TP6"]
     tp4 = {run["environment"]: run for run in document["groups"][3]["runs"]}
     assert tp4["qemu-pinned"]["placement"] == "qemu, pinned, 1 vCPU, linux guest"
