@@ -41,7 +41,7 @@ class SshTarget(SshTargetFields):
     """One target to connect to (see :class:`SshTargetFields`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    place: str | None = Field(None, description="the labgrid place it was resolved from (labels only)")
+    place: str | None = Field(default=None, description="the labgrid place it was resolved from (labels only)")
 
     @property
     def label(self) -> str:
