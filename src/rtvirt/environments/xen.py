@@ -974,12 +974,12 @@ class XenEnvironment(Environment):
                            "start_order = ['stress-first'] and no events")
         self._beside.append(GuestJob([f"{GUEST_AGENT_DIR}/{agent}", *args]))
 
-    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None) -> Environment:
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         """Another domU of the same Xen; its pCPUs come from ``stressor_cpus`` (host CPUs mean nothing to Xen)."""
         config = self.config.model_copy(update={"name": f"{self.config.label[:40]}-stress{index}"})
-        guest = XenEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
-        guest._parent = self
-        return guest
+        domu = XenEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
+        domu._parent = self
+        return domu
 
     # ---- records ----
 
