@@ -67,11 +67,11 @@ duration = "10m"
 """
 
 # dom0 side: the host's tree as a root, with dom0's own /proc, /sys, /dev, xenfs, xenstored's socket and the
-# toolstack's state directories bound in, tmpfs where the host tree must be writable, the results share at its
-# host path ($1). matplotlib gets the host's font cache (building one under TCG takes minutes).
+# toolstack's state directories bound in, a tmpfs on /run for what must be writable (HOME, TMPDIR; not on /tmp,
+# which may hold the checkout under test), the results share over its own (existing, read-only) host path ($1).
+# matplotlib gets the host's font cache (building one under TCG takes minutes).
 CHROOT_SETUP = r"""set -e
 R=/mnt/hostroot
-mount -t tmpfs tmpfs $R/tmp
 mount -t tmpfs tmpfs $R/run
 mkdir -p $R/run/lock $R/run/xen $R/run/xenstored
 mount -o bind /proc $R/proc
@@ -82,14 +82,15 @@ mount -o bind /dev/pts $R/dev/pts
 mount -o bind /var/run/xenstored $R/run/xenstored
 mount -o bind /var/lib/xen $R/var/lib/xen
 mount -o bind /var/log/xen $R/var/log/xen
-mkdir -p "$R$1" $R/tmp/home/.cache
+mkdir -p $R/run/home/.cache $R/run/tmp
 mount -o bind /mnt/results "$R$1"
-cp -r $R/root/.cache/matplotlib $R/tmp/home/.cache/ 2>/dev/null || true
+cp -r $R/root/.cache/matplotlib $R/run/home/.cache/ 2>/dev/null || true
 """
 # started in the background: rtvirt's pid and, once it ends, its exit status land in the results share
 START = r"""cd /
-chroot /mnt/hostroot /usr/bin/env -i PATH=/usr/lib/xen-4.17/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/tmp/home \
-  RTVIRT_CACHE="$2" PYTHONDONTWRITEBYTECODE=1 "$3" run "$1/scenario.toml" --out "$1/results" --no-progress --json \
+chroot /mnt/hostroot /usr/bin/env -i PATH=/usr/lib/xen-4.17/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  HOME=/run/home TMPDIR=/run/tmp RTVIRT_CACHE="$2" PYTHONDONTWRITEBYTECODE=1 \
+  "$3" run "$1/scenario.toml" --out "$1/results" --no-progress --json \
   > /mnt/results/stdout 2> /mnt/results/stderr &
 echo $! > /mnt/results/pid
 wait $!
@@ -113,7 +114,6 @@ def _wait_for(what: str, ready: Any, timeout: float) -> Any:
 def dom0_campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Boot the lab, run the campaign inside its dom0, SIGTERM its second run; what was seen, for the tests."""
     work = tmp_path_factory.mktemp("xen-dom0")
-    assert str(work).startswith("/tmp/"), "the chroot mounts a tmpfs on /tmp to reach the results share"
     (work / "scenario.toml").write_text(SCENARIO)
     _, initramfs = local_domu_files()  # cached here first: the shared tree is read-only in dom0
     seen: dict[str, Any] = {"work": work}
@@ -134,9 +134,14 @@ def dom0_campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
             launcher = dom0.spawn(["sh", "-c", START, "start", str(work), str(initramfs.parents[1]),
                                    str(VENV_RTVIRT)], None)
             # the second run streams: its domU is up, dom0 has one vCPU, the first run's pool is gone
-            stream = _wait_for("the second run's samples", lambda: next(
-                (p for p in (work / "results" / "runs").glob("*long*/samples.rtvs") if p.stat().st_size > 4096),
-                None) if (work / "results" / "runs").exists() else None, timeout=1500)
+            def second_stream() -> Path | None:
+                # rtvirt must still be running: an early exit fails here with its stderr, not after the timeout
+                assert not (work / "status").exists(), f"rtvirt in dom0 ended early: {(work / 'stderr').read_text()}"
+                runs = work / "results" / "runs"
+                return next((p for p in runs.glob("*long*/samples.rtvs") if p.stat().st_size > 4096),
+                            None) if runs.exists() else None
+
+            stream = _wait_for("the second run's samples", second_stream, timeout=1500)
             seen["during"] = {"domains": xl("list"), "pools": xl("cpupool-list"),
                               "vcpus": _online_vcpus(xl("vcpu-list", "0"))}
             seen["stream_bytes_at_sigterm"] = stream.stat().st_size
