@@ -262,7 +262,11 @@ def test_a_null_scheduler_pool_gives_the_measuring_vcpu_its_pcpu(lab_campaign: t
     assert pool.startswith("rtvirt-null-") and [v["hard_affinity"] for v in detail["applied"]["vcpu_list"]] == ["1"]
     (row,) = [row for row in detail["cpupools"] if row["Name"] == pool]
     assert row["Sched"] == "null" and row["CPUs"] == "1"
-    assert null["summary"]["all"]["samples"] > 50 and null["summary"]["all"]["dropped"] == 0
+    # the gap probe spun its whole duration and every interruption it saw arrived (how many there are depends on
+    # the host's load: on a quiet host the null-scheduled vCPU is rarely interrupted at all)
+    results, summary = lab_campaign
+    stream = read_stream(results / "runs" / summary["runs"]["rtds/null-pool/alone/-/r1"]["run_id"] / "samples.rtvs")
+    assert stream.end_reason == "complete" and null["summary"]["all"]["dropped"] == 0
     assert [v["cpu"] for v in detail["applied"]["vcpu_list"]] == ["1"]  # assigned to the pool's pCPU
     # no comparison of gaps with the RTDS runs: Xen never takes the pCPU from a null-scheduled vCPU, so what
     # interrupts the spinning thread here is the host's scheduling of the lab's QEMU, which under host load
