@@ -250,3 +250,32 @@ def test_watchdog_fails_runs_with_their_reason_and_moves_on(tmp_path: Path) -> N
     saved = json.loads(state.path.read_text())["runs"]
     assert saved["qemu/solo/-/r1"]["reason"] == outcomes["qemu/solo/-/r1"].reason
     assert not list(Path("/sys/fs/cgroup/cpuset").glob(f"rtvirt-{os.getpid()}-*"))
+
+
+QUIET_GAP_SCENARIO = """\
+name = "quiet-gap"
+duration = "1s"
+run_timeout = "60s"
+
+[workload]
+probe = "gap"
+params = { threshold = "900ms" }
+
+[[environments]]
+kind = "host"
+
+[[disturbances]]
+name = "solo"
+"""
+
+
+def test_a_probe_that_ran_to_its_end_and_saw_nothing_is_a_stored_measurement(tmp_path: Path) -> None:
+    # nothing on a host takes a CPU for 0.9 s: the gap probe ends "complete" with no record, which is a result
+    # (no interruption above the threshold), not a failed run
+    scenario = parse_scenario(QUIET_GAP_SCENARIO, "quiet-gap.toml")
+    state = CampaignState.create(tmp_path, scenario.name, QUIET_GAP_SCENARIO, "quiet-gap.toml", 1.0)
+    outcome = run_campaign(scenario, state, tmp_path, show_progress=False, write_report=False).outcomes[
+        "host/solo/-/r1"]
+    assert outcome.status == "complete" and outcome.reason == ""
+    manifest = load_run(tmp_path / "runs" / outcome.run_id).manifest
+    assert manifest["status"] == "complete" and manifest["summary"]["all"]["samples"] == 0

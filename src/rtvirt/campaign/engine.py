@@ -298,7 +298,9 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
         stream = None
         reason = reason or f"no samples: {exc}"
     outcome_status = "interrupted" if interrupted else ("failed" if reason else "complete")
-    if stream is None or stream.records.size == 0:
+    # a probe that ran to its END and saw nothing (a gap probe without interruptions above its threshold) is a
+    # measurement and is stored; an empty stream of a failed or cut-short run is not
+    if stream is None or (stream.records.size == 0 and (reason or interrupted or stream.end_reason != "complete")):
         return RunOutcome(outcome_status, _bounded(reason or "the probe produced no samples"), run.run_id)
     # events before the workload started (stress-first) get negative times
     origin = t0 if t0 is not None else (marks[0][0] if marks else 0.0)
