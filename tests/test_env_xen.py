@@ -27,7 +27,7 @@ from rtvirt.environments.xen_lab import LAB_ROOT
 from rtvirt.errors import InputError
 from rtvirt.scenario.loader import load_scenario, parse_scenario
 from rtvirt.store import load_run
-from rtvirt.stream import read_stream
+from rtvirt.stream import SampleStream, read_stream
 
 RUN_S = 4
 LAB_SCENARIO = f"""
@@ -203,10 +203,13 @@ def _run(lab_campaign: tuple[Path, dict[str, Any]], key: str) -> dict[str, Any]:
     return load_run(results / "runs" / run["run_id"]).manifest  # type: ignore[no-any-return]
 
 
-def _gaps_ns(lab_campaign: tuple[Path, dict[str, Any]], key: str) -> list[int]:
+def _stream(lab_campaign: tuple[Path, dict[str, Any]], key: str) -> SampleStream:
     results, summary = lab_campaign
-    stream = read_stream(results / "runs" / summary["runs"][key]["run_id"] / "samples.rtvs")
-    return [int(v) for v in stream.records["value"]]
+    return read_stream(results / "runs" / summary["runs"][key]["run_id"] / "samples.rtvs")
+
+
+def _gaps_ns(lab_campaign: tuple[Path, dict[str, Any]], key: str) -> list[int]:
+    return [int(v) for v in _stream(lab_campaign, key).records["value"]]
 
 
 # the module's lab campaign (one boot, seven runs) is set up by the first of these: about 4 min on a quiet
@@ -264,8 +267,7 @@ def test_a_null_scheduler_pool_gives_the_measuring_vcpu_its_pcpu(lab_campaign: t
     assert row["Sched"] == "null" and row["CPUs"] == "1"
     # the gap probe spun its whole duration and every interruption it saw arrived (how many there are depends on
     # the host's load: on a quiet host the null-scheduled vCPU is rarely interrupted at all)
-    results, summary = lab_campaign
-    stream = read_stream(results / "runs" / summary["runs"]["rtds/null-pool/alone/-/r1"]["run_id"] / "samples.rtvs")
+    stream = _stream(lab_campaign, "rtds/null-pool/alone/-/r1")
     assert stream.end_reason == "complete" and null["summary"]["all"]["dropped"] == 0
     assert [v["cpu"] for v in detail["applied"]["vcpu_list"]] == ["1"]  # assigned to the pool's pCPU
     # no comparison of gaps with the RTDS runs: Xen never takes the pCPU from a null-scheduled vCPU, so what
