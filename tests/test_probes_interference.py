@@ -8,6 +8,8 @@ generous: this 2-CPU VM is shared with other work.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -108,3 +110,25 @@ def test_workload_and_kops_move_with_a_stressor_on_their_cpu(tmp_path: Path) -> 
     samples = runs["same"]["kops"].records.size
     assert same * samples >= 10, f"kops: only {same * samples:.0f} operations were preempted by the same-CPU load"
     assert other <= same / 3, f"kops: other CPU {other:.3%} vs same CPU {same:.3%} preempted operations"
+
+
+def test_a_gap_thread_that_starts_late_still_spins_its_whole_duration(tmp_path: Path) -> None:
+    # the CPU is taken by a higher-priority spinner while the probe sets up (as a starved vCPU is): the spin
+    # must last its duration from its own start, not end at a deadline counted from the agent's start
+    result: dict[str, Any] = {}
+
+    def measure() -> None:
+        started = time.monotonic()
+        result["stream"] = probe("gap", tmp_path, "late", duration="1s", threshold="200us")
+        result["elapsed"] = time.monotonic() - started
+
+    with interferer(CPU):
+        time.sleep(0.1)  # the interferer spins before the probe starts
+        worker = threading.Thread(target=measure)
+        worker.start()
+        time.sleep(0.6)
+    worker.join(timeout=60)
+    delay_s = result["stream"].stats[(0, "start_delay_ns")] / 1e9
+    assert delay_s > 0.3, delay_s  # the thread could not run while the interferer held its CPU
+    # the agent cannot end before the spin did: a deadline from the agent's start ended it after ~1 s
+    assert result["elapsed"] >= delay_s + 1.0, (result["elapsed"], delay_s)

@@ -23,18 +23,27 @@ static const rtv_opt gap_opts[] = {
 };
 
 enum { KIND_GAP, KIND_WORK };
-enum { STAT_LOOP_MIN_NS, STAT_LOOP_MEAN_NS, STAT_CPU_SHARE_PPM, STAT_GAPS };
-static const char *const stat_names[] = {"loop_min_ns", "loop_mean_ns", "cpu_share_ppm", "gaps", NULL};
+enum { STAT_LOOP_MIN_NS, STAT_LOOP_MEAN_NS, STAT_CPU_SHARE_PPM, STAT_GAPS, STAT_START_DELAY_NS };
+static const char *const stat_names[] = {"loop_min_ns", "loop_mean_ns", "cpu_share_ppm", "gaps", "start_delay_ns",
+                                         NULL};
 
 typedef struct {
     rtv_ctx *ctx;
     int index;
 } worker_arg;
 
-/* Cycle count of the deadline, so the spin loop never calls into the kernel or vDSO. */
-static uint64_t end_cycles(const rtv_ctx *ctx) {
+/* Cycle count of the deadline, so the spin loop never calls into the kernel or vDSO. It counts from the
+ * thread's own first read, not from the probe's start: a thread whose CPU is starved while the probe sets up
+ * (a vCPU on an overloaded RTDS pCPU got 10-20 % of it and began spinning 1.2 s late; with 3 s runs, too late
+ * to see a single gap) still observes its whole duration. The delay is reported as start_delay_ns. */
+static uint64_t end_cycles(const rtv_ctx *ctx, uint64_t first) {
     if (!ctx->end_ns) return UINT64_MAX;
-    return ctx->start_cycles + (uint64_t)((double)(ctx->end_ns - ctx->start_ns) * rtv_cycles_hz() / 1e9);
+    return first + (uint64_t)((double)(ctx->end_ns - ctx->start_ns) * rtv_cycles_hz() / 1e9);
+}
+
+static void report_start_delay(rtv_ctx *ctx, int index, uint64_t first) {
+    rtv_stat(ctx, index, STAT_START_DELAY_NS,
+             first > ctx->start_cycles ? (int64_t)rtv_cycles_to_ns(first - ctx->start_cycles) : 0);
 }
 
 static bool stop_flag(void) { return atomic_load_explicit(&rtv_stop_requested, memory_order_relaxed); }
@@ -42,13 +51,13 @@ static bool stop_flag(void) { return atomic_load_explicit(&rtv_stop_requested, m
 static void spin(rtv_ctx *ctx, int index) {
     const double hz = rtv_cycles_hz();
     const uint64_t threshold = (uint64_t)((double)opt.threshold_ns * hz / 1e9) + 1;
-    const uint64_t deadline = end_cycles(ctx), limit = ctx->common.loops;
     const int cpu = sched_getcpu();
     uint64_t gaps = 0, loops = 0, got = 0, min_step = UINT64_MAX;
     /* Gap start times come from a (cycles, CLOCK_MONOTONIC) pair re-read every second, so hours-long
      * runs do not drift from the clock other probes and tools use; the read is one sub-threshold step. */
     const uint64_t resync = (uint64_t)hz;
     const uint64_t first = rtv_cycles();
+    const uint64_t deadline = end_cycles(ctx, first), limit = ctx->common.loops;
     uint64_t prev = first, anchor_cycles = first, anchor_ns = rtv_now_ns();
     while (!stop_flag() && prev < deadline && (!limit || gaps < limit)) {
         uint64_t now = rtv_cycles();
@@ -73,6 +82,7 @@ static void spin(rtv_ctx *ctx, int index) {
     rtv_stat(ctx, index, STAT_LOOP_MEAN_NS, loops ? (int64_t)((double)got * 1e9 / hz / (double)loops) : -1);
     rtv_stat(ctx, index, STAT_CPU_SHARE_PPM, total ? (int64_t)((double)got * 1e6 / (double)total) : -1);
     rtv_stat(ctx, index, STAT_GAPS, (int64_t)gaps);
+    report_start_delay(ctx, index, first);
 }
 
 /* The busy-work unit: a dependent integer chain the compiler cannot shorten. */
@@ -83,7 +93,8 @@ static uint64_t work_unit(uint64_t seed, uint64_t iterations) {
 }
 
 static void work(rtv_ctx *ctx, int index) {
-    const uint64_t deadline = end_cycles(ctx), limit = ctx->common.loops;
+    const uint64_t first = rtv_cycles();
+    const uint64_t deadline = end_cycles(ctx, first), limit = ctx->common.loops;
     const int cpu = sched_getcpu();
     volatile uint64_t sink = 0;
     for (uint64_t n = 0; !stop_flag() && (!limit || n < limit); n++) {
@@ -94,6 +105,7 @@ static void work(rtv_ctx *ctx, int index) {
                    KIND_WORK);
         if (t1 >= deadline) break;
     }
+    report_start_delay(ctx, index, first);
 }
 
 static void *worker(void *p) {

@@ -873,9 +873,12 @@ class XenEnvironment(Environment):
             rtds = self._rtds_request()
             wanted = rtds if isinstance(rtds, list) else [rtds] * len(rows) if rtds else []
             for row, params in zip(rows, wanted, strict=False):
-                if (row.get("Period"), row.get("Budget")) != (str(_us(params.period)), str(_us(params.budget))):
-                    raise RunError(f"xen: {name} vCPU {row.get('VCPU')}: xl reports period/budget "
-                                   f"{row.get('Period')}/{row.get('Budget')} us, not the requested reservation")
+                # extra time too: with it a vCPU runs on past its budget whenever the pCPU is free
+                if (row.get("Period"), row.get("Budget"), row.get("Extratime")) != \
+                        (str(_us(params.period)), str(_us(params.budget)), "yes" if params.extratime else "no"):
+                    raise RunError(f"xen: {name} vCPU {row.get('VCPU')}: xl reports period/budget/extratime "
+                                   f"{row.get('Period')}/{row.get('Budget')} us/{row.get('Extratime')}, not the "
+                                   "requested reservation")
         elif scheduler in ("credit", "credit2"):
             rows = _table(self._dom0.xl(f"sched-{scheduler}", "-d", name))
             readback[f"sched_{scheduler}"] = rows
