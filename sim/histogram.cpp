@@ -2,6 +2,8 @@
 #include "histogram.h"
 
 #include <algorithm>
+#include <climits>
+#include <utility>
 
 namespace rtv {
 
@@ -45,14 +47,72 @@ void GroupHistograms::add(const int64_t* values, const int16_t* cpu, const int16
     }
 }
 
+// LSD radix sort of (key, payload) pairs on the low `bits` bits of the key, 16 bits a pass; a pass whose digit
+// is the same everywhere is skipped. Orders the 1.75 M distinct values of the 8-VM hour several times faster
+// than std::sort with a three-field comparison.
+using Keyed = std::pair<uint64_t, int64_t>;
+static void radix_sort(std::vector<Keyed>& a, int bits) {
+    std::vector<Keyed> buffer(a.size());
+    std::vector<size_t> offsets(65537);
+    for (int shift = 0; shift < bits; shift += 16) {
+        std::fill(offsets.begin(), offsets.end(), 0);
+        for (const Keyed& x : a) ++offsets[((x.first >> shift) & 0xFFFF) + 1];
+        if (std::find(offsets.begin(), offsets.end(), a.size()) != offsets.end()) continue;  // one digit only
+        for (size_t d = 1; d < offsets.size(); ++d) offsets[d] += offsets[d - 1];
+        for (const Keyed& x : a) buffer[offsets[(x.first >> shift) & 0xFFFF]++] = x;
+        a.swap(buffer);
+    }
+}
+
 void GroupHistograms::entries(std::vector<int16_t>& cpu, std::vector<int16_t>& kind, std::vector<int64_t>& value,
-                              std::vector<int64_t>& count) const {
+                              std::vector<int64_t>& count, std::vector<int64_t>& all_value,
+                              std::vector<int64_t>& all_count) const {
     std::vector<Slot> found;
     found.reserve(used_);
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    uint32_t cpus = 0;
     for (const Slot& s : slots_) {
-        if (s.count != 0) found.push_back(s);
+        if (s.count == 0) continue;
+        found.push_back(s);
+        lo = std::min(lo, s.value);
+        hi = std::max(hi, s.value);
+        cpus = std::max(cpus, s.group >> 16);
     }
+    cpu.reserve(found.size());
+    kind.reserve(found.size());
+    value.reserve(found.size());
+    count.reserve(found.size());
     // kind, value, cpu: each kind's values ascending, the CPUs of one value side by side
+    const bool packable = !found.empty() && static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo) < (uint64_t{1} << 40) &&
+                          cpus < 256;
+    if (packable) {  // kind (16 bits) | value - lo (40) | cpu (8): one integer key in that order
+        std::vector<Keyed> keyed;
+        keyed.reserve(found.size());
+        for (const Slot& s : found) {
+            keyed.emplace_back(uint64_t{s.group & 0xFFFF} << 48 | (static_cast<uint64_t>(s.value - lo) << 8) |
+                                   (s.group >> 16),
+                               s.count);
+        }
+        radix_sort(keyed, 64);
+        for (const Keyed& k : keyed) {
+            cpu.push_back(static_cast<int16_t>(k.first & 0xFF));
+            kind.push_back(static_cast<int16_t>(k.first >> 48));
+            value.push_back(lo + static_cast<int64_t>((k.first >> 8) & ((uint64_t{1} << 40) - 1)));
+            count.push_back(k.second);
+        }
+        for (Keyed& k : keyed) k.first = (k.first >> 8) & ((uint64_t{1} << 40) - 1);  // value - lo alone
+        radix_sort(keyed, 40);
+        for (const Keyed& k : keyed) {
+            const int64_t v = lo + static_cast<int64_t>(k.first);
+            if (!all_value.empty() && all_value.back() == v) {
+                all_count.back() += k.second;
+            } else {
+                all_value.push_back(v);
+                all_count.push_back(k.second);
+            }
+        }
+        return;
+    }
     std::sort(found.begin(), found.end(), [](const Slot& a, const Slot& b) {
         uint32_t ka = a.group & 0xFFFF, kb = b.group & 0xFFFF;
         if (ka != kb) return ka < kb;
@@ -63,6 +123,15 @@ void GroupHistograms::entries(std::vector<int16_t>& cpu, std::vector<int16_t>& k
         kind.push_back(static_cast<int16_t>(s.group & 0xFFFF));
         value.push_back(s.value);
         count.push_back(s.count);
+    }
+    std::sort(found.begin(), found.end(), [](const Slot& a, const Slot& b) { return a.value < b.value; });
+    for (const Slot& s : found) {
+        if (!all_value.empty() && all_value.back() == s.value) {
+            all_count.back() += s.count;
+        } else {
+            all_value.push_back(s.value);
+            all_count.push_back(s.count);
+        }
     }
 }
 

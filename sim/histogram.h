@@ -13,9 +13,10 @@ class GroupHistograms {
 public:
     GroupHistograms() : slots_(1024) {}
     void add(const int64_t* values, const int16_t* cpu, const int16_t* kind, size_t n);
-    // Every (cpu, kind, value, count), sorted by kind, value, cpu.
+    // Every (cpu, kind, value, count), sorted by kind, value, cpu; and the pooled histogram of every group
+    // (distinct values ascending, their total counts: the statistics of "all").
     void entries(std::vector<int16_t>& cpu, std::vector<int16_t>& kind, std::vector<int64_t>& value,
-                 std::vector<int64_t>& count) const;
+                 std::vector<int64_t>& count, std::vector<int64_t>& all_value, std::vector<int64_t>& all_count) const;
 
 private:
     struct Slot {

@@ -229,13 +229,18 @@ public:
 
     py::dict entries() const {
         std::vector<int16_t> cpu, kind;
-        std::vector<int64_t> value, count;
-        counts_.entries(cpu, kind, value, count);
+        std::vector<int64_t> value, count, all_value, all_count;
+        {
+            py::gil_scoped_release unlocked;  // sorting: the writer thread's side files go on meanwhile
+            counts_.entries(cpu, kind, value, count, all_value, all_count);
+        }
         py::dict out;
         out["cpu"] = adopt(std::move(cpu));
         out["kind"] = adopt(std::move(kind));
         out["value"] = adopt(std::move(value));
         out["count"] = adopt(std::move(count));
+        out["all_value"] = adopt(std::move(all_value));
+        out["all_count"] = adopt(std::move(all_count));
         return out;
     }
 
@@ -256,7 +261,7 @@ PYBIND11_MODULE(_simcore, m) {
         .def(py::init<>())
         .def("add", &Histograms::add, py::arg("values"), py::arg("cpu"), py::arg("kind"),
              "Count int64 values per (cpu, kind) group")
-        .def("entries", &Histograms::entries, "cpu, kind, value, count arrays sorted by kind, value, cpu");
+        .def("entries", &Histograms::entries, "cpu, kind, value, count arrays sorted by kind, value, cpu; all_value, all_count pooled");
     std::vector<std::string> hv, guest;
     for (const auto& e : hv_registry()) hv.emplace_back(e.name);
     for (const auto& e : guest_registry()) guest.emplace_back(e.name);

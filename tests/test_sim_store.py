@@ -77,8 +77,34 @@ def test_stored_samples_hold_every_record_and_an_exact_histogram(tmp_path: Path,
     # the statistics counted from the sorted histogram are those the store computes from any histogram
     expected = {group: s.as_dict() for group, s in summaries_from_histogram(stored, "kind").items()}
     assert json.loads(json.dumps(expected)) == manifest["summary"] and list(manifest["summary"])[-1] == "all"
+    # the digest holds the same statistics (handed over by the sim, not recomputed by the store)
+    digest = json.loads((run.path / "digest.json").read_text())
+    assert digest["groups"] == json.loads(json.dumps({g: s.as_json() for g, s in
+                                                      summaries_from_histogram(stored, "kind").items()}))
     assert manifest["summary"]["vm/uni"]["samples"] == summary["tasks"]["vm/uni"]["jobs"] > 400
     assert manifest["summary"]["vm/uni"]["max_ns"] == summary["tasks"]["vm/uni"]["max_response_ns"]
+
+
+@pytest.mark.parametrize("spread", [1_000, 1 << 45], ids=["packed-keys", "wide-values"])
+def test_core_histogram_entries_match_numpy(spread: int) -> None:
+    """The core's counts sorted by kind, value, cpu and pooled over every group, whether its values fit the
+    packed radix-sort keys (a range below 2**40) or take the comparison sort."""
+    from rtvirt import _simcore
+
+    rng = np.random.default_rng(5)
+    values = rng.integers(0, 1_000, 20_000, dtype=np.int64) * (spread // 1_000)  # values recur
+    cpu = rng.integers(0, 4, values.size).astype(np.int16)
+    kind = rng.integers(0, 3, values.size).astype(np.int16)
+    counts = _simcore.Histograms()
+    counts.add(values[:7_000], cpu[:7_000], kind[:7_000])  # two chunks, as the writer thread adds them
+    counts.add(values[7_000:], cpu[7_000:], kind[7_000:])
+    found = counts.entries()
+    keys, expected_counts = np.unique(np.stack([kind, values, cpu]), axis=1, return_counts=True)
+    assert found["kind"].tolist() == keys[0].tolist() and found["value"].tolist() == keys[1].tolist()
+    assert found["cpu"].tolist() == keys[2].tolist() and found["count"].tolist() == expected_counts.tolist()
+    pooled, pooled_counts = np.unique(values, return_counts=True)
+    assert found["all_value"].tolist() == pooled.tolist() and found["all_count"].tolist() == pooled_counts.tolist()
+    assert len(pooled) < len(keys[0])  # some values recur across groups: the pooling merged them
 
 
 def test_columns_that_would_repeat_t_ns_or_minus_one_are_left_out(tmp_path: Path) -> None:

@@ -244,13 +244,15 @@ def _as_histogram(table: pa.Table) -> Histogram:
 
 
 def write_run(run: RunDir, table: pa.Table | None, manifest: dict[str, Any], *,
-              histogram: pa.Table | None = None, group_by: str | None = "kind") -> dict[str, Any]:
+              histogram: pa.Table | None = None, group_by: str | None = "kind",
+              groups: dict[str, Summary] | None = None) -> dict[str, Any]:
     """Write any run: samples (if any), their exact histogram, and the validated manifest.
 
     ``manifest`` needs at least ``name`` and ``source``; ``run_id``, ``created`` and ``manifest_version``
     are filled in, and ``summary`` (per ``group_by`` column and ``all``) is computed when absent.
     ``histogram`` (columns cpu, kind, value, count) is for sources that only kept counts (imported
-    cyclictest -h, rtla hist); with samples it is computed from them.
+    cyclictest -h, rtla hist); with samples it is computed from them. ``groups`` are the digest's statistics
+    when the writer already has them (a simulated run: the core counted them), else they come from ``histogram``.
     """
     document = {"manifest_version": MANIFEST_VERSION, "run_id": run.run_id,
                 "created": dt.datetime.now(dt.UTC).isoformat(), "status": "complete", "dropped": 0, **manifest}
@@ -264,10 +266,10 @@ def write_run(run: RunDir, table: pa.Table | None, manifest: dict[str, Any], *,
             written = writer.submit(pq.write_table, table, run.parquet_path, compression="zstd",
                                     use_dictionary=["kind"], column_encoding=_delta_encoded(table))
             histogram = _group_histograms(table, value_field)
-            write_digest(run, document, table, histogram)  # while the samples are still being encoded
+            write_digest(run, document, table, histogram, groups)  # while the samples are still being encoded
             written.result()
     else:
-        write_digest(run, document, None, histogram)
+        write_digest(run, document, None, histogram, groups)
     if histogram is not None:
         pq.write_table(histogram, run.histogram_path, compression="zstd")
         if "summary" not in document:
@@ -278,14 +280,15 @@ def write_run(run: RunDir, table: pa.Table | None, manifest: dict[str, Any], *,
     return document
 
 
-def write_digest(run: RunDir, manifest: dict[str, Any], table: pa.Table | None, histogram: pa.Table | None) -> None:
+def write_digest(run: RunDir, manifest: dict[str, Any], table: pa.Table | None, histogram: pa.Table | None,
+                 groups: dict[str, Summary] | None = None) -> None:
     """digest.json and series.parquet beside the samples: the statistics, time profile, largest samples and
     plot series that `rtvirt stats` and the report read instead of the samples (rtvirt.results.digest).
     Every writer of runs must call it; write_run does. ``manifest`` needs ``run_id`` (and ``timeline``,
     ``source``, ``dropped``, ``value_field`` as the manifest will hold them)."""
     from .results.digest import write_digest as write
 
-    write(run.path, manifest, table, histogram)
+    write(run.path, manifest, table, histogram, groups)
 
 
 def _delta_encoded(table: pa.Table) -> dict[str, str]:

@@ -145,9 +145,11 @@ def _profile_json(result: RunPass, segments: list[Segment]) -> dict[str, Any]:
     }
 
 
-def write_digest(run_dir: Path, document: dict[str, Any], table: pa.Table | None, histogram: pa.Table | None) -> None:
+def write_digest(run_dir: Path, document: dict[str, Any], table: pa.Table | None, histogram: pa.Table | None,
+                 groups: dict[str, Summary] | None = None) -> None:
     """Compute and write the digest of a run being stored: ``document`` is its manifest, ``table`` its samples
-    (value column as stored), ``histogram`` its exact histogram table (cpu, kind, value, count)."""
+    (value column as stored), ``histogram`` its exact histogram table (cpu, kind, value, count); ``groups`` its
+    statistics per stats_grouping() group and "all" when the writer already computed them from that histogram."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -160,8 +162,9 @@ def write_digest(run_dir: Path, document: dict[str, Any], table: pa.Table | None
     from .windows import profile_pass
 
     dropped = int(document.get("dropped") or 0)
-    groups = summaries_from_histogram(histogram, stats_grouping(document), dropped) if histogram is not None \
-        else {"all": summarize_histogram(None, dropped)}
+    if groups is None:
+        groups = summaries_from_histogram(histogram, stats_grouping(document), dropped) if histogram is not None \
+            else {"all": summarize_histogram(None, dropped)}
     digest: dict[str, Any] = {"digest_version": DIGEST_VERSION, "run_id": document["run_id"],
                               "groups": {k: s.as_json() for k, s in groups.items()}, "profile": None}
     value_field = document.get("value_field")

@@ -54,6 +54,7 @@ class SamplesFile:
         self._writer = pq.ParquetWriter(path, self.schema, **{**_SAMPLES_OPTIONS, "column_encoding": encodings})
         self._pool = ThreadPoolExecutor(max_workers=1)
         self._pending: list[Future[None]] = []
+        self._counted: list[Future[None]] = []  # the chunks' writes, which also count the histogram
         from .. import _simcore  # type: ignore[attr-defined]
 
         self._counts = _simcore.Histograms()
@@ -63,8 +64,10 @@ class SamplesFile:
         arrays = [pa.array(columns[name]) for name in ("t_ns", "response_ns", "cpu", "thread")]
         arrays.append(pa.DictionaryArray.from_arrays(arrays[3], self._kinds))  # the same buffer as thread
         arrays += [pa.array(columns[name]) for name in self.schema.names[5:]]
-        self._pending.append(self._pool.submit(self._write, pa.record_batch(arrays, schema=self.schema),
-                                               columns["response_ns"], columns["cpu"], columns["thread"]))
+        written = self._pool.submit(self._write, pa.record_batch(arrays, schema=self.schema), columns["response_ns"],
+                                    columns["cpu"], columns["thread"])
+        self._pending.append(written)
+        self._counted.append(written)
 
     def add_jobs(self, chunk: JobChunk) -> None:
         arrival = chunk["arrival"]
@@ -83,11 +86,12 @@ class SamplesFile:
         """Run another write in the writer thread, after the chunks queued so far."""
         self._pending.append(self._pool.submit(write, *args, **options))
 
-    def histogram(self) -> tuple[pa.Table, dict[str, Summary]]:
-        """The exact histogram per (cpu, kind) of every row added, in the store's layout (histogram.parquet),
-        and the statistics per kind and ``all`` the manifest holds (as store.write_run would compute them)."""
-        for pending in self._pending:
-            pending.result()
+    def histogram(self, path: Path) -> dict[str, Summary]:
+        """Write the exact histogram per (cpu, kind) of every row added to ``path`` in the store's layout
+        (histogram.parquet, as store.write_run would; in the writer thread while the statistics are computed)
+        and return the statistics per kind and ``all`` that the manifest and digest hold."""
+        for counted in self._counted:  # not the side files queued after them: they are written meanwhile
+            counted.result()
         found = self._counts.entries()  # sorted by kind, value, cpu
         # kind as a dictionary of the kinds present: the store groups it by its codes (a string column would
         # be factorized with pyarrow.compute, whose import alone costs ~0.1 s)
@@ -98,9 +102,12 @@ class SamplesFile:
         kinds = pa.DictionaryArray.from_arrays(pa.array((np.cumsum(first) - 1).astype(np.int16)),
                                                pa.array([names[k] for k in kind[first]], pa.string()))
         table = pa.table({"cpu": found["cpu"], "kind": kinds, "value": found["value"], "count": found["count"]})
-        return table, self._summaries(kind, found["value"], found["count"])
+        self.later(pq.write_table, table, path, compression="zstd")
+        return self._summaries(kind, found["value"], found["count"],
+                                      Histogram(found["all_value"], found["all_count"]))
 
-    def _summaries(self, kind: np.ndarray, value: np.ndarray, count: np.ndarray) -> dict[str, Summary]:
+    def _summaries(self, kind: np.ndarray, value: np.ndarray, count: np.ndarray,
+                   pooled: Histogram) -> dict[str, Summary]:
         # each kind's rows already hold its ascending values: only the CPUs of one value are summed (no
         # per-kind mask and merge over the whole histogram)
         first = np.ones(kind.size, np.bool_)
@@ -112,7 +119,7 @@ class SamplesFile:
         groups = {str(names[kind[a]]): summarize_histogram(Histogram(value[a:b], count[a:b]))
                   for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a}
         result = {name: groups[name] for name in sorted(groups)}
-        result["all"] = summarize_histogram(Histogram.merged([Histogram(value, count)]))
+        result["all"] = summarize_histogram(pooled)  # pooled by the core: no merge of 1.75 M values here
         return result
 
     def close(self) -> None:
@@ -244,8 +251,8 @@ def _store(result: SimResult, run: RunDir, samples: SamplesFile, *, model_path: 
                   use_dictionary=["vcpu"], column_encoding=_SUPPLY_ENCODING)
     if result.gaps.num_rows:
         samples.later(pq.write_table, gap_probe_table(result), run.path / "gaps.parquet", compression="zstd")
+    statistics = samples.histogram(run.histogram_path)
     summary = task_summary(result)
-    histogram, statistics = samples.histogram()
     samples.close()
     manifest = {
         "name": f"sim {result.model.name}",
@@ -266,7 +273,7 @@ def _store(result: SimResult, run: RunDir, samples: SamplesFile, *, model_path: 
         "summary": {group: s.as_dict() for group, s in statistics.items()},
         **(extra or {}),
     }
-    write_run(run, None, manifest, histogram=histogram)
+    write_run(run, None, manifest, groups=statistics)  # histogram.parquet is written: only digest and manifest
     return summary
 
 
