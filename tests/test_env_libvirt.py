@@ -5,12 +5,14 @@ sshd, and malformed environment tables rejected with their field path."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +49,8 @@ CPUS = sorted(os.sched_getaffinity(0))
 MEASURED, EMULATOR = CPUS[-1], CPUS[0]
 NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 GUEST_MIB = 256  # the default guest memory: what the fifo domain backs with hugepages
+LIBVIRT_TESTS_LOCK = Path("/run/lock/rtvirt-libvirt-tests.lock")
+LOCK_WAIT_S = 900.0  # another session's whole libvirt file takes ~5 min on a loaded 2-core machine
 TWO_CPUS = pytest.mark.skipif(len(CPUS) < 2, reason="vCPU and emulator pinning apart need two CPUs")
 
 
@@ -57,11 +61,44 @@ def _daemon_running(name: str, pidfile: Path) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def libvirtd() -> Iterator[str]:
-    """Debian's virtlogd and libvirtd (no systemd here), started for these tests and stopped afterwards, with
-    hugepages for one guest reserved and hugetlbfs mounted before libvirtd starts (it looks for mounts then);
-    all of it undone afterwards."""
+@contextlib.contextmanager
+def _sole_libvirt_session() -> Iterator[None]:
+    """Hold the machine-wide lock of these tests: two test sessions (a developer's and a clean-clone CI run)
+    share the one qemu:///system libvirtd, and the one that started it stops it under the other's runs
+    (seen: the other's domains gone, its next runs failing); the second session waits its turn."""
+    with LIBVIRT_TESTS_LOCK.open("a+") as lock:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    lock.seek(0)
+                    pytest.fail(f"another test session (pid {lock.read()[:20].strip() or '?'}) held "
+                                f"{LIBVIRT_TESTS_LOCK} for {LOCK_WAIT_S:.0f}s: libvirtd is in use")
+                time.sleep(1)
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        try:
+            yield
+        finally:
+            lock.truncate(0)
+
+
+@pytest.fixture(scope="module")
+def libvirtd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Debian's virtlogd and libvirtd (no systemd here), started for these tests and stopped after this file
+    (not at the end of the whole suite), with hugepages for one guest reserved and hugetlbfs mounted before
+    libvirtd starts (it looks for mounts then); all of it undone afterwards. The daemons log warnings and
+    errors to libvirtd.log / virtlogd.log in pytest's base temporary directory (LIBVIRTD_TEST_FILTERS sets
+    libvirt's log filters, e.g. "1:qemu 3:*" for debug)."""
+    with _sole_libvirt_session():
+        yield from _libvirtd_for_tests(tmp_path_factory)
+
+
+def _libvirtd_for_tests(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     libvirt = _libvirt()
     pages_before = int(NR_HUGEPAGES.read_text())
     mounted = None
@@ -75,9 +112,12 @@ def libvirtd() -> Iterator[str]:
     started = []
     for name, pidfile in DAEMONS:
         if not _daemon_running(name, pidfile):
+            log = tmp_path_factory.getbasetemp() / f"{name}.log"
+            env = {**os.environ, "LIBVIRT_LOG_OUTPUTS": f"1:file:{log}",
+                   "LIBVIRT_LOG_FILTERS": os.environ.get("LIBVIRTD_TEST_FILTERS", "3:*")}
             started.append(subprocess.Popen([f"/usr/sbin/{name}"], stdin=subprocess.DEVNULL,
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                            start_new_session=True))
+                                            start_new_session=True, env=env))
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -422,6 +462,41 @@ def test_a_stopped_libvirtd_is_named_in_the_error(tmp_path: Path) -> None:
     uri = f"qemu+unix:///system?socket={tmp_path}/no-libvirtd.sock"
     with pytest.raises(RunError, match=f"cannot connect to {re.escape(uri)}: .*libvirtd must run"):
         LibvirtConnection(uri)
+
+
+def test_a_libvirtd_that_stops_answering_fails_our_calls_instead_of_hanging(libvirtd: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A libvirtd that accepts connections but serves none (here: the real daemon, SIGSTOPped; in CI runs: one
+    shutting down, or a stalled SSH session) must end a call with an error: blocked in libvirt's C code, the
+    call is deaf to Ctrl-C and to pytest's timeout. Keepalive closes an open connection, the opening is
+    bounded by a timeout."""
+    libvirt = _libvirt()
+    monkeypatch.setattr("rtvirt.environments.libvirt.KEEPALIVE_INTERVAL_S", 1)
+    monkeypatch.setattr("rtvirt.environments.libvirt.KEEPALIVE_COUNT", 2)
+    monkeypatch.setattr("rtvirt.environments.libvirt.CONNECT_TIMEOUT_S", 3.0)
+    pid = int(Path("/run/libvirtd.pid").read_text().strip())
+    connection = LibvirtConnection(libvirtd)
+    outcome: list[object] = []
+
+    def call() -> None:  # in a thread: were the call to hang, the test fails instead of hanging with it
+        try:
+            outcome.append(connection.conn.listAllDomains(0))
+        except Exception as exc:  # what ended it is the result
+            outcome.append(exc)
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        caller.join(timeout=60)
+        assert outcome, "a call to a libvirtd that does not answer was still blocked after 60 s"
+        assert isinstance(outcome[0], libvirt.libvirtError) and "keepalive" in str(outcome[0]), outcome
+        with pytest.raises(RunError, match=r"qemu:///system did not answer within 3s: libvirtd there accepts"):
+            LibvirtConnection(libvirtd)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        connection.close()
+    LibvirtConnection(libvirtd).close()  # served again once it runs
 
 
 @pytest.mark.parametrize(("table", "path", "message"), [

@@ -69,6 +69,12 @@ XML_LIMIT = 1 << 16  # characters of the applied domain XML kept in the manifest
 CONSOLE_LIMIT = 1 << 16  # bytes of the guest console kept (it is untrusted)
 DRAIN_TIMEOUT_S = 10.0  # time the stream readers get to write the last samples after the guest stopped
 MEMLOCK_OVERHEAD_MIB = 256  # locked memory QEMU needs beyond guest RAM (its own allocations)
+CONNECT_TIMEOUT_S = 60.0  # time a libvirtd (and an SSH transport to it) gets to answer a new connection
+# every connection pings libvirtd every KEEPALIVE_INTERVAL_S and is closed after KEEPALIVE_COUNT unanswered
+# pings: a daemon that stopped serving (stopped, shutting down, an SSH session stalled) fails our calls
+# within about half a minute instead of blocking them in libvirt's C code, where no signal reaches Python
+KEEPALIVE_INTERVAL_S = 5
+KEEPALIVE_COUNT = 6
 URI_PATTERN = r"^qemu(\+(ssh|libssh|libssh2|tcp|tls|unix))?://[^\s'\"\\]*/(system|session)(\?[^\s'\"\\]*)?$"
 CPUTUNE_CHILDREN = {"vcpupin", "emulatorpin", "iothreadpin", "vcpusched", "emulatorsched", "iothreadsched",
                     "shares", "period", "quota", "vcpu_period", "vcpu_quota", "global_period", "global_quota",
@@ -230,6 +236,42 @@ def _error_text(exc: Exception) -> str:
     return " ".join(str(exc).split())[:400]
 
 
+def _open_bounded(libvirt: Any, uri: str, timeout: float) -> Any:
+    """``libvirt.open(uri)`` given ``timeout`` seconds: the opening handshake is not covered by keepalive,
+    and a daemon that accepts the socket but never answers (one shutting down, or stopped; an SSH session
+    whose virt-ssh-helper stalls) would block it in C forever, deaf to Ctrl-C and to signals. Past the
+    timeout the opening thread is left behind (it closes the connection should it still arrive)."""
+    outcome: dict[str, Any] = {}
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def opener() -> None:
+        try:
+            conn = libvirt.open(uri)
+        except libvirt.libvirtError as exc:
+            outcome["error"] = exc
+        else:
+            with lock:
+                if done.is_set():  # given up on: nobody will close it but us
+                    with contextlib.suppress(libvirt.libvirtError):
+                        conn.close()
+                    return
+                outcome["conn"] = conn
+        done.set()
+
+    threading.Thread(target=opener, daemon=True, name="libvirt-open").start()
+    finished = done.wait(timeout)
+    with lock:
+        if not finished and "conn" not in outcome and "error" not in outcome:
+            done.set()
+            raise RunError(f"libvirt: {uri} did not answer within {timeout:.0f}s: libvirtd there accepts "
+                           "connections but does not serve them (stopped, shutting down or hung; over SSH, the "
+                           "session or virt-ssh-helper stalled)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["conn"]
+
+
 class LibvirtConnection:
     """A connection to one libvirtd (one per domain, one for reclaim), and the storage pool that carries
     guest images to its host."""
@@ -240,10 +282,12 @@ class LibvirtConnection:
         self.lock = threading.Lock()
         self._kernels: dict[str, str] = {}
         try:
-            self.conn = libvirt.open(uri)
+            self.conn = _open_bounded(libvirt, uri, CONNECT_TIMEOUT_S)
         except libvirt.libvirtError as exc:
             raise RunError(f"libvirt: cannot connect to {uri}: {_error_text(exc)} (libvirtd must run there: "
                            "`systemctl start libvirtd`, or without systemd `virtlogd -d && libvirtd -d`)") from None
+        with contextlib.suppress(libvirt.libvirtError):  # drivers without keepalive (test://) run no daemon
+            self.conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -659,7 +703,7 @@ class LibvirtEnvironment(Environment):
                 continue  # not ours to judge: no owner record
             if host != me or (started and _process_start(pid) == started):
                 continue  # another machine's campaign, or one still running
-            _destroy_and_undefine(domain)
+            _destroy_and_undefine(domain, config.uri)
             connection.delete_volume(f"{name}.initrd")
             removed.append(f"libvirt domain {name} ({config.uri})")
         if config.local and os.geteuid() == 0:
@@ -893,8 +937,11 @@ class LibvirtEnvironment(Environment):
             return False
         try:
             state, reason = self._domain.state(0)
-        except libvirt.libvirtError:
-            return False  # gone: destroyed by close()
+        except libvirt.libvirtError as exc:
+            if _domain_gone(exc):
+                return False  # gone: destroyed by close()
+            # the connection failed (keepalive closed it: libvirtd stopped answering): not a guest that ended
+            raise RunError(f"libvirt ({self.config.uri}): lost {self._name}: {_error_text(exc)}") from None
         if state in (libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_CRASHED):
             return state == libvirt.VIR_DOMAIN_CRASHED or reason == libvirt.VIR_DOMAIN_SHUTOFF_CRASHED
         return None
@@ -1019,10 +1066,11 @@ class LibvirtEnvironment(Environment):
         return sorted({f"<{tag}>" for tag in wanted if wanted.count(tag) > have.count(tag)})
 
     def close(self) -> None:
-        if self._domain is not None and self.config.guest == "baremetal" and self.stopped() is None:
-            self._stop_baremetal()
+        with contextlib.suppress(RunError):  # a lost connection: destroyed below, on a new one if need be
+            if self._domain is not None and self.config.guest == "baremetal" and self.stopped() is None:
+                self._stop_baremetal()
         if self._domain is not None:
-            _destroy_and_undefine(self._domain)
+            _destroy_and_undefine(self._domain, self.config.uri)
             self._domain = None
         for reader in self._readers:
             reader.stop()
@@ -1037,13 +1085,33 @@ class LibvirtEnvironment(Environment):
         super().close()
 
 
-def _destroy_and_undefine(domain: Any) -> None:
+def _domain_gone(exc: Any) -> bool:
+    """Whether a libvirtError says the domain no longer exists (not that the connection failed)."""
+    return bool(exc.get_error_code() == _libvirt().VIR_ERR_NO_DOMAIN)
+
+
+def _destroy_and_undefine(domain: Any, uri: str) -> None:
+    """Destroy and undefine ``domain``; if its connection is lost (keepalive closed it while libvirtd did not
+    answer), once more on a new connection: a domain must not outlive its run."""
     libvirt = _libvirt()
-    with contextlib.suppress(libvirt.libvirtError):
-        if domain.isActive():
-            domain.destroy()
-    with contextlib.suppress(libvirt.libvirtError):
+    try:
+        with contextlib.suppress(libvirt.libvirtError):  # an already stopped domain refuses destroy
+            if domain.isActive():
+                domain.destroy()
         domain.undefine()
+    except libvirt.libvirtError as exc:
+        if _domain_gone(exc):
+            return
+        with contextlib.suppress(RunError, libvirt.libvirtError):
+            fresh = LibvirtConnection(uri)
+            try:
+                again = fresh.conn.lookupByUUID(domain.UUID())
+                with contextlib.suppress(libvirt.libvirtError):
+                    if again.isActive():
+                        again.destroy()
+                again.undefine()
+            finally:
+                fresh.close()
 
 
 def _version(number: int) -> str:
