@@ -60,6 +60,7 @@ Sim::Sim(Config config) : cfg(std::move(config)), rng_(cfg.seed) {
     previous_.assign(static_cast<size_t>(cfg.pcpus), -1);
     std::fill(std::begin(gantt_open_), std::end(gantt_open_), -1);
     gantt_ = cfg.gantt_to > cfg.gantt_from;
+    gap_probes_ = std::any_of(cfg.vcpus.begin(), cfg.vcpus.end(), [](const VCpuSpec& v) { return v.gap_threshold >= 0; });
 }
 
 void Sim::push(Time t, int prio, int kind, int index, int64_t a, Time b) {
@@ -113,17 +114,18 @@ void Sim::release(int task_index, Time arrival, Time release_time, int64_t event
     }
 }
 
-void Sim::assign_ranked(const std::vector<int>& order) {
+void Sim::assign_ranked(const int* order, size_t n) {
     // Best first, each takes a free pCPU it may use: its current one if free, else the lowest one no other
     // candidate is running on (fewer migrations), else the lowest. Bit masks: pcpus <= 64.
     uint64_t occupied = 0, free = 0;
-    for (int index : order) {
-        if (vcpus[index].on_cpu >= 0) occupied |= uint64_t{1} << vcpus[index].on_cpu;
+    for (size_t i = 0; i < n; ++i) {
+        if (vcpus[order[i]].on_cpu >= 0) occupied |= uint64_t{1} << vcpus[order[i]].on_cpu;
     }
     for (int p = 0; p < cfg.pcpus; ++p) {
         if (cpus[p].run < 0) free |= uint64_t{1} << p;
     }
-    for (int index : order) {
+    for (size_t i = 0; i < n; ++i) {
+        const int index = order[i];
         if (free == 0) break;
         const VCpu& v = vcpus[index];
         const uint64_t usable = v.spec.affinity & free;
@@ -152,6 +154,7 @@ void Sim::apply_assignment(const std::vector<int>& previous) {
             if (c.run >= 0) c.last_run = c.run;
         }
     }
+    if (!gap_probes_) return;
     for (int p = 0; p < cfg.pcpus; ++p) {
         if (previous[p] < 0) continue;
         VCpu& v = vcpus[previous[p]];
@@ -163,7 +166,7 @@ void Sim::apply_assignment(const std::vector<int>& previous) {
     }
 }
 
-void Sim::add_supply(VCpu& v, Time from, Time to) {
+void Sim::add_supply_across(VCpu& v, Time from, Time to) {
     v.supplied += to - from;
     const Time w = cfg.supply_window;
     std::vector<Time>& windows = supply[static_cast<size_t>(v.index)];

@@ -310,7 +310,8 @@ public:
     bool cpu_free(int p) const { return cpus[p].run < 0; }
     bool any_cpu_idle() const;
     // Place vCPUs (best first) on pCPUs they may use, keeping each on its current pCPU when possible.
-    void assign_ranked(const std::vector<int>& order);
+    void assign_ranked(const int* order, size_t n);
+    void assign_ranked(const std::vector<int>& order) { assign_ranked(order.data(), order.size()); }
 
 private:
     EventQueue queue_;
@@ -322,6 +323,7 @@ private:
     std::vector<Time (*)(const TaskSpec&, const Job&)> guest_keys_;  // per VM
     int64_t gantt_open_[64] = {};
     bool gantt_ = false;  // a Gantt window was asked for
+    bool gap_probes_ = false;  // a vCPU runs a gap probe (else apply_assignment has no gap to close)
 
     void push(Time t, int prio, int kind, int index, int64_t a = 0, Time b = 0);
     void start();
@@ -331,7 +333,17 @@ private:
     void release(int task, Time arrival, Time release, int64_t event, Time event_arrival);
     void schedule_next_arrival(int task, Time nominal);
     void apply_assignment(const std::vector<int>& previous);
-    void add_supply(VCpu& v, Time from, Time to);
+    // Count [from, to) as supplied to `v`; inline for the usual case of an interval inside the window being
+    // filled (one per running pCPU and decision point), the rest out of line.
+    void add_supply(VCpu& v, Time from, Time to) {
+        if (to <= v.window_end) {  // from >= the window's start: time only moves forward
+            v.supplied += to - from;
+            supply[static_cast<size_t>(v.index)][v.window] += to - from;
+        } else {
+            add_supply_across(v, from, to);
+        }
+    }
+    void add_supply_across(VCpu& v, Time from, Time to);
     void add_segment(int cpu, int vcpu, int task, Time from, Time to);
     Rng rng_;
 };
