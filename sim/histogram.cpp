@@ -2,7 +2,6 @@
 #include "histogram.h"
 
 #include <algorithm>
-#include <climits>
 #include <utility>
 
 namespace rtv {
@@ -36,6 +35,9 @@ void GroupHistograms::add(const int64_t* values, const int16_t* cpu, const int16
             if (s.count == 0) {
                 s = Slot{values[r], group, 1};
                 ++used_;
+                lo_ = std::min(lo_, values[r]);
+                hi_ = std::max(hi_, values[r]);
+                max_cpu_ = std::max(max_cpu_, group >> 16);
                 break;
             }
             if (s.value == values[r] && s.group == group) {
@@ -47,19 +49,28 @@ void GroupHistograms::add(const int64_t* values, const int16_t* cpu, const int16
     }
 }
 
-// LSD radix sort of (key, payload) pairs on the low `bits` bits of the key, 16 bits a pass; a pass whose digit
-// is the same everywhere is skipped. Orders the 1.75 M distinct values of the 8-VM hour several times faster
-// than std::sort with a three-field comparison.
+// LSD radix sort of (key, payload) pairs on the low `bits` bits of the key, a byte a pass (256 buckets stay in
+// cache; wider digits thrash it); the digits' counts are taken in one read, and a byte that is the same in every
+// key (the high bytes of a narrow value range, of few kinds) costs no pass. Several times faster than std::sort
+// with a three-field comparison on the 1.75 M distinct values of the 8-VM hour.
 using Keyed = std::pair<uint64_t, int64_t>;
 static void radix_sort(std::vector<Keyed>& a, int bits) {
+    const int passes = (bits + 7) / 8;
+    std::vector<size_t> counts(static_cast<size_t>(passes) * 256, 0);
+    for (const Keyed& x : a) {
+        for (int d = 0; d < passes; ++d) ++counts[static_cast<size_t>(d) * 256 + ((x.first >> (8 * d)) & 0xFF)];
+    }
     std::vector<Keyed> buffer(a.size());
-    std::vector<size_t> offsets(65537);
-    for (int shift = 0; shift < bits; shift += 16) {
-        std::fill(offsets.begin(), offsets.end(), 0);
-        for (const Keyed& x : a) ++offsets[((x.first >> shift) & 0xFFFF) + 1];
-        if (std::find(offsets.begin(), offsets.end(), a.size()) != offsets.end()) continue;  // one digit only
-        for (size_t d = 1; d < offsets.size(); ++d) offsets[d] += offsets[d - 1];
-        for (const Keyed& x : a) buffer[offsets[(x.first >> shift) & 0xFFFF]++] = x;
+    for (int d = 0; d < passes; ++d) {
+        size_t* offsets = &counts[static_cast<size_t>(d) * 256];
+        if (std::find(offsets, offsets + 256, a.size()) != offsets + 256) continue;  // one value of this byte
+        size_t sum = 0;
+        for (int i = 0; i < 256; ++i) {
+            const size_t c = offsets[i];
+            offsets[i] = sum;
+            sum += c;
+        }
+        for (const Keyed& x : a) buffer[offsets[(x.first >> (8 * d)) & 0xFF]++] = x;
         a.swap(buffer);
     }
 }
@@ -67,28 +78,18 @@ static void radix_sort(std::vector<Keyed>& a, int bits) {
 void GroupHistograms::entries(std::vector<int16_t>& cpu, std::vector<int16_t>& kind, std::vector<int64_t>& value,
                               std::vector<int64_t>& count, std::vector<int64_t>& all_value,
                               std::vector<int64_t>& all_count) const {
-    std::vector<Slot> found;
-    found.reserve(used_);
-    int64_t lo = INT64_MAX, hi = INT64_MIN;
-    uint32_t cpus = 0;
-    for (const Slot& s : slots_) {
-        if (s.count == 0) continue;
-        found.push_back(s);
-        lo = std::min(lo, s.value);
-        hi = std::max(hi, s.value);
-        cpus = std::max(cpus, s.group >> 16);
-    }
-    cpu.reserve(found.size());
-    kind.reserve(found.size());
-    value.reserve(found.size());
-    count.reserve(found.size());
+    const int64_t lo = lo_;
+    cpu.reserve(used_);
+    kind.reserve(used_);
+    value.reserve(used_);
+    count.reserve(used_);
     // kind, value, cpu: each kind's values ascending, the CPUs of one value side by side
-    const bool packable = !found.empty() && static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo) < (uint64_t{1} << 40) &&
-                          cpus < 256;
-    if (packable) {  // kind (16 bits) | value - lo (40) | cpu (8): one integer key in that order
+    if (used_ > 0 && static_cast<uint64_t>(hi_) - static_cast<uint64_t>(lo) < (uint64_t{1} << 40) && max_cpu_ < 256) {
+        // kind (16 bits) | value - lo (40) | cpu (8): one integer key in that order
         std::vector<Keyed> keyed;
-        keyed.reserve(found.size());
-        for (const Slot& s : found) {
+        keyed.reserve(used_);
+        for (const Slot& s : slots_) {
+            if (s.count == 0) continue;
             keyed.emplace_back(uint64_t{s.group & 0xFFFF} << 48 | (static_cast<uint64_t>(s.value - lo) << 8) |
                                    (s.group >> 16),
                                s.count);
@@ -112,6 +113,11 @@ void GroupHistograms::entries(std::vector<int16_t>& cpu, std::vector<int16_t>& k
             }
         }
         return;
+    }
+    std::vector<Slot> found;
+    found.reserve(used_);
+    for (const Slot& s : slots_) {
+        if (s.count != 0) found.push_back(s);
     }
     std::sort(found.begin(), found.end(), [](const Slot& a, const Slot& b) {
         uint32_t ka = a.group & 0xFFFF, kb = b.group & 0xFFFF;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <climits>
 #include <cstdint>
 #include <vector>
 
@@ -26,6 +27,8 @@ private:
     };
     std::vector<Slot> slots_;
     size_t used_ = 0;
+    int64_t lo_ = INT64_MAX, hi_ = INT64_MIN;  // value range and largest CPU counted: entries() packs its sort keys
+    uint32_t max_cpu_ = 0;
     void grow();
 };
 
