@@ -1069,12 +1069,17 @@ class LibvirtEnvironment(Environment):
         with contextlib.suppress(RunError):  # a lost connection: destroyed below, on a new one if need be
             if self._domain is not None and self.config.guest == "baremetal" and self.stopped() is None:
                 self._stop_baremetal()
+        # the streams are closed before the domain goes: destroyed with its console open, the stream is torn
+        # down (our event loop aborts it) while we undefine the domain, a race others saw deadlock libvirt and
+        # which fits a CI hang here (a stressor guest destroyed, its clean-up never finished, every later
+        # connection hung); what libvirt already holds for a stream is taken first
+        for reader in self._readers:
+            reader.pump()
+            reader.stop()
+        self._readers = []
         if self._domain is not None:
             _destroy_and_undefine(self._domain, self.config.uri)
             self._domain = None
-        for reader in self._readers:
-            reader.stop()
-        self._readers = []
         if self._connection is not None:
             if self._initrd_volume:
                 with contextlib.suppress(RunError):
