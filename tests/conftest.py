@@ -15,10 +15,24 @@ RTVIRT = [sys.executable, "-m", "rtvirt"]
 def run_cli(
     *args: str, timeout: float = 120, check: bool = False, **kwargs: object
 ) -> subprocess.CompletedProcess[str]:
-    """Run `rtvirt ARGS...` in a subprocess, as a user would."""
+    """Run `rtvirt ARGS...` in a subprocess, as a user would. Past ``timeout`` it gets SIGTERM (its clean-up
+    path: VMs destroyed, samples kept), then SIGKILL, and the test fails with what it printed (a bare
+    TimeoutExpired lost the output of a hung libvirt run in CI)."""
     env = {**os.environ, "COLUMNS": "200"}
-    result = subprocess.run([*RTVIRT, *args], capture_output=True, text=True, timeout=timeout, env=env,
+    proc = subprocess.Popen([*RTVIRT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             **kwargs)  # type: ignore[call-overload]
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        raise AssertionError(f"rtvirt {' '.join(args)} did not end within {timeout:.0f}s (stopped); stderr ends:\n"
+                             f"{stderr[-3000:]}\nstdout ends:\n{stdout[-1000:]}") from None
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if check and result.returncode != 0:
         raise AssertionError(f"rtvirt {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
     return result
