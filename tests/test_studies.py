@@ -119,6 +119,8 @@ def test_cots_profiles_and_interrupt_latency_configurations() -> None:
     # the load's blocks fit (the bare-metal guest runs no load inside)
     assert all(e.memory >= 10 * 64 for e in xen if e.guest != "baremetal")
     assert all(e.stressor_memory >= 5 * 64 for e in xen)
+    # affinity: the RT domU keeps its pCPU (the last) to itself, the stressor domUs of TP6 run on pCPU 0
+    assert all(e.stressor_cpus == (0,) and e.cpus is None for e in xen if e.pin)
     # general-purpose vs PREEMPT_RT vs bare-metal guest under the same profiles (issue 12); no load inside a
     # bare-metal guest
     guests: dict[str, set[tuple[str, str]]] = {}
@@ -369,18 +371,32 @@ def test_modified_study_scenario_runs_and_says_so(tmp_path: Path) -> None:
     assert order[0][0] == "solo" and 60 <= int(order[0][2]) <= 121  # 2.5 s x 0.01: 25 ms intervals in 3 s
 
 
+@pytest.mark.vm
 def test_cots_profiles_with_the_load_inside_the_vm(tmp_path: Path) -> None:
     """TP1 on the baseline, TP2, TP4 and TP6 in the RT VM: TP4's 20 workers run inside the measured VM (the
     study's placement), which keeps its vCPU busy where TP2's idles; TP6's run in two other VMs, each as large
-    as the RT VM so that their 64 MB blocks fit (a disturbing guest killed by the OOM killer fails the run)."""
+    as the RT VM so that their 64 MB blocks fit (a disturbing guest killed by the OOM killer fails the run).
+    The bare-metal guest (booted in under a second) under TP2 and TP6 too."""
     manifests: dict[str, dict[str, Any]] = {}
     keys = ["TP1/baseline-free/no-load/-/r1", "TP2/qemu-pinned/no-load/-/r1", "TP4/qemu-pinned/load/stress-first/r1",
-            "TP6/qemu-pinned/load-in-2-vms/stress-first/r1"]
-    scale = 0.0003  # 8 h -> 8.6 s
+            "TP6/qemu-pinned/load-in-2-vms/stress-first/r1", "TP2/qemu-baremetal-pinned/no-load/-/r1",
+            "TP6/qemu-baremetal-pinned/load-in-2-vms/stress-first/r1"]
+    scale = 0.0002  # 8 h -> 5.8 s
     report = _run(_builtin("cots-hypervisor"), scale, keys, tmp_path, manifests)
+    status = {row[0]: row[1] for row in _table(report, "Study cots-hypervisor")}
+    assert status["this campaign"] == "the study's configuration (the built-in scenario unchanged)"
+    assert status["duration"] == f"scaled: {scale:g} of the study's durations"
+    assert status["repetitions"] == "1 per configuration (the study's)"
+    # the domain brief quotes no figure of the COTS tables: each title says so instead of showing a number
+    titles = [line for line in report.splitlines() if line.startswith("## COTS-hypervisor study")]
+    assert len(titles) == 2 and all(t.endswith("not quoted in rtvirt's reference data") for t in titles), titles
     stats = {(row[0], row[1]): row for row in _table(report, "COTS-hypervisor study: statistics")}
     assert set(stats) == {("baseline-free", "TP1"), ("qemu-pinned", "TP2"), ("qemu-pinned", "TP4"),
-                          ("qemu-pinned", "TP6")}
+                          ("qemu-pinned", "TP6"), ("qemu-baremetal-pinned", "TP2"), ("qemu-baremetal-pinned", "TP6")}
+    for key in keys[4:]:  # our own kernel measured, beside two Linux stressor guests in TP6
+        detail = manifests[key]["environment_detail"]
+        assert (detail["guest"], detail["guest_kernel"]) == ("baremetal", "rtvirt-baremetal"), detail
+    assert [(u["where"], u["vms"]) for u in manifests[keys[5]]["campaign"]["stressors"]] == [("other-vm", 2)]
     for row in stats.values():
         whisker_low, q1, median, q3, whisker_high = (_number(row[i]) for i in (3, 4, 5, 8, 9))
         # samples: 864 planned; an overloaded TCG guest misses periods (37 seen under load 11 here)
@@ -400,6 +416,25 @@ def test_cots_profiles_with_the_load_inside_the_vm(tmp_path: Path) -> None:
     assert busy > 2 * quiet and busy > 0.05 * duration_s, (quiet, busy)
     in_two_vms = manifests[keys[3]]["campaign"]
     assert [(u["where"], u["vms"], u["workers"]) for u in in_two_vms["stressors"]] == [("other-vm", 2, 5)]
+
+
+def test_a_modified_cots_scenario_runs_and_says_so(tmp_path: Path) -> None:
+    """The timer's period changed from the study's 10 ms: the baseline run (no guest to boot) still comes out
+    with its study tables, measured at the new period, and the report names the field that differs."""
+    text = builtin_scenarios()["cots-hypervisor"]
+    changed = text.replace('params = { interval = "10ms", threads = 1 }', 'params = { interval = "5ms", threads = 1 }')
+    assert changed != text
+    path = tmp_path / "mine.toml"
+    path.write_text(changed)
+    scenario, _, _ = load_scenario(path)
+    manifests: dict[str, dict[str, Any]] = {}
+    report = _run(scenario, 0.0001, ["TP1/baseline-free/no-load/-/r1"], tmp_path / "results", manifests)
+    status = {row[0]: row[1] for row in _table(report, "Study cots-hypervisor")}
+    assert status["this campaign"] == "modified from the study's configuration: field workload.params.interval"
+    stats = _table(report, "COTS-hypervisor study: statistics")
+    assert [(row[0], row[1]) for row in stats] == [("baseline-free", "TP1")]
+    # 2.88 s at 5 ms: about 576 periods, more than the study's 10 ms would give (288)
+    assert manifests["TP1/baseline-free/no-load/-/r1"]["params"]["interval"] == "5ms" and int(stats[0][2]) > 300
 
 
 @pytest.mark.vm
