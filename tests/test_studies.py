@@ -191,6 +191,8 @@ def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
     tp4 = {run["environment"]: run for run in document["groups"][3]["runs"]}
     assert tp4["qemu-pinned"]["placement"] == "qemu, pinned, 1 vCPU, linux guest"
     assert tp4["qemu-pinned"]["stressors"] == ["mix x10 inside [block=64MiB]"]
+    tp6 = {run["environment"]: run for run in document["groups"][5]["runs"]}
+    assert tp6["xen-pinned"]["placement"] == "xen, pinned, 1 vCPU, linux guest, stressor domUs on pCPU 0"
     bad = tmp_path / "bad.toml"
     bad.write_text(builtin_scenarios()["interrupt-latency"].replace('environments = ["native"]',
                                                                     'environments = ["nowhere"]'))

@@ -32,6 +32,8 @@ def _placement(env: Any) -> str:
         parts.append(f"{env.vcpus} vCPU{'s' if env.vcpus > 1 else ''}")
     if getattr(env, "guest", None):
         parts.append(f"{env.guest} guest")
+    if getattr(env, "stressor_cpus", None):  # where a Xen env's 'other-vm' domUs run (default: its own pCPUs)
+        parts.append("stressor domUs on pCPU " + ",".join(map(str, env.stressor_cpus)))
     if getattr(env, "scheduler", None) not in (None, "default"):  # a Xen cpupool's scheduler and server
         rtds = getattr(env, "rtds", None)
         parts.append(env.scheduler + (f" {format_duration(rtds.budget)}/{format_duration(rtds.period)}"
