@@ -290,8 +290,10 @@ bool Sim::advance(size_t rows) {
             break;
         }
         if (resched_) {
-            for (int p = 0; p < cfg.pcpus; ++p) previous_[p] = cpus[p].run;
-            for (auto& c : cpus) c.run = -1;
+            for (int p = 0; p < cfg.pcpus; ++p) {
+                previous_[p] = cpus[p].run;
+                cpus[p].run = -1;
+            }
             hv_next_ = hv->pick(*this, now);
             // a scheduler asking to be called again "now" would spin in place; its timers lie in the future
             if (hv_next_ <= now) hv_next_ = now + 1;
@@ -313,6 +315,8 @@ bool Sim::advance(size_t rows) {
             next = std::min(next, now + c.overhead_left + v.cs_left + job.remaining);
         }
         ++steps;
+        // pCPUs whose job is done at `next` (remaining <= 0): completed after accounting, in pCPU order
+        uint64_t done = 0;
         for (int p = 0; p < cfg.pcpus; ++p) {
             PCpu& c = cpus[p];
             if (c.run < 0) continue;
@@ -324,7 +328,10 @@ bool Sim::advance(size_t rows) {
                 c.overhead_left -= overhead;
                 t += overhead;
             }
-            if (t >= next) continue;
+            if (t >= next) {
+                if (v.spec.gap_threshold < 0 && !v.ready.empty() && v.ready.top().remaining <= 0) done |= uint64_t{1} << p;
+                continue;
+            }
             add_supply(v, t, next);
             if (v.spec.gap_threshold >= 0) {
                 if (!v.gap_running) {
@@ -347,21 +354,20 @@ bool Sim::advance(size_t rows) {
                 v.cs_left -= cs;
                 t += cs;
             }
-            if (t >= next) continue;
-            if (job.start < 0) job.start = t;
-            job.remaining -= next - t;
-            if (gantt_) add_segment(p, c.run, job.task, t, next);
+            if (t < next) {
+                if (job.start < 0) job.start = t;
+                job.remaining -= next - t;
+                if (gantt_) add_segment(p, c.run, job.task, t, next);
+            }
+            if (job.remaining <= 0) done |= uint64_t{1} << p;
         }
         hv->account(*this, now, next);
         if (next >= hv_next_) resched_ = true;
         now = next;
         if (cfg.quantum > 0 && now % cfg.quantum == 0) resched_ = true;
-        for (int p = 0; p < cfg.pcpus; ++p) {
-            int run = cpus[p].run;
-            if (run < 0) continue;
-            VCpu& v = vcpus[run];
-            if (v.spec.gap_threshold >= 0 || v.ready.empty() || v.ready.top().remaining > 0) continue;
-            complete(v, p);
+        for (; done; done &= done - 1) {
+            const int p = __builtin_ctzll(done);
+            complete(vcpus[cpus[p].run], p);
         }
         if (jobs.size() >= rows) return false;
     }

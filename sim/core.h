@@ -155,14 +155,34 @@ struct JobRecord {
     int32_t cpu;
     int64_t event;
 };
+// One column of finished jobs: push is a store and an increment (std::vector::push_back of int16 was not
+// inlined into the step loop: 46 instructions a job); module.cpp hands the buffer to numpy without a copy.
+template <class T>
+struct Column {
+    std::unique_ptr<T[]> data;
+    size_t n = 0, cap = 0;
+    void reserve(size_t want) {
+        if (want > cap) grow(want);
+    }
+    void push(T value) {
+        if (__builtin_expect(n == cap, 0)) grow(cap * 2 + 1024);
+        data[n++] = value;
+    }
+    void grow(size_t want) {  // new T[] of a trivial type leaves it uninitialised: no zero-fill pass
+        std::unique_ptr<T[]> bigger(new T[want]);
+        if (n) std::copy(data.get(), data.get() + n, bigger.get());
+        data = std::move(bigger);
+        cap = want;
+    }
+};
 // Finished jobs of one chunk, as columns close to the stored layout (docs/simulator.md): they go to Python as
 // numpy arrays without another copy. release and event are kept only when they can differ from arrival / -1
 // (a task with release jitter, a model with chains): otherwise they would be columns of copies.
 struct JobColumns {
-    std::vector<Time> arrival, response, start, release, event;
-    std::vector<int16_t> task, cpu;
+    Column<Time> arrival, response, start, release, event;
+    Column<int16_t> task, cpu;
     bool with_release = true, with_event = true;
-    size_t size() const { return task.size(); }
+    size_t size() const { return task.n; }
     void reserve(size_t n) {
         arrival.reserve(n);
         response.reserve(n);
@@ -173,13 +193,13 @@ struct JobColumns {
         cpu.reserve(n);
     }
     void push(const Job& job, Time finish, int p) {
-        arrival.push_back(job.arrival);
-        response.push_back(finish - job.arrival);
-        start.push_back(job.start);
-        if (with_release) release.push_back(job.release);
-        if (with_event) event.push_back(job.event);
-        task.push_back(static_cast<int16_t>(job.task));
-        cpu.push_back(static_cast<int16_t>(p));
+        arrival.push(job.arrival);
+        response.push(finish - job.arrival);
+        start.push(job.start);
+        if (with_release) release.push(job.release);
+        if (with_event) event.push(job.event);
+        task.push(static_cast<int16_t>(job.task));
+        cpu.push(static_cast<int16_t>(p));
     }
 };
 // Per task, over every finished job: the summary `rtvirt sim` prints, counted while simulating.

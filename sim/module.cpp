@@ -115,6 +115,17 @@ py::array_t<T> adopt(std::vector<T>&& values) {
     return py::array_t<T>(static_cast<py::ssize_t>(owned->size()), owned->data(), free_when_done);
 }
 
+// A numpy array owning the column's buffer (no copy); the column starts empty again.
+template <class T>
+py::array_t<T> adopt(Column<T>& column) {
+    if (!column.data) return py::array_t<T>(0);  // never reserved (advance after the end): a capsule needs a pointer
+    T* owned = column.data.release();
+    py::capsule free_when_done(owned, [](void* p) { delete[] static_cast<T*>(p); });
+    py::array_t<T> out(static_cast<py::ssize_t>(column.n), owned, free_when_done);
+    column.n = column.cap = 0;
+    return out;
+}
+
 // One simulation, run in chunks: advance() hands over the jobs finished so far while the caller (rtvirt.sim)
 // writes the previous chunk in another thread; results() returns everything else once the run has ended.
 class Simulation {
@@ -137,17 +148,13 @@ public:
         }
         JobColumns& j = sim_.jobs;
         py::dict chunk;
-        chunk["arrival"] = adopt(std::move(j.arrival));
-        chunk["response"] = adopt(std::move(j.response));
-        chunk["start"] = adopt(std::move(j.start));
-        if (j.with_release) chunk["release"] = adopt(std::move(j.release));
-        if (j.with_event) chunk["event"] = adopt(std::move(j.event));
-        chunk["task"] = adopt(std::move(j.task));
-        chunk["cpu"] = adopt(std::move(j.cpu));
-        // moved-from vectors are empty but unspecified: start the next chunk from fresh ones
-        for (auto* v : {&j.arrival, &j.response, &j.start, &j.release, &j.event}) *v = std::vector<Time>();
-        j.task = std::vector<int16_t>();
-        j.cpu = std::vector<int16_t>();
+        chunk["arrival"] = adopt(j.arrival);
+        chunk["response"] = adopt(j.response);
+        chunk["start"] = adopt(j.start);
+        if (j.with_release) chunk["release"] = adopt(j.release);
+        if (j.with_event) chunk["event"] = adopt(j.event);
+        chunk["task"] = adopt(j.task);
+        chunk["cpu"] = adopt(j.cpu);
         return py::make_tuple(chunk, ended);
     }
 
