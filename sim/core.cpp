@@ -143,11 +143,10 @@ void Sim::assign_ranked(const int* order, size_t n) {
 }
 
 void Sim::apply_assignment(const std::vector<int>& previous) {
-    for (int p = 0; p < cfg.pcpus; ++p) {
-        if (previous[p] >= 0) vcpus[previous[p]].on_cpu = -1;
-    }
+    // One pass: a vCPU that left pCPU p is cleared only if no lower pCPU took it already in this pass.
     for (int p = 0; p < cfg.pcpus; ++p) {
         PCpu& c = cpus[p];
+        if (previous[p] >= 0 && vcpus[previous[p]].on_cpu == p) vcpus[previous[p]].on_cpu = -1;
         if (c.run >= 0) vcpus[c.run].on_cpu = p;
         if (c.run != previous[p]) {
             c.overhead_left = (c.run >= 0 && c.run != c.last_run) ? cfg.vm_switch : 0;
