@@ -279,3 +279,36 @@ def test_a_probe_that_ran_to_its_end_and_saw_nothing_is_a_stored_measurement(tmp
     assert outcome.status == "complete" and outcome.reason == ""
     manifest = load_run(tmp_path / "runs" / outcome.run_id).manifest
     assert manifest["status"] == "complete" and manifest["summary"]["all"]["samples"] == 0
+
+
+def test_several_scenarios_run_as_campaigns_of_one_command_and_resume_together(tmp_path: Path) -> None:
+    """`rtvirt run A B`: two campaigns, both made up front; stopped during A, `--resume A B` finishes A's
+    unfinished run and all of B, and --json lists both campaigns."""
+    first, second = tmp_path / "first.toml", tmp_path / "second.toml"
+    first.write_text(HOST_SCENARIO.format(duration="2s", repetitions=1).replace('"directions"', '"first"', 1))
+    second.write_text(HOST_SCENARIO.format(duration="0.5s", repetitions=1).replace('"directions"', '"second"', 1))
+    results = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(first), str(second), "--out", str(results),
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(results.glob("runs/*/samples.rtvs")):
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and f"--resume {first} {second} --out" in stderr, stderr
+    states = {json.loads(p.read_text())["scenario"]: p for p in results.glob("campaigns/*/state.json")}
+    assert set(states) == {"first", "second"}  # B exists before it ran, so that --resume finds it
+    assert json.loads(states["second"].read_text())["runs"] == {}
+
+    resumed = run_cli("run", "--resume", str(first), str(second), "--out", str(results), "--no-progress", "--json",
+                      "--scale", "0.1", timeout=240)
+    assert resumed.returncode == 2 and "option --scale" in resumed.stderr  # the campaigns ran at scale 1
+    resumed = run_cli("run", "--resume", str(first), str(second), "--out", str(results), "--no-progress", "--json",
+                      timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    documents = json.loads(resumed.stdout)["campaigns"]
+    assert [d["scenario"] for d in documents] == ["first", "second"]
+    assert [len(d["runs"]) for d in documents] == [3, 3]
+    assert {r["status"] for d in documents for r in d["runs"].values()} == {"complete"}
+    assert all(json.loads(p.read_text())["finished"] for p in states.values())

@@ -10,6 +10,7 @@ stops every process and VM of the current run, keeps its samples (partial) and e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -345,11 +346,13 @@ def _reclaim(scenario: Scenario, availability: dict[int, str | None], shared: Sh
 
 
 def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, console: Console | None = None,
-                 show_progress: bool = True, write_report: bool = True, reclaim: bool = True) -> CampaignResult:
+                 show_progress: bool = True, write_report: bool = True, reclaim: bool = True,
+                 shared: SharedResources | None = None) -> CampaignResult:
     """Run every unfinished run of ``state``'s campaign; returns what happened to each.
 
     ``reclaim=False``: the caller already cleaned the platforms (a lab cleans all its targets before any
-    campaign starts, since two targets may be one machine)."""
+    campaign starts, since two targets may be one machine). ``shared``: the caller's, kept open after this
+    campaign (several campaigns on one Xen lab boot); by default the campaign's own, closed at its end."""
     console = console or Console(stderr=True)
     plans = expand(scenario, state.scale)
     if scenario.predict is not None:  # a bad explicit model is bad input: refused before measuring
@@ -362,7 +365,7 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"))
     progress = Progress(*columns, console=console, disable=not show_progress, transient=False)
-    with progress, SharedResources() as shared:
+    with progress, (SharedResources() if shared is None else contextlib.nullcontext(shared)) as shared:
         if reclaim:
             _reclaim(scenario, availability, shared, progress.console)
         hooks = HookRunner(scenario.hooks, shared)

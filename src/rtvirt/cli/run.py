@@ -1,4 +1,4 @@
-"""``rtvirt run [NAME|FILE.toml]``: run a campaign, write its report, print the summary."""
+"""``rtvirt run [NAME|FILE.toml]...``: run campaigns, write their reports, print the summaries."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from rich.table import Table
 from ..campaign import CampaignState, find_resumable, run_campaign
 from ..campaign.engine import CampaignResult, RunOutcome
 from ..campaign.state import FINISHED
+from ..environments import SharedResources
 from ..errors import InputError
-from ..scenario import load_scenario, parse_scenario
+from ..scenario import Scenario, load_scenario, parse_scenario
 from ..store import load_run
 from .output import console, err_console, print_json, progress_wanted, us
 
@@ -76,68 +77,96 @@ def _document(result: CampaignResult) -> dict[str, Any]:
             "warnings": _warnings(result)}
 
 
+def _campaigns(names: tuple[str, ...], results: Path, scale: float | None, repetitions: int | None,
+               resume: bool, as_json: bool) -> list[tuple[Scenario, CampaignState]]:
+    """The campaigns to run, in order: resumed ones, or new ones made up front (so that an interrupted
+    multi-scenario run resumes every one of them, also those that had not started)."""
+    if resume:
+        states = [find_resumable(results, load_scenario(name)[0].name) for name in names] if names else \
+            [find_resumable(results, None)]
+        for state in states:
+            if scale is not None and not math.isclose(scale, state.scale):
+                raise InputError(f"option --scale: the campaign being resumed ran at scale {state.scale}; "
+                                 "leave --scale out or give the same value")
+            if repetitions is not None and repetitions != state.repetitions:
+                ran = state.repetitions if state.repetitions is not None else "the scenario's"
+                raise InputError(f"option --repetitions: the campaign being resumed runs {ran} repetitions; leave "
+                                 "--repetitions out or give the same value")
+            if not as_json:
+                finished = sum(1 for r in state.runs.values() if r.get("status") in FINISHED)
+                console.print(f"resuming campaign {state.campaign_id}: {finished} runs already finished",
+                              highlight=False)
+        chosen = [(parse_scenario(state.scenario_text, state.source), state) for state in states]
+    else:
+        factor = 1.0 if scale is None else scale
+        if not 0 < factor <= 1000:
+            raise InputError("option --scale: must be above 0 and at most 1000")
+        loaded = [load_scenario(name) for name in names or ("default",)]  # every file checked before any run
+        chosen = []
+        for parsed, text, source in loaded:
+            state = CampaignState.create(results, parsed.name, text, source, factor)
+            if repetitions is not None:
+                state.repetitions = repetitions
+                state.save()
+            chosen.append((parsed, state))
+    # like --scale, --repetitions is a property of the campaign, kept for --resume
+    return [(parsed if state.repetitions is None else parsed.model_copy(update={"repetitions": state.repetitions}),
+             state) for parsed, state in chosen]
+
+
+def _print_result(result: CampaignResult) -> None:
+    console.print(_summary_table(result))
+    _print_reasons(result)
+    for warning in _warnings(result):
+        console.print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
+    failed = sum(1 for o in result.outcomes.values() if o.status == "failed")
+    if result.report and not result.interrupted:
+        console.print(f"report: {result.report}", highlight=False)
+    if failed and not result.interrupted:
+        console.print(f"[red]{failed} run(s) failed[/]", highlight=False)
+
+
 @click.command()
-@click.argument("scenario", required=False)
+@click.argument("scenarios", nargs=-1)
 @click.option("--out", "results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True, help="results directory (runs/, campaigns/)")
 @click.option("--scale", type=float, default=None, help="multiply every duration and event time (0.01: 100x shorter)")
 @click.option("--repetitions", type=click.IntRange(1, 1000), default=None,
               help="runs per configuration instead of the scenario's (1: a quick look; the report says so)")
-@click.option("--resume", is_flag=True, help="continue the last unfinished campaign in --out, skipping finished runs")
+@click.option("--resume", is_flag=True, help="continue the last unfinished campaign in --out (of each SCENARIO "
+              "given), skipping finished runs")
 @click.option("--progress/--no-progress", default=None, help="progress bars on stderr [default: when stderr is a "
               "terminal]")
 @click.option("--json", "as_json", is_flag=True, help="print the campaign summary (every run) as JSON")
-def run(scenario: str | None, results: Path, scale: float | None, repetitions: int | None, resume: bool,
+def run(scenarios: tuple[str, ...], results: Path, scale: float | None, repetitions: int | None, resume: bool,
         progress: bool | None, as_json: bool) -> None:
-    """Run a campaign: a built-in scenario NAME (default: `default`) or a scenario FILE.toml."""
-    if resume:
-        wanted = None
-        if scenario:
-            wanted = load_scenario(scenario)[0].name
-        state = find_resumable(results, wanted)
-        if scale is not None and not math.isclose(scale, state.scale):
-            raise InputError(f"option --scale: the campaign being resumed ran at scale {state.scale}; "
-                             "leave --scale out or give the same value")
-        if repetitions is not None and repetitions != state.repetitions:
-            ran = state.repetitions if state.repetitions is not None else "the scenario's"
-            raise InputError(f"option --repetitions: the campaign being resumed runs {ran} repetitions; leave "
-                             "--repetitions out or give the same value")
-        parsed = parse_scenario(state.scenario_text, state.source)
-        if not as_json:
-            finished = sum(1 for r in state.runs.values() if r.get("status") in FINISHED)
-            console.print(f"resuming campaign {state.campaign_id}: {finished} runs already finished", highlight=False)
-    else:
-        parsed, text, source = load_scenario(scenario or "default")
-        factor = 1.0 if scale is None else scale
-        if not 0 < factor <= 1000:
-            raise InputError("option --scale: must be above 0 and at most 1000")
-        state = CampaignState.create(results, parsed.name, text, source, factor)
-        if repetitions is not None:
-            state.repetitions = repetitions
-            state.save()
-    if state.repetitions is not None:  # like --scale, a property of the campaign, kept for --resume
-        parsed = parsed.model_copy(update={"repetitions": state.repetitions})
-    resume_hint = f"continue with rtvirt run --resume --out {results}"
+    """Run a campaign: a built-in scenario NAME (default: `default`) or a scenario FILE.toml.
+
+    Several SCENARIOS run one after the other as separate campaigns (each with its report) that share what is
+    expensive to set up: one Xen lab boot, one SSH connection per target, one libvirt connection."""
+    campaigns = _campaigns(scenarios, results, scale, repetitions, resume, as_json)
+    resume_hint = f"continue with rtvirt run --resume {' '.join(scenarios) + ' ' if len(campaigns) > 1 else ''}" \
+                  f"--out {results}"
+    done: list[CampaignResult] = []
     try:
-        result = run_campaign(parsed, state, results, show_progress=progress_wanted(progress))
+        with SharedResources() as shared:
+            for parsed, state in campaigns:
+                done.append(run_campaign(parsed, state, results, show_progress=progress_wanted(progress),
+                                         shared=shared))
+                if done[-1].interrupted:
+                    break
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted[/]: {resume_hint}")
         sys.exit(130)
-    _fill_in_finished_runs(result, results)
-    failed = [k for k, o in result.outcomes.items() if o.status == "failed"]
-    if as_json:
-        print_json(_document(result))
+    for result in done:
+        _fill_in_finished_runs(result, results)
+    if as_json:  # one campaign: its document, as before; several: a list of them
+        print_json(_document(done[0]) if len(campaigns) == 1 else {"campaigns": [_document(r) for r in done]})
     else:
-        console.print(_summary_table(result))
-        _print_reasons(result)
-        for warning in _warnings(result):
-            console.print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
-        if result.report and not result.interrupted:
-            console.print(f"report: {result.report}", highlight=False)
-        if failed and not result.interrupted:
-            console.print(f"[red]{len(failed)} run(s) failed[/]", highlight=False)
-    if result.interrupted:
+        for result in done:
+            _print_result(result)
+    if any(result.interrupted for result in done):
         err_console.print(f"[yellow]interrupted[/]: {resume_hint}")
         sys.exit(130)
-    if failed:
+    if any(o.status == "failed" for result in done for o in result.outcomes.values()):
         sys.exit(1)
