@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from conftest import run_cli
-from test_env_xen import lab_campaign  # noqa: F401 - the session's Xen lab campaign: one lab boot for all
+from test_env_xen import lab_campaign, lab_cots_campaign  # noqa: F401 - the session's Xen lab campaign: one lab boot for all
 
 from rtvirt.campaign import PlannedRun, execute_run, expand
 from rtvirt.cli import app
@@ -466,6 +466,38 @@ def test_the_xen_lab_campaign_reports_the_rt_xen_study(
     timer = response[("default-pool", "alone")]
     assert int(timer[3]) > 0 and _number(timer[4]) <= _number(timer[5]) <= _number(timer[8])
 
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(1800)
+def test_the_cots_studys_xen_profiles_run_on_the_lab_campaigns_boot(
+        lab_campaign: tuple[Path, dict[str, Any]],  # noqa: F811 - the imported fixture
+        lab_cots_campaign: tuple[Path, dict[str, Any]]) -> None:  # noqa: F811 - the imported fixture
+    """The COTS study's TP2 on a Linux domU and on the bare-metal PVH domU (tests/test_env_xen.py
+    cots_xen_subset, run in the same `rtvirt run` as the lab campaign, on its lab boot): the study's statistics
+    and stability tables carry the Xen rows, the rest of the study's matrix shows as not run."""
+    results, summary = lab_cots_campaign
+    assert {key: run["status"] for key, run in summary["runs"].items()} == {
+        "TP2/xen-pinned/no-load/-/r1": "complete", "TP2/xen-baremetal-pinned/no-load/-/r1": "complete"}
+    manifests = {key: load_run(results / "runs" / run["run_id"]).manifest for key, run in summary["runs"].items()}
+    boots = {m["environment_detail"]["lab"]["boot_seconds"] for m in manifests.values()}
+    lab_boot = load_run(results / "runs" / next(iter(lab_campaign[1]["runs"].values()))["run_id"]).manifest
+    assert boots == {lab_boot["environment_detail"]["lab"]["boot_seconds"]}  # one lab boot for both campaigns
+    bare = manifests["TP2/xen-baremetal-pinned/no-load/-/r1"]["environment_detail"]
+    assert bare["guest"] == "baremetal" and bare["applied"]["type"] == "pvh"
+    ids = {str(run["run_id"]) for run in summary["runs"].values()}
+    report = write_report(results, results / "cots-report.md", "markdown", run_ids=ids).read_text()
+    status = {row[0]: row[1] for row in _table(report, "Study cots-hypervisor")}
+    assert status["this campaign"].startswith("modified from the study's configuration: field ")
+    rows = {(row[0], row[1]): row for row in _table(report, "COTS-hypervisor study: statistics")}
+    measured = {key: row for key, row in rows.items() if row[2] != "not run"}
+    assert set(measured) == {("xen-pinned", "TP2"), ("xen-baremetal-pinned", "TP2")} and len(rows) == 26
+    for row in measured.values():  # 4 s at 10 ms: up to 400 periods (a TCG-nested domU misses some)
+        whisker_low, q1, median, q3, whisker_high = (_number(row[i]) for i in (3, 4, 5, 8, 9))
+        assert whisker_low <= q1 <= median <= q3 <= whisker_high and 50 <= int(row[2]) <= 401
+    stability = _table(report, "COTS-hypervisor study: stability")
+    assert sorted((r[0], r[2].split(" (")[0]) for r in stability if r[0] == "xen-pinned") == \
+        [("xen-pinned", f"{h} h mark") for h in (1, 2, 4, 8)]
 
 def test_repetitions_are_kept_for_resume(tmp_path: Path) -> None:
     """--repetitions belongs to the campaign like --scale: a --resume with another count is refused (exit 2,
