@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,11 @@ from pathlib import Path
 import pytest
 
 RTVIRT = [sys.executable, "-m", "rtvirt"]
+
+# A suite started in the background by a script inherits SIGINT ignored, and so would every rtvirt it starts:
+# the Ctrl-C tests would then test nothing. A handled signal is reset to its default at exec, an ignored one
+# is not, so handling it here gives every child a default SIGINT (and this session a working Ctrl-C).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def run_cli(
