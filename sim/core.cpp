@@ -13,17 +13,18 @@ double Rng::normal() {  // Box-Muller
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
-void ReadyQueue::push(const Job& job) {
-    uint32_t slot;
+uint32_t ReadyQueue::claim() {
     if (free_slots.empty()) {
-        slot = static_cast<uint32_t>(slots.size());
-        slots.push_back(job);
-    } else {
-        slot = free_slots.back();
-        free_slots.pop_back();
-        slots[slot] = job;
+        slots.emplace_back();
+        return static_cast<uint32_t>(slots.size() - 1);
     }
-    heap.push_back(Entry{job.key, job.seq, slot});
+    const uint32_t slot = free_slots.back();
+    free_slots.pop_back();
+    return slot;
+}
+
+void ReadyQueue::queue(uint32_t slot) {
+    heap.push_back(Entry{slots[slot].key, slots[slot].seq, slot});
     std::push_heap(heap.begin(), heap.end(), std::greater<Entry>());
 }
 
@@ -96,18 +97,20 @@ bool Sim::any_cpu_idle() const {
 void Sim::release(int task_index, Time arrival, Time release_time, int64_t event, Time event_arrival) {
     const TaskSpec& task = cfg.tasks[task_index];
     VCpu& v = vcpus[task.vcpu];
-    Job job{};
+    bool was_idle = !v.has_work();
+    const uint32_t slot = v.ready.claim();
+    Job& job = v.ready.slots[slot];  // a reused slot: every field is set here
     job.task = task_index;
     job.seq = ++job_seq_;
     job.arrival = arrival;
     job.release = release_time;
     job.deadline = task.deadline >= NEVER ? NEVER : arrival + task.deadline;
     job.remaining = draw_exec(task);
+    job.start = -1;
     job.event = event;
     job.event_arrival = event_arrival;
     job.key = guest_keys_[static_cast<size_t>(v.spec.vm)](task, job);
-    bool was_idle = !v.has_work();
-    v.ready.push(job);
+    v.ready.queue(slot);
     if (was_idle) {
         hv->wake(*this, v, now);
         if (cfg.quantum == 0 || any_cpu_idle()) resched_ = true;

@@ -117,7 +117,9 @@ struct ReadyQueue {
     bool empty() const { return heap.empty(); }
     const Job& top() const { return slots[heap.front().slot]; }
     Job& top() { return slots[heap.front().slot]; }
-    void push(const Job& job);
+    // A slot for a new job, which the caller fills in place (no Job built and copied), then queue()s.
+    uint32_t claim();
+    void queue(uint32_t slot);
     void pop();
 };
 
