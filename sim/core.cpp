@@ -120,10 +120,15 @@ void Sim::release(int task_index, Time arrival, Time release_time, int64_t event
 void Sim::assign_ranked(const int* order, size_t n) {
     // Best first, each takes a free pCPU it may use: its current one if free, else the lowest one no other
     // candidate is running on (fewer migrations), else the lowest. Bit masks: pcpus <= 64.
-    uint64_t occupied = 0, free = 0;
+    uint64_t occupied = 0;
     for (size_t i = 0; i < n; ++i) {
         if (vcpus[order[i]].on_cpu >= 0) occupied |= uint64_t{1} << vcpus[order[i]].on_cpu;
     }
+    assign_ranked(order, n, occupied);
+}
+
+void Sim::assign_ranked(const int* order, size_t n, uint64_t occupied) {
+    uint64_t free = 0;
     for (int p = 0; p < cfg.pcpus; ++p) {
         if (cpus[p].run < 0) free |= uint64_t{1} << p;
     }

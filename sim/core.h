@@ -333,6 +333,8 @@ public:
     bool any_cpu_idle() const;
     // Place vCPUs (best first) on pCPUs they may use, keeping each on its current pCPU when possible.
     void assign_ranked(const int* order, size_t n);
+    // the same, given the pCPUs the ranked vCPUs run on now (a scheduler that ranks them has that mask at hand)
+    void assign_ranked(const int* order, size_t n, uint64_t occupied);
     void assign_ranked(const std::vector<int>& order) { assign_ranked(order.data(), order.size()); }
 
 private:

@@ -22,10 +22,12 @@ struct Rtds final : HvScheduler {
 
     Time pick(Sim& sim, Time now) override {
         size_t n = 0;
+        uint64_t occupied = 0;  // pCPUs the ranked vCPUs run on now (assign_ranked keeps them there if it can)
         for (const VCpu& v : sim.vcpus) {
             if (v.has_work() && (v.q > 0 || v.spec.extratime)) {
                 keys[n++] = Key{v.q <= 0} << 127 | Key{static_cast<uint64_t>(v.dl)} << 32 |
                             static_cast<uint32_t>(v.index);
+                if (v.on_cpu >= 0) occupied |= uint64_t{1} << v.on_cpu;
             }
         }
         for (size_t i = 1; i < n; ++i) {  // insertion sort: a handful of vCPUs, mostly in order already
@@ -35,7 +37,7 @@ struct Rtds final : HvScheduler {
             keys[j] = key;
         }
         for (size_t i = 0; i < n; ++i) order[i] = static_cast<int>(static_cast<uint32_t>(keys[i]));
-        sim.assign_ranked(order.data(), n);
+        sim.assign_ranked(order.data(), n, occupied);
         return budgets.horizon(sim, now);
     }
 
