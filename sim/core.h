@@ -157,8 +157,9 @@ struct JobRecord {
     int32_t cpu;
     int64_t event;
 };
-// One column of finished jobs: push is a store and an increment (std::vector::push_back of int16 was not
-// inlined into the step loop: 46 instructions a job); module.cpp hands the buffer to numpy without a copy.
+// One column of finished jobs: put is a store and an increment (std::vector::push_back of int16 was not
+// inlined into the step loop: 46 instructions a job), JobColumns checks the room of all columns at once;
+// module.cpp hands the buffer to numpy without a copy.
 template <class T>
 struct Column {
     std::unique_ptr<T[]> data;
@@ -166,10 +167,7 @@ struct Column {
     void reserve(size_t want) {
         if (want > cap) grow(want);
     }
-    void push(T value) {
-        if (__builtin_expect(n == cap, 0)) grow(cap * 2 + 1024);
-        data[n++] = value;
-    }
+    void put(T value) { data[n++] = value; }  // the caller made room
     void grow(size_t want) {  // new T[] of a trivial type leaves it uninitialised: no zero-fill pass
         std::unique_ptr<T[]> bigger(new T[want]);
         if (n) std::copy(data.get(), data.get() + n, bigger.get());
@@ -195,13 +193,15 @@ struct JobColumns {
         cpu.reserve(n);
     }
     void push(const Job& job, Time finish, int p) {
-        arrival.push(job.arrival);
-        response.push(finish - job.arrival);
-        start.push(job.start);
-        if (with_release) release.push(job.release);
-        if (with_event) event.push(job.event);
-        task.push(static_cast<int16_t>(job.task));
-        cpu.push(static_cast<int16_t>(p));
+        // the columns kept grow together (reserve): the task column's room is every column's room
+        if (__builtin_expect(task.n == task.cap, 0)) reserve(task.cap * 2 + 1024);
+        arrival.put(job.arrival);
+        response.put(finish - job.arrival);
+        start.put(job.start);
+        if (with_release) release.put(job.release);
+        if (with_event) event.put(job.event);
+        task.put(static_cast<int16_t>(job.task));
+        cpu.put(static_cast<int16_t>(p));
     }
 };
 // Per task, over every finished job: the summary `rtvirt sim` prints, counted while simulating.
