@@ -65,7 +65,7 @@ Sim::Sim(Config config) : cfg(std::move(config)), rng_(cfg.seed) {
 }
 
 void Sim::push(Time t, int prio, int kind, int index, int64_t a, Time b) {
-    queue_.push(Event{t, prio, seq_++, kind, index, a, b});
+    queue_.push(Event{t, Event::order_of(prio, seq_++), kind, index, a, b});
 }
 
 Time Sim::draw_exec(const TaskSpec& task) {
@@ -275,13 +275,15 @@ bool Sim::advance(size_t rows) {
                 release(e.index, e.b, e.t, -1, 0);
                 Time nominal = e.b + (task.type == SPORADIC ? rng_.uniform(task.min_ia, task.max_ia) : task.period);
                 Time jitter = task.jitter ? rng_.uniform(0, task.jitter) : 0;
-                queue_.replace_top(Event{nominal + jitter, 1, seq_++, EV_RELEASE, e.index, 0, nominal});
+                queue_.replace_top(
+                    Event{nominal + jitter, Event::order_of(1, seq_++), EV_RELEASE, e.index, 0, nominal});
             } else if (e.kind == EV_CHAIN) {
                 const ChainSpec& chain = cfg.chains[e.index];
-                Event stage{e.t + cfg.interrupt_delay, 1, seq_++, EV_STAGE, chain.stages[0], e.a, e.t};
+                Event stage{e.t + cfg.interrupt_delay, Event::order_of(1, seq_++), EV_STAGE, chain.stages[0], e.a,
+                            e.t};
                 Time nominal = e.b + chain.period;
-                queue_.replace_top(Event{nominal + (chain.jitter ? rng_.uniform(0, chain.jitter) : 0), 0, seq_++,
-                                         EV_CHAIN, e.index, e.a + 1, nominal});
+                queue_.replace_top(Event{nominal + (chain.jitter ? rng_.uniform(0, chain.jitter) : 0),
+                                         Event::order_of(0, seq_++), EV_CHAIN, e.index, e.a + 1, nominal});
                 queue_.push(stage);
             } else {
                 queue_.pop();
@@ -336,7 +338,9 @@ bool Sim::advance(size_t rows) {
                 t += overhead;
             }
             if (t >= next) {
-                if (v.spec.gap_threshold < 0 && !v.ready.empty() && v.ready.top().remaining <= 0) done |= uint64_t{1} << p;
+                if (v.spec.gap_threshold < 0 && !v.ready.empty() && v.ready.top().remaining <= 0) {
+                    done |= uint64_t{1} << p;
+                }
                 continue;
             }
             add_supply(v, t, next);

@@ -253,21 +253,17 @@ int guest_index(const std::string& name);
 
 struct Event {
     Time t;
-    int prio;
-    uint64_t seq;
+    uint64_t order;  // priority (bits 62-63), then sequence: one comparison after the time (a smaller sift)
     int kind;
     int index;
     int64_t a;
     Time b;
-    bool operator>(const Event& o) const {
-        if (t != o.t) return t > o.t;
-        if (prio != o.prio) return prio > o.prio;
-        return seq > o.seq;
-    }
+    static uint64_t order_of(int prio, uint64_t seq) { return static_cast<uint64_t>(prio) << 62 | seq; }
+    bool operator>(const Event& o) const { return t != o.t ? t > o.t : order > o.order; }
 };
 
 // Binary min-heap of events. replace_top() re-arms the event just handled (a task's next arrival, a chain's
-// next event) with one sift instead of a pop and a push; the order is the same, (t, prio, seq) being unique.
+// next event) with one sift instead of a pop and a push; the order is the same, (t, order) being unique.
 class EventQueue {
 public:
     bool empty() const { return heap_.empty(); }
