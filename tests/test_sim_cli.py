@@ -164,7 +164,12 @@ def test_interrupt_stores_the_partial_run(tmp_path: Path, sig: signal.Signals) -
             break
         time.sleep(0.1)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:  # a run that ignored the signal must not outlive the test (a 1000 h simulation)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 0, err
     document = json.loads(out)
     assert document["status"] == "partial" and document["end_reason"] == "interrupted"
