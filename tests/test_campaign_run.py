@@ -150,7 +150,7 @@ def test_kill_9_then_resume_keeps_finished_runs_and_leaves_no_strays(tmp_path: P
 
 @pytest.mark.vm
 def test_default_campaign_end_to_end_at_small_scale(tmp_path: Path) -> None:
-    result = run_cli("run", "--scale", "0.1", "--out", str(tmp_path), "--no-progress", timeout=900)
+    result = run_cli("run", "--scale", "0.05", "--out", str(tmp_path), "--no-progress", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     state = json.loads(next(tmp_path.glob("campaigns/default-*/state.json")).read_text())
     assert len(state["runs"]) == 9 and {r["status"] for r in state["runs"].values()} == {"complete"}
