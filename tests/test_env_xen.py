@@ -3,9 +3,9 @@ a busybox dom0 with Debian's xl, booted in QEMU under TCG here) driven over SSH.
 
 Lab boots are few: one campaign (one boot) runs the timer and gap probes, two RTDS reservations, a shared
 versus pinned-apart pCPU, a PVH domU with the PREEMPT_RT kernel and a null-scheduler cpupool, and several tests
-read its runs; SIGTERM costs one boot, kill -9 + --resume two
-(the second also runs ARINC 653 and credit cpupools). Timings are TCG-nested: the assertions check direction and
-order of magnitude only.
+read its runs; SIGTERM costs one boot, kill -9 + --resume two (ARINC 653 and credit cpupools, with our bare-metal
+kernel as the domU: a Linux domU took 27 s to boot in its 5 ms of every 20 ms, twice). Timings are TCG-nested:
+the assertions check direction and order of magnitude only.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ name = "null-pool"
 scheduler = "null"
 cpus = "1"
 
-# RTDS servers on the measuring vCPU: interruptions of period - budget, once a period
+# RTDS servers on the measuring vCPU: interruptions of period - budget, once a period (the domU boots under its
+# reservation: at 4 ms of 40 ms its Linux took 49 s to boot under nested TCG, at 4 of 20 about half that)
 [[environments]]
 kind = "xen"
 name = "rtds-4-10"
@@ -80,10 +81,10 @@ rtds = {{ period = "10ms", budget = "4ms" }}
 
 [[environments]]
 kind = "xen"
-name = "rtds-4-40"
+name = "rtds-4-20"
 scheduler = "rtds"
 cpus = "1"
-rtds = {{ period = "40ms", budget = "4ms" }}
+rtds = {{ period = "20ms", budget = "4ms" }}
 
 # Xen's default scheduler (credit2): a spinning neighbour domU on the same pCPU, or pinned to the other one
 [[environments]]
@@ -130,7 +131,7 @@ disturbances = ["alone"]
 [[groups]]
 name = "rtds"
 workload = "gap"
-environments = ["rtds-4-10", "rtds-4-40", "null-pool"]
+environments = ["rtds-4-10", "rtds-4-20", "null-pool"]
 disturbances = ["alone"]
 
 [[groups]]
@@ -315,7 +316,7 @@ def test_a_null_scheduler_pool_gives_the_measuring_vcpu_its_pcpu(lab_campaign: t
 def test_an_rtds_reservation_shows_as_interruptions_of_its_length_and_rate(
         lab_campaign: tuple[Path, dict[str, Any]]) -> None:
     figures = {}
-    for name, period_ms, budget_ms in (("rtds-4-10", 10, 4), ("rtds-4-40", 40, 4)):
+    for name, period_ms, budget_ms in (("rtds-4-10", 10, 4), ("rtds-4-20", 20, 4)):
         key = f"rtds/{name}/alone/-/r1"
         applied = _run(lab_campaign, key)["environment_detail"]["applied"]
         assert applied["pool"].startswith("rtvirt-rtds-")
@@ -330,7 +331,7 @@ def test_an_rtds_reservation_shows_as_interruptions_of_its_length_and_rate(
         assert expected_rate / 3 < rate < expected_rate * 3, (name, rate)
         figures[name] = (median_ms, rate)
     # direction: a longer period with the same budget means longer and rarer interruptions
-    assert figures["rtds-4-40"][0] > figures["rtds-4-10"][0] and figures["rtds-4-40"][1] < figures["rtds-4-10"][1]
+    assert figures["rtds-4-20"][0] > figures["rtds-4-10"][0] and figures["rtds-4-20"][1] < figures["rtds-4-10"][1]
 
 
 @pytest.mark.vm
@@ -343,7 +344,7 @@ def test_rtds_predictions_are_stored_beside_the_measurement_and_agree_with_it(
     results, summary = lab_campaign
     rows = {p.config: p for p in predictions(list_runs(results))}
     figures = {}
-    for name, period_ms, budget_ms in (("rtds-4-10", 10, 4), ("rtds-4-40", 40, 4)):
+    for name, period_ms, budget_ms in (("rtds-4-10", 10, 4), ("rtds-4-20", 20, 4)):
         key = f"rtds/{name}/alone/-/r1"
         row = rows[_run(lab_campaign, key)["config"]]
         # the simulated and the analysis runs sit in the measurement's results store, matched to its run
@@ -363,7 +364,7 @@ def test_rtds_predictions_are_stored_beside_the_measurement_and_agree_with_it(
         figures[name] = (sim, meas)
     # direction: both answers see the longer period's holes as longer and rarer
     for answer in (0, 1):
-        longer, shorter = figures["rtds-4-40"][answer], figures["rtds-4-10"][answer]
+        longer, shorter = figures["rtds-4-20"][answer], figures["rtds-4-10"][answer]
         assert longer.long_gap_mean_ns > shorter.long_gap_mean_ns and longer.long_gap_rate < shorter.long_gap_rate
 
 
@@ -419,9 +420,9 @@ def test_kill_9_then_resume_reclaims_the_lab_and_finishes_arinc653_and_credit(tm
     scenario.write_text(
         'name = "xen-kill"\nduration = "3s"\nrun_timeout = "5m"\n[workload]\nprobe = "timer"\n'
         'params = { interval = "1ms" }\n'
-        '[[environments]]\nkind = "xen"\nname = "a653"\nscheduler = "arinc653"\ncpus = "1"\n'
+        '[[environments]]\nkind = "xen"\nname = "a653"\nscheduler = "arinc653"\ncpus = "1"\nguest = "baremetal"\n'
         'arinc653 = { major_frame = "20ms", window = "5ms" }\n'
-        '[[environments]]\nkind = "xen"\nname = "credit"\nscheduler = "credit"\ncpus = "1"\n'
+        '[[environments]]\nkind = "xen"\nname = "credit"\nscheduler = "credit"\ncpus = "1"\nguest = "baremetal"\n'
         'credit = { weight = 512, cap = 50 }\n')
     results = tmp_path / "results"
     proc = subprocess.Popen([*RTVIRT, "run", str(scenario), "--out", str(results), "--no-progress"],
