@@ -14,10 +14,16 @@ class GroupHistograms {
 public:
     GroupHistograms() : slots_(1024) {}
     void add(const int64_t* values, const int16_t* cpu, const int16_t* kind, size_t n);
-    // Every (cpu, kind, value, count), sorted by kind, value, cpu; and the pooled histogram of every group
-    // (distinct values ascending, their total counts: the statistics of "all").
-    void entries(std::vector<int16_t>& cpu, std::vector<int16_t>& kind, std::vector<int64_t>& value,
-                 std::vector<int64_t>& count, std::vector<int64_t>& all_value, std::vector<int64_t>& all_count) const;
+
+    // What entries() returns: every (cpu, kind, value, count) sorted by kind, value, cpu (histogram.parquet's
+    // rows) with each row's kind as an index into `kinds` (the kinds present, ascending); per kind, its values
+    // ascending with their counts summed over the CPUs (kind_value/kind_count, kind i's at
+    // kind_offsets[i]..kind_offsets[i + 1]); and the pooled histogram of every group (all_value/all_count).
+    struct Entries {
+        std::vector<int16_t> cpu, kind, kind_index, kinds;
+        std::vector<int64_t> value, count, kind_value, kind_count, kind_offsets, all_value, all_count;
+    };
+    Entries entries() const;
 
 private:
     struct Slot {
@@ -27,8 +33,8 @@ private:
     };
     std::vector<Slot> slots_;
     size_t used_ = 0;
-    int64_t lo_ = INT64_MAX, hi_ = INT64_MIN;  // value range and largest CPU counted: entries() packs its sort keys
-    uint32_t max_cpu_ = 0;
+    int64_t lo_ = INT64_MAX, hi_ = INT64_MIN;  // value range, largest CPU and kind counted: entries() packs its
+    uint32_t max_cpu_ = 0, max_kind_ = 0;      // sort keys and sizes its kind pass
     void grow();
 };
 

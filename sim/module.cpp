@@ -235,19 +235,23 @@ public:
     }
 
     py::dict entries() const {
-        std::vector<int16_t> cpu, kind;
-        std::vector<int64_t> value, count, all_value, all_count;
+        GroupHistograms::Entries found;
         {
             py::gil_scoped_release unlocked;  // sorting: the writer thread's side files go on meanwhile
-            counts_.entries(cpu, kind, value, count, all_value, all_count);
+            found = counts_.entries();
         }
         py::dict out;
-        out["cpu"] = adopt(std::move(cpu));
-        out["kind"] = adopt(std::move(kind));
-        out["value"] = adopt(std::move(value));
-        out["count"] = adopt(std::move(count));
-        out["all_value"] = adopt(std::move(all_value));
-        out["all_count"] = adopt(std::move(all_count));
+        out["cpu"] = adopt(std::move(found.cpu));
+        out["kind"] = adopt(std::move(found.kind));
+        out["kind_index"] = adopt(std::move(found.kind_index));
+        out["kinds"] = adopt(std::move(found.kinds));
+        out["value"] = adopt(std::move(found.value));
+        out["count"] = adopt(std::move(found.count));
+        out["kind_value"] = adopt(std::move(found.kind_value));
+        out["kind_count"] = adopt(std::move(found.kind_count));
+        out["kind_offsets"] = adopt(std::move(found.kind_offsets));
+        out["all_value"] = adopt(std::move(found.all_value));
+        out["all_count"] = adopt(std::move(found.all_count));
         return out;
     }
 
@@ -268,7 +272,9 @@ PYBIND11_MODULE(_simcore, m) {
         .def(py::init<>())
         .def("add", &Histograms::add, py::arg("values"), py::arg("cpu"), py::arg("kind"),
              "Count int64 values per (cpu, kind) group")
-        .def("entries", &Histograms::entries, "cpu, kind, value, count arrays sorted by kind, value, cpu; all_value, all_count pooled");
+        .def("entries", &Histograms::entries,
+             "cpu, kind (kind_index into kinds), value, count sorted by kind, value, cpu; per kind its values summed "
+             "over the CPUs (kind_value, kind_count at kind_offsets); all_value, all_count pooled");
     std::vector<std::string> hv, guest;
     for (const auto& e : hv_registry()) hv.emplace_back(e.name);
     for (const auto& e : guest_registry()) guest.emplace_back(e.name);

@@ -105,6 +105,15 @@ def test_core_histogram_entries_match_numpy(spread: int) -> None:
     pooled, pooled_counts = np.unique(values, return_counts=True)
     assert found["all_value"].tolist() == pooled.tolist() and found["all_count"].tolist() == pooled_counts.tolist()
     assert len(pooled) < len(keys[0])  # some values recur across groups: the pooling merged them
+    # each row's kind as an index into the kinds present, and per kind its values summed over the CPUs
+    assert found["kinds"].tolist() == [0, 1, 2] and (found["kinds"][found["kind_index"]] == found["kind"]).all()
+    offsets = found["kind_offsets"].tolist()
+    for index, code in enumerate(found["kinds"].tolist()):
+        mine, mine_counts = np.unique(values[kind == code], return_counts=True)
+        a, b = offsets[index], offsets[index + 1]
+        assert found["kind_value"][a:b].tolist() == mine.tolist()
+        assert found["kind_count"][a:b].tolist() == mine_counts.tolist()
+    assert offsets[-1] == found["kind_value"].size
 
 
 def test_columns_that_would_repeat_t_ns_or_minus_one_are_left_out(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from .stats import Histogram, HistogramBuilder, Summary, summarize_histogram, su
 from .stream import SampleStream
 
 __all__ = ["RunDir", "Manifest", "StoredRun", "new_run", "write_run", "write_measured_run", "write_digest", "load_run",
-           "list_runs", "resolve_runs", "histogram_table", "open_parquet", "MANIFEST_VERSION"]
+           "list_runs", "resolve_runs", "histogram_table", "open_parquet", "write_histogram", "MANIFEST_VERSION"]
 
 MANIFEST_VERSION = 1
 _INT32 = np.iinfo(np.int32)
@@ -271,7 +271,7 @@ def write_run(run: RunDir, table: pa.Table | None, manifest: dict[str, Any], *,
     else:
         write_digest(run, document, None, histogram, groups)
     if histogram is not None:
-        pq.write_table(histogram, run.histogram_path, compression="zstd")
+        write_histogram(histogram, run.histogram_path)
         if "summary" not in document:
             summaries = summaries_from_histogram(histogram, group_by, int(document.get("dropped", 0)))
             document["summary"] = {group: s.as_dict() for group, s in summaries.items()}
@@ -289,6 +289,17 @@ def write_digest(run: RunDir, manifest: dict[str, Any], table: pa.Table | None, 
     from .results.digest import write_digest as write
 
     write(run.path, manifest, table, histogram, groups)
+
+
+def write_histogram(histogram: pa.Table, path: Path) -> None:
+    """histogram.parquet: values ascending within each group are delta-encoded, the few distinct CPUs, kinds
+    and counts go to dictionaries (the 8-VM hour's 1.76 M rows: 0.08 s and 1.5 MB instead of 0.22 s and
+    3.6 MB with zstd alone)."""
+    names = histogram.column_names
+    delta = "value" in names and pa.types.is_integer(histogram.schema.field("value").type)
+    pq.write_table(histogram, path, compression="zstd",
+                   use_dictionary=[name for name in ("cpu", "kind", "count") if name in names],
+                   column_encoding={"value": "DELTA_BINARY_PACKED"} if delta else None)
 
 
 def _delta_encoded(table: pa.Table) -> dict[str, str]:

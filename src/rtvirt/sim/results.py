@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from ..model import Model
 from ..stats import Histogram, Summary, summarize_histogram
-from ..store import RunDir, new_run, write_run
+from ..store import RunDir, new_run, write_histogram, write_run
 from .core import JobChunk, SimResult, core_config, optional_columns, simulate, supply_window
 
 __all__ = ["gap_probe_table", "task_summary", "simulate_to_store", "write_simulated_run"]
@@ -92,34 +92,21 @@ class SamplesFile:
         and return the statistics per kind and ``all`` that the manifest and digest hold."""
         for counted in self._counted:  # not the side files queued after them: they are written meanwhile
             counted.result()
-        found = self._counts.entries()  # sorted by kind, value, cpu
+        found = self._counts.entries()  # sorted by kind, value, cpu; per kind and pooled totals beside
         # kind as a dictionary of the kinds present: the store groups it by its codes (a string column would
         # be factorized with pyarrow.compute, whose import alone costs ~0.1 s)
-        kind = found["kind"]
-        first = np.ones(kind.size, np.bool_)
-        first[1:] = kind[1:] != kind[:-1]
         names = self._kinds.to_pylist()
-        kinds = pa.DictionaryArray.from_arrays(pa.array((np.cumsum(first) - 1).astype(np.int16)),
-                                               pa.array([names[k] for k in kind[first]], pa.string()))
+        present = [str(names[code]) for code in found["kinds"]]
+        kinds = pa.DictionaryArray.from_arrays(pa.array(found["kind_index"]), pa.array(present, pa.string()))
         table = pa.table({"cpu": found["cpu"], "kind": kinds, "value": found["value"], "count": found["count"]})
-        self.later(pq.write_table, table, path, compression="zstd")
-        return self._summaries(kind, found["value"], found["count"],
-                                      Histogram(found["all_value"], found["all_count"]))
-
-    def _summaries(self, kind: np.ndarray, value: np.ndarray, count: np.ndarray,
-                   pooled: Histogram) -> dict[str, Summary]:
-        # each kind's rows already hold its ascending values: only the CPUs of one value are summed (no
-        # per-kind mask and merge over the whole histogram)
-        first = np.ones(kind.size, np.bool_)
-        first[1:] = (kind[1:] != kind[:-1]) | (value[1:] != value[:-1])
-        starts = np.flatnonzero(first)
-        kind, value, count = kind[starts], value[starts], np.add.reduceat(count, starts) if starts.size else count
-        bounds = [0, *(np.flatnonzero(np.diff(kind)) + 1).tolist(), kind.size]
-        names = self._kinds.to_pylist()
-        groups = {str(names[kind[a]]): summarize_histogram(Histogram(value[a:b], count[a:b]))
-                  for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a}
+        self.later(write_histogram, table, path)
+        bounds = found["kind_offsets"].tolist()
+        value, count = found["kind_value"], found["kind_count"]
+        groups = {name: summarize_histogram(Histogram(value[a:b], count[a:b]))
+                  for name, a, b in zip(present, bounds[:-1], bounds[1:], strict=True)}
         result = {name: groups[name] for name in sorted(groups)}
-        result["all"] = summarize_histogram(pooled)  # pooled by the core: no merge of 1.75 M values here
+        # pooled by the core: no merge of 1.75 M values here
+        result["all"] = summarize_histogram(Histogram(found["all_value"], found["all_count"]))
         return result
 
     def close(self) -> None:
