@@ -86,16 +86,15 @@ struct EntriesBuilder {
             out.kind_offsets.push_back(static_cast<int64_t>(out.kind_value.size()));
         } else if (out.kind_value.back() == value) {  // the same value on another CPU
             out.kind_count.back() += count;
-            push(cpu, kind, value, count);
+            push(cpu, value, count);
             return;
         }
         out.kind_value.push_back(value);
         out.kind_count.push_back(count);
-        push(cpu, kind, value, count);
+        push(cpu, value, count);
     }
-    void push(int16_t cpu, int16_t kind, int64_t value, int64_t count) {
+    void push(int16_t cpu, int64_t value, int64_t count) {
         out.cpu.push_back(cpu);
-        out.kind.push_back(kind);
         out.kind_index.push_back(static_cast<int16_t>(out.kinds.size() - 1));
         out.value.push_back(value);
         out.count.push_back(count);
@@ -115,7 +114,7 @@ GroupHistograms::Entries GroupHistograms::entries() const {
     Entries out;
     EntriesBuilder build{out};
     for (auto* column : {&out.value, &out.count}) column->reserve(used_);
-    for (auto* column : {&out.cpu, &out.kind, &out.kind_index}) column->reserve(used_);
+    for (auto* column : {&out.cpu, &out.kind_index}) column->reserve(used_);
     const int64_t lo = lo_;
     if (used_ > 0 && static_cast<uint64_t>(hi_) - static_cast<uint64_t>(lo) < (uint64_t{1} << 40) && max_cpu_ < 256) {
         // One radix sort, value-major: key (value - lo) << 8 | cpu, payload count << 16 | kind. Equal values

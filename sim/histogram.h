@@ -20,7 +20,7 @@ public:
     // ascending with their counts summed over the CPUs (kind_value/kind_count, kind i's at
     // kind_offsets[i]..kind_offsets[i + 1]); and the pooled histogram of every group (all_value/all_count).
     struct Entries {
-        std::vector<int16_t> cpu, kind, kind_index, kinds;
+        std::vector<int16_t> cpu, kind_index, kinds;
         std::vector<int64_t> value, count, kind_value, kind_count, kind_offsets, all_value, all_count;
     };
     Entries entries() const;

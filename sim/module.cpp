@@ -242,7 +242,6 @@ public:
         }
         py::dict out;
         out["cpu"] = adopt(std::move(found.cpu));
-        out["kind"] = adopt(std::move(found.kind));
         out["kind_index"] = adopt(std::move(found.kind_index));
         out["kinds"] = adopt(std::move(found.kinds));
         out["value"] = adopt(std::move(found.value));
@@ -273,7 +272,7 @@ PYBIND11_MODULE(_simcore, m) {
         .def("add", &Histograms::add, py::arg("values"), py::arg("cpu"), py::arg("kind"),
              "Count int64 values per (cpu, kind) group")
         .def("entries", &Histograms::entries,
-             "cpu, kind (kind_index into kinds), value, count sorted by kind, value, cpu; per kind its values summed "
+             "cpu, kind_index (into kinds, the kind codes present), value, count sorted by kind, value, cpu; per kind its values summed "
              "over the CPUs (kind_value, kind_count at kind_offsets); all_value, all_count pooled");
     std::vector<std::string> hv, guest;
     for (const auto& e : hv_registry()) hv.emplace_back(e.name);

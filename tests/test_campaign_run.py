@@ -57,6 +57,21 @@ settle = "100ms"
 """
 
 
+def _sigterm_once_streaming(scenarios: list[Path], results: Path, settle_s: float,
+                            env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Start `rtvirt run SCENARIOS`, send SIGTERM ``settle_s`` after the first run's samples appear; its exit
+    status and stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", *map(str, scenarios), "--out", str(results),
+                             "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(results.glob("runs/*/samples.rtvs")):
+        time.sleep(0.1)
+    time.sleep(settle_s)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    return proc.returncode, stderr
+
+
 def _p99(manifest: dict) -> float:
     return float(manifest["summary"]["all"]["p99_ns"])
 
@@ -172,15 +187,8 @@ def test_sigterm_stops_everything_and_keeps_the_partial_run(tmp_path: Path) -> N
     results = tmp_path / "results"
     tag = uuid.uuid4().hex
     env = {**os.environ, "RTVIRT_TEST_TAG": tag, "COLUMNS": "200"}
-    proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(scenario), "--out", str(results),
-                             "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list(results.glob("runs/*/samples.rtvs")):
-        time.sleep(0.1)
-    time.sleep(2.0)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    returncode, stderr = _sigterm_once_streaming([scenario], results, 2.0, env)
+    assert returncode == 130
     assert "--resume" in stderr  # the hint is a diagnostic: stderr, so stdout stays the summary alone
     assert _tagged_processes(tag) == []
     state = json.loads(next(results.glob("campaigns/*/state.json")).read_text())
@@ -288,15 +296,8 @@ def test_several_scenarios_run_as_campaigns_of_one_command_and_resume_together(t
     first.write_text(HOST_SCENARIO.format(duration="2s", repetitions=1).replace('"directions"', '"first"', 1))
     second.write_text(HOST_SCENARIO.format(duration="0.5s", repetitions=1).replace('"directions"', '"second"', 1))
     results = tmp_path / "results"
-    proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(first), str(second), "--out", str(results),
-                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list(results.glob("runs/*/samples.rtvs")):
-        time.sleep(0.1)
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and f"--resume {first} {second} --out" in stderr, stderr
+    returncode, stderr = _sigterm_once_streaming([first, second], results, 1.0)
+    assert returncode == 130 and f"--resume {first} {second} --out" in stderr, stderr
     states = {json.loads(p.read_text())["scenario"]: p for p in results.glob("campaigns/*/state.json")}
     assert set(states) == {"first", "second"}  # B exists before it ran, so that --resume finds it
     assert json.loads(states["second"].read_text())["runs"] == {}

@@ -1099,22 +1099,22 @@ def _destroy_and_undefine(domain: Any, uri: str) -> None:
     """Destroy and undefine ``domain``; if its connection is lost (keepalive closed it while libvirtd did not
     answer), once more on a new connection: a domain must not outlive its run."""
     libvirt = _libvirt()
-    try:
+
+    def remove(target: Any) -> None:
         with contextlib.suppress(libvirt.libvirtError):  # an already stopped domain refuses destroy
-            if domain.isActive():
-                domain.destroy()
-        domain.undefine()
+            if target.isActive():
+                target.destroy()
+        target.undefine()
+
+    try:
+        remove(domain)
     except libvirt.libvirtError as exc:
         if _domain_gone(exc):
             return
         with contextlib.suppress(RunError, libvirt.libvirtError):
             fresh = LibvirtConnection(uri)
             try:
-                again = fresh.conn.lookupByUUID(domain.UUID())
-                with contextlib.suppress(libvirt.libvirtError):
-                    if again.isActive():
-                        again.destroy()
-                again.undefine()
+                remove(fresh.conn.lookupByUUID(domain.UUID()))
             finally:
                 fresh.close()
 
