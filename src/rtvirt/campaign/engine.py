@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from pydantic import ValidationError
@@ -38,6 +38,8 @@ from .matrix import PlannedRun, expand, scaled_params
 from .state import CampaignState
 
 __all__ = ["CampaignResult", "run_campaign", "execute_run"]
+
+T = TypeVar("T")
 
 POLL_S = 0.2
 MAX_REASON = 500
@@ -155,9 +157,13 @@ class _Disturbance:
         self.close_guests()
 
     def close_guests(self) -> None:
+        """Close every disturbing guest, also when closing one fails (then raises once all were tried)."""
+        teardown = _Teardown()
         for vm in self._vms:
-            vm.close()
+            teardown.attempt(vm.close)
         self._vms, self._paused = [], False
+        if teardown.problems:
+            raise RunError("; ".join(teardown.problems))
 
     def check(self) -> str | None:
         for vm in self._vms:
@@ -165,6 +171,22 @@ class _Disturbance:
             if reason:
                 return f"disturbing guest {vm.config.label}: {reason}"
         return None
+
+
+class _Teardown:
+    """Steps of a teardown that must all be tried: a failing one (an ``xl`` that hangs in a lab under load) is
+    remembered and the next runs, so the samples get their manifest and no domain or process is skipped."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def attempt(self, step: Callable[[], T]) -> T | None:
+        """``step()``, or None when it failed."""
+        try:
+            return step()
+        except RtvirtError as exc:
+            self.problems.append(str(exc))
+            return None
 
 
 def _guest_stressor_args(use: StressorUse) -> list[str]:
@@ -279,17 +301,20 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
         except RtvirtError as exc:
             reason = str(exc)
         finally:
+            teardown = _Teardown()
             if disturbance.on:
-                disturbance.stop()
+                teardown.attempt(disturbance.stop)
                 mark("stress-off")
-            disturbance.close_guests()
-            env_description = env.describe()
-            platform_audit = env.platform_audit()
+            teardown.attempt(disturbance.close_guests)
+            env_description = teardown.attempt(env.describe) or {}
+            platform_audit = teardown.attempt(env.platform_audit) or {}
             env_warnings = env.warnings()
-            env.close()
+            teardown.attempt(env.close)
             supervisor.stop_all()
             if hooks is not None:
-                hook_log += hooks.run("after_run", hook_values, env_config.label)
+                hook_log += teardown.attempt(lambda: hooks.run("after_run", hook_values, env_config.label)) or []
+    if teardown.problems:  # the measurement may be whole, but what surrounded it did not end as it should
+        reason = reason or f"teardown: {'; '.join(teardown.problems)}"
     # the per-run initramfs is a copy of the cached image plus a few bytes of jobs: not worth keeping
     for leftover in workdir.glob("**/initramfs.cpio"):
         leftover.unlink(missing_ok=True)

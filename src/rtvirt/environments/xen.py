@@ -1019,16 +1019,18 @@ class XenEnvironment(Environment):
 
     def close(self) -> None:
         dom0 = self._dom0
-        if dom0 is not None and (dom0.lab is None or dom0.lab.alive()):
-            if isinstance(self._relay, baremetal.XenConsoleRelay) and self._domain is not None:
-                baremetal.xen_request_stop(dom0, self._domain, self._relay)  # every sample it holds, then off
-            if self._relay is not None:
-                self._relay.stop(grace=2.0)
-            if self._domain is not None:
-                if self.domain_exists():
-                    dom0.run(["xl", "destroy", self._domain])
-                dom0.run(["rm", "-rf", f"{RUN_DIR}/{self._domain}"])
-            if self._pool is not None:
-                dom0.destroy_pool(self._pool)
-        self._relay = self._domain = self._pool = None
-        super().close()
+        try:
+            if dom0 is not None and (dom0.lab is None or dom0.lab.alive()):
+                if isinstance(self._relay, baremetal.XenConsoleRelay) and self._domain is not None:
+                    baremetal.xen_request_stop(dom0, self._domain, self._relay)  # every sample it holds, then off
+                if self._relay is not None:
+                    self._relay.stop(grace=2.0)
+                if self._domain is not None:
+                    if self.domain_exists():
+                        dom0.run(["xl", "destroy", self._domain])
+                    dom0.run(["rm", "-rf", f"{RUN_DIR}/{self._domain}"])
+                if self._pool is not None:
+                    dom0.destroy_pool(self._pool)
+        finally:  # a dom0 that stopped answering still gets its shared resources (a lab) closed
+            self._relay = self._domain = self._pool = None
+            super().close()

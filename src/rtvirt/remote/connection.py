@@ -244,7 +244,7 @@ class SshConnection:
         try:
             return _call(asyncio.wait_for(go(), timeout), timeout + 5)
         except TimeoutError:
-            raise RunError(f"ssh target {self.target.label}: {shlex.quote(str(argv[0]))[:100]} "
+            raise RunError(f"ssh target {self.target.label}: {remote_command(argv[:3])[:100]} "
                            f"did not finish within {timeout:g}s") from None
         except (OSError, EOFError) as exc:
             raise RunError(f"ssh target {self.target.label}: connection failed: {str(exc)[:200]}") from None
