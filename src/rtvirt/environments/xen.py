@@ -64,6 +64,7 @@ UNAME_MARK = "RTVIRT-UNAME"
 STREAM_PORT_BASE = 7100
 STATUS_INTERVAL_S = 1.0  # how often a running domain's console is read (each read is a dom0 command)
 XL_TIMEOUT_S = 120.0
+SELF_DESTROY_WAIT_S = 15.0
 LAB_WARNING = ("nested Xen under {accel} (a Xen lab in QEMU on this machine): its timings are not representative "
                "of a Xen host")
 
@@ -941,6 +942,17 @@ class XenEnvironment(Environment):
                 return int(status) if status.isdigit() else 255
         return None
 
+    def _powered_off_by_itself(self) -> bool:
+        """Whether the domU's agent ended and the domain powered off (on_poweroff = "destroy"), not stopped by us."""
+        return self._process is not None and self._process.returncode is not None
+
+    def _wait_gone(self, timeout_s: float) -> None:
+        """Give xl's own monitor the time to finish destroying the domain rather than racing it with a second
+        destroy (the suspected cause of an `xl` that once did not return within 120 s in the lab)."""
+        deadline = time.monotonic() + timeout_s
+        while self.domain_exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
     def domain_exists(self) -> bool:
         assert self._dom0 is not None and self._domain is not None
         return self._dom0.run(["xl", "domid", self._domain], timeout=30).returncode == 0
@@ -1026,6 +1038,8 @@ class XenEnvironment(Environment):
                 if self._relay is not None:
                     self._relay.stop(grace=2.0)
                 if self._domain is not None:
+                    if self._powered_off_by_itself():  # xl's monitor of the domain is destroying it
+                        self._wait_gone(SELF_DESTROY_WAIT_S)
                     if self.domain_exists():
                         dom0.run(["xl", "destroy", self._domain])
                     dom0.run(["rm", "-rf", f"{RUN_DIR}/{self._domain}"])
