@@ -626,3 +626,22 @@ def test_a_bare_metal_domain_stopped_mid_run_writes_out_every_sample(libvirtd: s
     assert stream.end_reason == "signal" and stream.corrupt is None and stream.total_dropped == 0
     assert stream.records.size >= seen and stream.written == stream.records.size
     assert _our_domains() == []
+
+
+def test_an_initrd_whose_domain_is_gone_is_reclaimed_and_the_kernel_cache_is_kept(libvirtd: str,
+                                                                                  tmp_path: Path) -> None:
+    # a run that lost libvirtd destroys its domain over a new connection; its initrd volume may stay: the next
+    # campaign's reclaim deletes it, and leaves the guest kernels (a cache) and a defined domain's initrd alone
+    orphan = f"{DOMAIN_PREFIX}gone-{os.getpid()}.initrd"
+    kept = f"{DOMAIN_PREFIX}kernel-test-{os.getpid()}"
+    source = tmp_path / "initrd"
+    source.write_bytes(b"\0" * 4096)
+    with SharedResources() as shared:
+        connection = shared.get("c", lambda: LibvirtConnection(libvirtd))
+        for name in (orphan, kept):
+            connection.upload(name, source)
+        removed = LibvirtEnvironment.reclaim(LibvirtConfig(uri=libvirtd), shared)
+        volumes = connection.pool().listVolumes()
+        connection.delete_volume(kept)
+    assert f"libvirt volume {orphan} ({libvirtd})" in removed
+    assert orphan not in volumes and kept in volumes

@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -706,6 +707,13 @@ class LibvirtEnvironment(Environment):
             _destroy_and_undefine(domain, config.uri)
             connection.delete_volume(f"{name}.initrd")
             removed.append(f"libvirt domain {name} ({config.uri})")
+        # an initrd whose domain is gone (its run lost libvirtd): a domain is defined before its initrd exists,
+        # so a running campaign's initrd always has its domain
+        defined = {str(domain.name()) for domain in connection.conn.listAllDomains(0)}
+        for volume in connection.pool().listVolumes():
+            if volume.startswith(DOMAIN_PREFIX) and volume.endswith(".initrd") and \
+                    volume.removesuffix(".initrd") not in defined and connection.delete_volume(volume):
+                removed.append(f"libvirt volume {volume} ({config.uri})")
         if config.local and os.geteuid() == 0:
             restored = RtThrottlingLifted.restore_after_kill()
             if restored:
@@ -1083,7 +1091,9 @@ class LibvirtEnvironment(Environment):
         if self._connection is not None:
             if self._initrd_volume:
                 with contextlib.suppress(RunError):
-                    self._connection.delete_volume(self._initrd_volume)
+                    if not self._connection.delete_volume(self._initrd_volume):
+                        name = self._initrd_volume
+                        _on_a_fresh_connection(self.config.uri, lambda fresh: fresh.delete_volume(name))
                 self._initrd_volume = ""
             self._connection.close()
             self._connection = None
@@ -1109,14 +1119,19 @@ def _destroy_and_undefine(domain: Any, uri: str) -> None:
     try:
         remove(domain)
     except libvirt.libvirtError as exc:
-        if _domain_gone(exc):
-            return
-        with contextlib.suppress(RunError, libvirt.libvirtError):
-            fresh = LibvirtConnection(uri)
-            try:
-                remove(fresh.conn.lookupByUUID(domain.UUID()))
-            finally:
-                fresh.close()
+        if not _domain_gone(exc):
+            _on_a_fresh_connection(uri, lambda fresh: remove(fresh.conn.lookupByUUID(domain.UUID())))
+
+
+def _on_a_fresh_connection(uri: str, action: Callable[[LibvirtConnection], object]) -> None:
+    """``action`` on a new connection to ``uri``, the run's own having been lost; if that fails too, what is
+    left is reclaimed by the next campaign or ``--resume``."""
+    with contextlib.suppress(RunError, _libvirt().libvirtError):
+        fresh = LibvirtConnection(uri)
+        try:
+            action(fresh)
+        finally:
+            fresh.close()
 
 
 def _version(number: int) -> str:
