@@ -174,19 +174,27 @@ void Sim::apply_assignment(const std::vector<int>& previous) {
 }
 
 void Sim::add_supply_across(VCpu& v, Time from, Time to) {
-    v.supplied += to - from;
     const Time w = cfg.supply_window;
-    std::vector<Time>& windows = supply[static_cast<size_t>(v.index)];
     while (from < to) {
         if (from >= v.window_end) {  // time only moves forward: a division only when a window is left
+            store_window_supply(v);
             v.window = static_cast<size_t>(from / w);
             v.window_end = static_cast<Time>(v.window + 1) * w;
-            if (v.window >= windows.size()) windows.resize(v.window + 1, 0);
         }
         Time edge = std::min(to, v.window_end);
-        windows[v.window] += edge - from;
+        v.supplied += edge - from;
         from = edge;
     }
+}
+
+// The supply of the window being filled into `supply` (at a window's end, and when the run ends).
+void Sim::store_window_supply(VCpu& v) {
+    const Time filled = v.supplied - v.window_base;
+    v.window_base = v.supplied;
+    if (filled == 0) return;
+    std::vector<Time>& windows = supply[static_cast<size_t>(v.index)];
+    if (v.window >= windows.size()) windows.resize(v.window + 1, 0);
+    windows[v.window] += filled;
 }
 
 void Sim::add_segment(int cpu, int vcpu, int task, Time from, Time to) {
@@ -388,6 +396,7 @@ bool Sim::advance(size_t rows) {
 
 void Sim::finish() {
     ended_ = true;
+    for (VCpu& v : vcpus) store_window_supply(v);
     for (const VCpu& v : vcpus) {
         for (const ReadyQueue::Entry& entry : v.ready.heap) {
             const Job& job = v.ready.slots[entry.slot];

@@ -133,8 +133,9 @@ struct VCpu {
     bool gap_running = false;
     Time gap_since = -1;
     Time supplied = 0;
-    size_t window = 0;    // supply window being filled, and where it ends
-    Time window_end = 0;
+    size_t window = 0;    // supply window being filled, where it ends, and `supplied` when it began (its supply
+    Time window_end = 0;  // is stored when the window is left: one add per running pCPU and decision point)
+    Time window_base = 0;
     // state shared by the budget-based schedulers (each keeps anything else in its own tables)
     Time q = 0;             // budget / slice / runtime left
     Time dl = 0;            // absolute deadline or end of the current period
@@ -358,12 +359,12 @@ private:
     void add_supply(VCpu& v, Time from, Time to) {
         if (to <= v.window_end) {  // from >= the window's start: time only moves forward
             v.supplied += to - from;
-            supply[static_cast<size_t>(v.index)][v.window] += to - from;
         } else {
             add_supply_across(v, from, to);
         }
     }
     void add_supply_across(VCpu& v, Time from, Time to);
+    void store_window_supply(VCpu& v);
     void add_segment(int cpu, int vcpu, int task, Time from, Time to);
     Rng rng_;
 };
