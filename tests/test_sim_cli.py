@@ -83,6 +83,15 @@ def test_bad_options_exit_2(tmp_path: Path) -> None:
         assert result.returncode == 2 and needle in result.stderr, (args, result.stderr)
 
 
+def test_a_results_directory_that_cannot_hold_a_run_exits_2_naming_it(tmp_path: Path) -> None:
+    # the run is made in the writer thread while the core starts: its failure still ends the command as bad input
+    model = tmp_path / "m.toml"
+    model.write_text(GOOD)
+    result = run_cli("sim", str(model), "--results", "/proc/rtvirt-results", "-D", "60")
+    assert result.returncode == 2 and "results directory /proc/rtvirt-results" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_event_cap_stops_with_a_clear_partial_run(tmp_path: Path) -> None:
     model = tmp_path / "m.toml"
     model.write_text(GOOD + "\n[simulation]\nduration = \"1h\"\nevent_cap = 5000\n")

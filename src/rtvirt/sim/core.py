@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
 from ..errors import InputError, RunError
 from ..model import Model, home_cpu
 from ..model.schema import Execution
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["SimResult", "core_config", "optional_columns", "simulate", "supply_window", "NEVER", "CHUNK_ROWS"]
 
@@ -52,6 +54,8 @@ class SimResult:
     def jobs(self) -> pa.Table:
         """One row per finished job with every field (finish, absolute deadline, met derived), built on first
         use: the store writes the core's chunks directly and never needs it."""
+        import pyarrow as pa
+
         def joined(key: str, dtype: type) -> np.ndarray:
             parts = [chunk[key] for chunk in self.job_chunks if key in chunk]
             return np.concatenate(parts) if parts else np.empty(0, dtype)
@@ -178,6 +182,8 @@ def optional_columns(config: dict[str, Any]) -> tuple[bool, bool]:
 
 
 def _dictionary(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
+    import pyarrow as pa
+
     return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names, pa.string()))
 
 
@@ -207,6 +213,8 @@ def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None =
                 chunks.append(chunk)
             if on_chunk is not None:
                 on_chunk(chunk)
+    import pyarrow as pa  # here, not at the top: `rtvirt sim` imports it in its writer thread meanwhile
+
     out = simulation.results()
     vcpu_names = _vcpu_names(model)
     c = out["chains"]

@@ -17,16 +17,18 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..model import Model
-from ..stats import Histogram, Summary, summarize_histogram
-from ..store import RunDir, new_run, write_histogram, write_run
 from .core import JobChunk, SimResult, core_config, optional_columns, simulate, supply_window
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ..stats import Summary
+    from ..store import RunDir
 
 __all__ = ["gap_probe_table", "task_summary", "simulate_to_store", "write_simulated_run"]
 
@@ -42,32 +44,51 @@ _SAMPLES_OPTIONS: dict[str, Any] = {
 
 class SamplesFile:
     """samples.parquet, written one chunk (row group) at a time by a background thread: Parquet encoding
-    releases the GIL, so the core simulates the next chunk meanwhile."""
+    releases the GIL, so the core simulates the next chunk meanwhile. pyarrow is imported and the file opened
+    in that thread too, while the core simulates its first chunk (the import is ~0.05 s of every `rtvirt sim`)."""
 
-    def __init__(self, path: Path, kinds: list[str], with_release: bool, with_event: bool) -> None:
-        self._kinds = pa.array(kinds, pa.string())
-        fields = [("t_ns", pa.int64()), ("response_ns", pa.int64()), ("cpu", pa.int16()), ("thread", pa.int16()),
-                  ("kind", pa.dictionary(pa.int16(), pa.string())), ("start_ns", pa.int64())]
-        fields += [("release_ns", pa.int64())] * with_release + [("event", pa.int64())] * with_event
-        self.schema = pa.schema(fields)
-        encodings = {k: v for k, v in _SAMPLES_OPTIONS["column_encoding"].items() if k in self.schema.names}
-        self._writer = pq.ParquetWriter(path, self.schema, **{**_SAMPLES_OPTIONS, "column_encoding": encodings})
-        self._pool = ThreadPoolExecutor(max_workers=1)
-        self._pending: list[Future[None]] = []
-        self._counted: list[Future[None]] = []  # the chunks' writes, which also count the histogram
+    def __init__(self, results: Path, run_name: str, kinds: list[str], with_release: bool, with_event: bool) -> None:
         from .. import _simcore  # type: ignore[attr-defined]
 
         self._counts = _simcore.Histograms()
+        self._kind_names = kinds
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self._opened = self._pool.submit(self._open, results, run_name, with_release, with_event)
+        self._pending: list[Future[Any]] = [self._opened]
+        self._counted: list[Future[None]] = []  # the chunks' writes, which also count the histogram
+
+    def _open(self, results: Path, run_name: str, with_release: bool, with_event: bool) -> RunDir:
+        """A new run directory with its samples.parquet open (the store and pyarrow imported here, not before
+        the core starts)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from ..store import new_run
+
+        run = new_run(results, run_name)
+        self._kinds = pa.array(self._kind_names, pa.string())
+        fields = [("t_ns", pa.int64()), ("response_ns", pa.int64()), ("cpu", pa.int16()), ("thread", pa.int16()),
+                  ("kind", pa.dictionary(pa.int16(), pa.string())), ("start_ns", pa.int64())]
+        fields += [("release_ns", pa.int64())] * with_release + [("event", pa.int64())] * with_event
+        self._schema = pa.schema(fields)
+        encodings = {k: v for k, v in _SAMPLES_OPTIONS["column_encoding"].items() if k in self._schema.names}
+        self._writer = pq.ParquetWriter(run.parquet_path, self._schema,
+                                        **{**_SAMPLES_OPTIONS, "column_encoding": encodings})
+        return run
+
+    @property
+    def run(self) -> RunDir:
+        """The run the samples go to (once the writer thread has made it)."""
+        return self._opened.result()
 
     def add(self, columns: dict[str, np.ndarray]) -> None:
         """Queue one chunk (numpy columns named as the schema, kind codes as ``thread``); no copy is made."""
-        arrays = [pa.array(columns[name]) for name in ("t_ns", "response_ns", "cpu", "thread")]
-        arrays.append(pa.DictionaryArray.from_arrays(arrays[3], self._kinds))  # the same buffer as thread
-        arrays += [pa.array(columns[name]) for name in self.schema.names[5:]]
-        written = self._pool.submit(self._write, pa.record_batch(arrays, schema=self.schema), columns["response_ns"],
-                                    columns["cpu"], columns["thread"])
-        self._pending.append(written)
-        self._counted.append(written)
+        if self._opened.done():
+            self._opened.result()  # a run that could not be made stops the simulation here, not at its end
+        # counted before written: the statistics wait for the last count, not for the last chunk's encoding
+        self._counted.append(self._pool.submit(self._counts.add, columns["response_ns"], columns["cpu"],
+                                               columns["thread"]))
+        self._pending.append(self._pool.submit(self._write, columns))
 
     def add_jobs(self, chunk: JobChunk) -> None:
         arrival = chunk["arrival"]
@@ -77,10 +98,15 @@ class SamplesFile:
             columns["event"] = chunk["event"]
         self.add(columns)
 
-    def _write(self, batch: pa.RecordBatch, values: np.ndarray, cpu: np.ndarray, kind: np.ndarray) -> None:
-        # in the writer thread, both without the GIL: the core simulates the next chunk meanwhile
+    def _write(self, columns: dict[str, np.ndarray]) -> None:
+        # in the writer thread, encoding and counting without the GIL: the core simulates the next chunk meanwhile
+        import pyarrow as pa
+
+        arrays = [pa.array(columns[name]) for name in ("t_ns", "response_ns", "cpu", "thread")]
+        arrays.append(pa.DictionaryArray.from_arrays(arrays[3], self._kinds))  # the same buffer as thread
+        arrays += [pa.array(columns[name]) for name in self._schema.names[5:]]
+        batch = pa.record_batch(arrays, schema=self._schema)
         self._writer.write_batch(batch, row_group_size=max(1, batch.num_rows))
-        self._counts.add(values, cpu, kind)
 
     def later(self, write: Callable[..., None], *args: Any, **options: Any) -> None:
         """Run another write in the writer thread, after the chunks queued so far."""
@@ -90,13 +116,18 @@ class SamplesFile:
         """Write the exact histogram per (cpu, kind) of every row added to ``path`` in the store's layout
         (histogram.parquet, as store.write_run would; in the writer thread while the statistics are computed)
         and return the statistics per kind and ``all`` that the manifest and digest hold."""
+        import pyarrow as pa
+
+        from ..stats import Histogram, summarize_histogram
+        from ..store import write_histogram
+
+        self._opened.result()  # the file is open (or the reason why not is raised)
         for counted in self._counted:  # not the side files queued after them: they are written meanwhile
             counted.result()
         found = self._counts.entries()  # sorted by kind, value, cpu; per kind and pooled totals beside
         # kind as a dictionary of the kinds present: the store groups it by its codes (a string column would
         # be factorized with pyarrow.compute, whose import alone costs ~0.1 s)
-        names = self._kinds.to_pylist()
-        present = [str(names[code]) for code in found["kinds"]]
+        present = [self._kind_names[code] for code in found["kinds"]]
         kinds = pa.DictionaryArray.from_arrays(pa.array(found["kind_index"]), pa.array(present, pa.string()))
         table = pa.table({"cpu": found["cpu"], "kind": kinds, "value": found["value"], "count": found["count"]})
         self.later(write_histogram, table, path)
@@ -115,7 +146,8 @@ class SamplesFile:
                 pending.result()
         finally:
             self._pool.shutdown()
-            self._writer.close()
+            if hasattr(self, "_writer"):  # not when opening the file failed
+                self._writer.close()
 
     def __enter__(self) -> SamplesFile:
         return self
@@ -160,6 +192,8 @@ def _add_chains_and_gaps(samples: SamplesFile, result: SimResult) -> None:
 
 def gap_probe_table(result: SimResult) -> pa.Table:
     """Gaps in the real gap probe's layout: t_ns (start), duration_ns (length), cpu, thread (vCPU), kind "gap"."""
+    import pyarrow as pa
+
     g = result.gaps
     vcpu = g["vcpu"].combine_chunks()
     return pa.table({
@@ -232,6 +266,8 @@ def task_summary(result: SimResult) -> dict[str, Any]:
 def _store(result: SimResult, run: RunDir, samples: SamplesFile, *, model_path: str, params: dict[str, Any],
            label: str | None, extra: dict[str, Any] | None) -> dict[str, Any]:
     """The rest of a simulated run once its jobs are queued: chains and gaps, side files, histogram, manifest."""
+    import pyarrow.parquet as pq
+
     _add_chains_and_gaps(samples, result)
     # the side files go to the writer thread too, after the samples
     samples.later(pq.write_table, result.supply, run.path / "supply.parquet", compression="zstd",
@@ -260,6 +296,8 @@ def _store(result: SimResult, run: RunDir, samples: SamplesFile, *, model_path: 
         "summary": {group: s.as_dict() for group, s in statistics.items()},
         **(extra or {}),
     }
+    from ..store import write_run
+
     write_run(run, None, manifest, groups=statistics)  # histogram.parquet is written: only digest and manifest
     return summary
 
@@ -273,9 +311,9 @@ def simulate_to_store(model: Model, results: Path, *, model_path: str, params: d
     configuration in reports and comparisons (default: the model's name); ``extra`` adds manifest keys.
     The result keeps no jobs (they are in the store): its summary, chains, gaps, supply and Gantt segments."""
     config = core_config(model, duration_ns=duration_ns, seed=seed, gantt=gantt)
-    run = new_run(results, f"sim-{model.name}")
-    with SamplesFile(run.parquet_path, _kinds(config[1], model), *optional_columns(config[0])) as samples:
+    with SamplesFile(results, f"sim-{model.name}", _kinds(config[1], model), *optional_columns(config[0])) as samples:
         result = simulate(model, config=config, on_chunk=samples.add_jobs, keep_jobs=False)
+        run = samples.run
         summary = _store(result, run, samples, model_path=model_path, params=params, label=label, extra=extra)
     return result, run, summary
 
@@ -283,10 +321,11 @@ def simulate_to_store(model: Model, results: Path, *, model_path: str, params: d
 def write_simulated_run(result: SimResult, results: Path, *, model_path: str, params: dict[str, Any],
                         label: str | None = None, extra: dict[str, Any] | None = None) -> tuple[RunDir, dict[str, Any]]:
     """Store a finished simulation as a run; as simulate_to_store() otherwise."""
-    run = new_run(results, f"sim-{result.model.name}")
     with_release = bool(result.job_chunks) and "release" in result.job_chunks[0]
     with_event = bool(result.model.chain)
-    with SamplesFile(run.parquet_path, _kinds(result.task_names, result.model), with_release, with_event) as samples:
+    with SamplesFile(results, f"sim-{result.model.name}", _kinds(result.task_names, result.model), with_release,
+                     with_event) as samples:
+        run = samples.run
         for chunk in result.job_chunks:
             samples.add_jobs(chunk)
         summary = _store(result, run, samples, model_path=model_path, params=params, label=label, extra=extra)
