@@ -55,7 +55,7 @@ class SamplesFile:
         self._pool = ThreadPoolExecutor(max_workers=1)
         self._opened = self._pool.submit(self._open, results, run_name, with_release, with_event)
         self._pending: list[Future[Any]] = [self._opened]
-        self._counted: list[Future[None]] = []  # the chunks' writes, which also count the histogram
+        self._counted: list[Future[None]] = []  # each chunk's count into the histogram
 
     def _open(self, results: Path, run_name: str, with_release: bool, with_event: bool) -> RunDir:
         """A new run directory with its samples.parquet open (the store and pyarrow imported here, not before
@@ -99,7 +99,7 @@ class SamplesFile:
         self.add(columns)
 
     def _write(self, columns: dict[str, np.ndarray]) -> None:
-        # in the writer thread, encoding and counting without the GIL: the core simulates the next chunk meanwhile
+        # in the writer thread, encoding without the GIL: the core simulates the next chunk meanwhile
         import pyarrow as pa
 
         arrays = [pa.array(columns[name]) for name in ("t_ns", "response_ns", "cpu", "thread")]
@@ -121,7 +121,6 @@ class SamplesFile:
         from ..stats import Histogram, summarize_histogram
         from ..store import write_histogram
 
-        self._opened.result()  # the file is open (or the reason why not is raised)
         for counted in self._counted:  # not the side files queued after them: they are written meanwhile
             counted.result()
         found = self._counts.entries()  # sorted by kind, value, cpu; per kind and pooled totals beside
@@ -268,6 +267,8 @@ def _store(result: SimResult, run: RunDir, samples: SamplesFile, *, model_path: 
     """The rest of a simulated run once its jobs are queued: chains and gaps, side files, histogram, manifest."""
     import pyarrow.parquet as pq
 
+    from ..store import write_run
+
     _add_chains_and_gaps(samples, result)
     # the side files go to the writer thread too, after the samples
     samples.later(pq.write_table, result.supply, run.path / "supply.parquet", compression="zstd",
@@ -296,8 +297,6 @@ def _store(result: SimResult, run: RunDir, samples: SamplesFile, *, model_path: 
         "summary": {group: s.as_dict() for group, s in statistics.items()},
         **(extra or {}),
     }
-    from ..store import write_run
-
     write_run(run, None, manifest, groups=statistics)  # histogram.parquet is written: only digest and manifest
     return summary
 
