@@ -57,11 +57,12 @@ Sim::Sim(Config config) : cfg(std::move(config)), rng_(cfg.seed) {
     jobs.with_release = std::any_of(cfg.tasks.begin(), cfg.tasks.end(), [](const TaskSpec& t) { return t.jitter > 0; });
     jobs.with_event = !cfg.chains.empty();
     task_stats.resize(cfg.tasks.size());
-    supply.resize(vcpus.size());
+    supply_.resize(vcpus.size());
     previous_.assign(static_cast<size_t>(cfg.pcpus), -1);
     std::fill(std::begin(gantt_open_), std::end(gantt_open_), -1);
     gantt_ = cfg.gantt_to > cfg.gantt_from;
     gap_probes_ = std::any_of(cfg.vcpus.begin(), cfg.vcpus.end(), [](const VCpuSpec& v) { return v.gap_threshold >= 0; });
+    eager_ = gantt_ || gap_probes_;
 }
 
 void Sim::push(Time t, int prio, int kind, int index, int64_t a, Time b) {
@@ -110,7 +111,12 @@ void Sim::release(int task_index, Time arrival, Time release_time, int64_t event
     job.event = event;
     job.event_arrival = event_arrival;
     job.key = guest_keys_[static_cast<size_t>(v.spec.vm)](task, job);
+    // A running vCPU whose head job changes (it ran none, or the new job comes first: a larger seq loses a tie)
+    // is accounted up to now with the job it ran, and planned with the new one; otherwise nothing changes there.
+    const bool new_head = v.on_cpu >= 0 && (v.ready.empty() || job.key < v.ready.top().key);
+    if (new_head) catch_up(v.on_cpu, now);
     v.ready.queue(slot);
+    if (new_head) plan(v.on_cpu);
     if (was_idle) {
         hv->wake(*this, v, now);
         if (cfg.quantum == 0 || any_cpu_idle()) resched_ = true;
@@ -151,16 +157,31 @@ void Sim::assign_ranked(const int* order, size_t n, uint64_t occupied) {
 }
 
 void Sim::apply_assignment(const std::vector<int>& previous) {
-    // One pass: a vCPU that left pCPU p is cleared only if no lower pCPU took it already in this pass.
+    // the pCPUs that change, accounted up to now with the vCPU they ran (a vCPU moving to a lower pCPU must be
+    // accounted before its new pCPU plans it)
+    uint64_t changed = 0;
     for (int p = 0; p < cfg.pcpus; ++p) {
+        if (cpus[p].run == previous[p]) continue;
+        changed |= uint64_t{1} << p;
+        const int taken = cpus[p].run;
+        cpus[p].run = previous[p];
+        catch_up(p, now);
+        cpus[p].run = taken;
+    }
+    // One pass: a vCPU that left pCPU p is cleared only if no lower pCPU took it already in this pass.
+    for (uint64_t left = changed; left; left &= left - 1) {
+        const int p = __builtin_ctzll(left);
         PCpu& c = cpus[p];
         if (previous[p] >= 0 && vcpus[previous[p]].on_cpu == p) vcpus[previous[p]].on_cpu = -1;
-        if (c.run >= 0) vcpus[c.run].on_cpu = p;
-        if (c.run != previous[p]) {
-            c.overhead_left = (c.run >= 0 && c.run != c.last_run) ? cfg.vm_switch : 0;
-            if (c.run >= 0) c.last_run = c.run;
+        if (c.run >= 0) {
+            vcpus[c.run].on_cpu = p;
+            c.overhead_left = c.run != c.last_run ? cfg.vm_switch : 0;
+            c.last_run = c.run;
+        } else {
+            c.overhead_left = 0;
         }
     }
+    for (uint64_t left = changed; left; left &= left - 1) plan(__builtin_ctzll(left));
     if (!gap_probes_) return;
     for (int p = 0; p < cfg.pcpus; ++p) {
         if (previous[p] < 0) continue;
@@ -192,9 +213,102 @@ void Sim::store_window_supply(VCpu& v) {
     const Time filled = v.supplied - v.window_base;
     v.window_base = v.supplied;
     if (filled == 0) return;
-    std::vector<Time>& windows = supply[static_cast<size_t>(v.index)];
-    if (v.window >= windows.size()) windows.resize(v.window + 1, 0);
-    windows[v.window] += filled;
+    // v.window >= supply_from_: take_supply() stored every window before that had supply
+    std::vector<Time>& windows = supply_[static_cast<size_t>(v.index)];
+    const size_t at = v.window - supply_from_;
+    if (at >= windows.size()) windows.resize(at + 1, 0);
+    windows[at] += filled;
+}
+
+void Sim::take_supply(SupplyColumns& out) {
+    const Time w = cfg.supply_window;
+    // the windows before the one `now` is in have ended; at the end, the last one too
+    const size_t upto = static_cast<size_t>(ended_ ? (now + w - 1) / w : now / w);
+    if (upto <= supply_from_) return;
+    catch_up_all();  // the supply of the running vCPUs up to now
+    for (VCpu& v : vcpus) {
+        if (v.window < upto) store_window_supply(v);  // a vCPU that has not run since its window ended
+    }
+    const size_t count = upto - supply_from_;
+    const size_t rows = count * vcpus.size();
+    out.vcpu.reserve(out.vcpu.n + rows);
+    out.window_start.reserve(out.window_start.n + rows);
+    out.supply.reserve(out.supply.n + rows);
+    for (size_t v = 0; v < vcpus.size(); ++v) {
+        std::vector<Time>& windows = supply_[v];  // no window at or after `upto` has supply yet
+        for (size_t i = 0; i < count; ++i) {
+            out.vcpu.put(static_cast<int32_t>(v));
+            out.window_start.put(static_cast<Time>(supply_from_ + i) * w);
+            out.supply.put(i < windows.size() ? windows[i] : 0);
+        }
+        windows.clear();
+    }
+    supply_from_ = upto;
+}
+
+// Account pCPU p's vCPU for [since, to): switch overhead, then its job's context switch, then the job; the
+// supply, the gap probe, the Gantt segments. Splitting an interval changes nothing, so a pCPU is accounted only
+// when something on it changes (and at a chunk's or the run's end), not at every decision point.
+void Sim::catch_up_interval(int p, Time to) {
+    PCpu& c = cpus[p];
+    Time t = c.since;
+    c.since = to;
+    if (c.run < 0) return;
+    VCpu& v = vcpus[c.run];
+    Time overhead = std::min(to - t, c.overhead_left);
+    if (overhead > 0) {
+        if (gantt_) add_segment(p, c.run, -2, t, t + overhead);
+        c.overhead_left -= overhead;
+        t += overhead;
+    }
+    if (t >= to) return;
+    add_supply(v, t, to);
+    if (v.spec.gap_threshold >= 0) {
+        if (!v.gap_running) {
+            if (v.gap_since >= 0 && t - v.gap_since >= v.spec.gap_threshold) {
+                gaps.push_back(GapRecord{v.index, p, v.gap_since, t - v.gap_since});
+            }
+            v.gap_running = true;
+        }
+        if (gantt_) add_segment(p, c.run, -1, t, to);
+        return;
+    }
+    if (v.ready.empty()) {
+        if (gantt_) add_segment(p, c.run, -3, t, to);
+        return;
+    }
+    Job& job = v.ready.top();
+    Time cs = std::min(to - t, v.cs_left);
+    if (cs > 0) {
+        if (gantt_) add_segment(p, c.run, -2, t, t + cs);
+        v.cs_left -= cs;
+        t += cs;
+    }
+    if (t < to) {
+        if (job.start < 0) job.start = t;
+        job.remaining -= to - t;
+        if (gantt_) add_segment(p, c.run, job.task, t, to);
+    }
+}
+
+void Sim::catch_up_all() {
+    for (int p = 0; p < cfg.pcpus; ++p) catch_up(p, now);
+}
+
+// When pCPU p (accounted up to now) finishes its vCPU's job at the head of the ready queue: a job new to the
+// vCPU first pays the context switch.
+void Sim::plan(int p) {
+    PCpu& c = cpus[p];
+    c.due = NEVER;
+    if (c.run < 0) return;
+    VCpu& v = vcpus[c.run];
+    if (v.spec.gap_threshold >= 0 || v.ready.empty()) return;
+    const Job& job = v.ready.top();
+    if (job.seq != v.last_job) {
+        v.last_job = job.seq;
+        v.cs_left = cfg.context_switch;
+    }
+    c.due = c.since + c.overhead_left + v.cs_left + job.remaining;
 }
 
 void Sim::add_segment(int cpu, int vcpu, int task, Time from, Time to) {
@@ -320,65 +434,15 @@ bool Sim::advance(size_t rows) {
         Time next = std::min(end, hv_next_);
         if (!queue_.empty()) next = std::min(next, queue_.top().t);
         if (cfg.quantum > 0) next = std::min(next, (now / cfg.quantum + 1) * cfg.quantum);
-        for (const PCpu& c : cpus) {
-            if (c.run < 0) continue;
-            VCpu& v = vcpus[c.run];
-            if (v.spec.gap_threshold >= 0 || v.ready.empty()) continue;
-            const Job& job = v.ready.top();
-            if (job.seq != v.last_job) {
-                v.last_job = job.seq;
-                v.cs_left = cfg.context_switch;
-            }
-            next = std::min(next, now + c.overhead_left + v.cs_left + job.remaining);
-        }
+        for (const PCpu& c : cpus) next = std::min(next, c.due);
         ++steps;
-        // pCPUs whose job is done at `next` (remaining <= 0): completed after accounting, in pCPU order
+        // pCPUs whose job is done at `next`: completed after accounting, in pCPU order
         uint64_t done = 0;
         for (int p = 0; p < cfg.pcpus; ++p) {
-            PCpu& c = cpus[p];
-            if (c.run < 0) continue;
-            VCpu& v = vcpus[c.run];
-            Time t = now;
-            Time overhead = std::min(next - t, c.overhead_left);
-            if (overhead > 0) {
-                if (gantt_) add_segment(p, c.run, -2, t, t + overhead);
-                c.overhead_left -= overhead;
-                t += overhead;
-            }
-            if (t >= next) {
-                if (v.spec.gap_threshold < 0 && !v.ready.empty() && v.ready.top().remaining <= 0) {
-                    done |= uint64_t{1} << p;
-                }
-                continue;
-            }
-            add_supply(v, t, next);
-            if (v.spec.gap_threshold >= 0) {
-                if (!v.gap_running) {
-                    if (v.gap_since >= 0 && t - v.gap_since >= v.spec.gap_threshold) {
-                        gaps.push_back(GapRecord{v.index, p, v.gap_since, t - v.gap_since});
-                    }
-                    v.gap_running = true;
-                }
-                if (gantt_) add_segment(p, c.run, -1, t, next);
-                continue;
-            }
-            if (v.ready.empty()) {
-                if (gantt_) add_segment(p, c.run, -3, t, next);
-                continue;
-            }
-            Job& job = v.ready.top();
-            Time cs = std::min(next - t, v.cs_left);
-            if (cs > 0) {
-                if (gantt_) add_segment(p, c.run, -2, t, t + cs);
-                v.cs_left -= cs;
-                t += cs;
-            }
-            if (t < next) {
-                if (job.start < 0) job.start = t;
-                job.remaining -= next - t;
-                if (gantt_) add_segment(p, c.run, job.task, t, next);
-            }
-            if (job.remaining <= 0) done |= uint64_t{1} << p;
+            if (cpus[p].due == next) done |= uint64_t{1} << p;
+        }
+        if (eager_) {
+            for (int p = 0; p < cfg.pcpus; ++p) catch_up(p, next);
         }
         hv->account(*this, now, next);
         if (next >= hv_next_) resched_ = true;
@@ -386,7 +450,9 @@ bool Sim::advance(size_t rows) {
         if (cfg.quantum > 0 && now % cfg.quantum == 0) resched_ = true;
         for (; done; done &= done - 1) {
             const int p = __builtin_ctzll(done);
+            catch_up(p, now);
             complete(vcpus[cpus[p].run], p);
+            plan(p);
         }
         if (jobs.size() >= rows) return false;
     }
@@ -396,6 +462,7 @@ bool Sim::advance(size_t rows) {
 
 void Sim::finish() {
     ended_ = true;
+    catch_up_all();
     for (VCpu& v : vcpus) store_window_supply(v);
     for (const VCpu& v : vcpus) {
         for (const ReadyQueue::Entry& entry : v.ready.heap) {

@@ -150,6 +150,8 @@ struct PCpu {
     int run = -1;       // vCPU whose code runs here, -1 idle
     int last_run = -1;  // last vCPU that ran here (switch overhead)
     Time overhead_left = 0;
+    Time since = 0;     // accounted up to here (Sim::catch_up)
+    Time due = NEVER;   // when the job running here finishes if nothing changes (Sim::plan)
 };
 
 struct JobRecord {
@@ -204,6 +206,11 @@ struct JobColumns {
         task.put(static_cast<int16_t>(job.task));
         cpu.put(static_cast<int16_t>(p));
     }
+};
+// Supply of the windows handed over at once, vCPU-major (the stored supply.parquet's row group).
+struct SupplyColumns {
+    Column<int32_t> vcpu;
+    Column<Time> window_start, supply;
 };
 // Per task, over every finished job: the summary `rtvirt sim` prints, counted while simulating.
 struct TaskStats {
@@ -320,7 +327,9 @@ public:
     std::vector<ChainRecord> chain_records;
     std::vector<GapRecord> gaps;
     std::vector<Segment> segments;
-    std::vector<std::vector<Time>> supply;  // per vCPU, per supply window; grows with simulated time
+    // The supply of every window that has ended and was not handed over yet, vCPU-major (a window ends for
+    // every vCPU at once, so the windows come out in blocks: written while the simulation goes on).
+    void take_supply(SupplyColumns& out);
     int64_t steps = 0, events = 0, jobs_done = 0;
     std::function<bool()> interrupted;  // polled now and then; true ends the run early ("interrupted")
     std::string end_reason = "complete";
@@ -339,12 +348,17 @@ private:
     uint64_t seq_ = 0, job_seq_ = 0;
     bool resched_ = true, started_ = false, ended_ = false;
     Time hv_next_ = 0;
+    std::vector<std::vector<Time>> supply_;  // per vCPU, per supply window from supply_from_ on
+    size_t supply_from_ = 0;                 // first window not handed over yet
     std::vector<int> previous_;  // assignment before the last pick
     size_t expected_jobs_ = 0;   // recorded jobs the run will have, roughly: sizes the chunk buffers
     std::vector<Time (*)(const TaskSpec&, const Job&)> guest_keys_;  // per VM
     int64_t gantt_open_[64] = {};
     bool gantt_ = false;  // a Gantt window was asked for
     bool gap_probes_ = false;  // a vCPU runs a gap probe (else apply_assignment has no gap to close)
+    // account every pCPU at every decision point: a Gantt chart's segments come out in time order, and the
+    // gap probes' bookkeeping in apply_assignment reads every pCPU's overhead
+    bool eager_ = false;
 
     void push(Time t, int prio, int kind, int index, int64_t a = 0, Time b = 0);
     void start();
@@ -364,6 +378,12 @@ private:
         }
     }
     void add_supply_across(VCpu& v, Time from, Time to);
+    void catch_up(int p, Time to) {  // inline: most calls find the pCPU accounted already (a second change at once)
+        if (cpus[p].since < to) catch_up_interval(p, to);
+    }
+    void catch_up_interval(int p, Time to);
+    void catch_up_all();
+    void plan(int p);
     void store_window_supply(VCpu& v);
     void add_segment(int cpu, int vcpu, int task, Time from, Time to);
     Rng rng_;

@@ -139,7 +139,8 @@ public:
         };
     }
 
-    // (jobs finished since the last call as numpy columns, whether the run has ended)
+    // (jobs finished since the last call as numpy columns, the supply of the windows ended meanwhile, whether
+    // the run has ended)
     py::tuple advance(size_t rows) {
         bool ended;
         {
@@ -155,7 +156,18 @@ public:
         if (j.with_event) chunk["event"] = adopt(j.event);
         chunk["task"] = adopt(j.task);
         chunk["cpu"] = adopt(j.cpu);
-        return py::make_tuple(chunk, ended);
+        return py::make_tuple(chunk, supply(), ended);
+    }
+
+    // Supply of the windows not handed over yet that have ended (all of them once the run has ended).
+    py::dict supply() {
+        SupplyColumns columns;
+        sim_.take_supply(columns);
+        py::dict out;
+        out["vcpu"] = adopt(columns.vcpu);
+        out["window_start"] = adopt(columns.window_start);
+        out["supply"] = adopt(columns.supply);
+        return out;
     }
 
     void stop() { sim_.stop("interrupted"); }
@@ -194,17 +206,7 @@ public:
         segments["end"] = column(sim.segments, &Segment::end);
         out["segments"] = segments;
         out["segments_truncated"] = sim.segments.size() >= MAX_SEGMENTS;
-        // vCPU-major matrix of the windows up to where the run ended
-        size_t windows = static_cast<size_t>((sim.now + sim.cfg.supply_window - 1) / sim.cfg.supply_window);
-        py::array_t<Time> supply(static_cast<py::ssize_t>(windows * sim.vcpus.size()));
-        Time* cells = supply.mutable_data();
-        std::fill(cells, cells + windows * sim.vcpus.size(), 0);
-        for (size_t v = 0; v < sim.vcpus.size(); ++v) {
-            const auto& row = sim.supply[v];
-            std::copy(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(std::min(row.size(), windows)),
-                      cells + v * windows);
-        }
-        out["supply"] = supply;
+        out["supply"] = supply();  // the windows advance() has not handed over (a run stopped in between)
         std::vector<Time> supplied;
         for (const VCpu& v : sim.vcpus) supplied.push_back(v.supplied);
         out["supplied"] = supplied;
@@ -264,7 +266,8 @@ PYBIND11_MODULE(_simcore, m) {
     m.doc() = "rtvirt hierarchical scheduling simulator core";
     py::class_<Simulation>(m, "Simulation")
         .def(py::init<const py::dict&>(), py::arg("config"))
-        .def("advance", &Simulation::advance, py::arg("rows"), "Simulate until `rows` jobs finished or the end")
+        .def("advance", &Simulation::advance, py::arg("rows"),
+             "Simulate until `rows` jobs finished or the end: (jobs, supply of the windows ended, ended)")
         .def("stop", &Simulation::stop, "End the run as interrupted (Ctrl-C seen between two chunks)")
         .def("results", &Simulation::results, "Everything but the jobs, once advance() reported the end");
     py::class_<Histograms>(m, "Histograms")

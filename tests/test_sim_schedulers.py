@@ -101,6 +101,10 @@ def test_rtds_deferrable_servers_and_extratime() -> None:
     # extratime for Y fills the idle time: Y 2-5, 7-10 (extra), 12-15, X 15-17, Y 17-18 -> done 18.
     vms[1]["vcpu"][0]["extratime"] = True
     assert finishes(run({"scheduler": "rtds"}, vms, duration="40ms")) == {"x/t": [22], "y/t": [18]}
+    # a vCPU whose deadlines do not fit the 64-bit sort keys (period ~ 23 years): ranked with 128-bit keys, the
+    # same schedule (it has no work)
+    vms.append({"name": "z", "vcpu": [{"budget": "1ms", "period": "200000h"}]})
+    assert finishes(run({"scheduler": "rtds"}, vms, duration="40ms")) == {"x/t": [22], "y/t": [18]}
 
 
 def test_rtds_global_uses_both_cpus_and_partitioned_does_not() -> None:

@@ -15,7 +15,7 @@ from simcases import build
 import rtvirt.sim.core as sim_core
 from rtvirt.errors import InputError
 from rtvirt.model import load_model
-from rtvirt.sim import simulate, write_simulated_run
+from rtvirt.sim import simulate, simulate_to_store, write_simulated_run
 from rtvirt.store import _group_histograms, summaries_from_histogram
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
@@ -40,6 +40,32 @@ def test_chunk_boundaries_do_not_change_the_simulation(monkeypatch: pytest.Monke
     assert _jobs(pieces) == _jobs(whole)
     assert pieces.counters == whole.counters
     assert {k: v.tolist() for k, v in pieces.task_stats.items()} == {k: v.tolist() for k, v in whole.task_stats.items()}
+    # the supply comes in blocks of ended windows, vCPU-major within each: the same rows in another order
+    assert _supply_rows(pieces) == _supply_rows(whole) and len(_supply_rows(whole)) == 8 * 300
+
+
+def _supply_rows(result: sim_core.SimResult | pq.ParquetFile) -> list[tuple[str, int, int]]:
+    table = result.supply if isinstance(result, sim_core.SimResult) else result.read()
+    return sorted(zip(map(str, table["vcpu"].to_pylist()), table["window_start_ns"].to_pylist(),
+                      table["supply_ns"].to_pylist(), strict=True))
+
+
+def test_the_supply_is_stored_a_block_of_windows_at_a_time_while_the_core_simulates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = load_model(EXAMPLES / "eight-vms-rtds.toml", [("simulation.duration", "3s")])
+    whole = simulate(model)
+    monkeypatch.setattr(sim_core, "CHUNK_ROWS", 997)
+    _, run, summary = simulate_to_store(model, tmp_path, model_path="inline", params={})
+    stored = pq.ParquetFile(run.path / "supply.parquet")
+    assert stored.metadata.num_row_groups > 5  # one per chunk the core handed over
+    assert _supply_rows(stored) == _supply_rows(whole)
+    # every window of every vCPU (10 ms windows over 3 s), adding up to what each vCPU was supplied in total
+    rows = _supply_rows(stored)
+    assert len(rows) == 8 * 300 and len({(vcpu, start) for vcpu, start, _ in rows}) == len(rows)
+    totals: dict[str, int] = {}
+    for vcpu, _, supplied in rows:
+        totals[vcpu] = totals.get(vcpu, 0) + supplied
+    assert totals == summary["supplied_ns"] and min(totals.values()) > 0
 
 
 def test_stored_samples_hold_every_record_and_an_exact_histogram(tmp_path: Path,
@@ -73,6 +99,7 @@ def test_stored_samples_hold_every_record_and_an_exact_histogram(tmp_path: Path,
                           t["count"].to_pylist(), strict=True))
 
     assert rows(stored) == rows(recounted) and len(rows(stored)) > 100  # drawn execution times: many values
+    assert _supply_rows(pq.ParquetFile(run.path / "supply.parquet")) == _supply_rows(result) != []
     manifest = json.loads((run.path / "manifest.json").read_text())
     # the statistics counted from the sorted histogram are those the store computes from any histogram
     expected = {group: s.as_dict() for group, s in summaries_from_histogram(stored, "kind").items()}

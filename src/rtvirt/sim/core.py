@@ -16,7 +16,8 @@ from ..model.schema import Execution
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["SimResult", "core_config", "optional_columns", "simulate", "supply_window", "NEVER", "CHUNK_ROWS"]
+__all__ = ["SimResult", "core_config", "optional_columns", "simulate", "supply_table", "supply_window",
+           "vcpu_names", "NEVER", "CHUNK_ROWS"]
 
 NEVER = (2**63 - 1) // 4  # the core's "no deadline"
 _TYPES = {"periodic": 0, "sporadic": 1, "event": 2}
@@ -28,6 +29,7 @@ _RTDS_DEFAULT = (4_000_000, 10_000_000)  # Xen's default budget / period
 
 CHUNK_ROWS = 1 << 18  # jobs per chunk the core hands over (and per Parquet row group of the stored samples)
 JobChunk = dict[str, np.ndarray]  # the core's job columns: arrival, response, start, [release], [event], task, cpu
+SupplyChunk = dict[str, np.ndarray]  # supply of the windows ended meanwhile, vCPU-major: vcpu, window_start, supply
 
 
 @dataclass
@@ -41,7 +43,7 @@ class SimResult:
     job_chunks: list[JobChunk]  # finished jobs as the core handed them over, in finishing order (or none kept)
     chains: pa.Table  # one row per event that left the last stage of its chain
     gaps: pa.Table  # gap probe: every interval the probe did not run, above its threshold
-    supply: pa.Table  # per vCPU and supply window: ns the vCPU ran
+    supply: pa.Table  # per vCPU and supply window: ns the vCPU ran; blocks of windows, vCPU-major (or none kept)
     segments: pa.Table  # what ran where, inside the Gantt window
     vcpu_names: list[str]
     task_names: list[str]
@@ -87,7 +89,8 @@ def supply_window(model: Model, duration_ns: int | None = None) -> int:
     return width * max(1, -(-duration // (width * MAX_SUPPLY_WINDOWS)))
 
 
-def _vcpu_names(model: Model) -> list[str]:
+def vcpu_names(model: Model) -> list[str]:
+    """Every vCPU as VM.INDEX, in core order."""
     return [f"{vm.name}.{c}" for vm in model.vm for c in range(len(vm.vcpu))]
 
 
@@ -181,6 +184,18 @@ def optional_columns(config: dict[str, Any]) -> tuple[bool, bool]:
     return any(task.get("jitter", 0) > 0 for task in config["tasks"]), bool(config["chains"])
 
 
+def supply_table(blocks: list[SupplyChunk], vcpus: list[str]) -> pa.Table:
+    """supply.parquet's rows (vcpu, window_start_ns, supply_ns) of the core's supply blocks."""
+    import pyarrow as pa
+
+    def joined(key: str, dtype: type) -> np.ndarray:
+        return np.concatenate([block[key] for block in blocks]) if blocks else np.empty(0, dtype)
+
+    vcpu = pa.DictionaryArray.from_arrays(pa.array(joined("vcpu", np.int32)), pa.array(vcpus, pa.string()))
+    return pa.table({"vcpu": vcpu, "window_start_ns": joined("window_start", np.int64),
+                     "supply_ns": joined("supply", np.int64)})
+
+
 def _dictionary(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
     import pyarrow as pa
 
@@ -189,11 +204,13 @@ def _dictionary(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
 
 def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None = None,
              gantt: tuple[int, int] | None = None, on_chunk: Callable[[JobChunk], None] | None = None,
-             keep_jobs: bool = True, config: tuple[dict[str, Any], list[str]] | None = None) -> SimResult:
-    """Run the model in the compiled core. ``on_chunk`` sees each chunk of finished jobs as soon as the core
-    hands it over (the store writes it while the core simulates on); without ``keep_jobs`` the result holds
-    no jobs (``job_chunks`` empty): each chunk's memory is reused once written. ``config`` is core_config()'s
-    result when the caller already built it."""
+             on_supply: Callable[[SupplyChunk], None] | None = None, keep_records: bool = True,
+             config: tuple[dict[str, Any], list[str]] | None = None) -> SimResult:
+    """Run the model in the compiled core. ``on_chunk`` sees each chunk of finished jobs and ``on_supply``
+    each block of ended supply windows as soon as the core hands them over (the store writes them while the
+    core simulates on); without ``keep_records`` the result holds neither (``job_chunks`` and ``supply``
+    empty): their memory is reused once written. ``config`` is core_config()'s result when the caller already
+    built it."""
     try:
         from .. import _simcore  # type: ignore[attr-defined]
     except ImportError as exc:  # pragma: no cover - a broken install
@@ -201,22 +218,33 @@ def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None =
     core_input, task_names = config or core_config(model, duration_ns=duration_ns, seed=seed, gantt=gantt)
     simulation = _simcore.Simulation(core_input)
     chunks: list[JobChunk] = []
+    supplies: list[SupplyChunk] = []
+
+    def supplied(block: SupplyChunk) -> None:
+        if block["vcpu"].size:
+            if keep_records:
+                supplies.append(block)
+            if on_supply is not None:
+                on_supply(block)
+
     ended = False
     while not ended:
         try:
-            chunk, ended = simulation.advance(CHUNK_ROWS)
+            chunk, supply, ended = simulation.advance(CHUNK_ROWS)
         except KeyboardInterrupt:  # arrived between two chunks (inside, the core stops by itself): keep them
             simulation.stop()
             break
         if chunk["task"].size:
-            if keep_jobs:
+            if keep_records:
                 chunks.append(chunk)
             if on_chunk is not None:
                 on_chunk(chunk)
+        supplied(supply)
     import pyarrow as pa  # here, not at the top: `rtvirt sim` imports it in its writer thread meanwhile
 
     out = simulation.results()
-    vcpu_names = _vcpu_names(model)
+    supplied(out["supply"])  # the windows a run stopped between two chunks had left
+    vcpus = vcpu_names(model)
     c = out["chains"]
     chain_names = [chain.name for chain in model.chain]
     chain_deadlines = np.array([ch.deadline if ch.deadline is not None else NEVER for ch in model.chain] or [NEVER],
@@ -228,26 +256,18 @@ def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None =
         "finish_ns": c["finish"], "response_ns": e2e, "met": e2e <= chain_deadlines[c["chain"]],
     })
     g = out["gaps"]
-    gaps = pa.table({"vcpu": _dictionary(g["vcpu"], vcpu_names), "cpu": g["cpu"].astype(np.int16),
+    gaps = pa.table({"vcpu": _dictionary(g["vcpu"], vcpus), "cpu": g["cpu"].astype(np.int16),
                      "start_ns": g["start"], "gap_ns": g["length"]})
-    windows = len(out["supply"]) // max(1, len(vcpu_names))
-    width = core_input["supply_window"]
-    # vCPU-major: broadcast copies, not np.repeat/np.tile (0.1 s each for 8 vCPUs x 360 k windows here)
-    shape = (len(vcpu_names), windows)
-    supply = pa.table({
-        "vcpu": _dictionary(np.broadcast_to(np.arange(shape[0], dtype=np.int32)[:, None], shape).ravel(), vcpu_names),
-        "window_start_ns": np.broadcast_to(np.arange(windows, dtype=np.int64) * width, shape).ravel(),
-        "supply_ns": out["supply"],
-    })
+    supply = supply_table(supplies, vcpus)
     s = out["segments"]
     segments = pa.table({"cpu": s["cpu"].astype(np.int16), "vcpu": s["vcpu"], "task": s["task"],
                          "start_ns": s["start"], "end_ns": s["end"]})
     counters = {"steps": int(out["steps"]), "events": int(out["events"]), "jobs": int(out["jobs_done"]),
                 "gantt_truncated": int(out["segments_truncated"])}
-    counters.update({f"supplied_ns {name}": int(ns) for name, ns in zip(vcpu_names, out["supplied"], strict=True)})
+    counters.update({f"supplied_ns {name}": int(ns) for name, ns in zip(vcpus, out["supplied"], strict=True)})
     u = out["unfinished"]
     unfinished = pa.table({"task": _dictionary(u["task"], task_names), "deadline_ns": u["deadline"]})
     deadlines = np.array([task["deadline"] for task in core_input["tasks"]], np.int64)
     return SimResult(model, int(core_input["duration"]), str(out["end_reason"]), int(out["end_time"]), chunks,
-                     chains, gaps, supply, segments, vcpu_names, task_names, unfinished, out["task_stats"],
+                     chains, gaps, supply, segments, vcpus, task_names, unfinished, out["task_stats"],
                      deadlines, counters)

@@ -7,8 +7,9 @@ start. Nothing derivable is stored (docs/simulator.md): finish = t_ns + response
 kind's prefix, a job met its deadline if response_ns <= the task's deadline in the manifest's model;
 ``release_ns`` is a column only when a task has release jitter, ``event`` only when the model has chains.
 The jobs are written a chunk (row group) at a time straight from the core's buffers, in a background thread
-while the core simulates the next chunk. supply.parquet holds the time each vCPU ran per supply window;
-gaps.parquet repeats the gaps in the real ``gap`` probe's layout (t_ns, duration_ns, cpu, thread, kind).
+while the core simulates the next chunk. supply.parquet holds the time each vCPU ran per supply window, written
+the same way, a block of ended windows at a time; gaps.parquet repeats the gaps in the real ``gap`` probe's
+layout (t_ns, duration_ns, cpu, thread, kind).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..model import Model
-from .core import JobChunk, SimResult, core_config, optional_columns, simulate, supply_window
+from .core import JobChunk, SimResult, SupplyChunk, core_config, optional_columns, simulate, supply_window, vcpu_names
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -43,15 +44,18 @@ _SAMPLES_OPTIONS: dict[str, Any] = {
 
 
 class SamplesFile:
-    """samples.parquet, written one chunk (row group) at a time by a background thread: Parquet encoding
-    releases the GIL, so the core simulates the next chunk meanwhile. pyarrow is imported and the file opened
-    in that thread too, while the core simulates its first chunk (the import is ~0.05 s of every `rtvirt sim`)."""
+    """samples.parquet and supply.parquet, written one chunk (row group) at a time by a background thread:
+    Parquet encoding releases the GIL, so the core simulates the next chunk meanwhile. pyarrow is imported and
+    the files opened in that thread too, while the core simulates its first chunk (the import is ~0.05 s of
+    every `rtvirt sim`)."""
 
-    def __init__(self, results: Path, run_name: str, kinds: list[str], with_release: bool, with_event: bool) -> None:
+    def __init__(self, results: Path, run_name: str, kinds: list[str], vcpu_names: list[str], with_release: bool,
+                 with_event: bool) -> None:
         from .. import _simcore  # type: ignore[attr-defined]
 
         self._counts = _simcore.Histograms()
         self._kind_names = kinds
+        self._vcpu_names = vcpu_names
         self._pool = ThreadPoolExecutor(max_workers=1)
         self._opened = self._pool.submit(self._open, results, run_name, with_release, with_event)
         self._pending: list[Future[Any]] = [self._opened]
@@ -74,6 +78,11 @@ class SamplesFile:
         encodings = {k: v for k, v in _SAMPLES_OPTIONS["column_encoding"].items() if k in self._schema.names}
         self._writer = pq.ParquetWriter(run.parquet_path, self._schema,
                                         **{**_SAMPLES_OPTIONS, "column_encoding": encodings})
+        self._vcpus = pa.array(self._vcpu_names, pa.string())
+        self._supply_schema = pa.schema([("vcpu", pa.dictionary(pa.int32(), pa.string())),
+                                         ("window_start_ns", pa.int64()), ("supply_ns", pa.int64())])
+        self._supply_writer = pq.ParquetWriter(run.path / "supply.parquet", self._supply_schema, compression="zstd",
+                                               use_dictionary=["vcpu"], column_encoding=_SUPPLY_ENCODING)
         return run
 
     @property
@@ -107,6 +116,22 @@ class SamplesFile:
         arrays += [pa.array(columns[name]) for name in self._schema.names[5:]]
         batch = pa.record_batch(arrays, schema=self._schema)
         self._writer.write_batch(batch, row_group_size=max(1, batch.num_rows))
+
+    def add_supply(self, block: SupplyChunk) -> None:
+        """Queue one block of supply windows as the core handed it over (no copy is made)."""
+        self._pending.append(self._pool.submit(self._write_supply, block))
+
+    def _write_supply(self, block: SupplyChunk) -> None:
+        import pyarrow as pa
+
+        vcpu = pa.DictionaryArray.from_arrays(pa.array(block["vcpu"]), self._vcpus)
+        batch = pa.record_batch([vcpu, pa.array(block["window_start"]), pa.array(block["supply"])],
+                                schema=self._supply_schema)
+        self._supply_writer.write_batch(batch, row_group_size=max(1, batch.num_rows))
+
+    def add_supply_table(self, table: pa.Table) -> None:
+        """Queue a whole supply table (a finished simulation's, in supply.parquet's layout)."""
+        self.later(lambda: self._supply_writer.write_table(table))  # the writer exists once the run is open
 
     def later(self, write: Callable[..., None], *args: Any, **options: Any) -> None:
         """Run another write in the writer thread, after the chunks queued so far."""
@@ -145,8 +170,9 @@ class SamplesFile:
                 pending.result()
         finally:
             self._pool.shutdown()
-            if hasattr(self, "_writer"):  # not when opening the file failed
+            if hasattr(self, "_supply_writer"):  # not when opening the files failed
                 self._writer.close()
+                self._supply_writer.close()
 
     def __enter__(self) -> SamplesFile:
         return self
@@ -162,8 +188,7 @@ def _names(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
 
 
 def _kinds(result_names: list[str], model: Model) -> list[str]:
-    vcpus = [f"{vm.name}.{c}" for vm in model.vm for c in range(len(vm.vcpu))]
-    return result_names + [f"chain:{c.name}" for c in model.chain] + [f"gap:{v}" for v in vcpus]
+    return result_names + [f"chain:{c.name}" for c in model.chain] + [f"gap:{v}" for v in vcpu_names(model)]
 
 
 def _add_chains_and_gaps(samples: SamplesFile, result: SimResult) -> None:
@@ -271,8 +296,6 @@ def _store(result: SimResult, run: RunDir, samples: SamplesFile, *, model_path: 
 
     _add_chains_and_gaps(samples, result)
     # the side files go to the writer thread too, after the samples
-    samples.later(pq.write_table, result.supply, run.path / "supply.parquet", compression="zstd",
-                  use_dictionary=["vcpu"], column_encoding=_SUPPLY_ENCODING)
     if result.gaps.num_rows:
         samples.later(pq.write_table, gap_probe_table(result), run.path / "gaps.parquet", compression="zstd")
     statistics = samples.histogram(run.histogram_path)
@@ -310,8 +333,10 @@ def simulate_to_store(model: Model, results: Path, *, model_path: str, params: d
     configuration in reports and comparisons (default: the model's name); ``extra`` adds manifest keys.
     The result keeps no jobs (they are in the store): its summary, chains, gaps, supply and Gantt segments."""
     config = core_config(model, duration_ns=duration_ns, seed=seed, gantt=gantt)
-    with SamplesFile(results, f"sim-{model.name}", _kinds(config[1], model), *optional_columns(config[0])) as samples:
-        result = simulate(model, config=config, on_chunk=samples.add_jobs, keep_jobs=False)
+    with SamplesFile(results, f"sim-{model.name}", _kinds(config[1], model), vcpu_names(model),
+                     *optional_columns(config[0])) as samples:
+        result = simulate(model, config=config, on_chunk=samples.add_jobs, on_supply=samples.add_supply,
+                          keep_records=False)
         run = samples.run
         summary = _store(result, run, samples, model_path=model_path, params=params, label=label, extra=extra)
     return result, run, summary
@@ -322,10 +347,11 @@ def write_simulated_run(result: SimResult, results: Path, *, model_path: str, pa
     """Store a finished simulation as a run; as simulate_to_store() otherwise."""
     with_release = bool(result.job_chunks) and "release" in result.job_chunks[0]
     with_event = bool(result.model.chain)
-    with SamplesFile(results, f"sim-{result.model.name}", _kinds(result.task_names, result.model), with_release,
-                     with_event) as samples:
+    with SamplesFile(results, f"sim-{result.model.name}", _kinds(result.task_names, result.model),
+                     result.vcpu_names, with_release, with_event) as samples:
         run = samples.run
         for chunk in result.job_chunks:
             samples.add_jobs(chunk)
+        samples.add_supply_table(result.supply)
         summary = _store(result, run, samples, model_path=model_path, params=params, label=label, extra=extra)
     return run, summary
