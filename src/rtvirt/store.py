@@ -297,7 +297,7 @@ def write_histogram(histogram: pa.Table, path: Path) -> None:
     3.6 MB with zstd alone)."""
     names = histogram.column_names
     delta = "value" in names and pa.types.is_integer(histogram.schema.field("value").type)
-    pq.write_table(histogram, path, compression="zstd",
+    pq.write_table(histogram, path, compression="zstd", write_statistics=False,  # one row group: no pruning
                    use_dictionary=[name for name in ("cpu", "kind", "count") if name in names],
                    column_encoding={"value": "DELTA_BINARY_PACKED"} if delta else None)
 

@@ -59,7 +59,7 @@ class SamplesFile:
         self._pool = ThreadPoolExecutor(max_workers=1)
         self._opened = self._pool.submit(self._open, results, run_name, with_release, with_event)
         self._pending: list[Future[Any]] = [self._opened]
-        self._counted: list[Future[None]] = []  # each chunk's count into the histogram
+        self._counted: list[tuple[Future[None], tuple[np.ndarray, ...]]] = []  # each chunk's count, its columns
 
     def _open(self, results: Path, run_name: str, with_release: bool, with_event: bool) -> RunDir:
         """A new run directory with its samples.parquet open (the store and pyarrow imported here, not before
@@ -95,8 +95,8 @@ class SamplesFile:
         if self._opened.done():
             self._opened.result()  # a run that could not be made stops the simulation here, not at its end
         # counted before written: the statistics wait for the last count, not for the last chunk's encoding
-        self._counted.append(self._pool.submit(self._counts.add, columns["response_ns"], columns["cpu"],
-                                               columns["thread"]))
+        counted = (columns["response_ns"], columns["cpu"], columns["thread"])
+        self._counted.append((self._pool.submit(self._counts.add, *counted), counted))
         self._pending.append(self._pool.submit(self._write, columns))
 
     def add_jobs(self, chunk: JobChunk) -> None:
@@ -146,8 +146,14 @@ class SamplesFile:
         from ..stats import Histogram, summarize_histogram
         from ..store import write_histogram
 
-        for counted in self._counted:  # not the side files queued after them: they are written meanwhile
-            counted.result()
+        # The counts still queued behind an encoding are counted here instead (the order does not matter), once
+        # the writer has finished those it started; the side files queued after them are written meanwhile.
+        queued = [columns for counted, columns in self._counted if counted.cancel()]
+        for counted, _ in self._counted:
+            if not counted.cancelled():
+                counted.result()
+        for columns in queued:
+            self._counts.add(*columns)
         found = self._counts.entries()  # sorted by kind, value, cpu; per kind and pooled totals beside
         # kind as a dictionary of the kinds present: the store groups it by its codes (a string column would
         # be factorized with pyarrow.compute, whose import alone costs ~0.1 s)
