@@ -324,6 +324,16 @@ static void write_header(rtv_ctx *ctx, const rtv_opt *const *tables, int ntables
 /* ---------------- rings and writer ---------------- */
 
 static atomic_int writer_quit;
+/* The writer's pause ends early when the run finishes (rtv_ctx_finish), so a long pause does not delay it. */
+static pthread_mutex_t writer_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t writer_wake;
+
+static void writer_pause(uint64_t ns) {
+    struct timespec until = rtv_ts(rtv_now_ns() + ns);
+    pthread_mutex_lock(&writer_lock);
+    while (!atomic_load(&writer_quit) && pthread_cond_timedwait(&writer_wake, &writer_lock, &until) == 0) {}
+    pthread_mutex_unlock(&writer_lock);
+}
 
 static size_t drain(rtv_ctx *ctx, rtv_record *out, size_t cap) {
     size_t n = 0;
@@ -363,18 +373,19 @@ static void *writer_main(void *arg) {
         }
         /* A partial batch means the rings are nearly empty: pause for as long as the rate just seen
          * takes to fill an eighth of a ring (1 ms at 8 M samples/s, which leaves 8,000 records per ring
-         * of the default 65,536; 20 ms at most). A slow probe (a 1 kHz timer) then wakes the writer 50
-         * times a second, not 1,000: each wake-up is a timer interrupt, a context switch and, inside a
-         * VM, exits that land on the CPUs the probe measures when the writer has no other CPU. */
+         * of the default 65,536; 250 ms at most). A slow probe (a 1 kHz timer) then writes 4 times a
+         * second, as often as rtvirt reads: each wake-up is a timer interrupt and a context switch (inside
+         * a VM, exits), and each write(2) to a file on ext4 dirties its inode and journal. At a 20 ms cap
+         * (50 writes a second) the timer probe's mean wake-up latency was 4-10 % above cyclictest's
+         * beside it on this project's VM; at 250 ms it is at or below (docs/sample-stream.md). */
         if (n < CHUNK / 8 && !quitting) {
-            uint64_t now = rtv_now_ns(), pause_ns = 20 * 1000 * 1000;
+            uint64_t now = rtv_now_ns(), pause_ns = 250 * 1000 * 1000;
             if (n && now > last_ns) {
                 uint64_t fill_ns = (uint64_t)((double)(ctx->rings[0].mask + 1) / 8 * (double)(now - last_ns) / (double)n);
                 if (fill_ns < pause_ns) pause_ns = fill_ns < 1000 * 1000 ? 1000 * 1000 : fill_ns;
             }
             last_ns = now;
-            struct timespec pause = rtv_ts(pause_ns);
-            nanosleep(&pause, NULL);
+            writer_pause(pause_ns);
         } else {
             last_ns = rtv_now_ns();
         }
@@ -508,12 +519,20 @@ void rtv_ctx_start(rtv_ctx *ctx, const rtv_opt *const *tables, int ntables) {
     ctx->start_cycles = rtv_cycles();
     ctx->end_ns = c->duration_ns ? ctx->start_ns + c->duration_ns : 0;
     write_header(ctx, tables, ntables);
+    pthread_condattr_t monotonic;  /* writer_pause counts on CLOCK_MONOTONIC, as every time here */
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_cond_init(&writer_wake, &monotonic);
+    pthread_condattr_destroy(&monotonic);
     if (pthread_create(&ctx->writer, NULL, writer_main, ctx) != 0)
         rtv_die(RTV_EXIT_FAILURE, "cannot start the writer thread");
 }
 
 int rtv_ctx_finish(rtv_ctx *ctx, int probe_status) {
+    pthread_mutex_lock(&writer_lock);
     atomic_store(&writer_quit, 1);
+    pthread_cond_signal(&writer_wake);
+    pthread_mutex_unlock(&writer_lock);
     pthread_join(ctx->writer, NULL);
     /* Trailer: per-thread drops, then END. Written directly: the writer has stopped. */
     for (int i = 0; i < ctx->nrings; i++) {
