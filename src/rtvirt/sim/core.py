@@ -7,13 +7,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..errors import InputError, RunError
 from ..model import Model, home_cpu
 from ..model.schema import Execution
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
 
 __all__ = ["SimResult", "core_config", "optional_columns", "simulate", "supply_table", "supply_window",
@@ -28,8 +27,8 @@ _RTDS_DEFAULT = (4_000_000, 10_000_000)  # Xen's default budget / period
 
 
 CHUNK_ROWS = 1 << 18  # jobs per chunk the core hands over (and per Parquet row group of the stored samples)
-JobChunk = dict[str, np.ndarray]  # the core's job columns: arrival, response, start, [release], [event], task, cpu
-SupplyChunk = dict[str, np.ndarray]  # supply of the windows ended meanwhile, vCPU-major: vcpu, window_start, supply
+JobChunk = dict[str, "np.ndarray"]  # the core's job columns: arrival, response, start, [release], [event], task, cpu
+SupplyChunk = dict[str, "np.ndarray"]  # supply of the windows ended meanwhile, vCPU-major: vcpu, window_start, supply
 
 
 @dataclass
@@ -56,6 +55,7 @@ class SimResult:
     def jobs(self) -> pa.Table:
         """One row per finished job with every field (finish, absolute deadline, met derived), built on first
         use: the store writes the core's chunks directly and never needs it."""
+        import numpy as np
         import pyarrow as pa
 
         def joined(key: str, dtype: type) -> np.ndarray:
@@ -186,6 +186,7 @@ def optional_columns(config: dict[str, Any]) -> tuple[bool, bool]:
 
 def supply_table(blocks: list[SupplyChunk], vcpus: list[str]) -> pa.Table:
     """supply.parquet's rows (vcpu, window_start_ns, supply_ns) of the core's supply blocks."""
+    import numpy as np
     import pyarrow as pa
 
     def joined(key: str, dtype: type) -> np.ndarray:
@@ -197,6 +198,7 @@ def supply_table(blocks: list[SupplyChunk], vcpus: list[str]) -> pa.Table:
 
 
 def _dictionary(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
+    import numpy as np
     import pyarrow as pa
 
     return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names, pa.string()))
@@ -240,7 +242,9 @@ def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None =
             if on_chunk is not None:
                 on_chunk(chunk)
         supplied(supply)
-    import pyarrow as pa  # here, not at the top: `rtvirt sim` imports it in its writer thread meanwhile
+    # here, not at the top: `rtvirt sim` imports them in its writer thread while the core starts
+    import numpy as np
+    import pyarrow as pa
 
     out = simulation.results()
     supplied(out["supply"])  # the windows a run stopped between two chunks had left

@@ -20,12 +20,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..model import Model
 from .core import JobChunk, SimResult, SupplyChunk, core_config, optional_columns, simulate, supply_window, vcpu_names
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy and pyarrow are imported by the writer thread while the core starts (SamplesFile)
+    import numpy as np
     import pyarrow as pa
 
     from ..stats import Summary
@@ -199,6 +198,8 @@ def _kinds(result_names: list[str], model: Model) -> list[str]:
 
 def _add_chains_and_gaps(samples: SamplesFile, result: SimResult) -> None:
     """The chain events and gaps after the jobs, as the last row group (kind codes after the tasks')."""
+    import numpy as np
+
     c, g = result.chains, result.gaps
     if not c.num_rows and not g.num_rows:
         return
@@ -222,6 +223,7 @@ def _add_chains_and_gaps(samples: SamplesFile, result: SimResult) -> None:
 
 def gap_probe_table(result: SimResult) -> pa.Table:
     """Gaps in the real gap probe's layout: t_ns (start), duration_ns (length), cpu, thread (vCPU), kind "gap"."""
+    import numpy as np
     import pyarrow as pa
 
     g = result.gaps
@@ -237,6 +239,8 @@ def gap_probe_table(result: SimResult) -> pa.Table:
 def _stats(names: list[str], codes: np.ndarray, response: np.ndarray, met: np.ndarray) -> dict[str, dict[str, Any]]:
     """Per name: count, mean and max response, misses (numpy counting passes: Arrow's group_by would import
     pyarrow.acero and pyarrow.compute, ~0.1-0.2 s of every `rtvirt sim` here)."""
+    import numpy as np
+
     size = len(names)
     jobs = np.bincount(codes, minlength=size)
     sums = np.bincount(codes, weights=response, minlength=size)  # exact below 2**53 ns in total
