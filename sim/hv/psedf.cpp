@@ -22,6 +22,7 @@ struct Psedf final : HvScheduler {
     }
 
     Time pick(Sim& sim, Time now) override {
+        budgets.settle(sim, now);
         for (int p = 0; p < sim.cfg.pcpus; ++p) {
             for (int i : rt_by_cpu[static_cast<size_t>(p)]) {
                 if (sim.vcpus[i].has_work() && sim.vcpus[i].q > 0) {
@@ -38,8 +39,8 @@ struct Psedf final : HvScheduler {
         return budgets.horizon(sim, now);
     }
 
-    void account(Sim& sim, Time from, Time to) override {
-        budgets.account(sim, from, to, &VCpuSpec::slice);
+    void account(Sim& sim, Time, Time to) override {
+        budgets.account(sim, to, &VCpuSpec::slice);
     }
 };
 

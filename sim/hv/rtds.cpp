@@ -53,6 +53,7 @@ struct Rtds final : HvScheduler {
     }
 
     Time pick(Sim& sim, Time now) override {
+        budgets.settle(sim, now);
         if (narrow.empty()) {
             rank(sim, wide, 32);
         } else {
@@ -61,8 +62,8 @@ struct Rtds final : HvScheduler {
         return budgets.horizon(sim, now);
     }
 
-    void account(Sim& sim, Time from, Time to) override {
-        budgets.account(sim, from, to, &VCpuSpec::budget);
+    void account(Sim& sim, Time, Time to) override {
+        budgets.account(sim, to, &VCpuSpec::budget);
     }
 };
 

@@ -31,9 +31,12 @@ std::vector<std::vector<int>> vcpus_by_home(const Sim& sim, Before before) {
 }
 
 // A budget of `amount` refilled at every multiple of `period` (slice/period of SEDF, budget/period of servers).
-// An instance remembers the earliest refill due, so the steps between refills look at no vCPU's period.
+// An instance remembers the earliest refill due, so the steps between refills look at no vCPU's period, and
+// charges the running vCPUs only when their budgets are read or refilled (settle): a schedule changes only at
+// a pick, so one charge per pick is the sum of the charges of every decision point since.
 struct PeriodicBudget {
     Time earliest_refill = NEVER;
+    Time charged_to = 0;
 
     static void start(VCpu& v, Time amount, Time period) {
         v.q = amount;
@@ -59,12 +62,21 @@ struct PeriodicBudget {
         }
     }
 
-    // Charge every running vCPU for [from, to), then apply the refills due by `to`.
-    void account(Sim& sim, Time from, Time to, Time VCpuSpec::*amount) {
-        for (const PCpu& c : sim.cpus) {
-            if (c.run >= 0) charge(sim.vcpus[c.run], to - from);
+    // Charge the vCPUs that ran since the last charge up to `now`: those with a pCPU (in a pick, before the
+    // new assignment is applied, those of the last one). Every pick calls it before reading any budget.
+    void settle(Sim& sim, Time now) {
+        const Time used = now - charged_to;
+        charged_to = now;
+        if (used <= 0) return;
+        for (VCpu& v : sim.vcpus) {
+            if (v.on_cpu >= 0) charge(v, used);
         }
+    }
+
+    // Apply the refills due by `to`, the running vCPUs charged up to it first.
+    void account(Sim& sim, Time to, Time VCpuSpec::*amount) {
         if (to < earliest_refill) return;
+        settle(sim, to);
         earliest_refill = NEVER;
         for (VCpu& v : sim.vcpus) {
             refill_due(v, to, v.spec.*amount, v.spec.period);

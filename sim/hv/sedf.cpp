@@ -19,6 +19,7 @@ struct Sedf final : HvScheduler {
     }
 
     Time pick(Sim& sim, Time now) override {
+        budgets.settle(sim, now);
         for (const VCpu& v : sim.vcpus) {
             if (!v.has_work() || v.q == 0) continue;
             int& run = sim.cpus[v.spec.home].run;
@@ -27,8 +28,8 @@ struct Sedf final : HvScheduler {
         return budgets.horizon(sim, now);
     }
 
-    void account(Sim& sim, Time from, Time to) override {
-        budgets.account(sim, from, to, &VCpuSpec::slice);
+    void account(Sim& sim, Time, Time to) override {
+        budgets.account(sim, to, &VCpuSpec::slice);
     }
 };
 
