@@ -208,7 +208,7 @@ void Sim::add_supply_across(VCpu& v, Time from, Time to) {
     }
 }
 
-// The supply of the window being filled into `supply` (at a window's end, and when the run ends).
+// The supply of the window being filled into `supply_` (when the window is left, handed over or the run ends).
 void Sim::store_window_supply(VCpu& v) {
     const Time filled = v.supplied - v.window_base;
     v.window_base = v.supplied;

@@ -59,8 +59,7 @@ class SimResult:
         import pyarrow as pa
 
         def joined(key: str, dtype: type) -> np.ndarray:
-            parts = [chunk[key] for chunk in self.job_chunks if key in chunk]
-            return np.concatenate(parts) if parts else np.empty(0, dtype)
+            return _joined(self.job_chunks, key, dtype)
 
         arrival, response = joined("arrival", np.int64), joined("response", np.int64)
         task = joined("task", np.int16)
@@ -185,23 +184,29 @@ def optional_columns(config: dict[str, Any]) -> tuple[bool, bool]:
 
 
 def supply_table(blocks: list[SupplyChunk], vcpus: list[str]) -> pa.Table:
-    """supply.parquet's rows (vcpu, window_start_ns, supply_ns) of the core's supply blocks."""
+    """supply.parquet's rows (vcpu, window_start_ns, supply_ns) of the core's supply blocks: the one place
+    that layout is made (the stored file's schema is that of no blocks)."""
     import numpy as np
     import pyarrow as pa
 
-    def joined(key: str, dtype: type) -> np.ndarray:
-        return np.concatenate([block[key] for block in blocks]) if blocks else np.empty(0, dtype)
+    return pa.table({"vcpu": _dictionary(_joined(blocks, "vcpu", np.int32), vcpus),
+                     "window_start_ns": _joined(blocks, "window_start", np.int64),
+                     "supply_ns": _joined(blocks, "supply", np.int64)})
 
-    vcpu = pa.DictionaryArray.from_arrays(pa.array(joined("vcpu", np.int32)), pa.array(vcpus, pa.string()))
-    return pa.table({"vcpu": vcpu, "window_start_ns": joined("window_start", np.int64),
-                     "supply_ns": joined("supply", np.int64)})
+
+def _joined(parts: list[dict[str, np.ndarray]], key: str, dtype: type) -> np.ndarray:
+    """The ``key`` column of every part that has it, end to end (empty when none has)."""
+    import numpy as np
+
+    columns = [part[key] for part in parts if key in part]
+    return np.concatenate(columns) if columns else np.empty(0, dtype)
 
 
 def _dictionary(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
     import numpy as np
     import pyarrow as pa
 
-    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names, pa.string()))
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)), pa.array(names, pa.string()))
 
 
 def simulate(model: Model, *, duration_ns: int | None = None, seed: int | None = None,

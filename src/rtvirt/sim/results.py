@@ -21,7 +21,17 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..model import Model
-from .core import JobChunk, SimResult, SupplyChunk, core_config, optional_columns, simulate, supply_window, vcpu_names
+from .core import (
+    JobChunk,
+    SimResult,
+    SupplyChunk,
+    core_config,
+    optional_columns,
+    simulate,
+    supply_table,
+    supply_window,
+    vcpu_names,
+)
 
 if TYPE_CHECKING:  # numpy and pyarrow are imported by the writer thread while the core starts (SamplesFile)
     import numpy as np
@@ -77,11 +87,9 @@ class SamplesFile:
         encodings = {k: v for k, v in _SAMPLES_OPTIONS["column_encoding"].items() if k in self._schema.names}
         self._writer = pq.ParquetWriter(run.parquet_path, self._schema,
                                         **{**_SAMPLES_OPTIONS, "column_encoding": encodings})
-        self._vcpus = pa.array(self._vcpu_names, pa.string())
-        self._supply_schema = pa.schema([("vcpu", pa.dictionary(pa.int32(), pa.string())),
-                                         ("window_start_ns", pa.int64()), ("supply_ns", pa.int64())])
-        self._supply_writer = pq.ParquetWriter(run.path / "supply.parquet", self._supply_schema, compression="zstd",
-                                               use_dictionary=["vcpu"], column_encoding=_SUPPLY_ENCODING)
+        self._supply_writer = pq.ParquetWriter(run.path / "supply.parquet", supply_table([], self._vcpu_names).schema,
+                                               compression="zstd", use_dictionary=["vcpu"],
+                                               column_encoding=_SUPPLY_ENCODING)
         return run
 
     @property
@@ -121,12 +129,8 @@ class SamplesFile:
         self._pending.append(self._pool.submit(self._write_supply, block))
 
     def _write_supply(self, block: SupplyChunk) -> None:
-        import pyarrow as pa
-
-        vcpu = pa.DictionaryArray.from_arrays(pa.array(block["vcpu"]), self._vcpus)
-        batch = pa.record_batch([vcpu, pa.array(block["window_start"]), pa.array(block["supply"])],
-                                schema=self._supply_schema)
-        self._supply_writer.write_batch(batch, row_group_size=max(1, batch.num_rows))
+        table = supply_table([block], self._vcpu_names)
+        self._supply_writer.write_table(table, row_group_size=max(1, table.num_rows))
 
     def add_supply_table(self, table: pa.Table) -> None:
         """Queue a whole supply table (a finished simulation's, in supply.parquet's layout)."""
@@ -175,9 +179,9 @@ class SamplesFile:
                 pending.result()
         finally:
             self._pool.shutdown()
-            if hasattr(self, "_supply_writer"):  # not when opening the files failed
-                self._writer.close()
-                self._supply_writer.close()
+            for writer in ("_writer", "_supply_writer"):  # those opened (opening the run may have failed)
+                if hasattr(self, writer):
+                    getattr(self, writer).close()
 
     def __enter__(self) -> SamplesFile:
         return self
