@@ -54,7 +54,7 @@ def _guest(seconds: float, rate: int, work: Path, label: str) -> dict[str, float
             started = time.monotonic()
             launched = env.launch("rtvirt-probe", ["selftest", f"--rate={rate}", f"--duration={int(seconds * 1e9)}",
                                                    "--affinity=0"], out)
-            launched.proc.wait(timeout=600)
+            launched.follow(timeout=600)
             problem = env.check()
             if problem:
                 raise SystemExit(f"{label}: {problem}\n{env.console_text()[-2000:]}")

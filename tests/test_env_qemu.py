@@ -61,13 +61,17 @@ def test_tcg_guest_boots_and_streams_timer_samples_to_the_host(tmp_path: Path) -
         try:
             launched = env.launch("rtvirt-probe", ["timer", "--duration=1000000000", "--interval=1000000",
                                                    "--affinity=0"], out)
-            launched.proc.wait(timeout=240)
+            launched.follow(timeout=240)
             assert env.check() is None, env.console_text()[-2000:]
             description = env.describe()
+            delivery = env.delivery()
         finally:
             env.close()
     stream = read_stream(out)
     assert stream.end_reason == "complete" and stream.total_dropped == 0
+    # the end-of-stream handshake: the host confirmed, and the agent heard it confirm every record it wrote
+    assert launched.confirmation == "sent"
+    assert delivery["guest_said"] == "confirmed" and delivery["guest_records"] == stream.records.size
     assert stream.records.size >= 100  # 1 s at 1 ms, generously low for a loaded TCG host
     assert description["acceleration"] == "tcg" and env.warnings() == [TCG_WARNING]
     assert description["vcpu_threads"]["0"]["host_cpu"] == cpu

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -243,8 +244,14 @@ static int write_fully(int fd, const void *data, size_t n) {
  * gone (its reader disconnected), the copy alone carries on and the run is stopped: the copy then
  * holds every sample, for the controller to fetch after it reconnects. */
 static void write_all(rtv_ctx *ctx, const void *data, size_t n) {
-    if (ctx->tee_fd >= 0 && write_fully(ctx->tee_fd, data, n) != 0)
-        rtv_die(RTV_EXIT_FAILURE, "cannot write the stream copy '%s': %s", ctx->common.tee, strerror(errno));
+    if (ctx->tee_fd >= 0 && write_fully(ctx->tee_fd, data, n) != 0) {
+        /* the copy is the spare: while the output works, the run goes on without it */
+        if (ctx->out_broken)
+            rtv_die(RTV_EXIT_FAILURE, "cannot write the stream copy '%s': %s", ctx->common.tee, strerror(errno));
+        fprintf(stderr, "rtvirt-agent: the stream copy '%s' stopped: %s\n", ctx->common.tee, strerror(errno));
+        close(ctx->tee_fd);
+        ctx->tee_fd = -1;
+    }
     if (ctx->out_broken) return;
     if (write_fully(ctx->out_fd, data, n) != 0) {
         if (ctx->tee_fd < 0) rtv_die(RTV_EXIT_FAILURE, "cannot write the sample stream: %s", strerror(errno));
@@ -463,6 +470,12 @@ void rtv_run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size) {
     for (int i = 0; i < n; i++) pthread_join(tids[i], NULL);
 }
 
+/* A device (a guest's virtio-serial port or disk) must exist: created as a plain file under /dev, the stream
+ * would never leave the machine. Files are created, or emptied. */
+static int creating(const char *path) {
+    return strncmp(path, "/dev/", 5) == 0 ? 0 : O_CREAT | O_TRUNC;
+}
+
 static int hold_dma_latency(void) {
     int fd = open("/dev/cpu_dma_latency", O_WRONLY | O_CLOEXEC);
     if (fd < 0) return -1;
@@ -495,12 +508,18 @@ void rtv_ctx_start(rtv_ctx *ctx, const rtv_opt *const *tables, int ntables) {
 
     if (strcmp(c->out, "-") == 0) ctx->out_fd = STDOUT_FILENO;
     else {
-        ctx->out_fd = open(c->out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        ctx->out_fd = open(c->out, O_WRONLY | creating(c->out) | O_CLOEXEC, 0644);
         if (ctx->out_fd < 0) rtv_die(RTV_EXIT_USAGE, "cannot open output '%s': %s", c->out, strerror(errno));
+    }
+    ctx->confirm_fd = -1;
+    if (c->confirm && *c->confirm) { /* opened now: a FIFO's writer can only open it once a reader has */
+        ctx->confirm_fd = open(c->confirm, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        if (ctx->confirm_fd < 0)
+            rtv_die(RTV_EXIT_USAGE, "cannot open the confirmation channel '%s': %s", c->confirm, strerror(errno));
     }
     ctx->tee_fd = -1;
     if (c->tee && *c->tee) {
-        ctx->tee_fd = open(c->tee, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        ctx->tee_fd = open(c->tee, O_WRONLY | creating(c->tee) | O_CLOEXEC, 0644);
         if (ctx->tee_fd < 0) rtv_die(RTV_EXIT_USAGE, "cannot open the stream copy '%s': %s", c->tee, strerror(errno));
     }
     if (c->watch_stdin) rtv_watch_stdin();
@@ -528,6 +547,50 @@ void rtv_ctx_start(rtv_ctx *ctx, const rtv_opt *const *tables, int ntables) {
         rtv_die(RTV_EXIT_FAILURE, "cannot start the writer thread");
 }
 
+/* The end-of-stream handshake (docs/sample-stream.md): a guest powers off when its agent ends, so the agent
+ * waits, bounded, until the host says how many data records it holds, and says on stderr (the guest's
+ * console) whether that is every record it wrote. The host's word is untrusted: one bounded line. */
+static void await_confirmation(rtv_ctx *ctx) {
+    char line[96];
+    size_t used = 0;
+    uint64_t deadline = rtv_now_ns() + ctx->common.confirm_timeout_ns;
+    for (;;) {
+        uint64_t now = rtv_now_ns();
+        if (now >= deadline) break;
+        struct pollfd p = {.fd = ctx->confirm_fd, .events = POLLIN};
+        uint64_t left_ms = (deadline - now) / 1000000 + 1;
+        int ready = poll(&p, 1, left_ms > 100 ? 100 : (int)left_ms);
+        if (ready < 0 && errno != EINTR) break;
+        ssize_t n = 0;
+        if (ready > 0 && (p.revents & POLLIN)) n = read(ctx->confirm_fd, line + used, sizeof line - 1 - used);
+        if (n <= 0) { /* nothing yet, or the host side is not connected (POLLHUP): wait on */
+            if (ready > 0 && !(p.revents & POLLIN)) {
+                struct timespec pause = {0, 10 * 1000 * 1000};
+                nanosleep(&pause, NULL);
+            }
+            continue;
+        }
+        used += (size_t)n;
+        line[used] = 0;
+        char *newline = strchr(line, '\n');
+        if (!newline && used < sizeof line - 1) continue;
+        if (newline) *newline = 0;
+        unsigned long long held;
+        char tail;
+        if (sscanf(line, "RTVIRT-ACK %llu%c", &held, &tail) != 1) {
+            fprintf(stderr, "RTVIRT-DELIVERY unreadable %" PRIu64 "\n", ctx->written);
+        } else if (held == ctx->written) {
+            fprintf(stderr, "RTVIRT-DELIVERY confirmed %" PRIu64 "\n", ctx->written);
+        } else {
+            fprintf(stderr, "RTVIRT-DELIVERY short %" PRIu64 " %llu\n", ctx->written, held);
+        }
+        close(ctx->confirm_fd);
+        return;
+    }
+    fprintf(stderr, "RTVIRT-DELIVERY unconfirmed %" PRIu64 "\n", ctx->written);
+    close(ctx->confirm_fd);
+}
+
 int rtv_ctx_finish(rtv_ctx *ctx, int probe_status) {
     pthread_mutex_lock(&writer_lock);
     atomic_store(&writer_quit, 1);
@@ -546,8 +609,15 @@ int rtv_ctx_finish(rtv_ctx *ctx, int probe_status) {
     rtv_record end = {.t_ns = rtv_now_ns(), .value = (int64_t)ctx->written, .aux = reason,
                       .kind = RTV_META_END, .flags = RTV_FLAG_META};
     write_all(ctx, &end, sizeof end);
-    if (ctx->out_fd != STDOUT_FILENO) close(ctx->out_fd);
-    if (ctx->tee_fd >= 0) close(ctx->tee_fd);
+    if (ctx->out_fd != STDOUT_FILENO) {
+        fsync(ctx->out_fd); /* a file: on disk; a device or pipe: EINVAL, nothing to do */
+        close(ctx->out_fd);
+    }
+    if (ctx->tee_fd >= 0) {
+        fsync(ctx->tee_fd); /* a guest's disk: on the host before the guest powers off */
+        close(ctx->tee_fd);
+    }
+    if (ctx->confirm_fd >= 0) await_confirmation(ctx);
     if (ctx->dma_fd >= 0) close(ctx->dma_fd);
     return probe_status;
 }

@@ -70,6 +70,8 @@ typedef struct {
     const char *out;
     const char *tee;      /* "" or a file that receives a copy of the stream (kept on an SSH target) */
     bool watch_stdin;     /* stop (flushing) when stdin reaches its end: the agent dies with its session */
+    const char *confirm;  /* "" or a channel where the host confirms, after END, how many records it holds */
+    uint64_t confirm_timeout_ns;
     uint64_t ring_order; /* ring capacity 2^order records per thread */
 } rtv_common;
 
@@ -139,6 +141,7 @@ struct rtv_ctx {
     int out_fd;
     int tee_fd;      /* -1: no copy */
     bool out_broken; /* the output went away (a dropped SSH channel): the tee file carries on alone */
+    int confirm_fd;  /* -1: the host confirms nothing */
     pthread_t writer;
     uint64_t written;
     uint64_t start_ns;

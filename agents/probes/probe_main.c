@@ -11,7 +11,8 @@ static const rtv_probe *const probes[] = {RTV_PROBE_LIST(RTV_PROBE_ENTRY)};
 #define NPROBES (sizeof probes / sizeof probes[0])
 
 static rtv_ctx ctx = {
-    .common = {.threads = 1, .priority = 99, .mlock = true, .dma_latency = true, .out = "-", .tee = "", .ring_order = 16},
+    .common = {.threads = 1, .priority = 99, .mlock = true, .dma_latency = true, .out = "-", .tee = "", .ring_order = 16,
+               .confirm = "", .confirm_timeout_ns = UINT64_C(30000000000)},
 };
 
 static const rtv_opt common_opts[] = {
@@ -25,6 +26,10 @@ static const rtv_opt common_opts[] = {
     {"out", RTV_OPT_STR, &ctx.common.out, 0, 0, "output file, - for stdout"},
     {"tee", RTV_OPT_STR, &ctx.common.tee, 0, 0, "also write the stream to this file"},
     {"watch-stdin", RTV_OPT_BOOL, &ctx.common.watch_stdin, 0, 1, "stop when stdin ends (dies with its session)"},
+    {"confirm", RTV_OPT_STR, &ctx.common.confirm, 0, 0,
+     "after END, wait for the host's 'RTVIRT-ACK <records>' line on this channel"},
+    {"confirm-timeout", RTV_OPT_NS, &ctx.common.confirm_timeout_ns, 0, UINT64_C(3600000000000),
+     "how long to wait for that confirmation"},
     {"ring-order", RTV_OPT_U64, &ctx.common.ring_order, 8, 26, "ring capacity per thread, 2^n records"},
     {0},
 };

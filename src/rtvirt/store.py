@@ -31,7 +31,8 @@ from .fileio import write_atomically
 from .stats import Histogram, HistogramBuilder, Summary, summarize_histogram, summarize_stream
 from .stream import SampleStream
 
-__all__ = ["RunDir", "Manifest", "StoredRun", "new_run", "write_run", "write_measured_run", "write_digest", "load_run",
+__all__ = ["RunDir", "Manifest", "StoredRun", "new_run", "write_run", "write_measured_run", "write_failed_run",
+           "write_digest", "load_run",
            "list_runs", "resolve_runs", "histogram_table", "open_parquet", "write_histogram", "MANIFEST_VERSION"]
 
 MANIFEST_VERSION = 1
@@ -89,7 +90,7 @@ class Manifest(BaseModel):
     source: Literal["measured", "simulated", "imported", "analysis"]
     probe: str | None = None
     value_field: str | None = None
-    status: Literal["complete", "partial"] = "complete"
+    status: Literal["complete", "partial", "failed"] = "complete"  # failed: no sample reached the host
     params: dict[str, Any] = {}
     summary: dict[str, dict[str, float | int | None]] = {}
     dropped: int = 0
@@ -365,6 +366,11 @@ class StoredRun:
         return self.manifest.get("status") == "partial"
 
     @property
+    def failed(self) -> bool:
+        """A run that started and ended without samples: its manifest says why (``campaign.reason``)."""
+        return self.manifest.get("status") == "failed"
+
+    @property
     def has_samples(self) -> bool:
         return (self.path / "samples.parquet").exists()
 
@@ -455,12 +461,29 @@ def list_runs(results: Path) -> list[StoredRun]:
 
 
 def resolve_runs(spec: str | Path, results: Path | None = None) -> list[StoredRun]:
-    """A run directory, a manifest, a results directory (all its runs) or a run id under ``results``."""
+    """A run directory, a manifest, a results directory (all its runs that hold results; the failed ones are
+    in the catalog) or a run id under ``results``."""
     path = Path(spec)
     if (path / "manifest.json").exists() or path.name == "manifest.json":
-        return [load_run(path)]
+        return [_with_results(load_run(path))]
     if (path / "runs").is_dir():
-        return list_runs(path)
+        return [run for run in list_runs(path) if not run.failed]
     if results is not None and (Path(results) / "runs" / str(spec) / "manifest.json").exists():
-        return [load_run(Path(results) / "runs" / str(spec))]
+        return [_with_results(load_run(Path(results) / "runs" / str(spec)))]
     raise InputError(f"{spec}: not a run directory, manifest, results directory or known run id")
+
+
+def _with_results(run: StoredRun) -> StoredRun:
+    if run.failed:
+        reason = str((run.manifest.get("campaign") or {}).get("reason") or "no reason recorded")[:300]
+        raise InputError(f"{run.path}: this run failed without samples ({reason})")
+    return run
+
+
+def write_failed_run(run: RunDir, *, name: str, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of a run that started and ended without a sample: what it was, and why (``extra``)."""
+    document = {"manifest_version": MANIFEST_VERSION, "run_id": run.run_id, "name": name, "source": "measured",
+                "status": "failed", "created": dt.datetime.now(dt.UTC).isoformat(), "params": params, **extra}
+    _validated(document, str(run.manifest_path))
+    write_atomically(run.manifest_path, json.dumps(_json_safe(document), indent=2, default=str))
+    return document

@@ -9,6 +9,7 @@ read as *partial*: every complete record before the cut is kept.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -18,7 +19,7 @@ import pyarrow as pa
 
 from .errors import InputError
 
-__all__ = ["MAGIC", "RECORD", "SampleStream", "StreamReader", "read_stream"]
+__all__ = ["MAGIC", "RECORD", "SampleStream", "StreamReader", "read_stream", "recover_from_copy"]
 
 MAGIC = b"RTVIRT\x00S"
 SUPPORTED_VERSIONS = (1,)
@@ -184,6 +185,11 @@ class StreamReader:
                         "every record before it is kept")
         return records[:first]
 
+    @property
+    def ended(self) -> bool:
+        """The END record has been read: every record the writer wrote is in hand."""
+        return self._ended
+
     def finish(self) -> SampleStream:
         self.poll(final=True)
         if self._file is not None:
@@ -210,3 +216,50 @@ class StreamReader:
 def read_stream(path: Path | str) -> SampleStream:
     """Read a whole sample stream file (complete or partial)."""
     return StreamReader(Path(path)).finish()
+
+
+COPY_SCAN_RECORDS = 1 << 15  # records read at a time while looking for the end of a copy's written part
+
+
+def _copy_written_part(copy: Path, target: Path) -> None:
+    """Write the written part of a stream copy on a guest's disk image (zeros after it) to ``target``: the header,
+    then records up to END or up to the first all-zero record (a real record's time is never 0)."""
+    with copy.open("rb") as f, target.open("wb") as out:
+        prefix = f.read(16)
+        length = int.from_bytes(prefix[12:16], "little") if len(prefix) == 16 and prefix[:8] == MAGIC else -1
+        if not 0 <= length <= MAX_HEADER:
+            return
+        f.seek(0)
+        out.write(f.read(16 + length + (-(16 + length) % 8)))
+        while chunk := f.read(COPY_SCAN_RECORDS * RECORD.itemsize):
+            records = np.frombuffer(chunk[:len(chunk) - len(chunk) % RECORD.itemsize], dtype=RECORD)
+            stop = (records.view(np.uint8).reshape(-1, RECORD.itemsize) == 0).all(axis=1)
+            stop |= ((records["flags"] & FLAG_META) != 0) & (records["kind"] == META_END)
+            if stop.any():
+                first = int(np.argmax(stop))
+                ended = bool(records["flags"][first] & FLAG_META)
+                out.write(chunk[:(first + int(ended)) * RECORD.itemsize])
+                return
+            out.write(chunk)
+
+
+def recover_from_copy(copy: Path, live: Path, stream: SampleStream | None) -> SampleStream | None:
+    """The guest's own copy of its stream, when it holds more than the live stream that reached the host (or
+    ends with END where the live one does not): it then becomes the run's stream, and the live one is kept
+    beside it as ``<name>.live.rtvs``. None when the live stream is as good (the copy is not used)."""
+    scratch = live.with_suffix(".copy.rtvs")
+    try:
+        _copy_written_part(copy, scratch)
+        candidate = read_stream(scratch)
+    except (OSError, InputError):
+        scratch.unlink(missing_ok=True)
+        return None
+    better = stream is None or candidate.records.size > stream.records.size or \
+        (candidate.end_reason is not None and stream.end_reason is None)
+    if not better:
+        scratch.unlink()
+        return None
+    if live.exists():
+        os.replace(live, live.with_suffix(".live.rtvs"))
+    os.replace(scratch, live)
+    return read_stream(live)

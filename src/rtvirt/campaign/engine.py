@@ -23,16 +23,17 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from ..environments import ENVIRONMENTS, Environment, SharedResources
+from ..environments import ENVIRONMENTS, Environment, Launched, SharedResources
 from ..errors import InputError, RtvirtError, RunError
 from ..probes import PROBES
 from ..procs import Supervisor
 from ..results.studies.provenance import study_provenance
 from ..scenario.schema import Scenario, StressorUse
-from ..store import RunDir, new_run, write_measured_run
-from ..stream import StreamReader
+from ..store import RunDir, new_run, write_failed_run, write_measured_run
+from ..stream import StreamReader, recover_from_copy
 from ..stressors import STRESSORS, RunningStressor
 from ..sysaudit import audit_system
+from .delivery import delivery_problem, delivery_record, expectation_record
 from .hooks import HookRunner
 from .matrix import PlannedRun, expand, scaled_params
 from .state import CampaignState
@@ -224,6 +225,9 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     env_warnings: list[str] = []
     params = None
     hook_log: list[dict[str, Any]] = []
+    launched: Launched | None = None
+    platform_delivery: dict[str, Any] = {}
+    copy = None
     hook_values = {"environment": env_config.label, "disturbance": disturbance_spec.name,
                    "repetition": str(plan.repetition), "key": plan.key, "run_id": run.run_id}
     with Supervisor() as supervisor:
@@ -264,6 +268,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
                     samples += int(new.size)
                     top = int(np.max(new["value"]))
                     peak = top if peak is None else max(peak, top)
+                if reader.ended:
+                    launched.confirm_end(samples)  # a guest's agent waits for it before the guest powers off
                 if t0 is None and reader.header is not None:
                     t0 = time.monotonic()
                     mark("workload-start")
@@ -307,6 +313,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
                 mark("stress-off")
             teardown.attempt(disturbance.close_guests)
             env_description = teardown.attempt(env.describe) or {}
+            platform_delivery = teardown.attempt(env.delivery) or {}
+            copy = env.stream_copy()
             platform_audit = teardown.attempt(env.platform_audit) or {}
             env_warnings = env.warnings()
             teardown.attempt(env.close)
@@ -318,36 +326,63 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     # the per-run initramfs is a copy of the cached image plus a few bytes of jobs: not worth keeping
     for leftover in workdir.glob("**/initramfs.cpio"):
         leftover.unlink(missing_ok=True)
+    unreadable = ""
     try:
         stream = StreamReader(run.stream_path).finish()
     except InputError as exc:
-        stream = None
-        reason = reason or f"no samples: {exc}"
+        stream, unreadable = None, f"no samples: {exc}"
+    if copy is not None:  # the guest's own copy: the run's stream if the live one fell short
+        recovered = recover_from_copy(copy, run.stream_path, stream)
+        copy.unlink()
+        if recovered is not None:
+            platform_delivery["recovered"] = (f"from the guest's copy: {recovered.records.size} records, the live "
+                                              f"stream held {0 if stream is None else stream.records.size}")
+            stream, unreadable = recovered, ""
+    reason = reason or unreadable
+    extra: dict[str, Any] = {}
+    note = ""  # said of a complete run that took far fewer samples than promised
+    if stream is not None:
+        extra["delivery"] = delivery_record(stream, launched.confirmation if launched else None, platform_delivery)
+        reason = reason or delivery_problem(extra["delivery"]) or ""
+        expectation = expectation_record(stream, probe.expected_samples(params) if probe.expected_samples and
+                                         params else None, plan.duration_ns)
+        if expectation is not None:
+            extra["expectation"] = expectation
+            if "why" in expectation:
+                note = (f"{expectation['taken']} of {expectation['expected']} samples expected: "
+                        f"{expectation['why']}")
+    elif platform_delivery:
+        extra["delivery"] = {"agent_records": None, "host_records": 0, **platform_delivery}
     outcome_status = "interrupted" if interrupted else ("failed" if reason else "complete")
-    # a probe that ran to its END and saw nothing (a gap probe without interruptions above its threshold) is a
-    # measurement and is stored; an empty stream of a failed or cut-short run is not
-    if stream is None or (stream.records.size == 0 and (reason or interrupted or stream.end_reason != "complete")):
-        return RunOutcome(outcome_status, _bounded(reason or "the probe produced no samples"), run.run_id)
     # events before the workload started (stress-first) get negative times
     origin = t0 if t0 is not None else (marks[0][0] if marks else 0.0)
     timeline = [{"t_ns": int((at - origin) * 1e9), "event": event} for at, event in marks]
     run_system = {**system, "warnings": [*system.get("warnings", []), *env_warnings],
                   **({"platform": platform_audit} if platform_audit else {})}
-    extra = {"scenario": scenario.name, "environment": env_config.label, "config": plan.config,
-             "repetition": plan.repetition, "timeline": timeline, "system": run_system,
-             "environment_detail": env_description,
-             "study": study_provenance(scenario, plan),
-             "hooks": hook_log,
-             "campaign": {"key": plan.key, "group": plan.group, "workload": workload.name,
-                          "disturbance": disturbance_spec.name, "start_order": plan.start_order,
-                          "events": [{"t_ns": at, "action": action} for at, action in plan.events],
-                          "stressors": [u.model_dump(mode="json") for u in disturbance_spec.stressors],
-                          "stressor_results": disturbance.summaries,
-                          "outcome": outcome_status, "reason": _bounded(reason) or None}}
-    manifest = write_measured_run(run, stream, name=scenario.name,
-                                  params=params.model_dump(mode="json") if params else {},
+    extra |= {"scenario": scenario.name, "environment": env_config.label, "config": plan.config,
+              "repetition": plan.repetition, "timeline": timeline, "system": run_system,
+              "environment_detail": env_description,
+              "study": study_provenance(scenario, plan),
+              "hooks": hook_log,
+              "campaign": {"key": plan.key, "group": plan.group, "workload": workload.name,
+                           "disturbance": disturbance_spec.name, "start_order": plan.start_order,
+                           "events": [{"t_ns": at, "action": action} for at, action in plan.events],
+                           "stressors": [u.model_dump(mode="json") for u in disturbance_spec.stressors],
+                           "stressor_results": disturbance.summaries,
+                           "outcome": outcome_status, "reason": _bounded(reason or note) or None}}
+    run_params = params.model_dump(mode="json") if params else {}
+    # a probe that ran to its END and saw nothing (a gap probe without interruptions above its threshold) is a
+    # measurement and is stored; a run that got no samples otherwise still leaves its manifest: why, and what
+    # the platform said
+    if stream is None or (stream.records.size == 0 and (reason or interrupted or stream.end_reason != "complete")):
+        reason = reason or "the probe produced no samples"
+        outcome_status = "interrupted" if interrupted else "failed"
+        extra["campaign"] |= {"outcome": outcome_status, "reason": _bounded(reason)}
+        write_failed_run(run, name=scenario.name, params=run_params, extra=extra)
+        return RunOutcome(outcome_status, _bounded(reason), run.run_id)
+    manifest = write_measured_run(run, stream, name=scenario.name, params=run_params,
                                   group_by=probe.group_by, extra=extra)
-    return RunOutcome(outcome_status, _bounded(reason), run.run_id, manifest)
+    return RunOutcome(outcome_status, _bounded(reason or note), run.run_id, manifest)
 
 
 def _availability(scenario: Scenario) -> dict[int, str | None]:

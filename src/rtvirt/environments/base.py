@@ -14,6 +14,7 @@ import contextlib
 import os
 import subprocess
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -66,11 +67,38 @@ class AgentProcess(Protocol):
 
 
 class Launched:
-    """A started agent: the process to wait for, and where its stream goes."""
+    """A started agent: the process to wait for, where its stream goes, and, where the agent waits for the
+    host's end-of-stream confirmation (a guest that powers off when its agent ends), how to give it:
+    ``confirm(records)`` says how many data records the host holds and returns what happened."""
 
-    def __init__(self, proc: subprocess.Popen[Any] | AgentProcess, out: Path | None) -> None:
+    def __init__(self, proc: subprocess.Popen[Any] | AgentProcess, out: Path | None,
+                 confirm: Callable[[int], str] | None = None) -> None:
         self.proc = proc
         self.out = out
+        self._confirm = confirm
+        self.confirmation: str | None = None  # what came of the confirmation ("sent", why not), once given
+
+    def confirm_end(self, records: int) -> None:
+        """The host holds the stream's END and ``records`` data records: tell an agent that waits for it."""
+        if self._confirm is not None and self.confirmation is None:
+            self.confirmation = self._confirm(records)
+
+    def follow(self, timeout: float) -> None:
+        """Wait for the agent to end, confirming its END once it is in the stream file (what a campaign does
+        while it also watches the platform; for one-off launches)."""
+        from ..errors import RunError
+        from ..stream import StreamReader
+
+        assert self.out is not None
+        reader, records = StreamReader(self.out), 0
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            records += int(reader.poll().size)
+            if reader.ended:
+                self.confirm_end(records)
+            if time.monotonic() > deadline:
+                raise RunError(f"the agent did not end within {timeout:.0f}s")
+            time.sleep(0.1)
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -236,6 +264,16 @@ class Environment(ABC):
     def describe(self) -> dict[str, Any]:
         """The environment as recorded in the manifest."""
         return self.config.model_dump(mode="json")
+
+    def stream_copy(self) -> Path | None:
+        """The platform's own copy of the stream (a guest's disk), read after the agent ended: the run is
+        recovered from it when it holds more than the live stream; None where no copy is kept."""
+        return None
+
+    def delivery(self) -> dict[str, Any]:
+        """How the stream left the platform and what its end-of-stream handshake said (the channel, the
+        guest's own count and word); read after the agent ended, recorded in the manifest."""
+        return {}
 
     def warnings(self) -> list[str]:
         return []

@@ -28,17 +28,20 @@ from ..errors import RunError
 from ..fileio import write_atomically
 
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
-           "GUEST_AGENT_DIR", "guest_port_path", "agent_failure", "GuestKind", "guest_field", "guest_description"]
+           "GUEST_AGENT_DIR", "guest_port_path", "guest_port_device", "agent_failure", "GuestKind", "guest_field",
+           "guest_description", "delivery_said"]
 
 # Guest kernel flavour -> Debian meta-package, and the cache directory its unpacked tree lives in.
 KERNEL_PACKAGES = {"linux": "linux-image-amd64", "linux-rt": "linux-image-rt-amd64"}
 KERNEL_CACHE_DIRS = {"linux": "kernel", "linux-rt": "kernel-rt"}
 BUSYBOX = Path("/usr/bin/busybox")
 # Modules the guest loads (their dependencies are found from each module's own modinfo).
-GUEST_MODULES = ("virtio_pci", "virtio_console")
+GUEST_MODULES = ("virtio_pci", "virtio_console", "virtio_blk")  # virtio_blk: the disk of the stream's copy
 GUEST_AGENT_DIR = "/rtvirt/bin"
 READY_MARK = "RTVIRT-READY"
 EXIT_MARK = "RTVIRT-EXIT"
+DELIVERY_MARK = "RTVIRT-DELIVERY"  # the agent's word on the end-of-stream handshake (agents/common/rtv.c)
+PORTS_WAITED_MARK = "RTVIRT-PORTS-WAITED"  # /init waited this many tenths of a second for its devices
 
 # The guest's /init. Jobs come from /rtvirt/jobs (written by job_archive): bg-* run in the background,
 # each after its own delay and for its own time limit; "main" runs in the foreground and its end powers
@@ -51,9 +54,27 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 for m in $(cat /rtvirt/modules); do insmod "/rtvirt/modules.d/$m" || echo "rtvirt: insmod $m failed"; done
 mkdir -p /dev/virtio-ports
-for p in /sys/class/virtio-ports/*; do
-  [ -e "$p/name" ] && ln -s "/dev/${p##*/}" "/dev/virtio-ports/$(cat "$p/name")"
+# A port's name reaches the guest after insmod returns (a control message the driver handles in its own
+# time, late on a loaded host): link the ports as they come, and wait for those the jobs write to. An agent
+# started before its port would write into a plain file under /dev and the host would receive nothing.
+waited=0
+while :; do
+  for p in /sys/class/virtio-ports/*; do
+    [ -e "$p/name" ] || continue
+    name=$(cat "$p/name")
+    [ -n "$name" ] && [ ! -e "/dev/virtio-ports/$name" ] && ln -s "/dev/${p##*/}" "/dev/virtio-ports/$name"
+  done
+  missing=""
+  for device in $(cat /rtvirt/jobs/devices 2>/dev/null); do
+    [ -e "/dev/$device" ] || missing="$missing $device"
+  done
+  [ -z "$missing" ] && break
+  [ $waited -eq 0 ] && late=$missing
+  waited=$((waited+1))
+  [ $waited -ge 600 ] && break
+  sleep 0.1
 done
+[ $waited -gt 0 ] && echo "RTVIRT-PORTS-WAITED $waited$late"
 echo "RTVIRT-READY $(cat /proc/uptime)"
 for job in /rtvirt/jobs/bg-*.argv; do
   [ -e "$job" ] || continue
@@ -61,7 +82,10 @@ for job in /rtvirt/jobs/bg-*.argv; do
   ( sleep "$(cat "$base.delay")"; timeout "$(cat "$base.limit")" xargs -0 env < "$job" ) >/dev/null 2>&1 &
 done
 status=0
-if [ -e /rtvirt/jobs/main.argv ]; then
+if [ -n "$missing" ]; then
+  echo "rtvirt: the host's device(s)$missing did not appear within 60s"
+  status=71
+elif [ -e /rtvirt/jobs/main.argv ]; then
   xargs -0 env < /rtvirt/jobs/main.argv
   status=$?
 fi
@@ -99,7 +123,12 @@ def cache_dir() -> Path:
 
 def guest_port_path(port: str) -> str:
     """Where the guest sees the virtio-serial port named ``port``."""
-    return f"/dev/virtio-ports/{port}"
+    return f"/dev/{guest_port_device(port)}"
+
+
+def guest_port_device(port: str) -> str:
+    """The virtio-serial port named ``port`` as a device path under /dev (what /init waits for)."""
+    return f"virtio-ports/{port}"
 
 
 def agent_failure(console: str) -> str | None:
@@ -113,6 +142,25 @@ def agent_failure(console: str) -> str | None:
             detail = f": {said[-1].strip()[:200]}" if said else ""
             return f"the guest's agent failed (status {status[:20]}){detail}"
     return "the guest stopped before its agent finished"
+
+
+def delivery_said(console: str) -> dict[str, Any]:
+    """What the guest's console says of the stream's delivery: the agent's handshake line (how many records it
+    wrote, how many the host confirmed) and how long /init waited for its ports. Untrusted text: only numbers
+    and one of the agent's own words are kept."""
+    said: dict[str, Any] = {}
+    for line in console.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == PORTS_WAITED_MARK and words[1].isdigit():
+            said["ports_waited_s"] = int(words[1][:9]) / 10
+            said["ports_late"] = [w[:64] for w in words[2:6] if re.fullmatch(r"[A-Za-z0-9_.-]+", w)]
+        elif len(words) >= 3 and words[0] == DELIVERY_MARK and words[2].isdigit():
+            outcome = words[1] if words[1] in ("confirmed", "short", "unconfirmed", "unreadable") else "unreadable"
+            said["guest_said"] = outcome
+            said["guest_records"] = int(words[2][:20])
+            if outcome == "short" and len(words) >= 4 and words[3].isdigit():
+                said["host_confirmed_records"] = int(words[3][:20])
+    return said
 
 
 class Cpio:
@@ -150,10 +198,16 @@ class GuestJob:
     limit_s: int = 0  # background jobs only; 0 = until the guest stops
 
 
-def job_archive(main: GuestJob | None, background: Iterable[GuestJob] = ()) -> bytes:
-    """The per-run archive appended to the base initramfs."""
+def job_archive(main: GuestJob | None, background: Iterable[GuestJob] = (), devices: Iterable[str] = ()) -> bytes:
+    """The per-run archive appended to the base initramfs; ``devices``: paths under /dev the jobs use (their
+    virtio-serial ports, the disk of the stream's copy), which /init waits for before it starts them."""
     archive = Cpio()
     archive.directory("rtvirt/jobs")
+    names = list(devices)
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}(/[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63})?", name):
+            raise ValueError(f"a guest device must be a path under /dev of letters, digits, '_', '.' or '-': {name!r}")
+    archive.file("rtvirt/jobs/devices", "".join(f"{name}\n" for name in names).encode())
     if main is not None:
         archive.file("rtvirt/jobs/main.argv", _argv_file(main.argv))
     for index, job in enumerate(background):

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -35,9 +36,11 @@ from .guest_image import (
     GuestKind,
     agent_failure,
     cache_dir,
+    delivery_said,
     guest_description,
     guest_field,
     guest_image,
+    guest_port_device,
     guest_port_path,
     job_archive,
 )
@@ -47,6 +50,10 @@ __all__ = ["QemuConfig", "QemuEnvironment", "choose_accel", "QEMU"]
 
 QEMU = "qemu-system-x86_64"
 OUTPUT_PORT = "rtvirt.out"
+ACK_PORT = "rtvirt.ack"  # host to guest: the end-of-stream confirmation the agent waits for
+ACK_CONNECT_TIMEOUT_S = 5.0
+COPY_DISK = "vda"  # the guest's only disk: the copy of its stream (raw, no file system)
+COPY_DISK_BYTES = 64 << 30  # a sparse file: only what the guest writes takes room
 CONSOLE_LIMIT = 1 << 16  # bytes of the guest console we read back (it is untrusted)
 KVM_CALIBRATION_TIMEOUT_S = 20.0
 TCG_WARNING = ("the QEMU guest ran under TCG (software emulation, KVM does not accelerate here): its timings "
@@ -65,6 +72,9 @@ class QemuConfig(EnvironmentConfig):
     boot_timeout: duration_field("s") = Field(90_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
                                               description="time the guest may take to boot (bare numbers in s)")
     guest: GuestKind = guest_field()
+    stream_copy: bool = Field(True, description="the Linux guest also writes its stream to a disk of its own "
+                              "(a sparse file in the run directory): if the live stream fails, the run is "
+                              "recovered from that copy, and its manifest says so")
 
     @model_validator(mode="after")
     def _deadline_vcpus_are_unpinned(self) -> QemuConfig:
@@ -179,6 +189,8 @@ class QemuEnvironment(Environment):
         self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
         self._vcpu_cpu_s: float | None = None
         self._boot_cpu_s: float | None = None  # the vCPUs' CPU time when the guest said it had booted
+        self._ack: socket.socket | None = None  # the confirmation's connection to the guest's ack port
+        self._copy_path = self.workdir / "stream-copy.img"
 
     @staticmethod
     def available() -> str | None:
@@ -225,9 +237,14 @@ class QemuEnvironment(Environment):
             return self._launch_baremetal(agent, args, out)
         image = self._image = guest_image(self.config.guest)
         argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
+        devices: list[str] = []
         if out is not None:
-            argv.append(f"--out={guest_port_path(OUTPUT_PORT)}")
-        initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), self._beside), self.workdir)
+            argv += [f"--out={guest_port_path(OUTPUT_PORT)}", f"--confirm={guest_port_path(ACK_PORT)}"]
+            devices += [guest_port_device(OUTPUT_PORT), guest_port_device(ACK_PORT)]
+            if self.config.stream_copy:
+                argv.append(f"--tee=/dev/{COPY_DISK}")
+                devices.append(COPY_DISK)
+        initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), self._beside, devices), self.workdir)
         # a unix socket path must fit in 108 bytes: run directories can be deeper than that
         self._socket_dir = Path(tempfile.mkdtemp(prefix="rtvirt-qmp-"))
         qmp_socket = self._socket_dir / "qmp.sock"
@@ -244,12 +261,34 @@ class QemuEnvironment(Environment):
                    "-device", "virtio-serial-pci"]
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
+            # the samples go straight to the run's file (they are on disk even if rtvirt is killed); the
+            # confirmation comes back on a second port, whose host side rtvirt connects to once it holds END
             command += ["-chardev", f"file,id=rtvirtout,path={out}",
-                        "-device", f"virtserialport,chardev=rtvirtout,name={OUTPUT_PORT}"]
+                        "-device", f"virtserialport,chardev=rtvirtout,name={OUTPUT_PORT}",
+                        "-chardev", f"socket,id=rtvirtack,path={self._socket_dir / 'ack.sock'},server=on,wait=off",
+                        "-device", f"virtserialport,chardev=rtvirtack,name={ACK_PORT}"]
+            if self.config.stream_copy:
+                with self._copy_path.open("wb") as disk:
+                    disk.truncate(COPY_DISK_BYTES)
+                command += ["-drive", f"file={self._copy_path},if=none,id=rtvirtcopy,format=raw",
+                            "-device", "virtio-blk-pci,drive=rtvirtcopy"]
         self._proc = self.supervisor.start(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._launched_at = time.monotonic()
         self._place_and_continue(qmp_socket)
-        return Launched(self._proc, out)
+        return Launched(self._proc, out, confirm=self._confirm_delivery if out is not None else None)
+
+    def _confirm_delivery(self, records: int) -> str:
+        """Tell the guest's agent how many data records the host holds (it powers off once told); returns
+        what happened, for the manifest. The connection stays open until the guest is gone."""
+        assert self._socket_dir is not None
+        self._ack = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._ack.settimeout(ACK_CONNECT_TIMEOUT_S)
+            self._ack.connect(str(self._socket_dir / "ack.sock"))
+            self._ack.sendall(f"RTVIRT-ACK {int(records)}\n".encode())
+        except OSError as exc:
+            return f"not sent: {exc.strerror or exc}"
+        return "sent"
 
     def _launch_baremetal(self, agent: str, args: list[str], out: Path | None) -> Launched:
         """Our own kernel: the probe's argv is its command line, the stream leaves by the debug console."""
@@ -384,6 +423,14 @@ class QemuEnvironment(Environment):
                 "vcpu_cpu_seconds_after_boot": None if self._vcpu_cpu_s is None or self._boot_cpu_s is None
                 else round(self._vcpu_cpu_s - self._boot_cpu_s, 2)}
 
+    def stream_copy(self) -> Path | None:
+        return self._copy_path if self._copy_path.exists() else None
+
+    def delivery(self) -> dict[str, Any]:
+        if self.config.guest == "baremetal":  # each buffer is consumed by QEMU before the guest writes the next
+            return {"channel": "virtio-console", "handshake": "the device consumed every buffer"}
+        return {"channel": "virtio-serial", "handshake": "RTVIRT-ACK", **delivery_said(self.console_text())}
+
     def warnings(self) -> list[str]:
         return [TCG_WARNING] if self._accel and self._accel["accel"] == "tcg" else []
 
@@ -393,6 +440,9 @@ class QemuEnvironment(Environment):
                 baremetal.request_stop(self._proc, self._socket_dir / "qmp.sock")
             self.supervisor.stop(self._proc, grace=5.0)
             self._proc = None
+        if self._ack is not None:
+            self._ack.close()
+            self._ack = None
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None

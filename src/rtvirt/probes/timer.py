@@ -8,7 +8,7 @@ from pydantic import Field
 
 from ..params import CommonParams, cli
 from ..units import duration_field
-from .base import ProbeSpec
+from .base import ProbeSpec, periodic_samples
 
 
 class TimerParams(CommonParams):
@@ -28,4 +28,5 @@ PROBE = ProbeSpec(
     summary="periodic wake-up latency (cyclictest method)",
     params=TimerParams,
     value_field="latency_ns",
+    expected_samples=periodic_samples,
 )

@@ -10,7 +10,7 @@ from pydantic import Field
 from ..errors import InputError
 from ..params import CommonParams, cli
 from ..units import duration_field
-from .base import ProbeSpec
+from .base import ProbeSpec, periodic_samples
 
 
 class WakeupParams(CommonParams):
@@ -43,6 +43,7 @@ PROBE = ProbeSpec(
     summary="cross-CPU wake-up latency (a sender timestamps and wakes a receiver on the measured CPU)",
     params=WakeupParams,
     value_field="latency_ns",
+    expected_samples=periodic_samples,
     doc="The receiver runs on the -a CPU (default: the last allowed CPU), the sender on --sender-cpu (default: "
         "the first other allowed CPU); one event per -i period, -l events (default 105,000).",
 )

@@ -1,0 +1,72 @@
+"""Did every sample arrive, and were there as many as the run promised? (docs/sample-stream.md, "Delivery")
+
+Two checks on a finished run's stream, both recorded in its manifest:
+- **delivery**: the agent's END record counts the data records it wrote; the host counts what it holds. A
+  difference is a loss between them (a channel that dropped or garbled bytes) and fails the run, naming the
+  side that lost them and what the guest said of the end-of-stream handshake.
+- **expectation**: a periodic probe promises about one sample a period for its duration. A run far below that
+  is not silently complete: its manifest and the campaign say how many were expected and why fewer came.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..stream import SampleStream
+
+__all__ = ["delivery_record", "delivery_problem", "expectation_record", "SHORT_FRACTION"]
+
+SHORT_FRACTION = 0.5  # fewer samples than this share of the promised count is a shortfall worth a reason
+LATE_FRACTION = 0.1  # a first sample later than this share of the duration: the probe started late
+
+
+def delivery_record(stream: SampleStream, confirmation: str | None, platform: dict[str, Any]) -> dict[str, Any]:
+    """What the manifest says of the stream's way from agent to host."""
+    return {"agent_records": stream.written, "host_records": int(stream.records.size),
+            "confirmation": confirmation or "not offered", "corrupt": stream.corrupt, **platform}
+
+
+def delivery_problem(delivery: dict[str, Any]) -> str | None:
+    """Why the host holds fewer records than the agent wrote, or None when it holds every one."""
+    wrote, held = delivery.get("agent_records"), delivery["host_records"]
+    if delivery.get("corrupt"):
+        return f"the stream arrived corrupt: {delivery['corrupt']}"
+    if wrote is None or wrote == held:
+        return None  # no END (a cut-short run is partial, said elsewhere), or every record arrived
+    side = "between the agent and the host"
+    said = delivery.get("guest_said")
+    if said == "confirmed":  # the agent heard the host confirm every record: the loss is on the host's side
+        side = "on the host after the agent's records were confirmed"
+    elif said in ("short", "unconfirmed"):
+        side = f"on the way from the guest (its agent said: {said})"
+    return f"lost {wrote - held} of {wrote} samples {side} (channel: {delivery.get('channel', 'stream')})"
+
+
+def expectation_record(stream: SampleStream, expected: int | None, duration_ns: int) -> dict[str, Any] | None:
+    """How many samples the run promised and, when it took far fewer, why; None when nothing was promised."""
+    if not expected:
+        return None
+    taken = int(stream.records.size)
+    record: dict[str, Any] = {"expected": expected, "taken": taken, "ratio": round(taken / expected, 4)}
+    if taken >= SHORT_FRACTION * expected:
+        return record
+    record["why"] = _why_short(stream, duration_ns)
+    return record
+
+
+def _why_short(stream: SampleStream, duration_ns: int) -> str:
+    start = stream.header.get("start_monotonic_ns")
+    times = stream.records["t_ns"]
+    if not stream.records.size or not isinstance(start, int):
+        return "the probe took no sample in its time"
+    first_s = (int(times.min()) - start) / 1e9
+    span_s = (int(times.max()) - int(times.min())) / 1e9
+    if duration_ns and first_s > LATE_FRACTION * duration_ns / 1e9:
+        return (f"the probe started late: its first sample came {first_s:.2f} s into its {duration_ns / 1e9:.2f} s "
+                "(its threads were not scheduled: a starved vCPU, or a guest still booting under load)")
+    if duration_ns and span_s < (1 - LATE_FRACTION) * duration_ns / 1e9 - first_s:
+        return (f"the probe's samples span {span_s:.2f} s of its {duration_ns / 1e9:.2f} s: it was stopped "
+                "early or starved for the rest")
+    overruns = sum(value for (_, name), value in stream.stats.items() if name == "overruns")
+    return (f"the probe ran its whole time but its measuring thread was starved: {overruns} periods passed while "
+            "it waited to run (counted as overruns, not as samples)")
