@@ -25,17 +25,15 @@ from rtvirt.agents import agent_args
 from rtvirt.environments import SharedResources
 from rtvirt.environments.libvirt import (
     DOMAIN_PREFIX,
-    RT_SYSCTL,
     LibvirtConfig,
     LibvirtConnection,
     LibvirtEnvironment,
     RtThrottlingLifted,
-    _libvirt,
-    _meminfo_kib,
-    _mounts,
-    _v1_cpu_controller,
     hugepage_problem,
 )
+from rtvirt.environments.libvirt.connection import _libvirt
+from rtvirt.environments.libvirt.host import _meminfo_kib, _mounts, _v1_cpu_controller
+from rtvirt.environments.libvirt.rt_throttling import RT_SYSCTL
 from rtvirt.errors import InputError, RunError
 from rtvirt.probes import PROBES
 from rtvirt.procs import Supervisor
@@ -469,9 +467,9 @@ def test_a_libvirtd_that_stops_answering_fails_our_calls_instead_of_hanging(libv
     hung so, in the qemu+ssh test, virt-ssh-helper connected and nothing answering). Keepalive closes an
     open connection; the opening, local or over ssh, is bounded by a timeout."""
     libvirt = _libvirt()
-    monkeypatch.setattr("rtvirt.environments.libvirt.KEEPALIVE_INTERVAL_S", 1)
-    monkeypatch.setattr("rtvirt.environments.libvirt.KEEPALIVE_COUNT", 2)
-    monkeypatch.setattr("rtvirt.environments.libvirt.CONNECT_TIMEOUT_S", 3.0)
+    monkeypatch.setattr("rtvirt.environments.libvirt.connection.KEEPALIVE_INTERVAL_S", 1)
+    monkeypatch.setattr("rtvirt.environments.libvirt.connection.KEEPALIVE_COUNT", 2)
+    monkeypatch.setattr("rtvirt.environments.libvirt.connection.CONNECT_TIMEOUT_S", 3.0)
     pid = int(Path("/run/libvirtd.pid").read_text().strip())
     connection = LibvirtConnection(libvirtd)
     outcome: list[object] = []
@@ -535,7 +533,7 @@ def test_rt_throttling_is_restored_after_a_kill_only_when_its_owner_is_gone(tmp_
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     sysctl = tmp_path / "sched_rt_runtime_us"
     sysctl.write_text("950000\n")
-    monkeypatch.setattr("rtvirt.environments.libvirt.RT_SYSCTL", sysctl)
+    monkeypatch.setattr("rtvirt.environments.libvirt.rt_throttling.RT_SYSCTL", sysctl)
     monkeypatch.setenv("RTVIRT_CACHE", str(tmp_path / "cache"))
     lifted = RtThrottlingLifted()
     assert sysctl.read_text() == "-1\n" and lifted.describe()["kernel.sched_rt_runtime_us"]["before"] == 950000

@@ -24,8 +24,9 @@ import tomli_w
 from conftest import RTVIRT, run_cli
 
 from rtvirt.environments.guest_image import cache_dir
-from rtvirt.environments.xen import XenConfig, XenEnvironment, _mode_refusal
-from rtvirt.environments.xen_lab import LAB_ROOT
+from rtvirt.environments.xen import XenConfig, XenEnvironment
+from rtvirt.environments.xen.lab import LAB_ROOT
+from rtvirt.environments.xen.xl import _mode_refusal
 from rtvirt.errors import InputError
 from rtvirt.scenario import builtin_scenarios
 from rtvirt.scenario.loader import load_scenario, parse_scenario
@@ -509,7 +510,7 @@ def test_the_hvm_archive_holds_the_device_model_its_firmware_and_the_libraries_d
     import io
     import tarfile
 
-    from rtvirt.environments.xen_lab import DEVICE_MODEL, TOOLSTACK, _libraries, hvm_archive
+    from rtvirt.environments.xen.dom0_image import DEVICE_MODEL, TOOLSTACK, _libraries, hvm_archive
 
     with tarfile.open(fileobj=io.BytesIO(hvm_archive())) as tar:
         names = set(tar.getnames())

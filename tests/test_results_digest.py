@@ -17,13 +17,14 @@ import pytest
 from conftest import run_cli
 from results_data import SEC, real_timer_run, samples_table, synthetic_run
 
-from rtvirt.results.digest import read_digest
+from rtvirt.digest import read_digest
 from rtvirt.results.report import write_report
 from rtvirt.results.reportdata import collect
 from rtvirt.results.sources import run_summaries
-from rtvirt.results.windows import TOP_KEPT, run_pass
+from rtvirt.results.windows import run_pass
 from rtvirt.stats import summarize
 from rtvirt.store import load_run, new_run, write_run
+from rtvirt.timeprofile.windows import TOP_KEPT
 
 N = 60_000
 EVENTS = (20 * SEC, 41 * SEC)

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from rtvirt.campaign import expand
 from rtvirt.cli import app
 from rtvirt.errors import InputError
 from rtvirt.scenario import builtin_scenarios, parse_scenario
 from rtvirt.scenario.loader import key_lines
+from rtvirt.scenario.matrix import expand
 
 VALID = """\
 name = "t"

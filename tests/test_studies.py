@@ -13,13 +13,14 @@ from click.testing import CliRunner
 from conftest import run_cli
 from test_env_xen import lab_campaign, lab_cots_campaign  # noqa: F401 - the session's Xen lab campaign: one lab boot for all
 
-from rtvirt.campaign import PlannedRun, execute_run, expand
+from rtvirt.campaign import execute_run
 from rtvirt.cli import app
 from rtvirt.results.report import write_report
-from rtvirt.results.studies.provenance import differences
 from rtvirt.results.studies.tables import published
 from rtvirt.scenario import builtin_scenarios, load_scenario, parse_scenario
+from rtvirt.scenario.matrix import PlannedRun, expand
 from rtvirt.scenario.schema import Scenario
+from rtvirt.scenario.studies import differences
 from rtvirt.store import load_run
 from rtvirt.stream import read_stream
 from rtvirt.sysaudit import audit_system

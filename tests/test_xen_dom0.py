@@ -19,13 +19,12 @@ from typing import Any
 
 import pytest
 
-from rtvirt.environments.xen import is_dom0
-from rtvirt.environments.xen_lab import LabShare, XenLab, XenLabConfig, local_domu_files
+from rtvirt.environments.xen import LabShare, XenLab, XenLabConfig, is_dom0, local_domu_files
 from rtvirt.procs import Supervisor
 from rtvirt.store import load_run
 from rtvirt.stream import read_stream
 
-ROOT = "/mnt/hostroot"  # where dom0 mounts the "hostroot" share (xen_lab's DOM0_INIT: /mnt/<tag>)
+ROOT = "/mnt/hostroot"  # where dom0 mounts the "hostroot" share (xen/dom0_image.py's DOM0_INIT: /mnt/<tag>)
 VENV_RTVIRT = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "rtvirt"
 SCENARIO = """
 name = "xen-in-dom0"

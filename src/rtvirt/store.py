@@ -6,7 +6,7 @@ Layout and schema: docs/results-store.md ::
     RESULTS/runs/<run_id>/samples.rtvs        the agent's raw stream, kept as taken (measured runs)
     RESULTS/runs/<run_id>/samples.parquet     the samples as columns: t_ns, <value_field>, cpu, thread, kind, [aux]
     RESULTS/runs/<run_id>/histogram.parquet   exact histogram per (cpu, kind): cpu, kind, value, count
-    RESULTS/runs/<run_id>/digest.json         statistics, time profile, largest samples (results/digest.py)
+    RESULTS/runs/<run_id>/digest.json         statistics, time profile, largest samples (digest.py)
     RESULTS/runs/<run_id>/series.parquet      every k-th sample, for plots
 """
 
@@ -284,11 +284,14 @@ def write_run(run: RunDir, table: pa.Table | None, manifest: dict[str, Any], *,
 def write_digest(run: RunDir, manifest: dict[str, Any], table: pa.Table | None, histogram: pa.Table | None,
                  groups: dict[str, Summary] | None = None) -> None:
     """digest.json and series.parquet beside the samples: the statistics, time profile, largest samples and
-    plot series that `rtvirt stats` and the report read instead of the samples (rtvirt.results.digest).
+    plot series that `rtvirt stats` and the report read instead of the samples (rtvirt.digest).
     Every writer of runs must call it; write_run does. ``manifest`` needs ``run_id`` (and ``timeline``,
     ``source``, ``dropped``, ``value_field`` as the manifest will hold them)."""
-    from .results.digest import write_digest as write
+    from .digest import stats_grouping
+    from .digest import write_digest as write
 
+    if groups is None and histogram is not None:
+        groups = summaries_from_histogram(histogram, stats_grouping(manifest), int(manifest.get("dropped") or 0))
     write(run.path, manifest, table, histogram, groups)
 
 

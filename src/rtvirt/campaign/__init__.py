@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from .engine import CampaignResult, execute_run, run_campaign
-from .matrix import PlannedRun, expand
 from .state import CampaignState, find_resumable
 
-__all__ = ["CampaignResult", "CampaignState", "PlannedRun", "expand", "execute_run", "find_resumable",
-           "run_campaign"]
+__all__ = ["CampaignResult", "CampaignState", "execute_run", "find_resumable", "run_campaign"]

@@ -27,15 +27,15 @@ from ..environments import ENVIRONMENTS, Environment, Launched, SharedResources
 from ..errors import InputError, RtvirtError, RunError
 from ..probes import PROBES
 from ..procs import Supervisor
-from ..results.studies.provenance import study_provenance
+from ..scenario.matrix import PlannedRun, expand, scaled_params
 from ..scenario.schema import Scenario, StressorUse
+from ..scenario.studies import study_provenance
 from ..store import RunDir, new_run, write_failed_run, write_measured_run
 from ..stream import StreamReader, recover_from_copy
 from ..stressors import STRESSORS, RunningStressor
 from ..sysaudit import audit_system
 from .delivery import delivery_problem, delivery_record, expectation_record
 from .hooks import HookRunner
-from .matrix import PlannedRun, expand, scaled_params
 from .state import CampaignState
 
 __all__ = ["CampaignResult", "run_campaign", "execute_run"]

@@ -8,8 +8,8 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ..campaign import PlannedRun, expand
 from ..scenario import Scenario, builtin_scenarios, load_scenario, parse_scenario
+from ..scenario.matrix import PlannedRun, expand
 from ..scenario.schema import StressorUse
 from ..units import format_duration
 from .output import console, print_json

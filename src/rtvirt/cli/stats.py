@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from ..results.digest import read_digest, stored_summaries
+from ..digest import read_digest, stored_summaries
 from ..summary import Summary
 from .output import console, print_json, us
 from .resultopts import DURATION

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from ..params import build_params, click_options
-from ..stressors import ENGINES, STRESSORS, StressorSpec, StressProgress, StressSummary, run_stressor
+from ..stressors import ENGINES, STRESSORS, StressorSpec, StressProgress, StressSummary, follow_stressor, run_stressor
 from ..units import format_duration
 from .output import console, err_console, print_json, progress_wanted
 from .targetopts import pop_target, target_options
+
+if TYPE_CHECKING:  # asyncssh and the remote package load only when a target is used
+    from ..remote.target import SshTarget
 
 __all__ = ["stress"]
 
@@ -32,6 +36,16 @@ def _summary_table(summary: StressSummary) -> Table:
                       "-" if part.cpu_time_ns is None else format_duration(part.cpu_time_ns),
                       "-" if part.missed is None else str(part.missed), "-" if not part.bytes else str(part.bytes))
     return table
+
+
+def _run(spec: StressorSpec, params: Any, engine: str, target: SshTarget | None,
+         on_progress: Callable[[StressProgress], None] | None = None) -> StressSummary:
+    """Run the stressor here, or on ``target`` (the remote package and asyncssh load only then)."""
+    if target is None:
+        return run_stressor(spec, params, engine=engine, on_progress=on_progress)  # type: ignore[arg-type]
+    from ..remote.stressor import start_on_target
+
+    return follow_stressor(start_on_target(spec, params, engine, target), on_progress)
 
 
 def _make_command(spec: StressorSpec) -> click.Command:
@@ -55,10 +69,9 @@ def _make_command(spec: StressorSpec) -> click.Command:
                 bar.update(task, total=p.duration_s, completed=p.elapsed_s if p.duration_s else None)
 
             with bar:
-                summary = run_stressor(spec, params, engine=engine, on_progress=show,  # type: ignore[arg-type]
-                                       target=target)
+                summary = _run(spec, params, engine, target, show)
         else:
-            summary = run_stressor(spec, params, engine=engine, target=target)  # type: ignore[arg-type]
+            summary = _run(spec, params, engine, target)
         if as_json:
             print_json(summary.model_dump(mode="json"))
         else:

@@ -239,17 +239,14 @@ class Environment(ABC):
         """A disturbing guest for "other-vm" stressors, placed on ``host_cpus`` (None: unpinned), running
         ``guest`` (linux, or the bare-metal kernel's stressor programs).
 
-        By default a QEMU guest beside the measured platform; hypervisor kinds override it so that the
-        disturber is a guest of the same hypervisor (another domU, another libvirt domain, another target).
+        Each kind that offers them says which: host, partition and qemu a QEMU guest beside the measured
+        platform (qemu.qemu_stressor_guest); hypervisor kinds a guest of the same hypervisor (another domU,
+        another libvirt domain, another target).
         """
-        from .qemu import QemuConfig, QemuEnvironment
+        from ..errors import InputError
 
-        # as large as the measured guest: a load the study ran in it (64 MB blocks) must fit in them too
-        memory = getattr(self.config, "memory", None)
-        config = QemuConfig.model_validate({"kind": "qemu", "name": f"stress-vm-{index}",
-                                            "pin": host_cpus is not None, "cpus": host_cpus, "guest": guest,
-                                            **({"memory": memory} if isinstance(memory, int) else {})})
-        return QemuEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
+        raise InputError(f"environment {self.config.label!r} ({self.kind}): 'other-vm' stressors need a kind that "
+                         "makes disturbing guests")
 
     def platform_audit(self) -> dict[str, Any]:
         """The audit of the platform the workload runs on when it is not this host (a Xen host's ``xl info``,

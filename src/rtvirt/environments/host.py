@@ -8,6 +8,7 @@ from typing import Literal
 
 from ..agents import agent_path
 from .base import Environment, EnvironmentConfig, Launched
+from .qemu import qemu_stressor_guest
 
 __all__ = ["HostConfig", "HostEnvironment"]
 
@@ -26,3 +27,6 @@ class HostEnvironment(Environment):
             argv.append(f"--out={out}")
         proc = self.supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         return Launched(proc, out)
+
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
+        return qemu_stressor_guest(self, index, host_cpus, guest)

@@ -24,6 +24,7 @@ from ..agents import agent_path
 from ..errors import PrivilegeError, RunError
 from ..units import duration_field
 from .base import Environment, EnvironmentConfig, Launched
+from .qemu import qemu_stressor_guest
 from .sched import SchedPolicy, apply_policy, thread_ids
 
 __all__ = ["PartitionConfig", "PartitionEnvironment", "CgroupTree", "Cgroup"]
@@ -224,6 +225,9 @@ class PartitionEnvironment(Environment):
             if tid != pid and tid not in self._placed:
                 apply_policy(tid, self.config.sched)
                 self._placed.add(tid)
+
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
+        return qemu_stressor_guest(self, index, host_cpus, guest)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "cgroup_version": self._tree.version if self._tree else None,

@@ -169,6 +169,18 @@ def _read_console(path: Path) -> str:
         return f.read(CONSOLE_LIMIT).decode("utf-8", errors="replace")
 
 
+def qemu_stressor_guest(env: Environment, index: int, host_cpus: tuple[int, ...] | None,
+                        guest: str = "linux") -> Environment:
+    """A QEMU guest disturbing ``env`` from beside it ("other-vm" of the kinds on this host: host, partition,
+    qemu), placed on ``host_cpus`` (None: unpinned), running ``guest``."""
+    # as large as the measured guest: a load the study ran in it (64 MB blocks) must fit in them too
+    memory = getattr(env.config, "memory", None)
+    config = QemuConfig.model_validate({"kind": "qemu", "name": f"stress-vm-{index}",
+                                        "pin": host_cpus is not None, "cpus": host_cpus, "guest": guest,
+                                        **({"memory": memory} if isinstance(memory, int) else {})})
+    return QemuEnvironment(config, env.supervisor, env.workdir / f"stress-vm-{index}", env.shared)
+
+
 class QemuEnvironment(Environment):
     kind = "qemu"
     config_model = QemuConfig
@@ -224,6 +236,9 @@ class QemuEnvironment(Environment):
             raise RunError(f"{self.config.label}: a stressor inside the guest starts with it: give its disturbance "
                            "start_order = ['stress-first'] and no events")
         self._beside.append(GuestJob([f"{GUEST_AGENT_DIR}/{agent}", *args]))
+
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
+        return qemu_stressor_guest(self, index, host_cpus, guest)
 
     def start(self) -> None:
         if self._accel is None:

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from ..errors import RunError
+from ..errors import InputError, RunError
 from ..stressors.base import StressorSpec, StressParams, StressSummary
-from ..stressors.runner import StressorClock, native_summary
+from ..stressors.registry import stressor_spec
+from ..stressors.runner import resolve_params
+from ..stressors.running import StressorClock, native_summary
 from .agents import TargetLink
+from .probe import DEFAULT_REMOTE_DIR
+from .target import SshTarget
 
-__all__ = ["RemoteStressor"]
+__all__ = ["RemoteStressor", "start_on_target"]
 
 
 class RemoteStressor(StressorClock):
@@ -41,7 +47,7 @@ class RemoteStressor(StressorClock):
 
     @property
     def process(self) -> RemoteStressor:
-        return self  # run_stressor polls ``process``
+        return self  # follow_stressor polls ``process``
 
     def poll(self) -> int | None:
         return self.agent.poll()
@@ -100,3 +106,13 @@ class RemoteStressor(StressorClock):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def start_on_target(stressor: str | StressorSpec, params: StressParams | Mapping[str, Any] | None, engine: str,
+                    target: SshTarget) -> RemoteStressor:
+    """Start ``stressor`` on an SSH target (our native agent only) over a connection of its own."""
+    if engine != "native":
+        raise InputError(f"option --engine {engine}: only rtvirt's own agent is copied to a target; "
+                         "use --engine native with --target")
+    spec = stressor_spec(stressor)
+    return RemoteStressor(TargetLink(target, DEFAULT_REMOTE_DIR), spec, resolve_params(spec, params), owns_link=True)

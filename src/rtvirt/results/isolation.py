@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..digest import read_digest
 from ..errors import InputError
 from ..stats import Summary
 from ..store import StoredRun
-from .digest import read_digest
-from .windows import TOP_KEPT
+from ..timeprofile.windows import TOP_KEPT
 
 __all__ = ["IsolationRow", "Outlier", "isolation", "isolation_of", "outliers", "outlier_rows", "cycles_hz"]
 

@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from ..fileio import write_atomically
 from ..predict.report import prediction_html, prediction_tables
-from .levels import event_offsets
+from ..timeprofile.levels import event_offsets
+from ..timeprofile.windows import TOP_KEPT
 from .reportdata import Configuration, ReportData, RunView, as_json, collect
 from .studies.tables import study_tables
-from .windows import TOP_KEPT
 
 __all__ = ["render", "write_report", "FORMATS"]
 

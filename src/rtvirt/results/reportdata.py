@@ -9,14 +9,15 @@ from typing import Any
 
 import numpy as np
 
+from ..digest import Digest, read_digest
 from ..errors import InputError
 from ..stats import Histogram, Summary, summarize_histogram
 from ..store import StoredRun, resolve_runs
-from .digest import Digest, read_digest
+from ..timeprofile.levels import Ramp, Segment, Switch, detect_ramp, event_offsets, segments_of, transitions
+from ..timeprofile.windows import TOP_KEPT, TimeProfile
 from .isolation import IsolationRow, Outlier, isolation_of, outlier_rows
-from .levels import Ramp, Segment, Switch, detect_ramp, event_offsets, segments_of, transitions
 from .verdicts import DEFAULT_MARGIN, RequirementClass, Verdict, judge, load_classes
-from .windows import TOP_KEPT, TimeProfile, run_pass, time_range
+from .windows import run_pass, time_range
 
 __all__ = ["ReportData", "Configuration", "RunView", "TaskBounds", "collect", "as_json"]
 

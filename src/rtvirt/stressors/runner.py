@@ -12,7 +12,6 @@ The library API the campaign engine and the CLI share::
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import resource
@@ -22,21 +21,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, Any, Literal
 
 import yaml
 from pydantic import ValidationError
 
-from ..agents import agent_failure, agent_path
+from ..agents import agent_path
 from ..errors import InputError, PrivilegeError, RunError, first_validation_error
 from ..procs import Supervisor
 from .base import PartSummary, StressorSpec, StressParams, StressSummary
-
-if TYPE_CHECKING:  # asyncssh and the remote package load only when a target is used
-    from ..remote.target import SshTarget
+from .registry import stressor_spec
+from .running import StressorClock, native_summary
 
 __all__ = ["ENGINES", "Engine", "StressProgress", "RunningStressor", "start_stressor", "run_stressor",
-           "resolve_params", "stress_ng_command", "native_summary", "StressorClock"]
+           "follow_stressor", "resolve_params", "stress_ng_command"]
 
 Engine = Literal["native", "stress-ng"]
 ENGINES: tuple[Engine, ...] = ("native", "stress-ng")
@@ -49,14 +47,6 @@ _TAIL_CHARS = 2000  # bound on what we keep of a child's stderr for messages
 class StressProgress:
     elapsed_s: float
     duration_s: float | None
-
-
-def _spec(stressor: str | StressorSpec) -> StressorSpec:
-    if isinstance(stressor, StressorSpec):
-        return stressor
-    from . import get_stressor
-
-    return get_stressor(stressor)
 
 
 def resolve_params(spec: StressorSpec, params: StressParams | Mapping[str, Any] | None) -> StressParams:
@@ -96,35 +86,6 @@ def stress_ng_command(spec: StressorSpec, params: StressParams, yaml_path: Path,
     if params.priority:
         argv += ["--sched", "fifo", "--sched-prio", str(params.priority)]
     return argv
-
-
-def native_summary(status: int | None, stdout: bytes, stderr_tail: str, argv: list[str]) -> StressSummary:
-    """The summary rtvirt-stress printed last on stdout (wherever it ran); its failure if it failed."""
-    if status in (1, 2):  # bad options, or a worker failed (disk full...): the agent said why on stderr
-        raise agent_failure(status, stderr_tail)
-    lines = [line for line in stdout.decode(errors="replace").splitlines()
-             if line.startswith("{") and not line.startswith('{"event"')]
-    if not lines:
-        raise agent_failure(status or 1, stderr_tail or f"rtvirt-stress ended ({status}) without a summary")
-    try:
-        return StressSummary.model_validate(json.loads(lines[-1]) | {"engine": "native", "command": argv})
-    except (ValueError, ValidationError) as exc:
-        raise RunError(f"rtvirt-stress printed an unreadable summary: {exc}") from None
-
-
-class StressorClock:
-    """Elapsed and planned time of a started stressor (here or on a target)."""
-
-    started: float
-    params: StressParams
-
-    @property
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self.started
-
-    @property
-    def duration_s(self) -> float | None:
-        return self.params.duration / 1e9 if self.params.duration else None
 
 
 class RunningStressor(StressorClock):
@@ -286,7 +247,7 @@ def start_stressor(
     ``params`` is the stressor's model or a mapping validated into it (``{"cpus": "1", "duration": "5s"}``).
     Bad input raises InputError naming the field; a missing engine raises InputError naming --engine.
     """
-    spec = _spec(stressor)
+    spec = stressor_spec(stressor)
     if engine not in ENGINES:
         raise InputError(f"option --engine: {engine!r} is not one of {', '.join(ENGINES)}")
     resolved = resolve_params(spec, params)
@@ -303,15 +264,15 @@ def run_stressor(
     supervisor: Supervisor | None = None,
     on_progress: Callable[[StressProgress], None] | None = None,
     poll_interval: float = 0.25,
-    target: SshTarget | None = None,
 ) -> StressSummary:
-    """Run to the end of the duration (or Ctrl-C/SIGTERM as KeyboardInterrupt) and return the summary;
-    with ``target``, on that SSH target (our native agent only)."""
-    running: Any
-    if target is None:
-        running = start_stressor(stressor, params, supervisor, engine=engine)
-    else:
-        running = _start_on_target(stressor, params, engine, target)
+    """Run to the end of the duration (or Ctrl-C/SIGTERM as KeyboardInterrupt) and return the summary."""
+    return follow_stressor(start_stressor(stressor, params, supervisor, engine=engine), on_progress, poll_interval)
+
+
+def follow_stressor(running: Any, on_progress: Callable[[StressProgress], None] | None = None,
+                    poll_interval: float = 0.25) -> StressSummary:
+    """Follow a started stressor (here, or on a target: remote.stressor.start_on_target) to its end and return
+    its summary; Ctrl-C/SIGTERM (KeyboardInterrupt) stops it and still summarises."""
     try:
         while running.running:
             if on_progress:
@@ -323,16 +284,3 @@ def run_stressor(
     finally:
         if running.process.poll() is None:
             running.stop()
-
-
-def _start_on_target(stressor: str | StressorSpec, params: StressParams | Mapping[str, Any] | None, engine: Engine,
-                     target: SshTarget) -> Any:
-    from ..remote.agents import TargetLink
-    from ..remote.probe import DEFAULT_REMOTE_DIR
-    from ..remote.stressor import RemoteStressor
-
-    if engine != "native":
-        raise InputError(f"option --engine {engine}: only rtvirt's own agent is copied to a target; "
-                         "use --engine native with --target")
-    spec = _spec(stressor)
-    return RemoteStressor(TargetLink(target, DEFAULT_REMOTE_DIR), spec, resolve_params(spec, params), owns_link=True)

@@ -117,8 +117,8 @@ def _ms(ns: float) -> str:
 @cache
 def _cots_profiles() -> list[tuple[str, str]]:
     """(testing profile, system profile) of every configuration of the built-in cots-hypervisor matrix."""
-    from ...campaign import expand
     from ...scenario import builtin_scenarios, parse_scenario
+    from ...scenario.matrix import expand
 
     study = parse_scenario(builtin_scenarios()["cots-hypervisor"], "built-in scenario cots-hypervisor")
     return list(dict.fromkeys((plan.group, study.environments[plan.environment].name) for plan in expand(study)))

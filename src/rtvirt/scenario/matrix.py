@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
-from ..scenario.schema import Scenario, TimelineEvent
 from ..units import parse_duration
+from .schema import Scenario, TimelineEvent
 
 __all__ = ["PlannedRun", "expand", "scaled_ns", "scaled_params"]
 

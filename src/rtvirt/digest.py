@@ -18,13 +18,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..summary import Summary
+from .summary import Summary
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from .levels import Segment
-    from .windows import RunPass, TimeProfile
+    from .timeprofile.levels import Segment
+    from .timeprofile.windows import RunPass, TimeProfile
 
 __all__ = ["DIGEST_VERSION", "DIGEST_FILE", "SERIES_FILE", "Digest", "write_digest", "read_digest",
            "stored_summaries", "stats_grouping"]
@@ -71,7 +71,7 @@ class Digest:
         return self.cache["_over_time"]  # type: ignore[no-any-return]
 
     def profile(self) -> TimeProfile:
-        from .windows import TimeProfile, Window
+        from .timeprofile.windows import TimeProfile, Window
 
         p = self.document["profile"]
         w = p["windows"]
@@ -86,7 +86,7 @@ class Digest:
         return [(int(t), int(v), int(c)) for t, v, c in zip(top["t_ns"], top["value_ns"], top["cpu"], strict=True)]
 
     def segments(self) -> list[Segment]:
-        from .levels import Segment
+        from .timeprofile.levels import Segment
 
         return [Segment(int(s["start_ns"]), int(s["end_ns"]), str(s["after_event"]), int(s["count"]),
                         float(s["median_ns"]), float(s["mean_ns"]), float(s["max_ns"]))
@@ -97,7 +97,7 @@ class Digest:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from ..errors import InputError
+        from .errors import InputError
 
         path = self.path / SERIES_FILE
         try:
@@ -149,22 +149,20 @@ def write_digest(run_dir: Path, document: dict[str, Any], table: pa.Table | None
                  groups: dict[str, Summary] | None = None) -> None:
     """Compute and write the digest of a run being stored: ``document`` is its manifest, ``table`` its samples
     (value column as stored), ``histogram`` its exact histogram table (cpu, kind, value, count); ``groups`` its
-    statistics per stats_grouping() group and "all" when the writer already computed them from that histogram."""
+    statistics per stats_grouping() group and "all", computed from that histogram (None: no histogram)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..errors import InputError
-    from ..fileio import write_atomically
-    from ..stats import Histogram, summarize_histogram
-    from ..store import summaries_from_histogram
-    from .levels import event_offsets, segments_of
-    from .windows import profile_pass
+    from .errors import InputError
+    from .fileio import write_atomically
+    from .stats import Histogram, summarize_histogram
+    from .timeprofile.levels import event_offsets, segments_of
+    from .timeprofile.windows import profile_pass
 
     dropped = int(document.get("dropped") or 0)
-    if groups is None:
-        groups = summaries_from_histogram(histogram, stats_grouping(document), dropped) if histogram is not None \
-            else {"all": summarize_histogram(None, dropped)}
+    if groups is None:  # the store gives the statistics of every histogram (store.write_digest): no samples
+        groups = {"all": summarize_histogram(None, dropped)}
     digest: dict[str, Any] = {"digest_version": DIGEST_VERSION, "run_id": document["run_id"],
                               "groups": {k: s.as_json() for k, s in groups.items()}, "profile": None}
     value_field = document.get("value_field")

@@ -1,6 +1,6 @@
 """Level changes over a run: a start-up ramp, and what happens around timeline events (stressor on/off).
 
-Both work on the per-window levels (p1..p99-clipped means) of :func:`rtvirt.results.windows.time_profile`.
+Both work on the per-window levels (p1..p99-clipped means) of :func:`rtvirt.timeprofile.windows.profile_pass`.
 A *ramp* is the leading stretch of windows whose level differs from the steady state (median of the
 second half's window levels) by more than ``threshold_pct`` and by more than 4 robust sigmas of the
 steady windows' levels. *Transitions* split the run at its timeline events and give each segment's exact
@@ -87,7 +87,7 @@ def event_offsets(first_ns: int, timeline: list[dict[str, Any]]) -> list[tuple[i
 
 def segments_of(events: list[tuple[int, str]], duration_ns: int, between: list[Summary]) -> list[Segment]:
     """Segments from the exact statistics of the samples between consecutive events
-    (:func:`rtvirt.results.windows.profile_pass` with the events' times as cuts)."""
+    (:func:`rtvirt.timeprofile.windows.profile_pass` with the events' times as cuts)."""
     bounds = [(0, "start"), *events, (duration_ns, "end")]
     return [Segment(begin, end, label, summary.samples, summary.median_ns, summary.mean_ns, summary.max_ns)
             for summary, (begin, label), (end, _) in zip(between, bounds[:-1], bounds[1:], strict=True)

@@ -1,11 +1,12 @@
-"""Whether a scenario is still the study's configuration: the fields where it differs from the built-in."""
+"""The study a scenario reproduces: whether it is still the study's configuration (the fields where it differs
+from the built-in) and what a run's manifest records about it."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ...scenario.loader import builtin_scenarios, parse_scenario
-from ...scenario.schema import Scenario
+from .loader import builtin_scenarios, parse_scenario
+from .schema import Scenario
 
 __all__ = ["study_provenance", "differences"]
 

@@ -1,0 +1,195 @@
+"""The libvirt environment: a domain defined from our XML, started paused, its streams opened, then resumed."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import socket
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from ...errors import RunError
+from .. import baremetal
+from ..base import Environment, EnvironmentConfig, Launched, SharedResources
+from ..guest_image import (
+    GUEST_AGENT_DIR,
+    GuestJob,
+    guest_description,
+    guest_image,
+    guest_port_path,
+    job_archive,
+)
+from ..qemu import OUTPUT_PORT, TCG_WARNING, choose_accel
+from .config import LibvirtConfig
+from .connection import DOMAIN_PREFIX, LibvirtConnection, _connection, _error_text, _libvirt, _process_start, _version
+from .domain_xml import OWNER_NS, XML_LIMIT
+from .host import MEMLOCK_OVERHEAD_MIB, _v1_cpu_controller, hugepage_problem
+from .rt_throttling import RT_REFUSED, RtThrottlingLifted, _rt_refusal_diagnosis
+from .streams import BAREMETAL_CONSOLE, DomainProcess
+from .teardown import LibvirtTeardown, _destroy_and_undefine
+
+MEMLOCK_REFUSED = "cannot limit locked memory"  # libvirt's message when QEMU's RLIMIT_MEMLOCK cannot be raised
+
+
+class LibvirtEnvironment(LibvirtTeardown):
+    kind = "libvirt"
+
+    config_model = LibvirtConfig
+
+    on_host = False
+
+    config: LibvirtConfig
+
+    @staticmethod
+    def available() -> str | None:
+        if importlib.util.find_spec("libvirt") is None:
+            return "libvirt-python is not installed (run scripts/setup.sh)"
+        return None
+
+    @classmethod
+    def reclaim(cls, config: EnvironmentConfig, shared: SharedResources) -> list[str]:
+        assert isinstance(config, LibvirtConfig)
+        libvirt = _libvirt()
+        connection = _connection(shared, config.uri)
+        removed = []
+        me = socket.gethostname()[:64]
+        for domain in connection.conn.listAllDomains(0):
+            name = str(domain.name())
+            if not name.startswith(DOMAIN_PREFIX):
+                continue
+            try:
+                owner = ET.fromstring(domain.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, OWNER_NS, 0))
+                host, pid, started = owner.get("host"), int(owner.get("pid", "0")), owner.get("started", "")
+            except (libvirt.libvirtError, ET.ParseError, ValueError):
+                continue  # not ours to judge: no owner record
+            if host != me or (started and _process_start(pid) == started):
+                continue  # another machine's campaign, or one still running
+            _destroy_and_undefine(domain, config.uri)
+            connection.delete_volume(f"{name}.initrd")
+            removed.append(f"libvirt domain {name} ({config.uri})")
+        # an initrd whose domain is gone (its run lost libvirtd): a domain is defined before its initrd exists,
+        # so a running campaign's initrd always has its domain
+        defined = {str(domain.name()) for domain in connection.conn.listAllDomains(0)}
+        for volume in connection.pool().listVolumes():
+            if volume.startswith(DOMAIN_PREFIX) and volume.endswith(".initrd") and \
+                    volume.removesuffix(".initrd") not in defined and connection.delete_volume(volume):
+                removed.append(f"libvirt volume {volume} ({config.uri})")
+        if config.local and os.geteuid() == 0:
+            restored = RtThrottlingLifted.restore_after_kill()
+            if restored:
+                removed.append(restored)
+        return removed
+
+    def start(self) -> None:
+        connection = self._conn()
+        if not self._versions:
+            with contextlib.suppress(Exception):
+                self._versions = {"libvirt": _version(connection.conn.getLibVersion()),
+                                  "hypervisor": _version(connection.conn.getVersion())}
+        if not self._type:
+            self._type = self._choose_type(connection)
+        if (self._rt is None and self._realtime_vcpus() and self.config.rt_throttling == "lift"
+                and self.config.local and os.geteuid() == 0 and _v1_cpu_controller() is not None):
+            self._rt = self.shared.get("libvirt:rt-throttling", RtThrottlingLifted)
+
+    def _choose_type(self, connection: LibvirtConnection) -> dict[str, str]:
+        requested = self.config.domain_type
+        if requested != "auto":
+            return {"type": requested, "reason": "requested"}
+        if self.config.local:
+            decision = choose_accel("auto")
+            return {"type": "kvm" if decision["accel"] == "kvm" else "qemu", "reason": str(decision["reason"])}
+        capabilities = ET.fromstring(connection.conn.getCapabilities())
+        offered = {d.get("type") for d in capabilities.iter("domain")}
+        if "kvm" in offered:
+            return {"type": "kvm", "reason": "the remote host offers KVM"}
+        return {"type": "qemu", "reason": "the remote host offers no KVM"}
+
+    def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        libvirt = _libvirt()
+        self.start()
+        connection = self._conn()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.config.hugepages and self.config.local:
+            problem = hugepage_problem(self.config.memory)
+            if problem:
+                raise RunError(f"libvirt: {problem}")
+        self._name = f"{DOMAIN_PREFIX}{self.config.label}-{uuid.uuid4().hex[:8]}"
+        initrd: Path | None = None
+        if self.config.guest == "baremetal":  # our own kernel (multiboot): no initrd, the probe's argv on <cmdline>
+            self._baremetal_cmdline = baremetal.command_line(agent, args)
+            channel = BAREMETAL_CONSOLE
+            definition = self._domain_xml(connection.kernel(baremetal.kernel_path()), None, out is not None)
+        else:
+            image = self._image = guest_image(self.config.guest)
+            argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
+            if out is not None:
+                argv.append(f"--out={guest_port_path(OUTPUT_PORT)}")
+            initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv)), self.workdir)
+            self._initrd_volume = f"{self._name}.initrd"
+            channel = OUTPUT_PORT
+            definition = self._domain_xml(connection.kernel(image.kernel), connection.volume_path(self._initrd_volume),
+                                          out is not None)
+        try:
+            # defined before its initrd exists, so that reclaim never sees a volume without its domain
+            self._domain = connection.conn.defineXML(definition)
+        except libvirt.libvirtError as exc:
+            raise RunError(f"libvirt ({self.config.uri}) rejected the domain: {_error_text(exc)}") from None
+        self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
+        if initrd is not None:
+            connection.upload(self._initrd_volume, initrd)
+        try:
+            self._domain.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
+        except libvirt.libvirtError as exc:
+            if RT_REFUSED in str(exc):
+                raise RunError(_rt_refusal_diagnosis(self.config.uri, self.config.local)) from None
+            if MEMLOCK_REFUSED in str(exc):
+                raise RunError(
+                    f"libvirt ({self.config.uri}) could not lock guest memory (memory_locked = true): raising QEMU's "
+                    f"RLIMIT_MEMLOCK to {self.config.memory + MEMLOCK_OVERHEAD_MIB} MiB needs CAP_SYS_RESOURCE, "
+                    "which libvirtd lacks there (a container or a restricted capability bounding set: see CapBnd "
+                    "in /proc/<libvirtd pid>/status); give libvirtd that capability or set memory_locked = "
+                    f"false ({_error_text(exc)})") from None
+            raise RunError(f"libvirt ({self.config.uri}) could not start {self._name}: {_error_text(exc)}") from None
+        self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
+        self._open_stream(None, self._console_file, self._console)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            self._channel_reader = self._open_stream(channel, out, None)
+        self._domain.resume()
+        self._launched_at = time.monotonic()
+        return Launched(DomainProcess(self), out)
+
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
+        config = LibvirtConfig.model_validate({
+            "kind": "libvirt", "name": f"stress-vm-{index}", "uri": self.config.uri,
+            "domain_type": self._type.get("type", self.config.domain_type),
+            "pin": host_cpus is not None, "cpus": host_cpus})
+        return LibvirtEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
+
+    def describe(self) -> dict[str, Any]:
+        boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
+        return {**super().describe(), "domain": self._name or None, "domain_type": self._type.get("type"),
+                "domain_type_reason": self._type.get("reason"), **self._versions, "boot_seconds": boot_s,
+                **guest_description(self.config.guest, self._image),
+                "vcpu_cpus": list(self._host_cpus()[:self.config.vcpus]) if self.config.pin else None,
+                "channel_bytes": self._channel_reader.received if self._channel_reader else None,
+                "channel_end": self._channel_reader.ended or None if self._channel_reader else None,
+                "rt_throttling_lifted": self._rt.describe() if self._rt is not None and self._rt.changed else None,
+                "domain_xml": self._applied_xml or None}
+
+    def warnings(self) -> list[str]:
+        found = []
+        if self._type.get("type") == "qemu":
+            found.append(TCG_WARNING.replace("the QEMU guest", "the libvirt domain (type qemu)"))
+        dropped = self._dropped_tuning()
+        if dropped:
+            found.append(f"libvirt dropped {', '.join(dropped)} of the requested <cputune> (see domain_xml)")
+        if self._rt is not None and self._rt.changed:
+            found.append(f"kernel.sched_rt_runtime_us was set to -1 (from {self._rt.was}) while real-time vCPUs "
+                         "ran: cgroup v1 RT group scheduling refuses them otherwise; restored afterwards")
+        return found

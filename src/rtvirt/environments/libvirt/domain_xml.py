@@ -1,0 +1,105 @@
+"""The domain XML rtvirt writes (``<cputune>`` with vCPU and emulator pinning and ``vcpusched``, memory
+locking, hugepages, NUMA placement, the guest's consoles and channel) and what libvirt dropped of it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import xml.etree.ElementTree as ET
+
+from ..qemu import OUTPUT_PORT
+from .config import parse_cputune
+from .connection import _process_start
+from .host import MEMLOCK_OVERHEAD_MIB
+from .state import LibvirtDomainState
+
+OWNER_NS = "https://github.com/rtvirt/rtvirt/libvirt-owner"
+XML_LIMIT = 1 << 16  # characters of the applied domain XML kept in the manifest
+
+
+ET.register_namespace("rtvirt", OWNER_NS)
+
+
+class LibvirtDomainXml(LibvirtDomainState):
+    """Writes the domain's XML and compares it with what libvirt applied."""
+
+    def _cputune(self) -> ET.Element:
+        if self.config.cputune is not None:
+            return parse_cputune(self.config.cputune)
+        element = ET.Element("cputune")
+        if self.config.pin:
+            host_cpus = self._host_cpus()
+            for vcpu in range(self.config.vcpus):
+                ET.SubElement(element, "vcpupin", vcpu=str(vcpu), cpuset=str(host_cpus[vcpu % len(host_cpus)]))
+            ET.SubElement(element, "emulatorpin", cpuset=",".join(map(str, self.emulator_cpus())))
+        if self.config.vcpu_sched.policy != "other":
+            ET.SubElement(element, "vcpusched", vcpus=f"0-{self.config.vcpus - 1}",
+                          scheduler=self.config.vcpu_sched.policy, priority=str(self.config.vcpu_sched.priority))
+        return element
+
+    def _domain_xml(self, kernel: str, initrd: str | None, with_output: bool) -> str:
+        config = self.config
+        root = ET.Element("domain", type=self._type["type"])
+        ET.SubElement(root, "name").text = self._name
+        ET.SubElement(ET.SubElement(root, "metadata"), f"{{{OWNER_NS}}}owner",
+                      host=socket.gethostname()[:64], pid=str(os.getpid()), started=_process_start(os.getpid()))
+        ET.SubElement(root, "memory", unit="MiB").text = str(config.memory)
+        ET.SubElement(root, "vcpu", placement="static").text = str(config.vcpus)
+        cputune = self._cputune()
+        if len(cputune):
+            root.append(cputune)
+        if config.numa_nodes:
+            ET.SubElement(ET.SubElement(root, "numatune"), "memory", mode="strict",
+                          nodeset=",".join(map(str, config.numa_nodes)))
+        if config.memory_locked:
+            # libvirt raises QEMU's RLIMIT_MEMLOCK to the hard limit (unlimited without one): guest RAM plus
+            # room for QEMU's own allocations
+            ET.SubElement(ET.SubElement(root, "memtune"), "hard_limit", unit="MiB").text = str(
+                config.memory + MEMLOCK_OVERHEAD_MIB)
+        if config.hugepages or config.memory_locked:
+            backing = ET.SubElement(root, "memoryBacking")
+            if config.hugepages:
+                ET.SubElement(backing, "hugepages")
+            if config.memory_locked:
+                ET.SubElement(backing, "locked")
+        os_element = ET.SubElement(root, "os")
+        ET.SubElement(os_element, "type", arch="x86_64").text = "hvm"
+        ET.SubElement(os_element, "kernel").text = kernel
+        if initrd is None:  # the bare-metal guest (multiboot): the probe's argv is its command line
+            ET.SubElement(os_element, "cmdline").text = self._baremetal_cmdline
+        else:
+            ET.SubElement(os_element, "initrd").text = initrd
+            # no_timer_check: a vCPU starved under TCG fails the kernel's IO-APIC timer check and panics at boot
+            ET.SubElement(os_element, "cmdline").text = "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check"
+        ET.SubElement(ET.SubElement(root, "features"), "acpi")  # the guest's poweroff ends the domain
+        ET.SubElement(root, "cpu", mode="host-passthrough" if self._type["type"] == "kvm" else "maximum")
+        for event in ("on_poweroff", "on_reboot", "on_crash"):
+            ET.SubElement(root, event).text = "destroy"
+        devices = ET.SubElement(root, "devices")
+        ET.SubElement(ET.SubElement(devices, "serial", type="pty"), "target", port="0")
+        ET.SubElement(ET.SubElement(devices, "console", type="pty"), "target", type="serial", port="0")
+        if initrd is None:
+            # the bare-metal guest's driver writes to port 0 of a virtio-console without multiport
+            # (ports = 1): libvirt makes a second <console> of target virtio that virtconsole
+            ET.SubElement(devices, "controller", type="virtio-serial", index="0", ports="1")
+            if with_output:
+                # a pty: libvirt puts the stream's end of it in raw mode, so binary records pass unchanged
+                ET.SubElement(ET.SubElement(devices, "console", type="pty"), "target", type="virtio")
+        else:
+            ET.SubElement(devices, "controller", type="virtio-serial", index="0")
+        if with_output and initrd is not None:
+            channel = ET.SubElement(devices, "channel", type="unix")
+            ET.SubElement(channel, "source", mode="bind")
+            ET.SubElement(channel, "target", type="virtio", name=OUTPUT_PORT)
+        ET.SubElement(devices, "memballoon", model="none")
+        return ET.tostring(root, encoding="unicode")
+
+    def _dropped_tuning(self) -> list[str]:
+        """Elements of the requested <cputune> missing from the XML libvirt applied (e.g. out of range)."""
+        try:
+            applied = ET.fromstring(self._applied_xml).find("cputune")
+        except ET.ParseError:  # none yet, or cut at XML_LIMIT
+            return []
+        have = [child.tag for child in applied] if applied is not None else []
+        wanted = [child.tag for child in self._cputune()]
+        return sorted({f"<{tag}>" for tag in wanted if wanted.count(tag) > have.count(tag)})

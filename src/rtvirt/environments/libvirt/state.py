@@ -1,0 +1,85 @@
+"""One libvirt domain's state and where its vCPUs and QEMU's other threads go: the base the libvirt
+environment's parts (domain XML, streams, teardown, domain) build on, each in its own module."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ...params import parse_cpulist
+from ..base import Environment
+from ..guest_image import GuestImage
+from .config import LibvirtConfig, parse_cputune
+from .connection import LibvirtConnection
+from .rt_throttling import RtThrottlingLifted
+from .stream_reader import _StreamToFile
+
+
+class LibvirtDomainState(Environment):
+    """A domain of a libvirt environment: its connection, its streams and its host CPUs."""
+
+    config: LibvirtConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._connection: LibvirtConnection | None = None
+        self._domain: Any = None
+        self._name = ""
+        self._type: dict[str, str] = {}
+        self._initrd_volume = ""
+        self._baremetal_cmdline = ""
+        self._readers: list[_StreamToFile] = []
+        self._channel_reader: _StreamToFile | None = None
+        self._console = bytearray()
+        self._console_file = self.workdir / "console.log"
+        self._launched_at = 0.0
+        self._ready_at: float | None = None
+        self._applied_xml = ""
+        self._rt: RtThrottlingLifted | None = None
+        self._versions: dict[str, str] = {}
+        self._image: GuestImage | None = None
+
+    def _online_cpus(self) -> list[int]:
+        if self.config.local:
+            return sorted(os.sched_getaffinity(0))
+        _, online, _ = self._conn().conn.getCPUMap(0)
+        return [cpu for cpu, up in enumerate(online) if up]
+
+    def _host_cpus(self) -> tuple[int, ...]:
+        """Host CPUs for vCPU i = the i-th of these (cycling); default: the last CPU first, then downwards."""
+        if self.config.cputune is not None:
+            pins = {int(p.get("vcpu", "0")): parse_cpulist(p.get("cpuset", ""))[0]
+                    for p in parse_cputune(self.config.cputune).findall("vcpupin")}
+            if pins:
+                return tuple(pins.get(i, pins[min(pins)]) for i in range(self.config.vcpus))
+        allowed = sorted(self._online_cpus(), reverse=True)
+        if not self.config.pin:
+            return tuple(sorted(allowed))
+        return tuple(self.config.cpus) if self.config.cpus else tuple(allowed[:self.config.vcpus])
+
+    def measured_cpus(self) -> tuple[int, ...]:
+        # the workload runs on vCPU 0 (other vCPUs serve helpers such as the wakeup probe's sender)
+        return self._host_cpus()[:1] if self.config.pin else self._host_cpus()
+
+    def probe_overrides(self) -> dict[str, Any]:
+        return {"affinity": (0,)}
+
+    def emulator_cpus(self) -> tuple[int, ...]:
+        if self.config.emulator_cpus:
+            return tuple(self.config.emulator_cpus)
+        vcpu_cpus = set(self._host_cpus()[:self.config.vcpus])
+        others = tuple(c for c in sorted(self._online_cpus()) if c not in vcpu_cpus)
+        return others or tuple(sorted(vcpu_cpus))
+
+    def _realtime_vcpus(self) -> bool:
+        if self.config.cputune is not None:
+            return any(s.get("scheduler") in ("fifo", "rr")
+                       for s in parse_cputune(self.config.cputune).findall("vcpusched"))
+        return self.config.vcpu_sched.policy in ("fifo", "rr")
+
+    def _conn(self) -> LibvirtConnection:
+        # each domain has its own connection, closed with it: its streams never queue behind another
+        # domain's on one client, and no connection (an SSH session for remote URIs) outlives its run
+        if self._connection is None:
+            self._connection = LibvirtConnection(self.config.uri)
+        return self._connection

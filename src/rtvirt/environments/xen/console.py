@@ -1,0 +1,144 @@
+"""A domU's console and sample stream: the stream script in the domU, dom0's listener, the console log
+xenconsoled keeps, and the domU's main job in the shape of an agent process."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from ...errors import RunError
+from .. import baremetal
+from ..guest_image import EXIT_MARK, READY_MARK
+from .pools import XenPools
+
+CONSOLE_LOG = "/var/log/xen/guest-{name}.log"
+CONSOLE_TAIL_BYTES = 16384
+UNAME_MARK = "RTVIRT-UNAME"
+STREAM_PORT_BASE = 7100
+STATUS_INTERVAL_S = 1.0  # how often a running domain's console is read (each read is a dom0 command)
+
+
+# The measuring domU's main job: bring up its vif, then pipe the probe's stream to dom0's listener.
+# Only numbers and addresses we chose reach the script as $1..$3; the agent's argv follows verbatim as "$@".
+STREAM_SCRIPT = r"""set -o pipefail
+dom0=$1 self=$2 port=$3
+shift 3
+n=0
+until [ -e /sys/class/net/eth0 ]; do
+  n=$((n+1)); [ $n -gt 300 ] && { echo "rtvirt: no vif" >&2; exit 70; }; sleep 0.1
+done
+ip link set lo up
+ip link set eth0 up
+ip addr add "$self/32" dev eth0
+ip route add "$dom0/32" dev eth0
+echo "RTVIRT-UNAME $(uname -r) $(uname -v)" >&2
+"$@" | nc "$dom0" "$port"
+"""
+
+
+class DomainProcess:
+    """A domU's main job, with the AgentProcess shape: running until its console says how it ended."""
+
+    def __init__(self, env: XenConsole, relay: Any | None) -> None:
+        self.env = env
+        self.relay = relay
+        self._returncode: int | None = None
+        self._why = ""
+        self._checked = 0.0
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    def poll(self) -> int | None:
+        if self._returncode is not None:
+            return self._returncode
+        if self.relay is not None and self.relay.poll() is None:
+            return None  # samples still flow: the job runs
+        now = time.monotonic()
+        if now - self._checked < STATUS_INTERVAL_S:
+            return None
+        self._checked = now
+        status = self.env.exit_status()
+        if status is not None:
+            self._returncode = status
+        elif not self.env.domain_exists():
+            self._returncode, self._why = 255, "the domain stopped before its agent finished"
+        return self._returncode
+
+    def error_tail(self) -> str:
+        said = [line for line in self.env.console_text().splitlines()
+                if line.strip() and not line.startswith(("RTVIRT-", "["))]
+        return "\n".join([*said[-5:], self._why]).strip()
+
+
+class XenConsole(XenPools):
+    """What a domU says while it runs: its console, its readiness, how its job ended."""
+
+    def _wait_listening(self, port: int) -> None:
+        assert self._dom0 is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            listening = self._dom0.run(["busybox", "netstat", "-ltn"]).stdout
+            if re.search(rf":{port}\s", listening):
+                return
+            if self._relay.poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RunError(f"xen: dom0's stream listener on port {port} did not start")
+
+    def console_text(self) -> str:
+        if isinstance(self._relay, baremetal.XenConsoleRelay):
+            return self._relay.text()  # the text part of the console; the log also holds the stream
+        if self._dom0 is None or self._domain is None:
+            return ""
+        result = self._dom0.run(["tail", "-c", str(CONSOLE_TAIL_BYTES), CONSOLE_LOG.format(name=self._domain)],
+                                timeout=30)
+        if result.returncode == 0:
+            self._console = str(result.stdout)[-CONSOLE_TAIL_BYTES:]
+        return self._console
+
+    def _uname(self) -> str | None:
+        """``uname -r -v`` as the measuring domU printed it (untrusted: printable ASCII, bounded)."""
+        for line in self._console.splitlines():
+            if line.startswith(UNAME_MARK + " "):
+                return re.sub(r"[^ -~]", "?", line.removeprefix(UNAME_MARK + " ").strip())[:200]
+        return None
+
+    def exit_status(self) -> int | None:
+        for line in self.console_text().splitlines():
+            if line.startswith(EXIT_MARK):
+                status = line.removeprefix(EXIT_MARK).strip()
+                return int(status) if status.isdigit() else 255
+        return None
+
+    def domain_exists(self) -> bool:
+        assert self._dom0 is not None and self._domain is not None
+        return self._dom0.run(["xl", "domid", self._domain], timeout=30).returncode == 0
+
+    def check(self) -> str | None:
+        if self._dom0 is not None and self._dom0.lab is not None and not self._dom0.lab.alive():
+            return f"the Xen lab stopped: {self._dom0.lab.panic() or self._dom0.lab.console_tail()}"
+        if self._process is None:
+            return None
+        if not self.booted and time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
+            return f"the domU did not boot within {self.config.boot_timeout / 1e9:.0f}s"
+        status = self._process.poll()
+        if status not in (None, 0) and isinstance(self._relay, baremetal.XenConsoleRelay):
+            failure = baremetal.failure_exception(self.console_text())
+            if failure is not None:
+                raise failure  # status 2 (a parameter the guest refused) is bad input: exit 2
+        if status not in (None, 0):
+            return f"the domU's agent failed (status {status}): {self._process.error_tail()[-200:]}"
+        return None
+
+    @property
+    def booted(self) -> bool:
+        if self._ready_at is None and self._process is not None:
+            now = time.monotonic()
+            if now - self._console_checked >= STATUS_INTERVAL_S:
+                self._console_checked = now
+                if READY_MARK in self.console_text():
+                    self._ready_at = now
+        return self._ready_at is not None

@@ -1,0 +1,209 @@
+"""The xen environment: a domU created paused, put in its cpupool, its settings read back, then unpaused."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from ...errors import InputError, RunError
+from .. import baremetal
+from ..base import Environment, EnvironmentConfig, Launched, SharedResources
+from ..guest_image import GUEST_AGENT_DIR, GuestJob, guest_description, guest_image, job_archive
+from .config import XenConfig
+from .console import CONSOLE_LOG, STREAM_PORT_BASE, STREAM_SCRIPT, DomainProcess
+from .dom0 import NAME_PREFIX, RUN_DIR
+from .files import DOM0_LINK_ADDRESS
+from .lab import reclaim_labs
+from .local import is_dom0
+from .teardown import XenTeardown
+from .where import _open_dom0, _resolve_where
+from .xl import _mode_refusal, _table, _xl_info
+
+LAB_WARNING = ("nested Xen under {accel} (a Xen lab in QEMU on this machine): its timings are not representative "
+               "of a Xen host")
+
+
+class XenEnvironment(XenTeardown):
+    kind = "xen"
+
+    config_model = XenConfig
+
+    on_host = False
+
+    config: XenConfig
+
+    @staticmethod
+    def available() -> str | None:
+        if is_dom0():
+            return None
+        from ..qemu import QEMU
+
+        for tool, package in ((QEMU, "qemu-system-x86"), ("/usr/lib/xen-4.17/bin/xl", "xen-utils-4.17"),
+                              ("/usr/sbin/sshd", "openssh-server"), ("ssh-keygen", "openssh-client")):
+            if not (Path(tool).exists() if tool.startswith("/") else shutil.which(tool)):
+                return f"the Xen lab needs {tool} (apt-get install {package}; scripts/setup.sh does)"
+        return None
+
+    @classmethod
+    def reclaim(cls, config: EnvironmentConfig, shared: SharedResources) -> list[str]:
+        assert isinstance(config, XenConfig)
+        if _resolve_where(config) == "lab":
+            return reclaim_labs()  # a lab's domains and pools died with its QEMU
+        return _open_dom0(config, shared).reclaim()
+
+    def start(self) -> None:
+        if self._dom0 is not None:
+            return
+        dom0 = self._parent._dom0 if self._parent is not None else _open_dom0(self.config, self.shared)
+        assert dom0 is not None
+        self._dom0 = dom0
+        if dom0.lab is not None and not dom0.lab.alive():
+            raise RunError(f"the Xen lab stopped: {dom0.lab.panic() or dom0.lab.console_tail()}")
+        self._index = dom0.next_index()
+        if self._parent is None:
+            refusal = _mode_refusal(self._domain_type(), dom0.info())
+            if refusal is not None:
+                raise InputError(f"environment {self.config.label!r}: {refusal}")
+        if self._parent is None and self.config.scheduler != "default":
+            self._make_pool()
+
+    def _domain_config(self, name: str, initrd: str | None, ip: str | None, boot: list[str] | None = None) -> str:
+        """xl's configuration of the domU; ``boot`` replaces the lines that boot our Linux image."""
+        assert self._dom0 is not None
+        boot = boot or [f'type = "{self.config.mode}"', f'kernel = "{self._dom0.domu_files(self._flavour())[0]}"',
+                        f'ramdisk = "{initrd}"', 'extra = "console=hvc0 rdinit=/init quiet"',
+                        f"memory = {self.config.stressor_memory if self._parent else self.config.memory}"]
+        lines = [f'name = "{name}"', *boot,
+                 f"vcpus = {1 if self._parent else self.config.vcpus}",
+                 'on_poweroff = "destroy"', 'on_reboot = "destroy"', 'on_crash = "destroy"']
+        affinity = self._vcpu_affinity()
+        if affinity is not None:
+            lines.append("cpus = [" + ", ".join(f'"{cpus}"' for cpus in affinity) + "]")
+        pool = self._domain_pool()
+        if pool is not None:
+            lines.append(f'pool = "{pool}"')
+        if self._domain_type() == "hvm":  # a device model without display; the console is hvc0 as for PV
+            lines += ["vnc = 0", "sdl = 0", 'vga = "none"']
+        if ip is not None:
+            # HVM: the paravirtual NIC only (type=vif), no emulated one beside it
+            kind = "type=vif," if self._domain_type() == "hvm" else ""
+            lines.append(f"vif = ['{kind}ip={ip},script={self._dom0.vif_script}']")
+        return "\n".join(lines) + "\n"
+
+    def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        self.start()
+        assert self._dom0 is not None
+        dom0 = self._dom0
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        role = "stress" if self._parent is not None else "measure"
+        name = f"{NAME_PREFIX}{self.config.label[:40]}-{role}-{self._index}"
+        directory = f"{RUN_DIR}/{name}"
+        if self.config.guest == "baremetal" and self._parent is None:
+            return self._launch_baremetal(agent, args, out, name, directory)
+        argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
+        ip = None
+        if out is not None:
+            if self._index > 250:
+                raise RunError("xen: more than 250 measuring domUs in one campaign")
+            ip = f"10.213.0.{self._index + 1}"
+            port = STREAM_PORT_BASE + self._index
+            argv = ["/bin/sh", "-c", STREAM_SCRIPT, "rtvirt-stream", DOM0_LINK_ADDRESS, ip, str(port),
+                    *argv, "--out=-"]
+        local_jobs = self.workdir / "jobs.cpio"
+        local_jobs.write_bytes(job_archive(GuestJob(argv), self._beside))
+        local_config = self.workdir / "domain.cfg"
+        dom0.run(["mkdir", "-p", directory]).check("xen: dom0 mkdir")
+        self._domain = name  # from here on, close() destroys it
+        dom0.transport.put(local_jobs, f"{directory}/jobs.cpio")
+        if self._parent is None:
+            self._image = guest_image(self._flavour())  # what the manifest says about the guest kernel
+        dom0.run(["sh", "-c", 'cat "$1" "$2" > "$3"', "sh", dom0.domu_files(self._flavour())[1],
+                  f"{directory}/jobs.cpio",
+                  f"{directory}/initrd"]).check("xen: assembling the domU initramfs")
+        if self._domain_type() == "hvm":
+            dom0.hvm_support()
+        local_config.write_text(self._domain_config(name, f"{directory}/initrd", ip))
+        dom0.transport.put(local_config, f"{directory}/domain.cfg")
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            self._relay = dom0.transport.spawn(["busybox", "nc", "-l", "-p", str(port)], stream_to=out)
+            self._wait_listening(port)
+        self._launched_at = time.monotonic()
+        dom0.xl("create", "-p", f"{directory}/domain.cfg", what=f"create {name}")
+        self._apply_scheduling(name)
+        self._read_back(name)
+        dom0.xl("unpause", name)
+        self._process = DomainProcess(self, self._relay)
+        return Launched(self._process, out)
+
+    def _launch_baremetal(self, agent: str, args: list[str], out: Path | None, name: str,
+                          directory: str) -> Launched:
+        """Our own kernel as a PVH domU: the probe's argv on its command line, its stream framed on its console
+        and split from dom0's console log (baremetal.XenConsoleRelay)."""
+        assert self._dom0 is not None
+        dom0 = self._dom0
+        line = baremetal.command_line(agent, args)
+        memory = self.config.memory if "memory" in self.config.model_fields_set else baremetal.XEN_MEMORY_MIB
+        dom0.run(["mkdir", "-p", directory]).check("xen: dom0 mkdir")
+        self._domain = name  # from here on, close() destroys it
+        dom0.transport.put(baremetal.kernel_path(), f"{directory}/kernel")
+        local_config = self.workdir / "domain.cfg"
+        local_config.write_text(self._domain_config(name, None, None, baremetal.xen_domain_lines(
+            f"{directory}/kernel", line, memory)))
+        dom0.transport.put(local_config, f"{directory}/domain.cfg")
+        log = CONSOLE_LOG.format(name=name)
+        dom0.run(["rm", "-f", log]).check("xen: removing an old console log")  # a reused name's log is appended
+        self._launched_at = time.monotonic()
+        dom0.xl("create", "-p", f"{directory}/domain.cfg", what=f"create {name}")
+        self._relay = baremetal.XenConsoleRelay(dom0.transport, log, name, self.workdir / "console.raw", out)
+        self._apply_scheduling(name)
+        self._read_back(name)
+        dom0.xl("unpause", name)
+        self._process = DomainProcess(self, self._relay)
+        return Launched(self._process, out)
+
+    def add_guest_job(self, agent: str, args: list[str]) -> None:
+        if self._process is not None:  # the jobs are in the initramfs: they cannot join a running domU
+            raise RunError(f"{self.config.label}: a stressor inside the domU starts with it: give its disturbance "
+                           "start_order = ['stress-first'] and no events")
+        self._beside.append(GuestJob([f"{GUEST_AGENT_DIR}/{agent}", *args]))
+
+    def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
+        """Another domU of the same Xen; its pCPUs come from ``stressor_cpus`` (host CPUs mean nothing to Xen)."""
+        config = self.config.model_copy(update={"name": f"{self.config.label[:40]}-stress{index}"})
+        domu = XenEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
+        domu._parent = self
+        return domu
+
+    def platform_audit(self) -> dict[str, Any]:
+        dom0 = self._dom0
+        if dom0 is None or self._parent is not None or (dom0.lab is not None and not dom0.lab.alive()):
+            return {}  # a disturbing domU's parent audits the host; a dead lab has nothing left to ask
+        return {"kind": "xen", "xl_info": _xl_info(dom0.info())}
+
+    def describe(self) -> dict[str, Any]:
+        description: dict[str, Any] = {**super().describe(), "where": _resolve_where(self.config)}
+        if self._parent is None:
+            description.update(guest_description(self.config.guest, self._image), guest_uname=self._uname())
+        if self._dom0 is not None:
+            if self._parent is None:
+                description["cpupools"] = _table(self._dom0.xl("cpupool-list")) if self._dom0.lab is None or \
+                    self._dom0.lab.alive() else []
+            if self._dom0.lab is not None:
+                lab = self._dom0.lab
+                description["lab"] = {"accel": lab.accel.get("accel"), "boot_seconds": lab.boot_seconds,
+                                      "pcpus": lab.config.pcpus, "dom0_vcpus": lab.dom0_vcpus,
+                                      "hypervisor": lab.hypervisor.name if lab.hypervisor else None}
+        description["applied"] = self._readback
+        if self._ready_at is not None:
+            description["boot_seconds"] = round(self._ready_at - self._launched_at, 1)
+        return description
+
+    def warnings(self) -> list[str]:
+        if _resolve_where(self.config) != "lab":
+            return []
+        accel = "TCG" if self._dom0 is None or self._dom0.lab is None or \
+            self._dom0.lab.accel.get("accel") != "kvm" else "KVM"
+        return [LAB_WARNING.format(accel=accel)]
