@@ -596,8 +596,13 @@ def test_a_preempt_rt_guest_boots_in_libvirt_and_its_manifest_says_so(libvirtd: 
     assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
     (key, run), = json.loads(result.stdout[result.stdout.index("{"):])["runs"].items()
     assert run["status"] == "complete", run
-    detail = load_run(tmp_path / "results" / "runs" / run["run_id"]).manifest["environment_detail"]
+    manifest = load_run(tmp_path / "results" / "runs" / run["run_id"]).manifest
+    detail = manifest["environment_detail"]
     assert detail["guest"] == "linux-rt" and detail["preempt_rt"] is True
+    # the end-of-stream handshake over the domain's second channel: the agent heard every record confirmed
+    delivery = manifest["delivery"]
+    assert delivery["confirmation"] == "sent" and delivery["guest_said"] == "confirmed"
+    assert delivery["guest_records"] == delivery["host_records"] == manifest["summary"]["all"]["samples"]
     assert _our_domains() == []
 
 

@@ -20,10 +20,11 @@ from ..guest_image import (
     GuestJob,
     guest_description,
     guest_image,
+    guest_port_device,
     guest_port_path,
     job_archive,
 )
-from ..qemu import OUTPUT_PORT, TCG_WARNING, choose_accel
+from ..qemu import ACK_PORT, OUTPUT_PORT, TCG_WARNING, choose_accel
 from .config import LibvirtConfig
 from .connection import DOMAIN_PREFIX, LibvirtConnection, _connection, _error_text, _libvirt, _process_start, _version
 from .domain_xml import OWNER_NS, XML_LIMIT
@@ -127,9 +128,11 @@ class LibvirtEnvironment(LibvirtTeardown):
         else:
             image = self._image = guest_image(self.config.guest)
             argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
+            devices = []
             if out is not None:
-                argv.append(f"--out={guest_port_path(OUTPUT_PORT)}")
-            initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv)), self.workdir)
+                argv += [f"--out={guest_port_path(OUTPUT_PORT)}", f"--confirm={guest_port_path(ACK_PORT)}"]
+                devices = [guest_port_device(OUTPUT_PORT), guest_port_device(ACK_PORT)]
+            initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), (), devices), self.workdir)
             self._initrd_volume = f"{self._name}.initrd"
             channel = OUTPUT_PORT
             definition = self._domain_xml(connection.kernel(image.kernel), connection.volume_path(self._initrd_volume),
@@ -162,7 +165,8 @@ class LibvirtEnvironment(LibvirtTeardown):
             self._channel_reader = self._open_stream(channel, out, None)
         self._domain.resume()
         self._launched_at = time.monotonic()
-        return Launched(DomainProcess(self), out)
+        linux_stream = out is not None and self.config.guest != "baremetal"
+        return Launched(DomainProcess(self), out, confirm=self._confirm_delivery if linux_stream else None)
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         config = LibvirtConfig.model_validate({

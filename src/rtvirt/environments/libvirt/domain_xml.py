@@ -7,7 +7,7 @@ import os
 import socket
 import xml.etree.ElementTree as ET
 
-from ..qemu import OUTPUT_PORT
+from ..qemu import ACK_PORT, OUTPUT_PORT
 from .config import parse_cputune
 from .connection import _process_start
 from .host import MEMLOCK_OVERHEAD_MIB
@@ -88,9 +88,11 @@ class LibvirtDomainXml(LibvirtDomainState):
         else:
             ET.SubElement(devices, "controller", type="virtio-serial", index="0")
         if with_output and initrd is not None:
-            channel = ET.SubElement(devices, "channel", type="unix")
-            ET.SubElement(channel, "source", mode="bind")
-            ET.SubElement(channel, "target", type="virtio", name=OUTPUT_PORT)
+            # the samples, and the way back for the end-of-stream confirmation the agent waits for
+            for port in (OUTPUT_PORT, ACK_PORT):
+                channel = ET.SubElement(devices, "channel", type="unix")
+                ET.SubElement(channel, "source", mode="bind")
+                ET.SubElement(channel, "target", type="virtio", name=port)
         ET.SubElement(devices, "memballoon", model="none")
         return ET.tostring(root, encoding="unicode")
 

@@ -30,6 +30,7 @@ class LibvirtDomainState(Environment):
         self._baremetal_cmdline = ""
         self._readers: list[_StreamToFile] = []
         self._channel_reader: _StreamToFile | None = None
+        self._ack_stream: Any = None  # the end-of-stream confirmation's way to the guest, once given
         self._console = bytearray()
         self._console_file = self.workdir / "console.log"
         self._launched_at = 0.0

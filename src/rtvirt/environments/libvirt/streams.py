@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 from ...errors import InputError, RunError
 from .. import baremetal
-from ..guest_image import EXIT_MARK, READY_MARK, agent_failure
+from ..guest_image import EXIT_MARK, READY_MARK, agent_failure, delivery_said
+from ..qemu import ACK_PORT
 from .connection import _domain_gone, _error_text, _libvirt
 from .domain_xml import LibvirtDomainXml
 from .stream_reader import _StreamToFile
@@ -88,6 +90,24 @@ class LibvirtStreams(LibvirtDomainXml):
         if state in (libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_CRASHED):
             return state == libvirt.VIR_DOMAIN_CRASHED or reason == libvirt.VIR_DOMAIN_SHUTOFF_CRASHED
         return None
+
+    def _confirm_delivery(self, records: int) -> str:
+        """Tell the guest's agent, on its ack channel, how many data records the host holds (it powers off once
+        told); the stream stays open until the domain goes."""
+        libvirt = _libvirt()
+        self._ack_stream = self._conn().conn.newStream(0)
+        try:
+            self._domain.openChannel(ACK_PORT, self._ack_stream, 0)
+            self._ack_stream.send(f"RTVIRT-ACK {int(records)}\n".encode())
+        except libvirt.libvirtError as exc:
+            return f"not sent: {_error_text(exc)}"
+        return "sent"
+
+    def delivery(self) -> dict[str, Any]:
+        if self.config.guest == "baremetal":  # no way back to the guest: its END record is the count to check
+            return {"channel": "libvirt console (virtio-console)", "handshake": "none (count checked)"}
+        return {"channel": "libvirt channel (virtio-serial)", "handshake": "RTVIRT-ACK",
+                **delivery_said(self.console_text())}
 
     def drain(self) -> None:
         """Wait until the stream readers wrote everything the stopped guest sent."""

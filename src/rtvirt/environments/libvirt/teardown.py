@@ -69,6 +69,10 @@ class LibvirtTeardown(LibvirtStreams):
             reader.pump()
             reader.stop()
         self._readers = []
+        if self._ack_stream is not None:
+            with contextlib.suppress(Exception):  # the guest has gone, or goes now: nothing to finish
+                self._ack_stream.abort()
+            self._ack_stream = None
         if self._domain is not None:
             _destroy_and_undefine(self._domain, self.config.uri)
             self._domain = None
