@@ -93,6 +93,10 @@ def test_timer_samples_from_a_bare_metal_pvh_domu_land_in_the_results_store(
     assert (detail["guest"], detail["guest_kernel"], detail["preempt_rt"]) == ("baremetal", "rtvirt-baremetal", False)
     assert detail["applied"]["type"] == "pvh" and [v["hard_affinity"] for v in detail["applied"]["vcpu_list"]] == ["1"]
     assert detail["boot_seconds"] is not None
+    # every record the guest wrote was split from dom0's console log, none garbled on the way
+    delivery = manifest["delivery"]
+    assert delivery["agent_records"] == delivery["host_records"] == manifest["summary"]["all"]["samples"]
+    assert delivery["channel_corrupt"] is None and delivery["corrupt"] is None
     results, summary = lab_campaign
     stream = read_stream(results / "runs" / summary["runs"]["bare-timer/bare-pvh/alone/-/r1"]["run_id"] /
                          "samples.rtvs")

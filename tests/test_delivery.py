@@ -53,11 +53,11 @@ def test_a_guest_disk_copy_replaces_a_live_stream_that_fell_short(tmp_path: Path
     live = tmp_path / "samples.rtvs"
     cut = _header_bytes(full) + (whole.records.size // 2) * RECORD.itemsize
     live.write_bytes(full.read_bytes()[:cut])
-    recovered = recover_from_copy(disk, live, read_stream(live))
+    recovered = recover_from_copy(disk, live)
     assert recovered is not None and recovered.end_reason == "complete" and recovered.corrupt is None
     assert np.array_equal(recovered.records, whole.records) and recovered.written == whole.written
-    assert (tmp_path / "samples.live.rtvs").read_bytes() == full.read_bytes()[:cut]  # the live one is kept
-    assert read_stream(live).records.size == whole.records.size
+    assert live.read_bytes() == full.read_bytes()  # the live bytes were a prefix of the copy's
+    assert not list(tmp_path.glob("*.copy.rtvs"))
 
 
 def test_a_copy_cut_short_is_used_up_to_its_last_written_record_and_never_when_it_holds_less(tmp_path: Path) -> None:
@@ -69,16 +69,20 @@ def test_a_copy_cut_short_is_used_up_to_its_last_written_record_and_never_when_i
     disk.write_bytes(full.read_bytes()[:_header_bytes(full) + keep * RECORD.itemsize] + bytes(1 << 20))
     live = tmp_path / "samples.rtvs"
     live.write_bytes(full.read_bytes()[:_header_bytes(full) + (keep // 2) * RECORD.itemsize])
-    recovered = recover_from_copy(disk, live, read_stream(live))
+    recovered = recover_from_copy(disk, live)
     assert recovered is not None and recovered.end_reason is None and recovered.records.size == keep
     # the whole live stream is better than that copy: nothing changes
     live.write_bytes(full.read_bytes())
-    assert recover_from_copy(disk, live, read_stream(live)) is None
+    assert recover_from_copy(disk, live) is None
     assert read_stream(live).records.size == whole.records.size
     # a copy that is not a stream at all (a guest that never wrote it) is never used
     blank = tmp_path / "blank.img"
     blank.write_bytes(bytes(4096))
-    assert recover_from_copy(blank, live, read_stream(live)) is None
+    assert recover_from_copy(blank, live) is None
+    # nor one whose bytes differ from the live ones (another stream): the live samples are kept as they are
+    other = tmp_path / "other.rtvs"
+    _host_stream(other)
+    assert recover_from_copy(other, live) is None and read_stream(live).records.size == whole.records.size
 
 
 def test_delivery_names_the_side_that_lost_records_and_corruption_is_never_silent(tmp_path: Path) -> None:

@@ -259,6 +259,10 @@ def test_timer_and_gap_probes_run_in_a_domu_of_the_lab(lab_campaign: tuple[Path,
     assert timer["probe"] == "timer" and gap["probe"] == "gap"
     assert timer["summary"]["all"]["samples"] > 100 and timer["summary"]["all"]["dropped"] == 0
     assert gap["summary"]["all"]["samples"] > 50 and gap["summary"]["all"]["dropped"] == 0
+    for manifest in (timer, gap):  # the end-of-stream handshake back through dom0's listener
+        delivery = manifest["delivery"]
+        assert delivery["confirmation"] == "sent" and delivery["guest_said"] == "confirmed"
+        assert delivery["guest_records"] == delivery["host_records"] == manifest["summary"]["all"]["samples"]
     detail = timer["environment_detail"]
     assert detail["where"] == "lab" and detail["lab"]["accel"] in ("tcg", "kvm")
     assert detail["lab"]["hypervisor"].startswith("xen-rt-")

@@ -185,8 +185,20 @@ void xen_console_flush(void) {
     }
 }
 
-/* The domain ends itself (its status is on the console's EXIT line). */
+/* The domain ends itself (its status is on the console's EXIT line), once xenconsoled has taken every byte
+ * of the ring: a domain destroyed with bytes still in it loses the stream's end (its END record). Bounded:
+ * a dom0 that stopped reading must not keep the domain alive; the host then counts what is missing. */
+enum { DRAIN_WAIT_NS = 10000000000ull };
 void xen_shutdown(void) {
+    uint64_t now = now_ns(), give_up = now + DRAIN_WAIT_NS, told = 0;
+    while (cons && cons->out_cons != cons->out_prod && now < give_up) {
+        if (now - told > 10000000ull) { /* every 10 ms: xenconsoled rate-limits a domain's events */
+            notify();
+            told = now;
+        }
+        __asm__ volatile("pause");
+        now = now_ns();
+    }
     uint32_t reason = SHUTDOWN_poweroff;
     hypercall(HYPERVISOR_sched_op, SCHEDOP_shutdown, (uint64_t)(uintptr_t)&reason, 0);
 }

@@ -24,6 +24,7 @@ __all__ = [
     "InputError",
     "PrivilegeError",
     "RunError",
+    "CommandTimeout",
     "VerdictFailed",
     "first_validation_error",
 ]
@@ -48,6 +49,10 @@ class PrivilegeError(RtvirtError):
 
 class RunError(RtvirtError):
     exit_code = EXIT_FAILURE
+
+
+class CommandTimeout(RunError):
+    """A command on another machine (a dom0, a target) did not finish within its bound."""
 
 
 class VerdictFailed(RtvirtError):

@@ -8,8 +8,10 @@ read as *partial*: every complete record before the cut is kept.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -17,9 +19,9 @@ from typing import Any, BinaryIO
 import numpy as np
 import pyarrow as pa
 
-from .errors import InputError
+from .errors import InputError, RunError
 
-__all__ = ["MAGIC", "RECORD", "SampleStream", "StreamReader", "read_stream", "recover_from_copy"]
+__all__ = ["MAGIC", "RECORD", "SampleStream", "StreamReader", "read_stream", "recover_from_copy", "merge_stream_copy"]
 
 MAGIC = b"RTVIRT\x00S"
 SUPPORTED_VERSIONS = (1,)
@@ -243,23 +245,48 @@ def _copy_written_part(copy: Path, target: Path) -> None:
             out.write(chunk)
 
 
-def recover_from_copy(copy: Path, live: Path, stream: SampleStream | None) -> SampleStream | None:
-    """The guest's own copy of its stream, when it holds more than the live stream that reached the host (or
-    ends with END where the live one does not): it then becomes the run's stream, and the live one is kept
-    beside it as ``<name>.live.rtvs``. None when the live stream is as good (the copy is not used)."""
+def recover_from_copy(copy: Path, live: Path) -> SampleStream | None:
+    """The run's stream completed from the guest's own copy (its disk image) when that holds more than the live
+    stream that reached the host (:func:`merge_stream_copy`); None when the live stream is as good, or the
+    copy is unusable (not a stream, or other bytes than the live ones)."""
     scratch = live.with_suffix(".copy.rtvs")
     try:
         _copy_written_part(copy, scratch)
-        candidate = read_stream(scratch)
-    except (OSError, InputError):
+        added = merge_stream_copy(live, scratch)
+    except (OSError, RunError):
+        return None
+    finally:
         scratch.unlink(missing_ok=True)
-        return None
-    better = stream is None or candidate.records.size > stream.records.size or \
-        (candidate.end_reason is not None and stream.end_reason is None)
-    if not better:
-        scratch.unlink()
-        return None
-    if live.exists():
-        os.replace(live, live.with_suffix(".live.rtvs"))
-    os.replace(scratch, live)
-    return read_stream(live)
+    return read_stream(live) if added else None
+
+
+def merge_stream_copy(local: Path, fetched: Path) -> int:
+    """Complete the stream received live (``local``) with the agent's own copy (``fetched``: an SSH target's
+    ``--tee`` file, or the written part of a guest's copy disk).
+
+    The copy is the same byte stream written by the same writer, so one is a prefix of the other: usually
+    the received bytes of the copy, which then replaces the local file (nothing duplicated); after an agent
+    killed with its target (a reboot) the copy may stop earlier, and the received bytes stay. Copies that
+    differ are refused (the local stream is kept as it is). Returns the bytes added.
+    """
+    received = local.stat().st_size if local.exists() else 0
+    size = fetched.stat().st_size
+    with fetched.open("rb") as copy, (local.open("rb") if received else open(os.devnull, "rb")) as live:
+        while True:
+            expected = live.read(1 << 20)
+            if not expected:
+                break
+            found = copy.read(len(expected))
+            if found != expected[:len(found)]:
+                fetched.unlink(missing_ok=True)
+                raise RunError("the target's copy of the stream differs from the samples received; "
+                               "the received samples are kept as they are")
+            if len(found) < len(expected):
+                break  # the copy ends inside what was received
+    if size <= received:
+        fetched.unlink(missing_ok=True)
+        return 0
+    shutil.move(fetched, local)
+    with contextlib.suppress(OSError):
+        local.chmod(0o644)
+    return size - received

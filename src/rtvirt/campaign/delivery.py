@@ -29,8 +29,9 @@ def delivery_record(stream: SampleStream, confirmation: str | None, platform: di
 def delivery_problem(delivery: dict[str, Any]) -> str | None:
     """Why the host holds fewer records than the agent wrote, or None when it holds every one."""
     wrote, held = delivery.get("agent_records"), delivery["host_records"]
-    if delivery.get("corrupt"):
-        return f"the stream arrived corrupt: {delivery['corrupt']}"
+    corrupt = delivery.get("corrupt") or delivery.get("channel_corrupt")  # the stream's or its channel's word
+    if corrupt:
+        return f"the stream arrived corrupt: {corrupt}"
     if wrote is None or wrote == held:
         return None  # no END (a cut-short run is partial, said elsewhere), or every record arrived
     side = "between the agent and the host"

@@ -332,7 +332,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     except InputError as exc:
         stream, unreadable = None, f"no samples: {exc}"
     if copy is not None:  # the guest's own copy: the run's stream if the live one fell short
-        recovered = recover_from_copy(copy, run.stream_path, stream)
+        recovered = recover_from_copy(copy, run.stream_path)
         copy.unlink()
         if recovered is not None:
             platform_delivery["recovered"] = (f"from the guest's copy: {recovered.records.size} records, the live "

@@ -210,18 +210,25 @@ def failure_exception(console: str) -> InputError | RunError | None:
 FRAME_MAGIC = b"\0RVS"
 FRAME_HEADER = 6  # magic, then the payload's length as 16-bit little-endian
 CONSOLE_TEXT_LIMIT = 1 << 16  # console text kept (the guest's lines: READY, EXIT, errors)
-# dom0 side of the relay: follow xenconsoled's log of the domain from its first byte for as long as the domain
-# exists (then once more: busybox tail reads once a second). Only paths we chose reach it, as $1 and $2.
+# dom0 side of the relay: copy xenconsoled's log of the domain by offset, from its first byte, for as long as the
+# domain exists and once more after it has gone: every byte the log holds at the end is copied (a `tail -f` killed
+# a moment after the domain went could miss its last second under load). Only paths we chose reach it, as $1, $2.
 RELAY_SCRIPT = r"""log=$1 name=$2
 id=$(xl domid "$name") || exit 1
 n=0
 until [ -e "$log" ]; do
   n=$((n+1)); [ $n -gt 300 ] && { echo "rtvirt: no console log $log" >&2; exit 1; }; sleep 0.1
 done
-tail -c +1 -f "$log" & tail=$!
-while xenstore-read "/local/domain/$id/name" >/dev/null 2>&1; do sleep 0.5; done
-sleep 1.5
-kill $tail
+sent=0 last=0
+while [ $last -eq 0 ]; do
+  xenstore-read "/local/domain/$id/name" >/dev/null 2>&1 || last=1
+  size=$(stat -c %s "$log")
+  if [ "$size" -gt "$sent" ]; then
+    tail -c +$((sent + 1)) "$log" | head -c $((size - sent))
+    sent=$size
+  fi
+  [ $last -eq 0 ] && sleep 0.2
+done
 """
 RELAY_POLL_S = 0.05
 XEN_MEMORY_MIB = 64  # a PVH domU's memory unless the scenario says: the kernel, its 32 MiB ring, probe data

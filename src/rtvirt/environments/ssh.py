@@ -127,6 +127,12 @@ class SshEnvironment(Environment):
         self._agent = self.link.start(agent, args, out, tee)
         return Launched(self._agent, out)
 
+    def delivery(self) -> dict[str, Any]:
+        agent = self._agent
+        return {"channel": "ssh channel", "handshake": "the agent's exit status comes after every byte of its "
+                "stdout (SSH channel order); a lost connection is completed from the target's copy (--tee)",
+                **({"recovered": agent.recovered} if agent is not None and agent.recovered else {})}
+
     @property
     def booted(self) -> bool:
         """A disturber counts as started once its agent runs (its wrapper announced the pid just before

@@ -8,16 +8,14 @@ flushing. Probes also write ``--tee``: a copy of the stream in ``<remote_dir>/ru
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
 import re
-import shutil
 import time
 from pathlib import Path
 
 from ..agents import agent_path
 from ..errors import RunError
+from ..stream import merge_stream_copy
 from .connection import HostKeyRefused, RemoteProcess, SshConnection, connect
 from .target import SshTarget
 
@@ -209,34 +207,3 @@ class RemoteAgent:
         except RunError as exc:
             problems.append(f"cannot check {self.link.target.label} for leftover agents: {str(exc)[:200]}")
         return problems
-
-
-def merge_stream_copy(local: Path, fetched: Path) -> int:
-    """Complete the stream received live (``local``) with the agent's own copy (``fetched``).
-
-    The copy is the same byte stream written by the same writer, so one is a prefix of the other: usually
-    the received bytes of the copy, which then replaces the local file (nothing duplicated); after an agent
-    killed with its target (a reboot) the copy may stop earlier, and the received bytes stay. Copies that
-    differ are refused (the local stream is kept as it is). Returns the bytes added.
-    """
-    received = local.stat().st_size if local.exists() else 0
-    size = fetched.stat().st_size
-    with fetched.open("rb") as copy, (local.open("rb") if received else open(os.devnull, "rb")) as live:
-        while True:
-            expected = live.read(1 << 20)
-            if not expected:
-                break
-            found = copy.read(len(expected))
-            if found != expected[:len(found)]:
-                fetched.unlink(missing_ok=True)
-                raise RunError("the target's copy of the stream differs from the samples received; "
-                               "the received samples are kept as they are")
-            if len(found) < len(expected):
-                break  # the copy ends inside what was received
-    if size <= received:
-        fetched.unlink(missing_ok=True)
-        return 0
-    shutil.move(fetched, local)
-    with contextlib.suppress(OSError):
-        local.chmod(0o644)
-    return size - received

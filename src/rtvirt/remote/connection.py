@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import EXIT_USAGE, RunError
+from ..errors import EXIT_USAGE, CommandTimeout, RunError
 from .target import SshTarget
 
 __all__ = ["STDERR_HEAD_BYTES", "HostKeyRefused", "RemoteProcess", "RemoteResult", "SshConnection", "connect",
@@ -119,6 +119,16 @@ class RemoteProcess:
     def wait(self, timeout: float | None = None) -> int | None:
         self._done.wait(timeout)
         return self._returncode
+
+    def send(self, data: bytes) -> None:
+        """Write ``data`` to the process's stdin (a listener relays it back to the guest it serves)."""
+        if self._process is None or self._returncode is not None:
+            raise RunError(f"ssh target {self._label}: the process has no stdin any more")
+
+        async def go() -> None:
+            self._process.stdin.write(data)
+
+        _call(go(), 10.0)
 
     def error_tail(self) -> str:
         text = bytes(self._stderr).decode(errors="replace").strip()
@@ -244,8 +254,8 @@ class SshConnection:
         try:
             return _call(asyncio.wait_for(go(), timeout), timeout + 5)
         except TimeoutError:
-            raise RunError(f"ssh target {self.target.label}: {remote_command(argv[:3])[:100]} "
-                           f"did not finish within {timeout:g}s") from None
+            raise CommandTimeout(f"ssh target {self.target.label}: {remote_command(argv[:3])[:100]} "
+                                 f"did not finish within {timeout:g}s") from None
         except (OSError, EOFError) as exc:
             raise RunError(f"ssh target {self.target.label}: connection failed: {str(exc)[:200]}") from None
         except Exception as exc:

@@ -7,7 +7,7 @@ import re
 import time
 from typing import Any
 
-from ...errors import RunError
+from ...errors import CommandTimeout, RunError
 from .dom0_image import hvm_archive
 from .files import A653_TOOL, VIF_SCRIPT, a653_tool, local_domu_files
 from .lab import XenLab
@@ -17,6 +17,10 @@ NAME_PREFIX = "rtvirt-"
 DEFAULT_POOL = "Pool-0"
 RUN_DIR = "/run/rtvirt"
 XL_TIMEOUT_S = 120.0
+# a status read (the console, whether a domain exists) waits this long at first, then twice as long after each
+# time dom0 did not answer in time, up to PATIENT_MAX_S: a dom0 slowed by the load under test is not a failure
+PATIENT_FIRST_S = 30.0
+PATIENT_MAX_S = 240.0
 POOL_DESTROY_S = 30.0
 
 
@@ -33,6 +37,8 @@ class Dom0:
         self._info: str | None = None
         self.restore_dom0_vcpus: int | None = None
         self.vif_script = VIF_SCRIPT  # in the lab's dom0 image; a local dom0 gets it installed (_open_dom0)
+        self.slow_answers = 0  # status reads dom0 did not answer in time (patient_run)
+        self._patience = PATIENT_FIRST_S
 
     def a653_command(self) -> str:
         """The ARINC 653 schedule tool: in the lab's dom0 image, else compiled here (files.a653_tool)."""
@@ -70,6 +76,19 @@ class Dom0:
 
     def run(self, argv: list[str], timeout: float = XL_TIMEOUT_S) -> Any:
         return self.transport.run(argv, timeout=timeout)
+
+    def patient_run(self, argv: list[str]) -> Any | None:
+        """A read-only status command whose answer can wait: None when dom0 did not answer within this read's
+        bound, which then doubles for the next read (the caller keeps what it knew and asks again; the run's
+        own watchdog bounds the whole). Counted in ``slow_answers``."""
+        try:
+            result = self.run(argv, timeout=self._patience)
+        except CommandTimeout:
+            self.slow_answers += 1
+            self._patience = min(2 * self._patience, PATIENT_MAX_S)
+            return None
+        self._patience = PATIENT_FIRST_S
+        return result
 
     def xl(self, *args: str, what: str | None = None) -> str:
         result = self.run(["xl", *args])

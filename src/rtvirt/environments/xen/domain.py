@@ -12,7 +12,7 @@ from .. import baremetal
 from ..base import Environment, EnvironmentConfig, Launched, SharedResources
 from ..guest_image import GUEST_AGENT_DIR, GuestJob, guest_description, guest_image, job_archive
 from .config import XenConfig
-from .console import CONSOLE_LOG, STREAM_PORT_BASE, STREAM_SCRIPT, DomainProcess
+from .console import ACK_FIFO, CONSOLE_LOG, STREAM_PORT_BASE, STREAM_SCRIPT, DomainProcess
 from .dom0 import NAME_PREFIX, RUN_DIR
 from .files import DOM0_LINK_ADDRESS
 from .lab import reclaim_labs
@@ -110,7 +110,7 @@ class XenEnvironment(XenTeardown):
             ip = f"10.213.0.{self._index + 1}"
             port = STREAM_PORT_BASE + self._index
             argv = ["/bin/sh", "-c", STREAM_SCRIPT, "rtvirt-stream", DOM0_LINK_ADDRESS, ip, str(port),
-                    *argv, "--out=-"]
+                    *argv, "--out=-", f"--confirm={ACK_FIFO}"]
         local_jobs = self.workdir / "jobs.cpio"
         local_jobs.write_bytes(job_archive(GuestJob(argv), self._beside))
         local_config = self.workdir / "domain.cfg"
@@ -136,7 +136,16 @@ class XenEnvironment(XenTeardown):
         self._read_back(name)
         dom0.xl("unpause", name)
         self._process = DomainProcess(self, self._relay)
-        return Launched(self._process, out)
+        return Launched(self._process, out, confirm=self._confirm_delivery if out is not None else None)
+
+    def _confirm_delivery(self, records: int) -> str:
+        """Tell the domU's agent, back through dom0's listener and the same connection, how many data records
+        the host holds (the domU powers off once its agent is told)."""
+        try:
+            self._relay.send(f"RTVIRT-ACK {int(records)}\n".encode())
+        except (OSError, RunError) as exc:
+            return f"not sent: {str(exc)[:200]}"
+        return "sent"
 
     def _launch_baremetal(self, agent: str, args: list[str], out: Path | None, name: str,
                           directory: str) -> Launched:
@@ -197,6 +206,8 @@ class XenEnvironment(XenTeardown):
                                       "pcpus": lab.config.pcpus, "dom0_vcpus": lab.dom0_vcpus,
                                       "hypervisor": lab.hypervisor.name if lab.hypervisor else None}
         description["applied"] = self._readback
+        if self._dom0 is not None:
+            description["dom0_slow_answers"] = self._dom0.slow_answers  # status reads retried (patient_run)
         if self._ready_at is not None:
             description["boot_seconds"] = round(self._ready_at - self._launched_at, 1)
         return description

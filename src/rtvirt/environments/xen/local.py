@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...errors import RunError
+from ...errors import CommandTimeout, RunError
 from ...procs import Supervisor, terminate_group
 
 
@@ -35,6 +35,12 @@ class _LocalProcess:
     def error_tail(self) -> str:
         return ""
 
+    def send(self, data: bytes) -> None:
+        """Write ``data`` to the helper's stdin (dom0's listener relays it back to the domU)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
     def stop(self, grace: float = 5.0) -> int | None:
         return terminate_group(self.proc, grace)
 
@@ -49,7 +55,9 @@ class _LocalTransport:
 
         try:
             done = subprocess.run(argv, capture_output=True, timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except subprocess.TimeoutExpired:
+            raise CommandTimeout(f"dom0: {argv[0]} did not finish within {timeout:g}s") from None
+        except OSError as exc:
             raise RunError(f"dom0: {argv[0]} failed: {exc}") from None
         return RemoteResult(done.returncode, done.stdout.decode(errors="replace")[:1 << 20],
                             done.stderr.decode(errors="replace")[:1 << 20])
