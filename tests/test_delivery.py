@@ -239,3 +239,22 @@ def test_soak_under_host_load_loses_nothing(tmp_path: Path) -> None:
             assert delivery["guest_said"] == "confirmed" and delivery["guest_records"] == delivery["host_records"]
         else:
             assert delivery["handshake"] == "the device consumed every buffer"
+
+
+def test_the_report_says_which_runs_fell_far_short_and_why(tmp_path: Path) -> None:
+    from rtvirt.store import new_run, write_measured_run
+
+    results = tmp_path / "results"
+    run = new_run(results, "short")
+    stream = _host_stream(run.stream_path, 0.2)
+    expectation = expectation_record(stream, 50 * stream.records.size, 200_000_000)
+    assert expectation is not None and "why" in expectation
+    write_measured_run(run, stream, name="short", params={}, extra={"config": "short", "expectation": expectation})
+    run_cli("report", str(results), "--format", "markdown", "--out", str(tmp_path / "r.md"), check=True)
+    text = (tmp_path / "r.md").read_text()
+    said = f"{run.run_id}: {stream.records.size} of {50 * stream.records.size} samples expected: the probe"
+    assert "Runs far short of the samples" in text and said in text
+    run_cli("report", str(results), "--format", "json", "--out", str(tmp_path / "r.json"), check=True)
+    [configuration] = json.loads((tmp_path / "r.json").read_text())["configurations"]
+    assert configuration["shortfalls"][0].startswith(said)
+    assert configuration["runs"][0]["expectation"]["expected"] == 50 * stream.records.size

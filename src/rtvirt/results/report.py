@@ -186,6 +186,10 @@ def _html(data: ReportData) -> str:
     if partial:
         parts.append(f'<p class="partial">Partial runs (cut short; every sample up to the cut is kept) in: '
                      f'{escape(", ".join(partial))}</p>')
+    short = [note for c in data.configurations for note in c.shortfalls]
+    if short:
+        parts.append('<p class="partial">Runs far short of the samples their duration and period promise:</p><ul>'
+                     + "".join(f"<li>{escape(note)}</li>" for note in short) + "</ul>")
     serving = []
     for c in data.configurations:
         met = [v.requirement for v in c.verdicts if v.outcome == "meets"]
@@ -248,6 +252,10 @@ def _markdown(data: ReportData) -> str:
     for c in data.configurations:
         met = [v.requirement for v in c.verdicts if v.outcome == "meets"]
         lines.append(f"- **{_md_cell(_label(c))}** serves: {', '.join(met) if met else 'no class'}")
+    short = [note for c in data.configurations for note in c.shortfalls]
+    if short:
+        lines += ["", "Runs far short of the samples their duration and period promise:"]
+        lines += [f"- {_md_cell(note)}" for note in short]
     for title, header, rows in _tables(data):
         lines += ["", f"## {_md_cell(title)}", "", "| " + " | ".join(map(_md_cell, header)) + " |",
                   "|" + "---|" * len(header)]

@@ -50,6 +50,18 @@ class Configuration:
     def partial(self) -> bool:
         return any(view.run.partial for view in self.runs)
 
+    @property
+    def shortfalls(self) -> list[str]:
+        """Runs that took far fewer samples than their duration and period promise, each with why (the
+        manifest's ``expectation``, docs/results-store.md)."""
+        found = []
+        for view in self.runs:
+            expectation = view.run.manifest.get("expectation") or {}
+            if expectation.get("why"):
+                found.append(f"{view.run.run_id}: {expectation.get('taken')} of {expectation.get('expected')} "
+                             f"samples expected: {str(expectation['why'])[:300]}")
+        return found
+
 
 @dataclass
 class TaskBounds:
@@ -214,11 +226,12 @@ def as_json(data: ReportData) -> dict[str, Any]:
         "baseline": data.baseline,
         "margin": data.margin,
         "configurations": [{
-            "label": c.label, "partial": c.partial, "summary": c.summary.as_dict(),
+            "label": c.label, "partial": c.partial, "shortfalls": c.shortfalls, "summary": c.summary.as_dict(),
             "verdicts": [asdict(v) for v in c.verdicts],
             "runs": [{
                 "run_id": v.run.run_id, "name": v.run.manifest.get("name"), "source": v.run.manifest.get("source"),
                 "status": v.run.manifest.get("status"), "summary": v.summary.as_dict(),
+                "expectation": v.run.manifest.get("expectation"), "delivery": v.run.manifest.get("delivery"),
                 "system": v.run.manifest.get("system") or {},
                 "ramp": asdict(v.ramp) if v.ramp else None,
                 "segments": [asdict(s) for s in v.segments], "switches": [asdict(s) for s in v.switches],
