@@ -258,3 +258,26 @@ def test_the_report_says_which_runs_fell_far_short_and_why(tmp_path: Path) -> No
     [configuration] = json.loads((tmp_path / "r.json").read_text())["configurations"]
     assert configuration["shortfalls"][0].startswith(said)
     assert configuration["runs"][0]["expectation"]["expected"] == 50 * stream.records.size
+
+
+def test_the_guests_word_on_delivery_is_read_from_its_console_bounded_and_escaped() -> None:
+    from rtvirt.environments.guest_image import delivery_said
+
+    console = ("RTVIRT-PORTS-WAITED 7 virtio-ports/rtvirt.out x;rm\nRTVIRT-READY 3.1\nrtvirt-agent: writing\n"
+               "RTVIRT-DELIVERY short 2000 1990\n\x1b[31mpower down\nRTVIRT-EXIT 0\n")
+    said = delivery_said(console)
+    assert said["ports_waited_s"] == 0.7 and said["ports_late"] == ["virtio-ports/rtvirt.out"]
+    assert (said["guest_said"], said["guest_records"], said["host_confirmed_records"]) == ("short", 2000, 1990)
+    assert "?[31mpower down" in said["console_around"] and len(said["console_around"]) == 6
+    problem = delivery_problem({"agent_records": 2000, "host_records": 1990, "channel": "virtio-serial", **said})
+    assert problem is not None and "lost 10 of 2000" in problem and "RTVIRT-DELIVERY short 2000 1990" in problem
+    assert delivery_said("RTVIRT-DELIVERY bogus 12\n")["guest_said"] == "unreadable"
+    assert delivery_said("RTVIRT-DELIVERY confirmed 12\n") == {"guest_said": "confirmed", "guest_records": 12}
+
+
+@pytest.mark.parametrize("device", ["../etc/passwd", "vda;reboot", "a/b/c", "", "virtio-ports/$(id)"])
+def test_the_devices_init_waits_for_are_plain_paths_under_dev(device: str) -> None:
+    from rtvirt.environments.guest_image import GuestJob, job_archive
+
+    with pytest.raises(ValueError, match="path under /dev"):
+        job_archive(GuestJob(["/rtvirt/bin/rtvirt-probe"]), (), [device])

@@ -40,7 +40,9 @@ def delivery_problem(delivery: dict[str, Any]) -> str | None:
         side = "on the host after the agent's records were confirmed"
     elif said in ("short", "unconfirmed"):
         side = f"on the way from the guest (its agent said: {said})"
-    return f"lost {wrote - held} of {wrote} samples {side} (channel: {delivery.get('channel', 'stream')})"
+    around = " | ".join(delivery.get("console_around") or [])
+    return (f"lost {wrote - held} of {wrote} samples {side} (channel: {delivery.get('channel', 'stream')})"
+            + (f"; the guest's console around its word: {around}" if around else ""))
 
 
 def expectation_record(stream: SampleStream, expected: int | None, duration_ns: int) -> dict[str, Any] | None:

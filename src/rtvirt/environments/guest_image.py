@@ -41,6 +41,8 @@ GUEST_AGENT_DIR = "/rtvirt/bin"
 READY_MARK = "RTVIRT-READY"
 EXIT_MARK = "RTVIRT-EXIT"
 DELIVERY_MARK = "RTVIRT-DELIVERY"  # the agent's word on the end-of-stream handshake (agents/common/rtv.c)
+# a device the guest's jobs use, as a path under /dev (a name, or a directory and a name): no "..", no shell words
+DEVICE_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}(/[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63})?")
 PORTS_WAITED_MARK = "RTVIRT-PORTS-WAITED"  # /init waited this many tenths of a second for its devices
 
 # The guest's /init. Jobs come from /rtvirt/jobs (written by job_archive): bg-* run in the background,
@@ -149,17 +151,20 @@ def delivery_said(console: str) -> dict[str, Any]:
     wrote, how many the host confirmed) and how long /init waited for its ports. Untrusted text: only numbers
     and one of the agent's own words are kept."""
     said: dict[str, Any] = {}
-    for line in console.splitlines():
+    lines = console.splitlines()
+    for index, line in enumerate(lines):
         words = line.split()
         if len(words) >= 2 and words[0] == PORTS_WAITED_MARK and words[1].isdigit():
             said["ports_waited_s"] = int(words[1][:9]) / 10
-            said["ports_late"] = [w[:64] for w in words[2:6] if re.fullmatch(r"[A-Za-z0-9_.-]+", w)]
+            said["ports_late"] = [w for w in words[2:6] if DEVICE_PATTERN.fullmatch(w)]
         elif len(words) >= 3 and words[0] == DELIVERY_MARK and words[2].isdigit():
             outcome = words[1] if words[1] in ("confirmed", "short", "unconfirmed", "unreadable") else "unreadable"
             said["guest_said"] = outcome
             said["guest_records"] = int(words[2][:20])
             if outcome == "short" and len(words) >= 4 and words[3].isdigit():
                 said["host_confirmed_records"] = int(words[3][:20])
+            if outcome != "confirmed":  # for the diagnosis: what the guest said around it, printable and bounded
+                said["console_around"] = [re.sub(r"[^ -~]", "?", x)[:200] for x in lines[max(0, index - 3):index + 4]]
     return said
 
 
@@ -205,7 +210,7 @@ def job_archive(main: GuestJob | None, background: Iterable[GuestJob] = (), devi
     archive.directory("rtvirt/jobs")
     names = list(devices)
     for name in names:
-        if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}(/[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63})?", name):
+        if not DEVICE_PATTERN.fullmatch(name):
             raise ValueError(f"a guest device must be a path under /dev of letters, digits, '_', '.' or '-': {name!r}")
     archive.file("rtvirt/jobs/devices", "".join(f"{name}\n" for name in names).encode())
     if main is not None:
