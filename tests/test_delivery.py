@@ -281,3 +281,87 @@ def test_the_devices_init_waits_for_are_plain_paths_under_dev(device: str) -> No
 
     with pytest.raises(ValueError, match="path under /dev"):
         job_archive(GuestJob(["/rtvirt/bin/rtvirt-probe"]), (), [device])
+
+
+def test_a_dom0_too_slow_to_answer_a_status_read_is_asked_again_with_more_patience(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rtvirt.environments.xen import dom0 as dom0_module
+    from rtvirt.environments.xen.local import _LocalTransport
+    from rtvirt.procs import Supervisor
+
+    monkeypatch.setattr(dom0_module, "PATIENT_FIRST_S", 0.5)
+    with Supervisor() as supervisor:
+        dom0 = dom0_module.Dom0(_LocalTransport(supervisor), None, "", "")
+        dom0._patience = dom0_module.PATIENT_FIRST_S
+        assert dom0.patient_run(["sleep", "2"]) is None  # a loaded dom0: no answer within 0.5 s, not a failure
+        assert dom0.slow_answers == 1 and dom0._patience == 1.0
+        assert dom0.patient_run(["sleep", "2"]) is None and dom0._patience == 2.0
+        answer = dom0.patient_run(["sleep", "1"])  # within the doubled bound: answered, and patience resets
+        assert answer is not None and answer.returncode == 0 and dom0._patience == 0.5
+        assert dom0.slow_answers == 2
+
+
+def _boot_with_a_late_port(tmp_path: Path, wait_for_it: bool, late_s: float = 3.0) -> tuple[str, Path]:
+    """Boot the Linux guest image with its samples port added `late_s` after boot (QMP device_add): the late
+    arrival of a port's name that loses a run's every sample when /init does not wait for it (issue 27).
+    Returns the console and the host's stream file."""
+    from qemu.qmp.legacy import QEMUMonitorProtocol
+
+    from rtvirt.environments.guest_image import (
+        GUEST_AGENT_DIR,
+        GuestJob,
+        guest_image,
+        guest_port_device,
+        guest_port_path,
+        job_archive,
+    )
+    from rtvirt.environments.qemu import OUTPUT_PORT, QEMU
+
+    image = guest_image("linux")
+    tmp_path.mkdir(parents=True)
+    argv = [f"{GUEST_AGENT_DIR}/rtvirt-probe", "timer", "--duration=500000000", "--interval=1000000",
+            f"--out={guest_port_path(OUTPUT_PORT)}"]
+    devices = [guest_port_device(OUTPUT_PORT)] if wait_for_it else []
+    initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), (), devices), tmp_path)
+    console, out, qmp = tmp_path / "console.log", tmp_path / "samples.rtvs", tmp_path / "qmp.sock"
+    qemu = subprocess.Popen([QEMU, "-accel", "tcg", "-m", "256", "-display", "none", "-nodefaults", "-no-reboot",
+                             "-kernel", str(image.kernel), "-initrd", str(initrd), "-append",
+                             "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check", "-serial", f"file:{console}",
+                             "-qmp", f"unix:{qmp},server=on,wait=off", "-device", "virtio-serial-pci,id=serial"])
+    try:
+        if wait_for_it:  # (without the wait the job fails and the guest is gone before a port could come)
+            deadline = time.monotonic() + 240
+            while not qmp.exists():
+                assert time.monotonic() < deadline and qemu.poll() is None, "QEMU did not start"
+                time.sleep(0.1)
+            monitor = QEMUMonitorProtocol(str(qmp))
+            monitor.connect()
+            # /init has loaded virtio_console once the driver set DRIVER_OK: its first look for ports follows
+            while "DRIVER_OK" not in str(monitor.cmd("x-query-virtio-status",
+                                                     path="/machine/peripheral/serial/virtio-backend")):
+                assert time.monotonic() < deadline and qemu.poll() is None, "the guest did not load virtio_console"
+                time.sleep(0.1)
+            time.sleep(late_s)
+            monitor.cmd("chardev-add", id="late", backend={"type": "file", "data": {"out": str(out)}})
+            monitor.cmd("device_add", driver="virtserialport", bus="serial.0", chardev="late", name=OUTPUT_PORT)
+            monitor.close()
+        qemu.wait(timeout=240)
+    finally:
+        qemu.kill()
+        qemu.wait()
+    return console.read_text(errors="replace"), out
+
+
+@pytest.mark.vm
+def test_a_port_that_comes_late_loses_nothing_because_init_waits_for_it(tmp_path: Path) -> None:
+    # without the wait, the agent starts before its port exists: it now refuses to write into a plain file
+    # under /dev (which is how every sample was lost, with exit status 0) and the run fails loudly
+    console, out = _boot_with_a_late_port(tmp_path / "no-wait", wait_for_it=False)
+    assert "cannot open output '/dev/virtio-ports/rtvirt.out': No such file or directory" in console, console
+    assert not out.exists() or out.stat().st_size == 0
+    # with it, /init waits until the port's name has arrived and every sample reaches the host
+    console, out = _boot_with_a_late_port(tmp_path / "wait", wait_for_it=True)
+    waited = next(line.split() for line in console.splitlines() if line.startswith("RTVIRT-PORTS-WAITED"))
+    assert int(waited[1]) >= 1 and waited[2:] == ["virtio-ports/rtvirt.out"], console
+    stream = read_stream(out)
+    assert stream.end_reason == "complete" and stream.written == stream.records.size > 0
