@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,23 @@ def esc_overrides(seed: int, load: float, switch_us: int, delay_us: int, driver:
         overrides += [(f"vm.N.task.{task}{wheel}.execution",
                        {"distribution": "uniform", "min": "1us", "max": f"{driver_exec}us"}) for task in ("rx", "tx")]
     return overrides
+
+
+def steal_live_stream(results: Path, min_bytes: int = 2048, timeout: float = 240) -> tuple[threading.Thread, list[Path]]:
+    """Start a thread that deletes the first run's live stream file once it holds ``min_bytes`` (the header and
+    some records): the live stream is lost while the guest writes it. Returns the thread and the deleted paths."""
+    removed: list[Path] = []
+
+    def steal() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for stream in results.glob("runs/*/samples.rtvs"):
+                if stream.stat().st_size > min_bytes:
+                    stream.unlink()
+                    removed.append(stream)
+                    return
+            time.sleep(0.05)
+
+    thief = threading.Thread(target=steal)
+    thief.start()
+    return thief, removed

@@ -10,13 +10,12 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import run_cli, steal_live_stream
 
 from rtvirt.agents import agent_path
 from rtvirt.campaign.delivery import delivery_problem, delivery_record, expectation_record
@@ -163,20 +162,7 @@ def test_a_lost_live_stream_is_recovered_from_the_guests_copy(tmp_path: Path) ->
                         'params = { interval = "1ms" }\n[[environments]]\nkind = "qemu"\n'
                         '[[disturbances]]\nname = "solo"\n')
     results = tmp_path / "results"
-    removed: list[Path] = []
-
-    def lose_the_live_stream() -> None:  # the run's stream file vanishes while the guest writes it
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            for stream in results.glob("runs/*/samples.rtvs"):
-                if stream.stat().st_size > 2048:  # the header and some records
-                    stream.unlink()
-                    removed.append(stream)
-                    return
-            time.sleep(0.05)
-
-    thief = threading.Thread(target=lose_the_live_stream)
-    thief.start()
+    thief, removed = steal_live_stream(results)
     run_cli("run", str(scenario), "--out", str(results), "--no-progress", timeout=300, check=True)
     thief.join()
     assert removed, "the live stream never grew past its header"

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, steal_live_stream
 from sshd_server import SshServer
 
 from rtvirt.agents import agent_args
@@ -603,6 +603,26 @@ def test_a_preempt_rt_guest_boots_in_libvirt_and_its_manifest_says_so(libvirtd: 
     delivery = manifest["delivery"]
     assert delivery["confirmation"] == "sent" and delivery["guest_said"] == "confirmed"
     assert delivery["guest_records"] == delivery["host_records"] == manifest["summary"]["all"]["samples"]
+    assert _our_domains() == []
+
+
+@pytest.mark.vm
+def test_a_lost_live_stream_is_recovered_from_the_domains_copy_volume(libvirtd: str, tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path / "copy.toml", "8s", 'kind = "libvirt"\nname = "lvcopy"\ndomain_type = "qemu"')
+    results = tmp_path / "results"
+    thief, removed = steal_live_stream(results)
+    result = run_cli("run", str(scenario), "--out", str(results), "--no-progress", timeout=300)
+    thief.join()
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert removed, "the live stream never grew past its header"
+    [manifest_path] = results.glob("runs/*/manifest.json")
+    manifest = json.loads(manifest_path.read_text())
+    delivery = manifest["delivery"]
+    assert manifest["status"] == "complete" and "from the guest's copy" in delivery["recovered"]
+    assert delivery["agent_records"] == delivery["host_records"] == manifest["summary"]["all"]["samples"] > 10
+    with SharedResources() as shared:  # the copy's volume went with its domain
+        connection = shared.get("c", lambda: LibvirtConnection(libvirtd))
+        assert not [v for v in connection.pool().listVolumes() if v.endswith(".copy")]
     assert _our_domains() == []
 
 

@@ -314,7 +314,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
             teardown.attempt(disturbance.close_guests)
             env_description = teardown.attempt(env.describe) or {}
             platform_delivery = teardown.attempt(env.delivery) or {}
-            copy = env.stream_copy()
+            copy = teardown.attempt(env.stream_copy)
             platform_audit = teardown.attempt(env.platform_audit) or {}
             env_warnings = env.warnings()
             teardown.attempt(env.close)

@@ -29,7 +29,7 @@ from ..fileio import write_atomically
 
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
            "GUEST_AGENT_DIR", "guest_port_path", "guest_port_device", "agent_failure", "GuestKind", "guest_field",
-           "guest_description", "delivery_said"]
+           "guest_description", "delivery_said", "stream_copy_field", "COPY_DISK", "COPY_DISK_BYTES"]
 
 # Guest kernel flavour -> Debian meta-package, and the cache directory its unpacked tree lives in.
 KERNEL_PACKAGES = {"linux": "linux-image-amd64", "linux-rt": "linux-image-rt-amd64"}
@@ -41,6 +41,8 @@ GUEST_AGENT_DIR = "/rtvirt/bin"
 READY_MARK = "RTVIRT-READY"
 EXIT_MARK = "RTVIRT-EXIT"
 DELIVERY_MARK = "RTVIRT-DELIVERY"  # the agent's word on the end-of-stream handshake (agents/common/rtv.c)
+COPY_DISK = "vda"  # the Linux guest's only disk: the copy of its stream (raw, no file system)
+COPY_DISK_BYTES = 64 << 30  # sparse: only what the guest writes takes room
 # a device the guest's jobs use, as a path under /dev (a name, or a directory and a name): no "..", no shell words
 DEVICE_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}(/[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63})?")
 PORTS_WAITED_MARK = "RTVIRT-PORTS-WAITED"  # /init waited this many tenths of a second for its devices
@@ -107,6 +109,15 @@ def guest_field() -> Any:
 
     return Field("linux", description="guest kernel: linux (Debian's linux-image-amd64), linux-rt (Debian's "
                  "PREEMPT_RT linux-image-rt-amd64) or baremetal (rtvirt's own kernel, docs/baremetal.md)")
+
+
+def stream_copy_field() -> Any:
+    """The ``stream_copy`` field of a VM environment whose Linux guest can keep a copy of its stream."""
+    from pydantic import Field
+
+    return Field(True, description="the Linux guest also writes its stream to a disk of its own (a sparse image, "
+                 "removed after the run): if the live stream fails, the run is recovered from that copy, and its "
+                 "manifest says so")
 
 
 def guest_description(kind: str, image: GuestImage | None) -> dict[str, Any]:

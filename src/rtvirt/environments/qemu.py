@@ -29,6 +29,8 @@ from ..units import duration_field
 from . import baremetal
 from .base import Environment, EnvironmentConfig, Launched
 from .guest_image import (
+    COPY_DISK,
+    COPY_DISK_BYTES,
     GUEST_AGENT_DIR,
     READY_MARK,
     GuestImage,
@@ -43,6 +45,7 @@ from .guest_image import (
     guest_port_device,
     guest_port_path,
     job_archive,
+    stream_copy_field,
 )
 from .sched import SchedPolicy, apply_policy, thread_ids
 
@@ -52,8 +55,6 @@ QEMU = "qemu-system-x86_64"
 OUTPUT_PORT = "rtvirt.out"
 ACK_PORT = "rtvirt.ack"  # host to guest: the end-of-stream confirmation the agent waits for
 ACK_CONNECT_TIMEOUT_S = 5.0
-COPY_DISK = "vda"  # the guest's only disk: the copy of its stream (raw, no file system)
-COPY_DISK_BYTES = 64 << 30  # a sparse file: only what the guest writes takes room
 CONSOLE_LIMIT = 1 << 16  # bytes of the guest console we read back (it is untrusted)
 KVM_CALIBRATION_TIMEOUT_S = 20.0
 TCG_WARNING = ("the QEMU guest ran under TCG (software emulation, KVM does not accelerate here): its timings "
@@ -72,9 +73,7 @@ class QemuConfig(EnvironmentConfig):
     boot_timeout: duration_field("s") = Field(90_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
                                               description="time the guest may take to boot (bare numbers in s)")
     guest: GuestKind = guest_field()
-    stream_copy: bool = Field(True, description="the Linux guest also writes its stream to a disk of its own "
-                              "(a sparse file in the run directory): if the live stream fails, the run is "
-                              "recovered from that copy, and its manifest says so")
+    stream_copy: bool = stream_copy_field()
 
     @model_validator(mode="after")
     def _deadline_vcpus_are_unpinned(self) -> QemuConfig:

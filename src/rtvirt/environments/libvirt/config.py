@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ...params import CpuList, parse_cpulist
 from ...units import duration_field
 from ..base import EnvironmentConfig
-from ..guest_image import GuestKind, guest_field
+from ..guest_image import GuestKind, guest_field, stream_copy_field
 from .host import memlock_problem, numa_problem, resctrl_problem
 
 __all__ = ["LibvirtConfig", "VcpuSched", "parse_cputune"]
@@ -58,6 +58,7 @@ class LibvirtConfig(EnvironmentConfig):
     boot_timeout: duration_field("s") = Field(90_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
                                               description="time the guest may take to boot (bare numbers in s)")
     guest: GuestKind = guest_field()
+    stream_copy: bool = stream_copy_field()
 
     @model_validator(mode="after")
     def _guest_this_environment_boots(self) -> LibvirtConfig:

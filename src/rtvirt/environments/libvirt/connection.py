@@ -166,6 +166,40 @@ class LibvirtConnection:
             raise RunError(f"libvirt ({self.uri}): uploading {source.name} failed: {_error_text(exc)}") from None
         return str(volume.path())
 
+    def sparse_volume(self, name: str, capacity: int) -> str:
+        """A new empty raw volume ``name`` of ``capacity`` bytes that takes no room until written; its path."""
+        libvirt = _libvirt()
+        volume_xml = ET.Element("volume")
+        ET.SubElement(volume_xml, "name").text = name
+        ET.SubElement(volume_xml, "capacity", unit="bytes").text = str(capacity)
+        ET.SubElement(volume_xml, "allocation", unit="bytes").text = "0"
+        ET.SubElement(ET.SubElement(volume_xml, "target"), "format", type="raw")
+        try:
+            return str(self.pool().createXML(ET.tostring(volume_xml, encoding="unicode"), 0).path())
+        except libvirt.libvirtError as exc:
+            raise RunError(f"libvirt ({self.uri}): cannot create the volume {name}: {_error_text(exc)}") from None
+
+    def download_written_part(self, name: str, local: Path, chunk: int = 4 << 20) -> None:
+        """Copy volume ``name`` into ``local`` up to the first chunk of zeros (what a guest wrote from its
+        start: a stream's copy), without reading the rest of a large sparse volume."""
+        libvirt = _libvirt()
+        try:
+            volume = self.pool().storageVolLookupByName(name)
+            capacity = int(volume.info()[1])
+            with local.open("wb") as out:
+                for offset in range(0, capacity, chunk):
+                    stream = self.conn.newStream(0)
+                    volume.download(stream, offset, min(chunk, capacity - offset), 0)
+                    parts: list[bytes] = []
+                    stream.recvAll(lambda _stream, data, chunks: chunks.append(data), parts)
+                    stream.finish()
+                    data = b"".join(parts)
+                    out.write(data)
+                    if not data.strip(b"\0") or len(data) < chunk:
+                        return
+        except libvirt.libvirtError as exc:
+            raise RunError(f"libvirt ({self.uri}): cannot read the volume {name}: {_error_text(exc)}") from None
+
     def kernel(self, source: Path) -> str:
         """The guest kernel in the pool, uploaded once per content (kept as a cache like ~/.cache/rtvirt)."""
         digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]

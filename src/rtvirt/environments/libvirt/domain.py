@@ -16,6 +16,8 @@ from ...errors import RunError
 from .. import baremetal
 from ..base import Environment, EnvironmentConfig, Launched, SharedResources
 from ..guest_image import (
+    COPY_DISK,
+    COPY_DISK_BYTES,
     GUEST_AGENT_DIR,
     GuestJob,
     guest_description,
@@ -33,6 +35,7 @@ from .rt_throttling import RT_REFUSED, RtThrottlingLifted, _rt_refusal_diagnosis
 from .streams import BAREMETAL_CONSOLE, DomainProcess
 from .teardown import LibvirtTeardown, _destroy_and_undefine
 
+VOLUME_SUFFIXES = (".initrd", ".copy")  # a domain's own volumes in the pool: its initramfs, its stream's copy
 MEMLOCK_REFUSED = "cannot limit locked memory"  # libvirt's message when QEMU's RLIMIT_MEMLOCK cannot be raised
 
 
@@ -70,14 +73,16 @@ class LibvirtEnvironment(LibvirtTeardown):
             if host != me or (started and _process_start(pid) == started):
                 continue  # another machine's campaign, or one still running
             _destroy_and_undefine(domain, config.uri)
-            connection.delete_volume(f"{name}.initrd")
+            for suffix in VOLUME_SUFFIXES:
+                connection.delete_volume(f"{name}{suffix}")
             removed.append(f"libvirt domain {name} ({config.uri})")
-        # an initrd whose domain is gone (its run lost libvirtd): a domain is defined before its initrd exists,
-        # so a running campaign's initrd always has its domain
+        # an initrd or stream copy whose domain is gone (its run lost libvirtd): a domain is defined before its
+        # volumes exist, so a running campaign's volumes always have their domain
         defined = {str(domain.name()) for domain in connection.conn.listAllDomains(0)}
         for volume in connection.pool().listVolumes():
-            if volume.startswith(DOMAIN_PREFIX) and volume.endswith(".initrd") and \
-                    volume.removesuffix(".initrd") not in defined and connection.delete_volume(volume):
+            of_domain = next((volume.removesuffix(s) for s in VOLUME_SUFFIXES if volume.endswith(s)), None)
+            if volume.startswith(DOMAIN_PREFIX) and of_domain is not None and of_domain not in defined and \
+                    connection.delete_volume(volume):
                 removed.append(f"libvirt volume {volume} ({config.uri})")
         if config.local and os.geteuid() == 0:
             restored = RtThrottlingLifted.restore_after_kill()
@@ -132,6 +137,10 @@ class LibvirtEnvironment(LibvirtTeardown):
             if out is not None:
                 argv += [f"--out={guest_port_path(OUTPUT_PORT)}", f"--confirm={guest_port_path(ACK_PORT)}"]
                 devices = [guest_port_device(OUTPUT_PORT), guest_port_device(ACK_PORT)]
+                if self.config.stream_copy:
+                    argv.append(f"--tee=/dev/{COPY_DISK}")
+                    devices.append(COPY_DISK)
+                    self._copy_volume = f"{self._name}.copy"
             initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), (), devices), self.workdir)
             self._initrd_volume = f"{self._name}.initrd"
             channel = OUTPUT_PORT
@@ -145,6 +154,8 @@ class LibvirtEnvironment(LibvirtTeardown):
         self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
         if initrd is not None:
             connection.upload(self._initrd_volume, initrd)
+        if self._copy_volume:
+            connection.sparse_volume(self._copy_volume, COPY_DISK_BYTES)
         try:
             self._domain.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
         except libvirt.libvirtError as exc:

@@ -7,9 +7,10 @@ import os
 import socket
 import xml.etree.ElementTree as ET
 
+from ..guest_image import COPY_DISK
 from ..qemu import ACK_PORT, OUTPUT_PORT
 from .config import parse_cputune
-from .connection import _process_start
+from .connection import POOL_NAME, _process_start
 from .host import MEMLOCK_OVERHEAD_MIB
 from .state import LibvirtDomainState
 
@@ -87,6 +88,11 @@ class LibvirtDomainXml(LibvirtDomainState):
                 ET.SubElement(ET.SubElement(devices, "console", type="pty"), "target", type="virtio")
         else:
             ET.SubElement(devices, "controller", type="virtio-serial", index="0")
+        if self._copy_volume:  # the guest's own disk: the copy of its stream
+            disk = ET.SubElement(devices, "disk", type="volume", device="disk")
+            ET.SubElement(disk, "driver", name="qemu", type="raw")
+            ET.SubElement(disk, "source", pool=POOL_NAME, volume=self._copy_volume)
+            ET.SubElement(disk, "target", dev=COPY_DISK, bus="virtio")
         if with_output and initrd is not None:
             # the samples, and the way back for the end-of-stream confirmation the agent waits for
             for port in (OUTPUT_PORT, ACK_PORT):

@@ -27,6 +27,7 @@ class LibvirtDomainState(Environment):
         self._name = ""
         self._type: dict[str, str] = {}
         self._initrd_volume = ""
+        self._copy_volume = ""  # the guest's disk with the copy of its stream (stream_copy)
         self._baremetal_cmdline = ""
         self._readers: list[_StreamToFile] = []
         self._channel_reader: _StreamToFile | None = None

@@ -103,6 +103,13 @@ class LibvirtStreams(LibvirtDomainXml):
             return f"not sent: {_error_text(exc)}"
         return "sent"
 
+    def stream_copy(self) -> Path | None:
+        if not self._copy_volume:
+            return None
+        local = self.workdir / "stream-copy.img"
+        self._conn().download_written_part(self._copy_volume, local)
+        return local
+
     def delivery(self) -> dict[str, Any]:
         if self.config.guest == "baremetal":  # no way back to the guest: its END record is the count to check
             return {"channel": "libvirt console (virtio-console)", "handshake": "none (count checked)"}

@@ -4,6 +4,7 @@ on a fresh connection if the run's own was lost: a domain must not outlive its r
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -77,12 +78,13 @@ class LibvirtTeardown(LibvirtStreams):
             _destroy_and_undefine(self._domain, self.config.uri)
             self._domain = None
         if self._connection is not None:
-            if self._initrd_volume:
-                with contextlib.suppress(RunError):
-                    if not self._connection.delete_volume(self._initrd_volume):
-                        name = self._initrd_volume
-                        _on_a_fresh_connection(self.config.uri, lambda fresh: fresh.delete_volume(name))
-                self._initrd_volume = ""
+            for name in (self._initrd_volume, self._copy_volume):
+                if name:
+                    with contextlib.suppress(RunError):
+                        if not self._connection.delete_volume(name):
+                            delete = functools.partial(LibvirtConnection.delete_volume, name=name)
+                            _on_a_fresh_connection(self.config.uri, delete)
+            self._initrd_volume = self._copy_volume = ""
             self._connection.close()
             self._connection = None
         super().close()
