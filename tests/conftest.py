@@ -71,7 +71,8 @@ def esc_overrides(seed: int, load: float, switch_us: int, delay_us: int, driver:
     return overrides
 
 
-def steal_live_stream(results: Path, min_bytes: int = 2048, timeout: float = 240) -> tuple[threading.Thread, list[Path]]:
+def steal_live_stream(results: Path, min_bytes: int = 2048,
+                      timeout: float = 240) -> tuple[threading.Thread, list[Path]]:
     """Start a thread that deletes the first run's live stream file once it holds ``min_bytes`` (the header and
     some records): the live stream is lost while the guest writes it. Returns the thread and the deleted paths."""
     removed: list[Path] = []
