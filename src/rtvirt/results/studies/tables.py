@@ -302,11 +302,12 @@ def _interrupt(configs: list[Configuration]) -> list[Table]:
                 if field in ref and ours[index] is not None:
                     ref_ours = None if native_ours is None or ref is native_paper else \
                         (native_ours.summary.mean_ns, native_ours.summary.max_ns)[index - 1] / 1e3
-                    ref_paper = None if ref is native_paper else native_paper[field]
-                    readings.append(f"{field[:3]}: {_reading(ours[index], ref[field], ref_ours, ref_paper)}")
+                    ref_paper = None if ref is native_paper else float(native_paper[field])
+                    readings.append(f"{field[:3]}: {_reading(ours[index], float(ref[field]), ref_ours, ref_paper)}")
+            # the paper's figures as its table prints them (published.toml keeps them as text)
             rows.append([str(ref["configuration"]), c.label if c else f"not run ({key})", _num(ours[0]),
-                         _num(ours[1]), _num(ours[2]), _num(ref.get("min_us"), 1), _num(ref.get("avg_us"), 1),
-                         _num(ref.get("max_us"), 1), " · ".join(readings) or "not run here"])
+                         _num(ours[1]), _num(ours[2]), str(ref.get("min_us", "-")), str(ref.get("avg_us", "-")),
+                         str(ref.get("max_us", "-")), " · ".join(readings) or "not run here"])
     return [("Interrupt-latency study: min / avg / max per configuration (µs)",
              ["configuration", "ours", "min", "avg", "max", "paper: min", "paper: avg", "paper: max", "reading"],
              rows)]
