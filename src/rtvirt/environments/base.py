@@ -132,6 +132,8 @@ class Environment(ABC):
     config_model: ClassVar[type[EnvironmentConfig]]
     on_host: ClassVar[bool] = True  # the agent sees the host's CPUs (False: a guest's)
     pausable: ClassVar[bool] = False  # set_paused works (a timeline's stressor guests then boot early)
+    # the part of scripts/setup.sh that installs what this kind needs beyond the main job's (None: nothing)
+    setup_part: ClassVar[str | None] = None
     # "inside" stressors run as stressors on platform_cpus (an SSH target: the measured machine itself),
     # not as a guest's own job (add_guest_job); the host does so anyway
     inside_on_platform: ClassVar[bool] = False

@@ -41,6 +41,7 @@ class LibvirtEnvironment(LibvirtTeardown):
     config_model = LibvirtConfig
 
     on_host = False
+    setup_part = "libvirt"
 
     config: LibvirtConfig
 

@@ -31,6 +31,7 @@ class XenEnvironment(XenTeardown):
     config_model = XenConfig
 
     on_host = False
+    setup_part = "xen"
 
     config: XenConfig
 
