@@ -164,7 +164,8 @@ def run(scenarios: tuple[str, ...], results: Path, scale: float | None, repetiti
     """Run a campaign: a built-in scenario NAME (default: `default`) or a scenario FILE.toml.
 
     Several SCENARIOS run one after the other as separate campaigns (each with its report) that share what is
-    expensive to set up: one Xen lab boot, one SSH connection per target, one libvirt connection."""
+    expensive to set up: one Xen lab boot, one SSH connection per target (each libvirt domain has a connection of
+    its own)."""
     campaigns = _campaigns(scenarios, results, scale, repetitions, resume, as_json)
     _bring_kinds([parsed for parsed, _ in campaigns])
     resume_hint = f"continue with rtvirt run --resume {' '.join(scenarios) + ' ' if len(campaigns) > 1 else ''}" \

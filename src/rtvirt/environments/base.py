@@ -3,8 +3,9 @@
 The interface carries local and remote platforms alike: ``launch`` returns a :class:`Launched` whose
 process is anything with the :class:`AgentProcess` shape (a local ``Popen``, an agent on an SSH target,
 an agent in a Xen domU); expensive things that several runs of one campaign can reuse (a Xen lab boot,
-an SSH connection, a libvirt connection) live in :class:`SharedResources`; "other-vm" disturbance asks the
-environment itself for a disturbing guest of its own kind (:meth:`Environment.stressor_guest`); and
+an SSH connection, the libvirt connection that reclaims) live in :class:`SharedResources`; "other-vm"
+disturbance asks the environment itself for a disturbing guest of its own kind
+(:meth:`Environment.stressor_guest`); and
 :meth:`Environment.reclaim` removes what a killed earlier campaign left behind before ``--resume``.
 """
 

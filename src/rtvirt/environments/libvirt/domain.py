@@ -29,7 +29,7 @@ from .connection import DOMAIN_PREFIX, LibvirtConnection, _connection, _error_te
 from .domain_xml import OWNER_NS, XML_LIMIT
 from .host import MEMLOCK_OVERHEAD_MIB, _v1_cpu_controller, hugepage_problem
 from .rt_throttling import RT_REFUSED, RtThrottlingLifted, _rt_refusal_diagnosis
-from .streams import BAREMETAL_CONSOLE, DomainProcess
+from .streams import BAREMETAL_CONSOLE, RunningDomain
 from .teardown import LibvirtTeardown, _destroy_and_undefine
 
 MEMLOCK_REFUSED = "cannot limit locked memory"  # libvirt's message when QEMU's RLIMIT_MEMLOCK cannot be raised
@@ -163,7 +163,7 @@ class LibvirtEnvironment(LibvirtTeardown):
             self._channel_reader = self._open_stream(channel, out, None)
         self._domain.resume()
         self._launched_at = time.monotonic()
-        return Launched(DomainProcess(self), out)
+        return Launched(RunningDomain(self), out)
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         config = LibvirtConfig.model_validate({

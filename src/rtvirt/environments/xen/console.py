@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 from ...errors import RunError
-from .. import baremetal
 from ..guest_image import EXIT_MARK, READY_MARK
 from .pools import XenPools
 
@@ -37,7 +36,7 @@ echo "RTVIRT-UNAME $(uname -r) $(uname -v)" >&2
 """
 
 
-class DomainProcess:
+class DomUJob:
     """A domU's main job, with the AgentProcess shape: running until its console says how it ended."""
 
     def __init__(self, env: XenConsole, relay: Any | None) -> None:
@@ -83,14 +82,15 @@ class XenConsole(XenPools):
             listening = self._dom0.run(["busybox", "netstat", "-ltn"]).stdout
             if re.search(rf":{port}\s", listening):
                 return
-            if self._relay.poll() is not None:
+            if self._relay is None or self._relay.poll() is not None:
                 break
             time.sleep(0.2)
         raise RunError(f"xen: dom0's stream listener on port {port} did not start")
 
     def console_text(self) -> str:
-        if isinstance(self._relay, baremetal.XenConsoleRelay):
-            return self._relay.text()  # the text part of the console; the log also holds the stream
+        held = self._relay.console_text() if self._relay is not None else None
+        if held is not None:
+            return held
         if self._dom0 is None or self._domain is None:
             return ""
         result = self._dom0.run(["tail", "-c", str(CONSOLE_TAIL_BYTES), CONSOLE_LOG.format(name=self._domain)],
@@ -125,8 +125,8 @@ class XenConsole(XenPools):
         if not self.booted and time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
             return f"the domU did not boot within {self.config.boot_timeout / 1e9:.0f}s"
         status = self._process.poll()
-        if status not in (None, 0) and isinstance(self._relay, baremetal.XenConsoleRelay):
-            failure = baremetal.failure_exception(self.console_text())
+        if status not in (None, 0) and self._relay is not None:
+            failure = self._relay.failure(self.console_text())
             if failure is not None:
                 raise failure  # status 2 (a parameter the guest refused) is bad input: exit 2
         if status not in (None, 0):
