@@ -1,32 +1,65 @@
 #!/usr/bin/env bash
 # Set up rtvirt on a fresh Debian/Ubuntu machine: system packages (as root), a virtual environment,
 # the Python dependencies and the compiled agents. Safe to run again; it only does what is missing.
+#
+#   scripts/setup.sh            what the main job (`make run`: host, partition, QEMU guest) needs
+#   scripts/setup.sh all        everything (`make test`): every environment kind, reference tools, report tests
+#   scripts/setup.sh KIND...    the main job's set plus a kind's: libvirt, xen, arm, tools, report
+#                               (rtvirt runs `scripts/setup.sh KIND` itself on a kind's first use)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
-# Build tools, the reference tools rtvirt compares itself with, and what guest images and reports need
-# (one package a line, each with what needs it).
-DEB_PACKAGES=(
+# Debian packages of each part (one package a line, each with what needs it).
+MAIN=(
   build-essential cmake ninja-build python3-venv  # the agents, the simulator core, the venv
-  rt-tests stress-ng jitterdebugger               # reference tools and the stress-ng engine
   qemu-system-x86 busybox-static cpio             # the qemu environment and its guest image
+)
+LIBVIRT=(
   libvirt-daemon-system libvirt-clients          # the libvirt environment (libvirtd, virtlogd)
   libvirt-dev pkg-config                         # building libvirt-python
-  chromium                                        # report tests (headless)
-  openssh-server openssh-client                   # ssh targets (tests start their own sshd)
-  gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents for Arm targets
-  qemu-user-static                                # runs the aarch64 agents in tests
+)
+XEN=(
   xen-hypervisor-4.17-amd64 xen-utils-4.17        # the xen environment: hypervisor config, xl toolstack
   flex bison dpkg-dev python3                     # the Xen lab's hypervisor build (apt-get source xen)
   libxen-dev                                      # rtvirt-a653: sets ARINC 653 schedules (xl has no command)
   qemu-system-xen seabios                         # HVM domUs in the Xen lab: device model, BIOS
+  openssh-server openssh-client                   # the Xen lab's dom0 sshd and its keys
 )
+ARM=(
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents for Arm targets
+  qemu-user-static                                # runs the aarch64 agents in tests
+)
+TOOLS=(
+  rt-tests stress-ng jitterdebugger               # reference tools (benchmarks, importers) and the stress-ng engine
+  openssh-server openssh-client                   # ssh targets (tests start their own sshd)
+)
+REPORT=(
+  chromium                                        # report tests (headless)
+)
+
+parts=("$@")
+((${#parts[@]})) || parts=(main)
+DEB_PACKAGES=("${MAIN[@]}")
+PIP_EXTRAS=()
+for part in "${parts[@]}"; do
+  case $part in
+    main) ;;
+    all) DEB_PACKAGES+=("${LIBVIRT[@]}" "${XEN[@]}" "${ARM[@]}" "${TOOLS[@]}" "${REPORT[@]}"); PIP_EXTRAS+=(test libvirt) ;;
+    libvirt) DEB_PACKAGES+=("${LIBVIRT[@]}"); PIP_EXTRAS+=(libvirt) ;;
+    xen) DEB_PACKAGES+=("${XEN[@]}") ;;
+    arm) DEB_PACKAGES+=("${ARM[@]}") ;;
+    tools) DEB_PACKAGES+=("${TOOLS[@]}") ;;
+    report) DEB_PACKAGES+=("${REPORT[@]}") ;;
+    *) echo "setup: unknown part '$part' (main, all, libvirt, xen, arm, tools, report)" >&2; exit 2 ;;
+  esac
+done
 
 # The Xen lab builds a hypervisor with the real-time schedulers from Debian's source package
 # (`apt-get source xen`), which needs a deb-src entry for the release's main archive.
 DEB_SRC=/etc/apt/sources.list.d/rtvirt-deb-src.sources
-if [[ $(id -u) -eq 0 && ! -e $DEB_SRC ]] && grep -qs '^VERSION_CODENAME=bookworm' /etc/os-release; then
+if [[ " ${DEB_PACKAGES[*]} " == *" libxen-dev "* && $(id -u) -eq 0 && ! -e $DEB_SRC ]] \
+    && grep -qs '^VERSION_CODENAME=bookworm' /etc/os-release; then
   printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\nSigned-By: %s\n' \
     /usr/share/keyrings/debian-archive-keyring.gpg >"$DEB_SRC"
   apt-get update -qq
@@ -61,5 +94,6 @@ PYTHON=${PYTHON:-python3}
 # Build requirements first so the editable install can reuse one build directory (fast rebuilds).
 # setuptools + wheel: libvirt-python builds from source (against libvirt-dev) in this same environment.
 "$VENV/bin/python" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" setuptools wheel
-"$VENV/bin/python" -m pip install -q --no-build-isolation -e '.[test]'
+extras=$(IFS=,; echo "${PIP_EXTRAS[*]}")
+"$VENV/bin/python" -m pip install -q --no-build-isolation -e ".${extras:+[$extras]}"
 echo "setup: ready ($("$VENV/bin/rtvirt" --version))"

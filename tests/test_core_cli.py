@@ -85,3 +85,13 @@ def test_no_rt_runs_without_privilege() -> None:
     assert allowed.returncode == 0, allowed.stderr
     assert json.loads(allowed.stdout)["summary"]["all"]["samples"] > 100
     shutil.rmtree(results_dir)
+
+
+def test_setup_takes_parts_and_refuses_an_unknown_one_naming_it() -> None:
+    """`make run` installs the main job's part only, `make test` all of them; an unknown part is bad input."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([str(root / "scripts" / "setup.sh"), "libvirt", "hypervisors"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and "unknown part 'hypervisors'" in done.stderr
+    makefile = (root / "Makefile").read_text()
+    assert "scripts/setup.sh main" in makefile and "scripts/setup.sh all" in makefile

@@ -101,15 +101,24 @@ def test_delivery_names_the_side_that_lost_records_and_corruption_is_never_silen
 
 def test_a_run_far_short_of_its_promise_says_why(tmp_path: Path) -> None:
     stream = _host_stream(tmp_path / "s.rtvs", 0.3)
-    ok = expectation_record(stream, 300, 300_000_000)
-    assert ok is not None and "why" not in ok and ok["taken"] == stream.records.size
-    short = expectation_record(stream, 100 * stream.records.size, 300_000_000)
-    assert short is not None and short["expected"] == 100 * stream.records.size
+    # the samples laid out as a thread that woke every millisecond from the start would take them
+    start = int(stream.header["start_monotonic_ns"])
+    steady = SampleStream(stream.header, stream.records.copy(), stats=dict(stream.stats))
+    steady.records["t_ns"] = start + 1_000_000 * (1 + np.arange(stream.records.size, dtype=np.uint64))
+    span_ns = int(steady.records.size) * 1_000_000
+    ok = expectation_record(steady, 2 * steady.records.size - 1, span_ns)
+    assert ok is not None and "why" not in ok and ok["taken"] == steady.records.size
+    short = expectation_record(steady, 100 * steady.records.size, span_ns)
+    assert short is not None and short["expected"] == 100 * steady.records.size
     assert "starved" in short["why"] and "overruns" in short["why"]
-    # samples that begin late in the run: the probe started late
-    late = SampleStream(stream.header, stream.records.copy())
-    late.records["t_ns"] += 200_000_000
-    assert "started late" in str(expectation_record(late, 10 * stream.records.size, 300_000_000)["why"])
+    # the same samples beginning late in the run: the probe started late
+    late = SampleStream(stream.header, steady.records.copy())
+    late.records["t_ns"] += span_ns // 2
+    assert "started late" in str(expectation_record(late, 10 * late.records.size, span_ns)["why"])
+    # all of them in its first tenth: it stopped early, or was starved for the rest
+    early = SampleStream(stream.header, steady.records.copy())
+    early.records["t_ns"] = start + 1_000 * (1 + np.arange(early.records.size, dtype=np.uint64))
+    assert "span" in str(expectation_record(early, 10 * early.records.size, span_ns)["why"])
     assert expectation_record(stream, None, 300_000_000) is None
 
 

@@ -95,3 +95,21 @@ def test_policies_are_applied_for_real_and_deadline_refusals_are_explained() -> 
                 apply_policy(pinned.pid, SchedPolicy(policy="deadline", runtime="100us", period="10ms"))
     with pytest.raises(ValueError, match="pin = false"):
         QemuConfig(kind="qemu", vcpu_sched=SchedPolicy(policy="deadline", runtime="100us", period="1ms"))
+
+
+def test_qemu_and_libvirt_keep_the_emulator_off_every_vcpus_cpu(tmp_path: Path) -> None:
+    """One placement rule for both kinds: QEMU's other threads go where no vCPU is pinned, else with the vCPUs."""
+    from rtvirt.environments.libvirt import LibvirtConfig, LibvirtEnvironment
+    from rtvirt.environments.qemu import default_emulator_cpus
+
+    assert default_emulator_cpus((1, 2), {0, 1, 2, 3}) == (0, 3)
+    assert default_emulator_cpus((0, 1), {0, 1}) == (0, 1)
+    online = sorted(os.sched_getaffinity(0))
+    with Supervisor() as supervisor:
+        for vcpus in (1, 2):
+            cpus = online[-vcpus:] if len(online) >= vcpus else online
+            qemu = QemuEnvironment(QemuConfig(kind="qemu", vcpus=vcpus, cpus=cpus), supervisor, tmp_path / "q")
+            libvirt = LibvirtEnvironment(LibvirtConfig(kind="libvirt", vcpus=vcpus, cpus=cpus), supervisor,
+                                         tmp_path / "l")
+            expected = tuple(c for c in online if c not in cpus) or tuple(sorted(set(cpus)))
+            assert qemu.emulator_cpus() == libvirt.emulator_cpus() == expected

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import tempfile
+from html import escape
 from pathlib import Path
 
 import numpy as np
@@ -152,3 +153,30 @@ def test_report_cli(results: Path, tmp_path: Path) -> None:
     assert missing.returncode == 2 and "nowhere" in missing.stderr and "Traceback" not in missing.stderr
     bad_baseline = run_cli("report", str(results), "--baseline", "nope", "--out", str(tmp_path / "x.html"))
     assert bad_baseline.returncode == 2 and "--baseline" in bad_baseline.stderr
+
+
+def test_every_format_carries_the_studies_tables_published_figures_and_readings(tmp_path: Path) -> None:
+    """JSON holds every table HTML and Markdown show (a study's with the paper's figures as its table prints them
+    and a reading of each), and the published figures themselves."""
+    root = tmp_path / "results"
+    rng = np.random.default_rng(3)
+    study = {"name": "interrupt-latency", "modified": [], "modified_count": 0, "scale": 0.02, "repetitions": 1,
+             "study_repetitions": 3}
+    synthetic_run(root, "native", rng.integers(2_000, 3_500, 2000), config="native: native / alone", study=study)
+    synthetic_run(root, "vm", rng.integers(4_500, 12_000, 2000), config="virtualised: vm / alone", study=study)
+    data = collect(root)
+    document = json.loads(render(data, "json"))
+    markdown, html = render(data, "markdown"), render(data, "html")
+    tables = {table["title"]: table for table in document["tables"]}
+    latency = tables["Interrupt-latency study: min / avg / max per configuration (µs)"]
+    rows = {(row[0], row[1]): row for row in latency["rows"]}
+    assert rows[("native", "native: native / alone")][5:8] == ["2.28", "2.50", "3.03"]
+    vm = rows[("virtualised, alone", "virtualised: vm / alone")]
+    assert vm[5:8] == ["4.67", "5.53", "11.78"] and "paper +121 %" in vm[8] and "x the paper" in vm[8]
+    assert any(title.startswith("Study interrupt-latency") for title in tables)
+    for table in document["tables"]:  # the same tables, cell for cell, in the other formats
+        assert f"## {table['title']}" in markdown and escape(table["title"]) in html
+        for row in table["rows"]:
+            assert "| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" in markdown
+    assert document["published"]["interrupt-latency"]["rows"][3]["avg_us"] == "5.84"
+    assert [s["configuration"] for s in document["served"]] == [c.label for c in data.configurations]

@@ -237,3 +237,36 @@ _Noreturn void guest_exit(int status) {
     __asm__ volatile("lidt %0; int3" ::"m"(none));
     for (;;) __asm__ volatile("cli; hlt");
 }
+
+/* ---- failing: say why on the console, let the layer above finish (the stream), leave the VM ---- */
+
+const char *boot_kind = "none";
+
+static void (*before_failure_exit)(int reason); /* stream_end, registered by main.c */
+
+void on_guest_failure(void (*end)(int reason)) { before_failure_exit = end; }
+
+static _Noreturn void fail(text *t, int status) {
+    console_line(t->buf);
+    if (before_failure_exit) before_failure_exit(2);
+    guest_exit(status);
+}
+
+_Noreturn void usage_error(const char *option_name, const char *detail) {
+    text t = {(char[400]){0}, 0, 400};
+    text_str(&t, "rtvirt-baremetal: ");
+    if (option_name) {
+        text_str(&t, "invalid value for '--");
+        text_str(&t, option_name);
+        text_str(&t, "': ");
+    }
+    text_str(&t, detail);
+    fail(&t, EXIT_USAGE);
+}
+
+_Noreturn void run_error(const char *detail) {
+    text t = {(char[400]){0}, 0, 400};
+    text_str(&t, "rtvirt-baremetal: ");
+    text_str(&t, detail);
+    fail(&t, EXIT_FAILURE);
+}

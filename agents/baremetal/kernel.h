@@ -81,7 +81,13 @@ void lapic_disarm(void);
 void lapic_eoi(void);
 void lapic_self_ipi(uint8_t vector);
 const char *timer_mode(void);
+extern const char *boot_kind; /* how the guest booted: multiboot or pvh (main.c sets it) */
 _Noreturn void guest_exit(int status);
+/* Failing: the reason on the console, then ``end`` (registered by main.c: the stream's end, which hw cannot
+ * call), then the VM ends with status 2 (usage_error: bad input, naming `option`) or 1 (run_error). */
+void on_guest_failure(void (*end)(int reason));
+_Noreturn void usage_error(const char *option, const char *detail);
+_Noreturn void run_error(const char *detail);
 
 /* ---- interrupts (isr.S, sched.c) ---- */
 enum { NMI_VECTOR = 2, LAPIC_TIMER_VECTOR = 32, KOPS_IPI_VECTOR = 33, SWITCH_VECTOR = 34, STOP_VECTOR = 35,
@@ -89,7 +95,6 @@ enum { NMI_VECTOR = 2, LAPIC_TIMER_VECTOR = 32, KOPS_IPI_VECTOR = 33, SWITCH_VEC
 /* Set by an NMI (the host's "stop": QMP inject-nmi): probes end their loops, the stream ends as a signal
  * ends a Linux agent's (every sample written, END reason 1). */
 extern volatile bool stop_requested;
-_Noreturn void stop_now(void); /* write everything out, END reason 1, leave the VM */
 extern volatile uint64_t isr_entry_tsc; /* TSC read at the first instructions of the last IRQ stub */
 void idt_init(void);
 extern void (*kops_ipi_hook)(void); /* what KOPS_IPI_VECTOR runs (the kops probe's timestamps) */
@@ -134,6 +139,9 @@ uint64_t last_timer_irq_tsc(void); /* entry TSC of the interrupt that fired the 
 bool k_can_block(void);            /* a thread other than idle, not in an interrupt handler */
 void thread_exit(void);
 void set_idle_work(void (*work)(void)); /* what the idle thread does before halting */
+/* What STOP_VECTOR (raised by the NMI) runs once the kernel's lists are consistent: stream_stop, registered by
+ * main.c (the stream is a layer above the kernel). */
+void on_stop_request(void (*handler)(void));
 
 /* ---- virtio.c ---- */
 bool virtio_console_init(void); /* a legacy virtio-console on PCI bus 0, set up for writing */
@@ -165,9 +173,10 @@ void stream_end(int reason); /* DROPPED + END, then flush everything */
 void stream_drain(void);     /* write out what is buffered (idle work; preemptible) */
 bool stream_room(size_t records);
 uint64_t stream_pending(void); /* bytes not written out yet */
-bool stream_draining(void);
+_Noreturn void stop_now(void); /* write everything out, END reason 1, leave the VM */
+void stream_stop(void);        /* stop_now, unless a drain is writing: it stops between two of its writes */
 
-/* ---- params (main.c): the probe's options as the Linux agent takes them ---- */
+/* ---- run.c: the probe's options as the Linux agent takes them (main.c parses them), the deadline, memory ---- */
 typedef struct {
     uint64_t duration_ns, loops, threads, priority;
     /* probe options; each probe reads its own */
@@ -176,11 +185,11 @@ typedef struct {
     const char *kernel, *engine;
 } params;
 extern params P;
+void run_started(void);          /* the probe starts now: --duration counts from here */
 uint64_t run_deadline_tsc(void); /* UINT64_MAX without --duration */
 /* Memory above the image for probe data (never freed); too little stops the guest naming `option`. */
+void arena_init(uint64_t memory_top);
 void *arena_alloc(size_t bytes, const char *option);
-_Noreturn void usage_error(const char *fmt_option, const char *detail);
-_Noreturn void run_error(const char *detail);
 
 /* ---- probes ---- */
 typedef struct {

@@ -6,12 +6,6 @@
  * status 2 and a line naming the option, which rtvirt reports as bad input. */
 #include "kernel.h"
 
-params P = {.duration_ns = 10000000000ull, .threads = 1, .priority = 99, .interval_ns = 1000000,
-            .distance_ns = 500000, .threshold_ns = 1000, .work_unit = 20000, .iterations = 1000,
-            .alloc_size = 256, .report_interval_ns = 5000000000ull, .size = 1200000, .kernel = "qsort",
-            .engine = "cyclictest"};
-const char *boot_kind = "none";
-static uint64_t start_tsc;
 static const probe_entry *probe;
 static bool affinity_given;
 
@@ -59,49 +53,6 @@ static const option OPTIONS[] = {
 enum { NOPTIONS = sizeof OPTIONS / sizeof OPTIONS[0] };
 static bool given[NOPTIONS];
 
-_Noreturn void usage_error(const char *option_name, const char *detail) {
-    text t = {(char[400]){0}, 0, 400};
-    text_str(&t, "rtvirt-baremetal: ");
-    if (option_name) {
-        text_str(&t, "invalid value for '--");
-        text_str(&t, option_name);
-        text_str(&t, "': ");
-    }
-    text_str(&t, detail);
-    console_line(t.buf);
-    stream_end(2);
-    guest_exit(EXIT_USAGE);
-}
-
-_Noreturn void run_error(const char *detail) {
-    text t = {(char[400]){0}, 0, 400};
-    text_str(&t, "rtvirt-baremetal: ");
-    text_str(&t, detail);
-    console_line(t.buf);
-    stream_end(2);
-    guest_exit(EXIT_FAILURE);
-}
-
-extern uint8_t __bss_end[];
-static uint64_t arena_next, memory_top;
-
-void *arena_alloc(size_t bytes, const char *option) {
-    if (!arena_next) arena_next = ((uint64_t)(uintptr_t)__bss_end + 4095) & ~4095ull;
-    if (memory_top < arena_next || bytes > memory_top - arena_next) {
-        text t = {(char[160]){0}, 0, 160};
-        text_str(&t, "needs ");
-        text_u64(&t, (bytes >> 20) + 1);
-        text_str(&t, " MiB of guest memory, the guest has ");
-        text_u64(&t, memory_top > arena_next ? (memory_top - arena_next) >> 20 : 0);
-        text_str(&t, " MiB free (give the VM more memory)");
-        usage_error(option, t.buf);
-    }
-    void *p = (void *)(uintptr_t)arena_next;
-    arena_next += (bytes + 63) & ~(size_t)63;
-    return p;
-}
-
-uint64_t run_deadline_tsc(void) { return P.duration_ns ? start_tsc + ns_to_tsc(P.duration_ns) : UINT64_MAX; }
 
 static bool parse_u64(const char *s, uint64_t *out) {
     if (!*s) return false;
@@ -252,18 +203,12 @@ static void probe_thread(void *unused) {
     static char buf[2048];
     text t = {buf, 0, sizeof buf};
     params_json(&t);
-    start_tsc = rdtsc();
+    run_started();
     stream_begin(probe->desc, buf);
     int status = probe->run();
     if (stop_requested) stop_now();
     stream_end(status ? 2 : 0);
     guest_exit(status);
-}
-
-_Noreturn void stop_now(void) {
-    __asm__ volatile("cli");
-    stream_end(1);
-    guest_exit(EXIT_OK);
 }
 
 /* The multiboot information: flags bit 2 says a command line is at offset 16. */
@@ -280,6 +225,9 @@ static char *pvh_cmdline(const uint8_t *info) {
 }
 
 void kmain(uint64_t boot, const void *info) {
+    /* the layers below reach up only through these: a failure ends the stream, an NMI stops the run */
+    on_guest_failure(stream_end);
+    on_stop_request(stream_stop);
     hw_init();
     boot_kind = boot == 1 ? "multiboot" : "pvh";
     /* the host's boot watchdog waits for this line (rtvirt.environments.guest_image.READY_MARK) */
@@ -295,10 +243,11 @@ void kmain(uint64_t boot, const void *info) {
     /* multiboot mem_upper (flags bit 0): KiB above 1 MiB; PVH: the start info's memory map, else 64 MiB */
     const uint32_t *mb = info;
     uint64_t pvh_top = boot == 2 && info ? pvh_memory_top(info) : 0;
-    memory_top = boot == 1 && mb && (mb[0] & 1) ? (1ull << 20) + (uint64_t)mb[2] * 1024
-                 : pvh_top                      ? pvh_top
-                                                : 64ull << 20;
+    uint64_t memory_top = boot == 1 && mb && (mb[0] & 1) ? (1ull << 20) + (uint64_t)mb[2] * 1024
+                          : pvh_top                      ? pvh_top
+                                                         : 64ull << 20;
     if (memory_top > (4ull << 30) - (1ull << 30)) memory_top = 3ull << 30; /* below the APIC hole */
+    arena_init(memory_top);
     if (given_line) {
         size_t n = strlen(given_line);
         if (n >= sizeof line) usage_error(NULL, "the kernel command line is longer than 1023 bytes");

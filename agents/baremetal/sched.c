@@ -43,6 +43,9 @@ struct __attribute__((packed)) idt_entry {
 static struct idt_entry idt[256];
 extern const uint64_t isr_stubs[37];
 volatile bool stop_requested;
+static void (*stop_handler)(void); /* stream_stop, registered by main.c */
+
+void on_stop_request(void (*handler)(void)) { stop_handler = handler; }
 
 void idt_init(void) {
     for (int i = 0; i < 37; i++) {
@@ -111,7 +114,7 @@ frame *isr_dispatch(frame *f) {
         break;
     case STOP_VECTOR: /* an ordinary interrupt: the kernel's lists are consistent here */
         lapic_eoi();
-        if (!stream_draining()) stop_now(); /* else the drain stops between two of its writes */
+        if (stop_handler) stop_handler();
         break;
     case SWITCH_VECTOR:
     case SPURIOUS_VECTOR:

@@ -1,9 +1,15 @@
 /* The workload kernels (qsort, basicmath, bitcount) shared by the Linux workload probe
  * (agents/probes/workload.c) and the bare-metal guest's (agents/baremetal/workload.c), so both time
- * the same code. Header-only (static functions): the includer provides <stdint.h>, <stddef.h> and
- * sqrt, cbrt, acos and cos (libm on Linux, agents/baremetal/math.c in the guest). */
+ * the same code. Header-only (static functions): the includer provides <stdint.h> and <stddef.h>; the four
+ * libm functions basicmath calls are declared here and linked from libm on Linux, from
+ * agents/baremetal/math.c in the guest. */
 #ifndef RTV_WORKLOAD_KERNELS_H
 #define RTV_WORKLOAD_KERNELS_H
+
+double sqrt(double x);
+double cbrt(double x);
+double cos(double x);
+double acos(double x);
 
 #ifndef M_PI
 #define M_PI 3.14159265358979323846

@@ -16,11 +16,14 @@ from pydantic import BaseModel
 
 from .errors import InputError, PrivilegeError, RunError
 
-__all__ = ["AGENTS", "BAREMETAL_KERNEL", "CROSS_COMPILERS", "native_arch", "agent_path", "agent_args", "agent_failure"]
+__all__ = ["AGENTS", "BAREMETAL_KERNEL", "XEN_A653", "CROSS_COMPILERS", "native_arch", "agent_path", "agent_args",
+           "agent_failure"]
 
 AGENTS = ("rtvirt-probe", "rtvirt-stress")
 # Our own x86_64 guest kernel (agents/baremetal), installed beside the agents but never copied into a guest.
 BAREMETAL_KERNEL = "rtvirt-baremetal"
+# Sets Xen's ARINC 653 schedules (agents/xen), built only where libxenctrl's headers are; runs in a dom0.
+XEN_A653 = "rtvirt-a653"
 
 
 # Architectures cross-built beside the native agents (in _bin/<arch>/), with the Debian package that builds them.
@@ -41,7 +44,7 @@ def _installed_agents() -> dict[tuple[str, str], Path]:
         return {}
     found = {}
     for f in files:
-        if f.name not in (*AGENTS, BAREMETAL_KERNEL):
+        if f.name not in (*AGENTS, BAREMETAL_KERNEL, XEN_A653):
             continue
         if f.parent.name == "_bin":
             found[(native_arch(), f.name)] = Path(str(f.locate()))
@@ -53,7 +56,7 @@ def _installed_agents() -> dict[tuple[str, str], Path]:
 def agent_path(name: str, arch: str | None = None) -> Path:
     """Path of agent ``name`` built for ``arch`` (default: this machine's); $RTVIRT_AGENT_DIR overrides
     the native set (e.g. a cross-built set for a guest)."""
-    if name not in (*AGENTS, BAREMETAL_KERNEL):
+    if name not in (*AGENTS, BAREMETAL_KERNEL, XEN_A653):
         raise ValueError(f"unknown agent {name!r}")
     arch = arch or native_arch()
     override = os.environ.get("RTVIRT_AGENT_DIR")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from rich.table import Table
 from ..campaign import CampaignState, find_resumable, run_campaign
 from ..campaign.engine import CampaignResult, RunOutcome
 from ..campaign.state import FINISHED
-from ..environments import SharedResources
+from ..environments import ENVIRONMENTS, SharedResources
 from ..errors import InputError
 from ..scenario import Scenario, load_scenario, parse_scenario
 from ..store import load_run
@@ -114,6 +117,24 @@ def _campaigns(names: tuple[str, ...], results: Path, scale: float | None, repet
              state) for parsed, state in chosen]
 
 
+SETUP_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "setup.sh"  # in a source checkout
+
+
+def _bring_kinds(scenarios: list[Scenario]) -> None:
+    """Install what a kind beyond the main job's needs (libvirt, xen) on its first use: ``scripts/setup.sh KIND``,
+    as root in a source checkout (`make run` installs the main job's only). Elsewhere the kind's available()
+    says what to install, and its runs are refused with that reason."""
+    kinds = {env.kind for scenario in scenarios for env in scenario.environments}
+    parts = sorted({part for kind in kinds
+                    if (part := ENVIRONMENTS[kind].setup_part) and ENVIRONMENTS[kind].available()})
+    if not parts or os.geteuid() != 0 or not SETUP_SCRIPT.is_file():
+        return
+    err_console.print(f"rtvirt: first use of {', '.join(parts)} here: installing what it needs beyond the main job "
+                      f"(scripts/setup.sh {' '.join(parts)}: its Debian packages and Python modules)", highlight=False)
+    subprocess.run([str(SETUP_SCRIPT), *parts], env={**os.environ, "VENV": sys.prefix}, stdout=sys.stderr, check=False)
+    importlib.invalidate_caches()  # a module installed just now (libvirt-python) is found by this process
+
+
 def _print_result(result: CampaignResult) -> None:
     console.print(_summary_table(result))
     _print_reasons(result)
@@ -143,8 +164,10 @@ def run(scenarios: tuple[str, ...], results: Path, scale: float | None, repetiti
     """Run a campaign: a built-in scenario NAME (default: `default`) or a scenario FILE.toml.
 
     Several SCENARIOS run one after the other as separate campaigns (each with its report) that share what is
-    expensive to set up: one Xen lab boot, one SSH connection per target, one libvirt connection."""
+    expensive to set up: one Xen lab boot, one SSH connection per target (each libvirt domain has a connection of
+    its own)."""
     campaigns = _campaigns(scenarios, results, scale, repetitions, resume, as_json)
+    _bring_kinds([parsed for parsed, _ in campaigns])
     resume_hint = f"continue with rtvirt run --resume {' '.join(scenarios) + ' ' if len(campaigns) > 1 else ''}" \
                   f"--out {results}"
     done: list[CampaignResult] = []

@@ -3,8 +3,9 @@
 The interface carries local and remote platforms alike: ``launch`` returns a :class:`Launched` whose
 process is anything with the :class:`AgentProcess` shape (a local ``Popen``, an agent on an SSH target,
 an agent in a Xen domU); expensive things that several runs of one campaign can reuse (a Xen lab boot,
-an SSH connection, a libvirt connection) live in :class:`SharedResources`; "other-vm" disturbance asks the
-environment itself for a disturbing guest of its own kind (:meth:`Environment.stressor_guest`); and
+an SSH connection, the libvirt connection that reclaims) live in :class:`SharedResources`; "other-vm"
+disturbance asks the environment itself for a disturbing guest of its own kind
+(:meth:`Environment.stressor_guest`); and
 :meth:`Environment.reclaim` removes what a killed earlier campaign left behind before ``--resume``.
 """
 
@@ -160,6 +161,8 @@ class Environment(ABC):
     config_model: ClassVar[type[EnvironmentConfig]]
     on_host: ClassVar[bool] = True  # the agent sees the host's CPUs (False: a guest's)
     pausable: ClassVar[bool] = False  # set_paused works (a timeline's stressor guests then boot early)
+    # the part of scripts/setup.sh that installs what this kind needs beyond the main job's (None: nothing)
+    setup_part: ClassVar[str | None] = None
     # "inside" stressors run as stressors on platform_cpus (an SSH target: the measured machine itself),
     # not as a guest's own job (add_guest_job); the host does so anyway
     inside_on_platform: ClassVar[bool] = False

@@ -1,4 +1,5 @@
-"""The guest image of the ``qemu`` environment: a Debian kernel and an initramfs we build ourselves.
+"""The Linux guest image of the qemu, libvirt and xen environments: a Debian kernel and an initramfs we build
+ourselves (xen adds its netfront overlay, xen/files.py).
 
 Built once and cached under $RTVIRT_CACHE (default ~/.cache/rtvirt): the kernel comes from Debian's
 ``linux-image-amd64`` package, or ``linux-image-rt-amd64`` (PREEMPT_RT) for the ``linux-rt`` guest

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,7 +67,7 @@ class QemuConfig(EnvironmentConfig):
     vcpus: int = Field(1, ge=1, le=64, description="virtual CPUs; vCPU i is pinned to the i-th of cpus (cycling)")
     memory: int = Field(256, ge=64, le=65536, description="guest memory in MiB")
     emulator_cpus: CpuList | None = Field(None, description="host CPUs for QEMU's other threads "
-                                                            "(default: the CPUs not in cpus, if any)")
+                                                            "(default: the CPUs no vCPU is pinned to, if any)")
     vcpu_sched: SchedPolicy = Field(default_factory=lambda: SchedPolicy.model_validate({}),
                                     description="policy of the vCPU threads")
     accel: Literal["auto", "kvm", "tcg"] = Field("auto", description="auto: KVM if it really accelerates, else TCG")
@@ -168,6 +169,14 @@ def _read_console(path: Path) -> str:
         return f.read(CONSOLE_LIMIT).decode("utf-8", errors="replace")
 
 
+def default_emulator_cpus(vcpu_cpus: Iterable[int], online: Iterable[int]) -> tuple[int, ...]:
+    """Where QEMU's threads other than the vCPUs go unless emulator_cpus says: the online CPUs no vCPU is pinned
+    to, so that no device emulation or I/O thread preempts any vCPU; if every CPU carries a vCPU, the vCPUs' own.
+    The qemu and libvirt environments share this rule (docs/scenarios.md)."""
+    pinned = set(vcpu_cpus)
+    return tuple(c for c in sorted(online) if c not in pinned) or tuple(sorted(pinned))
+
+
 def qemu_stressor_guest(env: Environment, index: int, host_cpus: tuple[int, ...] | None,
                         guest: str = "linux") -> Environment:
     """A QEMU guest disturbing ``env`` from beside it ("other-vm" of the kinds on this host: host, partition,
@@ -224,8 +233,7 @@ class QemuEnvironment(Environment):
     def emulator_cpus(self) -> tuple[int, ...]:
         if self.config.emulator_cpus:
             return tuple(self.config.emulator_cpus)
-        others = tuple(sorted(os.sched_getaffinity(0) - set(self.measured_cpus())))
-        return others or self.measured_cpus()
+        return default_emulator_cpus(self._host_cpus()[:self.config.vcpus], os.sched_getaffinity(0))
 
     def add_guest_job(self, agent: str, args: list[str]) -> None:
         if self.config.guest == "baremetal":

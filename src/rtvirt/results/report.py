@@ -1,5 +1,8 @@
 """``rtvirt report``: one self-contained HTML file (figures embedded as PNG data URIs, no network), or the
-same content as Markdown or JSON. Every string that comes from a run is escaped."""
+same content as Markdown or JSON. Every format is rendered from one report model (:func:`report_model`):
+the tables (the studies' among them, with the published figures and readings), which classes each
+configuration serves, the runs' warnings and the data behind the figures. Every string that comes from a run
+is escaped."""
 
 from __future__ import annotations
 
@@ -17,9 +20,9 @@ from ..predict.report import prediction_html, prediction_tables
 from ..timeprofile.levels import event_offsets
 from ..timeprofile.windows import TOP_KEPT
 from .reportdata import Configuration, ReportData, RunView, as_json, collect
-from .studies.tables import study_tables
+from .studies.tables import published, study_tables
 
-__all__ = ["render", "write_report", "FORMATS"]
+__all__ = ["render", "report_model", "write_report", "FORMATS"]
 
 FORMATS = ("html", "markdown", "json")
 _MAX_SETTING = 300  # characters of one system setting shown
@@ -138,6 +141,28 @@ def _settings(view: RunView) -> tuple[list[tuple[str, str]], list[str]]:
     return settings, warnings
 
 
+# --- the report model: what every format shows -------------------------------------------------------------
+
+def report_model(data: ReportData) -> dict[str, Any]:
+    """Everything the report shows, as JSON-able data: the measurements (as_json), the classes each configuration
+    serves, every table in report order (the studies' with the published figures beside ours and a reading of
+    each), the runs' warnings, and the published figures of the studies the runs reproduce."""
+    studies = sorted({str(view.run.manifest["study"]["name"]) for c in data.configurations for view in c.runs
+                      if isinstance(view.run.manifest.get("study"), dict)
+                      and view.run.manifest["study"].get("name") in published()})
+    return {
+        **as_json(data),
+        "served": [{"configuration": _label(c), "classes": [v.requirement for v in c.verdicts if v.outcome == "meets"]}
+                   for c in data.configurations],
+        "partial": [c.label for c in data.configurations if c.partial],
+        "shortfalls": [note for c in data.configurations for note in c.shortfalls],
+        "tables": [{"title": title, "header": header, "rows": rows} for title, header, rows in _tables(data)],
+        "warnings": {view.run.run_id: warnings for c in data.configurations for view in c.runs
+                     if (warnings := _settings(view)[1])},
+        "published": {name: published()[name] for name in studies},
+    }
+
+
 # --- HTML --------------------------------------------------------------------------------------------------
 
 _CSS = """
@@ -174,7 +199,7 @@ def _events(view: RunView) -> list[tuple[int, str]]:
     return event_offsets(view.profile.first_ns, view.run.manifest.get("timeline") or [])
 
 
-def _html(data: ReportData) -> str:
+def _html(data: ReportData, model: dict[str, Any]) -> str:
     from . import figures  # matplotlib takes 0.5 s to import: only the HTML report pays for it
 
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>rtvirt report</title>"
@@ -182,22 +207,18 @@ def _html(data: ReportData) -> str:
              f"<h1>rtvirt report</h1><p>Results: {escape(data.source)} · generated "
              f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} · {len(data.configurations)} "
              f"configuration(s)</p>"]
-    partial = [c.label for c in data.configurations if c.partial]
-    if partial:
+    if model["partial"]:
         parts.append(f'<p class="partial">Partial runs (cut short; every sample up to the cut is kept) in: '
-                     f'{escape(", ".join(partial))}</p>')
-    short = [note for c in data.configurations for note in c.shortfalls]
-    if short:
+                     f'{escape(", ".join(model["partial"]))}</p>')
+    if model["shortfalls"]:
         parts.append('<p class="partial">Runs far short of the samples their duration and period promise:</p><ul>'
-                     + "".join(f"<li>{escape(note)}</li>" for note in short) + "</ul>")
-    serving = []
-    for c in data.configurations:
-        met = [v.requirement for v in c.verdicts if v.outcome == "meets"]
-        serving.append(f"<li><b>{escape(_label(c))}</b>: {escape(', '.join(met) if met else 'no class')}</li>")
+                     + "".join(f"<li>{escape(note)}</li>" for note in model["shortfalls"]) + "</ul>")
+    serving = [f"<li><b>{escape(s['configuration'])}</b>: {escape(', '.join(s['classes']) or 'no class')}</li>"
+               for s in model["served"]]
     parts.append(f"<h2>Which classes each configuration can serve</h2><ul>{''.join(serving)}</ul>")
-    tables = _tables(data)
-    for title, header, rows in tables[:2]:
-        parts.append(_html_table(title, header, rows))
+    tables = model["tables"]
+    for table in tables[:2]:
+        parts.append(_html_table(table["title"], table["header"], table["rows"]))
     measured = [(c, c.histogram) for c in data.configurations if c.histogram is not None and c.histogram.n]
     if measured:
         labels = [c.label for c, _ in measured]
@@ -210,8 +231,8 @@ def _html(data: ReportData) -> str:
             if c.per_cpu:
                 parts.append(_img(figures.histograms_per_cpu(c.label, c.per_cpu), f"histogram {c.label}"))
     parts.append(prediction_html(data.predictions))
-    for title, header, rows in tables[2:]:
-        parts.append(_html_table(title, header, rows))
+    for table in tables[2:]:
+        parts.append(_html_table(table["title"], table["header"], table["rows"]))
     parts.append("<h2>Runs over time</h2>")
     for c in data.configurations:
         timed = [view for view in c.runs if view.profile is not None and view.series is not None]
@@ -230,7 +251,8 @@ def _html(data: ReportData) -> str:
         for view in c.runs:
             heading = f"{view.run.run_id} ({c.label})" + (" — partial" if view.run.partial else "")
             parts.append(f"<h4>{escape(heading)}</h4>")
-            settings, warnings = _settings(view)
+            settings, _ = _settings(view)
+            warnings = model["warnings"].get(view.run.run_id, [])
             if warnings:
                 parts.append("<ul>" + "".join(f'<li class="warn">{escape(w)}</li>' for w in warnings) + "</ul>")
             if settings:
@@ -247,33 +269,30 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _markdown(data: ReportData) -> str:
-    lines = [f"# rtvirt report\n\nResults: {_md_cell(data.source)}\n"]
-    for c in data.configurations:
-        met = [v.requirement for v in c.verdicts if v.outcome == "meets"]
-        lines.append(f"- **{_md_cell(_label(c))}** serves: {', '.join(met) if met else 'no class'}")
-    short = [note for c in data.configurations for note in c.shortfalls]
-    if short:
+def _markdown(model: dict[str, Any]) -> str:
+    lines = [f"# rtvirt report\n\nResults: {_md_cell(model['results'])}\n"]
+    for served in model["served"]:
+        lines.append(f"- **{_md_cell(served['configuration'])}** serves: {', '.join(served['classes']) or 'no class'}")
+    if model["shortfalls"]:
         lines += ["", "Runs far short of the samples their duration and period promise:"]
-        lines += [f"- {_md_cell(note)}" for note in short]
-    for title, header, rows in _tables(data):
-        lines += ["", f"## {_md_cell(title)}", "", "| " + " | ".join(map(_md_cell, header)) + " |",
+        lines += [f"- {_md_cell(note)}" for note in model["shortfalls"]]
+    for table in model["tables"]:
+        header = table["header"]
+        lines += ["", f"## {_md_cell(table['title'])}", "", "| " + " | ".join(map(_md_cell, header)) + " |",
                   "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in rows]
-    for c in data.configurations:
-        for view in c.runs:
-            settings, warnings = _settings(view)
-            if warnings:
-                lines += ["", f"Warnings for {_md_cell(view.run.run_id)}:"] + [f"- {_md_cell(w)}" for w in warnings]
+        lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in table["rows"]]
+    for run_id, warnings in model["warnings"].items():
+        lines += ["", f"Warnings for {_md_cell(run_id)}:"] + [f"- {_md_cell(w)}" for w in warnings]
     return "\n".join(lines) + "\n"
 
 
 def render(data: ReportData, fmt: Literal["html", "markdown", "json"]) -> str:
+    model = report_model(data)
     if fmt == "html":
-        return _html(data)
+        return _html(data, model)
     if fmt == "markdown":
-        return _markdown(data)
-    return json.dumps(_finite(as_json(data)), indent=2, default=str)
+        return _markdown(model)
+    return json.dumps(_finite(model), indent=2, default=str)
 
 
 def _finite(value: Any) -> Any:

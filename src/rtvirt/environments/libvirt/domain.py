@@ -32,7 +32,7 @@ from .connection import DOMAIN_PREFIX, LibvirtConnection, _connection, _error_te
 from .domain_xml import OWNER_NS, XML_LIMIT
 from .host import MEMLOCK_OVERHEAD_MIB, _v1_cpu_controller, hugepage_problem
 from .rt_throttling import RT_REFUSED, RtThrottlingLifted, _rt_refusal_diagnosis
-from .streams import BAREMETAL_CONSOLE, DomainProcess
+from .streams import BAREMETAL_CONSOLE, RunningDomain
 from .teardown import LibvirtTeardown, _destroy_and_undefine
 
 VOLUME_SUFFIXES = (".initrd", ".copy")  # a domain's own volumes in the pool: its initramfs, its stream's copy
@@ -45,6 +45,7 @@ class LibvirtEnvironment(LibvirtTeardown):
     config_model = LibvirtConfig
 
     on_host = False
+    setup_part = "libvirt"
 
     config: LibvirtConfig
 
@@ -177,7 +178,7 @@ class LibvirtEnvironment(LibvirtTeardown):
         self._domain.resume()
         self._launched_at = time.monotonic()
         linux_stream = out is not None and self.config.guest != "baremetal"
-        return Launched(DomainProcess(self), out, confirm=self._confirm_delivery if linux_stream else None)
+        return Launched(RunningDomain(self), out, confirm=self._confirm_delivery if linux_stream else None)
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         config = LibvirtConfig.model_validate({

@@ -9,6 +9,7 @@ from typing import Any
 from ...params import parse_cpulist
 from ..base import Environment
 from ..guest_image import GuestImage
+from ..qemu import default_emulator_cpus
 from .config import LibvirtConfig, parse_cputune
 from .connection import LibvirtConnection
 from .rt_throttling import RtThrottlingLifted
@@ -69,9 +70,7 @@ class LibvirtDomainState(Environment):
     def emulator_cpus(self) -> tuple[int, ...]:
         if self.config.emulator_cpus:
             return tuple(self.config.emulator_cpus)
-        vcpu_cpus = set(self._host_cpus()[:self.config.vcpus])
-        others = tuple(c for c in sorted(self._online_cpus()) if c not in vcpu_cpus)
-        return others or tuple(sorted(vcpu_cpus))
+        return default_emulator_cpus(self._host_cpus()[:self.config.vcpus], self._online_cpus())
 
     def _realtime_vcpus(self) -> bool:
         if self.config.cputune is not None:

@@ -19,7 +19,7 @@ BAREMETAL_CONSOLE = "console1"  # libvirt's alias of the bare-metal guest's virt
 DRAIN_TIMEOUT_S = 10.0  # time the stream readers get to write the last samples after the guest stopped
 
 
-class DomainProcess:
+class RunningDomain:
     """A running domain in the shape of an agent process: it has exited once the domain is shut off."""
 
     def __init__(self, env: LibvirtStreams) -> None:

@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 from ...errors import RunError
-from .. import baremetal
 from ..guest_image import EXIT_MARK, READY_MARK, delivery_said
 from .pools import XenPools
 
@@ -42,7 +41,7 @@ exec 3<>/tmp/rtvirt-ack
 ACK_FIFO = "/tmp/rtvirt-ack"
 
 
-class DomainProcess:
+class DomUJob:
     """A domU's main job, with the AgentProcess shape: running until its console says how it ended."""
 
     def __init__(self, env: XenConsole, relay: Any | None) -> None:
@@ -88,14 +87,15 @@ class XenConsole(XenPools):
             listening = self._dom0.run(["busybox", "netstat", "-ltn"]).stdout
             if re.search(rf":{port}\s", listening):
                 return
-            if self._relay.poll() is not None:
+            if self._relay is None or self._relay.poll() is not None:
                 break
             time.sleep(0.2)
         raise RunError(f"xen: dom0's stream listener on port {port} did not start")
 
     def console_text(self) -> str:
-        if isinstance(self._relay, baremetal.XenConsoleRelay):
-            return self._relay.text()  # the text part of the console; the log also holds the stream
+        held = self._relay.console_text() if self._relay is not None else None
+        if held is not None:
+            return held
         if self._dom0 is None or self._domain is None:
             return ""
         result = self._dom0.patient_run(["tail", "-c", str(CONSOLE_TAIL_BYTES), CONSOLE_LOG.format(name=self._domain)])
@@ -104,12 +104,10 @@ class XenConsole(XenPools):
         return self._console
 
     def delivery(self) -> dict[str, Any]:
-        if isinstance(self._relay, baremetal.XenConsoleRelay):
-            return {"channel": "PV console (framed, split from dom0's log)",
-                    "handshake": "the guest waits until xenconsoled took every byte",
-                    "channel_corrupt": self._relay.corrupt}
-        return {"channel": "vif (TCP to dom0's listener)", "handshake": "RTVIRT-ACK",
-                **delivery_said(self.console_text())}
+        if self._relay is None:
+            return {}
+        said = self._relay.delivery()
+        return {**said, **delivery_said(self.console_text())} if said.get("handshake") == "RTVIRT-ACK" else said
 
     def _uname(self) -> str | None:
         """``uname -r -v`` as the measuring domU printed it (untrusted: printable ASCII, bounded)."""
@@ -138,8 +136,8 @@ class XenConsole(XenPools):
         if not self.booted and time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
             return f"the domU did not boot within {self.config.boot_timeout / 1e9:.0f}s"
         status = self._process.poll()
-        if status not in (None, 0) and isinstance(self._relay, baremetal.XenConsoleRelay):
-            failure = baremetal.failure_exception(self.console_text())
+        if status not in (None, 0) and self._relay is not None:
+            failure = self._relay.failure(self.console_text())
             if failure is not None:
                 raise failure  # status 2 (a parameter the guest refused) is bad input: exit 2
         if status not in (None, 0):

@@ -41,7 +41,7 @@ class Dom0:
         self._patience = PATIENT_FIRST_S
 
     def a653_command(self) -> str:
-        """The ARINC 653 schedule tool: in the lab's dom0 image, else compiled here (files.a653_tool)."""
+        """The ARINC 653 schedule tool: in the lab's dom0 image, else the one built with the agents."""
         if self.lab is not None:
             return A653_TOOL
         return str(a653_tool())

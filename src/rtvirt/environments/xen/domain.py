@@ -12,11 +12,12 @@ from .. import baremetal
 from ..base import Environment, EnvironmentConfig, Launched, SharedResources
 from ..guest_image import GUEST_AGENT_DIR, GuestJob, guest_description, guest_image, job_archive
 from .config import XenConfig
-from .console import ACK_FIFO, CONSOLE_LOG, STREAM_PORT_BASE, STREAM_SCRIPT, DomainProcess
+from .console import ACK_FIFO, CONSOLE_LOG, STREAM_PORT_BASE, STREAM_SCRIPT, DomUJob
 from .dom0 import NAME_PREFIX, RUN_DIR
 from .files import DOM0_LINK_ADDRESS
 from .lab import reclaim_labs
 from .local import is_dom0
+from .relays import BaremetalRelay, ListenerRelay
 from .teardown import XenTeardown
 from .where import _open_dom0, _resolve_where
 from .xl import _mode_refusal, _table, _xl_info
@@ -31,6 +32,7 @@ class XenEnvironment(XenTeardown):
     config_model = XenConfig
 
     on_host = False
+    setup_part = "xen"
 
     config: XenConfig
 
@@ -128,19 +130,20 @@ class XenEnvironment(XenTeardown):
         dom0.transport.put(local_config, f"{directory}/domain.cfg")
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            self._relay = dom0.transport.spawn(["busybox", "nc", "-l", "-p", str(port)], stream_to=out)
+            self._relay = ListenerRelay(dom0.transport.spawn(["busybox", "nc", "-l", "-p", str(port)], stream_to=out))
             self._wait_listening(port)
         self._launched_at = time.monotonic()
         dom0.xl("create", "-p", f"{directory}/domain.cfg", what=f"create {name}")
         self._apply_scheduling(name)
         self._read_back(name)
         dom0.xl("unpause", name)
-        self._process = DomainProcess(self, self._relay)
+        self._process = DomUJob(self, self._relay)
         return Launched(self._process, out, confirm=self._confirm_delivery if out is not None else None)
 
     def _confirm_delivery(self, records: int) -> str:
         """Tell the domU's agent, back through dom0's listener and the same connection, how many data records
         the host holds (the domU powers off once its agent is told)."""
+        assert self._relay is not None
         try:
             self._relay.send(f"RTVIRT-ACK {int(records)}\n".encode())
         except (OSError, RunError) as exc:
@@ -166,11 +169,12 @@ class XenEnvironment(XenTeardown):
         dom0.run(["rm", "-f", log]).check("xen: removing an old console log")  # a reused name's log is appended
         self._launched_at = time.monotonic()
         dom0.xl("create", "-p", f"{directory}/domain.cfg", what=f"create {name}")
-        self._relay = baremetal.XenConsoleRelay(dom0.transport, log, name, self.workdir / "console.raw", out)
+        self._relay = BaremetalRelay(baremetal.XenConsoleRelay(dom0.transport, log, name, self.workdir / "console.raw",
+                                                               out))
         self._apply_scheduling(name)
         self._read_back(name)
         dom0.xl("unpause", name)
-        self._process = DomainProcess(self, self._relay)
+        self._process = DomUJob(self, self._relay)
         return Launched(self._process, out)
 
     def add_guest_job(self, agent: str, args: list[str]) -> None:

@@ -4,12 +4,10 @@ domUs' kernel and initramfs (the guest image plus the netfront overlay)."""
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
+from ...agents import XEN_A653, agent_path
 from ...errors import RunError
 from ...fileio import write_atomically
 from ..guest_image import GUEST_MODULES, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir, guest_image
@@ -32,99 +30,19 @@ def _run(argv: list[str], cwd: Path, what: str, timeout: float = BUILD_TIMEOUT_S
     return result.stdout
 
 
-# ---- rtvirt-a653: xl sets no ARINC 653 schedule, libxenctrl does ------------------------------------
+# ---- rtvirt-a653: xl sets no ARINC 653 schedule, libxenctrl does (agents/xen/rtvirt-a653.c) ------------
 
-
-A653_TOOL = "rtvirt-a653"
-A653_SOURCE = r"""/* rtvirt-a653: set or show the ARINC 653 schedule of a cpupool (xl has no command for it).
-   argv: POOL_ID MAJOR_FRAME_NS then UUID VCPU RUNTIME_NS per window: sets it, prints nothing;
-   argv: POOL_ID alone: prints "major_frame NS" and one "UUID VCPU RUNTIME_NS" line per window. */
-#define __XEN_TOOLS__ 1
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <xenctrl.h>
-
-static int parse_uuid(const char *text, uint8_t out[16]) {
-    int n = 0;
-    for (const char *p = text; *p && n < 32; p++) {
-        if (*p == '-') continue;
-        char c = *p; int v;
-        if (c >= '0' && c <= '9') v = c - '0';
-        else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
-        else return -1;
-        if (n % 2 == 0) out[n / 2] = (uint8_t)(v << 4); else out[n / 2] |= (uint8_t)v;
-        n++;
-    }
-    return n == 32 ? 0 : -1;
-}
-
-static int show(uint32_t pool) {
-    static struct xen_sysctl_arinc653_schedule schedule;
-    xc_interface *xch = xc_interface_open(NULL, NULL, 0);
-    if (!xch) { perror("rtvirt-a653: xc_interface_open"); return 1; }
-    int rc = xc_sched_arinc653_schedule_get(xch, pool, &schedule);
-    xc_interface_close(xch);
-    if (rc != 0) { perror("rtvirt-a653: xc_sched_arinc653_schedule_get"); return 1; }
-    printf("major_frame %llu\n", (unsigned long long)schedule.major_frame);
-    for (int i = 0; i < schedule.num_sched_entries && i < ARINC653_MAX_DOMAINS_PER_SCHEDULE; i++) {
-        const uint8_t *h = schedule.sched_entries[i].dom_handle;
-        for (int b = 0; b < 16; b++) printf("%02x%s", h[b], (b == 3 || b == 5 || b == 7 || b == 9) ? "-" : "");
-        printf(" %u %llu\n", schedule.sched_entries[i].vcpu_id,
-               (unsigned long long)schedule.sched_entries[i].runtime);
-    }
-    return 0;
-}
-
-int main(int argc, char **argv) {
-    if (argc == 2) return show((uint32_t)strtoul(argv[1], NULL, 10));
-    if (argc < 6 || (argc - 3) % 3 != 0 || (argc - 3) / 3 > ARINC653_MAX_DOMAINS_PER_SCHEDULE) {
-        fprintf(stderr, "usage: rtvirt-a653 POOL_ID MAJOR_FRAME_NS (UUID VCPU RUNTIME_NS)...\n");
-        return 2;
-    }
-    static struct xen_sysctl_arinc653_schedule schedule;
-    memset(&schedule, 0, sizeof(schedule));
-    uint32_t pool = (uint32_t)strtoul(argv[1], NULL, 10);
-    schedule.major_frame = strtoull(argv[2], NULL, 10);
-    schedule.num_sched_entries = (uint8_t)((argc - 3) / 3);
-    for (int i = 0; i < schedule.num_sched_entries; i++) {
-        if (parse_uuid(argv[3 + 3 * i], schedule.sched_entries[i].dom_handle) != 0) {
-            fprintf(stderr, "rtvirt-a653: bad UUID %.40s\n", argv[3 + 3 * i]);
-            return 2;
-        }
-        schedule.sched_entries[i].vcpu_id = (uint32_t)strtoul(argv[4 + 3 * i], NULL, 10);
-        schedule.sched_entries[i].runtime = strtoull(argv[5 + 3 * i], NULL, 10);
-    }
-    xc_interface *xch = xc_interface_open(NULL, NULL, 0);
-    if (!xch) { perror("rtvirt-a653: xc_interface_open"); return 1; }
-    int rc = xc_sched_arinc653_schedule_set(xch, pool, &schedule);
-    if (rc != 0) { perror("rtvirt-a653: xc_sched_arinc653_schedule_set"); xc_interface_close(xch); return 1; }
-    xc_interface_close(xch);
-    return 0;
-}
-"""
+A653_TOOL = XEN_A653
 
 
 def a653_tool() -> Path:
-    """The ARINC 653 schedule setter, compiled against libxenctrl on first use (libxen-dev)."""
-    digest = hashlib.sha256(A653_SOURCE.encode()).hexdigest()[:16]
-    target = cache_dir() / "xen" / f"{A653_TOOL}-{digest}"
-    if target.exists():
-        return target
-    if not Path("/usr/include/xenctrl.h").exists():
-        raise RunError("xen: the ARINC 653 scheduler needs libxenctrl's headers (apt-get install libxen-dev; "
-                       "scripts/setup.sh does)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="a653-", dir=target.parent))
+    """The ARINC 653 schedule tool, built with the agents where libxenctrl's headers are (libxen-dev)."""
     try:
-        (work / "a653.c").write_text(A653_SOURCE)
-        _run(["cc", "-O2", "-Wall", "-o", str(work / A653_TOOL), str(work / "a653.c"), "-lxenctrl"], work,
-             "compiling rtvirt-a653", timeout=300)
-        os.replace(work / A653_TOOL, target)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+        return agent_path(XEN_A653)
+    except RunError:
+        raise RunError("xen: the ARINC 653 scheduler needs rtvirt-a653, which the build makes only where "
+                       "libxenctrl's headers are (apt-get install libxen-dev, then make setup; scripts/setup.sh xen "
+                       "does both)") from None
 
 
 # ---- the domUs' network link to dom0 ----------------------------------------------------------------

@@ -135,12 +135,29 @@ class XenLab:
         (self.directory / OWNER_FILE).write_text(str(os.getpid()))
 
     def boot(self) -> XenLab:
-        from ...remote import SshTarget, connect
+        """Build what the lab boots (cached), start QEMU, wait for dom0, then connect to its sshd."""
         from ..qemu import choose_accel
 
         self.hypervisor = rt_hypervisor()
         vmlinuz, base = dom0_image()
         keys = self._keys()
+        initrd = self._initrd(base, keys)
+        for path in (vmlinuz, initrd):
+            if "," in str(path):
+                raise RunError(f"xen lab: QEMU cannot take a multiboot module path with a comma: {path}")
+        self.accel = choose_accel(self.config.accel)
+        port = _free_port()
+        started = time.monotonic()
+        self._proc = self.supervisor.start(self._qemu_argv(vmlinuz, initrd, port), stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.PIPE)
+        (self.directory / QEMU_PID_FILE).write_text(str(self._proc.pid))
+        self._await_dom0(started + self.config.boot_timeout / 1e9)
+        self._connect(port, keys)
+        self.boot_seconds = round(time.monotonic() - started, 1)
+        return self
+
+    def _initrd(self, base: Path, keys: LabKeys) -> Path:
+        """dom0's initramfs for this boot: the cached image plus this lab's keys and shares."""
         initrd = self.directory / "dom0.cpio"
         lab_files = Cpio()
         lab_files.file("etc/ssh/ssh_host_ed25519_key", keys.host_key.read_bytes())
@@ -150,12 +167,12 @@ class XenLab:
         with initrd.open("wb") as out, base.open("rb") as source:
             shutil.copyfileobj(source, out, 1 << 20)
             out.write(lab_files.to_bytes())
-        for path in (vmlinuz, initrd):
-            if "," in str(path):
-                raise RunError(f"xen lab: QEMU cannot take a multiboot module path with a comma: {path}")
-        self.accel = choose_accel(self.config.accel)
+        return initrd
+
+    def _qemu_argv(self, vmlinuz: Path, initrd: Path, port: int) -> list[str]:
+        """QEMU booting Xen (multiboot) with dom0's kernel and initramfs, its sshd forwarded to 127.0.0.1:port."""
+        assert self.hypervisor is not None
         kvm = self.accel["accel"] == "kvm"
-        port = _free_port()
         xen_command_line = (f"console=com1 com1=115200 dom0_mem={self.config.dom0_memory}M,"
                             f"max:{self.config.dom0_memory}M dom0_max_vcpus={self.dom0_vcpus} "
                             "dom0_vcpus_pin noreboot sched=credit2")
@@ -175,10 +192,11 @@ class XenLab:
             # keep distinct inode numbers, else dom0's 9p client takes one for the other
             argv += ["-virtfs", f"local,path={share.path},mount_tag={share.tag},security_model=none,"
                      "multidevs=remap" + ("" if share.writable else ",readonly=on")]
-        started = time.monotonic()
-        self._proc = self.supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        (self.directory / QEMU_PID_FILE).write_text(str(self._proc.pid))
-        deadline = started + self.config.boot_timeout / 1e9
+        return argv
+
+    def _await_dom0(self, deadline: float) -> None:
+        """Until dom0 says it is ready on the serial console; QEMU's end or the deadline is an error."""
+        assert self._proc is not None
         while DOM0_READY_MARK not in self.console_text():
             if self._proc.poll() is not None:
                 error = self._proc.stderr.read(2000).decode(errors="replace") if self._proc.stderr else ""
@@ -188,6 +206,12 @@ class XenLab:
                 raise RunError(f"xen lab: dom0 did not come up within {self.config.boot_timeout / 1e9:.0f}s; "
                                f"console: {self.console_tail()}")
             time.sleep(0.2)
+
+    def _connect(self, port: int, keys: LabKeys) -> None:
+        """SSH to dom0 with its host key pinned, retrying for a minute while its sshd comes up."""
+        from ...remote import SshTarget, connect
+
+        assert self._proc is not None
         known_hosts = self.directory / "known_hosts"
         known_hosts.write_text(f"[127.0.0.1]:{port} {keys.host_public}\n")
         target = SshTarget(host="127.0.0.1", port=port, user="root", identity_file=keys.client_key,
@@ -203,8 +227,6 @@ class XenLab:
                 if time.monotonic() > attempt_deadline or self._proc.poll() is not None:
                     raise
                 time.sleep(1.0)
-        self.boot_seconds = round(time.monotonic() - started, 1)
-        return self
 
     def _keys(self) -> LabKeys:
         host, client = self.directory / "host_ed25519", self.directory / "client_ed25519"

@@ -11,6 +11,7 @@ from ..base import AgentProcess, Environment
 from ..guest_image import GuestImage, GuestJob
 from .config import XenConfig
 from .dom0 import Dom0
+from .relays import SampleRelay
 
 
 class XenDomainState(Environment):
@@ -26,7 +27,7 @@ class XenDomainState(Environment):
         self._pool_cpus: tuple[int, ...] = ()
         self._domain: str | None = None
         self._process: AgentProcess | None = None
-        self._relay: Any = None
+        self._relay: SampleRelay | None = None
         self._launched_at = 0.0
         self._ready_at: float | None = None
         self._console_checked = 0.0

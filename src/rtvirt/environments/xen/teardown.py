@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from .. import baremetal
 from .console import XenConsole
 from .dom0 import RUN_DIR
 
@@ -29,8 +28,8 @@ class XenTeardown(XenConsole):
         dom0 = self._dom0
         try:
             if dom0 is not None and (dom0.lab is None or dom0.lab.alive()):
-                if isinstance(self._relay, baremetal.XenConsoleRelay) and self._domain is not None:
-                    baremetal.xen_request_stop(dom0, self._domain, self._relay)  # every sample it holds, then off
+                if self._relay is not None and self._domain is not None:
+                    self._relay.stop_guest(dom0, self._domain)  # every sample it holds, then off
                 if self._relay is not None:
                     self._relay.stop(grace=2.0)
                 if self._domain is not None:

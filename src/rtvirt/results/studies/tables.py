@@ -166,11 +166,69 @@ def _first_interval_change(view: RunView) -> tuple[float | None, float | None, i
     return float(values[0]), float(np.median(values[1:])), int(values.size)
 
 
-def _isolation(configs: list[Configuration]) -> list[Table]:
-    paper = published()["guest-isolation"]
+def _outlier_row(c: Configuration, meta: dict[str, Any], base_top: Outlier | None,
+                 paper: dict[str, Any]) -> list[str] | None:
+    """The largest sample of a configuration against its run median, beside the paper's outliers (kernel
+    operations only) and the solo run's; None: not a duration workload, or no outliers recorded."""
     out = paper["outliers"]
+    top = _largest(c)
+    if meta["value_field"] != "duration_ns" or top is None:
+        return None
     paper_ratio = f"{out['outlier_cycles'] / out['median_cycles_high']:,.0f}–" \
                   f"{out['outlier_cycles'] / out['median_cycles_low']:,.0f}x"
+    ratio = top.value_ns / top.median_ns if top.median_ns else float("nan")
+    quoted = meta["probe"] == "kops"  # the paper's outlier figures are kernel operations'
+    if meta["disturbance"] == "solo":
+        # the paper's direction: outliers (of kernel operations) only with a disturbing guest
+        direction = "solo: the paper saw no such outliers without a stressor guest" if quoted \
+            else "solo: the baseline of the rows below"
+    elif base_top is not None:
+        grown = top.value_ns / base_top.value_ns if base_top.value_ns else float("nan")
+        direction = (f"{'same direction' if grown > 1 else 'opposite direction'} as the paper "
+                     f"(outlier {grown:,.1f}x the solo run's)")
+    else:
+        direction = "no solo run to compare"
+    if not quoted:
+        reading = f"{direction}; the paper's outlier figures are for kernel operations only"
+    elif top.value_cycles is not None:
+        reading = (f"{direction}; {_reading(top.value_cycles, out['outlier_cycles'])}; ours "
+                   f"{ratio:,.0f}x the median, paper {paper_ratio}")
+    else:
+        reading = f"{direction}; no cycle counter in this run's stream header: time only"
+    return [meta["workload"], meta["disturbance"], meta["order"],
+            _num(top.value_cycles, 0), _num(top.value_ns / 1e6, 4),
+            _num(top.median_cycles, 0), _num(top.median_ns / 1e3, 3),
+            f"{out['outlier_cycles']:,} (≈{out['outlier_ms']:g} ms)" if quoted else "-",
+            f"{out['median_cycles_low']}–{out['median_cycles_high']}" if quoted else "-",
+            reading]
+
+
+def _increase_row(c: Configuration, meta: dict[str, Any], base: Configuration) -> list[str]:
+    """Mean and median increase and WCET ratio of a disturbed configuration against its solo baseline."""
+    row = isolation_of(c.label, c.summary, base.label, base.summary)
+    return [meta["workload"], meta["disturbance"], meta["order"],
+            _pct(row.mean_increase_pct), _pct(row.median_increase_pct),
+            _num(row.wcet_ns / 1e3), _num(row.baseline_wcet_ns / 1e3),
+            _num(row.wcet_ratio, 2), "not quoted in our source"]
+
+
+def _order_row(c: Configuration, meta: dict[str, Any], paper: dict[str, Any]) -> list[str]:
+    """A Thread-Metric configuration's first interval against its steady level, and its start-up ramp."""
+    firsts = [_first_interval_change(v) for v in c.runs]
+    changes = [(first / steady - 1) * 100 for first, steady, _ in firsts if first is not None and steady]
+    change = float(np.median(changes)) if changes else None
+    ramps = [v.ramp for v in c.runs if v.ramp is not None]
+    ramp = (f"{len(ramps)}/{len(c.runs)} runs; up to {max(r.end_ns for r in ramps) / 1e9:.1f} s"
+            if ramps else f"none detected in {len(c.runs)} run(s)")
+    return [meta["disturbance"], meta["order"], str(sum(n for *_, n in firsts)),
+            _num(firsts[0][0], 0) if firsts else "-", _num(firsts[0][1], 0) if firsts else "-",
+            _pct(change), ramp, _pct(paper["threadmetric"]["first_interval_pct"]),
+            _reading_pct(change, paper["threadmetric"]["first_interval_pct"])
+            if change is not None else "no intervals to compare"]
+
+
+def _isolation(configs: list[Configuration]) -> list[Table]:
+    paper = published()["guest-isolation"]
     outlier_rows, increase_rows, order_rows, timeline_rows = [], [], [], []
     by_group: dict[str, list[Configuration]] = {}
     for c in configs:
@@ -180,52 +238,14 @@ def _isolation(configs: list[Configuration]) -> list[Table]:
         base = next((c for c, m in zip(members, metas, strict=True) if m["disturbance"] == "solo"), None)
         base_top = _largest(base) if base is not None else None
         for c, meta in zip(members, metas, strict=True):
-            top = _largest(c)
-            if meta["value_field"] == "duration_ns" and top is not None:
-                ratio = top.value_ns / top.median_ns if top.median_ns else float("nan")
-                quoted = meta["probe"] == "kops"  # the paper's outlier figures are kernel operations'
-                if meta["disturbance"] == "solo":
-                    # the paper's direction: outliers (of kernel operations) only with a disturbing guest
-                    direction = "solo: the paper saw no such outliers without a stressor guest" if quoted \
-                        else "solo: the baseline of the rows below"
-                elif base_top is not None:
-                    grown = top.value_ns / base_top.value_ns if base_top.value_ns else float("nan")
-                    direction = (f"{'same direction' if grown > 1 else 'opposite direction'} as the paper "
-                                 f"(outlier {grown:,.1f}x the solo run's)")
-                else:
-                    direction = "no solo run to compare"
-                if not quoted:
-                    reading = f"{direction}; the paper's outlier figures are for kernel operations only"
-                elif top.value_cycles is not None:
-                    reading = (f"{direction}; {_reading(top.value_cycles, out['outlier_cycles'])}; ours "
-                               f"{ratio:,.0f}x the median, paper {paper_ratio}")
-                else:
-                    reading = f"{direction}; no cycle counter in this run's stream header: time only"
-                outlier_rows.append([meta["workload"], meta["disturbance"], meta["order"],
-                                     _num(top.value_cycles, 0), _num(top.value_ns / 1e6, 4),
-                                     _num(top.median_cycles, 0), _num(top.median_ns / 1e3, 3),
-                                     f"{out['outlier_cycles']:,} (≈{out['outlier_ms']:g} ms)" if quoted else "-",
-                                     f"{out['median_cycles_low']}–{out['median_cycles_high']}" if quoted else "-",
-                                     reading])
+            outlier = _outlier_row(c, meta, base_top, paper)
+            if outlier is not None:
+                outlier_rows.append(outlier)
             if meta["value_field"] == "duration_ns" and base is not None and c is not base \
                     and c.summary.samples and base.summary.samples:
-                row = isolation_of(c.label, c.summary, base.label, base.summary)
-                increase_rows.append([meta["workload"], meta["disturbance"], meta["order"],
-                                      _pct(row.mean_increase_pct), _pct(row.median_increase_pct),
-                                      _num(row.wcet_ns / 1e3), _num(row.baseline_wcet_ns / 1e3),
-                                      _num(row.wcet_ratio, 2), "not quoted in our source"])
+                increase_rows.append(_increase_row(c, meta, base))
             if meta["probe"] == "threadmetric" and group != "30min" and not _has_events(c):
-                firsts = [_first_interval_change(v) for v in c.runs]
-                changes = [(first / steady - 1) * 100 for first, steady, _ in firsts if first is not None and steady]
-                change = float(np.median(changes)) if changes else None
-                ramps = [v.ramp for v in c.runs if v.ramp is not None]
-                ramp = (f"{len(ramps)}/{len(c.runs)} runs; up to {max(r.end_ns for r in ramps) / 1e9:.1f} s"
-                        if ramps else f"none detected in {len(c.runs)} run(s)")
-                order_rows.append([meta["disturbance"], meta["order"], str(sum(n for *_, n in firsts)),
-                                   _num(firsts[0][0], 0) if firsts else "-", _num(firsts[0][1], 0) if firsts else "-",
-                                   _pct(change), ramp, _pct(paper["threadmetric"]["first_interval_pct"]),
-                                   _reading_pct(change, paper["threadmetric"]["first_interval_pct"])
-                                   if change is not None else "no intervals to compare"])
+                order_rows.append(_order_row(c, meta, paper))
             if _has_events(c):
                 timeline_rows += _on_off_rows(c, meta, paper["threadmetric"])
     tables: list[Table] = []
@@ -302,11 +322,12 @@ def _interrupt(configs: list[Configuration]) -> list[Table]:
                 if field in ref and ours[index] is not None:
                     ref_ours = None if native_ours is None or ref is native_paper else \
                         (native_ours.summary.mean_ns, native_ours.summary.max_ns)[index - 1] / 1e3
-                    ref_paper = None if ref is native_paper else native_paper[field]
-                    readings.append(f"{field[:3]}: {_reading(ours[index], ref[field], ref_ours, ref_paper)}")
+                    ref_paper = None if ref is native_paper else float(native_paper[field])
+                    readings.append(f"{field[:3]}: {_reading(ours[index], float(ref[field]), ref_ours, ref_paper)}")
+            # the paper's figures as its table prints them (published.toml keeps them as text)
             rows.append([str(ref["configuration"]), c.label if c else f"not run ({key})", _num(ours[0]),
-                         _num(ours[1]), _num(ours[2]), _num(ref.get("min_us"), 1), _num(ref.get("avg_us"), 1),
-                         _num(ref.get("max_us"), 1), " · ".join(readings) or "not run here"])
+                         _num(ours[1]), _num(ours[2]), str(ref.get("min_us", "-")), str(ref.get("avg_us", "-")),
+                         str(ref.get("max_us", "-")), " · ".join(readings) or "not run here"])
     return [("Interrupt-latency study: min / avg / max per configuration (µs)",
              ["configuration", "ours", "min", "avg", "max", "paper: min", "paper: avg", "paper: max", "reading"],
              rows)]
