@@ -6,6 +6,15 @@ joins the cgroup between fork and exec, so not one instruction of it runs outsid
 The bandwidth limit (quota per period) throttles SCHED_OTHER tasks (CFS bandwidth); on v1 kernels with
 RT group scheduling it is also the group's real-time budget (cpu.rt_runtime_us), without which SCHED_FIFO
 tasks are refused in the group. On v2 real-time tasks are bounded by the global RT throttling only.
+
+An exclusive partition (``exclusive``, on by default for SCHED_DEADLINE, which the kernel admits for a pinned
+thread only when its CPUs are a root domain of their own) is made as the kernel recognises one: on v1 the cpuset
+gets cpuset.cpu_exclusive and the root cpuset's sched_load_balance goes to 0, so the load-balanced cpusets become
+the scheduling domains; on v2 the cgroup becomes a cpuset partition root (cpuset.cpus.partition = root), which
+also takes its CPUs away from every other cgroup. ``shield`` does on v1 what ``cset shield`` does: every movable
+task and kernel thread goes to a housekeeping cpuset on the other CPUs for the run. Every host setting changed
+goes through the settings ledger (rtvirt.host.ledger), so it is put back at close, and after a kill -9 by the
+next campaign's reclaim.
 """
 
 from __future__ import annotations
@@ -21,7 +30,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ..agents import agent_path
-from ..errors import PrivilegeError, RunError
+from ..errors import InputError, PrivilegeError, RunError
+from ..host.ledger import Ledger, process_holder
 from ..units import duration_field
 from .base import Environment, EnvironmentConfig, Launched
 from .sched import SchedPolicy, apply_policy, thread_ids
@@ -39,12 +49,29 @@ class PartitionConfig(EnvironmentConfig):
                                          description="bandwidth period (bare numbers in us)")
     sched: SchedPolicy = Field(default_factory=lambda: SchedPolicy(policy="fifo", priority=99),
                                description="scheduling policy of the workload's threads")
+    exclusive: bool | None = Field(None, description="an exclusive cpuset that is a scheduling domain of its own "
+                                   "(v2: a partition root); default: when the policy needs it (deadline)")
+    shield: bool = Field(False, description="move every movable task and kernel thread off the partition's CPUs "
+                         "for the run (cgroup v1; v2 partition roots do it themselves)")
+    tune: str | None = Field(None, description="a host tuning profile (rtvirt host tune) applied for this "
+                             "environment's runs, restored after each")
 
     @model_validator(mode="after")
     def _quota_fits_period(self) -> PartitionConfig:
         if self.quota is not None and self.quota < 1_000_000:
             raise ValueError("quota must be at least 1ms")
+        if self.tune is not None:
+            from ..host.profiles import PROFILES
+
+            if self.tune not in PROFILES:
+                raise ValueError(f"unknown tuning profile {self.tune!r} (known: {', '.join(PROFILES)})")
+        if (self.exclusive or self.shield) and not self.pin:
+            raise ValueError("exclusive and shield need pin = true (a partition of the measured CPUs)")
         return self
+
+    @property
+    def wants_exclusive(self) -> bool:
+        return self.sched.policy == "deadline" if self.exclusive is None else self.exclusive
 
 
 class Cgroup:
@@ -170,6 +197,93 @@ class CgroupTree:
         return created
 
 
+class Exclusive:
+    """Makes a created cpuset an exclusive scheduling domain, and shields its CPUs; ``undo`` puts it all back."""
+
+    def __init__(self, tree: CgroupTree, holder: str, ledger: Ledger | None = None) -> None:
+        self.tree, self.holder, self.ledger = tree, holder, ledger or Ledger()
+        self.notes: dict[str, Any] = {}
+        self._shield: Cgroup | None = None
+
+    def apply(self, cgroup: Cgroup, cpus: tuple[int, ...]) -> None:
+        directory = cgroup.directories[0]
+        try:
+            if self.tree.version == 2:
+                self._partition_root(directory, cpus)
+            else:
+                self._v1_exclusive(directory)
+        except PermissionError as exc:
+            raise PrivilegeError(f"partition: cannot make {directory} exclusive ({exc.strerror}); it needs root") \
+                from None
+        except OSError as exc:
+            raise RunError(f"partition: cannot make {directory} exclusive: {exc.filename}: {exc.strerror}") from None
+
+    def _v1_exclusive(self, directory: Path) -> None:
+        try:
+            (directory / "cpuset.cpu_exclusive").write_text("1")
+            self.notes["cpu_exclusive"] = True
+        except OSError as exc:  # EINVAL: a sibling cpuset (another tool's, another rtvirt's) holds these CPUs too
+            if exc.errno != 22:
+                raise
+            holders = [p.name for p in directory.parent.iterdir() if p.is_dir() and p != directory
+                       and set(_cpus_of(p)) & set(_cpus_of(directory))]
+            self.notes["cpu_exclusive"] = False
+            self.notes["warning"] = (f"cpuset {directory.name} is not exclusive: sibling cpuset(s) "
+                                     f"{', '.join(holders[:4]) or '?'} share its CPUs")
+        # with the root cpuset not load balanced, each load-balanced cpuset below is a scheduling domain
+        self.ledger.change(self.holder, str(self.tree.root / "cpuset" / "cpuset.sched_load_balance"), "0")
+        self.notes["root_sched_load_balance"] = 0
+
+    def _partition_root(self, directory: Path, cpus: tuple[int, ...]) -> None:
+        cpu_list = ",".join(map(str, cpus))
+        if (directory / "cpuset.cpus.exclusive").exists():  # 6.7+: CPUs claimed for a partition
+            (directory / "cpuset.cpus.exclusive").write_text(cpu_list)
+        (directory / "cpuset.cpus.partition").write_text("root")
+        state = (directory / "cpuset.cpus.partition").read_text().strip()
+        if state != "root":  # e.g. "root invalid (Cpu list in cpuset.cpus not exclusive)"
+            raise RunError(f"partition: {directory} did not become a partition root: {state[:200]}")
+        self.notes["partition"] = state
+
+    def shield(self, name: str, cpus: tuple[int, ...]) -> None:
+        """Move every movable task and kernel thread to a cpuset of the other CPUs (cgroup v1)."""
+        if self.tree.version == 2:
+            self.notes["shield"] = "a v2 partition root already takes its CPUs from every other cgroup"
+            return
+        root = self.tree.root / "cpuset"
+        others = [c for c in _cpus_of(root) if c not in cpus]
+        if not others:
+            raise RunError("partition: shield needs a CPU outside the partition for everything else")
+        self._shield = self.tree.create(name, tuple(others), None, 0)
+        target = self._shield.directories[0]
+        (target / "cpuset.sched_load_balance").write_text("1")
+        moved = unmovable = 0
+        for pid in (root / "tasks").read_text().split():
+            try:
+                (target / "tasks").write_text(pid)
+                moved += 1
+            except OSError:  # per-CPU kernel threads, tasks that exited meanwhile
+                unmovable += 1
+        self.notes["shield"] = {"cpus": ",".join(map(str, others)), "moved": moved, "unmovable": unmovable}
+
+    def undo(self) -> None:
+        try:
+            if self._shield is not None:
+                shield, self._shield = self._shield, None
+                shield.remove()  # its tasks go back to the root cpuset (and to their own affinity)
+        finally:
+            self.ledger.release(self.holder)
+
+
+def _cpus_of(directory: Path) -> tuple[int, ...]:
+    from ..params import parse_cpulist
+
+    try:
+        text = (directory / "cpuset.cpus").read_text().strip()
+        return parse_cpulist(text) if text else ()
+    except (OSError, ValueError):
+        return ()
+
+
 class PartitionEnvironment(Environment):
     kind = "partition"
     config_model = PartitionConfig
@@ -181,6 +295,9 @@ class PartitionEnvironment(Environment):
         self._cgroup: Cgroup | None = None
         self._tree: CgroupTree | None = None
         self._placed: set[int] = set()
+        self._exclusive: Exclusive | None = None
+        self._holder = process_holder(f"partition-{secrets.token_hex(3)}")
+        self._tuning: dict[str, Any] | None = None
 
     @staticmethod
     def available() -> str | None:
@@ -190,12 +307,39 @@ class PartitionEnvironment(Environment):
             return str(exc)
         return None if os.geteuid() == 0 else "partition needs root to create cgroups"
 
+    @classmethod
+    def reclaim(cls, config: Any, shared: Any) -> list[str]:
+        """Cgroups of a killed rtvirt, then the host settings it left changed (root load balancing, tuning)."""
+        removed = CgroupTree().remove_stale()
+        return removed + [f"{c.path} = {c.value.strip()}" for c in Ledger().reclaim()]
+
     def start(self) -> None:
         self._tree = CgroupTree(self._cgroup_root)
         self._tree.remove_stale()
+        Ledger().reclaim()
         name = f"rtvirt-{os.getpid()}-{secrets.token_hex(3)}"
         quota = None if self.config.quota is None else max(1000, self.config.quota // 1000)
-        self._cgroup = self._tree.create(name, self.measured_cpus(), quota, self.config.period // 1000)
+        cpus = self.measured_cpus()
+        if self.config.tune is not None:
+            self._tune(cpus)
+        self._cgroup = self._tree.create(name, cpus, quota, self.config.period // 1000)
+        if self.config.wants_exclusive or self.config.shield:
+            self._exclusive = Exclusive(self._tree, self._holder)
+            if self.config.shield:
+                self._exclusive.shield(f"{name}-shield", cpus)
+            self._exclusive.apply(self._cgroup, cpus)
+
+    def _tune(self, cpus: tuple[int, ...]) -> None:
+        from ..host import checklist_summary, host_context, profile_named, tune_host
+
+        assert self.config.tune is not None
+        try:
+            result = tune_host(host_context(cpus), profile_named(self.config.tune, "tune"), self._holder)
+        except InputError as exc:
+            raise RunError(f"partition: {exc}") from None
+        self._tuning = {"profile": self.config.tune, "applied": [s.path for s in result.steps if s.outcome == "applied"],
+                        "failed": [f"{s.path}: {s.error}" for s in result.steps if s.outcome == "failed"],
+                        "checklist": checklist_summary(result.after, self.config.tune)}
 
     def probe_overrides(self) -> dict[str, Any]:
         # the agent sets SCHED_FIFO itself; other policies start it at SCHED_OTHER (priority 0)
@@ -227,10 +371,24 @@ class PartitionEnvironment(Environment):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "cgroup_version": self._tree.version if self._tree else None,
-                "cgroup": [str(d) for d in self._cgroup.directories] if self._cgroup else None}
+                "cgroup": [str(d) for d in self._cgroup.directories] if self._cgroup else None,
+                **({"exclusive_cpuset": self._exclusive.notes} if self._exclusive else {}),
+                **({"tuning": self._tuning, "checklist": self._tuning["checklist"]} if self._tuning else {})}
+
+    def warnings(self) -> list[str]:
+        notes = self._exclusive.notes if self._exclusive else {}
+        return [notes["warning"]] if "warning" in notes else []
 
     def close(self) -> None:
-        if self._cgroup is not None:
-            cgroup, self._cgroup = self._cgroup, None
-            cgroup.remove()
-        super().close()
+        try:
+            if self._cgroup is not None:
+                cgroup, self._cgroup = self._cgroup, None
+                cgroup.remove()
+        finally:
+            try:
+                if self._exclusive is not None:
+                    exclusive, self._exclusive = self._exclusive, None
+                    exclusive.undo()
+            finally:
+                Ledger().release(self._holder)  # this environment's tuning (and anything else it held)
+                super().close()
