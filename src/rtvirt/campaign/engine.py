@@ -34,6 +34,7 @@ from ..stream import StreamReader
 from ..stressors import STRESSORS, RunningStressor
 from ..sysaudit import audit_system
 from .hooks import HookRunner
+from .hosttune import tuned_host
 from .matrix import PlannedRun, expand, scaled_params
 from .state import CampaignState
 
@@ -386,11 +387,12 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
         check_predict(scenario, state)
     result = CampaignResult(state, results)
     availability = _availability(scenario)
-    system = audit_system()
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"))
     progress = Progress(*columns, console=console, disable=not show_progress, transient=False)
-    with progress, (SharedResources() if shared is None else contextlib.nullcontext(shared)) as shared:
+    with progress, (SharedResources() if shared is None else contextlib.nullcontext(shared)) as shared, \
+            tuned_host(scenario, progress.console) as checklist:  # [host] tune: restored whatever happens
+        system = {**audit_system(), "checklist": checklist}
         if reclaim:
             _reclaim(scenario, availability, shared, progress.console)
         hooks = HookRunner(scenario.hooks, shared)
