@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,17 +16,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from rtvirt.environments.partition import CgroupTree, Exclusive, PartitionConfig, PartitionEnvironment
 from rtvirt.environments.sched import SchedPolicy
+from rtvirt.errors import InputError
 from rtvirt.host import PROFILES, host_context
 from rtvirt.host.checks import tune_steps
 from rtvirt.host.checks.base import chosen
 from rtvirt.host.ledger import DEFAULT_LEDGER, Ledger, process_holder
 from rtvirt.procs import Supervisor
+from rtvirt.scenario import parse_scenario
 from rtvirt.stream import read_stream
-
-from conftest import run_cli
 
 ROOT = os.geteuid() == 0
 LAST_CPU = max(os.sched_getaffinity(0))
@@ -139,6 +141,15 @@ def test_v1_exclusive_cpuset_turns_root_load_balancing_off_and_back(tmp_path: Pa
     assert (root / "cpuset" / "cpuset.sched_load_balance").read_bytes() == b"1\n"
 
 
+def test_unknown_tuning_profiles_in_scenarios_are_named() -> None:
+    for text, field in (('[host]\ntune = "fast"\n', "field 'host.tune'"),
+                        ('', "field 'environments[0].tune'")):
+        scenario = f'name = "x"\nduration = "1s"\n{text}[[environments]]\nkind = "partition"\n' + (
+            'tune = "fast"\n' if not text else "")
+        with pytest.raises(InputError, match=re.escape(field) + ".*unknown tuning profile 'fast'"):
+            parse_scenario(scenario)
+
+
 # --- this machine ------------------------------------------------------------------------------------------
 
 def test_check_lists_what_is_not_rt_ready_here_with_fixes() -> None:
@@ -227,7 +238,11 @@ def test_deadline_partition_completes_pinned_with_its_reservation(tmp_path: Path
     # tick here, HZ=250, so single gaps vary by a tick)
     assert 0.25 < share < 0.36, share
     assert 5.0 < median_gap_ms < 9.5, median_gap_ms
-    assert manifest["system"]["checklist"]["not_ready"]  # the checklist state beside the run
+    assert manifest["system"]["checklist"]["not_ready"]  # the checklist state beside the run, and in the report
+    report = run_cli("report", str(tmp_path / "results"), "--format", "markdown", "--out", str(tmp_path / "r.md"))
+    assert report.returncode == 0, report.stderr
+    table = (tmp_path / "r.md").read_text().split("## Host checklist beside each run", 1)[1]
+    assert manifest["run_id"] in table.split("##", 1)[0]
     assert _snapshot(paths) == before and _rtvirt_cpusets() == []
 
 
@@ -275,11 +290,29 @@ def test_shield_moves_tasks_off_the_partition_and_back(tmp_path: Path) -> None:
         try:
             env.start()
             ours = Path("/proc/self/cpuset").read_text().strip()
-            allowed = os.sched_getaffinity(0)
+            init = Path("/proc/1/cpuset").read_text().strip()
+            init_allowed = os.sched_getaffinity(1)
             notes = env.describe()["exclusive_cpuset"]
         finally:
             env.close()
-    assert ours.endswith("-shield") and LAST_CPU not in allowed
+    # init (and every movable task) left the measured CPU; rtvirt itself stayed to start the agent there
+    assert init.endswith("-shield") and LAST_CPU not in init_allowed and ours == "/"
     assert notes["shield"]["moved"] > 10
-    assert Path("/proc/self/cpuset").read_text().strip() == "/" and LAST_CPU in os.sched_getaffinity(0)
+    assert Path("/proc/1/cpuset").read_text().strip() == "/" and LAST_CPU in os.sched_getaffinity(1)
     assert (V1_CPUSET / "cpuset.sched_load_balance").read_bytes() == balance and _rtvirt_cpusets() == []
+
+
+def test_check_through_a_target_reads_the_target() -> None:
+    from sshd_server import SshServer
+
+    with SshServer() as sshd:
+        result = run_cli("host", "check", "--json", "--target", "board", "--ssh-config", str(sshd.ssh_config("board")),
+                         timeout=180)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["system"] != "local"
+    items = {i["id"]: i for i in document["items"]}
+    # the loopback target is this machine: what it reports matches the local reading
+    local = Path("/proc/sys/kernel/timer_migration").read_text().strip()
+    assert items["timer-migration"]["found"] == f"timer_migration {local}"
+    assert "libvirt-vcpu-pinning" not in items  # a target's own guests are not ours to read

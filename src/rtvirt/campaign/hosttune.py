@@ -30,8 +30,7 @@ def _rt_cpus(scenario: Scenario) -> tuple[int, ...]:
 @contextlib.contextmanager
 def tuned_host(scenario: Scenario, console: Console) -> Iterator[dict[str, Any]]:
     """Tune for the campaign (when ``[host] tune`` says so); yields the checklist summary of the host as tuned."""
-    from ..host import (Ledger, checklist_summary, check_host, host_context, process_holder, profile_named,
-                        tune_host)
+    from ..host import Ledger, check_host, checklist_summary, host_context, process_holder, profile_named, tune_host
 
     ledger = Ledger()
     for change in ledger.reclaim():  # what a killed campaign left changed
@@ -55,7 +54,10 @@ def tuned_host(scenario: Scenario, console: Console) -> Iterator[dict[str, Any]]
                               highlight=False)
         for warning in result.owners:
             console.print(f"[yellow]warning:[/] host tune: {escape(warning)}", highlight=False)
-        yield {**checklist_summary(result.after, scenario.host.tune),
-               "changed": [s.path for s in result.steps if s.outcome == "applied"]}
+        try:
+            yield {**checklist_summary(result.after, scenario.host.tune),
+                   "changed": [s.path for s in result.steps if s.outcome == "applied"]}
+        finally:
+            result.release()
     finally:
         ledger.release(holder)

@@ -100,7 +100,8 @@ def tune(profile: str, cpus: str | None, as_json: bool) -> None:
     from ..host import CLI_HOLDER, host_context, profile_named, tune_host
 
     chosen = profile_named(profile)
-    result = tune_host(host_context(_cpus(cpus)), chosen, CLI_HOLDER)
+    # the PM QoS limit lasts while a process holds it: not this command's (a campaign's [host] tune holds it)
+    result = tune_host(host_context(_cpus(cpus)), chosen, CLI_HOLDER, hold=False)
     if as_json:
         print_json(result.as_json())
         return

@@ -32,6 +32,7 @@ from pydantic import Field, model_validator
 from ..agents import agent_path
 from ..errors import InputError, PrivilegeError, RunError
 from ..host.ledger import Ledger, process_holder
+from ..host.profiles import ProfileName
 from ..units import duration_field
 from .base import Environment, EnvironmentConfig, Launched
 from .sched import SchedPolicy, apply_policy, thread_ids
@@ -39,6 +40,7 @@ from .sched import SchedPolicy, apply_policy, thread_ids
 __all__ = ["PartitionConfig", "PartitionEnvironment", "CgroupTree", "Cgroup"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+SHIELD_SUFFIX = "-shield"
 
 
 class PartitionConfig(EnvironmentConfig):
@@ -53,18 +55,14 @@ class PartitionConfig(EnvironmentConfig):
                                    "(v2: a partition root); default: when the policy needs it (deadline)")
     shield: bool = Field(False, description="move every movable task and kernel thread off the partition's CPUs "
                          "for the run (cgroup v1; v2 partition roots do it themselves)")
-    tune: str | None = Field(None, description="a host tuning profile (rtvirt host tune) applied for this "
+    tune: ProfileName | None = Field(None, description="a host tuning profile (rtvirt host tune) applied for this "
                              "environment's runs, restored after each")
+
 
     @model_validator(mode="after")
     def _quota_fits_period(self) -> PartitionConfig:
         if self.quota is not None and self.quota < 1_000_000:
             raise ValueError("quota must be at least 1ms")
-        if self.tune is not None:
-            from ..host.profiles import PROFILES
-
-            if self.tune not in PROFILES:
-                raise ValueError(f"unknown tuning profile {self.tune!r} (known: {', '.join(PROFILES)})")
         if (self.exclusive or self.shield) and not self.pin:
             raise ValueError("exclusive and shield need pin = true (a partition of the measured CPUs)")
         return self
@@ -131,7 +129,10 @@ class CgroupTree:
             for directory in parent.glob(f"{prefix}*"):
                 owner = directory.name.removeprefix(prefix).split("-", 1)[0]
                 if directory.is_dir() and owner.isdigit() and not Path(f"/proc/{owner}").exists():
-                    Cgroup([directory]).remove()
+                    if directory.name.endswith(SHIELD_SUFFIX):
+                        _unshield(directory)
+                    else:
+                        Cgroup([directory]).remove()
                     removed.append(str(directory))
         return removed
 
@@ -257,7 +258,11 @@ class Exclusive:
         target = self._shield.directories[0]
         (target / "cpuset.sched_load_balance").write_text("1")
         moved = unmovable = 0
+        # rtvirt itself stays: what it starts (the agent, same-core stressors) must reach the partition's CPUs
+        ours = set(os.listdir("/proc/self/task"))
         for pid in (root / "tasks").read_text().split():
+            if pid in ours:
+                continue
             try:
                 (target / "tasks").write_text(pid)
                 moved += 1
@@ -269,9 +274,33 @@ class Exclusive:
         try:
             if self._shield is not None:
                 shield, self._shield = self._shield, None
-                shield.remove()  # its tasks go back to the root cpuset (and to their own affinity)
+                _unshield(shield.directories[0])
         finally:
             self.ledger.release(self.holder)
+
+
+def _unshield(directory: Path, rounds: int = 50) -> None:
+    """Move every task of the shield cpuset back to the root one (and so to its own affinity), then remove it.
+
+    Tasks the shielded ones fork meanwhile land in the shield too: moved round after round until it is empty."""
+    root_tasks = directory.parent / "tasks"
+    for _ in range(rounds):
+        try:
+            tasks = (directory / "tasks").read_text().split()
+        except FileNotFoundError:
+            return
+        for tid in tasks:
+            with contextlib.suppress(OSError):  # exited meanwhile
+                root_tasks.write_text(tid)
+        try:
+            directory.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != 16:  # EBUSY: something was forked into it meanwhile
+                raise RunError(f"partition: cannot remove {directory}: {exc.strerror}") from None
+            time.sleep(0.05)
+    raise RunError(f"partition: {directory} kept filling with tasks; remove it by hand (move its tasks to "
+                   f"{root_tasks}, then rmdir)")
 
 
 def _cpus_of(directory: Path) -> tuple[int, ...]:
@@ -297,7 +326,11 @@ class PartitionEnvironment(Environment):
         self._placed: set[int] = set()
         self._exclusive: Exclusive | None = None
         self._holder = process_holder(f"partition-{secrets.token_hex(3)}")
+        # fixed before a shield moves this process (and its affinity) off the partition's CPUs
+        self._platform = tuple(sorted(os.sched_getaffinity(0)))
+        self._measured: tuple[int, ...] | None = None
         self._tuning: dict[str, Any] | None = None
+        self._tuned: Any = None  # the TuneResult: what it holds open is let go at close
 
     @staticmethod
     def available() -> str | None:
@@ -306,6 +339,14 @@ class PartitionEnvironment(Environment):
         except RunError as exc:
             return str(exc)
         return None if os.geteuid() == 0 else "partition needs root to create cgroups"
+
+    def measured_cpus(self) -> tuple[int, ...]:
+        if self._measured is None:
+            self._measured = super().measured_cpus()
+        return self._measured
+
+    def platform_cpus(self) -> tuple[int, ...]:
+        return self._platform
 
     @classmethod
     def reclaim(cls, config: Any, shared: Any) -> list[str]:
@@ -326,7 +367,7 @@ class PartitionEnvironment(Environment):
         if self.config.wants_exclusive or self.config.shield:
             self._exclusive = Exclusive(self._tree, self._holder)
             if self.config.shield:
-                self._exclusive.shield(f"{name}-shield", cpus)
+                self._exclusive.shield(name + SHIELD_SUFFIX, cpus)
             self._exclusive.apply(self._cgroup, cpus)
 
     def _tune(self, cpus: tuple[int, ...]) -> None:
@@ -337,7 +378,9 @@ class PartitionEnvironment(Environment):
             result = tune_host(host_context(cpus), profile_named(self.config.tune, "tune"), self._holder)
         except InputError as exc:
             raise RunError(f"partition: {exc}") from None
-        self._tuning = {"profile": self.config.tune, "applied": [s.path for s in result.steps if s.outcome == "applied"],
+        self._tuned = result
+        self._tuning = {"profile": self.config.tune,
+                        "applied": [s.path for s in result.steps if s.outcome == "applied"],
                         "failed": [f"{s.path}: {s.error}" for s in result.steps if s.outcome == "failed"],
                         "checklist": checklist_summary(result.after, self.config.tune)}
 
@@ -390,5 +433,7 @@ class PartitionEnvironment(Environment):
                     exclusive, self._exclusive = self._exclusive, None
                     exclusive.undo()
             finally:
+                if self._tuned is not None:
+                    self._tuned.release()
                 Ledger().release(self._holder)  # this environment's tuning (and anything else it held)
                 super().close()

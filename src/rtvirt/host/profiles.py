@@ -4,8 +4,11 @@ same where tuned is installed (then tuned applies it, and rtvirt says which item
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
-__all__ = ["Profile", "PROFILES"]
+from pydantic import AfterValidator
+
+__all__ = ["Profile", "PROFILES", "ProfileName"]
 
 
 @dataclass(frozen=True)
@@ -17,7 +20,7 @@ class Profile:
 
 
 _HOST = ("irq-affinity", "default-irq-affinity", "workqueue-cpumask", "watchdog-cpumask", "timer-migration",
-         "vm-stat-interval", "governor", "cstates", "thp", "thp-defrag", "ksm", "numa-balancing")
+         "vm-stat-interval", "governor", "cstates", "pm-qos", "thp", "thp-defrag", "ksm", "numa-balancing")
 
 PROFILES = {p.name: p for p in (
     Profile("realtime-host", "route IRQs and housekeeping work off the real-time CPUs, fix their frequency, keep "
@@ -27,3 +30,12 @@ PROFILES = {p.name: p for p in (
     Profile("realtime-virtual-guest", "the same inside a guest: realtime-host and RT throttling off",
             (*_HOST, "rt-throttling"), "realtime-virtual-guest"),
 )}
+
+
+def _known_profile(value: str) -> str:
+    if value not in PROFILES:
+        raise ValueError(f"unknown tuning profile {value!r} (known: {', '.join(PROFILES)})")
+    return value
+
+
+ProfileName = Annotated[str, AfterValidator(_known_profile)]  # a scenario field naming a profile

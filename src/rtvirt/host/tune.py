@@ -12,10 +12,11 @@ import os
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import InputError
 from .checks import HostContext, Item, run_checks, tune_steps
+from .checks.power import PM_QOS
 from .ledger import Ledger, read_raw
 from .profiles import PROFILES, Profile
 
@@ -40,9 +41,17 @@ class TuneResult:
     tuned: dict[str, Any] | None = None  # the tuned profile applied and the items it met
     owners: list[str] = field(default_factory=list)  # warnings: settings another tool owns
     after: list[Item] = field(default_factory=list)
+    pm_qos: BinaryIO | None = None  # /dev/cpu_dma_latency held at 0 while open (closed by release())
+
+    def release(self) -> None:
+        """Let go of what is held open (the PM QoS limit); the ledger's settings are released by the caller."""
+        if self.pm_qos is not None:
+            self.pm_qos.close()
+            self.pm_qos = None
 
     def as_json(self) -> dict[str, Any]:
         document = asdict(self)
+        document["pm_qos"] = "held at 0 us" if self.pm_qos is not None else "not held"
         document["after"] = [i.as_json() for i in self.after]
         return document
 
@@ -69,8 +78,12 @@ def _tuned_profile(profile: Profile, ledger: Ledger, holder: str) -> dict[str, A
             "reason": done.stderr.strip()[:300] or None}
 
 
-def tune_host(ctx: HostContext, profile: Profile, holder: str, ledger: Ledger | None = None) -> TuneResult:
-    """Meet ``profile``'s runtime items for ``ctx.rt_cpus`` on this machine, on behalf of ``holder``."""
+def tune_host(ctx: HostContext, profile: Profile, holder: str, ledger: Ledger | None = None,
+              hold: bool = True) -> TuneResult:
+    """Meet ``profile``'s runtime items for ``ctx.rt_cpus`` on this machine, on behalf of ``holder``.
+
+    ``hold``: the caller lives as long as the tuning (a campaign), so the PM QoS limit, which lasts only while its
+    file is open, is held too (released by ``TuneResult.release``)."""
     ledger = ledger or Ledger()
     result = TuneResult(profile.name, list(ctx.rt_cpus))
     before = {i.id: i for i in run_checks(ctx)}
@@ -95,6 +108,12 @@ def tune_host(ctx: HostContext, profile: Profile, holder: str, ledger: Ledger | 
             result.steps.append(StepResult(step.item, step.path, step.value, "failed", found, reason))
             continue
         result.steps.append(StepResult(step.item, step.path, step.value, "applied", found))
+    if hold and "pm-qos" in profile.items:
+        try:
+            result.pm_qos = open(PM_QOS, "wb", buffering=0)  # noqa: SIM115 - held open for the tuning's life
+            result.pm_qos.write((0).to_bytes(4, "little"))
+        except OSError as exc:
+            result.steps.append(StepResult("pm-qos", PM_QOS, "0", "failed", None, exc.strerror))
     ctx.cache.clear()
     result.after = run_checks(ctx)
     return result

@@ -13,6 +13,7 @@ from ..environments.partition import PartitionConfig
 from ..environments.qemu import QemuConfig
 from ..environments.ssh import SshConfig
 from ..environments.xen import XenConfig
+from ..host.profiles import ProfileName
 from ..params import CpuList
 from ..predict import PredictSpec
 from ..probes import PROBES
@@ -20,8 +21,8 @@ from ..remote.target import SshTargetFields
 from ..stressors import STRESSORS
 from ..units import duration_field
 
-__all__ = ["Scenario", "Hook", "Hooks", "HostTuning", "Workload", "NamedWorkload", "RunGroup", "Disturbance", "StressorUse",
-           "Timeline", "TimelineEvent", "EnvironmentEntry"]
+__all__ = ["Scenario", "Hook", "Hooks", "HostTuning", "Workload", "NamedWorkload", "RunGroup", "Disturbance",
+           "StressorUse", "Timeline", "TimelineEvent", "EnvironmentEntry"]
 
 Seconds = duration_field("s")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -166,18 +167,10 @@ class HostTuning(_Strict):
     """``[host]``: tune this machine for the whole campaign (rtvirt host tune), restored at its end whatever
     happens (also after a kill -9: the next campaign's start, or ``--resume``, puts it back)."""
 
-    tune: str | None = Field(None, description="tuning profile (rtvirt host tune --profile)")
+    tune: ProfileName | None = Field(None, description="tuning profile (rtvirt host tune --profile)")
     cpus: CpuList | None = Field(None, description="the real-time CPUs it tunes for (default: every pinned "
                                  "environment's measured CPUs)")
 
-    @field_validator("tune")
-    @classmethod
-    def _known_profile(cls, value: str | None) -> str | None:
-        from ..host.profiles import PROFILES
-
-        if value is not None and value not in PROFILES:
-            raise ValueError(f"unknown tuning profile {value!r} (known: {', '.join(PROFILES)})")
-        return value
 
 
 class Hooks(_Strict):

@@ -9,7 +9,8 @@ from typing import Any, Literal
 from ...params import parse_cpulist
 from ...sysaudit import SystemView
 
-__all__ = ["Item", "HostContext", "Step", "cpu_list", "hex_mask", "parse_hex_mask", "parse_list", "chosen", "running", "US", "MS"]
+__all__ = ["Item", "HostContext", "Step", "cpu_list", "hex_mask", "parse_hex_mask", "parse_list", "chosen", "running",
+           "Status", "US", "MS"]
 
 Status = Literal["ok", "not-ready", "unknown"]
 Kind = Literal["boot", "runtime", "hypervisor"]

@@ -37,8 +37,8 @@ def libvirt_domains(uri: str = LIBVIRT_URI) -> list[dict[str, Any]] | None:
             tune = ElementTree.fromstring(domain.XMLDesc(0)).find("cputune")
             pins = [] if tune is None else [p.get("cpuset") for p in tune.findall("vcpupin")]
             policies = [] if tune is None else [s.get("scheduler") for s in tune.findall("vcpusched")]
-            emulator = None if tune is None or tune.find("emulatorpin") is None else tune.find("emulatorpin").get(
-                "cpuset")  # type: ignore[union-attr]
+            pin = None if tune is None else tune.find("emulatorpin")
+            emulator = None if pin is None else pin.get("cpuset")
             found.append({"name": domain.name()[:64], "vcpus": domain.maxVcpus(), "vcpupin": pins,
                           "vcpusched": policies, "emulatorpin": emulator})
         return found

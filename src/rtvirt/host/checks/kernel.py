@@ -38,7 +38,7 @@ def _covers(value: str | None, cpus: tuple[int, ...]) -> bool:
 def check(ctx: HostContext) -> list[Item]:
     audit = ctx.audit
     rt = cpu_list(ctx.rt_cpus)
-    params = dict(p.split("=", 1) if "=" in p else (p, "") for p in boot_line(ctx).split())
+    params = {name: value for name, _, value in (p.partition("=") for p in boot_line(ctx).split())}
 
     def fix(*names: str) -> str:
         wanted = " ".join(f"{n}={params[n]}" if params[n] else n for n in names)
@@ -62,15 +62,17 @@ def check(ctx: HostContext) -> list[Item]:
                           str(value or "not set"), f"covers CPU(s) {rt}", why, fix(key), "boot", 50 * US))
     cmdline = audit.get("cmdline") or ""
     irqaffinity = next((t.partition("=")[2] for t in cmdline.split() if t.startswith("irqaffinity=")), None)
+    routed = _listed(irqaffinity)
     items.append(Item("irqaffinity", FAMILY, "interrupts start on housekeeping CPUs (irqaffinity)",
-                      "ok" if _listed(irqaffinity) and not set(_listed(irqaffinity)) & set(ctx.rt_cpus) else "not-ready",
+                      "ok" if routed and not set(routed) & set(ctx.rt_cpus) else "not-ready",
                       irqaffinity or "not set", f"CPUs outside {rt}",
                       "devices probed at boot get their IRQ affinity from it; without it every IRQ may land on a "
                       "real-time CPU until something moves it", fix("irqaffinity"), "boot", 100 * US))
     limits = [t for t in cmdline.split() if t.startswith(("processor.max_cstate=", "intel_idle.max_cstate=",
                                                           "idle=poll", "idle=halt"))]
     items.append(Item("cstate-limit", FAMILY, "deep C-states limited at boot", "ok" if limits else "not-ready",
-                      " ".join(limits) or "not limited", "processor.max_cstate=1 intel_idle.max_cstate=0 (or idle=poll)",
+                      " ".join(limits) or "not limited",
+                      "processor.max_cstate=1 intel_idle.max_cstate=0 (or idle=poll)",
                       "leaving a deep C-state takes tens to hundreds of microseconds; a runtime limit "
                       "(cpu_dma_latency, cpuidle disable) also works but only while it is held",
                       fix("processor.max_cstate", "intel_idle.max_cstate"), "boot", 100 * US))

@@ -34,7 +34,8 @@ def check(ctx: HostContext) -> list[Item]:
     items.append(Item("workqueue-cpumask", FAMILY, "unbound workqueues off the real-time CPUs",
                       "unknown" if mask is None else (
                           "not-ready" if set(parse_hex_mask(mask)) & set(ctx.rt_cpus) else "ok"),
-                      f"cpumask {mask}" if mask else "no writable workqueue cpumask", f"mask {hex_mask(ctx.housekeeping)}",
+                      f"cpumask {mask}" if mask else "no writable workqueue cpumask",
+                      f"mask {hex_mask(ctx.housekeeping)}",
                       "unbound kworkers (writeback, deferred frees, many drivers) run wherever the mask allows and "
                       "preempt a SCHED_OTHER task or delay the CPU's return to the real-time one",
                       f"echo {hex_mask(ctx.housekeeping)} > {WORKQUEUE} (rtvirt host tune does)", "runtime", 100 * US))

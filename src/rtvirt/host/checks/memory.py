@@ -16,7 +16,8 @@ SWAPPINESS = "/proc/sys/vm/swappiness"
 
 def check(ctx: HostContext) -> list[Item]:
     v = ctx.read(THP, THP_DEFRAG, KSM, NUMA, SWAPS, SWAPPINESS)
-    thp, defrag = (chosen(v[THP]) if v[THP] else None), (chosen(v[THP_DEFRAG]) if v[THP_DEFRAG] else None)
+    thp_text, defrag_text, ksm, numa = v[THP], v[THP_DEFRAG], v[KSM], v[NUMA]
+    thp, defrag = (chosen(thp_text) if thp_text else None), (chosen(defrag_text) if defrag_text else None)
     swaps = [line for line in (v[SWAPS] or "").splitlines()[1:] if line.strip()]
     return [
         Item("thp", FAMILY, "no transparent huge pages behind the application's back",
@@ -26,10 +27,11 @@ def check(ctx: HostContext) -> list[Item]:
              "boot", "runtime", 1 * MS),
         Item("thp-defrag", FAMILY, "no synchronous huge page compaction",
              "unknown" if defrag is None else ("not-ready" if defrag in ("always", "defer+madvise") else "ok"),
-             f"defrag [{defrag}]", "never (or madvise, defer)", "a fault that compacts memory synchronously waits for it",
+             f"defrag [{defrag}]", "never (or madvise, defer)",
+             "a fault that compacts memory synchronously waits for it",
              f"echo never > {THP_DEFRAG} (rtvirt host tune does)", "runtime", 1 * MS),
         Item("ksm", FAMILY, "no kernel same-page merging",
-             "unknown" if v[KSM] is None else ("ok" if v[KSM].strip() == "0" else "not-ready"), f"ksm run {v[KSM]}",
+             "unknown" if ksm is None else ("ok" if ksm.strip() == "0" else "not-ready"), f"ksm run {ksm}",
              "0", "ksmd scans memory and turns merged pages copy-on-write: the next write faults",
              f"echo 0 > {KSM} (rtvirt host tune does; 2 also unmerges)", "runtime", 1 * MS),
         Item("swap", FAMILY, "no swap under real-time memory", "not-ready" if swaps else "ok",
@@ -37,8 +39,8 @@ def check(ctx: HostContext) -> list[Item]:
              "a swapped-out page costs a disk read at its next touch", "swapoff -a, or mlockall() in the real-time "
              "application (rtvirt's probes lock their memory)", "runtime", 10 * MS),
         Item("numa-balancing", FAMILY, "no automatic NUMA balancing",
-             "unknown" if v[NUMA] is None else ("ok" if v[NUMA].strip() == "0" else "not-ready"),
-             f"numa_balancing {v[NUMA]}" if v[NUMA] else "not in this kernel", "0",
+             "unknown" if numa is None else ("ok" if numa.strip() == "0" else "not-ready"),
+             f"numa_balancing {numa}" if numa else "not in this kernel", "0",
              "NUMA balancing unmaps pages to sample accesses: the task takes hinting faults",
              "sysctl kernel.numa_balancing=0 (rtvirt host tune does)", "runtime", 1 * MS),
     ]

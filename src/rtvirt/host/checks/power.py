@@ -7,6 +7,17 @@ from .base import US, HostContext, Item, Step, cpu_list
 FAMILY = "power"
 
 DEEP_US = 10  # idle states slower than this to leave are "deep"
+PM_QOS = "/dev/cpu_dma_latency"
+
+
+def pm_qos_limit_us() -> int | None:
+    """The CPU latency limit now in force (PM QoS), in us; None where unreadable (not root, no device)."""
+    try:
+        with open(PM_QOS, "rb") as f:
+            raw = f.read(4)
+    except OSError:
+        return None
+    return int.from_bytes(raw, "little", signed=True) if len(raw) == 4 else None
 
 
 def _governors(ctx: HostContext) -> dict[int, str | None]:
@@ -45,6 +56,16 @@ def check(ctx: HostContext) -> list[Item]:
                       "leaving a deep C-state adds its exit latency to every wake-up of the real-time task",
                       f"rtvirt host tune disables them (cpuidle stateN/disable = 1 on {rt}); or hold "
                       "/dev/cpu_dma_latency at 0 (tuned does), or limit them at boot", "runtime", 100 * US))
+    if ctx.view.label == "local":  # a binary device: read here only
+        limit = pm_qos_limit_us()
+        items.append(Item("pm-qos", FAMILY, "a PM QoS CPU latency limit held", "unknown" if limit is None else (
+                          "ok" if limit <= DEEP_US else "not-ready"),
+                          "unreadable" if limit is None else f"cpu_dma_latency {limit} us" + (
+                              " (no limit)" if limit >= 2_000_000_000 else ""), f"<= {DEEP_US} us while measuring",
+                          "the cpuidle governor picks states whose exit latency fits the limit; without one it may "
+                          "pick deep ones on a wake-up path", "a process keeps /dev/cpu_dma_latency open with 0 "
+                          "written (tuned does; a campaign's [host] tune does for its duration; rtvirt's probes do "
+                          "while they run)", "runtime", 100 * US))
     return items
 
 

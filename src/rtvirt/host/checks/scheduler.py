@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import MS, US, HostContext, Item, Step, cpu_list
+from .base import MS, US, HostContext, Item, Status, Step, cpu_list
 
 FAMILY = "scheduler"
 
@@ -25,6 +25,7 @@ def check(ctx: HostContext) -> list[Item]:
                   "runaway SCHED_FIFO task then owns its CPU)", "runtime", 50 * MS)]
     isolated = set(ctx.rt_cpus) <= set(_isolated(ctx))
     balance = values[V1_BALANCE]
+    status: Status
     if isolated:
         found, status = f"CPU(s) {rt} isolated from load balancing (isolcpus)", "ok"
     elif values[V2_ROOT] is not None:
