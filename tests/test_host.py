@@ -316,3 +316,26 @@ def test_check_through_a_target_reads_the_target() -> None:
     local = Path("/proc/sys/kernel/timer_migration").read_text().strip()
     assert items["timer-migration"]["found"] == f"timer_migration {local}"
     assert "libvirt-vcpu-pinning" not in items  # a target's own guests are not ours to read
+
+
+@pytest.mark.skipif(not (ROOT and TWO_CPUS), reason="tuning needs root and a housekeeping CPU")
+def test_two_holders_of_one_tuning_restore_only_when_both_let_go() -> None:
+    from rtvirt.host import profile_named, restore_host, tune_host
+
+    paths = _touched_paths()
+    before = _snapshot(paths)
+    first, second = process_holder("first"), process_holder("second")
+    profile = profile_named("realtime-host")
+    migration = "/proc/sys/kernel/timer_migration"
+    try:
+        tune_host(host_context((LAST_CPU,)), profile, first, hold=False)
+        # the second finds the settings already as it wants them, and still holds them
+        tune_host(host_context((LAST_CPU,)), profile, second, hold=False)
+        assert [e["holders"] for e in Ledger().held() if e["path"] == migration] == [[first, second]]
+        restore_host(first)
+        assert Path(migration).read_text().strip() == "0"
+        restore_host(second)
+    finally:
+        Ledger().release(first)
+        Ledger().release(second)
+    assert _snapshot(paths) == before

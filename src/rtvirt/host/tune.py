@@ -94,10 +94,13 @@ def tune_host(ctx: HostContext, profile: Profile, holder: str, ledger: Ledger | 
         ctx.cache.clear()
         met = [i.id for i in run_checks(ctx) if i.status == "ok" and before[i.id].status != "ok"]
         result.tuned["covered"] = met
+    # a setting another holder changed is joined even when it already reads as wanted: it must not go back
+    # while this holder still wants it
+    held = {entry["path"] for entry in ledger.held()}
     for step in tune_steps(ctx, set(profile.items)):
         found = read_raw(step.path)
         current = None if found is None else (step.restore_as(found) if step.restore_as else found).strip()
-        if current == step.value:
+        if current == step.value and step.path not in held:
             continue
         try:
             ledger.change(holder, step.path, step.value, step.restore_as)

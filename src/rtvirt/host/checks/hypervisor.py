@@ -29,21 +29,28 @@ def libvirt_domains(uri: str = LIBVIRT_URI) -> list[dict[str, Any]] | None:
         connection = libvirt.openReadOnly(uri)
     except libvirt.libvirtError:
         return None
-    try:
-        found = []
-        for domain in connection.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
-            from xml.etree import ElementTree
+    from xml.etree import ElementTree
 
-            tune = ElementTree.fromstring(domain.XMLDesc(0)).find("cputune")
+    found = []
+    try:
+        for domain in connection.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+            try:  # a domain may stop between the listing and the reading
+                xml = ElementTree.fromstring(domain.XMLDesc(0))
+            except (libvirt.libvirtError, ElementTree.ParseError):
+                continue
+            tune, vcpu = xml.find("cputune"), xml.find("vcpu")
             pins = [] if tune is None else [p.get("cpuset") for p in tune.findall("vcpupin")]
             policies = [] if tune is None else [s.get("scheduler") for s in tune.findall("vcpusched")]
             pin = None if tune is None else tune.find("emulatorpin")
-            emulator = None if pin is None else pin.get("cpuset")
-            found.append({"name": domain.name()[:64], "vcpus": domain.maxVcpus(), "vcpupin": pins,
-                          "vcpusched": policies, "emulatorpin": emulator})
-        return found
+            count = (vcpu.text or "1").strip() if vcpu is not None else "1"
+            found.append({"name": (xml.findtext("name") or "?")[:64], "vcpus": int(count) if count.isdigit() else 1,
+                          "vcpupin": pins, "vcpusched": policies, "emulatorpin": None if pin is None else
+                          pin.get("cpuset")})
+    except libvirt.libvirtError:
+        return None
     finally:
         connection.close()
+    return found
 
 
 def xen_vcpus() -> list[dict[str, str]] | None:
