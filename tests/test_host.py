@@ -339,3 +339,30 @@ def test_two_holders_of_one_tuning_restore_only_when_both_let_go() -> None:
         Ledger().release(first)
         Ledger().release(second)
     assert _snapshot(paths) == before
+
+
+@needs_v1_root
+def test_pinned_deadline_vcpu_runs_in_an_exclusive_cpuset(tmp_path: Path) -> None:
+    from rtvirt.environments.qemu import QemuConfig, QemuEnvironment
+
+    balance = (V1_CPUSET / "cpuset.sched_load_balance").read_bytes()
+    config = QemuConfig(kind="qemu", cpus=(LAST_CPU,), accel="tcg",
+                        vcpu_sched=SchedPolicy(policy="deadline", runtime="9ms", period="10ms"))
+    out = tmp_path / "samples.rtvs"
+    with Supervisor() as supervisor:
+        env = QemuEnvironment(config, supervisor, tmp_path / "vm")
+        try:
+            launched = env.launch("rtvirt-probe", ["timer", "--duration=1000000000", "--interval=1000000",
+                                                   "--affinity=0"], out)
+            tid = env.describe()["vcpu_threads"]["0"]["tid"]
+            policy, cpuset = os.sched_getscheduler(tid), Path(f"/proc/{tid}/cpuset").read_text().strip()
+            during = (V1_CPUSET / "cpuset.sched_load_balance").read_text().strip()
+            launched.proc.wait(timeout=240)
+            assert env.check() is None, env.console_text()[-2000:]
+            description = env.describe()
+        finally:
+            env.close()
+    assert policy == 6 and cpuset.endswith("-vcpus") and during == "0"  # SCHED_DEADLINE, pinned, its own domain
+    assert description["exclusive_cpuset"]["root_sched_load_balance"] == 0
+    assert read_stream(out).records.size >= 100
+    assert (V1_CPUSET / "cpuset.sched_load_balance").read_bytes() == balance and _rtvirt_cpusets() == []
