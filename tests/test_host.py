@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -366,3 +367,16 @@ def test_pinned_deadline_vcpu_runs_in_an_exclusive_cpuset(tmp_path: Path) -> Non
     assert description["exclusive_cpuset"]["root_sched_load_balance"] == 0
     assert read_stream(out).records.size >= 100
     assert (V1_CPUSET / "cpuset.sched_load_balance").read_bytes() == balance and _rtvirt_cpusets() == []
+
+
+@pytest.mark.skipif(not ROOT or not shutil.which("setpriv"), reason="runs a command as nobody from root")
+def test_tune_without_root_says_so_item_by_item_and_changes_nothing() -> None:
+    paths = _touched_paths()
+    before = _snapshot(paths)
+    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                             "rtvirt", "host", "tune", "--profile", "realtime-host", "--json"],
+                            capture_output=True, text=True, timeout=120, cwd="/")
+    assert result.returncode == 0, result.stderr
+    steps = json.loads(result.stdout)["steps"]
+    assert steps and {(s["outcome"], s["error"]) for s in steps} == {("failed", "needs root")}
+    assert _snapshot(paths) == before

@@ -33,7 +33,8 @@ def tuned_host(scenario: Scenario, console: Console) -> Iterator[dict[str, Any]]
     from ..host import Ledger, check_host, checklist_summary, host_context, process_holder, profile_named, tune_host
 
     ledger = Ledger()
-    for change in ledger.reclaim():  # what a killed campaign left changed
+    # what a killed campaign left changed (only root can have changed anything: others have nothing to put back)
+    for change in (ledger.reclaim() if os.geteuid() == 0 else []):
         console.print(f"restored {escape(change.path)} = {escape(change.value.strip()[:80])}"
                       + (f" (failed: {escape(change.error)})" if change.error else ""), highlight=False)
     holder = process_holder("campaign")
@@ -60,4 +61,5 @@ def tuned_host(scenario: Scenario, console: Console) -> Iterator[dict[str, Any]]
         finally:
             result.release()
     finally:
-        ledger.release(holder)
+        if os.geteuid() == 0:
+            ledger.release(holder)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import PrivilegeError
 from ..fileio import write_atomically
 
 __all__ = ["Ledger", "Change", "DEFAULT_LEDGER", "process_holder", "CLI_HOLDER", "holder_alive"]
@@ -90,9 +91,21 @@ class Ledger:
         self.path = Path(path)
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[dict[str, Any]]:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(self.path.with_suffix(".lock"), "a") as lock:
+    def _locked(self, create: bool = False) -> Iterator[dict[str, Any]]:
+        """The ledger under its lock; without ``create``, a ledger that was never written is an empty one (so
+        that releasing and reclaiming cost nothing, and need no privilege, where nothing was ever changed)."""
+        try:
+            fresh = not create and not self.path.exists()
+            if not fresh:
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                lock = open(self.path.with_suffix(".lock"), "a")  # noqa: SIM115 - closed below, after the write
+        except OSError as exc:
+            raise PrivilegeError(f"settings ledger {self.path}: {exc.strerror} (changing host settings needs "
+                                 "root)") from None
+        if fresh:
+            yield {"entries": []}
+            return
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 document = json.loads(self.path.read_text()) if self.path.exists() else {"entries": []}
@@ -110,7 +123,7 @@ class Ledger:
         file reads "always [madvise] never" and takes "madvise"); by default the text read is written back.
         Raises OSError when the file cannot be read or written (nothing is recorded then).
         """
-        with self._locked() as document:
+        with self._locked(create=True) as document:
             entries = document["entries"]
             entry = next((e for e in entries if e["path"] == path), None)
             found = read_raw(path)
@@ -130,7 +143,7 @@ class Ledger:
     def remember_command(self, holder: str, tool: str, previous: str) -> None:
         """Record a tool's state that is not a file (tuned's active profile) before ``holder`` changes it."""
         path = f"{COMMAND_PREFIX}{tool}"
-        with self._locked() as document:
+        with self._locked(create=True) as document:
             entry = next((e for e in document["entries"] if e["path"] == path), None)
             if entry is None:
                 entry = {"path": path, "found": previous, "restore": previous, "holders": []}

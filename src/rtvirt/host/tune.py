@@ -86,6 +86,11 @@ def tune_host(ctx: HostContext, profile: Profile, holder: str, ledger: Ledger | 
     file is open, is held too (released by ``TuneResult.release``)."""
     ledger = ledger or Ledger()
     result = TuneResult(profile.name, list(ctx.rt_cpus))
+    if os.geteuid() != 0:  # every item says so, and nothing is written (nor a ledger made)
+        result.steps = [StepResult(s.item, s.path, s.value, "failed", read_raw(s.path), "needs root")
+                        for s in tune_steps(ctx, set(profile.items))]
+        result.after = run_checks(ctx)
+        return result
     before = {i.id: i for i in run_checks(ctx)}
     result.owners = sorted({f"{i.id}: {i.owner} owns this setting and may change it back" for i in before.values()
                             if i.owner and i.id in profile.items})
