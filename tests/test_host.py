@@ -247,25 +247,52 @@ def test_deadline_partition_completes_pinned_with_its_reservation(tmp_path: Path
     assert _snapshot(paths) == before and _rtvirt_cpusets() == []
 
 
-@needs_v1_root
-def test_kill_9_mid_campaign_then_resume_restores_everything(tmp_path: Path) -> None:
-    paths = _touched_paths()
-    before = _snapshot(paths)
+def _start_tuned_campaign(tmp_path: Path, duration: str) -> subprocess.Popen[bytes]:
+    """A campaign with [host] tune and a deadline partition, returned once both hold their settings."""
     scenario = tmp_path / "dl.toml"
-    scenario.write_text(DEADLINE_SCENARIO.format(duration="3s", host='[host]\ntune = "realtime-host"', cpu=LAST_CPU))
-    results = tmp_path / "results"
-    proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(scenario), "--out", str(results),
+    scenario.write_text(DEADLINE_SCENARIO.format(duration=duration, host='[host]\ntune = "realtime-host"',
+                                                 cpu=LAST_CPU))
+    proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(scenario), "--out", str(tmp_path / "results"),
                              "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     holder = f"pid:{proc.pid}:"
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    held: list[dict[str, object]] = []
+    while time.monotonic() < deadline and proc.poll() is None:
         held = [e for e in Ledger().held() if any(h.startswith(holder) and "partition" in h for h in e["holders"])]
         if held and _rtvirt_cpusets():
             break
         time.sleep(0.1)
+    if proc.poll() is not None or not held:
+        proc.kill()
+        raise AssertionError("the campaign did not reach its partitioned run")
+    time.sleep(0.5)
+    return proc
+
+
+@needs_v1_root
+def test_ctrl_c_mid_campaign_restores_everything(tmp_path: Path) -> None:
+    paths = _touched_paths()
+    before = _snapshot(paths)
+    proc = _start_tuned_campaign(tmp_path, "30s")
     try:
-        assert proc.poll() is None and held, "the campaign did not reach its partitioned run"
-        time.sleep(0.5)
+        assert _snapshot(paths) != before
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        Ledger().reclaim()
+    assert _snapshot(paths) == before and _rtvirt_cpusets() == []
+    assert not Ledger().held()
+
+
+@needs_v1_root
+def test_kill_9_mid_campaign_then_resume_restores_everything(tmp_path: Path) -> None:
+    paths = _touched_paths()
+    before = _snapshot(paths)
+    results = tmp_path / "results"
+    proc = _start_tuned_campaign(tmp_path, "3s")
+    try:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         assert _snapshot(paths) != before  # the kill left settings changed: the resume has work to do
