@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from rtvirt.environments.partition import CgroupTree, Exclusive, PartitionConfig, PartitionEnvironment
+from rtvirt.environments.cgroups import CgroupTree, Exclusive
+from rtvirt.environments.partition import PartitionConfig, PartitionEnvironment
 from rtvirt.environments.sched import SchedPolicy
 from rtvirt.errors import InputError
 from rtvirt.host import PROFILES, host_context

@@ -414,7 +414,7 @@ class QemuEnvironment(Environment):
         """Pinned SCHED_DEADLINE vCPUs: their host CPUs become an exclusive cpuset, a root domain of their own
         (the kernel admits a pinned deadline thread only then), and the vCPU threads move into it (cgroup v1:
         threads move one by one; v2 would need a threaded cgroup for them, which rtvirt does not make)."""
-        from .partition import CgroupTree, Exclusive
+        from .cgroups import CgroupTree, Exclusive
 
         tree = CgroupTree()
         if tree.version != 1:
@@ -430,9 +430,9 @@ class QemuEnvironment(Environment):
     @classmethod
     def reclaim(cls, config: Any, shared: Any) -> list[str]:
         """The vCPU cpusets of a killed rtvirt, and the host settings it left changed (root load balancing)."""
-        from .partition import PartitionEnvironment
+        from .cgroups import reclaim_leftovers
 
-        return PartitionEnvironment.reclaim(config, shared)
+        return reclaim_leftovers()
 
     def close(self) -> None:
         if self._proc is not None:
