@@ -66,7 +66,8 @@ class PartitionConfig(EnvironmentConfig):
 
     @property
     def wants_exclusive(self) -> bool:
-        return self.sched.policy == "deadline" if self.exclusive is None else self.exclusive
+        """An unpinned workload spans the whole root domain already: only pinned deadline ones need their own."""
+        return self.pin and self.sched.policy == "deadline" if self.exclusive is None else self.exclusive
 
 
 class PartitionEnvironment(Environment):
