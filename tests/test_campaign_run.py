@@ -238,9 +238,11 @@ kind = "qemu"
 accel = "tcg"
 boot_timeout = "1s"
 
+# exclusive = false: a pinned reservation without a root domain of its own, which the kernel refuses
 [[environments]]
 kind = "partition"
 sched = {{ policy = "deadline", runtime = "100us", period = "1ms" }}
+exclusive = false
 
 [[environments]]
 kind = "host"

@@ -36,6 +36,7 @@ from ..stressors import STRESSORS, RunningStressor
 from ..sysaudit import audit_system
 from .delivery import delivery_problem, delivery_record, expectation_record
 from .hooks import HookRunner
+from .hosttune import tuned_host
 from .state import CampaignState
 
 __all__ = ["CampaignResult", "run_campaign", "execute_run"]
@@ -421,11 +422,12 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
         check_predict(scenario, state)
     result = CampaignResult(state, results)
     availability = _availability(scenario)
-    system = audit_system()
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"))
     progress = Progress(*columns, console=console, disable=not show_progress, transient=False)
-    with progress, (SharedResources() if shared is None else contextlib.nullcontext(shared)) as shared:
+    with progress, (SharedResources() if shared is None else contextlib.nullcontext(shared)) as shared, \
+            tuned_host(scenario, progress.console) as checklist:  # [host] tune: restored whatever happens
+        system = {**audit_system(), "checklist": checklist}
         if reclaim:
             _reclaim(scenario, availability, shared, progress.console)
         hooks = HookRunner(scenario.hooks, shared)

@@ -41,6 +41,7 @@ COMMANDS = {
     "design": CommandEntry("design", "design", "Smallest budget per vCPU that keeps every guest task of MODEL.toml "
                            "schedulable, per hypervisor scheduler."),
     "lab": CommandEntry("lab", "lab", "Run one probe on every SSH target of an inventory at once; one report."),
+    "host": CommandEntry("host", "host", "Check, tune and restore this host for real-time work (RT checklist)."),
 }
 
 

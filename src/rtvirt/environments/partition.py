@@ -6,30 +6,39 @@ joins the cgroup between fork and exec, so not one instruction of it runs outsid
 The bandwidth limit (quota per period) throttles SCHED_OTHER tasks (CFS bandwidth); on v1 kernels with
 RT group scheduling it is also the group's real-time budget (cpu.rt_runtime_us), without which SCHED_FIFO
 tasks are refused in the group. On v2 real-time tasks are bounded by the global RT throttling only.
+
+An exclusive partition (``exclusive``, on by default for SCHED_DEADLINE, which the kernel admits for a pinned
+thread only when its CPUs are a root domain of their own) is made as the kernel recognises one: on v1 the cpuset
+gets cpuset.cpu_exclusive and the root cpuset's sched_load_balance goes to 0, so the load-balanced cpusets become
+the scheduling domains; on v2 the cgroup becomes a cpuset partition root (cpuset.cpus.partition = root), which
+also takes its CPUs away from every other cgroup. ``shield`` does on v1 what ``cset shield`` does: every movable
+task and kernel thread goes to a housekeeping cpuset on the other CPUs for the run. Every host setting changed
+goes through the settings ledger (rtvirt.host.ledger), so it is put back at close, and after a kill -9 by the
+next campaign's reclaim.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from ..agents import agent_path
-from ..errors import PrivilegeError, RunError
+from ..errors import InputError, RunError
+from ..host.ledger import Ledger, process_holder
+from ..host.profiles import ProfileName
 from ..units import duration_field
 from .base import Environment, EnvironmentConfig, Launched
+from .cgroups import CGROUP_ROOT, SHIELD_SUFFIX, Cgroup, CgroupTree, Exclusive, reclaim_leftovers
 from .qemu import qemu_stressor_guest
 from .sched import SchedPolicy, apply_policy, thread_ids
 
-__all__ = ["PartitionConfig", "PartitionEnvironment", "CgroupTree", "Cgroup"]
+__all__ = ["PartitionConfig", "PartitionEnvironment", "CgroupTree", "Cgroup", "Exclusive"]
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 class PartitionConfig(EnvironmentConfig):
@@ -40,135 +49,26 @@ class PartitionConfig(EnvironmentConfig):
                                          description="bandwidth period (bare numbers in us)")
     sched: SchedPolicy = Field(default_factory=lambda: SchedPolicy(policy="fifo", priority=99),
                                description="scheduling policy of the workload's threads")
+    exclusive: bool | None = Field(None, description="an exclusive cpuset that is a scheduling domain of its own "
+                                   "(v2: a partition root); default: when the policy needs it (deadline)")
+    shield: bool = Field(False, description="move every movable task and kernel thread off the partition's CPUs "
+                         "for the run (cgroup v1; v2 partition roots do it themselves)")
+    tune: ProfileName | None = Field(None, description="a host tuning profile (rtvirt host tune) applied for this "
+                             "environment's runs, restored after each")
+
 
     @model_validator(mode="after")
     def _quota_fits_period(self) -> PartitionConfig:
         if self.quota is not None and self.quota < 1_000_000:
             raise ValueError("quota must be at least 1ms")
+        if (self.exclusive or self.shield) and not self.pin:
+            raise ValueError("exclusive and shield need pin = true (a partition of the measured CPUs)")
         return self
 
-
-class Cgroup:
-    """One created cgroup: the directories it spans (one per v1 hierarchy, or one v2 directory)."""
-
-    def __init__(self, directories: list[Path]) -> None:
-        self.directories = directories
-
-    def join(self, pid: int) -> None:
-        for directory in self.directories:
-            (directory / "cgroup.procs").write_text(f"{pid}\n")
-
-    def remove(self) -> None:
-        """Move leftover tasks to the parent, then remove the directories (deepest first)."""
-        for directory in self.directories:
-            if not directory.exists():
-                continue
-            procs = directory / "cgroup.procs"
-            leftovers = procs.read_text().split() if procs.exists() else []
-            for pid in leftovers:
-                with contextlib.suppress(OSError):  # the task may have exited meanwhile
-                    (directory.parent / "cgroup.procs").write_text(f"{pid}\n")
-            try:
-                directory.rmdir()
-            except OSError as exc:
-                if exc.errno == 16:  # EBUSY: a task is still exiting; give it a moment
-                    time.sleep(0.2)
-                    directory.rmdir()
-                elif directory.exists():
-                    raise
-
-
-class CgroupTree:
-    """The host's cgroup layout under ``root``: v2 when cgroup.controllers is there, else v1."""
-
-    def __init__(self, root: Path = CGROUP_ROOT) -> None:
-        self.root = Path(root)
-        if (self.root / "cgroup.controllers").exists():
-            self.version = 2
-        elif (self.root / "cpuset" / "cpuset.cpus").exists():
-            self.version = 1
-        else:
-            raise RunError(f"{self.root}: no usable cgroup hierarchy with a cpuset controller")
-
-    def _v1_hierarchy(self, controller: str) -> Path | None:
-        for candidate in (controller, f"{controller},cpuacct", f"cpuacct,{controller}"):
-            if (self.root / candidate / "cgroup.procs").exists():
-                return self.root / candidate
-        return None
-
-    def remove_stale(self, prefix: str = "rtvirt-") -> list[str]:
-        """Remove cgroups left by an rtvirt that was killed (named rtvirt-<pid>-..., that pid gone)."""
-        removed = []
-        parents = [self.root] if self.version == 2 else [p for p in (self.root / "cpuset", self._v1_hierarchy("cpu"))
-                                                          if p is not None]
-        for parent in parents:
-            for directory in parent.glob(f"{prefix}*"):
-                owner = directory.name.removeprefix(prefix).split("-", 1)[0]
-                if directory.is_dir() and owner.isdigit() and not Path(f"/proc/{owner}").exists():
-                    Cgroup([directory]).remove()
-                    removed.append(str(directory))
-        return removed
-
-    def create(self, name: str, cpus: tuple[int, ...], quota_us: int | None, period_us: int) -> Cgroup:
-        cpu_list = ",".join(map(str, cpus))
-        try:
-            if self.version == 2:
-                return self._create_v2(name, cpu_list, quota_us, period_us)
-            return self._create_v1(name, cpu_list, quota_us, period_us)
-        except PermissionError as exc:
-            raise PrivilegeError(f"partition: cannot create cgroup {name} ({exc.strerror}); it needs root") from None
-        except OSError as exc:
-            raise RunError(f"partition: cannot configure cgroup {name}: {exc.filename}: {exc.strerror}") from None
-
-    def _create_v1(self, name: str, cpu_list: str, quota_us: int | None, period_us: int) -> Cgroup:
-        cpuset_root = self.root / "cpuset"
-        cpuset = cpuset_root / name
-        cpuset.mkdir()
-        created = Cgroup([cpuset])
-        try:
-            (cpuset / "cpuset.cpus").write_text(cpu_list)
-            # a v1 cpuset accepts no task until it has memory nodes; inherit the parent's
-            (cpuset / "cpuset.mems").write_text((cpuset_root / "cpuset.mems").read_text().strip() or "0")
-            if quota_us is not None:
-                hierarchy = self._v1_hierarchy("cpu")
-                if hierarchy is None:
-                    raise RunError("partition: a quota needs the cgroup v1 'cpu' controller, which is not mounted")
-                cpu = hierarchy / name
-                cpu.mkdir()
-                created.directories.append(cpu)
-                (cpu / "cpu.cfs_period_us").write_text(str(period_us))
-                (cpu / "cpu.cfs_quota_us").write_text(str(quota_us))
-                if (cpu / "cpu.rt_runtime_us").exists():
-                    # with RT group scheduling a child group starts with no real-time budget (SCHED_FIFO is
-                    # refused in it); the same quota per period bounds its real-time tasks
-                    (cpu / "cpu.rt_period_us").write_text(str(period_us))
-                    (cpu / "cpu.rt_runtime_us").write_text(str(quota_us))
-        except BaseException:
-            created.remove()
-            raise
-        return created
-
-    def _create_v2(self, name: str, cpu_list: str, quota_us: int | None, period_us: int) -> Cgroup:
-        available = (self.root / "cgroup.controllers").read_text().split()
-        wanted = ["cpuset"] + (["cpu"] if quota_us is not None else [])
-        missing = [c for c in wanted if c not in available]
-        if missing:
-            raise RunError(f"partition: cgroup v2 controller(s) {', '.join(missing)} not available at {self.root}")
-        enabled = (self.root / "cgroup.subtree_control").read_text().split()
-        for controller in wanted:
-            if controller not in enabled:
-                (self.root / "cgroup.subtree_control").write_text(f"+{controller}")
-        directory = self.root / name
-        directory.mkdir()
-        created = Cgroup([directory])
-        try:
-            (directory / "cpuset.cpus").write_text(cpu_list)
-            if quota_us is not None:
-                (directory / "cpu.max").write_text(f"{quota_us} {period_us}")
-        except BaseException:
-            created.remove()
-            raise
-        return created
+    @property
+    def wants_exclusive(self) -> bool:
+        """An unpinned workload spans the whole root domain already: only pinned deadline ones need their own."""
+        return self.pin and self.sched.policy == "deadline" if self.exclusive is None else self.exclusive
 
 
 class PartitionEnvironment(Environment):
@@ -182,6 +82,13 @@ class PartitionEnvironment(Environment):
         self._cgroup: Cgroup | None = None
         self._tree: CgroupTree | None = None
         self._placed: set[int] = set()
+        self._exclusive: Exclusive | None = None
+        self._holder = process_holder(f"partition-{secrets.token_hex(3)}")
+        # fixed before a shield moves this process (and its affinity) off the partition's CPUs
+        self._platform = tuple(sorted(os.sched_getaffinity(0)))
+        self._measured: tuple[int, ...] | None = None
+        self._tuning: dict[str, Any] | None = None
+        self._tuned: Any = None  # the TuneResult: what it holds open is let go at close
 
     @staticmethod
     def available() -> str | None:
@@ -191,12 +98,48 @@ class PartitionEnvironment(Environment):
             return str(exc)
         return None if os.geteuid() == 0 else "partition needs root to create cgroups"
 
+    def measured_cpus(self) -> tuple[int, ...]:
+        if self._measured is None:
+            self._measured = super().measured_cpus()
+        return self._measured
+
+    def platform_cpus(self) -> tuple[int, ...]:
+        return self._platform
+
+    @classmethod
+    def reclaim(cls, config: Any, shared: Any) -> list[str]:
+        """Cgroups of a killed rtvirt, then the host settings it left changed (root load balancing, tuning)."""
+        return reclaim_leftovers()
+
     def start(self) -> None:
         self._tree = CgroupTree(self._cgroup_root)
         self._tree.remove_stale()
+        Ledger().reclaim()
         name = f"rtvirt-{os.getpid()}-{secrets.token_hex(3)}"
         quota = None if self.config.quota is None else max(1000, self.config.quota // 1000)
-        self._cgroup = self._tree.create(name, self.measured_cpus(), quota, self.config.period // 1000)
+        cpus = self.measured_cpus()
+        if self.config.tune is not None:
+            self._tune(cpus)
+        self._cgroup = self._tree.create(name, cpus, quota, self.config.period // 1000)
+        if self.config.wants_exclusive or self.config.shield:
+            self._exclusive = Exclusive(self._tree, self._holder)
+            if self.config.shield:
+                self._exclusive.shield(name + SHIELD_SUFFIX, cpus)
+            self._exclusive.apply(self._cgroup, cpus)
+
+    def _tune(self, cpus: tuple[int, ...]) -> None:
+        from ..host import checklist_summary, host_context, profile_named, tune_host
+
+        assert self.config.tune is not None
+        try:
+            result = tune_host(host_context(cpus), profile_named(self.config.tune, "tune"), self._holder)
+        except InputError as exc:
+            raise RunError(f"partition: {exc}") from None
+        self._tuned = result
+        self._tuning = {"profile": self.config.tune,
+                        "applied": [s.path for s in result.steps if s.outcome == "applied"],
+                        "failed": [f"{s.path}: {s.error}" for s in result.steps if s.outcome == "failed"],
+                        "checklist": checklist_summary(result.after, self.config.tune)}
 
     def probe_overrides(self) -> dict[str, Any]:
         # the agent sets SCHED_FIFO itself; other policies start it at SCHED_OTHER (priority 0)
@@ -231,10 +174,26 @@ class PartitionEnvironment(Environment):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "cgroup_version": self._tree.version if self._tree else None,
-                "cgroup": [str(d) for d in self._cgroup.directories] if self._cgroup else None}
+                "cgroup": [str(d) for d in self._cgroup.directories] if self._cgroup else None,
+                **({"exclusive_cpuset": self._exclusive.notes} if self._exclusive else {}),
+                **({"tuning": self._tuning, "checklist": self._tuning["checklist"]} if self._tuning else {})}
+
+    def warnings(self) -> list[str]:
+        notes = self._exclusive.notes if self._exclusive else {}
+        return [notes["warning"]] if "warning" in notes else []
 
     def close(self) -> None:
-        if self._cgroup is not None:
-            cgroup, self._cgroup = self._cgroup, None
-            cgroup.remove()
-        super().close()
+        try:
+            if self._cgroup is not None:
+                cgroup, self._cgroup = self._cgroup, None
+                cgroup.remove()
+        finally:
+            try:
+                if self._exclusive is not None:
+                    exclusive, self._exclusive = self._exclusive, None
+                    exclusive.undo()
+            finally:
+                if self._tuned is not None:
+                    self._tuned.release()
+                Ledger().release(self._holder)  # this environment's tuning (and anything else it held)
+                super().close()

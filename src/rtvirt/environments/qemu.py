@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import secrets
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from pydantic import Field, model_validator
 
 from ..errors import InputError, RunError
 from ..fileio import write_atomically
+from ..host.ledger import process_holder
 from ..params import CpuList
 from ..units import duration_field
 from . import baremetal
@@ -77,13 +79,24 @@ class QemuConfig(EnvironmentConfig):
     stream_copy: bool = stream_copy_field()
 
     @model_validator(mode="after")
-    def _deadline_vcpus_are_unpinned(self) -> QemuConfig:
-        if self.vcpu_sched.policy == "deadline" and self.pin:
-            raise ValueError("vcpu_sched 'deadline' needs pin = false: the kernel refuses SCHED_DEADLINE for "
-                             "threads pinned to part of their root domain")
+    def _baremetal_has_one_vcpu(self) -> QemuConfig:
         if self.guest == "baremetal" and self.vcpus != 1:
             raise ValueError("vcpus: the bare-metal guest runs on one vCPU (vcpus = 1)")
         return self
+
+
+def _apply_once_moved(tid: int, policy: SchedPolicy, timeout_s: float = 5.0) -> None:
+    """SCHED_DEADLINE for a vCPU thread just moved into its exclusive cpuset: the kernel checks the root domain of
+    the CPU the thread last ran on, so the policy is refused (EPERM) until the thread has run on its new CPU."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            apply_policy(tid, policy)
+            return
+        except RunError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _qemu_version() -> str:
@@ -204,6 +217,7 @@ class QemuEnvironment(Environment):
         self._launched_at = 0.0
         self._ready_at: float | None = None
         self._placement: dict[str, Any] = {}
+        self._vcpu_cpuset: tuple[Any, Any] | None = None  # (Cgroup, Exclusive) of pinned deadline vCPUs
         self._socket_dir: Path | None = None
         self._image: GuestImage | None = None
         self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
@@ -353,10 +367,15 @@ class QemuEnvironment(Environment):
             host_cpus = self._host_cpus()
             vcpu_threads: dict[int, int] = {int(c["cpu-index"]): int(c["thread-id"]) for c in cpus}
             emulator = [t for t in thread_ids(self._proc.pid) if t not in vcpu_threads.values()]
+            partitioned = self.config.pin and self.config.vcpu_sched.policy == "deadline"
+            if partitioned:
+                self._vcpu_partition(sorted({host_cpus[i % len(host_cpus)] for i in vcpu_threads}),
+                                     list(vcpu_threads.values()))
             for index, tid in vcpu_threads.items():
                 if self.config.pin:
                     os.sched_setaffinity(tid, {host_cpus[index % len(host_cpus)]})
-                apply_policy(tid, self.config.vcpu_sched)
+                if not partitioned:
+                    apply_policy(tid, self.config.vcpu_sched)
             if self.config.pin:
                 for tid in emulator:
                     os.sched_setaffinity(tid, set(self.emulator_cpus()))
@@ -365,8 +384,12 @@ class QemuEnvironment(Environment):
                                           else None} for i, t in vcpu_threads.items()},
                 "emulator_threads": len(emulator), "emulator_cpus": list(self.emulator_cpus()),
                 "vcpu_sched": self.config.vcpu_sched.describe(),
+                **({"exclusive_cpuset": self._vcpu_cpuset[1].notes} if self._vcpu_cpuset else {}),
             }
             monitor.cmd("cont")
+            if partitioned:
+                for tid in vcpu_threads.values():
+                    _apply_once_moved(tid, self.config.vcpu_sched)
         except OSError as exc:
             raise RunError(f"qemu: QMP failed ({exc}): {self._stderr_tail()}") from None
         finally:
@@ -456,6 +479,30 @@ class QemuEnvironment(Environment):
     def warnings(self) -> list[str]:
         return [TCG_WARNING] if self._accel and self._accel["accel"] == "tcg" else []
 
+    def _vcpu_partition(self, cpus: list[int], vcpu_threads: list[int]) -> None:
+        """Pinned SCHED_DEADLINE vCPUs: their host CPUs become an exclusive cpuset, a root domain of their own
+        (the kernel admits a pinned deadline thread only then), and the vCPU threads move into it (cgroup v1:
+        threads move one by one; v2 would need a threaded cgroup for them, which rtvirt does not make)."""
+        from .cgroups import CgroupTree, Exclusive
+
+        tree = CgroupTree()
+        if tree.version != 1:
+            raise RunError(f"{self.config.label}: pinned SCHED_DEADLINE vCPUs need cgroup v1 here (on v2 the vCPU "
+                           "threads would need a threaded cgroup); use pin = false")
+        holder = process_holder(f"qemu-{secrets.token_hex(3)}")
+        cgroup = tree.create(f"rtvirt-{os.getpid()}-{secrets.token_hex(3)}-vcpus", tuple(cpus), None, 0)
+        self._vcpu_cpuset = (cgroup, Exclusive(tree, holder))
+        self._vcpu_cpuset[1].apply(cgroup, tuple(cpus))
+        for tid in vcpu_threads:
+            (cgroup.directories[0] / "tasks").write_text(str(tid))
+
+    @classmethod
+    def reclaim(cls, config: Any, shared: Any) -> list[str]:
+        """The vCPU cpusets of a killed rtvirt, and the host settings it left changed (root load balancing)."""
+        from .cgroups import reclaim_leftovers
+
+        return reclaim_leftovers()
+
     def close(self) -> None:
         if self._proc is not None:
             if self.config.guest == "baremetal" and self._socket_dir is not None:
@@ -465,6 +512,12 @@ class QemuEnvironment(Environment):
         if self._ack is not None:
             self._ack.close()
             self._ack = None
+        if self._vcpu_cpuset is not None:
+            (cgroup, exclusive), self._vcpu_cpuset = self._vcpu_cpuset, None
+            try:
+                cgroup.remove()
+            finally:
+                exclusive.undo()
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None

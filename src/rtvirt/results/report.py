@@ -121,6 +121,11 @@ def _tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
                          _us(t.simulated_max_ns), _us(t.measured_max_ns)] for t in data.tasks]))
     tables += prediction_tables(data.predictions)  # predicted next to measured (rtvirt.predict)
     tables += study_tables(data)  # the studies' own tables, for runs of a study scenario
+    checklists = [[view.run.run_id, c.label, *_checklist(view)] for c in data.configurations for view in c.runs
+                   if _checklist(view)]
+    if checklists:
+        tables.append(("Host checklist beside each run (rtvirt host check)",
+                       ["run", "configuration", "tuned", "items met", "not ready"], checklists))
     runs = []
     for c in data.configurations:
         for view in c.runs:
@@ -132,6 +137,18 @@ def _tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
     tables.append(("Runs", ["run", "configuration", "name", "source", "status", "scenario", "environment",
                             "repetition", "created"], runs))
     return tables
+
+
+def _checklist(view: RunView) -> list[str]:
+    """The RT checklist state of the run's host (a partition's own tuning first): tuned profile, counts, misses."""
+    detail, system = view.run.manifest.get("environment_detail"), view.run.manifest.get("system")
+    found = (detail or {}).get("checklist") if isinstance(detail, dict) else None
+    found = found or ((system or {}).get("checklist") if isinstance(system, dict) else None)
+    if not isinstance(found, dict):
+        return []
+    missing = [str(i) for i in found.get("not_ready") or []]
+    return [str(found.get("tuned") or "no"), f"{found.get('ok', 0)} of {int(found.get('ok', 0)) + len(missing)}",
+            ", ".join(missing) or "-"]
 
 
 def _settings(view: RunView) -> tuple[list[tuple[str, str]], list[str]]:

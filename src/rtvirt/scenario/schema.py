@@ -13,14 +13,16 @@ from ..environments.partition import PartitionConfig
 from ..environments.qemu import QemuConfig
 from ..environments.ssh import SshConfig
 from ..environments.xen import XenConfig
+from ..host.profiles import ProfileName
+from ..params import CpuList
 from ..predict import PredictSpec
 from ..probes import PROBES
 from ..remote.target import SshTargetFields
 from ..stressors import STRESSORS
 from ..units import duration_field
 
-__all__ = ["Scenario", "Hook", "Hooks", "Workload", "NamedWorkload", "RunGroup", "Disturbance", "StressorUse",
-           "Timeline", "TimelineEvent", "EnvironmentEntry"]
+__all__ = ["Scenario", "Hook", "Hooks", "HostTuning", "Workload", "NamedWorkload", "RunGroup", "Disturbance",
+           "StressorUse", "Timeline", "TimelineEvent", "EnvironmentEntry"]
 
 Seconds = duration_field("s")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -163,6 +165,16 @@ class Hook(_Strict):
                                                                            "environments (default: all)")
 
 
+class HostTuning(_Strict):
+    """``[host]``: tune this machine for the whole campaign (rtvirt host tune), restored at its end whatever
+    happens (also after a kill -9: the next campaign's start, or ``--resume``, puts it back)."""
+
+    tune: ProfileName | None = Field(None, description="tuning profile (rtvirt host tune --profile)")
+    cpus: CpuList | None = Field(None, description="the real-time CPUs it tunes for (default: every pinned "
+                                 "environment's measured CPUs)")
+
+
+
 class Hooks(_Strict):
     """Lifecycle hooks: commands run on a control host (default: this machine) around the matrix.
 
@@ -225,6 +237,7 @@ class Scenario(_Strict):
                                            min_length=1)
     timeline: Timeline = Field(default_factory=lambda: Timeline.model_validate({}))
     hooks: Hooks = Field(default_factory=lambda: Hooks.model_validate({}))
+    host: HostTuning = Field(default_factory=lambda: HostTuning.model_validate({}))
     predict: PredictSpec | None = Field(None, description="simulate and analyse each measured configuration "
                                         "beside measuring it (docs/predictions.md)")
 

@@ -1,0 +1,191 @@
+"""The settings ledger: every kernel setting rtvirt changes, with the value it had, until it is put back.
+
+One JSON file under /run (gone at reboot, as the settings themselves are), rewritten atomically under an
+exclusive lock, shared by every rtvirt on the machine. Each entry names its holders: a campaign or partition
+(``pid:<pid>:<start time>``, so that a reused pid is not mistaken for it) or ``rtvirt host tune`` (``cli``).
+The first holder records the value it found; later holders join the entry. When the last holder releases a
+setting, or is found dead (kill -9), the recorded value is written back, byte for byte as it was read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import PrivilegeError
+from ..fileio import write_atomically
+
+__all__ = ["Ledger", "Change", "DEFAULT_LEDGER", "process_holder", "CLI_HOLDER", "holder_alive"]
+
+DEFAULT_LEDGER = Path(os.environ.get("RTVIRT_LEDGER", "/run/rtvirt/ledger.json"))
+CLI_HOLDER = "cli"
+MAX_VALUE = 65536
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def process_holder(tag: str = "", pid: int | None = None) -> str:
+    """The holder id of a process (default: this one); ``tag`` tells apart what one process holds for different
+    lifetimes (a campaign's tuning, one run's partition)."""
+    pid = os.getpid() if pid is None else pid
+    return f"pid:{pid}:{_start_time(pid)}" + (f":{tag}" if tag else "")
+
+
+def holder_alive(holder: str) -> bool:
+    if not holder.startswith("pid:"):
+        return True  # `rtvirt host tune` holds until `rtvirt host restore`
+    parts = holder.split(":")
+    return len(parts) >= 3 and parts[1].isdigit() and _start_time(int(parts[1])) == parts[2]
+
+
+@dataclass
+class Change:
+    """One setting put back (or that could not be)."""
+
+    path: str
+    value: str
+    error: str | None = None
+
+
+def read_raw(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_VALUE).decode("utf-8", errors="surrogateescape")
+    except OSError:
+        return None
+
+
+def write_raw(path: str, value: str) -> None:
+    with open(path, "wb", buffering=0) as f:
+        f.write(value.encode("utf-8", errors="surrogateescape"))
+
+
+COMMAND_PREFIX = "command:"
+
+
+def _put_back(path: str, value: str) -> None:
+    if path == f"{COMMAND_PREFIX}tuned":  # tuned's previous profile, or tuned off when none was active
+        argv = ["tuned-adm", "profile", value] if value else ["tuned-adm", "off"]
+        if subprocess.run(argv, capture_output=True, timeout=300).returncode != 0:
+            raise OSError(5, f"{' '.join(argv)} failed", path)
+        return
+    write_raw(path, value)
+
+
+class Ledger:
+    """The ledger file at ``path``; every method takes the lock for its whole read-change-write."""
+
+    def __init__(self, path: Path = DEFAULT_LEDGER) -> None:
+        self.path = Path(path)
+
+    @contextlib.contextmanager
+    def _locked(self, create: bool = False) -> Iterator[dict[str, Any]]:
+        """The ledger under its lock; without ``create``, a ledger that was never written is an empty one (so
+        that releasing and reclaiming cost nothing, and need no privilege, where nothing was ever changed)."""
+        try:
+            fresh = not create and not self.path.exists()
+            if not fresh:
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                lock = open(self.path.with_suffix(".lock"), "a")  # noqa: SIM115 - closed below, after the write
+        except OSError as exc:
+            raise PrivilegeError(f"settings ledger {self.path}: {exc.strerror} (changing host settings needs "
+                                 "root)") from None
+        if fresh:
+            yield {"entries": []}
+            return
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                document = json.loads(self.path.read_text()) if self.path.exists() else {"entries": []}
+            except ValueError:
+                document = {"entries": []}  # a torn file cannot happen (atomic writes); a hand-edited one can
+            before = json.dumps(document)
+            yield document
+            if json.dumps(document) != before:
+                write_atomically(self.path, json.dumps(document, indent=1))
+
+    def change(self, holder: str, path: str, value: str, restore_as: Callable[[str], str] | None = None) -> str:
+        """Write ``value`` to ``path`` on behalf of ``holder``, recording what it was; returns the value read.
+
+        ``restore_as`` turns what the file reads into what must be written to get it back (a sysfs choice
+        file reads "always [madvise] never" and takes "madvise"); by default the text read is written back.
+        Raises OSError when the file cannot be read or written (nothing is recorded then).
+        """
+        with self._locked(create=True) as document:
+            entries = document["entries"]
+            entry = next((e for e in entries if e["path"] == path), None)
+            found = read_raw(path)
+            if found is None:
+                raise FileNotFoundError(2, "cannot read", path)
+            if entry is None:
+                entry = {"path": path, "found": found,
+                         "restore": restore_as(found) if restore_as else found, "holders": []}
+                write_raw(path, value)
+                entries.append(entry)
+            else:
+                write_raw(path, value)
+            if holder not in entry["holders"]:
+                entry["holders"].append(holder)
+            return found
+
+    def remember_command(self, holder: str, tool: str, previous: str) -> None:
+        """Record a tool's state that is not a file (tuned's active profile) before ``holder`` changes it."""
+        path = f"{COMMAND_PREFIX}{tool}"
+        with self._locked(create=True) as document:
+            entry = next((e for e in document["entries"] if e["path"] == path), None)
+            if entry is None:
+                entry = {"path": path, "found": previous, "restore": previous, "holders": []}
+                document["entries"].append(entry)
+            if holder not in entry["holders"]:
+                entry["holders"].append(holder)
+
+    def release(self, holder: str) -> list[Change]:
+        """Give up ``holder``'s settings; those nobody else holds go back to what was found."""
+        with self._locked() as document:
+            for entry in document["entries"]:
+                if holder in entry["holders"]:
+                    entry["holders"].remove(holder)
+            return self._restore_unheld(document)
+
+    def reclaim(self) -> list[Change]:
+        """Put back what holders that died (kill -9) left changed."""
+        with self._locked() as document:
+            for entry in document["entries"]:
+                entry["holders"] = [h for h in entry["holders"] if holder_alive(h)]
+            return self._restore_unheld(document)
+
+    def held(self, holder: str | None = None) -> list[dict[str, Any]]:
+        """The entries (of ``holder``, or all)."""
+        with self._locked() as document:
+            return [dict(e) for e in document["entries"] if holder is None or holder in e["holders"]]
+
+    @staticmethod
+    def _restore_unheld(document: dict[str, Any]) -> list[Change]:
+        changes, kept = [], []
+        # last changed first: a setting that depends on another (a cpuset flag on its parent's) goes back in order
+        for entry in reversed(document["entries"]):
+            if entry["holders"]:
+                kept.append(entry)
+                continue
+            change = Change(entry["path"], entry["restore"])
+            try:
+                _put_back(entry["path"], entry["restore"])
+            except OSError as exc:
+                change.error = exc.strerror or str(exc)
+                if exc.errno not in (2, 19):  # the knob itself went away (a device, a cgroup): nothing to restore
+                    kept.append(entry)  # kept, so a later restore or reclaim tries again
+            changes.append(change)
+        document["entries"] = list(reversed(kept))
+        return changes

@@ -1,0 +1,410 @@
+"""rtvirt host: the checklist on this machine, tune then restore byte for byte (also after kill -9 + --resume),
+the settings ledger, SCHED_DEADLINE in an exclusive partition, shielding, and cgroup v2 partition roots (on a
+fake cgroupfs: this machine's cpuset controller is bound to its v1 hierarchy)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from rtvirt.environments.cgroups import CgroupTree, Exclusive
+from rtvirt.environments.partition import PartitionConfig, PartitionEnvironment
+from rtvirt.environments.sched import SchedPolicy
+from rtvirt.errors import InputError
+from rtvirt.host import PROFILES, host_context
+from rtvirt.host.checks import tune_steps
+from rtvirt.host.checks.base import chosen
+from rtvirt.host.ledger import DEFAULT_LEDGER, Ledger, process_holder
+from rtvirt.procs import Supervisor
+from rtvirt.scenario import parse_scenario
+from rtvirt.stream import read_stream
+
+ROOT = os.geteuid() == 0
+LAST_CPU = max(os.sched_getaffinity(0))
+TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
+V1_CPUSET = Path("/sys/fs/cgroup/cpuset")
+needs_v1_root = pytest.mark.skipif(not (ROOT and TWO_CPUS and (V1_CPUSET / "tasks").exists()),
+                                   reason="needs root, two CPUs and a cgroup v1 cpuset hierarchy")
+
+
+def _touched_paths() -> list[str]:
+    """Every file a profile may write on this machine, and the cpuset flag partitions change."""
+    ctx = host_context((LAST_CPU,))
+    wanted = {item for profile in PROFILES.values() for item in profile.items}
+    paths = {step.path for step in tune_steps(ctx, wanted)}
+    paths |= {f"{irq}/smp_affinity_list" for irq in glob.glob("/proc/irq/[0-9]*")}
+    paths |= {"/proc/sys/kernel/sched_rt_runtime_us", str(V1_CPUSET / "cpuset.sched_load_balance"),
+              "/proc/sys/kernel/timer_migration", "/sys/devices/virtual/workqueue/cpumask"}
+    return sorted(paths)
+
+
+def _snapshot(paths: list[str]) -> dict[str, bytes | None]:
+    found: dict[str, bytes | None] = {}
+    for path in paths:
+        try:
+            found[path] = Path(path).read_bytes()
+        except OSError:
+            found[path] = None
+    return found
+
+
+def _rtvirt_cpusets() -> list[str]:
+    return sorted(p.name for p in V1_CPUSET.glob("rtvirt-*"))
+
+
+# --- the ledger, on plain files ----------------------------------------------------------------------------
+
+def test_ledger_restores_the_first_value_when_the_last_holder_leaves(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.json")
+    knob = tmp_path / "knob"
+    knob.write_bytes(b"always [madvise] never\n")
+    assert ledger.change("cli", str(knob), "never", chosen) == "always [madvise] never\n"
+    ledger.change("pid:1:x", str(knob), "always")  # a second holder joins; the value found first is kept
+    assert knob.read_text() == "always"
+    assert ledger.release("cli") == []  # still held
+    changes = ledger.release("pid:1:x")
+    assert [(c.path, c.value) for c in changes] == [(str(knob), "madvise")]
+    assert knob.read_text() == "madvise" and ledger.held() == []
+
+
+def test_ledger_reclaims_what_a_dead_holder_left(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.json")
+    knobs = [tmp_path / name for name in ("a", "b")]
+    for knob in knobs:
+        knob.write_text("1\n")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = f"pid:{dead.stdout.strip()}:0"
+    alive = process_holder("test")
+    ledger.change(gone, str(knobs[0]), "0")
+    ledger.change(alive, str(knobs[1]), "0")
+    ledger.reclaim()
+    assert knobs[0].read_text() == "1\n"  # the dead holder's setting went back
+    assert knobs[1].read_text() == "0"  # a live holder's stays
+    ledger.release(alive)
+    assert knobs[1].read_text() == "1\n"
+
+
+def test_unwritable_setting_is_reported_and_kept_for_a_later_restore(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.json")
+    knob = tmp_path / "knob"
+    knob.write_text("5\n")
+    ledger.change("cli", str(knob), "6")
+    knob.unlink()
+    knob.mkdir()  # writing now fails with EISDIR
+    [change] = ledger.release("cli")
+    assert change.error and len(ledger.held()) == 1
+
+
+# --- cgroup v2 partition roots and v1 exclusivity on fake trees ----------------------------------------------
+
+def test_v2_partition_root_is_requested_and_checked(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpuset cpu\n")
+    (root / "cgroup.subtree_control").write_text("")
+    tree = CgroupTree(root)
+    cgroup = tree.create("rtvirt-1-a", (1,), None, 100_000)
+    directory = cgroup.directories[0]
+    (directory / "cpuset.cpus.exclusive").write_text("")
+    exclusive = Exclusive(tree, "pid:1:x", Ledger(tmp_path / "ledger.json"))
+    exclusive.apply(cgroup, (1,))
+    assert (directory / "cpuset.cpus.exclusive").read_text() == "1"
+    assert (directory / "cpuset.cpus.partition").read_text() == "root"
+    assert exclusive.notes == {"partition": "root"}
+    exclusive.shield("rtvirt-1-a-shield", (1,))  # nothing to move on v2: the partition root does it
+    assert "partition root" in exclusive.notes["shield"]
+
+
+def test_v1_exclusive_cpuset_turns_root_load_balancing_off_and_back(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    (root / "cpuset").mkdir(parents=True)
+    for name, text in (("cgroup.procs", ""), ("cpuset.cpus", "0-1\n"), ("cpuset.mems", "0\n"),
+                       ("cpuset.sched_load_balance", "1\n")):
+        (root / "cpuset" / name).write_text(text)
+    tree = CgroupTree(root)
+    cgroup = tree.create("rtvirt-1-b", (1,), None, 100_000)
+    exclusive = Exclusive(tree, "pid:1:x", Ledger(tmp_path / "ledger.json"))
+    exclusive.apply(cgroup, (1,))
+    assert (cgroup.directories[0] / "cpuset.cpu_exclusive").read_text() == "1"
+    assert (root / "cpuset" / "cpuset.sched_load_balance").read_text() == "0"
+    exclusive.undo()
+    assert (root / "cpuset" / "cpuset.sched_load_balance").read_bytes() == b"1\n"
+
+
+def test_unknown_tuning_profiles_in_scenarios_are_named() -> None:
+    for text, field in (('[host]\ntune = "fast"\n', "field 'host.tune'"),
+                        ('', "field 'environments[0].tune'")):
+        scenario = f'name = "x"\nduration = "1s"\n{text}[[environments]]\nkind = "partition"\n' + (
+            'tune = "fast"\n' if not text else "")
+        with pytest.raises(InputError, match=re.escape(field) + ".*unknown tuning profile 'fast'"):
+            parse_scenario(scenario)
+
+
+# --- this machine ------------------------------------------------------------------------------------------
+
+def test_check_lists_what_is_not_rt_ready_here_with_fixes() -> None:
+    result = run_cli("host", "check", "--json", "--require", "motion control", "--cpus", str(LAST_CPU))
+    document = json.loads(result.stdout)
+    items = {i["id"]: i for i in document["items"]}
+    assert {"preempt-rt", "isolcpus", "irq-affinity", "rt-throttling", "thp", "governor", "cstates",
+            "kvm-halt-poll"} <= set(items)
+    preempt_rt = "PREEMPT_RT" in Path("/proc/sys/kernel/version").read_text()
+    assert (items["preempt-rt"]["status"] == "ok") == preempt_rt
+    runtime = Path("/proc/sys/kernel/sched_rt_runtime_us").read_text().strip()
+    assert (items["rt-throttling"]["status"] == "ok") == (runtime == "-1")
+    not_ready = [i for i in items.values() if i["status"] == "not-ready"]
+    assert not_ready and all(i["fix"] and i["why"] for i in not_ready)
+    # motion control (1 us jitter) needs every item: exit 3 exactly when one is not met
+    assert document["required"]["motion control"] == [i["id"] for i in not_ready]
+    assert result.returncode == 3
+    assert f"nohz_full={LAST_CPU}" in document["boot_line"]
+
+
+def test_bad_host_options_exit_2_naming_them() -> None:
+    for args, named in ((["check", "--require", "no such class"], "--require"), (["check", "--cpus", "999"], "--cpus"),
+                        (["check", "--cpus", "x"], "--cpus"), (["tune", "--profile", "nope"], "--profile")):
+        result = run_cli("host", *args)
+        assert result.returncode == 2 and named in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(not (ROOT and TWO_CPUS), reason="tuning needs root and a housekeeping CPU")
+def test_tune_then_restore_leaves_every_touched_setting_byte_for_byte() -> None:
+    paths = _touched_paths()
+    before = _snapshot(paths)
+    try:
+        tuned = run_cli("host", "tune", "--profile", "realtime-host", "--cpus", str(LAST_CPU), "--json")
+        assert tuned.returncode == 0, tuned.stderr
+        applied = [s["path"] for s in json.loads(tuned.stdout)["steps"] if s["outcome"] == "applied"]
+        during = _snapshot(paths)
+        assert applied and all(during[p] != before[p] for p in applied)
+        assert Path("/proc/sys/kernel/timer_migration").read_text().strip() == "0"
+    finally:
+        restored = run_cli("host", "restore", "--json")
+    assert restored.returncode == 0, restored.stderr
+    assert _snapshot(paths) == before
+    assert not Ledger().held("cli")
+
+
+def _gaps(run_dir: Path) -> tuple[float, float]:
+    """(share of time the spinning thread ran, median gap in ms) from the first gap above 4 ms on."""
+    records = read_stream(next(run_dir.glob("samples.rtvs"))).records
+    start = int(np.argmax(records["value"] > 4e6))
+    durations, times = records["value"][start:], records["t_ns"][start:]
+    span = times[-1] + durations[-1] - times[0]
+    return 1 - durations.sum() / span, float(np.median(durations[durations > 1e6])) / 1e6
+
+
+DEADLINE_SCENARIO = """
+name = "deadline-partition"
+duration = "{duration}"
+{host}
+[workload]
+probe = "gap"
+params = {{ threshold = "100us" }}
+[[environments]]
+kind = "partition"
+cpus = "{cpu}"
+sched = {{ policy = "deadline", runtime = "3ms", period = "10ms" }}
+"""
+
+
+@needs_v1_root
+def test_deadline_partition_completes_pinned_with_its_reservation(tmp_path: Path) -> None:
+    paths = _touched_paths()
+    before = _snapshot(paths)
+    scenario = tmp_path / "dl.toml"
+    scenario.write_text(DEADLINE_SCENARIO.format(duration="2s", host="", cpu=LAST_CPU))
+    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json")
+    assert result.returncode == 0, result.stderr
+    [run_dir] = (tmp_path / "results" / "runs").iterdir()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["campaign"]["outcome"] == "complete"
+    assert manifest["environment_detail"]["exclusive_cpuset"]["root_sched_load_balance"] == 0
+    records = read_stream(run_dir / "samples.rtvs").records
+    assert set(records["cpu"].tolist()) == {LAST_CPU}
+    share, median_gap_ms = _gaps(run_dir)
+    # 3 ms every 10 ms: the thread runs 30 % of the time; it is throttled ~7 ms per period (enforced at the
+    # tick here, HZ=250, so single gaps vary by a tick)
+    assert 0.25 < share < 0.36, share
+    assert 5.0 < median_gap_ms < 9.5, median_gap_ms
+    assert manifest["system"]["checklist"]["not_ready"]  # the checklist state beside the run, and in the report
+    report = run_cli("report", str(tmp_path / "results"), "--format", "markdown", "--out", str(tmp_path / "r.md"))
+    assert report.returncode == 0, report.stderr
+    table = (tmp_path / "r.md").read_text().split("## Host checklist beside each run", 1)[1]
+    assert manifest["run_id"] in table.split("##", 1)[0]
+    assert _snapshot(paths) == before and _rtvirt_cpusets() == []
+
+
+def _start_tuned_campaign(tmp_path: Path, duration: str) -> subprocess.Popen[bytes]:
+    """A campaign with [host] tune and a deadline partition, returned once both hold their settings."""
+    scenario = tmp_path / "dl.toml"
+    scenario.write_text(DEADLINE_SCENARIO.format(duration=duration, host='[host]\ntune = "realtime-host"',
+                                                 cpu=LAST_CPU))
+    proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(scenario), "--out", str(tmp_path / "results"),
+                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    holder = f"pid:{proc.pid}:"
+    deadline = time.monotonic() + 60
+    held: list[dict[str, object]] = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        held = [e for e in Ledger().held() if any(h.startswith(holder) and "partition" in h for h in e["holders"])]
+        if held and _rtvirt_cpusets():
+            break
+        time.sleep(0.1)
+    if proc.poll() is not None or not held:
+        proc.kill()
+        raise AssertionError("the campaign did not reach its partitioned run")
+    time.sleep(0.5)
+    return proc
+
+
+@needs_v1_root
+def test_ctrl_c_mid_campaign_restores_everything(tmp_path: Path) -> None:
+    paths = _touched_paths()
+    before = _snapshot(paths)
+    proc = _start_tuned_campaign(tmp_path, "30s")
+    try:
+        assert _snapshot(paths) != before
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        Ledger().reclaim()
+    assert _snapshot(paths) == before and _rtvirt_cpusets() == []
+    assert not Ledger().held()
+
+
+@needs_v1_root
+def test_kill_9_mid_campaign_then_resume_restores_everything(tmp_path: Path) -> None:
+    paths = _touched_paths()
+    before = _snapshot(paths)
+    results = tmp_path / "results"
+    proc = _start_tuned_campaign(tmp_path, "3s")
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert _snapshot(paths) != before  # the kill left settings changed: the resume has work to do
+        assert _rtvirt_cpusets()
+        resumed = run_cli("run", "--resume", "--out", str(results), "--no-progress", timeout=120)
+        assert resumed.returncode == 0, resumed.stderr
+        assert "restored" in resumed.stdout + resumed.stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        Ledger().reclaim()  # whatever the test's outcome, leave the machine as found
+    assert _snapshot(paths) == before and _rtvirt_cpusets() == []
+    assert DEFAULT_LEDGER.exists() and not Ledger().held()
+
+
+@needs_v1_root
+def test_shield_moves_tasks_off_the_partition_and_back(tmp_path: Path) -> None:
+    config = PartitionConfig(kind="partition", cpus=(LAST_CPU,), shield=True, sched=SchedPolicy(policy="fifo",
+                                                                                                 priority=50))
+    balance = (V1_CPUSET / "cpuset.sched_load_balance").read_bytes()
+    with Supervisor() as supervisor:
+        env = PartitionEnvironment(config, supervisor, tmp_path)
+        try:
+            env.start()
+            ours = Path("/proc/self/cpuset").read_text().strip()
+            init = Path("/proc/1/cpuset").read_text().strip()
+            init_allowed = os.sched_getaffinity(1)
+            notes = env.describe()["exclusive_cpuset"]
+        finally:
+            env.close()
+    # init (and every movable task) left the measured CPU; rtvirt itself stayed to start the agent there
+    assert init.endswith("-shield") and LAST_CPU not in init_allowed and ours == "/"
+    assert notes["shield"]["moved"] > 10
+    assert Path("/proc/1/cpuset").read_text().strip() == "/" and LAST_CPU in os.sched_getaffinity(1)
+    assert (V1_CPUSET / "cpuset.sched_load_balance").read_bytes() == balance and _rtvirt_cpusets() == []
+
+
+def test_check_through_a_target_reads_the_target() -> None:
+    from sshd_server import SshServer
+
+    with SshServer() as sshd:
+        result = run_cli("host", "check", "--json", "--target", "board", "--ssh-config", str(sshd.ssh_config("board")),
+                         timeout=180)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["system"] != "local"
+    items = {i["id"]: i for i in document["items"]}
+    # the loopback target is this machine: what it reports matches the local reading
+    local = Path("/proc/sys/kernel/timer_migration").read_text().strip()
+    assert items["timer-migration"]["found"] == f"timer_migration {local}"
+    assert "libvirt-vcpu-pinning" not in items  # a target's own guests are not ours to read
+
+
+@pytest.mark.skipif(not (ROOT and TWO_CPUS), reason="tuning needs root and a housekeeping CPU")
+def test_two_holders_of_one_tuning_restore_only_when_both_let_go() -> None:
+    from rtvirt.host import profile_named, restore_host, tune_host
+
+    paths = _touched_paths()
+    before = _snapshot(paths)
+    first, second = process_holder("first"), process_holder("second")
+    profile = profile_named("realtime-host")
+    migration = "/proc/sys/kernel/timer_migration"
+    try:
+        tune_host(host_context((LAST_CPU,)), profile, first, hold=False)
+        # the second finds the settings already as it wants them, and still holds them
+        tune_host(host_context((LAST_CPU,)), profile, second, hold=False)
+        assert [e["holders"] for e in Ledger().held() if e["path"] == migration] == [[first, second]]
+        restore_host(first)
+        assert Path(migration).read_text().strip() == "0"
+        restore_host(second)
+    finally:
+        Ledger().release(first)
+        Ledger().release(second)
+    assert _snapshot(paths) == before
+
+
+@needs_v1_root
+def test_pinned_deadline_vcpu_runs_in_an_exclusive_cpuset(tmp_path: Path) -> None:
+    from rtvirt.environments.qemu import QemuConfig, QemuEnvironment
+
+    balance = (V1_CPUSET / "cpuset.sched_load_balance").read_bytes()
+    config = QemuConfig(kind="qemu", cpus=(LAST_CPU,), accel="tcg",
+                        vcpu_sched=SchedPolicy(policy="deadline", runtime="9ms", period="10ms"))
+    out = tmp_path / "samples.rtvs"
+    with Supervisor() as supervisor:
+        env = QemuEnvironment(config, supervisor, tmp_path / "vm")
+        try:
+            launched = env.launch("rtvirt-probe", ["timer", "--duration=1000000000", "--interval=1000000",
+                                                   "--affinity=0"], out)
+            tid = env.describe()["vcpu_threads"]["0"]["tid"]
+            policy, cpuset = os.sched_getscheduler(tid), Path(f"/proc/{tid}/cpuset").read_text().strip()
+            during = (V1_CPUSET / "cpuset.sched_load_balance").read_text().strip()
+            launched.proc.wait(timeout=240)
+            assert env.check() is None, env.console_text()[-2000:]
+            description = env.describe()
+        finally:
+            env.close()
+    assert policy == 6 and cpuset.endswith("-vcpus") and during == "0"  # SCHED_DEADLINE, pinned, its own domain
+    assert description["exclusive_cpuset"]["root_sched_load_balance"] == 0
+    assert read_stream(out).records.size >= 100
+    assert (V1_CPUSET / "cpuset.sched_load_balance").read_bytes() == balance and _rtvirt_cpusets() == []
+
+
+@pytest.mark.skipif(not ROOT or not shutil.which("setpriv"), reason="runs a command as nobody from root")
+def test_tune_without_root_says_so_item_by_item_and_changes_nothing() -> None:
+    paths = _touched_paths()
+    before = _snapshot(paths)
+    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+                             "rtvirt", "host", "tune", "--profile", "realtime-host", "--json"],
+                            capture_output=True, text=True, timeout=120, cwd="/")
+    assert result.returncode == 0, result.stderr
+    steps = json.loads(result.stdout)["steps"]
+    assert steps and {(s["outcome"], s["error"]) for s in steps} == {("failed", "needs root")}
+    assert _snapshot(paths) == before
