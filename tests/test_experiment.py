@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import RTVIRT, run_cli
 
 from rtvirt.experiment import load, read_records
 from rtvirt.experiment.generators import PERIOD_GENERATORS, UTILISATION_GENERATORS, GeneratorError
@@ -20,8 +21,6 @@ from rtvirt.experiment.generators.uunifast import uunifast_discard
 from rtvirt.experiment.spec import parse_experiment
 from rtvirt.experiment.systems import draw_system
 from rtvirt.results.catalog import query
-
-from conftest import RTVIRT, run_cli
 
 SMALL = """
 name = "small"

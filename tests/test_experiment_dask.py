@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from rtvirt.experiment import read_records
-
-from conftest import run_cli
 
 DASK = [str(Path(sys.executable).with_name("dask"))]
 EXPERIMENT = """

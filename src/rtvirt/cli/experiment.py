@@ -34,8 +34,8 @@ def _acceptance_table(summary: dict[str, Any]) -> Table:
         row = [str(point), f"{first['target_utilization']:g}"]
         for column in columns:
             c = cells.get(column)
-            row.append("-" if c is None else
-                       f"{c['acceptance']:.2f} [{c['acceptance_low']:.2f}, {c['acceptance_high']:.2f}] n={c['systems']}")
+            row.append("-" if c is None else f"{c['acceptance']:.2f} [{c['acceptance_low']:.2f}, "
+                       f"{c['acceptance_high']:.2f}] n={c['systems']}")
         row.append(best[point]["best"] if point in best else "-")
         table.add_row(*row)
     return table

@@ -28,8 +28,8 @@ __all__ = ["RECORD_COLUMNS", "QUESTIONS", "answer_system", "run_chunk", "shared_
 
 QUESTIONS = ("shared", "design")
 RECORD_COLUMNS = ("point", "system", "target_utilization", "vms", "tasks_per_vm", "pcpus", "utilizations",
-                  "periods", "deadlines", "guest_scheduler", "server_period", "spare", "tasks", "utilization", "scheduler",
-                  "question", "analysis", "accepted", "bandwidth", "overhead", "sim_misses", "sim_jobs",
+                  "periods", "deadlines", "guest_scheduler", "server_period", "spare", "tasks", "utilization",
+                  "scheduler", "question", "analysis", "accepted", "bandwidth", "overhead", "sim_misses", "sim_jobs",
                   "sim_worst_ratio")
 _US = 1_000
 _MIN_PERIOD = 100 * _US
@@ -75,10 +75,8 @@ def _simulated(system: RandomSystem, design: Design, duration_ns: int) -> dict[s
 
 def answer_system(experiment: Experiment, point: DesignPoint, index: int) -> list[dict[str, Any]]:
     system = draw_system(experiment.seed, point, index, experiment.questions)
-    common = {"point": point.index, "system": index, "target_utilization": point.utilization, "vms": point.vms,
-              "tasks_per_vm": point.tasks_per_vm, "pcpus": point.pcpus, "utilizations": point.utilizations,
-              "periods": point.periods, "deadlines": point.deadlines, "guest_scheduler": point.guest_scheduler,
-              "server_period": point.server_period, "spare": point.spare, "tasks": system.tasks, "utilization": system.utilization}
+    common = {**point.model_dump(exclude={"index", "utilization"}), "point": point.index, "system": index,
+              "target_utilization": point.utilization, "tasks": system.tasks, "utilization": system.utilization}
     questions = experiment.questions
     shared = shared_interfaces(system, point.server_period, point.spare)
     records = []
@@ -90,8 +88,8 @@ def answer_system(experiment: Experiment, point: DesignPoint, index: int) -> lis
                 design_model(system.model, label)
             bandwidth = sum(v.bandwidth or 0.0 for v in design.vcpus if v.realtime) / point.pcpus
             methods = sorted({task.method for task in design.analysis.tasks}) if design.analysis else []
-            record = {**common, "scheduler": label, "question": question, "analysis": "+".join(methods) or "none",
-                      "accepted": design.schedulable, "bandwidth": bandwidth,
+            record = {**common, "scheduler": label, "question": question,
+                      "analysis": "+".join(methods) or "none", "accepted": design.schedulable, "bandwidth": bandwidth,
                       "overhead": bandwidth - system.utilization, "sim_misses": None, "sim_jobs": None,
                       "sim_worst_ratio": None}
             if questions.simulate and design.model is not None and design.analysis is not None:

@@ -25,8 +25,9 @@ RECORDS_DIR = "records"
 SCHEMA = pa.schema([
     ("point", pa.int32()), ("system", pa.int32()), ("target_utilization", pa.float64()), ("vms", pa.int16()),
     ("tasks_per_vm", pa.int16()), ("pcpus", pa.int16()), ("utilizations", pa.string()), ("periods", pa.string()),
-    ("deadlines", pa.string()), ("guest_scheduler", pa.string()), ("server_period", pa.float64()), ("spare", pa.float64()), ("tasks", pa.int32()),
-    ("utilization", pa.float64()), ("scheduler", pa.string()), ("question", pa.string()), ("analysis", pa.string()), ("accepted", pa.bool_()),
+    ("deadlines", pa.string()), ("guest_scheduler", pa.string()), ("server_period", pa.float64()),
+    ("spare", pa.float64()), ("tasks", pa.int32()), ("utilization", pa.float64()), ("scheduler", pa.string()),
+    ("question", pa.string()), ("analysis", pa.string()), ("accepted", pa.bool_()),
     ("bandwidth", pa.float64()), ("overhead", pa.float64()), ("sim_misses", pa.int64()), ("sim_jobs", pa.int64()),
     ("sim_worst_ratio", pa.float64()),
 ])

@@ -14,7 +14,6 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from ..analysis.design import DESIGNABLE
 from ..errors import InputError, first_validation_error
-from ..model.schema import GUEST_SCHEDULERS
 from ..units import duration_field
 from .generators import PERIOD_GENERATORS, UTILISATION_GENERATORS
 
@@ -107,7 +106,7 @@ class Experiment(_Strict):
     seed: int = Field(1, ge=0, le=2**63 - 1)
     description: str = Field("", max_length=2000)
     grid: Grid
-    samples: Samples = Samples()
+    samples: Samples = Samples.model_validate({})
     questions: Questions
     findings: list[str] = Field([], description="published findings this experiment restates (built-ins)")
 
