@@ -101,6 +101,8 @@ def experiment(spec: str | None, results: Path, workers: int | None, cluster: st
                     "elapsed_s": elapsed, **summary})
         return
     console.print(_acceptance_table(summary))
+    for sentence in summary["where"]:
+        console.print(f"  {sentence}")
     console.print(f"{done.systems_done} systems in {elapsed:.1f} s; run {run.run_id} written to {run.path} "
                   f"(figures: {run.path / 'experiment.html'})")
 

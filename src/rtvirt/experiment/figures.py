@@ -10,7 +10,7 @@ import html
 import io
 from typing import Any
 
-__all__ = ["figure_pngs", "experiment_html"]
+__all__ = ["figure_pngs", "experiment_html", "experiments_html"]
 
 _CURVE_KEYS = ("vms", "tasks_per_vm", "pcpus", "utilizations", "periods", "deadlines", "guest_scheduler",
                "server_period", "spare")
@@ -74,19 +74,33 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def experiment_html(name: str, description: str, findings: list[str], summary: dict[str, Any]) -> str:
-    parts = [f"<h1>Experiment {html.escape(name)}</h1><p>{html.escape(description)}</p>"]
+def _section(name: str, description: str, findings: list[str], summary: dict[str, Any], level: int) -> str:
+    h, sub = f"h{level}", f"h{level + 1}"
+    parts = [f"<{h}>Experiment {html.escape(name)}</{h}><p>{html.escape(description)}</p>"]
     if findings:
-        parts.append("<h2>Published findings (compare with the curves below)</h2><ul>"
+        parts.append(f"<{sub}>Published findings (compare with the curves below)</{sub}><ul>"
                      + "".join(f"<li>{html.escape(f)}</li>" for f in findings) + "</ul>")
     for title, png in figure_pngs(summary):
         encoded = base64.b64encode(png).decode()
-        parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
+        parts.append(f"<{sub}>{html.escape(title)}</{sub}><img alt='{html.escape(title)}' "
                      f"src='data:image/png;base64,{encoded}'>")
-    parts.append("<h2>Which analysis accepts most, per point</h2>" + _table(
+    parts.append(f"<{sub}>Which analysis accepts most, where</{sub}><ul>"
+                 + "".join(f"<li>{html.escape(w)}</li>" for w in summary.get("where", [])) + "</ul>" + _table(
         ["point", "question", "utilisation", "best", "acceptance", "tied within 95 % CI"],
         [[d["point"], d["question"], d["target_utilization"], d["best"], f"{d['acceptance']:.3f}",
           ", ".join(d["within_ci"])] for d in summary["dominance"]]))
+    return "".join(parts)
+
+
+def experiments_html(sections: list[dict[str, Any]]) -> str:
+    """The report's section: one sub-section per experiment run (experiment.report.experiment_section)."""
+    return "<h2>Experiments</h2>" + "".join(
+        _section(f"{s['name']} ({s['run_id']}, {s['status']})", s["description"], s["findings"], s, 3)
+        for s in sections)
+
+
+def experiment_html(name: str, description: str, findings: list[str], summary: dict[str, Any]) -> str:
+    """A page of its own for one experiment (RUN/experiment.html)."""
     style = "body{font-family:sans-serif;max-width:1200px}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
     return f"<!doctype html><html><head><meta charset='utf-8'><style>{style}</style></head><body>" \
-           + "".join(parts) + "</body></html>"
+           + _section(name, description, findings, summary, 1) + "</body></html>"

@@ -76,7 +76,31 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         here = [c for c in curves if c["point"] == point and c["question"] == question]
         best = max(here, key=lambda c: c["acceptance"])
         tied = [c["scheduler"] for c in here if c["acceptance_high"] >= best["acceptance_low"]]
+        nobody = best["acceptance"] == 0
         dominance.append({"point": point, "question": question, "target_utilization": best["target_utilization"],
-                          "best": best["scheduler"], "acceptance": best["acceptance"],
-                          "within_ci": tied if len(tied) > 1 else []})
-    return {"curves": curves, "dominance": dominance}
+                          "best": "none" if nobody else best["scheduler"], "acceptance": best["acceptance"],
+                          "within_ci": tied if len(tied) > 1 and not nobody else []})
+    return {"curves": curves, "dominance": dominance, "where": _where(dominance, curves)}
+
+
+def _where(dominance: list[dict[str, Any]], curves: list[dict[str, Any]]) -> list[str]:
+    """Sentences naming, per question, which scheduler's analysis accepts most over which utilisations
+    (consecutive points of the same other axes with the same best, merged)."""
+    axes = {c["point"]: tuple(c[k] for k in ("vms", "tasks_per_vm", "pcpus", "utilizations", "periods",
+                                               "deadlines", "guest_scheduler", "server_period", "spare"))
+            for c in curves}
+    runs: list[list[dict[str, Any]]] = []
+    for d in sorted(dominance, key=lambda d: (d["question"], axes[d["point"]], d["target_utilization"])):
+        last = runs[-1][-1] if runs else None
+        if last is not None and last["question"] == d["question"] and axes[last["point"]] == axes[d["point"]] \
+                and last["best"] == d["best"] and bool(last["within_ci"]) == bool(d["within_ci"]):
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    sentences = []
+    for run in runs:
+        low, high = run[0]["target_utilization"], run[-1]["target_utilization"]
+        span = f"U {low:g}" if low == high else f"U {low:g}-{high:g}"
+        tie = " (not significantly: within each other's 95 % CI)" if run[0]["within_ci"] else ""
+        sentences.append(f"{run[0]['question']}: {run[0]['best']} accepts most at {span}{tie}")
+    return sentences

@@ -206,6 +206,10 @@ def _html(data: ReportData) -> str:
             if c.per_cpu:
                 parts.append(_img(figures.histograms_per_cpu(c.label, c.per_cpu), f"histogram {c.label}"))
     parts.append(prediction_html(data.predictions))
+    if data.experiments:
+        from ..experiment.figures import experiments_html
+
+        parts.append(experiments_html(data.experiments))
     for title, header, rows in tables[2:]:
         parts.append(_html_table(title, header, rows))
     parts.append("<h2>Runs over time</h2>")
