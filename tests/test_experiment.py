@@ -87,6 +87,9 @@ def test_schedcat_named_distributions() -> None:
     assert light.size > 10 and (light <= 0.1).all()
     periods = PERIOD_GENERATORS["uni-short"](rng, 1000)
     assert periods.min() >= 3 and periods.max() <= 33
+    engine = PERIOD_GENERATORS["automotive"](rng, 5000)
+    assert set(engine.tolist()) <= {1, 2, 5, 10, 20, 50, 100, 200, 1000}
+    assert (engine == 10).mean() == pytest.approx(25 / 85, abs=0.03)
     logs = PERIOD_GENERATORS["log-uni-long"](rng, 1000)
     assert logs.min() >= 50 and logs.max() <= 250 and np.median(logs) < 150  # log-uniform leans to the short end
 
@@ -204,3 +207,34 @@ def test_uunifast_point_beyond_the_task_count_is_an_input_error() -> None:
                              "questions": {"schedulers": ["rtds"]}}, "x")
     with pytest.raises(GeneratorError, match="uunifast-discard"):
         draw_system(plan.seed, plan.points()[0], 0, plan.questions)
+
+
+def test_design_question_reports_bandwidth_no_smaller_than_the_load(tmp_path: Path) -> None:
+    text = SMALL.replace("count = 16", "count = 4").replace("[0.2, 0.5, 0.9]", "[0.4]") \
+        .replace('["fifo-periodic", "rtds"]', '["deadline"]').replace('simulate = "300ms"', "design = true")
+    result = run_cli("experiment", str(experiment_file(tmp_path, text)), "--results", str(tmp_path / "r"),
+                     "--workers", "1", timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = records_of(tmp_path / "r").to_pylist()
+    assert sorted({r["question"] for r in rows}) == ["design", "shared"] and len(rows) == 8
+    designed = [r for r in rows if r["question"] == "design" and r["accepted"]]
+    assert designed, "SCHED_DEADLINE designs a 40 % load of 3 VMs"
+    # an interface that proves a load can never reserve less than the load (bandwidth per pCPU vs utilisation)
+    assert all(r["overhead"] >= -1e-9 and r["bandwidth"] <= 1 + 1e-9 for r in designed)
+    shared = {r["system"]: r["bandwidth"] for r in rows if r["question"] == "shared"}
+    assert any(r["bandwidth"] < shared[r["system"]] for r in designed)  # design reserves less than sharing all
+
+
+def test_report_and_list_show_experiments(tmp_path: Path) -> None:
+    listed = run_cli("experiment", "--list", "--json")
+    assert json.loads(listed.stdout)["experiments"] == ["rtxen-servers", "sedf-rules"]
+    text = SMALL.replace("count = 16", "count = 4").replace('simulate = "300ms"', "")
+    assert run_cli("experiment", str(experiment_file(tmp_path, text)), "--results", str(tmp_path / "r"),
+                   timeout=300).returncode == 0
+    out = tmp_path / "report.json"
+    assert run_cli("report", str(tmp_path / "r"), "--format", "json", "--out", str(out)).returncode == 0
+    section = json.loads(out.read_text())["experiments"][0]
+    assert section["name"] == "small" and len(section["curves"]) == 6
+    assert section["where"] and all(s.startswith("shared: ") for s in section["where"])
+    assert run_cli("report", str(tmp_path / "r"), "--out", str(tmp_path / "r.html")).returncode == 0
+    assert "<h2>Experiments</h2>" in (tmp_path / "r.html").read_text()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .automotive import automotive_periods
 from .base import GeneratorError
 from .randfixedsum import randfixedsum
 from .schedcat import PERIODS, UTILISATIONS, draw_until
@@ -30,4 +31,5 @@ UTILISATION_GENERATORS: dict[str, UtilisationDraw] = {
     "randfixedsum": lambda rng, tasks, total: randfixedsum(rng, tasks, total),
     **{name: _named(name) for name in UTILISATIONS},
 }
-PERIOD_GENERATORS: dict[str, Callable[[np.random.Generator, int], np.ndarray]] = dict(PERIODS)
+PERIOD_GENERATORS: dict[str, Callable[[np.random.Generator, int], np.ndarray]] = {
+    **PERIODS, "automotive": automotive_periods}
