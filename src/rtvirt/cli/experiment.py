@@ -80,15 +80,15 @@ def experiment(spec: str | None, results: Path, workers: int | None, cluster: st
         bar = _bar(len(plan.points())) if progress_wanted(progress) else None
         try:
             done = lib.run_experiment(plan, run, pool, on_progress=None if bar is None else bar[1])
+        except KeyboardInterrupt:
+            lib.finish_run(run, plan, False, where)
+            err_console.print(f"interrupted: every finished chunk is kept in {run.path}; continue with --resume")
+            raise SystemExit(130) from None
         finally:
             if bar is not None:
                 bar[0].stop()
-    except KeyboardInterrupt:
+    finally:
         pool.close()
-        lib.finish_run(run, plan, False, where)
-        err_console.print(f"interrupted: every finished chunk is kept in {run.path}; continue with --resume")
-        raise SystemExit(130) from None
-    pool.close()
     elapsed = time.monotonic() - started
     lib.finish_run(run, plan, True, {**where, "elapsed_s": round(elapsed, 3)})
     summary = lib.summarize(lib.read_records(run.path).to_pylist())

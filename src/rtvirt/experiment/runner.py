@@ -9,6 +9,7 @@ workers and after a resume."""
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,8 +72,8 @@ class _Point:
 
 def run_experiment(experiment: Experiment, run: RunDir, pool: Pool,
                    on_progress: Callable[[Progress], None] | None = None) -> Progress:
-    """Every design point's systems, answered on ``pool`` and written into ``run``; raises KeyboardInterrupt
-    after keeping every chunk that finished."""
+    """Every design point's systems, answered on ``pool`` and written into ``run``. On KeyboardInterrupt the pool
+    is closed and every chunk that finished (before or while closing) is written before it is raised again."""
     samples = experiment.samples
     points = [_Point(p.index, samples.chunk, samples.count, samples.ci_width) for p in experiment.points()]
     progress = Progress(len(points))
@@ -85,8 +86,8 @@ def run_experiment(experiment: Experiment, run: RunDir, pool: Pool,
             point.planned += systems
             point.add(table.to_pydict(), systems)
     # with a fixed count, chunks after a missing one may be written already: plan only the missing ones
-    queue = [(point, start, count) for point in points for start, count in point.plan()
-             if (point.index, start) not in done]
+    queue = deque((point, start, count) for point in points for start, count in point.plan()
+                  if (point.index, start) not in done)
     for (index, start), path in done.items():
         point = points[index]
         if point.width is None and start >= point.written:
@@ -98,7 +99,7 @@ def run_experiment(experiment: Experiment, run: RunDir, pool: Pool,
     try:
         while queue or inflight:
             while queue and len(inflight) < 2 * pool.workers:
-                point, start, count = queue.pop(0)
+                point, start, count = queue.popleft()
                 inflight[pool.submit(run_chunk, document, point.index, start, count)] = (point, start, count)
             for future in pool.first_done(inflight):
                 point, start, count = inflight.pop(future)
@@ -112,8 +113,15 @@ def run_experiment(experiment: Experiment, run: RunDir, pool: Pool,
                 if on_progress is not None:
                     on_progress(progress)
     except KeyboardInterrupt:
-        for future, (point, start, _) in inflight.items():
-            if future.done() and not future.cancelled() and future.exception() is None:
-                write_chunk(run.path, point.index, start, future.result())
+        _keep_finished(run, inflight)
+        pool.close()  # queued chunks are cancelled; local workers finish the chunks they hold...
+        _keep_finished(run, inflight)  # ...and those are kept too
         raise
     return progress
+
+
+def _keep_finished(run: RunDir, inflight: dict[Any, tuple[_Point, int, int]]) -> None:
+    for future, (point, start, _) in list(inflight.items()):
+        if future.done() and not future.cancelled() and future.exception() is None:
+            write_chunk(run.path, point.index, start, future.result())
+            del inflight[future]
