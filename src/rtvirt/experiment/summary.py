@@ -102,5 +102,8 @@ def _where(dominance: list[dict[str, Any]], curves: list[dict[str, Any]]) -> lis
         low, high = run[0]["target_utilization"], run[-1]["target_utilization"]
         span = f"U {low:g}" if low == high else f"U {low:g}-{high:g}"
         tie = " (not significantly: within each other's 95 % CI)" if run[0]["within_ci"] else ""
-        sentences.append(f"{run[0]['question']}: {run[0]['best']} accepts most at {span}{tie}")
+        if run[0]["best"] == "none":
+            sentences.append(f"{run[0]['question']}: no scheduler's analysis accepts a system at {span}")
+        else:
+            sentences.append(f"{run[0]['question']}: {run[0]['best']} accepts most at {span}{tie}")
     return sentences
