@@ -18,7 +18,7 @@ from rtvirt.experiment import load, read_records
 from rtvirt.experiment.generators import PERIOD_GENERATORS, UTILISATION_GENERATORS, GeneratorError
 from rtvirt.experiment.generators.randfixedsum import randfixedsum
 from rtvirt.experiment.generators.uunifast import uunifast_discard
-from rtvirt.experiment.spec import parse_experiment
+from rtvirt.experiment.spec import Experiment, parse_experiment
 from rtvirt.experiment.systems import draw_system
 from rtvirt.results.catalog import query
 
@@ -200,6 +200,26 @@ def test_builtin_experiments_parse_and_restate_findings() -> None:
     assert len(load("rtxen-servers").points()) == 20
     with pytest.raises(Exception, match="not a built-in"):
         load("no-such-experiment")
+
+
+def test_experiment_travels_to_workers_exactly() -> None:
+    plan = parse_experiment({"grid": {"utilization": 0.5}, "questions": {
+        "schedulers": ["rtds"], "simulate": "1234567ns", "context_switch": 3.5}}, "x")
+    document = json.dumps(plan.model_dump(mode="json"))
+    assert Experiment.model_validate(json.loads(document)) == plan  # no duration rounded on the way
+    assert plan.questions.simulate == 1_234_567 and plan.questions.context_switch == 3_500
+
+
+def test_design_on_local_workers_equals_design_in_process(tmp_path: Path) -> None:
+    model = str(Path(__file__).parents[1] / "examples" / "models" / "rtxen-servers.toml")
+    outputs = []
+    for extra in ([], ["--workers", "2"]):
+        result = run_cli("design", model, "-s", "rtds", "-s", "arinc653", "-s", "psedf", "--json", "--results",
+                         str(tmp_path / "r"), *extra, timeout=300)
+        assert result.returncode == 0, result.stderr
+        outputs.append(json.loads(result.stdout))
+    assert outputs[0]["designs"] == outputs[1]["designs"] and outputs[0]["proven"] == outputs[1]["proven"]
+    assert [d["scheduler"] for d in outputs[1]["designs"]] == ["rtds", "arinc653", "psedf"]
 
 
 def test_uunifast_point_beyond_the_task_count_is_an_input_error() -> None:

@@ -1,9 +1,10 @@
 """rtvirt experiment --cluster on a real Dask cluster: a scheduler and two workers started as separate processes
 on 127.0.0.1 (as a lab would start them); one worker is killed mid-run and nothing is lost: the records equal
-the local run's for the same seed."""
+the local run's for the same seed. `rtvirt design --cluster` then designs on the surviving worker."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -91,3 +92,12 @@ def test_cluster_run_equals_local_run_and_survives_a_killed_worker(tmp_path: Pat
     on_cluster = read_records(next((results / "runs").iterdir()))
     assert on_cluster.num_rows == 3 * 80 * 2
     assert on_cluster.equals(read_records(next((tmp_path / "local" / "runs").iterdir())))
+    # `rtvirt design` farms its schedulers out to the same cluster (its one surviving worker) and designs alike
+    model = str(Path(__file__).parents[1] / "examples" / "models" / "rtxen-servers.toml")
+    designs = []
+    for where in (["--cluster", str(scheduler_file)], []):
+        result = run_cli("design", model, "-s", "rtds", "-s", "fifo-periodic", "-s", "arinc653", "--json",
+                         "--results", str(tmp_path / "designs"), *where, timeout=300)
+        assert result.returncode == 0, result.stderr
+        designs.append(json.loads(result.stdout)["designs"])
+    assert designs[0] == designs[1] and [d["scheduler"] for d in designs[0]] == ["rtds", "fifo-periodic", "arinc653"]

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from ..errors import InputError
 
-__all__ = ["Pool", "LocalPool", "DaskPool", "open_pool"]
+__all__ = ["Pool", "LocalPool", "DaskPool", "open_pool", "pool_map"]
 
 _CONNECT_TIMEOUT_S = 10
 _RETRIES = 3  # a chunk whose worker died is rerun elsewhere; this bounds chunks that fail by themselves
@@ -84,3 +84,9 @@ def open_pool(cluster: str | None, workers: int | None) -> Pool:
     if cluster is not None:
         return DaskPool(cluster)
     return LocalPool(workers or multiprocessing.cpu_count())
+
+
+def pool_map(pool: Pool, fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[Any]:
+    """``fn(*args)`` for every args of ``calls`` on the pool, results in the order of ``calls``."""
+    futures = [pool.submit(fn, *args) for args in calls]
+    return [future.result() for future in futures]

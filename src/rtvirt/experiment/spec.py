@@ -10,21 +10,39 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ..analysis.design import DESIGNABLE
 from ..errors import InputError, first_validation_error
-from ..units import duration_field
+from ..units import parse_duration
 from .generators import PERIOD_GENERATORS, UTILISATION_GENERATORS
 
 __all__ = ["Experiment", "Grid", "Samples", "Questions", "DesignPoint", "load_experiment", "parse_experiment"]
+
+
+
+def _exact_duration(default_unit: str) -> Any:
+    """Nanoseconds whose bare numbers are in ``default_unit``, written back as exact "<n>ns" (the shared
+    duration field rounds to 6 digits, and the experiment travels to workers as JSON)."""
+    return Annotated[int, BeforeValidator(lambda v: parse_duration(v, default_unit)),
+                     PlainSerializer(lambda ns: f"{ns}ns", return_type=str, when_used="json")]
+
 
 if TYPE_CHECKING:  # checkers see the validated value: nanoseconds
     Seconds = int
     Micros = int
 else:
-    Seconds = duration_field("s")
-    Micros = duration_field("us")
+    Seconds = _exact_duration("s")
+    Micros = _exact_duration("us")
 
 
 def _as_list(value: Any) -> Any:
