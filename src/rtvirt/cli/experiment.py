@@ -67,7 +67,7 @@ def experiment(spec: str | None, results: Path, workers: int | None, cluster: st
             print_json({"experiments": names})
         else:
             for name in names:
-                console.print(f"{name}: {lib.load(name).description.splitlines()[0]}")
+                console.print(f"[bold]{name}[/]: {' '.join(lib.load(name).description.split())}\n")
         return
     if spec is None:
         raise InputError("argument FILE.toml|NAME: give an experiment file or a built-in name (--list)")
