@@ -64,3 +64,13 @@ def test_bad_sweep_exits_2_naming_the_option(tmp_path: Path) -> None:
     for sweep in ("vm.nonrt.load", "=0,1", "vm.nonrt.load=0,lots", "vm.nobody.load=0.5"):
         result = run_cli("analyze", str(ESC), "--results", str(tmp_path / "r"), "--sweep", sweep)
         assert result.returncode == 2 and "--sweep" in result.stderr and "Traceback" not in result.stderr, sweep
+
+
+def test_sweep_on_local_workers_equals_the_sweep_in_process(tmp_path: Path) -> None:
+    documents = []
+    for extra in ([], ["--workers", "2"]):
+        documents.append(json.loads(run_cli("analyze", str(ESC), "--results", str(tmp_path / "r"), "--json",
+                                            "--sweep", "vm.nonrt.load=0,0.9", *extra, check=True,
+                                            timeout=300).stdout))
+    assert documents[0]["automotive_sweep"] == documents[1]["automotive_sweep"]
+    assert [len(rule["simulated"]) for rule in documents[1]["automotive_sweep"]["rules"]] == [2, 2, 2]

@@ -145,6 +145,12 @@ def test_sweep_writes_one_run_per_value(tmp_path: Path) -> None:
     assert [r["sweep"]["vm.be.load"] for r in runs] == [0, 0.2, 0.4]
     # the loaded VM has the higher priority and runs first every 10 ms (2 ms, then 4 ms): rt/ctl waits for it
     assert [r["tasks"]["rt/ctl"]["max_response_ns"] for r in runs] == [1_000_000, 3_000_000, 5_000_000]
+    # on two worker processes: the same runs, written by the workers into the same store
+    parallel = json.loads(run_cli("sim", str(model), "-D", "0.1", "--results", str(tmp_path / "r"), "--json",
+                                  "--sweep", "vm.be.load=0,0.2,0.4", "--workers", "2", check=True).stdout)["runs"]
+    assert [{k: v for k, v in r.items() if k not in ("run_id", "path")} for r in parallel] == \
+        [{k: v for k, v in r.items() if k not in ("run_id", "path")} for r in runs]
+    assert all(Path(r["path"], "manifest.json").exists() for r in parallel)
 
 
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.toml")))

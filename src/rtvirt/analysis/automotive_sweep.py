@@ -14,7 +14,7 @@ hence more pessimistic than the rules, or none where a supply has no guarantee).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,9 @@ from .automotive import RuleResult
 from .design import configure_model
 from .system import derive_automotive
 
-__all__ = ["RuleSweep", "automotive_sweep", "job_overhead"]
+__all__ = ["RuleSweep", "automotive_sweep", "job_overhead", "simulated_summary", "MapCalls"]
+
+MapCalls = Callable[[Callable[..., Any], list[tuple[Any, ...]]], list[Any]]
 
 
 @dataclass
@@ -77,35 +79,51 @@ def _swept_model(model_path: Path | str, overrides: Sequence[tuple[str, Any]], k
         raise InputError(f"option --sweep: {key}={value}: {message}") from None
 
 
+def simulated_summary(model: Model, duration_ns: int | None, seed: int | None) -> dict[str, Any]:
+    """One swept simulation's task summary: a plain dict, so it can be computed in another process."""
+    return task_summary(simulate(model, duration_ns=duration_ns, seed=seed))
+
+
+def _in_process(fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[Any]:
+    return [fn(*args) for args in calls]
+
+
 def automotive_sweep(model_path: Path | str, key: str, values: Sequence[Any],
                      overrides: Sequence[tuple[str, Any]] = (), *, duration_ns: int | None = None,
-                     seed: int | None = None) -> list[RuleSweep]:
-    """One row per derived rule set (empty when the model's chains do not have the study's shape)."""
+                     seed: int | None = None, map_calls: MapCalls = _in_process) -> list[RuleSweep]:
+    """One row per derived rule set (empty when the model's chains do not have the study's shape).
+    ``map_calls(fn, calls)`` runs the simulations (every rule × value): in this process by default, or on
+    worker processes or a cluster (rtvirt.experiment.executors.pool_map)."""
     base = load_model(model_path, list(overrides))
     rules = derive_automotive(base, job_overhead(base)) if base.chain else None
     if rules is None:
         return []
     models = [_swept_model(model_path, overrides, key, value) for value in values]
     rows = []
+    calls = []
     for label, rule in rules.items():
         configured = configure_model(base, label, _parameters(base, rule))
         assert configured.analysis is not None
         bounds = [chain.bound for chain in configured.analysis.chains]
         reasons = [task.reason for task in configured.analysis.tasks if task.wcrt is None]
-        row = RuleSweep(rule, None if None in bounds else max(b for b in bounds if b is not None),
-                        reasons[0] if None in bounds and reasons else "")
+        rows.append(RuleSweep(rule, None if None in bounds else max(b for b in bounds if b is not None),
+                              reasons[0] if None in bounds and reasons else ""))
+        for swept in models:
+            variant = configure_model(swept, label, _parameters(swept, rule)).model
+            assert variant is not None
+            calls.append((variant, duration_ns, seed))
+    summaries = iter(map_calls(simulated_summary, calls))
+    for row in rows:
+        rule = row.rule
         parameters = _parameters(base, rule)
         background = [f"{vm.name}.{index}" for vm in base.vm for index in range(len(vm.vcpu))
                       if vm.load > 0 and (vm.name, index) not in parameters]
-        for value, swept in zip(values, models, strict=True):
-            variant = configure_model(swept, label, _parameters(swept, rule)).model
-            assert variant is not None
-            summary = task_summary(simulate(variant, duration_ns=duration_ns, seed=seed))
+        for value in values:
+            summary = next(summaries)
             worst = max((c["max_response_ns"] or 0 for c in summary["chains"].values()), default=0)
             stages = {name: summary["tasks"][name]["max_response_ns"] for name in rule.slices}
             # what the non-RT vCPUs actually got, to set against the load they asked for
             served = {name: summary["supplied_ns"][name] / summary["simulated_ns"] for name in background}
             row.simulated.append({"value": value, "worst_chain_ns": worst, "rt_stage_ns": stages,
                                   "misses": summary["misses"], "nonrt_served": served, "status": summary["status"]})
-        rows.append(row)
     return rows

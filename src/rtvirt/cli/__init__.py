@@ -40,6 +40,8 @@ COMMANDS = {
     "analyze": CommandEntry("analyze", "analyze", "Worst-case response-time bounds for MODEL.toml."),
     "design": CommandEntry("design", "design", "Smallest budget per vCPU that keeps every guest task of MODEL.toml "
                            "schedulable, per hypervisor scheduler."),
+    "experiment": CommandEntry("experiment", "experiment", "Run an experiment: design points x questions over "
+                               "random systems, locally or on a Dask cluster."),
     "lab": CommandEntry("lab", "lab", "Run one probe on every SSH target of an inventory at once; one report."),
     "host": CommandEntry("host", "host", "Check, tune and restore this host for real-time work (RT checklist)."),
 }

@@ -132,8 +132,12 @@ def _sweep_table(key: str, rows: list[RuleSweep]) -> Table:
               help="automotive models: simulate each rule's configuration per value, e.g. vm.nonrt.load=0,0.45,0.9")
 @click.option("--json", "as_json", is_flag=True, help="print the analysis as JSON")
 @click.option("--strict", is_flag=True, help="exit with status 3 when a task or chain may miss its deadline")
+@click.option("--workers", type=click.IntRange(1, 1024), help="--sweep: simulate on this many local worker "
+              "processes [default: one after the other in this process]")
+@click.option("--cluster", "--dask", "cluster", metavar="ADDRESS",
+              help="--sweep: simulate on an existing Dask cluster (tcp://HOST:8786 or a scheduler file)")
 def analyze(model_path: Path, assignments: tuple[str, ...], results: Path, sweep: str | None, as_json: bool,
-            strict: bool) -> None:
+            strict: bool, workers: int | None, cluster: str | None) -> None:
     """Worst-case response-time bounds for MODEL.toml (docs/analysis.md).
 
     An unschedulable system is an answer, not an error: the exit status is 0 and the tables say which task
@@ -146,7 +150,17 @@ def analyze(model_path: Path, assignments: tuple[str, ...], results: Path, sweep
     rows: list[RuleSweep] = []
     if sweep is not None:
         key, values = parse_sweep(sweep)
-        rows = automotive_sweep(model_path, key, values, overrides)
+        if workers is None and cluster is None:
+            rows = automotive_sweep(model_path, key, values, overrides)
+        else:
+            from ..experiment.executors import open_pool, pool_map
+
+            pool = open_pool(cluster, workers)
+            try:
+                rows = automotive_sweep(model_path, key, values, overrides,
+                                        map_calls=lambda fn, calls: pool_map(pool, fn, calls))
+            finally:
+                pool.close()
         if not rows:
             raise InputError("option --sweep: the model has no event chains driver → RT domain (→ driver) "
                              "to derive the automotive rules from")

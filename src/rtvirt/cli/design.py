@@ -79,8 +79,12 @@ def _write_configs(design: Design, model_name: str, model: object, out: Path) ->
               show_default=True, help="results directory the design record is written to")
 @click.option("--json", "as_json", is_flag=True, help="print the designs as JSON")
 @click.option("--strict", is_flag=True, help="exit with status 3 when no scheduler gets a proven design")
+@click.option("--workers", type=click.IntRange(1, 1024), help="design the schedulers on this many local worker "
+              "processes [default: one after the other in this process]")
+@click.option("--cluster", "--dask", "cluster", metavar="ADDRESS",
+              help="design the schedulers on an existing Dask cluster (tcp://HOST:8786 or a scheduler file)")
 def design(model_path: Path, schedulers: tuple[str, ...], assignments: tuple[str, ...], out: Path | None,
-           results: Path, as_json: bool, strict: bool) -> None:
+           results: Path, as_json: bool, strict: bool, workers: int | None, cluster: str | None) -> None:
     """Smallest budget per vCPU that keeps every guest task of MODEL.toml schedulable, per hypervisor scheduler.
 
     Each design is checked by the same analysis as `rtvirt analyze`; with --out, each gets xen.sh, kvm.sh,
@@ -89,7 +93,17 @@ def design(model_path: Path, schedulers: tuple[str, ...], assignments: tuple[str
     it with `rtvirt sim`).
     """
     model = load_model(model_path, [parse_assignment(a, "--set") for a in assignments])
-    designs = [design_model(model, label) for label in (schedulers or DESIGNABLE)]
+    labels = list(schedulers or DESIGNABLE)
+    if workers is None and cluster is None:
+        designs = [design_model(model, label) for label in labels]
+    else:
+        from ..experiment.executors import open_pool, pool_map
+
+        pool = open_pool(cluster, workers)
+        try:
+            designs = pool_map(pool, design_model, [(model, label) for label in labels])
+        finally:
+            pool.close()
     proven = [d for d in designs if d.schedulable]
     shown = proven[0] if proven else next((d for d in designs if d.analysis is not None), None)
     folders = {d.label: str(_write_configs(d, model.name, model, out)) for d in designs} if out else {}

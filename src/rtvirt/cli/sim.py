@@ -57,9 +57,11 @@ def _task_table(title: str, summary: dict[str, Any]) -> Table:
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="override a model field, e.g. vm.nonrt.load=0.5 (repeatable)")
 @click.option("--sweep", metavar="KEY=V1,V2,...", help="one run per value, e.g. vm.nonrt.load=0,0.3,0.6,0.9")
+@click.option("--workers", type=click.IntRange(1, 1024), help="--sweep: simulate the values on this many local "
+              "worker processes (Ctrl-C waits for the runs in progress) [default: one after the other]")
 def sim(model_path: Path, duration: str | None, seed: int | None, results: Path, as_json: bool,
         gantt: Path | None, gantt_from: str | None, gantt_to: str | None, assignments: tuple[str, ...],
-        sweep: str | None) -> None:
+        sweep: str | None, workers: int | None) -> None:
     """Simulate MODEL.toml (docs/model.md); every job, event and gap is kept in the results store."""
     duration_ns = _time(duration, "--duration", "s")
     if duration_ns == 0:
@@ -72,21 +74,38 @@ def sim(model_path: Path, duration: str | None, seed: int | None, results: Path,
     overrides = [parse_assignment(a, "--set") for a in assignments]
     key, values = parse_sweep(sweep) if sweep else (None, [None])
     documents = []
-    for value in values:
-        extra = [(key, value)] if key is not None else []
-        model = load_model(model_path, overrides + extra)
+    models = [load_model(model_path, overrides + ([(key, value)] if key is not None else [])) for value in values]
+    runs = []
+    for value, model in zip(values, models, strict=True):
         params = {"model": str(model_path), "set": list(assignments),
                   "duration_ns": duration_ns if duration_ns is not None else model.simulation.duration,
                   "seed": seed if seed is not None else model.simulation.seed}
         if key is not None:
             params["sweep"] = {key: value}
         label = " ".join([model.name, *assignments, *([f"{key}={value}"] if key is not None else [])])
-        result, run, summary = simulate_to_store(
-            model, results, model_path=str(model_path), params=params, label=label, duration_ns=duration_ns,
-            seed=seed, gantt=(start, end) if gantt is not None and key is None else None)
-        if gantt is not None and key is None:
-            write_gantt(result, gantt, start, end)
-        documents.append({"run_id": run.run_id, "path": str(run.path), **({"sweep": {key: value}} if key else {}),
+        runs.append((model, params, label))
+    parallel = None
+    if workers is not None and key is not None:
+        from ..experiment.executors import open_pool, pool_map
+        from ..sim.results import simulate_to_store_summary
+
+        pool = open_pool(None, workers)
+        try:
+            parallel = iter(pool_map(pool, simulate_to_store_summary, [
+                (model, results, str(model_path), params, duration_ns, seed, label) for model, params, label in runs]))
+        finally:
+            pool.close()
+    for value, (model, params, label) in zip(values, runs, strict=True):
+        if parallel is not None:
+            end_reason, run_id, run_path, summary = next(parallel)
+        else:
+            result, run, summary = simulate_to_store(
+                model, results, model_path=str(model_path), params=params, label=label, duration_ns=duration_ns,
+                seed=seed, gantt=(start, end) if gantt is not None and key is None else None)
+            end_reason, run_id, run_path = result.end_reason, run.run_id, str(run.path)
+            if gantt is not None and key is None:
+                write_gantt(result, gantt, start, end)
+        documents.append({"run_id": run_id, "path": run_path, **({"sweep": {key: value}} if key else {}),
                           **summary})
         if not as_json:
             title = f"sim {model.name} ({model.hypervisor.scheduler})" + (f", {key} = {value}" if key else "")
@@ -95,9 +114,9 @@ def sim(model_path: Path, duration: str | None, seed: int | None, results: Path,
             state = {"complete": "",
                      "event-cap": f" [yellow](partial: stopped by the event cap (simulation.event_cap = "
                                   f"{model.simulation.event_cap}) at {reached} simulated)[/]",
-                     "interrupted": f" [yellow](partial: interrupted at {reached} simulated)[/]"}[result.end_reason]
-            console.print(f"run {run.run_id} written to {run.path}{state}")
-        if result.end_reason == "interrupted":  # like an interrupted probe: keep what ran, stop the sweep
+                     "interrupted": f" [yellow](partial: interrupted at {reached} simulated)[/]"}[end_reason]
+            console.print(f"run {run_id} written to {run_path}{state}")
+        if end_reason == "interrupted":  # like an interrupted probe: keep what ran, stop the sweep
             break
     if as_json:
         print_json(documents[0] if key is None else {"sweep": key, "runs": documents})

@@ -7,6 +7,7 @@ Tables and views (docs/results-store.md):
 - ``samples``: every run's samples: run_id, t_ns, value (the run's value_field), cpu, thread, kind.
 - ``histograms``: every run's exact histogram: run_id, cpu, kind, value, count.
 - ``analysis_tasks``: bounds from analysis runs: run_id, vm, task, wcrt_bound_ns, deadline_ns, schedulable.
+- ``experiment_records``: every experiment run's records, one row per system and question (docs/experiments.md).
 
 The catalog is rebuilt from the run directories each time it is opened, so it never disagrees with them.
 """
@@ -83,7 +84,7 @@ def open_catalog(results: Path) -> Iterator[duckdb.DuckDBPyConnection]:
             connection.register("runs_arrow", _runs_table(runs))
             connection.execute("CREATE OR REPLACE TABLE runs AS SELECT * FROM runs_arrow")
             connection.unregister("runs_arrow")
-            samples, histograms, tasks = [], [], []
+            samples, histograms, tasks, experiments = [], [], [], []
             for run in runs:
                 rid = _sql_string(run.run_id)
                 if run.has_samples and run.value_field:
@@ -94,6 +95,9 @@ def open_catalog(results: Path) -> Iterator[duckdb.DuckDBPyConnection]:
                 if (run.path / "histogram.parquet").exists():
                     histograms.append(f"SELECT {rid} AS run_id, * FROM "
                                       f"read_parquet({_sql_string(str(run.path / 'histogram.parquet'))})")
+                if run.manifest.get("experiment") is not None and any((run.path / "records").glob("*.parquet")):
+                    experiments.append(f"SELECT {rid} AS run_id, * FROM "
+                                       f"read_parquet({_sql_string(str(run.path / 'records' / '*.parquet'))})")
                 for task in ((run.manifest.get("analysis") or {}).get("tasks") or []):
                     tasks.append((run.run_id, task.get("vm"), task.get("task"), task.get("wcrt_bound_ns"),
                                   task.get("deadline_ns"), task.get("schedulable")))
@@ -103,6 +107,9 @@ def open_catalog(results: Path) -> Iterator[duckdb.DuckDBPyConnection]:
             connection.execute("CREATE OR REPLACE VIEW histograms AS " + _union(histograms, (
                 "SELECT NULL::VARCHAR run_id, NULL::SMALLINT cpu, NULL::VARCHAR kind, NULL::BIGINT value, "
                 "NULL::BIGINT count WHERE false")))
+            connection.execute("CREATE OR REPLACE VIEW experiment_records AS " + _union(experiments, (
+                "SELECT NULL::VARCHAR run_id, NULL::INTEGER point, NULL::INTEGER system, NULL::VARCHAR scheduler, "
+                "NULL::VARCHAR question, NULL::BOOLEAN accepted WHERE false")))
             connection.execute("CREATE OR REPLACE TABLE analysis_tasks (run_id VARCHAR, vm VARCHAR, task VARCHAR, "
                                "wcrt_bound_ns DOUBLE, deadline_ns DOUBLE, schedulable BOOLEAN)")
             if tasks:

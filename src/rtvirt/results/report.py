@@ -248,6 +248,10 @@ def _html(data: ReportData, model: dict[str, Any]) -> str:
             if c.per_cpu:
                 parts.append(_img(figures.histograms_per_cpu(c.label, c.per_cpu), f"histogram {c.label}"))
     parts.append(prediction_html(data.predictions))
+    if data.experiments:
+        from ..experiment.figures import experiments_html
+
+        parts.append(experiments_html(data.experiments))
     for table in tables[2:]:
         parts.append(_html_table(table["title"], table["header"], table["rows"]))
     parts.append("<h2>Runs over time</h2>")

@@ -85,6 +85,7 @@ class ReportData:
     tasks: list[TaskBounds]
     analysis_runs: list[StoredRun]
     predictions: list[Any] = field(default_factory=list)  # rtvirt.predict.compare.Prediction per configuration
+    experiments: list[dict[str, Any]] = field(default_factory=list)  # rtvirt.experiment.report.experiment_section
 
 
 def _per_cpu(table: Any) -> dict[int, Histogram]:
@@ -213,10 +214,11 @@ def collect(results: Path, *, baseline: str | None = None, classes_file: Path | 
                 if c.label != chosen and c.summary.samples and base.summary.samples
                 and all(v.run.manifest.get("source") != "simulated" for v in c.runs)]
     analysis_runs = [r for r in runs if r.manifest.get("source") == "analysis"]
+    from ..experiment.report import experiment_section  # acceptance curves of experiment runs
     from ..predict.compare import predictions  # bound, simulated and measured of each predicted configuration
 
     return ReportData(str(results), configurations, chosen, rows, classes, margin, _task_bounds(runs), analysis_runs,
-                      predictions(runs))
+                      predictions(runs), [experiment_section(r) for r in analysis_runs if "experiment" in r.manifest])
 
 
 def as_json(data: ReportData) -> dict[str, Any]:
@@ -244,4 +246,5 @@ def as_json(data: ReportData) -> dict[str, Any]:
         "isolation": [asdict(r) for r in data.isolation],
         "tasks": [asdict(t) for t in data.tasks],
         "predictions": [p.as_dict() for p in data.predictions],
+        "experiments": data.experiments,
     }

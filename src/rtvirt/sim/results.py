@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # numpy and pyarrow are imported by the writer thread while t
     from ..stats import Summary
     from ..store import RunDir
 
-__all__ = ["gap_probe_table", "task_summary", "simulate_to_store", "write_simulated_run"]
+__all__ = ["simulate_to_store_summary", "gap_probe_table", "task_summary", "simulate_to_store", "write_simulated_run"]
 
 _SUPPLY_ENCODING = {"window_start_ns": "DELTA_BINARY_PACKED", "supply_ns": "DELTA_BINARY_PACKED"}
 # Cheap to write (the writer must keep up with the core): no column statistics, delta-encoded time stamps,
@@ -354,6 +354,16 @@ def simulate_to_store(model: Model, results: Path, *, model_path: str, params: d
         run = samples.run
         summary = _store(result, run, samples, model_path=model_path, params=params, label=label, extra=extra)
     return result, run, summary
+
+
+def simulate_to_store_summary(model: Model, results: Path, model_path: str, params: dict[str, Any],
+                              duration_ns: int | None, seed: int | None,
+                              label: str | None) -> tuple[str, str, str, dict[str, Any]]:
+    """simulate_to_store for a worker process (positional arguments, as a pool submits them): only plain values
+    come back (end reason, run id, run path, task summary); the worker writes the run into ``results``."""
+    result, run, summary = simulate_to_store(model, results, model_path=model_path, params=params,
+                                             duration_ns=duration_ns, seed=seed, label=label)
+    return result.end_reason, run.run_id, str(run.path), summary
 
 
 def write_simulated_run(result: SimResult, results: Path, *, model_path: str, params: dict[str, Any],

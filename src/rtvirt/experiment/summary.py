@@ -1,0 +1,109 @@
+"""What an experiment's records say, per design point and scheduler: acceptance ratio with its 95 % Wilson
+score interval, mean interface bandwidth and overhead, simulated no-miss ratio, simulated misses among the
+systems the analysis rejected and worst response over bound among those it accepted; and which scheduler's
+analysis accepts most where (ties within each other's interval are named together)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["wilson", "summarize", "ci_narrow_enough"]
+
+Z95 = 1.959963984540054
+
+
+def wilson(successes: int, n: int) -> tuple[float, float, float]:
+    """(ratio, low, high) of a binomial proportion with its 95 % Wilson score interval."""
+    if n == 0:
+        return math.nan, 0.0, 1.0
+    p = successes / n
+    denominator = 1 + Z95**2 / n
+    centre = (p + Z95**2 / (2 * n)) / denominator
+    half = Z95 * math.sqrt(p * (1 - p) / n + Z95**2 / (4 * n * n)) / denominator
+    return p, max(0.0, centre - half), min(1.0, centre + half)
+
+
+def ci_narrow_enough(accepted: dict[str, list[bool]], width: float) -> bool:
+    """Whether the interval of every scheduler's acceptance ratio is narrower than ``width``."""
+    for values in accepted.values():
+        _, low, high = wilson(sum(values), len(values))
+        if high - low >= width:
+            return False
+    return True
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per (point, question, scheduler) statistics and, per point and question, the dominating schedulers'
+    analyses."""
+    groups: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["point"], row["question"], row["scheduler"]), []).append(row)
+    curves = []
+    for (point, question, scheduler), members in sorted(groups.items()):
+        n = len(members)
+        ratio, low, high = wilson(sum(bool(r["accepted"]) for r in members), n)
+        simulated = [r for r in members if r["sim_misses"] is not None]
+        no_miss = wilson(sum(r["sim_misses"] == 0 for r in simulated), len(simulated)) if simulated else None
+        rejected = [r for r in simulated if not r["accepted"]]
+        accepted_ratios = [r["sim_worst_ratio"] for r in simulated if r["accepted"]]
+        first = members[0]
+        curves.append({
+            "point": point, "question": question, "scheduler": scheduler, "analysis": first["analysis"],
+            **{key: first[key] for key in ("target_utilization", "vms", "tasks_per_vm", "pcpus", "utilizations",
+                                           "periods", "deadlines", "guest_scheduler", "server_period", "spare")},
+            "systems": n, "acceptance": ratio, "acceptance_low": low, "acceptance_high": high,
+            "mean_utilization": _mean(r["utilization"] for r in members),
+            "mean_bandwidth": _mean(r["bandwidth"] for r in members if r["accepted"]),
+            "mean_overhead": _mean(r["overhead"] for r in members if r["accepted"]),
+            "simulated": len(simulated),
+            "sim_no_miss": None if no_miss is None else no_miss[0],
+            "sim_no_miss_low": None if no_miss is None else no_miss[1],
+            "sim_no_miss_high": None if no_miss is None else no_miss[2],
+            "rejected_simulated": len(rejected),
+            "rejected_with_misses": sum(r["sim_misses"] > 0 for r in rejected),
+            "accepted_with_misses": sum(r["sim_misses"] > 0 for r in simulated if r["accepted"]),
+            "worst_ratio_accepted": max((v for v in accepted_ratios if v is not None), default=None),
+        })
+    dominance = []
+    for point, question in sorted({(c["point"], c["question"]) for c in curves}):
+        here = [c for c in curves if c["point"] == point and c["question"] == question]
+        best = max(here, key=lambda c: c["acceptance"])
+        tied = [c["scheduler"] for c in here if c["acceptance_high"] >= best["acceptance_low"]]
+        nobody = best["acceptance"] == 0
+        dominance.append({"point": point, "question": question, "target_utilization": best["target_utilization"],
+                          "best": "none" if nobody else best["scheduler"], "acceptance": best["acceptance"],
+                          "within_ci": tied if len(tied) > 1 and not nobody else []})
+    return {"curves": curves, "dominance": dominance, "where": _where(dominance, curves)}
+
+
+def _where(dominance: list[dict[str, Any]], curves: list[dict[str, Any]]) -> list[str]:
+    """Sentences naming, per question, which scheduler's analysis accepts most over which utilisations
+    (consecutive points of the same other axes with the same best, merged)."""
+    axes = {c["point"]: tuple(c[k] for k in ("vms", "tasks_per_vm", "pcpus", "utilizations", "periods",
+                                               "deadlines", "guest_scheduler", "server_period", "spare"))
+            for c in curves}
+    runs: list[list[dict[str, Any]]] = []
+    for d in sorted(dominance, key=lambda d: (d["question"], axes[d["point"]], d["target_utilization"])):
+        last = runs[-1][-1] if runs else None
+        if last is not None and last["question"] == d["question"] and axes[last["point"]] == axes[d["point"]] \
+                and last["best"] == d["best"] and bool(last["within_ci"]) == bool(d["within_ci"]):
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    sentences = []
+    for run in runs:
+        low, high = run[0]["target_utilization"], run[-1]["target_utilization"]
+        span = f"U {low:g}" if low == high else f"U {low:g}-{high:g}"
+        tie = " (not significantly: within each other's 95 % CI)" if run[0]["within_ci"] else ""
+        if run[0]["best"] == "none":
+            sentences.append(f"{run[0]['question']}: no scheduler's analysis accepts a system at {span}")
+        else:
+            sentences.append(f"{run[0]['question']}: {run[0]['best']} accepts most at {span}{tie}")
+    return sentences
