@@ -160,16 +160,21 @@ def test_every_run_that_started_leaves_a_manifest_with_its_reason(tmp_path: Path
     assert stats.returncode == 2 and "failed without samples" in stats.stderr and "Traceback" not in stats.stderr
 
 
+def _qemu_timer_scenario(path: Path, duration: str) -> Path:
+    """A one-run scenario: the timer probe at 1 ms in a QEMU Linux guest for ``duration``."""
+    path.write_text(f'name = "{path.stem}"\nduration = "{duration}"\nrun_timeout = "3m"\n[workload]\n'
+                    'probe = "timer"\nparams = { interval = "1ms" }\n[[environments]]\nkind = "qemu"\n'
+                    '[[disturbances]]\nname = "solo"\n')
+    return path
+
+
 def _manifests(results: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(results.glob("runs/*/manifest.json"))]
 
 
 @pytest.mark.vm
 def test_a_lost_live_stream_is_recovered_from_the_guests_copy(tmp_path: Path) -> None:
-    scenario = tmp_path / "copy.toml"
-    scenario.write_text('name = "copy"\nduration = "8s"\nrun_timeout = "3m"\n[workload]\nprobe = "timer"\n'
-                        'params = { interval = "1ms" }\n[[environments]]\nkind = "qemu"\n'
-                        '[[disturbances]]\nname = "solo"\n')
+    scenario = _qemu_timer_scenario(tmp_path / "copy.toml", "8s")
     results = tmp_path / "results"
     thief, removed = steal_live_stream(results)
     run_cli("run", str(scenario), "--out", str(results), "--no-progress", timeout=300, check=True)
@@ -185,10 +190,7 @@ def test_a_lost_live_stream_is_recovered_from_the_guests_copy(tmp_path: Path) ->
 
 @pytest.mark.vm
 def test_killing_qemu_mid_run_keeps_what_arrived_as_partial_with_the_reason(tmp_path: Path) -> None:
-    scenario = tmp_path / "kill.toml"
-    scenario.write_text('name = "kill"\nduration = "20s"\nrun_timeout = "3m"\n[workload]\nprobe = "timer"\n'
-                        'params = { interval = "1ms" }\n[[environments]]\nkind = "qemu"\n'
-                        '[[disturbances]]\nname = "solo"\n')
+    scenario = _qemu_timer_scenario(tmp_path / "kill.toml", "20s")
     results = tmp_path / "results"
     proc = subprocess.Popen([sys.executable, "-m", "rtvirt", "run", str(scenario), "--out", str(results),
                              "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
