@@ -511,6 +511,10 @@ def _salvage_killed_run(scenario: Scenario, plan: PlannedRun, results: Path, run
     one stays beside it, labelled with the same configuration. Returns whether a partial run was kept.
     """
     run = RunDir(run_id, Path(results) / "runs" / run_id)
+    for copy in (run.path / "work").glob("**/stream-copy.img"):  # a guest's copy of its stream (sparse)
+        if not run.manifest_path.exists():
+            recover_from_copy(copy, run.stream_path)
+        copy.unlink()
     if run.manifest_path.exists() or not run.stream_path.exists():
         return False
     try:
