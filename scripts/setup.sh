@@ -4,7 +4,7 @@
 #
 #   scripts/setup.sh            what the main job (`make run`: host, partition, QEMU guest) needs
 #   scripts/setup.sh all        everything (`make test`): every environment kind, reference tools, report tests
-#   scripts/setup.sh KIND...    the main job's set plus a kind's: libvirt, xen, arm, tools, report
+#   scripts/setup.sh KIND...    the main job's set plus a kind's: libvirt, xen, arm, tools, report, store
 #                               (rtvirt runs `scripts/setup.sh KIND` itself on a kind's first use)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +26,9 @@ XEN=(
   qemu-system-xen seabios                         # HVM domUs in the Xen lab: device model, BIOS
   openssh-server openssh-client                   # the Xen lab's dom0 sshd and its keys
 )
+STORE=(
+  postgresql                                      # shared results stores (the tests run their own server)
+)
 ARM=(
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents for Arm targets
   qemu-user-static                                # runs the aarch64 agents in tests
@@ -45,13 +48,15 @@ PIP_EXTRAS=()
 for part in "${parts[@]}"; do
   case $part in
     main) ;;
-    all) DEB_PACKAGES+=("${LIBVIRT[@]}" "${XEN[@]}" "${ARM[@]}" "${TOOLS[@]}" "${REPORT[@]}"); PIP_EXTRAS+=(test libvirt) ;;
+    all) DEB_PACKAGES+=("${LIBVIRT[@]}" "${XEN[@]}" "${ARM[@]}" "${TOOLS[@]}" "${REPORT[@]}" "${STORE[@]}")
+         PIP_EXTRAS+=(test libvirt) ;;
     libvirt) DEB_PACKAGES+=("${LIBVIRT[@]}"); PIP_EXTRAS+=(libvirt) ;;
     xen) DEB_PACKAGES+=("${XEN[@]}") ;;
     arm) DEB_PACKAGES+=("${ARM[@]}") ;;
     tools) DEB_PACKAGES+=("${TOOLS[@]}") ;;
     report) DEB_PACKAGES+=("${REPORT[@]}") ;;
-    *) echo "setup: unknown part '$part' (main, all, libvirt, xen, arm, tools, report)" >&2; exit 2 ;;
+    store) DEB_PACKAGES+=("${STORE[@]}") ;;
+    *) echo "setup: unknown part '$part' (main, all, libvirt, xen, arm, tools, report, store)" >&2; exit 2 ;;
   esac
 done
 

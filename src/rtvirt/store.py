@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import __version__
 from .errors import InputError, first_validation_error
 from .fileio import write_atomically
 from .stats import Histogram, HistogramBuilder, Summary, summarize_histogram, summarize_stream
@@ -256,7 +257,8 @@ def write_run(run: RunDir, table: pa.Table | None, manifest: dict[str, Any], *,
     when the writer already has them (a simulated run: the core counted them), else they come from ``histogram``.
     """
     document = {"manifest_version": MANIFEST_VERSION, "run_id": run.run_id,
-                "created": dt.datetime.now(dt.UTC).isoformat(), "status": "complete", "dropped": 0, **manifest}
+                "created": dt.datetime.now(dt.UTC).isoformat(), "status": "complete", "dropped": 0,
+                "rtvirt_version": __version__, **manifest}
     if table is not None:
         value_field = document.get("value_field")
         if not value_field or value_field not in table.column_names:

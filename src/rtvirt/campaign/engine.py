@@ -31,6 +31,7 @@ from ..scenario.matrix import PlannedRun, expand, scaled_params
 from ..scenario.schema import Scenario, StressorUse
 from ..scenario.studies import study_provenance
 from ..store import RunDir, new_run, write_failed_run, write_measured_run
+from ..stores.provenance import content_sha256
 from ..stream import StreamReader, recover_from_copy
 from ..stressors import STRESSORS, RunningStressor
 from ..sysaudit import audit_system
@@ -360,7 +361,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     timeline = [{"t_ns": int((at - origin) * 1e9), "event": event} for at, event in marks]
     run_system = {**system, "warnings": [*system.get("warnings", []), *env_warnings],
                   **({"platform": platform_audit} if platform_audit else {})}
-    extra |= {"scenario": scenario.name, "environment": env_config.label, "config": plan.config,
+    extra |= {"scenario": scenario.name, "scenario_sha256": content_sha256(scenario.model_dump(mode="json")),
+              "environment": env_config.label, "config": plan.config,
               "repetition": plan.repetition, "timeline": timeline, "system": run_system,
               "environment_detail": env_description,
               "study": study_provenance(scenario, plan),

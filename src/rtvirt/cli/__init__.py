@@ -30,7 +30,10 @@ COMMANDS = {
                           "of runs or sample files."),
     "report": CommandEntry("report", "report", "Write the report of every run in RESULTS: verdicts, statistics, "
                            "plots, isolation, outliers, settings."),
-    "compare": CommandEntry("compare", "compare", "Isolation table of RUN against BASELINE."),
+    "compare": CommandEntry("compare", "compare", "Isolation table of RUN against BASELINE (or its configuration's "
+                            "last run); exit 3 on a tail regression."),
+    "trend": CommandEntry("trend", "trend", "A metric of one configuration over time per machine, changes marked."),
+    "push": CommandEntry("push", "push", "Deliver the runs spooled while a shared store was away."),
     "sql": CommandEntry("sql", "sql", "Run STATEMENT against the catalog of a results directory."),
     "import": CommandEntry("importer", "import_command", "Import FILES of FORMAT as runs."),
     "stress": CommandEntry("stress", "stress", "Load the machine in a known way (our own stressors, or stress-ng)."),

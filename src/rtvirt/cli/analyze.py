@@ -13,6 +13,7 @@ from ..analysis.system import SystemAnalysis, analyse_model
 from ..errors import InputError, VerdictFailed
 from ..model import load_model, parse_assignment, parse_sweep
 from .output import console, print_json
+from .resultopts import results_option, store_for_writing
 
 __all__ = ["analyze", "supply_text", "tasks_table"]
 
@@ -126,8 +127,7 @@ def _sweep_table(key: str, rows: list[RuleSweep]) -> Table:
 @click.argument("model_path", metavar="MODEL.toml", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="override a model field, e.g. vm.nonrt.load=0.5 (repeatable)")
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True, help="results directory the analysis record is written to")
+@results_option("results store the analysis record is written to")
 @click.option("--sweep", metavar="KEY=V1,V2,...",
               help="automotive models: simulate each rule's configuration per value, e.g. vm.nonrt.load=0,0.45,0.9")
 @click.option("--json", "as_json", is_flag=True, help="print the analysis as JSON")
@@ -136,7 +136,7 @@ def _sweep_table(key: str, rows: list[RuleSweep]) -> Table:
               "processes [default: one after the other in this process]")
 @click.option("--cluster", "--dask", "cluster", metavar="ADDRESS",
               help="--sweep: simulate on an existing Dask cluster (tcp://HOST:8786 or a scheduler file)")
-def analyze(model_path: Path, assignments: tuple[str, ...], results: Path, sweep: str | None, as_json: bool,
+def analyze(model_path: Path, assignments: tuple[str, ...], results: str, sweep: str | None, as_json: bool,
             strict: bool, workers: int | None, cluster: str | None) -> None:
     """Worst-case response-time bounds for MODEL.toml (docs/analysis.md).
 
@@ -165,7 +165,8 @@ def analyze(model_path: Path, assignments: tuple[str, ...], results: Path, sweep
             raise InputError("option --sweep: the model has no event chains driver → RT domain (→ driver) "
                              "to derive the automotive rules from")
         extra["automotive_sweep"] = {"key": key, "values": values, "rules": [row.as_dict() for row in rows]}
-    run, _ = write_analysis_run(analysis, results, model_path=str(model_path), extra=extra)
+    target = store_for_writing(results).write_dir
+    run, _ = write_analysis_run(analysis, target, model_path=str(model_path), extra=extra)
     if as_json:
         print_json({"run_id": run.run_id, "path": str(run.path), **analysis.as_dict(), **extra})
     else:

@@ -14,6 +14,7 @@ from ..analysis.record import write_analysis_run
 from ..errors import InputError, VerdictFailed
 from ..model import load_model, parse_assignment
 from .output import console, print_json
+from .resultopts import results_option, store_for_writing
 
 __all__ = ["design"]
 
@@ -75,8 +76,7 @@ def _write_configs(design: Design, model_name: str, model: object, out: Path) ->
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE", help="override a model field (repeatable)")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="write Xen/KVM/libvirt configuration, a scenario and the designed model per scheduler here")
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True, help="results directory the design record is written to")
+@results_option("results store the design record is written to")
 @click.option("--json", "as_json", is_flag=True, help="print the designs as JSON")
 @click.option("--strict", is_flag=True, help="exit with status 3 when no scheduler gets a proven design")
 @click.option("--workers", type=click.IntRange(1, 1024), help="design the schedulers on this many local worker "
@@ -84,7 +84,7 @@ def _write_configs(design: Design, model_name: str, model: object, out: Path) ->
 @click.option("--cluster", "--dask", "cluster", metavar="ADDRESS",
               help="design the schedulers on an existing Dask cluster (tcp://HOST:8786 or a scheduler file)")
 def design(model_path: Path, schedulers: tuple[str, ...], assignments: tuple[str, ...], out: Path | None,
-           results: Path, as_json: bool, strict: bool, workers: int | None, cluster: str | None) -> None:
+           results: str, as_json: bool, strict: bool, workers: int | None, cluster: str | None) -> None:
     """Smallest budget per vCPU that keeps every guest task of MODEL.toml schedulable, per hypervisor scheduler.
 
     Each design is checked by the same analysis as `rtvirt analyze`; with --out, each gets xen.sh, kvm.sh,
@@ -109,7 +109,8 @@ def design(model_path: Path, schedulers: tuple[str, ...], assignments: tuple[str
     folders = {d.label: str(_write_configs(d, model.name, model, out)) for d in designs} if out else {}
     run_id, path = None, None
     if shown is not None and shown.analysis is not None:
-        run, _ = write_analysis_run(shown.analysis, results, model_path=str(model_path),
+        target = store_for_writing(results).write_dir
+        run, _ = write_analysis_run(shown.analysis, target, model_path=str(model_path),
                                     extra={"kind": "design", "design_scheduler": shown.label,
                                            "designs": [d.as_dict() for d in designs]})
         run_id, path = run.run_id, str(run.path)

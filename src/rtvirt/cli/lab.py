@@ -15,6 +15,7 @@ from rich.table import Table
 from ..errors import InputError, RunError, first_validation_error
 from ..probes import PROBES
 from .output import console, err_console, print_json
+from .resultopts import results_option, store_for_writing
 
 __all__ = ["lab"]
 
@@ -32,12 +33,11 @@ __all__ = ["lab"]
                    "environments measure each target in turn)")
 @click.option("--scale", type=float, default=None, help="with --scenario: multiply every duration and event time")
 @click.option("--resume", is_flag=True, help="with --scenario: each target continues its last unfinished campaign")
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True, help="results directory: the targets' runs (and campaigns), reports/lab-*.html")
+@results_option("results store: the targets' runs (and campaigns), reports/lab-*.html")
 @click.option("--json", "as_json", is_flag=True, help="print each target's outcome and the report's path as JSON")
 @click.pass_context
 def lab(ctx: click.Context, inventory: Path, probe_name: str, assignments: tuple[str, ...], duration: str,
-        scenario: str | None, scale: float | None, resume: bool, results: Path, as_json: bool) -> None:
+        scenario: str | None, scale: float | None, resume: bool, results: str, as_json: bool) -> None:
     """Run one probe, or a scenario's whole matrix, on every target of INVENTORY.toml at the same time
     (docs/targets.md).
 
@@ -46,16 +46,17 @@ def lab(ctx: click.Context, inventory: Path, probe_name: str, assignments: tuple
     """
     from ..remote.lab import load_inventory
 
+    target = store_for_writing(results).write_dir  # a shared store's spool: the lab's runs are delivered after
     if scenario is None:
         for option, name in (("--scale", "scale"), ("--resume", "resume")):
             if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
                 raise InputError(f"option {option}: only with --scenario")
-        _probe_lab(load_inventory(inventory), inventory.name, probe_name, assignments, duration, results, as_json)
+        _probe_lab(load_inventory(inventory), inventory.name, probe_name, assignments, duration, target, as_json)
         return
     for option, name in (("--probe", "probe_name"), ("--set", "assignments"), ("--duration", "duration")):
         if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
             raise InputError(f"option {option}: not with --scenario (the scenario says what runs)")
-    _scenario_lab(load_inventory(inventory), inventory.name, scenario, scale, resume, results, as_json)
+    _scenario_lab(load_inventory(inventory), inventory.name, scenario, scale, resume, target, as_json)
 
 
 def _probe_lab(inventory: Any, title: str, probe_name: str, assignments: tuple[str, ...], duration: str,

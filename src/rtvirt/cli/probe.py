@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
@@ -16,6 +15,7 @@ from ..probes.runner import Progress, run_probe
 from ..stats import summarize_stream
 from ..store import new_run, write_measured_run
 from .output import console, err_console, print_json, progress_wanted, summary_table
+from .resultopts import results_option, store_for_writing
 from .targetopts import pop_target, target_options
 
 __all__ = ["probe"]
@@ -39,15 +39,14 @@ def _progress_display(enabled: bool, name: str) -> tuple[RichProgress | None, An
 def _make_command(spec: ProbeSpec) -> click.Command:
     @click.command(name=spec.name, help=f"{spec.summary}.\n\n{spec.doc}".strip())
     @click_options(spec.params)
-    @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-                  show_default=True, help="results directory the run is written to")
+    @results_option("results store the run is written to")
     @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
     @click.option("--progress/--no-progress", default=None, help="progress bar [default: when on a terminal]")
     @target_options
-    def command(results: Path, as_json: bool, progress: bool | None, **values: Any) -> None:
+    def command(results: str, as_json: bool, progress: bool | None, **values: Any) -> None:
         target = pop_target(values)
         params = build_params(spec.params, values)
-        run = new_run(results, spec.name)
+        run = new_run(store_for_writing(results).write_dir, spec.name)
         bar, task = _progress_display(progress_wanted(progress), spec.name)
 
         def show(p: Progress) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import click
 
@@ -18,9 +18,9 @@ _SUFFIX = {"html": ".html", "markdown": ".md", "json": ".json"}
 
 
 @click.command()
-@click.argument("results", type=click.Path(path_type=Path))
+@click.argument("results", metavar="RESULTS")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
-              help="file to write [default: RESULTS/report.html|.md|.json]")
+              help="file to write [default: RESULTS/report.html|.md|.json; for a store URL: ./report.html|…]")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="html", show_default=True)
 @click.option("--baseline", help="configuration label to compare against [default: one named baseline/solo/bare, "
               "else the first]")
@@ -32,11 +32,19 @@ _SUFFIX = {"html": ".html", "markdown": ".md", "json": ".json"}
 @click.option("--window", type=DURATION, help="window of the per-window maxima [default: 5m, or 1/50 of a "
               "shorter run]")
 @click.option("--json", "as_json", is_flag=True, help="print where the report went as JSON")
-def report(results: Path, out: Path | None, fmt: Literal["html", "markdown", "json"], baseline: str | None,
+def report(results: str, out: Path | None, fmt: Literal["html", "markdown", "json"], baseline: str | None,
            margin: float, classes_file: Path | None, top: int, window: int | None, as_json: bool) -> None:
-    """Write the report of every run in RESULTS: verdicts, statistics, plots, isolation, outliers, settings."""
-    target = out or Path(results) / f"report{_SUFFIX[fmt]}"
-    write_report(results, target, fmt, baseline=baseline, classes_file=classes_file, margin=margin, top=top,
+    """Write the report of every run in RESULTS: verdicts, statistics, plots, isolation, outliers, settings.
+
+    RESULTS is a results directory, one run, or a shared store's URL (every run in it)."""
+    from ..stores import is_store_url, open_store
+
+    if is_store_url(results):
+        source: Any = open_store(results)
+        target = out or Path(f"report{_SUFFIX[fmt]}")
+    else:
+        source, target = Path(results), out or Path(results) / f"report{_SUFFIX[fmt]}"
+    write_report(source, target, fmt, baseline=baseline, classes_file=classes_file, margin=margin, top=top,
                  window_ns=window)
     if as_json:
         print_json({"report": str(target), "format": fmt})

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import click
+from rich.markup import escape
 
-__all__ = ["DURATION"]
+from .output import err_console
+
+if TYPE_CHECKING:
+    from ..stores import Delivery, RunStore
+
+__all__ = ["DURATION", "results_option", "reading_store", "writing_store", "store_for_writing", "report_delivery"]
 
 
 class _Duration(click.ParamType):
@@ -22,3 +30,53 @@ class _Duration(click.ParamType):
 
 
 DURATION = _Duration()
+
+
+def results_option(help_text: str, *names: str) -> Any:
+    """``--results`` (or ``names``): a results directory or a shared store's URL; RTVIRT_RESULTS sets it."""
+    return click.option(*(names or ("--results",)), "results", envvar="RTVIRT_RESULTS", default="results",
+                        show_default=True, metavar="DIR|URL",
+                        help=f"{help_text} (a directory, or a shared store's postgresql:// URL; env RTVIRT_RESULTS)")
+
+
+def reading_store(spec: str) -> RunStore:
+    from ..stores import open_store
+
+    return open_store(spec)
+
+
+@contextlib.contextmanager
+def writing_store(spec: str) -> Iterator[RunStore]:
+    """The store new runs go to. A shared store is checked first (a bad URL or refused credentials stop here,
+    exit 2); runs are written into its spool and delivered when the command ends, however it ends. A store
+    that cannot be reached leaves them spooled for `rtvirt push`."""
+    from ..stores import open_store
+    from ..stores.postgres import StoreUnavailable
+
+    store = open_store(spec)
+    if store.shared:
+        try:
+            store.check()  # type: ignore[attr-defined]
+        except StoreUnavailable as exc:
+            err_console.print(f"[yellow]warning:[/] {escape(str(exc))}; measuring into the spool "
+                              f"{escape(str(store.write_dir))}")
+    try:
+        yield store
+    finally:
+        if store.shared:
+            report_delivery(store, store.deliver())
+
+
+def report_delivery(store: RunStore, delivery: Delivery) -> None:
+    if delivery.delivered or delivery.already:
+        err_console.print(f"delivered {len(delivery.delivered)} run(s) to {escape(store.label)}"
+                          + (f" ({len(delivery.already)} were there already)" if delivery.already else ""))
+    if delivery.kept:
+        err_console.print(f"[yellow]warning:[/] {escape(delivery.error or 'store unavailable')}: "
+                          f"{len(delivery.kept)} run(s) stay in the spool {escape(str(store.write_dir))}; "
+                          f"`rtvirt push --results URL` delivers them")
+
+
+def store_for_writing(spec: str) -> RunStore:
+    """:func:`writing_store` for the rest of the running command (delivered when the command ends)."""
+    return click.get_current_context().with_resource(writing_store(spec))

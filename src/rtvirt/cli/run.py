@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -18,22 +18,28 @@ from ..campaign import CampaignState, find_resumable, run_campaign
 from ..campaign.engine import CampaignResult, RunOutcome
 from ..campaign.state import FINISHED
 from ..environments import ENVIRONMENTS, SharedResources
-from ..errors import InputError
+from ..errors import InputError, RtvirtError
 from ..scenario import Scenario, load_scenario, parse_scenario
 from ..store import load_run
 from .output import console, err_console, print_json, progress_wanted, us
+from .resultopts import results_option, store_for_writing
+
+if TYPE_CHECKING:
+    from ..stores import RunStore
 
 __all__ = ["run"]
 
 
-def _fill_in_finished_runs(result: CampaignResult, results: Path) -> None:
-    """Runs finished before a --resume come back without their manifest: read it from the store, so that the
-    summary covers every run of the campaign."""
+def _fill_in_finished_runs(result: CampaignResult, store: RunStore) -> None:
+    """Runs finished before a --resume come back without their manifest: read it from the store (a shared
+    store's spool, else the store), so that the summary covers every run of the campaign."""
     for outcome in result.outcomes.values():
         if outcome.manifest is None and outcome.run_id:
+            spooled = store.write_dir / "runs" / outcome.run_id
             try:
-                outcome.manifest = load_run(results / "runs" / outcome.run_id).manifest
-            except InputError:  # deleted or damaged since: the table shows "-" and the status says what it was
+                found = store.find_run(outcome.run_id) if store.shared and not spooled.is_dir() else None
+                outcome.manifest = found.manifest if found is not None else load_run(spooled).manifest
+            except RtvirtError:  # deleted or damaged since: the table shows "-" and the status says what it was
                 continue
 
 
@@ -149,8 +155,8 @@ def _print_result(result: CampaignResult) -> None:
 
 @click.command()
 @click.argument("scenarios", nargs=-1)
-@click.option("--out", "results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True, help="results directory (runs/, campaigns/)")
+@results_option("results store (a directory gets runs/, campaigns/; a shared store's spool does)", "--out",
+                "--results")
 @click.option("--scale", type=float, default=None, help="multiply every duration and event time (0.01: 100x shorter)")
 @click.option("--repetitions", type=click.IntRange(1, 1000), default=None,
               help="runs per configuration instead of the scenario's (1: a quick look; the report says so)")
@@ -159,14 +165,15 @@ def _print_result(result: CampaignResult) -> None:
 @click.option("--progress/--no-progress", default=None, help="progress bars on stderr [default: when stderr is a "
               "terminal]")
 @click.option("--json", "as_json", is_flag=True, help="print the campaign summary (every run) as JSON")
-def run(scenarios: tuple[str, ...], results: Path, scale: float | None, repetitions: int | None, resume: bool,
+def run(scenarios: tuple[str, ...], results: str, scale: float | None, repetitions: int | None, resume: bool,
         progress: bool | None, as_json: bool) -> None:
     """Run a campaign: a built-in scenario NAME (default: `default`) or a scenario FILE.toml.
 
     Several SCENARIOS run one after the other as separate campaigns (each with its report) that share what is
     expensive to set up: one Xen lab boot, one SSH connection per target (each libvirt domain has a connection of
     its own)."""
-    campaigns = _campaigns(scenarios, results, scale, repetitions, resume, as_json)
+    store = store_for_writing(results)
+    campaigns = _campaigns(scenarios, store.write_dir, scale, repetitions, resume, as_json)
     _bring_kinds([parsed for parsed, _ in campaigns])
     resume_hint = f"continue with rtvirt run --resume {' '.join(scenarios) + ' ' if len(campaigns) > 1 else ''}" \
                   f"--out {results}"
@@ -174,7 +181,7 @@ def run(scenarios: tuple[str, ...], results: Path, scale: float | None, repetiti
     try:
         with SharedResources() as shared:
             for parsed, state in campaigns:
-                done.append(run_campaign(parsed, state, results, show_progress=progress_wanted(progress),
+                done.append(run_campaign(parsed, state, store.write_dir, show_progress=progress_wanted(progress),
                                          shared=shared))
                 if done[-1].interrupted:
                     break
@@ -182,7 +189,7 @@ def run(scenarios: tuple[str, ...], results: Path, scale: float | None, repetiti
         err_console.print(f"[yellow]interrupted[/]: {resume_hint}")
         sys.exit(130)
     for result in done:
-        _fill_in_finished_runs(result, results)
+        _fill_in_finished_runs(result, store)
     if as_json:  # one campaign: its document, as before; several: a list of them
         print_json(_document(done[0]) if len(campaigns) == 1 else {"campaigns": [_document(r) for r in done]})
     else:

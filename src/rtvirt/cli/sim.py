@@ -13,6 +13,7 @@ from ..model import load_model, parse_assignment, parse_sweep
 from ..sim import simulate_to_store, write_gantt
 from ..units import format_duration, parse_duration
 from .output import console, print_json, us
+from .resultopts import results_option, store_for_writing
 
 __all__ = ["sim"]
 
@@ -48,8 +49,7 @@ def _task_table(title: str, summary: dict[str, Any]) -> Table:
 @click.argument("model_path", metavar="MODEL.toml", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-D", "--duration", metavar="TIME", help="simulated time (bare numbers in s) [default: the model's]")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), help="random seed [default: the model's]")
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True, help="results directory the run is written to")
+@results_option("results store the run is written to")
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
 @click.option("--gantt", type=click.Path(dir_okay=False, path_type=Path), help="write a Gantt chart (SVG) here")
 @click.option("--from", "gantt_from", metavar="TIME", help="Gantt window start (bare numbers in ms) [default: 0]")
@@ -59,7 +59,7 @@ def _task_table(title: str, summary: dict[str, Any]) -> Table:
 @click.option("--sweep", metavar="KEY=V1,V2,...", help="one run per value, e.g. vm.nonrt.load=0,0.3,0.6,0.9")
 @click.option("--workers", type=click.IntRange(1, 1024), help="--sweep: simulate the values on this many local "
               "worker processes (Ctrl-C waits for the runs in progress) [default: one after the other]")
-def sim(model_path: Path, duration: str | None, seed: int | None, results: Path, as_json: bool,
+def sim(model_path: Path, duration: str | None, seed: int | None, results: str, as_json: bool,
         gantt: Path | None, gantt_from: str | None, gantt_to: str | None, assignments: tuple[str, ...],
         sweep: str | None, workers: int | None) -> None:
     """Simulate MODEL.toml (docs/model.md); every job, event and gap is kept in the results store."""
@@ -73,6 +73,7 @@ def sim(model_path: Path, duration: str | None, seed: int | None, results: Path,
         raise InputError("option --to: the Gantt window ends before it starts")
     overrides = [parse_assignment(a, "--set") for a in assignments]
     key, values = parse_sweep(sweep) if sweep else (None, [None])
+    target = store_for_writing(results).write_dir
     documents = []
     models = [load_model(model_path, overrides + ([(key, value)] if key is not None else [])) for value in values]
     runs = []
@@ -92,7 +93,7 @@ def sim(model_path: Path, duration: str | None, seed: int | None, results: Path,
         pool = open_pool(None, workers)
         try:
             parallel = iter(pool_map(pool, simulate_to_store_summary, [
-                (model, results, str(model_path), params, duration_ns, seed, label) for model, params, label in runs]))
+                (model, target, str(model_path), params, duration_ns, seed, label) for model, params, label in runs]))
         finally:
             pool.close()
     for value, (model, params, label) in zip(values, runs, strict=True):
@@ -100,7 +101,7 @@ def sim(model_path: Path, duration: str | None, seed: int | None, results: Path,
             end_reason, run_id, run_path, summary = next(parallel)
         else:
             result, run, summary = simulate_to_store(
-                model, results, model_path=str(model_path), params=params, label=label, duration_ns=duration_ns,
+                model, target, model_path=str(model_path), params=params, label=label, duration_ns=duration_ns,
                 seed=seed, gantt=(start, end) if gantt is not None and key is None else None)
             end_reason, run_id, run_path = result.end_reason, run.run_id, str(run.path)
             if gantt is not None and key is None:

@@ -4,26 +4,25 @@ from __future__ import annotations
 
 import csv
 import sys
-from pathlib import Path
 
 import click
 from rich.table import Table
 
 from .output import console, print_json
+from .resultopts import reading_store, results_option
 
 __all__ = ["sql"]
 
 
 @click.command()
 @click.argument("statement")
-@click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True, help="results directory")
+@results_option("results store")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
-def sql(statement: str, results: Path, fmt: str) -> None:
+def sql(statement: str, results: str, fmt: str) -> None:
     """Run STATEMENT against the catalog: tables runs, samples, histograms, analysis_tasks."""
     from ..results.catalog import query  # duckdb's import would slow every other rtvirt command's start
 
-    columns, rows = query(results, statement)
+    columns, rows = query(reading_store(results), statement)
     if fmt == "json":
         print_json({"columns": columns, "rows": [list(r) for r in rows]})
     elif fmt == "csv":

@@ -10,7 +10,7 @@ from rich.table import Table
 from ..digest import read_digest, stored_summaries
 from ..summary import Summary
 from .output import console, print_json, us
-from .resultopts import DURATION
+from .resultopts import DURATION, reading_store
 
 __all__ = ["stats"]
 
@@ -57,6 +57,16 @@ def _windows_table(source: str, window: int | None) -> Table | None:
     return table if table.row_count else None
 
 
+def _summaries(source: str, column: str | None) -> dict[str, dict[str, Summary]]:
+    # a stored run's digest holds its statistics: no numpy, pyarrow or pass over the samples
+    stored = stored_summaries(source) if column is None else None
+    if stored is None:
+        from ..results.sources import summaries_of
+
+        stored = summaries_of(source, column)
+    return stored
+
+
 @click.command()
 @click.argument("sources", nargs=-1, required=True)
 @click.option("--column", help="latency column of a foreign Parquet file [default: first integer column]")
@@ -68,18 +78,16 @@ def _windows_table(source: str, window: int | None) -> Table | None:
 def stats(sources: tuple[str, ...], column: str | None, over_time: bool, window: int | None, as_json: bool) -> None:
     """Exact statistics (quartiles, whiskers, percentiles to p99.99, 95 % CIs) of runs or sample files.
 
-    SOURCES are run directories, results directories (every run), manifest.json files, .rtvs sample streams
-    or Parquet files with an integer latency column in ns.
+    SOURCES are run directories, results directories (every run), shared stores' URLs (every run),
+    manifest.json files, .rtvs sample streams or Parquet files with an integer latency column in ns.
     """
     collected: dict[str, dict[str, Summary]] = {}
     for source in sources:
-        # a stored run's digest holds its statistics: no numpy, pyarrow or pass over the samples
-        stored = stored_summaries(source) if column is None else None
-        if stored is None:
-            from ..results.sources import summaries_of
-
-            stored = summaries_of(source, column)
-        collected |= stored
+        if "://" in source:  # a shared store: every run in it
+            collected |= {name: groups for run in reading_store(source).list_runs()
+                          for name, groups in _summaries(str(run.path), column).items()}
+        else:
+            collected |= _summaries(source, column)
     if as_json:
         print_json({name: {group: s.as_dict() for group, s in groups.items()} for name, groups in collected.items()})
         return

@@ -2,14 +2,16 @@
 
 Tables and views (docs/results-store.md):
 
-- ``runs``: one row per run: run_id, name, source, probe, value_field, status, config, scenario, environment,
-  repetition, dropped, created, samples, min_ns, median_ns, mean_ns, p99_ns, max_ns, path, manifest (JSON text).
+- ``runs``: one row per run: its provenance and statistics (rtvirt.stores.provenance.COLUMNS: run_id, name,
+  source, config, scenario, scenario_sha256, machine, board, kernel, preemption, hypervisor, …, max_ns), path,
+  manifest (JSON text).
 - ``samples``: every run's samples: run_id, t_ns, value (the run's value_field), cpu, thread, kind.
 - ``histograms``: every run's exact histogram: run_id, cpu, kind, value, count.
 - ``analysis_tasks``: bounds from analysis runs: run_id, vm, task, wcrt_bound_ns, deadline_ns, schedulable.
 - ``experiment_records``: every experiment run's records, one row per system and question (docs/experiments.md).
 
-The catalog is rebuilt from the run directories each time it is opened, so it never disagrees with them.
+The catalog is rebuilt from the store's runs each time it is opened, so it never disagrees with them: a results
+directory's in RESULTS/catalog.duckdb, a shared store's in memory (its runs listed by the store's own catalog).
 """
 
 from __future__ import annotations
@@ -25,17 +27,15 @@ import duckdb
 import pyarrow as pa
 
 from ..errors import InputError
-from ..store import StoredRun, list_runs
+from ..store import StoredRun
+from ..stores import LocalStore, RunStore
+from ..stores.provenance import COLUMNS, run_row
 
 __all__ = ["open_catalog", "query"]
 
-_RUN_COLUMNS = {
-    "run_id": pa.string(), "name": pa.string(), "source": pa.string(), "probe": pa.string(),
-    "value_field": pa.string(), "status": pa.string(), "config": pa.string(), "scenario": pa.string(),
-    "environment": pa.string(), "repetition": pa.int64(), "dropped": pa.int64(), "created": pa.string(),
-    "samples": pa.int64(), "min_ns": pa.float64(), "median_ns": pa.float64(), "mean_ns": pa.float64(),
-    "p99_ns": pa.float64(), "max_ns": pa.float64(), "path": pa.string(), "manifest": pa.string(),
-}
+_ARROW = {"text": pa.string(), "bigint": pa.int64(), "double precision": pa.float64()}
+_RUN_COLUMNS = {**{name: _ARROW[kind] for name, kind in COLUMNS.items()}, "path": pa.string(),
+                "manifest": pa.string()}
 
 
 def _sql_string(text: str) -> str:
@@ -43,16 +43,7 @@ def _sql_string(text: str) -> str:
 
 
 def _run_row(run: StoredRun) -> dict[str, Any]:
-    m = run.manifest
-    overall = (m.get("summary") or {}).get("all") or {}
-    row: dict[str, Any] = {key: m.get(key) for key in ("run_id", "name", "source", "probe", "value_field", "status",
-                                                       "config", "scenario", "environment", "repetition",
-                                                       "dropped", "created")}
-    row |= {key: overall.get(key) for key in ("min_ns", "median_ns", "mean_ns", "p99_ns", "max_ns")}
-    row["samples"] = overall.get("samples")
-    row["path"] = str(run.path)
-    row["manifest"] = json.dumps(m, default=str)
-    return row
+    return {**run_row(run.manifest), "path": str(run.path), "manifest": json.dumps(run.manifest, default=str)}
 
 
 def _runs_table(runs: list[StoredRun]) -> pa.Table:
@@ -65,21 +56,32 @@ def _union(parts: list[str], empty: str) -> str:
 
 
 @contextmanager
-def open_catalog(results: Path) -> Iterator[duckdb.DuckDBPyConnection]:
-    """Refresh RESULTS/catalog.duckdb from the run directories and yield a connection to it."""
-    results = Path(results)
-    runs = list_runs(results)
-    lock_path = results / ".catalog.lock"
+def _catalog_file(store: RunStore) -> Iterator[str]:
+    """Where the catalog is built: RESULTS/catalog.duckdb under a lock (concurrent rtvirt commands take turns
+    refreshing the file), or memory for a shared store, whose readers each build their own."""
+    if store.shared:
+        yield ":memory:"
+        return
+    lock_path = store.write_dir / ".catalog.lock"
     try:
         lock = lock_path.open("w")
     except OSError as exc:
         raise InputError(f"{lock_path}: cannot lock the catalog ({exc.strerror})") from None
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent rtvirt commands take turns refreshing the file
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield str(store.write_dir / "catalog.duckdb")
+
+
+@contextmanager
+def open_catalog(results: Path | RunStore) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Refresh the catalog of a results directory or store from its runs and yield a connection to it."""
+    store = LocalStore(results) if isinstance(results, Path | str) else results
+    runs = store.list_runs()
+    with _catalog_file(store) as database:
         try:
-            connection = duckdb.connect(str(results / "catalog.duckdb"))
+            connection = duckdb.connect(database)
         except duckdb.Error as exc:
-            raise InputError(f"{results / 'catalog.duckdb'}: cannot open the catalog ({exc})") from None
+            raise InputError(f"{database}: cannot open the catalog ({exc})") from None
         try:
             connection.register("runs_arrow", _runs_table(runs))
             connection.execute("CREATE OR REPLACE TABLE runs AS SELECT * FROM runs_arrow")
@@ -116,14 +118,14 @@ def open_catalog(results: Path) -> Iterator[duckdb.DuckDBPyConnection]:
                 connection.executemany("INSERT INTO analysis_tasks VALUES (?, ?, ?, ?, ?, ?)", tasks)
         except duckdb.Error as exc:
             connection.close()
-            raise InputError(f"{results}: cannot build the catalog ({str(exc).splitlines()[0]})") from None
+            raise InputError(f"{store.label}: cannot build the catalog ({str(exc).splitlines()[0]})") from None
         try:
             yield connection
         finally:
             connection.close()
 
 
-def query(results: Path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+def query(results: Path | RunStore, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run one SQL statement against the catalog; returns (column names, rows)."""
     with open_catalog(results) as connection:
         try:

@@ -21,9 +21,10 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
 from ..stats import Histogram, Summary  # noqa: E402
+from .history import Trend  # noqa: E402
 from ..timeprofile.windows import TimeProfile  # noqa: E402
 
-__all__ = ["box_violin", "histograms_per_cpu", "cdf", "time_series", "window_maxima"]
+__all__ = ["box_violin", "histograms_per_cpu", "cdf", "time_series", "window_maxima", "trend_chart"]
 
 _US = 1000.0
 _SERIES_POINTS = 20_000
@@ -197,4 +198,24 @@ def window_maxima(label: str, profiles: list[tuple[str, TimeProfile]], events: l
     axes.grid(alpha=0.3)
     if not many:
         axes.legend(fontsize="small", loc="upper right")
+    return _png(figure)
+
+
+def trend_chart(trend: Trend) -> bytes:
+    """A statistic of one configuration run after run, a line per machine, a dashed mark at each run whose
+    kernel, hypervisor, scenario or rtvirt changed (the OSADL long-term plot's layout)."""
+    figure, axes = plt.subplots(figsize=(10, 3.6))
+    for machine, points in trend.machines.items():
+        xs = [i for i, p in enumerate(points) if isinstance(p.value, int | float)]
+        ys = [float(points[i].value) / _US for i in xs]  # type: ignore[arg-type]
+        axes.plot(xs, ys, marker="o", markersize=3, linewidth=1, label=_short(machine))
+        for i, point in enumerate(points):
+            if point.changes:
+                axes.axvline(i - 0.5, color="grey", linestyle="--", linewidth=0.8)
+                axes.annotate(_short(", ".join(point.changes), 30), (i - 0.5, 1), xycoords=("data", "axes fraction"),
+                              fontsize=7, rotation=90, va="top", ha="right", color="grey")
+    axes.set_xlabel("run (oldest first)")
+    axes.set_ylabel(f"{trend.metric.removesuffix('_ns')} (µs)")
+    axes.set_title(_short(f"{trend.configuration}: {trend.metric.removesuffix('_ns')} over time", 90), fontsize=10)
+    axes.legend(fontsize=7, loc="upper left")
     return _png(figure)

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 from html import escape
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..fileio import write_atomically
 from ..predict.report import prediction_html, prediction_tables
@@ -21,6 +21,9 @@ from ..timeprofile.levels import event_offsets
 from ..timeprofile.windows import TOP_KEPT
 from .reportdata import Configuration, ReportData, RunView, as_json, collect
 from .studies.tables import published, study_tables
+
+if TYPE_CHECKING:
+    from ..stores import RunStore
 
 __all__ = ["render", "report_model", "write_report", "FORMATS"]
 
@@ -326,7 +329,8 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def write_report(results: Path, out: Path, fmt: Literal["html", "markdown", "json"] = "html", **options: Any) -> Path:
+def write_report(results: Path | RunStore, out: Path, fmt: Literal["html", "markdown", "json"] = "html",
+                 **options: Any) -> Path:
     data = collect(results, **options)
     text = render(data, fmt)
     out = Path(out)

@@ -13,6 +13,7 @@ from ..digest import Digest, read_digest
 from ..errors import InputError
 from ..stats import Histogram, Summary, summarize_histogram
 from ..store import StoredRun, resolve_runs
+from ..stores import RunStore
 from ..timeprofile.levels import Ramp, Segment, Switch, detect_ramp, event_offsets, segments_of, transitions
 from ..timeprofile.windows import TOP_KEPT, TimeProfile
 from .isolation import IsolationRow, Outlier, isolation_of, outlier_rows
@@ -165,11 +166,12 @@ def _over_time(view: RunView, digest: Digest | None, window_ns: int | None, top:
     view.series = series
 
 
-def collect(results: Path, *, baseline: str | None = None, classes_file: Path | None = None,
+def collect(results: Path | RunStore, *, baseline: str | None = None, classes_file: Path | None = None,
             margin: float = DEFAULT_MARGIN, top: int = 10, window_ns: int | None = None,
             run_ids: Collection[str] | None = None) -> ReportData:
-    """Gather what the report shows; ``run_ids`` limits it to those runs (e.g. one campaign's)."""
-    runs = resolve_runs(results)
+    """Gather what the report shows of a results directory (or run) or a store; ``run_ids`` limits it to those
+    runs (e.g. one campaign's)."""
+    runs = resolve_runs(results) if isinstance(results, Path | str) else results.list_runs()
     if run_ids is not None:
         runs = [run for run in runs if run.manifest.get("run_id") in run_ids]
     classes = load_classes(classes_file)

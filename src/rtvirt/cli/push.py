@@ -1,0 +1,29 @@
+"""``rtvirt push``: deliver the runs a shared store's spool holds (measured while the store was away)."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import InputError, RunError
+from .output import print_json
+from .resultopts import reading_store, report_delivery, results_option
+
+__all__ = ["push"]
+
+
+@click.command()
+@results_option("the shared store to deliver to")
+@click.option("--json", "as_json", is_flag=True, help="print what was delivered as JSON")
+def push(results: str, as_json: bool) -> None:
+    """Deliver every finished run of the spool of the shared store --results names; safe to repeat (a run
+    already there is not added again). Exits 1 when the store cannot be reached (the runs stay spooled)."""
+    store = reading_store(results)
+    if not store.shared:
+        raise InputError(f"option --results: {results} is a results directory; push delivers to a shared store")
+    delivery = store.deliver()
+    if as_json:
+        print_json(delivery.as_dict())
+    else:
+        report_delivery(store, delivery)
+    if delivery.kept:
+        raise RunError(f"{len(delivery.kept)} run(s) stay in the spool {store.write_dir}")

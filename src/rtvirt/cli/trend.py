@@ -1,0 +1,63 @@
+"""``rtvirt trend CONFIG``: a metric of one configuration over time, per machine, each change of kernel,
+hypervisor or scenario marked (the long-term view of a latency farm)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from ..errors import InputError
+from .output import console, print_json, us
+from .resultopts import reading_store, results_option
+
+__all__ = ["trend"]
+
+_METRICS = ("max_ns", "p9999_ns", "p999_ns", "p99_ns", "median_ns", "mean_ns", "class")
+
+
+@click.command()
+@click.argument("config")
+@results_option("results store")
+@click.option("--metric", type=click.Choice(_METRICS), default="max_ns", show_default=True,
+              help="what is followed: a statistic, or the strictest requirement class met (class)")
+@click.option("--machine", help="only this machine [default: every machine, each its own series]")
+@click.option("--classes", "classes_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="TOML file of requirement classes for --metric class [default: the built-in classes]")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="also draw it into this PNG file")
+@click.option("--json", "as_json", is_flag=True, help="print as JSON")
+def trend(config: str, results: str, metric: str, machine: str | None, classes_file: Path | None,
+          plot: Path | None, as_json: bool) -> None:
+    """CONFIG's METRIC in every run over time, per machine, with each change of kernel, preemption, command
+    line, hypervisor (version), guest kernel, scenario content or rtvirt version marked."""
+    from ..results.history import trend as history
+    from ..results.verdicts import load_classes
+
+    classes = load_classes(classes_file) if metric == "class" else None
+    found = history(reading_store(results), config, metric, machine, classes=classes)
+    if not found.machines:
+        raise InputError(f"{config}: no runs of this configuration"
+                         + (f" on machine {machine!r}" if machine else "") + f" in {results}")
+    if plot is not None:
+        if metric == "class":
+            raise InputError("option --plot: draws statistics; --metric class is a table only")
+        from ..fileio import write_atomically
+        from ..results.figures import trend_chart
+
+        write_atomically(plot, trend_chart(found))
+    if as_json:
+        print_json(found.as_dict())
+        return
+    for name, points in found.machines.items():
+        table = Table(title=f"{escape(config)} on {escape(name)}: {metric}", title_justify="left")
+        for column in ("created", "run", metric.removesuffix("_ns") + (" µs" if metric != "class" else ""),
+                       "status", "changed"):
+            table.add_column(column)
+        for p in points:
+            value = "-" if p.value is None else p.value if isinstance(p.value, str) else us(p.value)
+            change = "; ".join(f"{column}: {before} → {after}" for column, (before, after) in p.changes.items())
+            table.add_row(p.created[:19], p.run_id, value, p.status or "-",
+                          escape(f"◆ {change}"[:300]) if change else "")
+        console.print(table)

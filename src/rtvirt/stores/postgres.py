@@ -1,0 +1,233 @@
+"""The shared results store: a PostgreSQL catalog (one row per run: provenance, statistics, manifest) with the
+run directories on storage every machine mounts (NFS, CephFS, SMB), named by a URL::
+
+    postgresql://[user@]host[:port]/dbname?data=/mnt/lab/rtvirt[&spool=DIR][&libpq options]
+
+Credentials come from libpq's usual places (PGPASSWORD, ~/.pgpass, a service file via ``service=``); a password
+in the URL works but is never shown, logged or recorded. Writers write runs into a local spool (an ordinary
+results directory) and deliver each finished run: its directory is copied under DATA/incoming and renamed
+into DATA/runs (atomic), then its row is inserted in one transaction; readers see only committed rows, so a
+run is visible complete or not at all. The run id is the primary key: a retried delivery adds nothing.
+Design and measurements: docs/results-store.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ..errors import InputError, RtvirtError
+from ..store import StoredRun, list_runs
+from .base import Delivery
+from .provenance import COLUMNS, content_sha256, run_row
+
+__all__ = ["SharedStore", "StoreUnavailable", "redact_url", "SCHEMES"]
+
+SCHEMES = ("postgresql", "postgres")
+TABLE = "rtvirt_runs"
+_SCHEMA_LOCK = 0x72747669  # pg_advisory_xact_lock key: first writers create the table one at a time
+_CONNECT_TIMEOUT_S = 5
+_AUTH_WORDS = ("password authentication failed", "no password supplied", "authentication failed",
+               "does not exist", "permission denied", "not permitted to log in", "pg_hba.conf")
+
+
+class StoreUnavailable(RtvirtError):
+    """The store's server did not answer (down, unreachable): writers keep spooling; readers stop (exit 2)."""
+
+    exit_code = 2
+
+
+def redact_url(url: str) -> str:
+    """The URL as given, with any password (user:PASSWORD@ or password=) replaced by ***."""
+    url = re.sub(r"(?<=[?&])password=[^&#]*", "password=***", url)
+    scheme, sep, rest = url.partition("://")
+    authority, slash, tail = rest.partition("/")
+    if "@" in authority:
+        user, _, host = authority.rpartition("@")
+        if ":" in user:
+            authority = f"{user.split(':', 1)[0]}:***@{host}"
+    return f"{scheme}{sep}{authority}{slash}{tail}"
+
+
+class SharedStore:
+    shared = True
+
+    def __init__(self, url: str, spool: Path | None = None) -> None:
+        self.label = redact_url(url)
+        parts = urlsplit(url)
+        if parts.scheme not in SCHEMES:
+            raise InputError(f"results store {self.label}: not a postgresql:// URL")
+        options = dict(parse_qsl(parts.query, keep_blank_values=True))
+        data = options.pop("data", None)
+        spool_option = options.pop("spool", None)
+        if not data:
+            raise InputError(f"results store {self.label}: no data=DIR (the shared directory of the runs' files)")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number from 1 to 65535
+        except ValueError as exc:
+            raise InputError(f"results store {self.label}: not a valid PostgreSQL URL ({exc})") from None
+        self.data = Path(data)
+        self._secret = parts.password
+        self._conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(options), ""))
+        key = hashlib.sha256(self.label.encode()).hexdigest()[:16]
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        self.write_dir = Path(spool or spool_option or os.environ.get("RTVIRT_SPOOL") or
+                              cache / "rtvirt" / "spool" / key)
+        self._connection: Any = None
+
+    # -- connection -------------------------------------------------------------------------------------------
+    def _scrub(self, text: object) -> str:
+        text = " ".join(str(text).split())[:400]
+        return text.replace(self._secret, "***") if self._secret else text
+
+    def _connect(self) -> Any:
+        if self._connection is not None and not self._connection.closed:
+            return self._connection
+        import psycopg  # only where a shared store is used: the CLI starts without it
+
+        try:
+            self._connection = psycopg.connect(self._conninfo, connect_timeout=_CONNECT_TIMEOUT_S,
+                                               application_name="rtvirt")
+        except psycopg.ProgrammingError as exc:  # a malformed URL or option
+            raise InputError(f"results store {self.label}: not a valid PostgreSQL URL ({self._scrub(exc)})") \
+                from None
+        except psycopg.OperationalError as exc:
+            message = self._scrub(exc)
+            if any(word in message for word in _AUTH_WORDS):
+                raise InputError(f"results store {self.label}: access refused ({message})") from None
+            raise StoreUnavailable(f"results store {self.label}: unreachable ({message})") from None
+        self._ensure_schema()
+        return self._connection
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def check(self) -> None:
+        """Connect now (and create the catalog table if this is a new store): bad URLs and refused credentials
+        are told before any measuring starts."""
+        self._connect()
+
+    def _ensure_schema(self) -> None:
+        from psycopg import sql
+
+        columns = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind)) for name, kind in COLUMNS.items()
+            if name != "run_id")
+        with self._connection.transaction():
+            self._connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            self._connection.execute(sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (run_id text PRIMARY KEY, {}, files text NOT NULL, "
+                "manifest_sha256 text NOT NULL, manifest jsonb NOT NULL, "
+                "delivered timestamptz NOT NULL DEFAULT now())").format(sql.Identifier(TABLE), columns))
+            self._connection.execute(sql.SQL(
+                "CREATE INDEX IF NOT EXISTS {} ON {} ((coalesce(config, name)), machine, created)").format(
+                sql.Identifier(f"{TABLE}_history"), sql.Identifier(TABLE)))
+
+    @contextlib.contextmanager
+    def _cursor(self) -> Iterator[Any]:
+        import psycopg
+
+        connection = self._connect()
+        try:
+            with connection.cursor() as cursor:
+                yield cursor
+            connection.commit()
+        except psycopg.OperationalError as exc:
+            self.close()
+            raise StoreUnavailable(f"results store {self.label}: lost ({self._scrub(exc)})") from None
+        except psycopg.Error as exc:
+            connection.rollback()
+            raise InputError(f"results store {self.label}: {self._scrub(exc)}") from None
+
+    # -- reading ----------------------------------------------------------------------------------------------
+    def list_runs(self) -> list[StoredRun]:
+        with self._cursor() as cursor:
+            cursor.execute(f"SELECT files, manifest::text FROM {TABLE} ORDER BY created, run_id")
+            return [StoredRun(self.data / files, json.loads(manifest)) for files, manifest in cursor.fetchall()]
+
+    def find_run(self, run_id: str) -> StoredRun | None:
+        with self._cursor() as cursor:
+            cursor.execute(f"SELECT files, manifest::text FROM {TABLE} WHERE run_id = %s", (run_id,))
+            found = cursor.fetchone()
+        return None if found is None else StoredRun(self.data / found[0], json.loads(found[1]))
+
+    def rows(self, *, config: str | None = None, machine: str | None = None) -> list[dict[str, Any]]:
+        names = list(COLUMNS)
+        with self._cursor() as cursor:
+            cursor.execute(f"SELECT {', '.join(names)} FROM {TABLE} "
+                           "WHERE (%(config)s::text IS NULL OR coalesce(config, name) = %(config)s) "
+                           "AND (%(machine)s::text IS NULL OR machine = %(machine)s) "
+                           "ORDER BY created, run_id", {"config": config, "machine": machine})
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    # -- writing ----------------------------------------------------------------------------------------------
+    def _place_files(self, run: StoredRun) -> str:
+        """Copy the run directory into DATA/runs/<run_id> (complete or not at all); its path under DATA."""
+        relative = f"runs/{run.run_id}"
+        target = self.data / relative
+        if (target / "manifest.json").is_file():
+            return relative  # an earlier delivery copied it and then lost the server before its insert
+        incoming = self.data / "incoming" / f"{run.run_id}.{secrets.token_hex(4)}"
+        try:
+            (self.data / "runs").mkdir(parents=True, exist_ok=True)
+            shutil.copytree(run.path, incoming)
+            try:
+                os.rename(incoming, target)
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                shutil.rmtree(incoming)  # another deliverer placed the same run first
+        except OSError as exc:
+            shutil.rmtree(incoming, ignore_errors=True)
+            raise StoreUnavailable(f"results store {self.label}: cannot write {self.data} ({exc.strerror})") \
+                from None
+        return relative
+
+    def _insert(self, run: StoredRun, files: str) -> bool:
+        """Insert the run's row; False when the run was delivered before."""
+        from psycopg.types.json import Jsonb
+
+        row = run_row(run.manifest)
+        digest = content_sha256(run.manifest)
+        names = [*COLUMNS, "files", "manifest_sha256", "manifest"]
+        values = [*row.values(), files, digest, Jsonb(run.manifest)]
+        with self._cursor() as cursor:
+            cursor.execute(f"INSERT INTO {TABLE} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))}) "
+                           "ON CONFLICT (run_id) DO NOTHING RETURNING run_id", values)
+            if cursor.fetchone() is not None:
+                return True
+            cursor.execute(f"SELECT manifest_sha256 FROM {TABLE} WHERE run_id = %s", (run.run_id,))
+            stored = cursor.fetchone()
+        if stored is not None and stored[0] != digest:
+            raise InputError(f"run {run.run_id}: the store {self.label} holds another run with this id")
+        return False
+
+    def deliver(self) -> Delivery:
+        """Deliver every finished run of the spool (one with a manifest), oldest first; delivered runs leave the
+        spool. Safe to repeat and to run on several machines at once."""
+        delivery = Delivery()
+        if not (self.write_dir / "runs").is_dir():
+            return delivery
+        pending = list_runs(self.write_dir)
+        for index, run in enumerate(pending):
+            try:
+                inserted = self._insert(run, self._place_files(run))
+            except StoreUnavailable as exc:
+                delivery.error = str(exc)
+                delivery.kept = [r.run_id for r in pending[index:]]
+                return delivery
+            (delivery.delivered if inserted else delivery.already).append(run.run_id)
+            shutil.rmtree(run.path, ignore_errors=True)
+        return delivery

@@ -1,0 +1,87 @@
+"""A real PostgreSQL server for tests: Debian's initdb/pg_ctl run from a temporary directory, listening on
+127.0.0.1:<free port> (and a socket in that directory), with one password-protected role. As root, the server
+runs as the ``postgres`` system user (initdb refuses root). ``stop()`` stops it and removes the directory::
+
+    with PgServer() as server:
+        url = server.url(data=tmp_path / "store")   # postgresql://rtvirt@127.0.0.1:PORT/rtvirt?data=…
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+USER = "rtvirt"
+PASSWORD = "s3cret-Pw"
+
+
+def _bin(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    if not found:
+        raise RuntimeError(f"PostgreSQL's {name} is not installed (scripts/setup.sh installs postgresql)")
+    return found[-1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PgServer:
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="rtvirt-pg-"))
+        self.port = _free_port()
+        self._as_root = os.geteuid() == 0
+
+    def _run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        command = ["runuser", "-u", "postgres", "--", *argv] if self._as_root else list(argv)
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, check=check)
+
+    def start(self) -> PgServer:
+        if self._as_root:
+            shutil.chown(self.dir, "postgres", "postgres")
+        password_file = self.dir / "pw"
+        password_file.write_text(PASSWORD + "\n")
+        if self._as_root:
+            shutil.chown(password_file, "postgres", "postgres")
+        self._run(_bin("initdb"), "-D", str(self.dir / "data"), "-U", USER, "--pwfile", str(password_file),
+                  "--auth-host=scram-sha-256", "--auth-local=scram-sha-256", "-E", "UTF8", "--no-sync")
+        (self.dir / "data" / "postgresql.auto.conf").write_text(
+            f"listen_addresses = '127.0.0.1'\nport = {self.port}\nunix_socket_directories = '{self.dir}'\n"
+            "fsync = off\nmax_connections = 50\nshared_buffers = 32MB\n")
+        self.resume()
+        return self
+
+    def resume(self) -> None:
+        """(Re)start the server on the same port and data."""
+        self._run(_bin("pg_ctl"), "-D", str(self.dir / "data"), "-l", str(self.dir / "log"), "-w", "-t", "60",
+                  "start")
+
+    def pause(self) -> None:
+        """Stop the server (fast: open connections are cut), keeping its data."""
+        self._run(_bin("pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop", check=False)
+
+    def url(self, data: Path, user: str = USER, password: str | None = None, **options: str) -> str:
+        secret = f":{password}" if password else ""
+        query = "&".join([f"data={data}", *(f"{k}={v}" for k, v in options.items())])
+        return f"postgresql://{user}{secret}@127.0.0.1:{self.port}/postgres?{query}"
+
+    def env(self) -> dict[str, str]:
+        """The environment a user of the store has: the password where libpq looks for it."""
+        return {**os.environ, "PGPASSWORD": PASSWORD}
+
+    def stop(self) -> None:
+        self.pause()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> PgServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

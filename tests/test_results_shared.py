@@ -1,0 +1,282 @@
+"""The shared results store: a real PostgreSQL (started here from a temporary directory) as the catalog and a
+directory as the shared storage; several rtvirt processes writing at once, a store lost mid-campaign and
+`rtvirt push`, history (`rtvirt trend`) and regressions (`rtvirt compare`) on a local and a shared store alike,
+and bad URLs or refused credentials (exit 2 naming the URL without its password)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import RTVIRT
+from pg_server import PASSWORD, PgServer
+from results_data import synthetic_run
+
+from rtvirt import __version__
+from rtvirt.results.history import binomial_upper_tail
+
+SCENARIO = """\
+name = "lab-{tag}"
+duration = "600ms"
+repetitions = {repetitions}
+run_timeout = "60s"
+
+[workload]
+probe = "timer"
+params = {{ interval = "1ms" }}
+
+[[environments]]
+kind = "host"
+
+[[disturbances]]
+name = "solo"
+
+[timeline]
+settle = "50ms"
+"""
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PgServer]:
+    with PgServer() as pg:
+        yield pg
+
+
+@pytest.fixture
+def env(server: PgServer, tmp_path: Path) -> dict[str, str]:
+    return {**server.env(), "RTVIRT_SPOOL": str(tmp_path / "spool"), "COLUMNS": "200"}
+
+
+def _cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*RTVIRT, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def _sql(statement: str, url: str, env: dict[str, str]) -> list[list[object]]:
+    result = _cli("sql", statement, "--results", url, "--format", "json", env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["rows"]
+
+
+def _scenario(tmp_path: Path, tag: str, repetitions: int) -> Path:
+    path = tmp_path / f"{tag}.toml"
+    path.write_text(SCENARIO.format(tag=tag, repetitions=repetitions))
+    return path
+
+
+@pytest.mark.slow
+def test_two_campaigns_from_two_processes_write_one_store_exactly_once(server: PgServer, tmp_path: Path) -> None:
+    url = server.url(data=tmp_path / "shared")
+    procs = []
+    for machine in ("a", "b"):  # two machines: each its own spool; the store from RTVIRT_RESULTS
+        machine_env = {**server.env(), "RTVIRT_RESULTS": url, "RTVIRT_SPOOL": str(tmp_path / f"spool-{machine}")}
+        procs.append(subprocess.Popen([*RTVIRT, "run", str(_scenario(tmp_path, machine, 3)), "--json",
+                                       "--no-progress"], env=machine_env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    documents = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert "delivered 3 run(s)" in err, err
+        documents.append(json.loads(out))
+    written = {run["run_id"] for d in documents for run in d["runs"].values()}
+    assert len(written) == 6
+    env = server.env()
+    rows = _sql("SELECT run_id, scenario, machine, kernel, rtvirt_version, scenario_sha256, samples FROM runs",
+                url, env)
+    assert sorted(r[0] for r in rows) == sorted(written)  # every run once
+    assert {r[1] for r in rows} == {"lab-a", "lab-b"}
+    assert {r[2] for r in rows} == {socket.gethostname()} and {r[3] for r in rows} == {os.uname().release}
+    assert {r[4] for r in rows} == {__version__}
+    assert len({r[5] for r in rows if r[1] == "lab-a"}) == 1 and all(len(str(r[5])) == 64 for r in rows)
+    # a query across both campaigns is exact: the histograms' counts are the samples in the shared Parquet files
+    counted = dict(_sql("SELECT run_id, sum(count)::BIGINT FROM histograms GROUP BY run_id", url, env))
+    on_disk = {rid: pq.ParquetFile(tmp_path / "shared" / "runs" / rid / "samples.parquet").metadata.num_rows
+               for rid in written}
+    assert counted == on_disk and {r[0]: r[6] for r in rows} == on_disk
+    top = _sql("SELECT max(value) FROM histograms", url, env)[0][0]
+    assert top == max(pq.read_table(tmp_path / "shared" / "runs" / rid / "samples.parquet")["latency_ns"]
+                      .to_numpy().max() for rid in written)
+    # the other reading commands take the store's URL like a directory
+    stats = _cli("stats", url, "--json", env=env)
+    assert stats.returncode == 0 and set(json.loads(stats.stdout)) == written, stats.stderr
+    report = _cli("report", url, "--format", "json", "--out", str(tmp_path / "r.json"), env=env)
+    assert report.returncode == 0, report.stderr
+    assert {r["run_id"] for c in json.loads((tmp_path / "r.json").read_text())["configurations"]
+            for r in c["runs"]} == written
+    assert not list((tmp_path / "spool-a" / "runs").iterdir())  # delivered runs leave the spool
+
+
+def test_concurrent_importers_each_run_once_and_a_retry_adds_nothing(server: PgServer, tmp_path: Path) -> None:
+    url = server.url(data=tmp_path / "shared")
+    files = []
+    for i in range(12):
+        path = tmp_path / f"in{i}.csv"
+        path.write_text("latency_us\n" + "\n".join(str(10 + (i * 7 + k) % 23) for k in range(200)) + "\n")
+        files.append(path)
+    procs = [subprocess.Popen([*RTVIRT, "import", "column", *map(str, files[w::4]), "--results", url,
+                               "--unit", "us"], env={**server.env(), "RTVIRT_SPOOL": str(tmp_path / f"spool{w}")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in range(4)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    env = server.env()
+    rows = _sql("SELECT count(*), count(DISTINCT run_id), sum(samples)::BIGINT FROM runs", url, env)
+    assert rows == [[12, 12, 12 * 200]]
+    # a machine that crashed after its delivery committed but before it emptied its spool delivers again
+    run_id = str(_sql("SELECT min(run_id) FROM runs", url, env)[0][0])
+    spool = tmp_path / "spool0"
+    (spool / "runs").mkdir(exist_ok=True)
+    subprocess.run(["cp", "-r", str(tmp_path / "shared" / "runs" / run_id), str(spool / "runs")], check=True)
+    for _ in range(2):
+        pushed = _cli("push", "--results", url, "--json", env={**env, "RTVIRT_SPOOL": str(spool)})
+        assert pushed.returncode == 0, pushed.stderr
+    assert _sql("SELECT count(*) FROM runs", url, env) == [[12]]
+
+
+@pytest.mark.slow
+def test_a_store_lost_mid_campaign_keeps_the_runs_in_the_spool_and_push_delivers_them_once(
+        tmp_path: Path) -> None:
+    with PgServer() as pg:  # its own server: this test stops it
+        url = pg.url(data=tmp_path / "shared")
+        env = {**pg.env(), "RTVIRT_SPOOL": str(tmp_path / "spool")}
+        proc = subprocess.Popen([*RTVIRT, "run", str(_scenario(tmp_path, "lost", 4)), "--results", url, "--json",
+                                 "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list((tmp_path / "spool").glob("runs/*/manifest.json")):
+            time.sleep(0.05)
+        pg.pause()  # the store goes away after the first run
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert "4 run(s) stay in the spool" in err and "rtvirt push" in err, err
+        written = {run["run_id"] for run in json.loads(out)["runs"].values()}
+        assert {p.name for p in (tmp_path / "spool" / "runs").iterdir()} == written
+        refused = _cli("push", "--results", url, env=env)
+        assert refused.returncode == 1 and "unreachable" in refused.stderr
+        pg.resume()
+        first = _cli("push", "--results", url, "--json", env=env)
+        assert first.returncode == 0, first.stderr
+        assert set(json.loads(first.stdout)["delivered"]) == written
+        second = _cli("push", "--results", url, "--json", env=env)
+        assert json.loads(second.stdout)["delivered"] == []
+        rows = _sql("SELECT run_id, status FROM runs", url, env)
+        assert sorted(r[0] for r in rows) == sorted(written) and {r[1] for r in rows} == {"complete"}
+
+
+def _lab_run(results: Path, kernel: str, values: np.ndarray) -> str:
+    system = {"hostname": "board-7", "kernel": kernel, "preemption": "PREEMPT_RT", "cmdline": "isolcpus=1",
+              "virtualization": {"dmi": "Acme RT-board"}}
+    manifest = synthetic_run(results, "lab", values, config="kvm/solo", scenario="lab", system=system,
+                             environment_detail={"kind": "qemu", "qemu": "7.2.0"})
+    return str(manifest["run_id"])
+
+
+@pytest.fixture(params=["local", "shared"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path, dict[str, str]]:
+    """(--results value, where the test writes runs, environment) for a results directory or a shared store."""
+    if request.param == "local":
+        return str(tmp_path / "results"), tmp_path / "results", {**os.environ, "COLUMNS": "200"}
+    server = request.getfixturevalue("server")
+    return (server.url(data=tmp_path / "shared", spool=str(tmp_path / "spool")), tmp_path / "spool",
+            {**server.env(), "COLUMNS": "200"})
+
+
+def _deliver(spec: str, env: dict[str, str]) -> None:
+    if "://" in spec:
+        assert _cli("push", "--results", spec, env=env).returncode == 0
+
+
+def test_trend_marks_the_kernel_change(store: tuple[str, Path, dict[str, str]]) -> None:
+    spec, write_to, env = store
+    rng = np.random.default_rng(1)
+    ids = [_lab_run(write_to, kernel, rng.integers(5_000, 20_000 + 10_000 * i, 2_000))
+           for i, kernel in enumerate(["6.6.30-rt30", "6.6.30-rt30", "6.12.1-rt5", "6.12.1-rt5"])]
+    _deliver(spec, env)
+    result = _cli("trend", "kvm/solo", "--results", spec, "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    points = json.loads(result.stdout)["machines"]["board-7"]
+    assert [p["run_id"] for p in points] == ids
+    assert [p["changes"] for p in points] == [{}, {}, {"kernel": ["6.6.30-rt30", "6.12.1-rt5"]}, {}]
+    assert [p["value"] for p in points] == [
+        float(json.loads(_cli("stats", str(_run_dir(spec, write_to, i)), "--json", env=env).stdout)[i]["all"]
+              ["max_ns"]) for i in ids]
+    table = _cli("trend", "kvm/solo", "--results", spec, "--metric", "class", env=env)
+    assert table.returncode == 0 and "kernel: 6.6.30-rt30 → 6.12.1-rt5" in table.stdout, table.stdout
+    missing = _cli("trend", "no-such-config", "--results", spec, env=env)
+    assert missing.returncode == 2 and "no-such-config" in missing.stderr
+
+
+def _run_dir(spec: str, write_to: Path, run_id: str) -> Path:
+    return (Path(spec.split("data=")[1].split("&")[0]) if "://" in spec else write_to) / "runs" / run_id
+
+
+def test_compare_flags_an_injected_tail_regression_and_not_a_rerun(store: tuple[str, Path, dict[str, str]]) -> None:
+    spec, write_to, env = store
+    rng = np.random.default_rng(7)
+
+    def draw() -> np.ndarray:
+        return (8_000 + rng.gamma(2.0, 1_500.0, 100_000)).astype(np.int64)
+
+    _lab_run(write_to, "6.6.30-rt30", draw())
+    rerun = _lab_run(write_to, "6.6.30-rt30", draw())
+    regressed = draw()
+    hit = rng.choice(regressed.size, 400, replace=False)  # 0.4 % of the wake-ups now take 40-60 µs longer
+    regressed[hit] += rng.integers(40_000, 60_000, hit.size)
+    worse = _lab_run(write_to, "6.12.1-rt5", regressed)
+    _deliver(spec, env)
+    same = _cli("compare", rerun, "--results", spec, "--json", env=env)  # against the last run of its config
+    assert same.returncode == 0, same.stderr
+    tail = json.loads(same.stdout)["tail"]
+    assert tail["regression"] is False and tail["rate_ratio"] < 1.5
+    flagged = _cli("compare", worse, "--results", spec, "--json", env=env)
+    assert flagged.returncode == 3, flagged.stderr
+    document = json.loads(flagged.stdout)
+    assert document["baseline_run"] == rerun and document["tail"]["regression"] is True
+    assert document["tail"]["p_value"] < 1e-6 and "tail regression" in flagged.stderr
+    # a comparison of two configurations (isolation) reports the test but gates only when asked
+    assert _cli("compare", rerun, worse, "--results", spec, "--no-gate", env=env).returncode == 0
+
+
+def test_binomial_tail_is_the_exact_sum() -> None:
+    for successes, trials, p in [(0, 10, 0.3), (3, 10, 0.3), (10, 10, 0.3), (40, 100, 0.25), (7, 20, 0.01)]:
+        exact = sum(math.comb(trials, j) * p**j * (1 - p) ** (trials - j) for j in range(successes, trials + 1))
+        assert binomial_upper_tail(successes, trials, p) == pytest.approx(exact, rel=1e-9)
+
+
+def test_bad_urls_and_refused_credentials_exit_2_naming_the_url_without_the_password(
+        server: PgServer, tmp_path: Path) -> None:
+    env = {**os.environ, "RTVIRT_SPOOL": str(tmp_path / "spool")}
+    env.pop("PGPASSWORD", None)
+    wrong = server.url(data=tmp_path / "shared", password="not-the-" + PASSWORD)
+    csv = tmp_path / "x.csv"
+    csv.write_text("latency_ns\n1\n2\n")
+    for argv in (["sql", "SELECT 1", "--results", wrong], ["import", "column", str(csv), "--results", wrong]):
+        result = _cli(*argv, env=env)
+        assert result.returncode == 2, result.stderr
+        assert "access refused" in result.stderr and f"rtvirt:***@127.0.0.1:{server.port}" in result.stderr
+        assert "not-the-" not in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "spool" / "runs").exists() or not list((tmp_path / "spool" / "runs").iterdir())
+    for url, words in ((f"postgresql://127.0.0.1:{server.port}/postgres", "no data=DIR"),
+                       (f"postgresql://u:pw@127.0.0.1:99999/x?data={tmp_path}", "not a valid PostgreSQL URL"),
+                       ("s3://bucket/rtvirt", "unknown kind of store")):
+        result = _cli("sql", "SELECT 1", "--results", url, env=env)
+        shown = url.replace("u:pw@", "u:***@")
+        assert result.returncode == 2 and words in result.stderr and shown in result.stderr, result.stderr
+        assert ":pw@" not in result.stderr
+    # a password given in the URL works, and reaches no manifest, report or catalog row
+    good = server.url(data=tmp_path / "shared", password=PASSWORD)
+    imported = _cli("import", "column", str(csv), "--results", good, env=env)
+    assert imported.returncode == 0, imported.stderr
+    assert PASSWORD not in imported.stderr + imported.stdout
+    for path in (tmp_path / "shared").rglob("*.json"):
+        assert PASSWORD not in path.read_text()
+    rows = _sql("SELECT manifest FROM runs", good, env)
+    assert rows and all(PASSWORD not in str(r[0]) for r in rows)
