@@ -212,6 +212,13 @@ def test_trend_marks_the_kernel_change(store: tuple[str, Path, dict[str, str]]) 
     assert table.returncode == 0 and "kernel: 6.6.30-rt30 → 6.12.1-rt5" in table.stdout, table.stdout
     missing = _cli("trend", "no-such-config", "--results", spec, env=env)
     assert missing.returncode == 2 and "no-such-config" in missing.stderr
+    # the report's history section: the same series, the change marked
+    out = write_to.parent / "report.md"
+    report = _cli("report", spec, "--format", "markdown", "--out", str(out), env=env)
+    assert report.returncode == 0, report.stderr
+    history = [line for line in out.read_text().splitlines() if line.startswith("| kvm/solo | board-7 |")]
+    assert [line.split(" | ")[2] for line in history] == ids
+    assert "kernel: 6.6.30-rt30 → 6.12.1-rt5" in history[2] and history[3].endswith("|  |")
 
 
 def _run_dir(spec: str, write_to: Path, run_id: str) -> Path:

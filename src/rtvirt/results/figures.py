@@ -212,8 +212,10 @@ def trend_chart(trend: Trend) -> bytes:
         for i, point in enumerate(points):
             if point.changes:
                 axes.axvline(i - 0.5, color="grey", linestyle="--", linewidth=0.8)
-                axes.annotate(_short(", ".join(point.changes), 30), (i - 0.5, 1), xycoords=("data", "axes fraction"),
-                              fontsize=7, rotation=90, va="top", ha="right", color="grey")
+                text = ", ".join(f"{column} {after}" for column, (_, after) in point.changes.items())
+                axes.annotate(_short(text, 40), (i - 0.5, 1), xycoords=("data", "axes fraction"), fontsize=7,
+                              rotation=90, va="top", ha="right", color="grey")
+    axes.xaxis.get_major_locator().set_params(integer=True)
     axes.set_xlabel("run (oldest first)")
     axes.set_ylabel(f"{trend.metric.removesuffix('_ns')} (µs)")
     axes.set_title(_short(f"{trend.configuration}: {trend.metric.removesuffix('_ns')} over time", 90), fontsize=10)

@@ -19,9 +19,9 @@ import numpy as np
 
 from ..stats import Histogram
 from ..stores import RunStore
-from ..stores.provenance import CHANGE_COLUMNS, configuration
+from ..stores.provenance import CHANGE_COLUMNS, configuration, run_row
 
-__all__ = ["TailTest", "tail_test", "Trend", "trend", "previous_run_row", "METRICS"]
+__all__ = ["TailTest", "tail_test", "Trend", "trend", "trend_of", "histories", "previous_run_row", "METRICS"]
 
 METRICS = ("max_ns", "p9999_ns", "p999_ns", "p99_ns", "median_ns", "mean_ns", "class")
 _EXACT_LIMIT = 200_000  # exceedances summed exactly up to here; a normal approximation beyond
@@ -127,13 +127,19 @@ def _strictest_class(row: dict[str, Any], classes: list[Any], margin: float) -> 
 
 def trend(store: RunStore, config: str, metric: str = "max_ns", machine: str | None = None, *,
           classes: list[Any] | None = None, margin: float = 0.5) -> Trend:
-    """Every run of ``config`` (oldest first) per machine, each with what changed since the machine's previous
-    run of it (CHANGE_COLUMNS)."""
+    """Every run of ``config`` in ``store`` (oldest first) per machine, each with what changed since the
+    machine's previous run of it (CHANGE_COLUMNS)."""
+    return trend_of(store.rows(config=config, machine=machine), config, metric, classes=classes, margin=margin)
+
+
+def trend_of(rows: list[dict[str, Any]], config: str, metric: str = "max_ns", *,
+             classes: list[Any] | None = None, margin: float = 0.5) -> Trend:
+    """:func:`trend` of catalog rows (rtvirt.stores.provenance.run_row) of one configuration, oldest first."""
     if metric not in METRICS:
         raise ValueError(f"metric {metric!r}: one of {', '.join(METRICS)}")
     machines: dict[str, list[TrendPoint]] = {}
     last: dict[str, dict[str, Any]] = {}
-    for row in store.rows(config=config, machine=machine):
+    for row in rows:
         name = str(row.get("machine") or "unknown")
         value = _strictest_class(row, classes or [], margin) if metric == "class" else row.get(metric)
         point = TrendPoint(str(row["run_id"]), str(row.get("created") or ""), value, row.get("status"))
@@ -152,3 +158,13 @@ def previous_run_row(store: RunStore, row: dict[str, Any]) -> dict[str, Any] | N
                if r["run_id"] != row["run_id"] and str(r.get("created") or "") <= str(row.get("created") or "")
                and r.get("status") == "complete"]
     return earlier[-1] if earlier else None
+
+
+def histories(manifests: list[dict[str, Any]]) -> list[Trend]:
+    """The report's history: the maxima of each configuration with more than one run on a machine, over time."""
+    by_config: dict[str, list[dict[str, Any]]] = {}
+    for row in sorted((run_row(m) for m in manifests), key=lambda r: (str(r.get("created") or ""), r["run_id"])):
+        if row.get("max_ns") is not None:
+            by_config.setdefault(configuration(row), []).append(row)
+    found = [trend_of(rows, config) for config, rows in by_config.items()]
+    return [t for t in found if any(len(points) > 1 for points in t.machines.values())]

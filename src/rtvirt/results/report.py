@@ -122,6 +122,14 @@ def _tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
                        [[t.vm, t.task, _us(t.bound_ns), _us(t.deadline_ns),
                          "-" if t.schedulable is None else ("yes" if t.schedulable else "no"),
                          _us(t.simulated_max_ns), _us(t.measured_max_ns)] for t in data.tasks]))
+    history = [[t.configuration, machine, p.run_id, p.created[:19], _us(p.value) if isinstance(p.value, float) else "-",
+                "; ".join(f"{k}: {before} → {after}" for k, (before, after) in p.changes.items())]
+               for t in data.history for machine, points in t.machines.items() for p in points]
+    if history:
+        tables.append(("History: each configuration's worst case run after run, per machine (changes of kernel, "
+                       "hypervisor, scenario or rtvirt marked; `rtvirt trend` for more)",
+                       ["configuration", "machine", "run", "created", "max (µs)", "changed since the last run"],
+                       history))
     tables += prediction_tables(data.predictions)  # predicted next to measured (rtvirt.predict)
     tables += study_tables(data)  # the studies' own tables, for runs of a study scenario
     checklists = [[view.run.run_id, c.label, *_checklist(view)] for c in data.configurations for view in c.runs
@@ -255,6 +263,8 @@ def _html(data: ReportData, model: dict[str, Any]) -> str:
         from ..experiment.figures import experiments_html
 
         parts.append(experiments_html(data.experiments))
+    for history in data.history:
+        parts.append(_img(figures.trend_chart(history), f"history {history.configuration}"))
     for table in tables[2:]:
         parts.append(_html_table(table["title"], table["header"], table["rows"]))
     parts.append("<h2>Runs over time</h2>")

@@ -16,6 +16,7 @@ from ..store import StoredRun, resolve_runs
 from ..stores import RunStore
 from ..timeprofile.levels import Ramp, Segment, Switch, detect_ramp, event_offsets, segments_of, transitions
 from ..timeprofile.windows import TOP_KEPT, TimeProfile
+from .history import Trend, histories
 from .isolation import IsolationRow, Outlier, isolation_of, outlier_rows
 from .verdicts import DEFAULT_MARGIN, RequirementClass, Verdict, judge, load_classes
 from .windows import run_pass, time_range
@@ -87,6 +88,7 @@ class ReportData:
     analysis_runs: list[StoredRun]
     predictions: list[Any] = field(default_factory=list)  # rtvirt.predict.compare.Prediction per configuration
     experiments: list[dict[str, Any]] = field(default_factory=list)  # rtvirt.experiment.report.experiment_section
+    history: list[Trend] = field(default_factory=list)  # maxima of configurations run more than once on a machine
 
 
 def _per_cpu(table: Any) -> dict[int, Histogram]:
@@ -219,8 +221,11 @@ def collect(results: Path | RunStore, *, baseline: str | None = None, classes_fi
     from ..experiment.report import experiment_section  # acceptance curves of experiment runs
     from ..predict.compare import predictions  # bound, simulated and measured of each predicted configuration
 
-    return ReportData(str(results), configurations, chosen, rows, classes, margin, _task_bounds(runs), analysis_runs,
-                      predictions(runs), [experiment_section(r) for r in analysis_runs if "experiment" in r.manifest])
+    source = str(results) if isinstance(results, Path | str) else results.label
+    measured = [r.manifest for r in runs if r.manifest.get("source") != "analysis"]
+    return ReportData(source, configurations, chosen, rows, classes, margin, _task_bounds(runs), analysis_runs,
+                      predictions(runs), [experiment_section(r) for r in analysis_runs if "experiment" in r.manifest],
+                      histories(measured))
 
 
 def as_json(data: ReportData) -> dict[str, Any]:
@@ -249,4 +254,5 @@ def as_json(data: ReportData) -> dict[str, Any]:
         "tasks": [asdict(t) for t in data.tasks],
         "predictions": [p.as_dict() for p in data.predictions],
         "experiments": data.experiments,
+        "history": [t.as_dict() for t in data.history],
     }
