@@ -102,6 +102,7 @@ def test_two_campaigns_from_two_processes_write_one_store_exactly_once(server: P
     on_disk = {rid: pq.ParquetFile(tmp_path / "shared" / "runs" / rid / "samples.parquet").metadata.num_rows
                for rid in written}
     assert counted == on_disk and {r[0]: r[6] for r in rows} == on_disk
+    assert dict(_sql("SELECT run_id, count(*) FROM samples GROUP BY run_id", url, env)) == on_disk
     top = _sql("SELECT max(value) FROM histograms", url, env)[0][0]
     assert top == max(pq.read_table(tmp_path / "shared" / "runs" / rid / "samples.parquet")["latency_ns"]
                       .to_numpy().max() for rid in written)

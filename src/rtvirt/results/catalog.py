@@ -42,6 +42,10 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def _sql_name(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _run_row(run: StoredRun) -> dict[str, Any]:
     return {**run_row(run.manifest), "path": str(run.path), "manifest": json.dumps(run.manifest, default=str)}
 
@@ -49,6 +53,10 @@ def _run_row(run: StoredRun) -> dict[str, Any]:
 def _runs_table(runs: list[StoredRun]) -> pa.Table:
     rows = [_run_row(r) for r in runs]
     return pa.table({name: pa.array([row[name] for row in rows], kind) for name, kind in _RUN_COLUMNS.items()})
+
+
+_NO_RECORDS = ("SELECT NULL::VARCHAR run_id, NULL::INTEGER point, NULL::INTEGER system, NULL::VARCHAR scheduler, "
+               "NULL::VARCHAR question, NULL::BOOLEAN accepted WHERE false")
 
 
 def _union(parts: list[str], empty: str) -> str:
@@ -76,46 +84,21 @@ def _catalog_file(store: RunStore) -> Iterator[str]:
 def open_catalog(results: Path | RunStore) -> Iterator[duckdb.DuckDBPyConnection]:
     """Refresh the catalog of a results directory or store from its runs and yield a connection to it."""
     store = LocalStore(results) if isinstance(results, Path | str) else results
-    runs = store.list_runs()
+    runs = [] if store.shared else store.list_runs()
     with _catalog_file(store) as database:
         try:
             connection = duckdb.connect(database)
         except duckdb.Error as exc:
             raise InputError(f"{database}: cannot open the catalog ({exc})") from None
         try:
-            connection.register("runs_arrow", _runs_table(runs))
+            connection.register("runs_arrow", store.runs_table() if store.shared  # type: ignore[attr-defined]
+                                else _runs_table(runs))
             connection.execute("CREATE OR REPLACE TABLE runs AS SELECT * FROM runs_arrow")
             connection.unregister("runs_arrow")
-            samples, histograms, tasks, experiments = [], [], [], []
-            for run in runs:
-                rid = _sql_string(run.run_id)
-                if run.has_samples and run.value_field:
-                    value = '"' + run.value_field.replace('"', '""') + '"'
-                    samples.append(f"SELECT {rid} AS run_id, t_ns, {value} AS value, cpu, thread, "
-                                   f"CAST(kind AS VARCHAR) AS kind "
-                                   f"FROM read_parquet({_sql_string(str(run.path / 'samples.parquet'))})")
-                if (run.path / "histogram.parquet").exists():
-                    histograms.append(f"SELECT {rid} AS run_id, * FROM "
-                                      f"read_parquet({_sql_string(str(run.path / 'histogram.parquet'))})")
-                if run.manifest.get("experiment") is not None and any((run.path / "records").glob("*.parquet")):
-                    experiments.append(f"SELECT {rid} AS run_id, * FROM "
-                                       f"read_parquet({_sql_string(str(run.path / 'records' / '*.parquet'))})")
-                for task in ((run.manifest.get("analysis") or {}).get("tasks") or []):
-                    tasks.append((run.run_id, task.get("vm"), task.get("task"), task.get("wcrt_bound_ns"),
-                                  task.get("deadline_ns"), task.get("schedulable")))
-            connection.execute("CREATE OR REPLACE VIEW samples AS " + _union(samples, (
-                "SELECT NULL::VARCHAR run_id, NULL::BIGINT t_ns, NULL::BIGINT value, NULL::SMALLINT cpu, "
-                "NULL::SMALLINT thread, NULL::VARCHAR kind WHERE false")))
-            connection.execute("CREATE OR REPLACE VIEW histograms AS " + _union(histograms, (
-                "SELECT NULL::VARCHAR run_id, NULL::SMALLINT cpu, NULL::VARCHAR kind, NULL::BIGINT value, "
-                "NULL::BIGINT count WHERE false")))
-            connection.execute("CREATE OR REPLACE VIEW experiment_records AS " + _union(experiments, (
-                "SELECT NULL::VARCHAR run_id, NULL::INTEGER point, NULL::INTEGER system, NULL::VARCHAR scheduler, "
-                "NULL::VARCHAR question, NULL::BOOLEAN accepted WHERE false")))
-            connection.execute("CREATE OR REPLACE TABLE analysis_tasks (run_id VARCHAR, vm VARCHAR, task VARCHAR, "
-                               "wcrt_bound_ns DOUBLE, deadline_ns DOUBLE, schedulable BOOLEAN)")
-            if tasks:
-                connection.executemany("INSERT INTO analysis_tasks VALUES (?, ?, ?, ?, ?, ?)", tasks)
+            if store.shared:
+                _shared_views(connection, store.data)  # type: ignore[attr-defined]
+            else:
+                _run_views(connection, runs)
         except duckdb.Error as exc:
             connection.close()
             raise InputError(f"{store.label}: cannot build the catalog ({str(exc).splitlines()[0]})") from None
@@ -123,6 +106,81 @@ def open_catalog(results: Path | RunStore) -> Iterator[duckdb.DuckDBPyConnection
             yield connection
         finally:
             connection.close()
+
+
+def _run_views(connection: duckdb.DuckDBPyConnection, runs: list[StoredRun]) -> None:
+    """samples, histograms and analysis_tasks of a results directory: a view of each run's files."""
+    samples, histograms, tasks, experiments = [], [], [], []
+    for run in runs:
+        rid = _sql_string(run.run_id)
+        if run.has_samples and run.value_field:
+            value = _sql_name(run.value_field)
+            samples.append(f"SELECT {rid} AS run_id, t_ns, {value} AS value, cpu, thread, "
+                           f"CAST(kind AS VARCHAR) AS kind "
+                           f"FROM read_parquet({_sql_string(str(run.path / 'samples.parquet'))})")
+        if (run.path / "histogram.parquet").exists():
+            histograms.append(f"SELECT {rid} AS run_id, * FROM "
+                              f"read_parquet({_sql_string(str(run.path / 'histogram.parquet'))})")
+        if run.manifest.get("experiment") is not None and any((run.path / "records").glob("*.parquet")):
+            experiments.append(f"SELECT {rid} AS run_id, * FROM "
+                               f"read_parquet({_sql_string(str(run.path / 'records' / '*.parquet'))})")
+        for task in ((run.manifest.get("analysis") or {}).get("tasks") or []):
+            tasks.append((run.run_id, task.get("vm"), task.get("task"), task.get("wcrt_bound_ns"),
+                          task.get("deadline_ns"), task.get("schedulable")))
+    connection.execute("CREATE OR REPLACE VIEW experiment_records AS " + _union(experiments, _NO_RECORDS))
+    connection.execute("CREATE OR REPLACE VIEW samples AS " + _union(samples, (
+        "SELECT NULL::VARCHAR run_id, NULL::BIGINT t_ns, NULL::BIGINT value, NULL::SMALLINT cpu, "
+        "NULL::SMALLINT thread, NULL::VARCHAR kind WHERE false")))
+    connection.execute("CREATE OR REPLACE VIEW histograms AS " + _union(histograms, (
+        "SELECT NULL::VARCHAR run_id, NULL::SMALLINT cpu, NULL::VARCHAR kind, NULL::BIGINT value, "
+        "NULL::BIGINT count WHERE false")))
+    connection.execute("CREATE OR REPLACE TABLE analysis_tasks (run_id VARCHAR, vm VARCHAR, task VARCHAR, "
+                       "wcrt_bound_ns DOUBLE, deadline_ns DOUBLE, schedulable BOOLEAN)")
+    if tasks:
+        connection.executemany("INSERT INTO analysis_tasks VALUES (?, ?, ?, ?, ?, ?)", tasks)
+
+
+def _shared_views(connection: duckdb.DuckDBPyConnection, data: Path) -> None:
+    """samples, histograms and analysis_tasks of a shared store: views over the run directories' files by glob,
+    joined with the catalog's runs (files placed but not yet committed are left out), instead of a view per run.
+    A run's samples hold its value_field: ``value`` is that column of each file."""
+    fields = [row[0] for row in connection.execute(
+        "SELECT DISTINCT value_field FROM runs WHERE value_field IS NOT NULL ORDER BY 1").fetchall()]
+    root = _sql_string(str(data / "runs"))
+    if fields and next(data.glob("runs/*/samples.parquet"), None) is not None:
+        value = "CASE r.value_field " + " ".join(
+            f"WHEN {_sql_string(f)} THEN CAST(s.{_sql_name(f)} AS BIGINT)" for f in fields) + " END"
+        connection.execute(
+            f"CREATE VIEW samples AS SELECT r.run_id, s.t_ns, {value} AS value, s.cpu, s.thread, "
+            f"CAST(s.kind AS VARCHAR) AS kind FROM read_parquet({root} || '/*/samples.parquet', filename = true, "
+            "union_by_name = true) s JOIN runs r ON s.filename = r.path || '/samples.parquet'")
+    else:
+        connection.execute("CREATE VIEW samples AS SELECT NULL::VARCHAR run_id, NULL::BIGINT t_ns, NULL::BIGINT "
+                           "value, NULL::SMALLINT cpu, NULL::SMALLINT thread, NULL::VARCHAR kind WHERE false")
+    if next(data.glob("runs/*/histogram.parquet"), None) is not None:
+        connection.execute(
+            f"CREATE VIEW histograms AS SELECT r.run_id, h.cpu, CAST(h.kind AS VARCHAR) AS kind, h.value, h.count "
+            f"FROM read_parquet({root} || '/*/histogram.parquet', filename = true) h "
+            "JOIN runs r ON h.filename = r.path || '/histogram.parquet'")
+    else:
+        connection.execute("CREATE VIEW histograms AS SELECT NULL::VARCHAR run_id, NULL::SMALLINT cpu, "
+                           "NULL::VARCHAR kind, NULL::BIGINT value, NULL::BIGINT count WHERE false")
+    if next(data.glob("runs/*/records/*.parquet"), None) is not None:  # experiment runs (docs/experiments.md)
+        connection.execute(
+            f"CREATE VIEW experiment_records AS SELECT r.run_id, e.* EXCLUDE (filename) "
+            f"FROM read_parquet({root} || '/*/records/*.parquet', filename = true, union_by_name = true) e "
+            "JOIN runs r ON starts_with(e.filename, r.path || '/records/')")
+    else:
+        connection.execute("CREATE VIEW experiment_records AS " + _NO_RECORDS)
+    connection.execute("CREATE TABLE analysis_tasks (run_id VARCHAR, vm VARCHAR, task VARCHAR, "
+                       "wcrt_bound_ns DOUBLE, deadline_ns DOUBLE, schedulable BOOLEAN)")
+    tasks = [(run_id, task.get("vm"), task.get("task"), task.get("wcrt_bound_ns"), task.get("deadline_ns"),
+              task.get("schedulable"))
+             for run_id, manifest in connection.execute(
+                 "SELECT run_id, manifest FROM runs WHERE source = 'analysis'").fetchall()
+             for task in ((json.loads(manifest).get("analysis") or {}).get("tasks") or [])]
+    if tasks:
+        connection.executemany("INSERT INTO analysis_tasks VALUES (?, ?, ?, ?, ?, ?)", tasks)
 
 
 def query(results: Path | RunStore, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:

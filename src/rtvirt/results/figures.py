@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator  # noqa: E402
 
 from ..stats import Histogram, Summary  # noqa: E402
 from .history import Trend  # noqa: E402
@@ -215,7 +215,7 @@ def trend_chart(trend: Trend) -> bytes:
                 text = ", ".join(f"{column} {after}" for column, (_, after) in point.changes.items())
                 axes.annotate(_short(text, 40), (i - 0.5, 1), xycoords=("data", "axes fraction"), fontsize=7,
                               rotation=90, va="top", ha="right", color="grey")
-    axes.xaxis.get_major_locator().set_params(integer=True)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("run (oldest first)")
     axes.set_ylabel(f"{trend.metric.removesuffix('_ns')} (µs)")
     axes.set_title(_short(f"{trend.configuration}: {trend.metric.removesuffix('_ns')} over time", 90), fontsize=10)

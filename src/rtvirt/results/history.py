@@ -155,7 +155,8 @@ def trend_of(rows: list[dict[str, Any]], config: str, metric: str = "max_ns", *,
 def previous_run_row(store: RunStore, row: dict[str, Any]) -> dict[str, Any] | None:
     """The last complete run of the same configuration on the same machine before ``row``."""
     earlier = [r for r in store.rows(config=configuration(row), machine=row.get("machine"))
-               if r["run_id"] != row["run_id"] and str(r.get("created") or "") <= str(row.get("created") or "")
+               if r["run_id"] != row["run_id"] and r.get("machine") == row.get("machine")
+               and str(r.get("created") or "") <= str(row.get("created") or "")
                and r.get("status") == "complete"]
     return earlier[-1] if earlier else None
 

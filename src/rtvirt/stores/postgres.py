@@ -165,12 +165,29 @@ class SharedStore:
 
     def rows(self, *, config: str | None = None, machine: str | None = None) -> list[dict[str, Any]]:
         names = list(COLUMNS)
+        # only the filters given: a plan that uses the (configuration, machine, created) index
+        where = [clause for clause, value in (("coalesce(config, name) = %(config)s", config),
+                                              ("machine = %(machine)s", machine)) if value is not None]
         with self._cursor() as cursor:
             cursor.execute(f"SELECT {', '.join(names)} FROM {TABLE} "
-                           "WHERE (%(config)s::text IS NULL OR coalesce(config, name) = %(config)s) "
-                           "AND (%(machine)s::text IS NULL OR machine = %(machine)s) "
-                           "ORDER BY created, run_id", {"config": config, "machine": machine})
+                           + (f"WHERE {' AND '.join(where)} " if where else "") + "ORDER BY created, run_id",
+                           {"config": config, "machine": machine})
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def runs_table(self) -> Any:
+        """Every run's catalog row, its directory and manifest (JSON text) as an Arrow table, straight from
+        the catalog's columns (no manifest parsed: 100,000 runs in about a second)."""
+        import pyarrow as pa
+
+        names = [*COLUMNS, "path", "manifest"]
+        with self._cursor() as cursor:
+            cursor.execute(f"SELECT {', '.join(COLUMNS)}, %s || '/' || files, manifest::text FROM {TABLE} "
+                           "ORDER BY created, run_id", (str(self.data),))
+            columns = list(zip(*cursor.fetchall(), strict=True)) or [()] * len(names)
+        kinds = {"text": pa.string(), "bigint": pa.int64(), "double precision": pa.float64()}
+        types = [kinds[kind] for kind in COLUMNS.values()] + [pa.string(), pa.string()]
+        return pa.table({name: pa.array(values, kind) for name, values, kind in zip(names, columns, types,
+                                                                                  strict=True)})
 
     # -- writing ----------------------------------------------------------------------------------------------
     def _place_files(self, run: StoredRun) -> str:
