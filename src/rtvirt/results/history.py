@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from ..stats import Histogram
-from ..stores import RunStore
 from ..stores.provenance import CHANGE_COLUMNS, configuration, run_row
+
+if TYPE_CHECKING:  # numpy only for the tail test: `rtvirt trend` starts without it
+    from ..stats import Histogram
+    from ..stores import RunStore
 
 __all__ = ["TailTest", "tail_test", "Trend", "trend", "trend_of", "histories", "previous_run_row", "METRICS"]
 
@@ -52,11 +52,15 @@ class TailTest:
 
 
 def _quantile(histogram: Histogram, level: float) -> int:
+    import numpy as np
+
     rank = max(1, math.ceil(level * histogram.n))
     return int(histogram.values[int(np.searchsorted(histogram.cumulative, rank))])
 
 
 def _above(histogram: Histogram, threshold: int) -> int:
+    import numpy as np
+
     at_or_below = int(np.searchsorted(histogram.values, threshold, side="right"))
     return histogram.n - (int(histogram.cumulative[at_or_below - 1]) if at_or_below else 0)
 
@@ -69,6 +73,8 @@ def binomial_upper_tail(successes: int, trials: int, p: float) -> float:
         return 0.0
     if p >= 1:
         return 1.0
+    import numpy as np
+
     if trials > _EXACT_LIMIT:
         mean, sd = trials * p, math.sqrt(trials * p * (1 - p))
         return 0.5 * math.erfc((successes - 0.5 - mean) / (sd * math.sqrt(2)))

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import InputError
-from ..store import StoredRun, list_runs, load_run
 from .provenance import configuration, run_row
+
+if TYPE_CHECKING:  # rtvirt.store imports numpy and pyarrow: `rtvirt trend` on a shared store needs neither
+    from ..store import StoredRun
 
 __all__ = ["RunStore", "LocalStore", "Delivery", "resolve_in"]
 
@@ -62,9 +64,13 @@ class LocalStore:
         self.label = str(path)
 
     def list_runs(self) -> list[StoredRun]:
+        from ..store import list_runs
+
         return list_runs(self.write_dir)
 
     def find_run(self, run_id: str) -> StoredRun | None:
+        from ..store import load_run
+
         if "/" in run_id or run_id in ("", ".", ".."):
             return None
         directory = self.write_dir / "runs" / run_id

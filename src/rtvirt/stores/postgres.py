@@ -23,13 +23,15 @@ import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import InputError, RtvirtError
-from ..store import StoredRun, list_runs
 from .base import Delivery
 from .provenance import COLUMNS, content_sha256, run_row
+
+if TYPE_CHECKING:
+    from ..store import StoredRun
 
 __all__ = ["SharedStore", "StoreUnavailable", "redact_url", "SCHEMES"]
 
@@ -153,11 +155,15 @@ class SharedStore:
 
     # -- reading ----------------------------------------------------------------------------------------------
     def list_runs(self) -> list[StoredRun]:
+        from ..store import StoredRun
+
         with self._cursor() as cursor:
             cursor.execute(f"SELECT files, manifest::text FROM {TABLE} ORDER BY created, run_id")
             return [StoredRun(self.data / files, json.loads(manifest)) for files, manifest in cursor.fetchall()]
 
     def find_run(self, run_id: str) -> StoredRun | None:
+        from ..store import StoredRun
+
         with self._cursor() as cursor:
             cursor.execute(f"SELECT files, manifest::text FROM {TABLE} WHERE run_id = %s", (run_id,))
             found = cursor.fetchone()
@@ -234,6 +240,8 @@ class SharedStore:
     def deliver(self) -> Delivery:
         """Deliver every finished run of the spool (one with a manifest), oldest first; delivered runs leave the
         spool. Safe to repeat and to run on several machines at once."""
+        from ..store import list_runs
+
         delivery = Delivery()
         if not (self.write_dir / "runs").is_dir():
             return delivery
