@@ -11,9 +11,12 @@ COPY, the way a year of deliveries would leave them), and two real runs of one c
   compare    `rtvirt compare RUN --results URL --json`: the last run of its configuration on its machine, and
              the tail test on both exact histograms
   sql        `rtvirt sql` over the whole store (every run listed: the DuckDB catalog is built from all rows)
+  sql+manifest  the same with the runs' manifests (JSON text) in the catalog: here ~300 bytes a run; real ones,
+             with the system audit, 10-50 kB
   reference  psql running trend's query itself (the least any tool must do to answer it)
 
-and prints each time and trend's ratio to the reference.
+and prints each time, trend's ratio to the reference, and where the time goes (the store's queries in a warm
+process, and the imports trend needs).
 
     .venv/bin/python benchmarks/bench_store.py [--runs 100000]
 """
@@ -112,10 +115,26 @@ def main() -> None:
         figures["compare"], _ = timed([str(RTVIRT), "compare", second, "--results", url, "--json"], env)
         figures["sql"], _ = timed([str(RTVIRT), "sql", "SELECT machine, max(max_ns) FROM runs GROUP BY machine",
                                    "--results", url, "--format", "csv"], env)
+        figures["sql+manifest"], _ = timed([str(RTVIRT), "sql", "SELECT count(manifest) FROM runs", "--results", url,
+                                            "--format", "csv"], env)
         query = ("SELECT * FROM rtvirt_runs WHERE coalesce(config, name) = 'cfg-7' ORDER BY created, run_id")
         figures["reference"], _ = timed([_bin("psql"), url.split("?")[0], "-qAt", "-c", query], env)
+        # where the time goes: the store's own work in this (already warm) process, without start-up and imports
+        from rtvirt.stores.postgres import SharedStore
+
+        store = SharedStore(url)
+        for name, work in (("in-process rows(config)", lambda: store.rows(config="cfg-7")),
+                           ("in-process runs_table()", store.runs_table)):
+            start = time.perf_counter()
+            work()
+            figures[name] = time.perf_counter() - start
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import rtvirt.cli.trend, rtvirt.results.history, "
+                        "rtvirt.stores.postgres, psycopg"], check=True)
+        figures["trend's imports"] = time.perf_counter() - start
+        store.close()
         for name, seconds in figures.items():
-            print(f"{name:10s} {seconds:7.2f} s")
+            print(f"{name:24s} {seconds:7.2f} s")
         print(f"trend / reference: {figures['trend'] / figures['reference']:.1f}")
 
 

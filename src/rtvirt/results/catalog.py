@@ -81,8 +81,10 @@ def _catalog_file(store: RunStore) -> Iterator[str]:
 
 
 @contextmanager
-def open_catalog(results: Path | RunStore) -> Iterator[duckdb.DuckDBPyConnection]:
-    """Refresh the catalog of a results directory or store from its runs and yield a connection to it."""
+def open_catalog(results: Path | RunStore, manifests: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Refresh the catalog of a results directory or store from its runs and yield a connection to it.
+    ``manifests=False``: a shared store's runs.manifest stays NULL (the full manifests are most of what its
+    catalog would transfer: 10-50 kB a run with the system audit)."""
     store = LocalStore(results) if isinstance(results, Path | str) else results
     runs = [] if store.shared else store.list_runs()
     with _catalog_file(store) as database:
@@ -91,7 +93,7 @@ def open_catalog(results: Path | RunStore) -> Iterator[duckdb.DuckDBPyConnection
         except duckdb.Error as exc:
             raise InputError(f"{database}: cannot open the catalog ({exc})") from None
         try:
-            connection.register("runs_arrow", store.runs_table() if store.shared  # type: ignore[attr-defined]
+            connection.register("runs_arrow", store.runs_table(manifests) if store.shared  # type: ignore[attr-defined]
                                 else _runs_table(runs))
             connection.execute("CREATE OR REPLACE TABLE runs AS SELECT * FROM runs_arrow")
             connection.unregister("runs_arrow")
@@ -177,7 +179,7 @@ def _shared_views(connection: duckdb.DuckDBPyConnection, data: Path) -> None:
     tasks = [(run_id, task.get("vm"), task.get("task"), task.get("wcrt_bound_ns"), task.get("deadline_ns"),
               task.get("schedulable"))
              for run_id, manifest in connection.execute(
-                 "SELECT run_id, manifest FROM runs WHERE source = 'analysis'").fetchall()
+                 "SELECT run_id, manifest FROM runs WHERE source = 'analysis' AND manifest IS NOT NULL").fetchall()
              for task in ((json.loads(manifest).get("analysis") or {}).get("tasks") or [])]
     if tasks:
         connection.executemany("INSERT INTO analysis_tasks VALUES (?, ?, ?, ?, ?, ?)", tasks)
@@ -185,7 +187,9 @@ def _shared_views(connection: duckdb.DuckDBPyConnection, data: Path) -> None:
 
 def query(results: Path | RunStore, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run one SQL statement against the catalog; returns (column names, rows)."""
-    with open_catalog(results) as connection:
+    # a shared store's manifests only when the statement may read them (by name, *, or through analysis_tasks)
+    wanted = any(word in sql.lower() for word in ("manifest", "analysis_tasks", "*"))
+    with open_catalog(results, manifests=wanted) as connection:
         try:
             cursor = connection.execute(sql)
         except duckdb.Error as exc:

@@ -180,14 +180,15 @@ class SharedStore:
                            {"config": config, "machine": machine})
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
-    def runs_table(self) -> Any:
-        """Every run's catalog row, its directory and manifest (JSON text) as an Arrow table, straight from
-        the catalog's columns (no manifest parsed: 100,000 runs in about a second)."""
+    def runs_table(self, manifests: bool = True) -> Any:
+        """Every run's catalog row, its directory and manifest (JSON text; NULL unless ``manifests``) as an
+        Arrow table, straight from the catalog's columns (no manifest parsed)."""
         import pyarrow as pa
 
         names = [*COLUMNS, "path", "manifest"]
+        manifest = "manifest::text" if manifests else "NULL::text"
         with self._cursor() as cursor:
-            cursor.execute(f"SELECT {', '.join(COLUMNS)}, %s || '/' || files, manifest::text FROM {TABLE} "
+            cursor.execute(f"SELECT {', '.join(COLUMNS)}, %s || '/' || files, {manifest} FROM {TABLE} "
                            "ORDER BY created, run_id", (str(self.data),))
             columns = list(zip(*cursor.fetchall(), strict=True)) or [()] * len(names)
         kinds = {"text": pa.string(), "bigint": pa.int64(), "double precision": pa.float64()}
