@@ -3,7 +3,7 @@
 runs as the ``postgres`` system user (initdb refuses root). ``stop()`` stops it and removes the directory::
 
     with PgServer() as server:
-        url = server.url(data=tmp_path / "store")   # postgresql://rtvirt@127.0.0.1:PORT/rtvirt?data=…
+        url = server.url(data=tmp_path / "store")   # postgresql://rtvirt@127.0.0.1:PORT/store1?data=…
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class PgServer:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rtvirt-pg-"))
         self.port = _free_port()
+        self._databases = 0
         self._as_root = os.geteuid() == 0
 
     def _run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -67,10 +68,20 @@ class PgServer:
         """Stop the server (fast: open connections are cut), keeping its data."""
         self._run(_bin("pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop", check=False)
 
-    def url(self, data: Path, user: str = USER, password: str | None = None, **options: str) -> str:
+    def create_database(self) -> str:
+        """A new, empty database: each store of a test gets its own catalog."""
+        self._databases += 1
+        name = f"store{self._databases}"
+        subprocess.run([_bin("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", USER, "-d", "postgres", "-qc",
+                        f"CREATE DATABASE {name}"], env=self.env(), check=True, capture_output=True, timeout=60)
+        return name
+
+    def url(self, data: Path, user: str = USER, password: str | None = None, database: str | None = None,
+            **options: str) -> str:
+        """The URL of a store whose files go to ``data``; its catalog is a new database unless ``database``."""
         secret = f":{password}" if password else ""
         query = "&".join([f"data={data}", *(f"{k}={v}" for k, v in options.items())])
-        return f"postgresql://{user}{secret}@127.0.0.1:{self.port}/postgres?{query}"
+        return f"postgresql://{user}{secret}@127.0.0.1:{self.port}/{database or self.create_database()}?{query}"
 
     def env(self) -> dict[str, str]:
         """The environment a user of the store has: the password where libpq looks for it."""

@@ -263,24 +263,26 @@ def test_bad_urls_and_refused_credentials_exit_2_naming_the_url_without_the_pass
         server: PgServer, tmp_path: Path) -> None:
     env = {**os.environ, "RTVIRT_SPOOL": str(tmp_path / "spool")}
     env.pop("PGPASSWORD", None)
-    wrong = server.url(data=tmp_path / "shared", password="not-the-" + PASSWORD)
+    good = server.url(data=tmp_path / "shared", password=PASSWORD)
+    wrong = good.replace(f":{PASSWORD}@", ":not-the-password@")
     csv = tmp_path / "x.csv"
     csv.write_text("latency_ns\n1\n2\n")
     for argv in (["sql", "SELECT 1", "--results", wrong], ["import", "column", str(csv), "--results", wrong]):
         result = _cli(*argv, env=env)
         assert result.returncode == 2, result.stderr
         assert "access refused" in result.stderr and f"rtvirt:***@127.0.0.1:{server.port}" in result.stderr
-        assert "not-the-" not in result.stderr and "Traceback" not in result.stderr
+        assert "not-the-password" not in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "spool" / "runs").exists() or not list((tmp_path / "spool" / "runs").iterdir())
     for url, words in ((f"postgresql://127.0.0.1:{server.port}/postgres", "no data=DIR"),
-                       (f"postgresql://u:pw@127.0.0.1:99999/x?data={tmp_path}", "not a valid PostgreSQL URL"),
+                       (f"postgresql://rtvirt:{PASSWORD}@127.0.0.1:{server.port}/nosuchdb?data={tmp_path}",
+                        'database "nosuchdb" does not exist'),
+                       (f"postgresql://u:{PASSWORD}@127.0.0.1:99999/x?data={tmp_path}", "not a valid PostgreSQL URL"),
                        ("s3://bucket/rtvirt", "unknown kind of store")):
         result = _cli("sql", "SELECT 1", "--results", url, env=env)
-        shown = url.replace("u:pw@", "u:***@")
+        shown = url.replace(f":{PASSWORD}@", ":***@")
         assert result.returncode == 2 and words in result.stderr and shown in result.stderr, result.stderr
-        assert ":pw@" not in result.stderr
+        assert PASSWORD not in result.stderr
     # a password given in the URL works, and reaches no manifest, report or catalog row
-    good = server.url(data=tmp_path / "shared", password=PASSWORD)
     imported = _cli("import", "column", str(csv), "--results", good, env=env)
     assert imported.returncode == 0, imported.stderr
     assert PASSWORD not in imported.stderr + imported.stdout

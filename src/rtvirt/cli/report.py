@@ -18,7 +18,7 @@ _SUFFIX = {"html": ".html", "markdown": ".md", "json": ".json"}
 
 
 @click.command()
-@click.argument("results", metavar="RESULTS")
+@click.argument("results", metavar="RESULTS", envvar="RTVIRT_RESULTS")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="file to write [default: RESULTS/report.html|.md|.json; for a store URL: ./report.html|…]")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="html", show_default=True)

@@ -10,18 +10,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import InputError
+from ..results.history import METRICS
 from .output import console, print_json, us
 from .resultopts import reading_store, results_option
 
 __all__ = ["trend"]
 
-_METRICS = ("max_ns", "p9999_ns", "p999_ns", "p99_ns", "median_ns", "mean_ns", "class")
-
 
 @click.command()
 @click.argument("config")
 @results_option("results store")
-@click.option("--metric", type=click.Choice(_METRICS), default="max_ns", show_default=True,
+@click.option("--metric", type=click.Choice(METRICS), default="max_ns", show_default=True,
               help="what is followed: a statistic, or the strictest requirement class met (class)")
 @click.option("--machine", help="only this machine [default: every machine, each its own series]")
 @click.option("--classes", "classes_file", type=click.Path(dir_okay=False, path_type=Path),
