@@ -361,7 +361,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     timeline = [{"t_ns": int((at - origin) * 1e9), "event": event} for at, event in marks]
     run_system = {**system, "warnings": [*system.get("warnings", []), *env_warnings],
                   **({"platform": platform_audit} if platform_audit else {})}
-    extra |= {"scenario": scenario.name, "scenario_sha256": content_sha256(scenario.model_dump(mode="json")),
+    extra |= {"scenario": scenario.name,
+              "scenario_sha256": content_sha256(scenario.model_dump(mode="json", exclude={"repetitions"})),
               "environment": env_config.label, "config": plan.config,
               "repetition": plan.repetition, "timeline": timeline, "system": run_system,
               "environment_detail": env_description,

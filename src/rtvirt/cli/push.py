@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import click
+from rich.markup import escape
 
 from ..errors import InputError, RunError
-from .output import print_json
+from .output import err_console, print_json
 from .resultopts import reading_store, report_delivery, results_option
 
 __all__ = ["push"]
@@ -23,7 +24,9 @@ def push(results: str, as_json: bool) -> None:
     delivery = store.deliver()
     if as_json:
         print_json(delivery.as_dict())
-    else:
+    elif delivery.delivered or delivery.already or delivery.kept:
         report_delivery(store, delivery)
+    else:
+        err_console.print(f"nothing to deliver: the spool {escape(str(store.write_dir))} holds no finished run")
     if delivery.kept:
         raise RunError(f"{len(delivery.kept)} run(s) stay in the spool {store.write_dir}")

@@ -17,6 +17,12 @@ from .resultopts import reading_store, results_option
 __all__ = ["trend"]
 
 
+def _short(value: str | None) -> str:
+    """Hashes by their first 12 digits, as git shows commits."""
+    text = str(value)
+    return text[:12] if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
+
+
 @click.command()
 @click.argument("config")
 @results_option("results store")
@@ -35,10 +41,11 @@ def trend(config: str, results: str, metric: str, machine: str | None, classes_f
     from ..results.verdicts import load_classes
 
     classes = load_classes(classes_file) if metric == "class" else None
-    found = history(reading_store(results), config, metric, machine, classes=classes)
+    store = reading_store(results)
+    found = history(store, config, metric, machine, classes=classes)
     if not found.machines:
         raise InputError(f"{config}: no runs of this configuration"
-                         + (f" on machine {machine!r}" if machine else "") + f" in {results}")
+                         + (f" on machine {machine!r}" if machine else "") + f" in {store.label}")
     if plot is not None:
         if metric == "class":
             raise InputError("option --plot: draws statistics; --metric class is a table only")
@@ -56,7 +63,8 @@ def trend(config: str, results: str, metric: str, machine: str | None, classes_f
             table.add_column(column)
         for p in points:
             value = "-" if p.value is None else p.value if isinstance(p.value, str) else us(p.value)
-            change = "; ".join(f"{column}: {before} → {after}" for column, (before, after) in p.changes.items())
+            change = "; ".join(f"{column}: {_short(before)} → {_short(after)}"
+                               for column, (before, after) in p.changes.items())
             table.add_row(p.created[:19], p.run_id, value, p.status or "-",
                           escape(f"◆ {change}"[:300]) if change else "")
         console.print(table)
