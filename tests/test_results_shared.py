@@ -290,3 +290,23 @@ def test_bad_urls_and_refused_credentials_exit_2_naming_the_url_without_the_pass
         assert PASSWORD not in path.read_text()
     rows = _sql("SELECT manifest FROM runs", good, env)
     assert rows and all(PASSWORD not in str(r[0]) for r in rows)
+
+
+def test_a_run_whose_files_arrived_but_not_its_row_is_not_visible_until_delivered(server: PgServer,
+                                                                                  tmp_path: Path) -> None:
+    url = server.url(data=tmp_path / "shared", spool=str(tmp_path / "spool"))
+    env = server.env()
+    first = _lab_run(tmp_path / "spool", "6.6.30-rt30", np.arange(1_000, 3_000))
+    assert _cli("push", "--results", url, env=env).returncode == 0
+    # a delivery that placed the second run's files and then lost the server before its insert
+    second = _lab_run(tmp_path / "spool", "6.6.30-rt30", np.arange(1_000, 4_000))
+    subprocess.run(["cp", "-r", str(tmp_path / "spool" / "runs" / second), str(tmp_path / "shared" / "runs")],
+                   check=True)
+    assert _sql("SELECT run_id FROM runs", url, env) == [[first]]
+    assert _sql("SELECT run_id, sum(count)::BIGINT FROM histograms GROUP BY run_id", url, env) == [[first, 2_000]]
+    assert _sql("SELECT count(*) FROM samples", url, env) == [[2_000]]
+    assert _cli("compare", second, "--results", url, env=env).returncode == 2  # not a run of the store yet
+    pushed = _cli("push", "--results", url, "--json", env=env)
+    assert json.loads(pushed.stdout)["delivered"] == [second], pushed.stderr
+    assert sorted(_sql("SELECT run_id, samples FROM runs", url, env)) == sorted([[first, 2_000], [second, 3_000]])
+    assert sorted(p.name for p in (tmp_path / "shared" / "runs").iterdir()) == sorted([first, second])

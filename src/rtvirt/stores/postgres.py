@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -246,14 +247,16 @@ class SharedStore:
         delivery = Delivery()
         if not (self.write_dir / "runs").is_dir():
             return delivery
-        pending = list_runs(self.write_dir)
-        for index, run in enumerate(pending):
-            try:
-                inserted = self._insert(run, self._place_files(run))
-            except StoreUnavailable as exc:
-                delivery.error = str(exc)
-                delivery.kept = [r.run_id for r in pending[index:]]
-                return delivery
-            (delivery.delivered if inserted else delivery.already).append(run.run_id)
-            shutil.rmtree(run.path, ignore_errors=True)
+        with (self.write_dir / ".deliver.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # two commands of one machine deliver its spool in turn
+            pending = list_runs(self.write_dir)
+            for index, run in enumerate(pending):
+                try:
+                    inserted = self._insert(run, self._place_files(run))
+                except StoreUnavailable as exc:
+                    delivery.error = str(exc)
+                    delivery.kept = [r.run_id for r in pending[index:]]
+                    return delivery
+                (delivery.delivered if inserted else delivery.already).append(run.run_id)
+                shutil.rmtree(run.path, ignore_errors=True)
         return delivery
