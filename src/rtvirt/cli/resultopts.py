@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.markup import escape
 
+from ..errors import RtvirtError
 from .output import err_console
 
 if TYPE_CHECKING:
@@ -64,7 +65,11 @@ def writing_store(spec: str) -> Iterator[RunStore]:
         yield store
     finally:
         if store.shared:
-            report_delivery(store, store.deliver())
+            try:
+                report_delivery(store, store.deliver())
+            except RtvirtError as exc:  # the measurement stands; what could not be delivered stays spooled
+                err_console.print(f"[yellow]warning:[/] {escape(str(exc))}; the runs stay in the spool "
+                                  f"{escape(str(store.write_dir))}")
 
 
 def report_delivery(store: RunStore, delivery: Delivery) -> None:

@@ -109,7 +109,12 @@ class SharedStore:
             if any(word in message for word in _AUTH_WORDS):
                 raise InputError(f"results store {self.label}: access refused ({message})") from None
             raise StoreUnavailable(f"results store {self.label}: unreachable ({message})") from None
-        self._ensure_schema()
+        try:
+            self._ensure_schema()
+        except psycopg.Error as exc:  # e.g. a role that may read but not create the catalog of a new store
+            self.close()
+            raise InputError(f"results store {self.label}: cannot create its catalog ({self._scrub(exc)})") \
+                from None
         return self._connection
 
     def close(self) -> None:
@@ -119,8 +124,10 @@ class SharedStore:
 
     def check(self) -> None:
         """Connect now (and create the catalog table if this is a new store): bad URLs and refused credentials
-        are told before any measuring starts."""
+        are told before any measuring starts. The connection is not kept: a delivery hours later (after a
+        server restart) connects afresh."""
         self._connect()
+        self.close()
 
     def _ensure_schema(self) -> None:
         from psycopg import sql
@@ -128,6 +135,10 @@ class SharedStore:
         columns = sql.SQL(", ").join(
             sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind)) for name, kind in COLUMNS.items()
             if name != "run_id")
+        found = self._connection.execute("SELECT to_regclass(%s)", (TABLE,)).fetchone()
+        self._connection.commit()
+        if found is not None and found[0] is not None:
+            return  # an existing store: readers need no right to create anything
         with self._connection.transaction():
             self._connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             self._connection.execute(sql.SQL(
