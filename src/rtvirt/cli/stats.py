@@ -84,7 +84,7 @@ def stats(sources: tuple[str, ...], column: str | None, over_time: bool, window:
     collected: dict[str, dict[str, Summary]] = {}
     for source in sources:
         if "://" in source:  # a shared store: every run in it
-            collected |= {name: groups for run in reading_store(source).list_runs()
+            collected |= {name: groups for run in reading_store(source).list_runs() if not run.failed
                           for name, groups in _summaries(str(run.path), column).items()}
         else:
             collected |= _summaries(source, column)

@@ -21,8 +21,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator  # noqa: E402
 
 from ..stats import Histogram, Summary  # noqa: E402
-from .history import Trend  # noqa: E402
 from ..timeprofile.windows import TimeProfile  # noqa: E402
+from .history import Trend  # noqa: E402
 
 __all__ = ["box_violin", "histograms_per_cpu", "cdf", "time_series", "window_maxima", "trend_chart"]
 

@@ -173,7 +173,9 @@ def collect(results: Path | RunStore, *, baseline: str | None = None, classes_fi
             run_ids: Collection[str] | None = None) -> ReportData:
     """Gather what the report shows of a results directory (or run) or a store; ``run_ids`` limits it to those
     runs (e.g. one campaign's)."""
-    runs = resolve_runs(results) if isinstance(results, Path | str) else results.list_runs()
+    # a store lists its failed runs too (for the catalog); like resolve_runs, the report shows the others
+    runs = resolve_runs(results) if isinstance(results, Path | str) else \
+        [run for run in results.list_runs() if not run.failed]
     if run_ids is not None:
         runs = [run for run in runs if run.manifest.get("run_id") in run_ids]
     classes = load_classes(classes_file)

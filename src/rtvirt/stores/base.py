@@ -95,4 +95,7 @@ def resolve_in(spec: str, store: RunStore) -> list[StoredRun]:
     found = store.find_run(spec)
     if found is None:
         raise InputError(f"{spec}: not a run directory, manifest or run id of {store.label}")
+    if found.failed:
+        reason = str((found.manifest.get("campaign") or {}).get("reason") or "no reason recorded")[:300]
+        raise InputError(f"{spec}: this run failed without samples ({reason})")
     return [found]
