@@ -63,6 +63,8 @@ name = "pvh-rt"
 mode = "pvh"
 guest = "linux-rt"
 cpus = "1"
+# the PREEMPT_RT kernel boots slowest here: over 180 s (the default) twice at host load 12-15 under nested TCG
+boot_timeout = "600s"
 
 # the null scheduler: the measuring vCPU owns its pCPU
 [[environments]]
