@@ -50,6 +50,9 @@ def test_fast_path_equals_whole_model_analysis(guest: str, pcpus: int, overheads
                        for vm, bounds in enumerate(fast.bounds) for k, bound in enumerate(bounds)}
                 assert got == expected, (label, point, index)
                 assert fast.accepted == whole.schedulable, (label, point, index)
+                quick = fast_shared(label, system, given, guest, plan.questions.context_switch,
+                                    plan.questions.vm_switch, verdict_only=True)
+                assert quick is not None and quick.accepted == whole.schedulable, (label, point, index)
                 compared += 1
                 accepted += fast.accepted
     # both verdicts occur, so the comparison covers accepted and rejected systems

@@ -24,9 +24,9 @@ from ..analysis.fp import _HORIZON_PERIODS
 from ..analysis.servers import deferrable_edf_guarantee
 from ..analysis.supply import DelayedSupply, ExplicitDeadlinePeriodic, Supply
 from ..analysis.taskset import Task
-from .systems import PlainSystem, PlainTask
+from .systems import PlainSystem
 
-__all__ = ["FAST_SCHEDULERS", "FastVerdict", "fast_shared"]
+__all__ = ["FAST_SCHEDULERS", "FastVerdict", "fast_shared", "prepare"]
 
 FAST_SCHEDULERS = frozenset(label for label, (scheduler, _) in DESIGNABLE.items() if scheduler != "arinc653")
 
@@ -109,10 +109,37 @@ def _supplies(label: str, system: PlainSystem, interfaces: Sequence[tuple[int, i
     return out
 
 
-def _fp_bounds(tasks: Sequence[tuple[int, int, int, int]], levels: Sequence[int], common: int,
-               edp: _Edp) -> list[int | None]:
-    """``fp.fp_analysis`` on a delayed EDP for jitter- and blocking-free tasks (wcet, period, deadline, priority);
-    a level's load is levels[i] / common."""
+@dataclass(frozen=True)
+class _GuestTasks:
+    """One VM's tasks as the analysis charges them, with what every scheduler's analysis of them shares."""
+
+    charged: tuple[tuple[int, int, int, int], ...]  # (wcet + context switches, period, deadline, priority)
+    higher: tuple[tuple[tuple[int, int], ...], ...]  # per task: (wcet, period) of the tasks at or above it
+    horizon_period: tuple[int, ...]  # per task: the longest period of its level
+    levels: tuple[int, ...]  # per task: its level's load × common (an exact fraction without Fraction's cost)
+    common: int  # the lcm of the periods
+
+
+def prepare(system: PlainSystem, context_switch: int) -> tuple[_GuestTasks, ...]:
+    """The per-VM part of the analysis that does not depend on the hypervisor scheduler: done once per system."""
+    out = []
+    for tasks in system.tasks:
+        switch = context_switch * (2 if len(tasks) > 1 else 1)
+        charged = tuple((t.wcet + switch, t.period, t.deadline, t.priority) for t in tasks)
+        higher = tuple(tuple((w, p) for j, (w, p, _, q) in enumerate(charged) if j != i and q >= priority)
+                       for i, (_, _, _, priority) in enumerate(charged))
+        common = math.lcm(*(p for _, p, _, _ in charged)) if charged else 1
+        levels = tuple(sum(w * (common // p) for w, p, _, q in charged if q >= priority)
+                       for _, _, _, priority in charged)
+        spans = tuple(max([p, *(other for _, other in above)]) for (_, p, _, _), above in zip(charged, higher,
+                                                                                            strict=True))
+        out.append(_GuestTasks(charged, higher, spans, levels, common))
+    return tuple(out)
+
+
+def _fp_bounds(guest: _GuestTasks, edp: _Edp, verdict_only: bool) -> list[int | None]:
+    """``fp.fp_analysis`` on a delayed EDP for jitter- and blocking-free tasks; with ``verdict_only`` it stops
+    at the first task past its deadline (its bound and the later ones then read None)."""
     period, budget = edp.period, edp.budget
     offset = edp.wait + period + edp.deadline - 2 * budget  # the delay before the first supply
 
@@ -121,12 +148,14 @@ def _fp_bounds(tasks: Sequence[tuple[int, int, int, int]], levels: Sequence[int]
         return offset + full * period + work - full * budget
 
     out: list[int | None] = []
-    for i, ((wcet, own_period, _, priority), level) in enumerate(zip(tasks, levels, strict=True)):
-        if level * period > budget * common:  # the level's load exceeds the supply rate budget / period
+    for (wcet, own_period, deadline, _), higher, span, level in zip(guest.charged, guest.higher, guest.horizon_period,
+                                                                    guest.levels, strict=True):
+        if level * period > budget * guest.common:  # the level's load exceeds the supply rate budget / period
             out.append(None)
+            if verdict_only:
+                break
             continue
-        higher = [(w, p) for j, (w, p, _, q) in enumerate(tasks) if j != i and q >= priority]
-        horizon = _HORIZON_PERIODS * max([own_period, *(p for _, p in higher)]) + offset
+        horizon = _HORIZON_PERIODS * span + offset
         worst = 0
         job = 0
         bound: int | None = None
@@ -135,14 +164,14 @@ def _fp_bounds(tasks: Sequence[tuple[int, int, int, int]], levels: Sequence[int]
             window = time_for(own)
             while True:
                 following = time_for(own + sum(-(-window // p) * w for w, p in higher))
-                if following == window:
-                    break
-                if following > horizon:
+                if following == window or following > horizon:
                     break
                 window = following
             if following != window:
                 break
             worst = max(worst, window - job * own_period)
+            if verdict_only and worst > deadline:
+                break
             if window <= (job + 1) * own_period:
                 bound = worst
                 break
@@ -150,39 +179,43 @@ def _fp_bounds(tasks: Sequence[tuple[int, int, int, int]], levels: Sequence[int]
                 break
             job += 1
         out.append(bound)
-    return out
+        if verdict_only and (bound is None or bound > deadline):
+            break
+    return out + [None] * (len(guest.charged) - len(out))
 
 
 def fast_shared(label: str, system: PlainSystem, interfaces: Sequence[tuple[int, int, int]], guest: str,
-                context_switch: int, vm_switch: int) -> FastVerdict | None:
+                context_switch: int, vm_switch: int, prepared: tuple[_GuestTasks, ...] | None = None,
+                verdict_only: bool = False) -> FastVerdict | None:
     """The ``shared`` question's verdict and bounds for ``system`` with (budget, period, priority) per VM,
-    or None where only the whole-model path answers (see the module's docstring)."""
+    or None where only the whole-model path answers (see the module's docstring). ``prepared`` is
+    ``prepare(system, context_switch)`` shared by the schedulers; with ``verdict_only`` the analysis stops at
+    the first reason to reject and the bounds are left empty (what an experiment's record needs)."""
     if label not in FAST_SCHEDULERS:
         return None
     bandwidth: dict[int, float] = {}
     for cpu, (budget, period, _) in zip(system.cpus, interfaces, strict=True):
         bandwidth[cpu] = bandwidth.get(cpu, 0.0) + budget / period
     fits = all(total <= 1 + 1e-9 for total in bandwidth.values())  # else design reports an over-subscribed pCPU
+    if verdict_only and not fits:
+        return FastVerdict(False, ())
     supplies = _supplies(label, system, interfaces, vm_switch)
     bounds: list[tuple[int | None, ...]] = []
     accepted = fits
-    for tasks, edp in zip(system.tasks, supplies, strict=True):
-        switch = context_switch * (2 if len(tasks) > 1 else 1)
-        charged = [(t.wcet + switch, t.period, t.deadline, t.priority) for t in tasks]
-        vm_bounds = _vm_bounds(charged, tasks, edp, guest)
-        accepted = accepted and all(b is not None and b <= t.deadline for b, t in zip(vm_bounds, tasks, strict=True))
+    for tasks, edp in zip(prepared or prepare(system, context_switch), supplies, strict=True):
+        vm_bounds = _vm_bounds(tasks, edp, guest, verdict_only)
+        accepted = accepted and all(b is not None and b <= t[2] for b, t in zip(vm_bounds, tasks.charged,
+                                                                                 strict=True))
+        if verdict_only and not accepted:
+            return FastVerdict(False, ())
         bounds.append(tuple(vm_bounds))
-    return FastVerdict(accepted, tuple(bounds))
+    return FastVerdict(accepted, () if verdict_only else tuple(bounds))
 
 
-def _vm_bounds(charged: list[tuple[int, int, int, int]], tasks: Sequence[PlainTask], edp: _Edp | None,
-               guest: str) -> list[int | None]:
+def _vm_bounds(guest: _GuestTasks, edp: _Edp | None, scheduler: str, verdict_only: bool) -> list[int | None]:
     if edp is None:
-        return [None] * len(tasks)
-    if guest == "edf":
+        return [None] * len(guest.charged)
+    if scheduler == "edf":
         return [b.wcrt for b in edf_response_times([Task(f"t{k}", w, p, d, priority=q)
-                                                    for k, (w, p, d, q) in enumerate(charged)], edp.supply())]
-    # Each priority level's load as an exact fraction over the periods' lcm (integers: Fraction is slow here).
-    common = math.lcm(*(p for _, p, _, _ in charged))
-    levels = [sum(w * (common // p) for w, p, _, q in charged if q >= priority) for _, _, _, priority in charged]
-    return _fp_bounds(charged, levels, common, edp)
+                                                    for k, (w, p, d, q) in enumerate(guest.charged)], edp.supply())]
+    return _fp_bounds(guest, edp, verdict_only)

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ..analysis.design import Design, configure_model, design_model
 from ..model.schema import Model
-from .fastpath import fast_shared
+from .fastpath import fast_shared, prepare
 from .spec import DesignPoint, Experiment, Questions
 from .systems import PlainSystem, draw_plain, system_model
 
@@ -74,12 +75,13 @@ def _simulated(sim_seed: int, design: Design, duration_ns: int) -> dict[str, Any
 
 
 def _fast_record(label: str, point: DesignPoint, system: PlainSystem, interfaces: list[tuple[int, int, int] | None],
-                 questions: Questions) -> dict[str, Any] | None:
+                 questions: Questions, prepared: Callable[[], Any]) -> dict[str, Any] | None:
     """The ``shared`` record from the fast path (``fastpath.py``), None where only the whole model answers."""
     if questions.simulate or any(i is None for i in interfaces):
         return None
     given = [i for i in interfaces if i is not None]
-    verdict = fast_shared(label, system, given, point.guest_scheduler, questions.context_switch, questions.vm_switch)
+    verdict = fast_shared(label, system, given, point.guest_scheduler, questions.context_switch, questions.vm_switch,
+                          prepared(), verdict_only=True)
     if verdict is None:
         return None
     bandwidth = sum(budget / period for budget, period, _ in given) / point.pcpus
@@ -96,13 +98,14 @@ def answer_system(experiment: Experiment, point: DesignPoint, index: int, fast: 
     interfaces = shared_interfaces(system, point.server_period, point.spare)
     shared = {(f"vm{vm}", 0): given for vm, given in enumerate(interfaces) if given is not None}
     model: Model | None = None
+    prepared = functools.cache(lambda: prepare(system, questions.context_switch))  # once for every scheduler
     records = []
     for label in questions.schedulers:
         for question in QUESTIONS:
             if question == "design" and not questions.design:
                 continue
             unanswered = {"sim_misses": None, "sim_jobs": None, "sim_worst_ratio": None}
-            answer = _fast_record(label, point, system, interfaces, questions) \
+            answer = _fast_record(label, point, system, interfaces, questions, prepared) \
                 if fast and question == "shared" else None
             if answer is not None:
                 records.append({**common, "scheduler": label, "question": question, **answer, **unanswered})
