@@ -57,8 +57,8 @@ def _task_table(title: str, summary: dict[str, Any]) -> Table:
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="override a model field, e.g. vm.nonrt.load=0.5 (repeatable)")
 @click.option("--sweep", metavar="KEY=V1,V2,...", help="one run per value, e.g. vm.nonrt.load=0,0.3,0.6,0.9")
-@click.option("--workers", type=click.IntRange(1, 1024), help="--sweep: simulate the values on this many local "
-              "worker processes (Ctrl-C waits for the runs in progress) [default: one after the other]")
+@click.option("--workers", type=click.IntRange(1, 1024), help="--sweep: simulate the values on a local Dask cluster of "
+              "this many worker processes (Ctrl-C waits for the submitted runs) [default: one after the other]")
 def sim(model_path: Path, duration: str | None, seed: int | None, results: Path, as_json: bool,
         gantt: Path | None, gantt_from: str | None, gantt_to: str | None, assignments: tuple[str, ...],
         sweep: str | None, workers: int | None) -> None:
