@@ -1,6 +1,7 @@
 """rtvirt experiment --cluster on a real Dask cluster: a scheduler and two workers started as separate processes
 on 127.0.0.1 (as a lab would start them); one worker is killed mid-run and nothing is lost: the records equal
-the local run's for the same seed. `rtvirt design --cluster` then designs on the surviving worker."""
+the local run's for the same seed. `rtvirt design --cluster` then designs on the surviving worker, and
+`rtvirt sim --sweep --cluster` simulates there."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli
 
@@ -101,3 +103,17 @@ def test_cluster_run_equals_local_run_and_survives_a_killed_worker(tmp_path: Pat
         assert result.returncode == 0, result.stderr
         designs.append(json.loads(result.stdout)["designs"])
     assert designs[0] == designs[1] and [d["scheduler"] for d in designs[0]] == ["rtds", "fifo-periodic", "arinc653"]
+    # `rtvirt sim --sweep --cluster`: the values simulated on the cluster, each run written here, equal the
+    # values simulated one after the other in this process (every job kept: the stored jobs are compared)
+    swept = []
+    for where in (["--cluster", str(scheduler_file)], []):
+        result = run_cli("sim", model, "-D", "0.2", "--sweep", "vm.low.load=0,0.3", "--json", "--results",
+                         str(tmp_path / "swept"), *where, timeout=300)
+        assert result.returncode == 0, result.stderr
+        swept.append(json.loads(result.stdout)["runs"])
+    assert [r["sweep"] for r in swept[0]] == [{"vm.low.load": 0}, {"vm.low.load": 0.3}]
+    assert [{k: v for k, v in r.items() if k not in ("run_id", "path")} for r in swept[0]] == \
+        [{k: v for k, v in r.items() if k not in ("run_id", "path")} for r in swept[1]]
+    for on_cluster, here in zip(swept[0], swept[1], strict=True):
+        jobs = [pq.read_table(Path(r["path"]) / "samples.parquet") for r in (on_cluster, here)]
+        assert jobs[0].num_rows > 0 and jobs[0].equals(jobs[1])

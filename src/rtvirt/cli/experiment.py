@@ -91,7 +91,7 @@ def experiment(spec: str | None, results: Path, workers: int | None, cluster: st
         pool.close()
     elapsed = time.monotonic() - started
     lib.finish_run(run, plan, True, {**where, "elapsed_s": round(elapsed, 3)})
-    summary = lib.summarize(lib.read_records(run.path).to_pylist())
+    summary = lib.summarize(lib.iter_records(run.path))
     (run.path / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     from ..experiment.figures import experiment_html
 

@@ -57,11 +57,14 @@ def _task_table(title: str, summary: dict[str, Any]) -> Table:
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
               help="override a model field, e.g. vm.nonrt.load=0.5 (repeatable)")
 @click.option("--sweep", metavar="KEY=V1,V2,...", help="one run per value, e.g. vm.nonrt.load=0,0.3,0.6,0.9")
-@click.option("--workers", type=click.IntRange(1, 1024), help="--sweep: simulate the values on this many local "
-              "worker processes (Ctrl-C waits for the runs in progress) [default: one after the other]")
+@click.option("--workers", type=click.IntRange(1, 1024), help="--sweep: simulate the values on a local Dask cluster of "
+              "this many worker processes (Ctrl-C waits for the submitted runs) [default: one after the other]")
+@click.option("--cluster", "--dask", "cluster", metavar="ADDRESS|FILE",
+              help="--sweep: simulate the values on an existing Dask cluster (tcp://HOST:8786 or a scheduler file); "
+              "each result comes back and this process writes its run")
 def sim(model_path: Path, duration: str | None, seed: int | None, results: str, as_json: bool,
         gantt: Path | None, gantt_from: str | None, gantt_to: str | None, assignments: tuple[str, ...],
-        sweep: str | None, workers: int | None) -> None:
+        sweep: str | None, workers: int | None, cluster: str | None) -> None:
     """Simulate MODEL.toml (docs/model.md); every job, event and gap is kept in the results store."""
     duration_ns = _time(duration, "--duration", "s")
     if duration_ns == 0:
@@ -86,7 +89,24 @@ def sim(model_path: Path, duration: str | None, seed: int | None, results: str, 
         label = " ".join([model.name, *assignments, *([f"{key}={value}"] if key is not None else [])])
         runs.append((model, params, label))
     parallel = None
-    if workers is not None and key is not None:
+    if cluster is not None and key is not None:
+        from ..experiment.executors import open_pool
+        from ..sim.results import simulate_for_driver, write_simulated_run
+
+        pool = open_pool(cluster, None)
+        try:
+            futures = [pool.submit(simulate_for_driver, model, duration_ns, seed) for model, _, _ in runs]
+            written = []
+            for future, (_, params, label) in zip(futures, runs, strict=True):
+                result = future.result()  # one result in memory at a time; the others wait on their workers
+                run, summary = write_simulated_run(result, target, model_path=str(model_path), params=params,
+                                                   label=label)
+                written.append((result.end_reason, run.run_id, str(run.path), summary))
+                del result
+            parallel = iter(written)
+        finally:
+            pool.close()
+    elif workers is not None and key is not None:
         from ..experiment.executors import open_pool, pool_map
         from ..sim.results import simulate_to_store_summary
 

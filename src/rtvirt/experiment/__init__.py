@@ -12,13 +12,13 @@ from pathlib import Path
 from ..errors import InputError
 from .builtin import builtin_names, builtin_text
 from .executors import open_pool
-from .records import finish_run, open_experiment_run, read_records
+from .records import finish_run, iter_records, open_experiment_run, read_records
 from .runner import Progress, run_experiment
 from .spec import Experiment, load_experiment, parse_experiment
 from .summary import summarize
 
 __all__ = ["Experiment", "Progress", "load", "builtin_names", "open_pool", "run_experiment", "open_experiment_run",
-           "finish_run", "read_records", "summarize"]
+           "finish_run", "iter_records", "read_records", "summarize"]
 
 
 def load(spec: str) -> Experiment:

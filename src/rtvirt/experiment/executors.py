@@ -1,11 +1,11 @@
-"""Where an experiment's chunks run: a local process pool (default: one worker per core, started and stopped
-by rtvirt) or an existing Dask cluster (``--cluster tcp://HOST:8786`` or a scheduler file). Dask schedules,
-retries and scales; rtvirt only submits chunks and writes what comes back. dask is imported here, only when
-a cluster is asked for."""
+"""Where an experiment's chunks run: a local Dask cluster (default: one single-threaded worker process per core,
+started and stopped by rtvirt) or an existing Dask cluster (``--cluster tcp://HOST:8786`` or a scheduler file).
+Dask schedules, retries and scales; rtvirt only submits chunks and writes what comes back. dask is imported
+here, only when a command runs work on workers (the CLI itself starts without it)."""
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import logging
 import multiprocessing
 import signal
 from collections.abc import Callable, Iterable
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from ..errors import InputError
 
-__all__ = ["Pool", "LocalPool", "DaskPool", "open_pool", "pool_map"]
+__all__ = ["Pool", "LocalDaskPool", "DaskPool", "open_pool", "pool_map"]
 
 _CONNECT_TIMEOUT_S = 10
 _RETRIES = 3  # a chunk whose worker died is rerun elsewhere; this bounds chunks that fail by themselves
@@ -28,29 +28,6 @@ class Pool(Protocol):
     def first_done(self, futures: Iterable[Any]) -> set[Any]: ...
 
     def close(self) -> None: ...
-
-
-def _ignore_interrupts() -> None:
-    # Ctrl-C is the driver's to handle: it cancels what is queued and keeps what is written
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-class LocalPool:
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
-        self._executor = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"),
-                                                initializer=_ignore_interrupts)
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return self._executor.submit(fn, *args)
-
-    def first_done(self, futures: Iterable[Any]) -> set[Any]:
-        done, _ = cf.wait(list(futures), return_when=cf.FIRST_COMPLETED)
-        return set(done)
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
 
 
 class DaskPool:
@@ -80,13 +57,44 @@ class DaskPool:
         self._client.close()
 
 
+class LocalDaskPool(DaskPool):
+    """A dask.distributed LocalCluster of ``workers`` processes, closed (every process gone) by ``close``."""
+
+    def __init__(self, workers: int) -> None:
+        from distributed import Client, LocalCluster
+
+        # Ctrl-C is the driver's to handle (it keeps what is finished, then closes the cluster): worker
+        # processes started while SIGINT is ignored keep ignoring it, so they do not die mid-chunk with a traceback.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self._cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                         dashboard_address=None, silence_logs=logging.ERROR)
+            self._client = Client(self._cluster)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        self.workers = workers
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        finally:
+            self._cluster.close()
+
+
 def open_pool(cluster: str | None, workers: int | None) -> Pool:
     if cluster is not None:
         return DaskPool(cluster)
-    return LocalPool(workers or multiprocessing.cpu_count())
+    return LocalDaskPool(workers or multiprocessing.cpu_count())
 
 
 def pool_map(pool: Pool, fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[Any]:
     """``fn(*args)`` for every args of ``calls`` on the pool, results in the order of ``calls``."""
     futures = [pool.submit(fn, *args) for args in calls]
-    return [future.result() for future in futures]
+    try:
+        return [future.result() for future in futures]
+    except KeyboardInterrupt:
+        # Calls may write into the store themselves (sim --sweep): let them finish rather than leave half a run.
+        # The workers ignore SIGINT; a second Ctrl-C stops the wait.
+        for future in futures:
+            future.exception()
+        raise

@@ -6,6 +6,7 @@ every finished chunk and ``--resume`` knows exactly which remain."""
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from ..store import RunDir, list_runs, new_run, write_run
 from .questions import RECORD_COLUMNS
 from .spec import Experiment
 
-__all__ = ["SCHEMA", "RECORDS_DIR", "chunk_path", "write_chunk", "read_records", "open_experiment_run",
+__all__ = ["SCHEMA", "RECORDS_DIR", "chunk_path", "write_chunk", "read_records", "iter_records", "open_experiment_run",
            "finish_run", "finished_chunks"]
 
 RECORDS_DIR = "records"
@@ -61,6 +62,14 @@ def read_records(run: Path) -> pa.Table:
     table = pa.concat_tables(pq.read_table(f, schema=SCHEMA) for f in files)
     return table.sort_by([("point", "ascending"), ("system", "ascending"), ("scheduler", "ascending"),
                           ("question", "ascending")])
+
+
+def iter_records(run: Path) -> Iterator[dict[str, Any]]:
+    """The records of ``read_records`` in the same order, one chunk file in memory at a time."""
+    for _, path in sorted(finished_chunks(run).items()):
+        table = pq.read_table(path, schema=SCHEMA).sort_by([("system", "ascending"), ("scheduler", "ascending"),
+                                                            ("question", "ascending")])
+        yield from table.to_pylist()
 
 
 def _manifest(experiment: Experiment, status: str, extra: dict[str, Any]) -> dict[str, Any]:

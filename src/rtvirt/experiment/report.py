@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ..store import StoredRun
-from .records import read_records
+from .records import iter_records
 from .summary import summarize
 
 __all__ = ["experiment_section"]
@@ -17,6 +17,6 @@ def experiment_section(run: StoredRun) -> dict[str, Any]:
     plan = run.manifest.get("experiment") or {}
     written = run.path / "summary.json"
     summary = json.loads(written.read_text()) if written.exists() and not run.partial else \
-        summarize(read_records(run.path).to_pylist())
+        summarize(iter_records(run.path))
     return {"run_id": run.run_id, "name": plan.get("name", run.label), "status": run.manifest.get("status"),
             "description": plan.get("description", ""), "findings": plan.get("findings", []), **summary}

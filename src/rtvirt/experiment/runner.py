@@ -113,9 +113,8 @@ def run_experiment(experiment: Experiment, run: RunDir, pool: Pool,
                 if on_progress is not None:
                     on_progress(progress)
     except KeyboardInterrupt:
-        _keep_finished(run, inflight)
-        pool.close()  # queued chunks are cancelled; local workers finish the chunks they hold...
-        _keep_finished(run, inflight)  # ...and those are kept too
+        _keep_finished(run, inflight)  # chunks still running are lost and computed again by --resume
+        pool.close()
         raise
     return progress
 

@@ -34,42 +34,78 @@ def ci_narrow_enough(accepted: dict[str, list[bool]], width: float) -> bool:
     return True
 
 
-def _mean(values: Iterable[float | None]) -> float | None:
-    kept = [v for v in values if v is not None]
-    return sum(kept) / len(kept) if kept else None
+class _Group:
+    """Running statistics of one (point, question, scheduler): what ``summarize`` keeps instead of the rows."""
+
+    _AXES = ("target_utilization", "vms", "tasks_per_vm", "pcpus", "utilizations", "periods", "deadlines",
+             "guest_scheduler", "server_period", "spare")
+
+    def __init__(self, first: dict[str, Any]) -> None:
+        self.first = {key: first[key] for key in ("analysis", *self._AXES)}
+        self.n = self.accepted = self.simulated = self.no_miss = 0
+        self.rejected_simulated = self.rejected_with_misses = self.accepted_with_misses = 0
+        self.utilization = self.bandwidth = self.overhead = 0.0
+        self.utilizations = self.bandwidths = self.overheads = 0
+        self.worst_ratio: float | None = None
+
+    def add(self, row: dict[str, Any]) -> None:
+        # sums in row order, as sum() over the rows would add them
+        self.n += 1
+        accepted = bool(row["accepted"])
+        self.accepted += accepted
+        if row["utilization"] is not None:
+            self.utilization += row["utilization"]
+            self.utilizations += 1
+        if accepted and row["bandwidth"] is not None:
+            self.bandwidth += row["bandwidth"]
+            self.bandwidths += 1
+        if accepted and row["overhead"] is not None:
+            self.overhead += row["overhead"]
+            self.overheads += 1
+        misses = row["sim_misses"]
+        if misses is None:
+            return
+        self.simulated += 1
+        self.no_miss += misses == 0
+        if accepted:
+            self.accepted_with_misses += misses > 0
+            ratio = row["sim_worst_ratio"]
+            if ratio is not None and (self.worst_ratio is None or ratio > self.worst_ratio):
+                self.worst_ratio = ratio
+        else:
+            self.rejected_simulated += 1
+            self.rejected_with_misses += misses > 0
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Per (point, question, scheduler) statistics and, per point and question, the dominating schedulers'
-    analyses."""
-    groups: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
+    analyses. ``rows`` is consumed once, in order: memory holds one running group per (point, question,
+    scheduler), not the rows (``records.iter_records`` yields them chunk by chunk)."""
+    groups: dict[tuple[int, str, str], _Group] = {}
     for row in rows:
-        groups.setdefault((row["point"], row["question"], row["scheduler"]), []).append(row)
+        key = (row["point"], row["question"], row["scheduler"])
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = _Group(row)
+        group.add(row)
     curves = []
-    for (point, question, scheduler), members in sorted(groups.items()):
-        n = len(members)
-        ratio, low, high = wilson(sum(bool(r["accepted"]) for r in members), n)
-        simulated = [r for r in members if r["sim_misses"] is not None]
-        no_miss = wilson(sum(r["sim_misses"] == 0 for r in simulated), len(simulated)) if simulated else None
-        rejected = [r for r in simulated if not r["accepted"]]
-        accepted_ratios = [r["sim_worst_ratio"] for r in simulated if r["accepted"]]
-        first = members[0]
+    for (point, question, scheduler), g in sorted(groups.items()):
+        ratio, low, high = wilson(g.accepted, g.n)
+        no_miss = wilson(g.no_miss, g.simulated) if g.simulated else None
         curves.append({
-            "point": point, "question": question, "scheduler": scheduler, "analysis": first["analysis"],
-            **{key: first[key] for key in ("target_utilization", "vms", "tasks_per_vm", "pcpus", "utilizations",
-                                           "periods", "deadlines", "guest_scheduler", "server_period", "spare")},
-            "systems": n, "acceptance": ratio, "acceptance_low": low, "acceptance_high": high,
-            "mean_utilization": _mean(r["utilization"] for r in members),
-            "mean_bandwidth": _mean(r["bandwidth"] for r in members if r["accepted"]),
-            "mean_overhead": _mean(r["overhead"] for r in members if r["accepted"]),
-            "simulated": len(simulated),
+            "point": point, "question": question, "scheduler": scheduler, **g.first,
+            "systems": g.n, "acceptance": ratio, "acceptance_low": low, "acceptance_high": high,
+            "mean_utilization": g.utilization / g.utilizations if g.utilizations else None,
+            "mean_bandwidth": g.bandwidth / g.bandwidths if g.bandwidths else None,
+            "mean_overhead": g.overhead / g.overheads if g.overheads else None,
+            "simulated": g.simulated,
             "sim_no_miss": None if no_miss is None else no_miss[0],
             "sim_no_miss_low": None if no_miss is None else no_miss[1],
             "sim_no_miss_high": None if no_miss is None else no_miss[2],
-            "rejected_simulated": len(rejected),
-            "rejected_with_misses": sum(r["sim_misses"] > 0 for r in rejected),
-            "accepted_with_misses": sum(r["sim_misses"] > 0 for r in simulated if r["accepted"]),
-            "worst_ratio_accepted": max((v for v in accepted_ratios if v is not None), default=None),
+            "rejected_simulated": g.rejected_simulated,
+            "rejected_with_misses": g.rejected_with_misses,
+            "accepted_with_misses": g.accepted_with_misses,
+            "worst_ratio_accepted": g.worst_ratio,
         })
     dominance = []
     for point, question in sorted({(c["point"], c["question"]) for c in curves}):

@@ -366,6 +366,12 @@ def simulate_to_store_summary(model: Model, results: Path, model_path: str, para
     return result.end_reason, run.run_id, str(run.path), summary
 
 
+def simulate_for_driver(model: Model, duration_ns: int | None, seed: int | None) -> SimResult:
+    """A simulation for a cluster worker (positional arguments): every record comes back in the result and the
+    driver writes the run (``write_simulated_run``), since a cluster's workers do not see our results directory."""
+    return simulate(model, duration_ns=duration_ns, seed=seed, keep_records=True)
+
+
 def write_simulated_run(result: SimResult, results: Path, *, model_path: str, params: dict[str, Any],
                         label: str | None = None, extra: dict[str, Any] | None = None) -> tuple[RunDir, dict[str, Any]]:
     """Store a finished simulation as a run; as simulate_to_store() otherwise."""
