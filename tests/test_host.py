@@ -43,7 +43,8 @@ def _touched_paths() -> list[str]:
     """Every file a profile may write on this machine, and the cpuset flag partitions change."""
     ctx = host_context((LAST_CPU,))
     wanted = {item for profile in PROFILES.values() for item in profile.items}
-    paths = {step.path for step in tune_steps(ctx, wanted)}
+    paths = {step.path for step in tune_steps(ctx, wanted) if not step.path.startswith("affinity:")}  # kthreads:
+    # _kthread_affinities
     paths |= {f"{irq}/smp_affinity_list" for irq in glob.glob("/proc/irq/[0-9]*")}
     paths |= {"/proc/sys/kernel/sched_rt_runtime_us", str(V1_CPUSET / "cpuset.sched_load_balance"),
               "/proc/sys/kernel/timer_migration", "/sys/devices/virtual/workqueue/cpumask"}
@@ -57,6 +58,24 @@ def _snapshot(paths: list[str]) -> dict[str, bytes | None]:
             found[path] = Path(path).read_bytes()
         except OSError:
             found[path] = None
+    return found
+
+
+def _kthread_affinities() -> dict[str, str]:
+    """Every kernel thread's allowed CPUs (by pid and start time, as /proc/PID/status says), whether rtvirt would
+    move it or not, and every workqueue cpumask."""
+    found = {}
+    for proc in glob.glob("/proc/[0-9]*"):
+        try:
+            stat, status = Path(proc, "stat").read_text(), Path(proc, "status").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[6]) & 0x00200000:  # PF_KTHREAD
+            allowed = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M)
+            found[f"{proc}:{fields[19]}"] = allowed.group(1) if allowed else "?"
+    for mask in ["/sys/devices/virtual/workqueue/cpumask", *glob.glob("/sys/devices/virtual/workqueue/*/cpumask")]:
+        found[mask] = Path(mask).read_text()
     return found
 
 
@@ -183,18 +202,30 @@ def test_bad_host_options_exit_2_naming_them() -> None:
 @pytest.mark.skipif(not (ROOT and TWO_CPUS), reason="tuning needs root and a housekeeping CPU")
 def test_tune_then_restore_leaves_every_touched_setting_byte_for_byte() -> None:
     paths = _touched_paths()
-    before = _snapshot(paths)
+    before, kthreads_before = _snapshot(paths), _kthread_affinities()
     try:
         tuned = run_cli("host", "tune", "--profile", "realtime-host", "--cpus", str(LAST_CPU), "--json")
         assert tuned.returncode == 0, tuned.stderr
-        applied = [s["path"] for s in json.loads(tuned.stdout)["steps"] if s["outcome"] == "applied"]
+        document = json.loads(tuned.stdout)
+        applied = [s["path"] for s in document["steps"] if s["outcome"] == "applied"]
         during = _snapshot(paths)
-        assert applied and all(during[p] != before[p] for p in applied)
+        assert applied and all(during[p] != before[p] for p in applied if p in during)
         assert Path("/proc/sys/kernel/timer_migration").read_text().strip() == "0"
+        # the unbound kthreads and workqueues are off the RT CPU, and the check family says so
+        assert {s["item"] for s in document["steps"]} >= {"kthread-affinity", "workqueue-cpumask"}
+        after = {i["id"]: i["status"] for i in document["after"]}
+        assert after["kthread-affinity"] == after["workqueue-cpumask"] == "ok", document["after"]
+        moved = {f"/proc/{p.split(':')[1]}:{p.split(':')[2]}" for p in applied if p.startswith("affinity:")}
+        kthreads_during = _kthread_affinities()
+        assert moved and all(kthreads_during[k] != kthreads_before[k] and str(LAST_CPU) not in kthreads_during[k]
+                             for k in moved & kthreads_during.keys())
     finally:
         restored = run_cli("host", "restore", "--json")
     assert restored.returncode == 0, restored.stderr
     assert _snapshot(paths) == before
+    kthreads_after = _kthread_affinities()  # kworkers come and go: every thread there before and after is compared
+    common = kthreads_before.keys() & kthreads_after.keys()
+    assert len(common) > 20 and {k: kthreads_after[k] for k in common} == {k: kthreads_before[k] for k in common}
     assert not Ledger().held("cli")
 
 
@@ -408,3 +439,4 @@ def test_tune_without_root_says_so_item_by_item_and_changes_nothing() -> None:
     steps = json.loads(result.stdout)["steps"]
     assert steps and {(s["outcome"], s["error"]) for s in steps} == {("failed", "needs root")}
     assert _snapshot(paths) == before
+
