@@ -440,3 +440,39 @@ def test_tune_without_root_says_so_item_by_item_and_changes_nothing() -> None:
     assert steps and {(s["outcome"], s["error"]) for s in steps} == {("failed", "needs root")}
     assert _snapshot(paths) == before
 
+
+def _fake_nodes(root: Path, nodes: dict[int, tuple[str, int]]) -> str:
+    """A fake /sys/devices/system/node: node id -> (cpulist, MemTotal kB)."""
+    for node, (cpus, kib) in nodes.items():
+        (root / f"node{node}").mkdir(parents=True)
+        (root / f"node{node}" / "cpulist").write_text(cpus + "\n")
+        (root / f"node{node}" / "meminfo").write_text(f"Node {node} MemTotal:   {kib} kB\nNode {node} MemFree: 1 kB")
+    (root / "possible").write_text(f"0-{max(nodes, default=0)}\n")  # not a node directory: ignored
+    return str(root)
+
+
+def test_numa_placement_on_this_machine_and_on_a_fake_two_node_tree(tmp_path: Path) -> None:
+    from rtvirt.host.checks import HostContext
+    from rtvirt.host.checks.numa import placement
+    from rtvirt.sysaudit import LocalSystem
+
+    here = json.loads(run_cli("host", "check", "--json").stdout)["items"]
+    numa = next(i for i in here if i["id"] == "numa-placement")
+    assert numa["status"] == "ok" and numa["found"].startswith("one NUMA node (node0: CPUs ")
+
+    def judged(rt: tuple[int, ...], nodes: dict[int, tuple[str, int]], name: str) -> tuple[str, str, str]:
+        ctx = HostContext(LocalSystem(), {}, rt, (0, 1, 2, 3))
+        (tmp_path / name).mkdir()
+        item = placement(ctx, _fake_nodes(tmp_path / name, nodes))
+        return item.status, item.found, item.fix
+
+    two = {0: ("0-1", 8 << 20), 1: ("2-3", 8 << 20)}
+    status, found, fix = judged((1, 2), two, "span")
+    assert status == "not-ready" and "span nodes 0, 1" in found and "choose RT CPUs within one node" in fix
+    status, found, fix = judged((2, 3), {0: ("0-1", 8 << 20), 1: ("2-3", 0)}, "memoryless")
+    assert status == "not-ready" and "node1, which has no memory" in found
+    assert "numactl --cpunodebind=0 --membind=0" in fix  # the node that has memory
+    status, found, fix = judged((2, 3), two, "local")
+    assert status == "ok" and "node1" in found
+    assert "--membind=1" in fix and "nodeset='1'" in fix and "cpuset.mems=1" in fix
+    assert judged((2,), {}, "none")[0] == "unknown"
