@@ -476,3 +476,36 @@ def test_numa_placement_on_this_machine_and_on_a_fake_two_node_tree(tmp_path: Pa
     assert status == "ok" and "node1" in found
     assert "--membind=1" in fix and "nodeset='1'" in fix and "cpuset.mems=1" in fix
     assert judged((2,), {}, "none")[0] == "unknown"
+
+
+RT_DOMAIN = """<domain type='kvm'><name>plc</name><vcpu placement='static'>2</vcpu>
+<cputune><vcpupin vcpu='0' cpuset='1'/><vcpupin vcpu='1' cpuset='2'/><emulatorpin cpuset='0'/>
+<vcpusched vcpus='0-1' scheduler='fifo' priority='1'/></cputune></domain>"""
+
+
+def test_libvirt_domains_are_judged_on_pinning_policy_and_emulator_threads() -> None:
+    from rtvirt.host.checks.hypervisor import domain_placement, halt_poll, judge_domains
+
+    placed = domain_placement(RT_DOMAIN)
+    assert placed == {"name": "plc", "vcpus": 2, "vcpupin": {0: (1,), 1: (2,)}, "vcpusched": {0: "fifo", 1: "fifo"},
+                      "emulatorpin": (0,)}
+    assert judge_domains([placed]) == {"libvirt-vcpu-pinning": [], "libvirt-vcpu-policy": [],
+                                       "libvirt-emulatorpin": []}
+    # one vCPU left unpinned and on SCHED_OTHER, the emulator threads on a vCPU's CPU
+    loose = RT_DOMAIN.replace("<vcpupin vcpu='1' cpuset='2'/>", "").replace("vcpus='0-1'", "vcpus='0'").replace(
+        "<emulatorpin cpuset='0'/>", "<emulatorpin cpuset='0-1'/>")
+    lacking = judge_domains([domain_placement(loose)])
+    assert lacking["libvirt-vcpu-pinning"] == ["plc (vCPU 1 unpinned)"]
+    assert lacking["libvirt-vcpu-policy"] == ["plc (vCPU 1: other)"]
+    assert lacking["libvirt-emulatorpin"] == ["plc (emulator on 0-1, shared with vCPUs on 1)"]
+    bare = judge_domains([domain_placement("<domain><name>x</name><vcpu>1</vcpu></domain>")])
+    assert all(len(v) == 1 for v in bare.values()) and "unpinned" in bare["libvirt-emulatorpin"][0]
+    # halt polling: what the value means, on this machine too
+    assert halt_poll("0\n")[0] == "not-ready" and "polling off" in halt_poll("0\n")[1]
+    assert halt_poll("200000\n") == ("ok", halt_poll("200000")[1]) and "200 us" in halt_poll("200000")[1]
+    assert halt_poll(None)[0] == "unknown"
+    here = {i["id"]: i for i in json.loads(run_cli("host", "check", "--json").stdout)["items"]}
+    current = Path("/sys/module/kvm/parameters/halt_poll_ns")
+    if current.exists():
+        assert here["kvm-halt-poll"]["found"].startswith(f"halt_poll_ns {int(current.read_text())}")
+    assert {"libvirt-vcpu-pinning", "libvirt-vcpu-policy", "libvirt-emulatorpin"} <= set(here)
