@@ -43,7 +43,8 @@ def _touched_paths() -> list[str]:
     """Every file a profile may write on this machine, and the cpuset flag partitions change."""
     ctx = host_context((LAST_CPU,))
     wanted = {item for profile in PROFILES.values() for item in profile.items}
-    paths = {step.path for step in tune_steps(ctx, wanted)}
+    paths = {step.path for step in tune_steps(ctx, wanted) if not step.path.startswith("affinity:")}  # kthreads:
+    # _kthread_affinities
     paths |= {f"{irq}/smp_affinity_list" for irq in glob.glob("/proc/irq/[0-9]*")}
     paths |= {"/proc/sys/kernel/sched_rt_runtime_us", str(V1_CPUSET / "cpuset.sched_load_balance"),
               "/proc/sys/kernel/timer_migration", "/sys/devices/virtual/workqueue/cpumask"}
@@ -57,6 +58,24 @@ def _snapshot(paths: list[str]) -> dict[str, bytes | None]:
             found[path] = Path(path).read_bytes()
         except OSError:
             found[path] = None
+    return found
+
+
+def _kthread_affinities() -> dict[str, str]:
+    """Every kernel thread's allowed CPUs (by pid and start time, as /proc/PID/status says), whether rtvirt would
+    move it or not, and every workqueue cpumask."""
+    found = {}
+    for proc in glob.glob("/proc/[0-9]*"):
+        try:
+            stat, status = Path(proc, "stat").read_text(), Path(proc, "status").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[6]) & 0x00200000:  # PF_KTHREAD
+            allowed = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M)
+            found[f"{proc}:{fields[19]}"] = allowed.group(1) if allowed else "?"
+    for mask in ["/sys/devices/virtual/workqueue/cpumask", *glob.glob("/sys/devices/virtual/workqueue/*/cpumask")]:
+        found[mask] = Path(mask).read_text()
     return found
 
 
@@ -183,18 +202,30 @@ def test_bad_host_options_exit_2_naming_them() -> None:
 @pytest.mark.skipif(not (ROOT and TWO_CPUS), reason="tuning needs root and a housekeeping CPU")
 def test_tune_then_restore_leaves_every_touched_setting_byte_for_byte() -> None:
     paths = _touched_paths()
-    before = _snapshot(paths)
+    before, kthreads_before = _snapshot(paths), _kthread_affinities()
     try:
         tuned = run_cli("host", "tune", "--profile", "realtime-host", "--cpus", str(LAST_CPU), "--json")
         assert tuned.returncode == 0, tuned.stderr
-        applied = [s["path"] for s in json.loads(tuned.stdout)["steps"] if s["outcome"] == "applied"]
+        document = json.loads(tuned.stdout)
+        applied = [s["path"] for s in document["steps"] if s["outcome"] == "applied"]
         during = _snapshot(paths)
-        assert applied and all(during[p] != before[p] for p in applied)
+        assert applied and all(during[p] != before[p] for p in applied if p in during)
         assert Path("/proc/sys/kernel/timer_migration").read_text().strip() == "0"
+        # the unbound kthreads and workqueues are off the RT CPU, and the check family says so
+        assert {s["item"] for s in document["steps"]} >= {"kthread-affinity", "workqueue-cpumask"}
+        after = {i["id"]: i["status"] for i in document["after"]}
+        assert after["kthread-affinity"] == after["workqueue-cpumask"] == "ok", document["after"]
+        moved = {f"/proc/{p.split(':')[1]}:{p.split(':')[2]}" for p in applied if p.startswith("affinity:")}
+        kthreads_during = _kthread_affinities()
+        assert moved and all(kthreads_during[k] != kthreads_before[k] and str(LAST_CPU) not in kthreads_during[k]
+                             for k in moved & kthreads_during.keys())
     finally:
         restored = run_cli("host", "restore", "--json")
     assert restored.returncode == 0, restored.stderr
     assert _snapshot(paths) == before
+    kthreads_after = _kthread_affinities()  # kworkers come and go: every thread there before and after is compared
+    common = kthreads_before.keys() & kthreads_after.keys()
+    assert len(common) > 20 and {k: kthreads_after[k] for k in common} == {k: kthreads_before[k] for k in common}
     assert not Ledger().held("cli")
 
 
@@ -408,3 +439,73 @@ def test_tune_without_root_says_so_item_by_item_and_changes_nothing() -> None:
     steps = json.loads(result.stdout)["steps"]
     assert steps and {(s["outcome"], s["error"]) for s in steps} == {("failed", "needs root")}
     assert _snapshot(paths) == before
+
+
+def _fake_nodes(root: Path, nodes: dict[int, tuple[str, int]]) -> str:
+    """A fake /sys/devices/system/node: node id -> (cpulist, MemTotal kB)."""
+    for node, (cpus, kib) in nodes.items():
+        (root / f"node{node}").mkdir(parents=True)
+        (root / f"node{node}" / "cpulist").write_text(cpus + "\n")
+        (root / f"node{node}" / "meminfo").write_text(f"Node {node} MemTotal:   {kib} kB\nNode {node} MemFree: 1 kB")
+    (root / "possible").write_text(f"0-{max(nodes, default=0)}\n")  # not a node directory: ignored
+    return str(root)
+
+
+def test_numa_placement_on_this_machine_and_on_a_fake_two_node_tree(tmp_path: Path) -> None:
+    from rtvirt.host.checks import HostContext
+    from rtvirt.host.checks.numa import placement
+    from rtvirt.sysaudit import LocalSystem
+
+    here = json.loads(run_cli("host", "check", "--json").stdout)["items"]
+    numa = next(i for i in here if i["id"] == "numa-placement")
+    assert numa["status"] == "ok" and numa["found"].startswith("one NUMA node (node0: CPUs ")
+
+    def judged(rt: tuple[int, ...], nodes: dict[int, tuple[str, int]], name: str) -> tuple[str, str, str]:
+        ctx = HostContext(LocalSystem(), {}, rt, (0, 1, 2, 3))
+        (tmp_path / name).mkdir()
+        item = placement(ctx, _fake_nodes(tmp_path / name, nodes))
+        return item.status, item.found, item.fix
+
+    two = {0: ("0-1", 8 << 20), 1: ("2-3", 8 << 20)}
+    status, found, fix = judged((1, 2), two, "span")
+    assert status == "not-ready" and "span nodes 0, 1" in found and "choose RT CPUs within one node" in fix
+    status, found, fix = judged((2, 3), {0: ("0-1", 8 << 20), 1: ("2-3", 0)}, "memoryless")
+    assert status == "not-ready" and "node1, which has no memory" in found
+    assert "numactl --cpunodebind=0 --membind=0" in fix  # the node that has memory
+    status, found, fix = judged((2, 3), two, "local")
+    assert status == "ok" and "node1" in found
+    assert "--membind=1" in fix and "nodeset='1'" in fix and "cpuset.mems=1" in fix
+    assert judged((2,), {}, "none")[0] == "unknown"
+
+
+RT_DOMAIN = """<domain type='kvm'><name>plc</name><vcpu placement='static'>2</vcpu>
+<cputune><vcpupin vcpu='0' cpuset='1'/><vcpupin vcpu='1' cpuset='2'/><emulatorpin cpuset='0'/>
+<vcpusched vcpus='0-1' scheduler='fifo' priority='1'/></cputune></domain>"""
+
+
+def test_libvirt_domains_are_judged_on_pinning_policy_and_emulator_threads() -> None:
+    from rtvirt.host.checks.hypervisor import domain_placement, halt_poll, judge_domains
+
+    placed = domain_placement(RT_DOMAIN)
+    assert placed == {"name": "plc", "vcpus": 2, "vcpupin": {0: (1,), 1: (2,)}, "vcpusched": {0: "fifo", 1: "fifo"},
+                      "emulatorpin": (0,)}
+    assert judge_domains([placed]) == {"libvirt-vcpu-pinning": [], "libvirt-vcpu-policy": [],
+                                       "libvirt-emulatorpin": []}
+    # one vCPU left unpinned and on SCHED_OTHER, the emulator threads on a vCPU's CPU
+    loose = RT_DOMAIN.replace("<vcpupin vcpu='1' cpuset='2'/>", "").replace("vcpus='0-1'", "vcpus='0'").replace(
+        "<emulatorpin cpuset='0'/>", "<emulatorpin cpuset='0-1'/>")
+    lacking = judge_domains([domain_placement(loose)])
+    assert lacking["libvirt-vcpu-pinning"] == ["plc (vCPU 1 unpinned)"]
+    assert lacking["libvirt-vcpu-policy"] == ["plc (vCPU 1: other)"]
+    assert lacking["libvirt-emulatorpin"] == ["plc (emulator on 0-1, shared with vCPUs on 1)"]
+    bare = judge_domains([domain_placement("<domain><name>x</name><vcpu>1</vcpu></domain>")])
+    assert all(len(v) == 1 for v in bare.values()) and "unpinned" in bare["libvirt-emulatorpin"][0]
+    # halt polling: what the value means, on this machine too
+    assert halt_poll("0\n")[0] == "not-ready" and "polling off" in halt_poll("0\n")[1]
+    assert halt_poll("200000\n") == ("ok", halt_poll("200000")[1]) and "200 us" in halt_poll("200000")[1]
+    assert halt_poll(None)[0] == "unknown"
+    here = {i["id"]: i for i in json.loads(run_cli("host", "check", "--json").stdout)["items"]}
+    current = Path("/sys/module/kvm/parameters/halt_poll_ns")
+    if current.exists():
+        assert here["kvm-halt-poll"]["found"].startswith(f"halt_poll_ns {int(current.read_text())}")
+    assert {"libvirt-vcpu-pinning", "libvirt-vcpu-policy", "libvirt-emulatorpin"} <= set(here)

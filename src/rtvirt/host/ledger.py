@@ -21,8 +21,10 @@ from typing import Any
 
 from ..errors import PrivilegeError
 from ..fileio import write_atomically
+from ..params import parse_cpulist
+from .checks.base import AFFINITY_PREFIX, cpu_list
 
-__all__ = ["Ledger", "Change", "DEFAULT_LEDGER", "process_holder", "CLI_HOLDER", "holder_alive"]
+__all__ = ["Ledger", "Change", "DEFAULT_LEDGER", "process_holder", "CLI_HOLDER", "holder_alive", "read_raw"]
 
 DEFAULT_LEDGER = Path(os.environ.get("RTVIRT_LEDGER", "/run/rtvirt/ledger.json"))
 CLI_HOLDER = "cli"
@@ -59,8 +61,18 @@ class Change:
     error: str | None = None
 
 
+def _affinity_pid(path: str) -> int:
+    pid, start = path.removeprefix(AFFINITY_PREFIX).split(":", 1)
+    if _start_time(int(pid)) != start:
+        raise ProcessLookupError(3, "thread gone", path)
+    return int(pid)
+
+
 def read_raw(path: str) -> str | None:
+    """What a setting reads now: a file's text, or a thread's allowed CPUs as a list ("0-1")."""
     try:
+        if path.startswith(AFFINITY_PREFIX):
+            return cpu_list(sorted(os.sched_getaffinity(_affinity_pid(path))))
         with open(path, "rb") as f:
             return f.read(MAX_VALUE).decode("utf-8", errors="surrogateescape")
     except OSError:
@@ -68,6 +80,9 @@ def read_raw(path: str) -> str | None:
 
 
 def write_raw(path: str, value: str) -> None:
+    if path.startswith(AFFINITY_PREFIX):
+        os.sched_setaffinity(_affinity_pid(path), parse_cpulist(value))
+        return
     with open(path, "wb", buffering=0) as f:
         f.write(value.encode("utf-8", errors="surrogateescape"))
 
@@ -184,7 +199,8 @@ class Ledger:
                 _put_back(entry["path"], entry["restore"])
             except OSError as exc:
                 change.error = exc.strerror or str(exc)
-                if exc.errno not in (2, 19):  # the knob itself went away (a device, a cgroup): nothing to restore
+                # the knob itself went away (a device, a cgroup, a thread): nothing to restore
+                if exc.errno not in (2, 3, 19):
                     kept.append(entry)  # kept, so a later restore or reclaim tries again
             changes.append(change)
         document["entries"] = list(reversed(kept))

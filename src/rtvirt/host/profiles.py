@@ -19,8 +19,9 @@ class Profile:
     tuned: str  # the tuned profile of the same purpose
 
 
-_HOST = ("irq-affinity", "default-irq-affinity", "workqueue-cpumask", "watchdog-cpumask", "timer-migration",
-         "vm-stat-interval", "governor", "cstates", "pm-qos", "thp", "thp-defrag", "ksm", "numa-balancing")
+_HOST = ("irq-affinity", "default-irq-affinity", "workqueue-cpumask", "kthread-affinity", "watchdog-cpumask",
+         "timer-migration", "vm-stat-interval",
+         "governor", "cstates", "pm-qos", "thp", "thp-defrag", "ksm", "numa-balancing")
 
 PROFILES = {p.name: p for p in (
     Profile("realtime-host", "route IRQs and housekeeping work off the real-time CPUs, fix their frequency, keep "

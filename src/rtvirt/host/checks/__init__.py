@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import cpu, hypervisor, irq, kernel, kthreads, memory, power, scheduler
+from . import cpu, hypervisor, irq, kernel, kthreads, memory, numa, power, scheduler
 from .base import HostContext, Item, Step
 
 __all__ = ["FAMILIES", "HostContext", "Item", "Step", "run_checks", "tune_steps"]
 
 FAMILIES: dict[str, ModuleType] = {module.FAMILY: module for module in (
-    kernel, irq, kthreads, scheduler, power, memory, cpu, hypervisor)}
+    kernel, irq, kthreads, scheduler, power, memory, numa, cpu, hypervisor)}
 
 
 def run_checks(ctx: HostContext) -> list[Item]:

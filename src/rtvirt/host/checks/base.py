@@ -10,10 +10,13 @@ from ...params import parse_cpulist
 from ...sysaudit import SystemView
 
 __all__ = ["Item", "HostContext", "Step", "cpu_list", "hex_mask", "parse_hex_mask", "parse_list", "chosen", "running",
-           "Status", "US", "MS"]
+           "Status", "US", "MS",
+           "AFFINITY_PREFIX", "affinity_setting"]
 
 Status = Literal["ok", "not-ready", "unknown"]
 Kind = Literal["boot", "runtime", "hypervisor"]
+
+AFFINITY_PREFIX = "affinity:"  # a setting that is not a file: affinity:<pid>:<start time>, a thread's CPUs
 
 US = 1_000
 MS = 1_000_000
@@ -75,6 +78,11 @@ class HostContext:
 
     def one(self, path: str) -> str | None:
         return self.read(path)[path]
+
+
+def affinity_setting(pid: int, start_time: str) -> str:
+    """The setting path of thread ``pid``'s CPU affinity (its start time tells a reused pid apart)."""
+    return f"{AFFINITY_PREFIX}{pid}:{start_time}"
 
 
 def cpu_list(cpus: tuple[int, ...] | list[int]) -> str:
