@@ -417,7 +417,7 @@ def test_pinned_deadline_vcpu_runs_in_an_exclusive_cpuset(tmp_path: Path) -> Non
             tid = env.describe()["vcpu_threads"]["0"]["tid"]
             policy, cpuset = os.sched_getscheduler(tid), Path(f"/proc/{tid}/cpuset").read_text().strip()
             during = (V1_CPUSET / "cpuset.sched_load_balance").read_text().strip()
-            launched.proc.wait(timeout=240)
+            launched.follow(timeout=240)  # confirming the stream's END, as a campaign does
             assert env.check() is None, env.console_text()[-2000:]
             description = env.describe()
         finally:
