@@ -22,6 +22,7 @@ from bench_guest_stream import _figures  # the same samples/s and drops figures 
 
 from rtvirt.environments import SharedResources
 from rtvirt.environments.xen import XenConfig, XenEnvironment
+from rtvirt.errors import RunError
 from rtvirt.procs import Supervisor
 
 RATES = (("100k", 100_000), ("200k", 200_000), ("max", 0))
@@ -37,11 +38,10 @@ def _domu(seconds: float, rate: int, label: str, work: Path, shared: SharedResou
             started = time.monotonic()
             launched = env.launch("rtvirt-probe", ["selftest", f"--rate={rate}", f"--duration={int(seconds * 1e9)}",
                                                    "--affinity=0", "--priority=0"], out)
-            while launched.poll() is None:
-                problem = env.check()
-                if problem:
-                    raise SystemExit(f"{label}: {problem}")
-                time.sleep(0.2)
+            try:
+                launched.follow(timeout=1800, watch=env.check)
+            except RunError as exc:
+                raise SystemExit(f"{label}: {exc}") from None
             if launched.returncode != 0:
                 raise SystemExit(f"{label}: the probe failed: {launched.error_tail()}")
         finally:

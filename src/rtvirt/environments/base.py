@@ -84,9 +84,10 @@ class Launched:
         if self._confirm is not None and self.confirmation is None:
             self.confirmation = self._confirm(records)
 
-    def follow(self, timeout: float) -> None:
-        """Wait for the agent to end, confirming its END once it is in the stream file (what a campaign does
-        while it also watches the platform; for one-off launches)."""
+    def follow(self, timeout: float, watch: Callable[[], str | None] | None = None) -> None:
+        """Wait for the agent to end, confirming its END once it is in the stream file, and asking ``watch``
+        (an environment's ``check``) whether the platform is still healthy: what a campaign does, for one-off
+        launches."""
         from ..errors import RunError
         from ..stream import StreamReader
 
@@ -97,6 +98,9 @@ class Launched:
             records += int(reader.poll().size)
             if reader.ended:
                 self.confirm_end(records)
+            problem = watch() if watch is not None else None
+            if problem:
+                raise RunError(problem)
             if time.monotonic() > deadline:
                 raise RunError(f"the agent did not end within {timeout:.0f}s")
             time.sleep(0.1)
