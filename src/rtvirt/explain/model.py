@@ -1,0 +1,102 @@
+"""What an explanation is made of: who held a CPU when, per layer, on the run's own sample clock.
+
+Every tracing source (host tracefs, the VM's vCPU threads, Xen's scheduler trace, the guest's own tracer)
+turns what it saw into :class:`Occupancy` intervals on the *sample clock* (the clock of the stream's
+``t_ns``), saying how well it could align its clock with that one. The attribution (``explain.attribute``)
+cuts each outlier's latency window into :class:`Part` rows from those intervals; what no interval covers is
+``unexplained``, with what could not be seen. Nothing here imports a source: they all point down to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+__all__ = ["LAYERS", "Layer", "Occupancy", "LayerTrace", "Part", "CollectContext", "TraceSource"]
+
+Layer = Literal["host", "vm", "xen", "guest", "unexplained"]
+# outermost first: while an outer layer held the CPU nothing inside it ran, so it takes precedence
+LAYERS: tuple[Layer, ...] = ("host", "xen", "vm", "guest", "unexplained")
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """Something that ran instead of (or delayed) the measuring thread during [start_ns, end_ns).
+
+    ``cause`` is the name a user reads ("task stress-cpu/1234 SCHED_FIFO 99", "irq 24 virtio0-input",
+    "vCPU not running: qemu-system-x86/5551 ran", "runnable: domU rt-2 ran", "budget exhausted, replenished
+    at +2.1 ms"); ``kind`` its family (task, irq, softirq, idle-exit, timer, vm-exit, vcpu-preempted,
+    runstate, budget, window, guest-irq, guest-thread, steal); ``detail`` the fields behind it (comm, pid,
+    policy, prio, vector, exit reason, domain). Strings from traced systems are untrusted: sources escape
+    and bound them before they get here.
+    """
+
+    layer: Layer
+    start_ns: int
+    end_ns: int
+    cause: str
+    kind: str
+    cpu: int = -1  # the CPU (host pCPU, or the guest's vCPU) it ran on; -1: not tied to one
+    detail: dict[str, str | int] = field(default_factory=dict)
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(slots=True)
+class LayerTrace:
+    """What one source saw of a run, already on the sample clock."""
+
+    layer: Layer
+    seen: bool  # False: this layer could not be traced; ``why_not`` says why
+    why_not: str | None = None
+    occupancies: list[Occupancy] = field(default_factory=list)
+    alignment_ns: int = 0  # uncertainty of the mapping from the source's clock to the sample clock
+    dropped_events: int = 0  # events the bounded buffer lost (a run states it; never silent)
+    notes: list[str] = field(default_factory=list)  # what the user should know ("host steal rose by 3.1 ms")
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One named, timed part of one outlier's latency window (a row of the run's ``explain.parquet``)."""
+
+    sample_t_ns: int  # the outlier's t_ns (planned wake-up, gap start): sample clock
+    latency_ns: int  # the outlier's value
+    cpu: int
+    rank: int  # 1 = the run's largest outlier
+    layer: Layer
+    kind: str
+    cause: str
+    offset_ns: int  # where the part starts, from the window's start
+    duration_ns: int
+    detail: str  # JSON of the occupancy's detail (bounded)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectContext:
+    """What a source needs to put its events on the sample clock and pick out the measurer.
+
+    ``header`` is the stream header (docs/sample-stream.md: start_monotonic_ns, start_realtime_ns, cycles_hz,
+    params.affinity); ``windows`` the outlier windows (columns start_ns, end_ns, cpu on the sample clock);
+    ``agent_pids`` the host pids of the measuring agent's process (empty in a guest or on a target).
+    """
+
+    header: dict[str, object]
+    windows: np.ndarray
+    agent_pids: tuple[int, ...] = ()
+
+
+class TraceSource(Protocol):
+    """A tracer beside one run: armed before the agent starts, stopped after it ended (also on failure and
+    Ctrl-C; idempotent; leaves the traced system as found), then asked for what it saw."""
+
+    layer: Layer
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def collect(self, context: CollectContext) -> LayerTrace: ...
