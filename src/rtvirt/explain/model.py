@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-__all__ = ["LAYERS", "Layer", "Occupancy", "LayerTrace", "Part", "CollectContext", "TraceSource"]
+__all__ = ["LAYERS", "Layer", "Occupancy", "LayerTrace", "Part", "Explanation", "CollectContext", "TraceSource"]
 
 Layer = Literal["host", "vm", "xen", "guest", "unexplained"]
 # outermost first: while an outer layer held the CPU nothing inside it ran, so it takes precedence
@@ -100,3 +100,18 @@ class TraceSource(Protocol):
     def stop(self) -> None: ...
 
     def collect(self, context: CollectContext) -> LayerTrace: ...
+
+
+@dataclass(slots=True)
+class Explanation:
+    """A run's explanation: its outliers' parts, what each layer could see, and the share of outlier latency
+    by cause. Stored beside the samples (``explain.stored``); ``rtvirt explain``, the report and ``rtvirt sql``
+    all read this one thing."""
+
+    threshold_ns: int
+    threshold_rule: str  # how the threshold was chosen ("p99.9 = 61.2 us (floor 20 us)", "--threshold 50us")
+    outliers: int  # samples above the threshold (parts are kept for the ``top`` largest of them at most)
+    parts: list[Part]
+    layers: list[LayerTrace]  # occupancies kept only around the largest outliers (the report's timelines)
+    # [{layer, kind, cause, total_ns, share}] over every explained outlier, largest first
+    summary: list[dict[str, object]]
