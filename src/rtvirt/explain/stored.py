@@ -61,8 +61,7 @@ def read_explanation(run_dir: Path) -> Explanation | None:
     if document.get("explain_version") != EXPLAIN_VERSION:
         return None
     rows = pq.read_table(parts_path).to_pylist()
-    parts = [Part(**{name: (str(row[name]) if name in ("layer", "kind", "cause") else row[name])
-                     for name in PARTS_SCHEMA.names}) for row in rows]
+    parts = [Part(**row) for row in rows]  # dictionary columns read back as plain strings
     layers = []
     for layer in document["layers"]:
         occupancies = [Occupancy(**occupancy) for occupancy in layer.pop("occupancies")]
