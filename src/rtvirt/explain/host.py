@@ -4,8 +4,8 @@ A :class:`~rtvirt.explain.tracefs.TracefsInstance` on the measured CPUs records 
 handlers, softirqs, the x86 IRQ vectors (local timer, IPIs) and hrtimer expiries on the ``mono`` trace clock,
 which is the CLOCK_MONOTONIC the host agent stamps its samples with: no alignment beyond the text trace's
 microsecond resolution. Each CPU's events become intervals: the task switched in until the next switch,
-an IRQ handler from entry to exit, and so on; the measuring agent's own threads are left out (they are what
-is being delayed). Strings from the trace (comms, IRQ names) are untrusted: escaped and bounded here.
+an IRQ handler from entry to exit, and so on. The measuring agent's own threads are named as such: inside a
+window they only hold the CPU between their switch-in and the time stamp that ends it. Strings from the trace (comms, IRQ names) are untrusted: escaped and bounded here.
 """
 
 from __future__ import annotations
@@ -96,7 +96,11 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
                 if pid == 0:
                     occupancies.append(Occupancy("host", start, ts, "idle: the CPU slept until the wake-up",
                                                  "idle-exit", cpu, {}))
-                elif not is_agent(pid):
+                elif is_agent(pid):  # its own switch-in, return from sleep and clock read end a window
+                    occupancies.append(Occupancy("host", start, ts, f"measuring agent on the CPU "
+                                                 f"({bounded(comm, 16)}/{pid}: switched in, not yet stamped)",
+                                                 "agent", cpu, {"comm": bounded(comm, 16), "pid": pid}))
+                else:
                     cause, detail = task_cause(comm, pid, prio, policies.get(pid))
                     occupancies.append(Occupancy("host", start, ts, cause, "task", cpu, detail))
             task = (ts, match["next_comm"], int(match["next_pid"]), int(match["next_prio"]))
@@ -132,7 +136,7 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
 
 def occupancies_from_events(events: Iterable[TraceEvent], agent_pids: Sequence[int],
                             policies: dict[int, str] | None = None) -> list[Occupancy]:
-    """Intervals of what held each CPU: tasks (except the agent's), IRQs, softirqs, vectors, timers.
+    """Intervals of what held each CPU: tasks (the agent's named as such), IRQs, softirqs, vectors, timers.
 
     ``events`` of any CPUs, each CPU's in time order. A thread belongs to the agent when its pid or tgid is
     in ``agent_pids``; tgids come from the trace's tgid column (every thread that ran shows it).
