@@ -5,7 +5,9 @@ handlers, softirqs, the x86 IRQ vectors (local timer, IPIs) and hrtimer expiries
 which is the CLOCK_MONOTONIC the host agent stamps its samples with: no alignment beyond the text trace's
 microsecond resolution. Each CPU's events become intervals: the task switched in until the next switch,
 an IRQ handler from entry to exit, and so on. The measuring agent's own threads are named as such: inside a
-window they only hold the CPU between their switch-in and the time stamp that ends it. Strings from the trace (comms, IRQ names) are untrusted: escaped and bounded here.
+window they only hold the CPU between their switch-in and the time stamp that ends it. A normal task that
+keeps the CPU after the agent's real-time thread was woken is said to (only the fair server or RT throttling
+allow it). Strings from the trace (comms, IRQ names) are untrusted: escaped and bounded here.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ HOST_EVENTS = (
     "irq_vectors:irq_work_entry", "irq_vectors:irq_work_exit",
     "timer:hrtimer_expire_entry", "timer:hrtimer_expire_exit",
 )
+AHEAD_OF_RT = " (held the CPU from the woken real-time thread: fair server or RT throttling)"
 MARGIN_NS = 1_000_000  # occupancies kept this far around each window (the report's timelines)
 MAX_NAME = 64
 
@@ -41,6 +44,7 @@ _SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>-?\d+) 
                      r"prev_state=\S+ ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>-?\d+) "
                      r"next_prio=(?P<next_prio>-?\d+)$")
 _IRQ_ENTRY = re.compile(r"irq=(?P<irq>\d+) name=(?P<name>.*)$")
+SCHED_RESET_ON_FORK = 0x40000000
 _POLICIES = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_RR: "SCHED_RR",
              os.SCHED_BATCH: "SCHED_BATCH", os.SCHED_IDLE: "SCHED_IDLE", 6: "SCHED_DEADLINE"}
 
@@ -68,7 +72,7 @@ def task_cause(comm: str, pid: int, kernel_prio: int, policy: str | None = None)
 def _policy(pid: int) -> str | None:
     """The scheduling policy of a live task (the trace only has its priority)."""
     try:
-        return _POLICIES.get(os.sched_getscheduler(pid))
+        return _POLICIES.get(os.sched_getscheduler(pid) & ~SCHED_RESET_ON_FORK)
     except OSError:
         return None
 
@@ -79,6 +83,7 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
     occupancies: list[Occupancy] = []
     task: tuple[int, str, int, int] | None = None  # (start, comm, pid, prio) of the task on the CPU
     open_: dict[str, tuple[int, str, str, dict[str, str | int]]] = {}  # key -> (start, kind, cause, detail)
+    rt_woken: int | None = None  # when a real-time thread of the agent was woken and has not run since
 
     def close(key: str, end: int) -> None:
         begun = open_.pop(key, None)
@@ -102,8 +107,18 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
                                                  "agent", cpu, {"comm": bounded(comm, 16), "pid": pid}))
                 else:
                     cause, detail = task_cause(comm, pid, prio, policies.get(pid))
+                    if prio >= 100 and rt_woken is not None and rt_woken < ts:
+                        # only the fair server (or RT throttling) lets a normal task keep the CPU from a woken RT one
+                        cause += AHEAD_OF_RT
                     occupancies.append(Occupancy("host", start, ts, cause, "task", cpu, detail))
             task = (ts, match["next_comm"], int(match["next_pid"]), int(match["next_prio"]))
+            if is_agent(task[2]):
+                rt_woken = None
+        elif name == "sched_wakeup":
+            fields = body_fields(event.body)
+            if fields.get("pid", "").isdigit() and is_agent(int(fields["pid"])) and \
+                    fields.get("prio", "").lstrip("-").isdigit() and int(fields["prio"]) < 100:
+                rt_woken = ts if rt_woken is None else rt_woken
         elif name == "irq_handler_entry":
             match = _IRQ_ENTRY.match(event.body)
             if match is not None:
