@@ -215,7 +215,9 @@ class HostSource:
     def __init__(self, cpus: Sequence[int], *, buffer_mb: int = 64, flight_recorder: bool = True,
                  events: Sequence[str] = HOST_EVENTS) -> None:
         self.cpus = tuple(cpus)
-        self.instance = TracefsInstance(self.cpus, events, buffer_kb=buffer_mb * 1024, overwrite=flight_recorder)
+        # only real-time wake-ups matter (a woken RT thread kept waiting): the others are not recorded at all
+        self.instance = TracefsInstance(self.cpus, events, buffer_kb=buffer_mb * 1024, overwrite=flight_recorder,
+                                        filters={"sched:sched_wakeup": "prio < 100"})
         self.why_not: str | None = None
         self.policies: dict[int, str] = {}
         self._started = False
