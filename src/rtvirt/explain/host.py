@@ -6,8 +6,8 @@ which is the CLOCK_MONOTONIC the host agent stamps its samples with: no alignmen
 microsecond resolution. Each CPU's events become intervals: the task switched in until the next switch,
 an IRQ handler from entry to exit, and so on. The measuring agent's own threads are named as such: inside a
 window they only hold the CPU between their switch-in and the time stamp that ends it. A normal task that
-keeps the CPU after the agent's real-time thread was woken is said to (only the fair server or RT throttling
-allow it). Strings from the trace (comms, IRQ names) are untrusted: escaped and bounded here.
+keeps the CPU after the agent's real-time thread was woken is said to. Strings from the trace (comms, IRQ
+names) are untrusted: escaped and bounded here.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ HOST_EVENTS = (
     "irq_vectors:irq_work_entry", "irq_vectors:irq_work_exit",
     "timer:hrtimer_expire_entry", "timer:hrtimer_expire_exit",
 )
-AHEAD_OF_RT = " (held the CPU from the woken real-time thread: fair server or RT throttling)"
+AHEAD_OF_RT = " (kept the CPU after the real-time thread was woken)"
 MARGIN_NS = 1_000_000  # occupancies kept this far around each window (the report's timelines)
 MAX_NAME = 64
 
@@ -108,7 +108,8 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
                 else:
                     cause, detail = task_cause(comm, pid, prio, policies.get(pid))
                     if prio >= 100 and rt_woken is not None and rt_woken < ts:
-                        # only the fair server (or RT throttling) lets a normal task keep the CPU from a woken RT one
+                        # what was seen, not why: the fair server, RT throttling or time stolen by an outer
+                        # hypervisor (shown as this task running on) all look alike here
                         cause += AHEAD_OF_RT
                     occupancies.append(Occupancy("host", start, ts, cause, "task", cpu, detail))
             task = (ts, match["next_comm"], int(match["next_pid"]), int(match["next_prio"]))
