@@ -362,3 +362,71 @@ def test_a_port_that_comes_late_loses_nothing_because_init_waits_for_it(tmp_path
     assert int(waited[1]) >= 1 and waited[2:] == ["virtio-ports/rtvirt.out"], console
     stream = read_stream(out)
     assert stream.end_reason == "complete" and stream.written == stream.records.size > 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("host_confirms", [False, True])
+def test_a_xen_domus_stream_relay_offers_its_copy_only_when_the_host_did_not_confirm(
+        tmp_path: Path, host_confirms: bool) -> None:
+    """The domU's side of the Xen Linux stream (console.STREAM_RELAY) run here with busybox, as in the domU: the
+    agent's stream to a listener standing in for dom0's, the confirmation back on the same connection. When the
+    host stays silent (its live stream lost), the agent says `unconfirmed` and the script sends its copy to the
+    second listener: every record the agent wrote; when the host confirms, no copy is offered."""
+    from rtvirt.environments.xen.console import COPY_OFFERED_MARK, STREAM_RELAY
+    from rtvirt.stream import StreamReader
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for applet in ("sh", "nc", "tee", "grep", "mkfifo"):  # the domU's userland: busybox applets only
+        (tools / applet).symlink_to("/bin/busybox")
+    work = tmp_path / "domu"
+    (work / "rtvirt-copy").mkdir(parents=True)
+    port, copy_port = _free_port(), _free_port()
+    live, copy = tmp_path / "live.rtvs", tmp_path / "copy.rtvs"
+    with live.open("wb") as sink, copy.open("wb") as copy_sink:
+        listener = subprocess.Popen(["/bin/busybox", "nc", "-l", "-p", str(port)], stdin=subprocess.PIPE,
+                                    stdout=sink)
+        copy_listener = subprocess.Popen(["/bin/busybox", "nc", "-l", "-p", str(copy_port)], stdin=subprocess.PIPE,
+                                         stdout=copy_sink)
+    time.sleep(0.3)
+    agent = [str(agent_path("rtvirt-probe")), "timer", "--duration=1000000000", "--interval=1000000", "--priority=0",
+             "--mlock=0", "--dma-latency=0", "--out=-", f"--confirm={work}/rtvirt-ack", "--confirm-timeout=3000000000",
+             f"--tee={work}/rtvirt-copy/stream.rtvs"]
+    script = "dom0=$1 port=$3 copy_port=$4\n" + STREAM_RELAY
+    job = subprocess.Popen([str(tools / "sh"), "-c", script, "rtvirt-stream", "127.0.0.1", "-", str(port),
+                            str(copy_port), str(work), *agent], stderr=subprocess.PIPE,
+                           env={"PATH": f"{tools}:/usr/bin:/bin"})
+    try:
+        reader, records = StreamReader(live), 0
+        deadline = time.monotonic() + 60
+        while job.poll() is None and time.monotonic() < deadline:
+            records += int(reader.poll().size)
+            if host_confirms and reader.ended and listener.stdin is not None and not listener.stdin.closed:
+                listener.stdin.write(f"RTVIRT-ACK {records}\n".encode())
+                listener.stdin.close()
+            time.sleep(0.05)
+        console = job.stderr.read().decode() if job.stderr else ""
+        assert job.wait(timeout=60) == 0, console
+    finally:
+        for process in (job, listener, copy_listener):
+            process.kill()
+            process.wait()
+    said = [line for line in console.splitlines() if line.startswith("RTVIRT-DELIVERY")]
+    wrote = read_stream(live).written
+    assert wrote and wrote > 100
+    if host_confirms:
+        assert said == [f"RTVIRT-DELIVERY confirmed {wrote}"], console
+        assert COPY_OFFERED_MARK not in console and copy.stat().st_size == 0
+    else:
+        assert said == [f"RTVIRT-DELIVERY unconfirmed {wrote}"], console
+        assert COPY_OFFERED_MARK in console
+        kept = read_stream(copy)
+        assert kept.end_reason == "complete" and kept.written == kept.records.size == wrote
+        assert np.array_equal(kept.records, read_stream(live).records)
