@@ -362,3 +362,77 @@ def test_a_port_that_comes_late_loses_nothing_because_init_waits_for_it(tmp_path
     assert int(waited[1]) >= 1 and waited[2:] == ["virtio-ports/rtvirt.out"], console
     stream = read_stream(out)
     assert stream.end_reason == "complete" and stream.written == stream.records.size > 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("host", ["confirms", "stays silent", "loses the connection"])
+def test_a_xen_domus_stream_relay_offers_its_copy_only_when_the_host_did_not_confirm(tmp_path: Path, host: str) -> None:
+    """The domU's side of the Xen Linux stream (console.STREAM_RELAY) run here with busybox, as in the domU: the
+    agent's stream to a listener standing in for dom0's, the confirmation back on the same connection. When the
+    host confirms, no copy is offered. When it stays silent, the agent says `unconfirmed` and the script sends
+    its copy to the second listener; when dom0's listener dies mid-run, the agent stops, ends its copy, and the
+    copy arrives: in both, every record the agent wrote."""
+    from rtvirt.environments.xen.console import COPY_OFFERED_MARK, STREAM_RELAY
+    from rtvirt.stream import StreamReader
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for applet in ("sh", "nc", "tee", "grep", "mkfifo"):  # the domU's userland: busybox applets only
+        (tools / applet).symlink_to("/bin/busybox")
+    work = tmp_path / "domu"
+    (work / "rtvirt-copy").mkdir(parents=True)
+    port, copy_port = _free_port(), _free_port()
+    live, copy = tmp_path / "live.rtvs", tmp_path / "copy.rtvs"
+    with live.open("wb") as sink, copy.open("wb") as copy_sink:
+        listener = subprocess.Popen(["/bin/busybox", "nc", "-l", "-p", str(port)], stdin=subprocess.PIPE,
+                                    stdout=sink)
+        copy_listener = subprocess.Popen(["/bin/busybox", "nc", "-l", "-p", str(copy_port)], stdin=subprocess.PIPE,
+                                         stdout=copy_sink)
+    time.sleep(0.3)
+    agent = [str(agent_path("rtvirt-probe")), "timer", "--duration=1000000000", "--interval=1000000", "--priority=0",
+             "--mlock=0", "--dma-latency=0", "--out=-", f"--confirm={work}/rtvirt-ack", "--confirm-timeout=3000000000",
+             f"--tee={work}/rtvirt-copy/stream.rtvs"]
+    script = "dom0=$1 port=$3 copy_port=$4\n" + STREAM_RELAY
+    job = subprocess.Popen([str(tools / "sh"), "-c", script, "rtvirt-stream", "127.0.0.1", "-", str(port),
+                            str(copy_port), str(work), *agent], stderr=subprocess.PIPE,
+                           env={"PATH": f"{tools}:/usr/bin:/bin"})
+    try:
+        reader, records = StreamReader(live), 0
+        deadline = time.monotonic() + 60
+        while job.poll() is None and time.monotonic() < deadline:
+            records += int(reader.poll().size)
+            if host == "confirms" and reader.ended and listener.stdin is not None and not listener.stdin.closed:
+                listener.stdin.write(f"RTVIRT-ACK {records}\n".encode())
+                listener.stdin.close()
+            if host == "loses the connection" and records > 100 and listener.poll() is None:
+                listener.kill()
+            time.sleep(0.05)
+        console = job.stderr.read().decode() if job.stderr else ""
+        status = job.wait(timeout=60)
+    finally:
+        for process in (job, listener, copy_listener):
+            process.kill()
+            process.wait()
+    said = [line for line in console.splitlines() if line.startswith("RTVIRT-DELIVERY")]
+    arrived = read_stream(live)
+    if host == "confirms":
+        assert status == 0 and said == [f"RTVIRT-DELIVERY confirmed {arrived.written}"], console
+        assert COPY_OFFERED_MARK not in console and copy.stat().st_size == 0
+        return
+    assert COPY_OFFERED_MARK in console, console
+    kept = read_stream(copy)
+    assert kept.written == kept.records.size > 100
+    if host == "stays silent":
+        assert status == 0 and said == [f"RTVIRT-DELIVERY unconfirmed {kept.written}"], console
+        assert kept.end_reason == "complete" and np.array_equal(kept.records, arrived.records)
+    else:  # the output broke: the agent stopped its run, the copy carried on to its END
+        assert arrived.end_reason is None and kept.end_reason == "signal", console
+        assert kept.records.size > arrived.records.size
+        assert np.array_equal(kept.records[:arrived.records.size], arrived.records)

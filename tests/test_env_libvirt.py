@@ -547,7 +547,8 @@ def test_rt_throttling_is_restored_after_a_kill_only_when_its_owner_is_gone(tmp_
 @pytest.mark.vm
 def test_the_bare_metal_guest_streams_samples_from_a_libvirt_domain(libvirtd: str, tmp_path: Path) -> None:
     """Our own kernel booted directly by libvirt (<os><kernel>, the probe's argv as <cmdline>): its samples
-    leave by a virtio <console> and land in the store; its domain is gone afterwards."""
+    leave by a virtio <console> and land in the store, the guest leaves only once the host confirmed every
+    record back on that console (the pty would lose what libvirt had not read); its domain is gone afterwards."""
     env = 'kind = "libvirt"\nname = "lvbare"\ndomain_type = "qemu"\nguest = "baremetal"'
     scenario = _scenario(tmp_path / "bare.toml", "2s", env)
     result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
@@ -563,6 +564,10 @@ def test_the_bare_metal_guest_streams_samples_from_a_libvirt_domain(libvirtd: st
     assert stream.end_reason == "complete" and stream.corrupt is None
     assert stream.header["guest"]["kind"] == "baremetal" and stream.header["guest"]["channel"] == "virtio-console"
     assert stream.to_table().num_rows > 100  # 1 ms for ~2 s, less what a TCG guest misses
+    delivery = stored.manifest["delivery"]
+    assert delivery["handshake"] == "RTVIRT-ACK" and delivery["confirmation"] == "sent", delivery
+    assert delivery["guest_said"] == "confirmed", delivery
+    assert delivery["guest_records"] == delivery["agent_records"] == stream.to_table().num_rows
     assert _our_domains() == []
 
 

@@ -146,6 +146,7 @@ void on_stop_request(void (*handler)(void));
 /* ---- virtio.c ---- */
 bool virtio_console_init(void); /* a legacy virtio-console on PCI bus 0, set up for writing */
 void virtio_console_write(const uint8_t *p, size_t n);
+bool virtio_console_read_line(char *line, size_t size, uint64_t deadline_tsc); /* the host's line, bounded */
 
 /* ---- xen.c: Xen PVH (hypercalls, the PV console, the start info's memory map) ---- */
 extern bool on_xen;                         /* Xen's CPUID leaves answered and the hypercall page is set */
@@ -181,8 +182,9 @@ typedef struct {
     uint64_t duration_ns, loops, threads, priority;
     /* probe options; each probe reads its own */
     uint64_t interval_ns, distance_ns, threshold_ns, work_unit, iterations, alloc_size, report_interval_ns, size;
+    uint64_t confirm_timeout_ns;
     bool work;
-    const char *kernel, *engine;
+    const char *kernel, *engine, *confirm;
 } params;
 extern params P;
 void run_started(void);          /* the probe starts now: --duration counts from here */

@@ -36,6 +36,8 @@ static const option OPTIONS[] = {
     {"affinity", OPT_CPU0, &affinity_given, 0, 0, NULL},
     {"mlock", OPT_BOOL, &ignored_flag, 0, 1, NULL},
     {"dma-latency", OPT_BOOL, &ignored_flag, 0, 1, NULL},
+    {"confirm", OPT_STR, &P.confirm, 0, 0, NULL},
+    {"confirm-timeout", OPT_NS, &P.confirm_timeout_ns, 1000000, 600000000000ull, NULL},
     {"interval", OPT_NS, &P.interval_ns, 10000, 10000000000ull, "timer"},
     {"distance", OPT_NS, &P.distance_ns, 0, 10000000000ull, "timer"},
     {"engine", OPT_STR, &P.engine, 0, 0, "timer"},
@@ -184,6 +186,8 @@ static void parse_command_line(char *line, bool multiboot) {
         set_option(o, eq + 1);
     }
     /* cross-checks the Linux agent makes too, and what only Linux can do */
+    if (*P.confirm && strcmp(P.confirm, "virtio"))
+        usage_error("confirm", "the bare-metal guest hears the host's confirmation on its virtio console: virtio");
     if (!strcmp(probe->desc->name, "timer") && strcmp(P.engine, "cyclictest"))
         usage_error("engine", "the bare-metal timer probe measures the LAPIC timer itself; only 'cyclictest' "
                               "(the default) applies (timerlat is a Linux tracer)");

@@ -5,7 +5,7 @@
 params P = {.duration_ns = 10000000000ull, .threads = 1, .priority = 99, .interval_ns = 1000000,
             .distance_ns = 500000, .threshold_ns = 1000, .work_unit = 20000, .iterations = 1000,
             .alloc_size = 256, .report_interval_ns = 5000000000ull, .size = 1200000, .kernel = "qsort",
-            .engine = "cyclictest"};
+            .engine = "cyclictest", .confirm = "", .confirm_timeout_ns = 30000000000ull};
 static uint64_t start_tsc;
 
 void run_started(void) { start_tsc = rdtsc(); }

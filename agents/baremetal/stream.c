@@ -189,6 +189,30 @@ void stream_stat(uint16_t thread, uint16_t key, int64_t value) {
     push(&r);
 }
 
+/* With --confirm=virtio the host writes "RTVIRT-ACK <records it holds>" on the virtio console once it has the
+ * END record: wait for it (bounded) before the guest leaves its VM, whose end would take with it what the host
+ * side had not read yet, and say on the console what came of it, in the Linux agent's words (--confirm). */
+static void await_confirmation(void) {
+    char line[48];
+    bool heard = stream_channel[0] == 'v' &&
+                 virtio_console_read_line(line, sizeof line, rdtsc() + ns_to_tsc(P.confirm_timeout_ns));
+    uint64_t held = 0;
+    bool readable = heard && !strncmp(line, "RTVIRT-ACK ", 11) && line[11];
+    for (const char *c = line + 11; readable && *c; c++) {
+        readable = *c >= '0' && *c <= '9' && held < UINT64_MAX / 10 - 9;
+        held = held * 10 + (uint64_t)(*c - '0');
+    }
+    text t = {(char[96]){0}, 0, 96};
+    text_str(&t, !heard ? "RTVIRT-DELIVERY unconfirmed " : !readable ? "RTVIRT-DELIVERY unreadable "
+                 : held == written_records ? "RTVIRT-DELIVERY confirmed " : "RTVIRT-DELIVERY short ");
+    text_u64(&t, written_records);
+    if (readable && held != written_records) {
+        text_char(&t, ' ');
+        text_u64(&t, held);
+    }
+    console_line(t.buf);
+}
+
 void stream_end(int reason) {
     if (!probe) return;
     /* The idle thread may be preempted inside a write: let it finish (its chunk is not yet counted in
@@ -205,4 +229,6 @@ void stream_end(int reason) {
     draining = false; /* an error may have stopped a drain half-way: finish it here */
     stream_drain();
     probe = NULL;
+    /* a stopped or failed run leaves at once (the host is tearing it down): its END count is checked */
+    if (*P.confirm && reason == 0) await_confirmation();
 }

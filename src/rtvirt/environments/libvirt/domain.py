@@ -128,7 +128,10 @@ class LibvirtEnvironment(LibvirtTeardown):
         self._name = f"{DOMAIN_PREFIX}{self.config.label}-{uuid.uuid4().hex[:8]}"
         initrd: Path | None = None
         if self.config.guest == "baremetal":  # our own kernel (multiboot): no initrd, the probe's argv on <cmdline>
-            self._baremetal_cmdline = baremetal.command_line(agent, args)
+            # a probe waits for the host's confirmation on its console before it leaves the VM (with it the pty
+            # that holds what libvirt has not read yet)
+            confirm = ["--confirm=virtio"] if out is not None and agent == "rtvirt-probe" else []
+            self._baremetal_cmdline = baremetal.command_line(agent, [*args, *confirm])
             channel = BAREMETAL_CONSOLE
             definition = self._domain_xml(connection.kernel(baremetal.kernel_path()), None, out is not None)
         else:
@@ -177,8 +180,7 @@ class LibvirtEnvironment(LibvirtTeardown):
             self._channel_reader = self._open_stream(channel, out, None)
         self._domain.resume()
         self._launched_at = time.monotonic()
-        linux_stream = out is not None and self.config.guest != "baremetal"
-        return Launched(RunningDomain(self), out, confirm=self._confirm_delivery if linux_stream else None)
+        return Launched(RunningDomain(self), out, confirm=self._confirm_delivery if out is not None else None)
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         config = LibvirtConfig.model_validate({

@@ -11,6 +11,7 @@ from typing import Any
 from .connection import _error_text, _libvirt
 
 CONSOLE_LIMIT = 1 << 16  # bytes of the guest console kept (it is untrusted)
+SEND_TIMEOUT_S = 5.0
 
 
 class _StreamToFile:
@@ -60,6 +61,20 @@ class _StreamToFile:
             self.stream.abort() if abort else self.stream.finish()
         self._out.close()
         self._done.set()
+
+    def send(self, data: bytes) -> None:
+        """Write ``data`` back into the stream (to the guest), waiting briefly while libvirt's buffer is full (the
+        lock is let go meanwhile: libvirt's event loop, which empties that buffer, also runs ``_readable``)."""
+        deadline = time.monotonic() + SEND_TIMEOUT_S
+        while data:
+            with self._lock:
+                sent = self.stream.send(data)
+            if sent == -2:  # the non-blocking stream would block: libvirt takes it once it has room
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the stream took no data for {SEND_TIMEOUT_S:.0f}s")
+                time.sleep(0.01)
+                continue
+            data = data[sent:]
 
     def pump(self) -> None:
         """Take what libvirt already holds for this stream, from the calling thread: samples keep moving

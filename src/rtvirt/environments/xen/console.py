@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from ...errors import RunError
@@ -15,14 +16,37 @@ CONSOLE_LOG = "/var/log/xen/guest-{name}.log"
 CONSOLE_TAIL_BYTES = 16384
 UNAME_MARK = "RTVIRT-UNAME"
 STREAM_PORT_BASE = 7100
+COPY_PORT_BASE = 7400  # the stream copy a domU offers when its END was not confirmed
 STATUS_INTERVAL_S = 1.0  # how often a running domain's console is read (each read is a dom0 command)
 
 
-# The measuring domU's main job: bring up its vif, then pipe the probe's stream to dom0's listener.
-# Only numbers and addresses we chose reach the script as $1..$3; the agent's argv follows verbatim as "$@".
+# The stream's way out, in a directory $5 of its own: the agent's stdout to dom0's listener on $port; dom0's
+# confirmation of the END comes back on the same connection into a FIFO the agent reads (--confirm), opened
+# read-write here first so that neither nc nor the agent blocks opening it. The agent's words reach the console as
+# they come and are kept: when it did not hear the host confirm every record, its copy (--tee) is offered to dom0
+# on $copy_port (nobody listening: refused at once) before the job ends.
+STREAM_RELAY = r"""dir=$5
+shift 5
+mkfifo "$dir/rtvirt-ack" "$dir/rtvirt-said"
+exec 3<>"$dir/rtvirt-ack"
+tee "$dir/rtvirt-said.log" < "$dir/rtvirt-said" >&2 &
+status=0
+"$@" 2>"$dir/rtvirt-said" | nc "$dom0" "$port" > "$dir/rtvirt-ack" || status=$?
+wait
+if ! grep -q '^RTVIRT-DELIVERY confirmed' "$dir/rtvirt-said.log"; then
+  echo "RTVIRT-COPY-OFFERED" >&2
+  nc -w 60 "$dom0" "$copy_port" < "$dir/rtvirt-copy/stream.rtvs"
+fi
+exit $status
+"""
+COPY_OFFERED_MARK = "RTVIRT-COPY-OFFERED"
+
+
+# The measuring domU's main job: bring up its vif, keep its stream's copy in a bounded tmpfs (a quarter of its
+# memory: when full the agent stops the copy and goes on), then run STREAM_RELAY. Only numbers and addresses we
+# chose reach the script as $1..$5; the agent's argv follows verbatim as "$@".
 STREAM_SCRIPT = r"""set -o pipefail
-dom0=$1 self=$2 port=$3
-shift 3
+dom0=$1 self=$2 port=$3 copy_port=$4
 n=0
 until [ -e /sys/class/net/eth0 ]; do
   n=$((n+1)); [ $n -gt 300 ] && { echo "rtvirt: no vif" >&2; exit 70; }; sleep 0.1
@@ -32,13 +56,13 @@ ip link set eth0 up
 ip addr add "$self/32" dev eth0
 ip route add "$dom0/32" dev eth0
 echo "RTVIRT-UNAME $(uname -r) $(uname -v)" >&2
-# dom0's confirmation of the stream's END comes back on the same connection, into a FIFO the agent reads
-# (--confirm); opened read-write here first, so that neither nc nor the agent blocks opening it
-mkfifo /tmp/rtvirt-ack
-exec 3<>/tmp/rtvirt-ack
-"$@" | nc "$dom0" "$port" > /tmp/rtvirt-ack
-"""
-ACK_FIFO = "/tmp/rtvirt-ack"
+mkdir -p "$5/rtvirt-copy"
+kib=$(sed -n 's/^MemTotal: *\([0-9]*\) kB/\1/p' /proc/meminfo)
+mount -t tmpfs -o size=$((kib / 4))k rtvirt-copy "$5/rtvirt-copy"
+""" + STREAM_RELAY
+STREAM_DIR = "/tmp"
+ACK_FIFO = f"{STREAM_DIR}/rtvirt-ack"
+STREAM_COPY = f"{STREAM_DIR}/rtvirt-copy/stream.rtvs"
 
 
 class DomUJob:
@@ -108,6 +132,9 @@ class XenConsole(XenPools):
             return {}
         said = self._relay.delivery()
         return {**said, **delivery_said(self.console_text())} if said.get("handshake") == "RTVIRT-ACK" else said
+
+    def stream_copy(self) -> Path | None:
+        return self._relay.copy(COPY_OFFERED_MARK in self.console_text()) if self._relay is not None else None
 
     def _uname(self) -> str | None:
         """``uname -r -v`` as the measuring domU printed it (untrusted: printable ASCII, bounded)."""

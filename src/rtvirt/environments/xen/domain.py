@@ -12,7 +12,16 @@ from .. import baremetal
 from ..base import Environment, EnvironmentConfig, Launched, SharedResources
 from ..guest_image import GUEST_AGENT_DIR, GuestJob, guest_description, guest_image, job_archive
 from .config import XenConfig
-from .console import ACK_FIFO, CONSOLE_LOG, STREAM_PORT_BASE, STREAM_SCRIPT, DomUJob
+from .console import (
+    ACK_FIFO,
+    CONSOLE_LOG,
+    COPY_PORT_BASE,
+    STREAM_COPY,
+    STREAM_DIR,
+    STREAM_PORT_BASE,
+    STREAM_SCRIPT,
+    DomUJob,
+)
 from .dom0 import NAME_PREFIX, RUN_DIR
 from .files import DOM0_LINK_ADDRESS
 from .lab import reclaim_labs
@@ -111,8 +120,9 @@ class XenEnvironment(XenTeardown):
                 raise RunError("xen: more than 250 measuring domUs in one campaign")
             ip = f"10.213.0.{self._index + 1}"
             port = STREAM_PORT_BASE + self._index
-            argv = ["/bin/sh", "-c", STREAM_SCRIPT, "rtvirt-stream", DOM0_LINK_ADDRESS, ip, str(port),
-                    *argv, "--out=-", f"--confirm={ACK_FIFO}"]
+            copy_port = COPY_PORT_BASE + self._index
+            argv = ["/bin/sh", "-c", STREAM_SCRIPT, "rtvirt-stream", DOM0_LINK_ADDRESS, ip, str(port), str(copy_port),
+                    STREAM_DIR, *argv, "--out=-", f"--confirm={ACK_FIFO}", f"--tee={STREAM_COPY}"]
         local_jobs = self.workdir / "jobs.cpio"
         local_jobs.write_bytes(job_archive(GuestJob(argv), self._beside))
         local_config = self.workdir / "domain.cfg"
@@ -130,8 +140,12 @@ class XenEnvironment(XenTeardown):
         dom0.transport.put(local_config, f"{directory}/domain.cfg")
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            self._relay = ListenerRelay(dom0.transport.spawn(["busybox", "nc", "-l", "-p", str(port)], stream_to=out))
+            self._relay = ListenerRelay(dom0.transport.spawn(["busybox", "nc", "-l", "-p", str(port)], stream_to=out),
+                                        dom0.transport.spawn(["busybox", "nc", "-l", "-p", str(copy_port)],
+                                                             stream_to=self.workdir / "stream-copy.rtvs"),
+                                        self.workdir / "stream-copy.rtvs")
             self._wait_listening(port)
+            self._wait_listening(copy_port)
         self._launched_at = time.monotonic()
         dom0.xl("create", "-p", f"{directory}/domain.cfg", what=f"create {name}")
         self._apply_scheduling(name)

@@ -3,10 +3,14 @@ console is xenconsoled's log), or the bare-metal guest's console relay (the samp
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any, Protocol
 
 from ...errors import RunError
 from .. import baremetal
+
+COPY_WAIT_S = 120.0  # for the copy a domU offered to reach the host (tens of MB over the lab's SSH at most)
 
 __all__ = ["BaremetalRelay", "ListenerRelay", "SampleRelay"]
 
@@ -38,18 +42,33 @@ class SampleRelay(Protocol):
         """The channel and its end-of-stream handshake, for the manifest (docs/sample-stream.md, "Delivery")."""
         ...
 
+    def copy(self, offered: bool) -> Path | None:
+        """The guest's own copy of its stream, once its job ended, if it ``offered`` one (its console says so)."""
+        ...
+
 
 class ListenerRelay:
-    """dom0's ``nc`` listener writing a Linux domU's stream to the run's file."""
+    """dom0's ``nc`` listener writing a Linux domU's stream to the run's file, and a second one for the copy the
+    domU offers when the host did not confirm its END (console.STREAM_RELAY)."""
 
-    def __init__(self, listener: Any) -> None:
+    def __init__(self, listener: Any, copy_listener: Any, copy_path: Path) -> None:
         self.listener = listener
+        self.copy_listener = copy_listener
+        self.copy_path = copy_path
 
     def poll(self) -> int | None:
         return self.listener.poll()  # type: ignore[no-any-return]
 
     def stop(self, grace: float = 5.0) -> int | None:
+        self.copy_listener.stop(grace=grace)
         return self.listener.stop(grace=grace)  # type: ignore[no-any-return]
+
+    def copy(self, offered: bool) -> Path | None:
+        deadline = time.monotonic() + COPY_WAIT_S
+        while offered and self.copy_listener.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # the listener ends when the domU's nc has sent the whole copy
+        self.copy_listener.stop(grace=1.0)
+        return self.copy_path if offered and self.copy_path.exists() and self.copy_path.stat().st_size else None
 
     def console_text(self) -> str | None:
         return None
@@ -90,6 +109,9 @@ class BaremetalRelay:
 
     def send(self, data: bytes) -> None:
         raise RunError("the bare-metal guest's console has no way back to it")
+
+    def copy(self, offered: bool) -> Path | None:
+        return None  # the bare-metal guest keeps no copy: its console ring is drained before it powers off
 
     def delivery(self) -> dict[str, Any]:
         return {"channel": "PV console (framed, split from dom0's log)",
