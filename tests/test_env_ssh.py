@@ -565,3 +565,46 @@ def test_merge_stream_copy_keeps_the_longer_of_two_agreeing_streams(tmp_path: Pa
     with pytest.raises(RunError, match="differs"):
         merge_stream_copy(local, fetched)
     assert local.read_bytes() == b"abcdefgh" and not fetched.exists()
+
+
+def test_probe_explain_on_a_target_names_what_ran_there_and_leaves_its_tracefs_as_found(
+        server: SshServer, tmp_path: Path) -> None:
+    """`rtvirt probe timer --target ... --explain`: the target's own tracefs records its measured CPU (through a
+    connection of its own, argument vectors only); our cpu stressor holding that CPU 1 ms of every 5 ms at
+    SCHED_FIFO 90 on the target is named as the outliers' main cause with its pid, the agent's own threads are
+    told apart by the pid its wrapper announced, and no instance is left on the target."""
+    from rtvirt.explain.stored import read_explanation
+    from rtvirt.stressors import start_stressor
+
+    measured = max(os.sched_getaffinity(0))
+    instances = Path("/sys/kernel/tracing/instances")
+    before = sorted(entry.name for entry in instances.iterdir()) if instances.exists() else []
+    results = tmp_path / "results"
+    with start_stressor("cpu", {"cpus": [measured], "workers": 1, "priority": 90, "slice": "1ms", "period": "5ms",
+                                "duration": 0}) as stressor:
+        time.sleep(0.3)
+        done = run_cli("probe", "timer", *target_args(server), "--explain", "--explain-threshold", "300us",
+                       "-D", "3s", "-a", str(measured), "-p", "80", "-i", "1013us", "--results", str(results),
+                       "--no-progress", "--json", timeout=180)
+        workers = {int(task.name) for task in Path(f"/proc/{stressor.pid}/task").iterdir()}
+        for task in list(workers):
+            workers |= {int(child) for child in (Path(f"/proc/{stressor.pid}/task/{task}/children")
+                                                 .read_text().split())}
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout)
+    manifest = manifest_of(results)
+    assert manifest["explain"]["layers"] == {"host": "seen"}, manifest["explain"]
+    shown = json.loads(run_cli("explain", run["path"], "--json", check=True).stdout)
+    named = [row for row in shown["summary"] if str(row["cause"]).startswith("task rtvirt-stress/")
+             and int(str(row["cause"]).split("/")[1].split()[0]) in workers]
+    # the target's kernel gives only its priority (its policy is not asked of a remote kernel)
+    assert named and all(str(row["cause"]).endswith("SCHED_FIFO/RR 90") for row in named), shown["summary"][:5]
+    assert shown["summary"][0]["cause"] == named[0]["cause"], shown["summary"][:3]  # the main cause
+    explanation = read_explanation(Path(run["path"]))
+    assert explanation is not None
+    agent_parts = [part for part in explanation.parts if part.kind == "agent"]
+    assert all("rtvirt-probe" in part.cause for part in agent_parts)  # its threads, found by its pid
+    assert not any("rtvirt-probe" in part.cause for part in explanation.parts if part.kind == "task")
+    after = sorted(entry.name for entry in instances.iterdir())
+    assert after == before  # the target's tracefs as found
+    assert our_agents_running() == []

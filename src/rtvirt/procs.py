@@ -17,12 +17,22 @@ import subprocess
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Supervisor", "terminate_group"]
+__all__ = ["Supervisor", "terminate_group", "process_start_time"]
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def process_start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat): with the pid, who owns something
+    we left (a ledger entry, a tracefs instance), also after the pid is reused; None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def _die_with_parent() -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -395,8 +394,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
         write_failed_run(run, name=scenario.name, params=run_params, extra=extra)
         return RunOutcome(outcome_status, _bounded(reason), run.run_id)
     if explaining is not None and stream.records.size:
-        agent = launched.proc.pid if launched is not None and isinstance(launched.proc, subprocess.Popen) else None
-        extra["explain"] = explaining.explain_into(run.path, stream, () if agent is None else (agent,))
+        extra["explain"] = explaining.explain_into(run.path, stream, launched.agent_pids() if launched else ())
     manifest = write_measured_run(run, stream, name=scenario.name, params=run_params,
                                   group_by=probe.group_by, extra=extra)
     return RunOutcome(outcome_status, _bounded(reason or note), run.run_id, manifest)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import click
@@ -13,7 +14,7 @@ from ..params import build_params, click_options
 from ..probes import PROBES, ProbeSpec
 from ..probes.runner import Progress, run_probe
 from ..stats import summarize_stream
-from ..store import new_run, write_measured_run
+from ..store import RunDir, new_run, write_measured_run
 from .output import console, err_console, print_json, progress_wanted, summary_table
 from .resultopts import results_option, store_for_writing
 from .targetopts import pop_target, target_options
@@ -62,34 +63,11 @@ def _make_command(spec: ProbeSpec) -> click.Command:
 
         extra: dict[str, Any] = {}
         agent_pids: list[int] = []
-        explaining = explain_session(params, target.label if target is not None else None, explain_threshold) \
-            if explain or explain_threshold else None
-
-        def measure() -> Any:
-            if target is None:
-                return run_probe(spec, params, run.stream_path, show if bar is not None else None,
-                                 on_launch=agent_pids.append)
-            from ..remote.probe import run_probe_on_target
-
-            stream, extra["target"] = run_probe_on_target(spec, params, run.stream_path, target,
-                                                          on_progress=show if bar is not None else None)
-            return stream
-
-        try:
-            if explaining is not None:
-                explaining.start()
-            if bar is not None:
-                with bar:
-                    stream = measure()
-            else:
-                stream = measure()
-        finally:
-            if explaining is not None:
-                explaining.stop()
-        if stream.error:
-            extra["error"] = stream.error
-        if explaining is not None and stream.records.size:
-            extra["explain"] = explaining.explain_into(run.path, stream, agent_pids)
+        with contextlib.ExitStack() as resources:
+            explaining = explain_session(params, target, explain_threshold, resources) \
+                if explain or explain_threshold else None
+            stream = _measure_and_explain(spec, params, run, target, show if bar is not None else None, bar,
+                                          explaining, agent_pids, extra)
         manifest = write_measured_run(run, stream, name=spec.name, params=params.model_dump(mode="json"),
                                       group_by=spec.group_by, extra=extra or None)
         if as_json:
@@ -112,6 +90,36 @@ def _make_command(spec: ProbeSpec) -> click.Command:
     return command
 
 
+def _measure_and_explain(spec: ProbeSpec, params: Any, run: RunDir, target: Any, show: Any, bar: Any,
+                         explaining: Any, agent_pids: list[int], extra: dict[str, Any]) -> Any:
+    """Run the probe here or on ``target`` (traced beside it when ``explaining``) and explain its outliers."""
+    def measure() -> Any:
+        if target is None:
+            return run_probe(spec, params, run.stream_path, show, on_launch=agent_pids.append)
+        from ..remote.probe import run_probe_on_target
+
+        stream, extra["target"] = run_probe_on_target(spec, params, run.stream_path, target, on_progress=show,
+                                                      on_launch=agent_pids.append)
+        return stream
+
+    try:
+        if explaining is not None:
+            explaining.start()
+        if bar is not None:
+            with bar:
+                stream = measure()
+        else:
+            stream = measure()
+    finally:
+        if explaining is not None:
+            explaining.stop()
+    if stream.error:
+        extra["error"] = stream.error
+    if explaining is not None and stream.records.size:
+        extra["explain"] = explaining.explain_into(run.path, stream, agent_pids)
+    return stream
+
+
 def explain_line(entry: dict[str, Any], run_id: str) -> str:
     """One line on the stored explanation (or why there is none)."""
     if "error" in entry:
@@ -121,26 +129,32 @@ def explain_line(entry: dict[str, Any], run_id: str) -> str:
     return f"{entry['outliers']} outliers, {entry['explained']} explained{cause}: rtvirt explain {run_id}"
 
 
-def explain_session(params: Any, target: str | None, threshold: str | None) -> Any:
-    """The tracing beside a one-off probe: the host's measured CPUs (its allowed CPUs when not pinned)."""
+def explain_session(params: Any, target: Any, threshold: str | None, resources: contextlib.ExitStack) -> Any:
+    """The tracing beside a one-off probe: the measured CPUs (all allowed ones when not pinned) of this host, or
+    of ``target`` through a connection of its own (closed with ``resources``)."""
     import os
 
     from pydantic import ValidationError
 
     from ..explain.config import ExplainConfig
-    from ..explain.model import LayerTrace
-    from ..explain.session import ExplainSession
-    from ..explain.sources import host_sources
+    from ..explain.sources import host_sources, session_for_sources
 
     try:
         config = ExplainConfig.model_validate({"threshold": threshold})
     except ValidationError as exc:
         raise InputError(f"option --explain-threshold: {exc.errors()[0]['msg']}") from None
-    if target is not None:
-        return ExplainSession(config, [], [LayerTrace("host", seen=False, why_not=f"the probe ran on target "
-                                                      f"{target}: tracing on targets is not supported yet")])
-    cpus = tuple(params.affinity) if params.affinity else tuple(sorted(os.sched_getaffinity(0)))
-    return ExplainSession(config, host_sources(cpus, config))
+    if target is None:
+        cpus = tuple(params.affinity) if params.affinity else tuple(sorted(os.sched_getaffinity(0)))
+        return session_for_sources(config, host_sources(cpus, config), "host")
+    from ..explain.remote import RemoteTracefs
+    from ..remote.connection import connect
+    from ..remote.system import RemoteSystem
+
+    connection = connect(target)
+    resources.callback(connection.close)
+    cpus = tuple(params.affinity) if params.affinity else tuple(RemoteSystem(connection).cpus())
+    return session_for_sources(config, host_sources(cpus, config, RemoteTracefs(connection, target.label)),
+                               f"target {target.label}")
 
 
 for _spec in PROBES.values():

@@ -112,6 +112,15 @@ class Launched:
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def agent_pids(self) -> tuple[int, ...]:
+        """The agent's pid where it runs (this host, an SSH target), for an explanation to tell its threads
+        from what ran instead; () where it is not known (an agent in a guest)."""
+        if isinstance(self.proc, subprocess.Popen):
+            return (self.proc.pid,)
+        pid = getattr(self.proc, "pid", None)  # a target's agent: announced by its wrapper
+        found = pid(timeout=0) if callable(pid) else None
+        return (found,) if isinstance(found, int) else ()
+
     @property
     def returncode(self) -> int | None:
         return self.proc.returncode

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -24,6 +24,10 @@ from ..remote.connection import STDERR_HEAD_BYTES
 from ..remote.target import SshTargetFields
 from ..sysaudit import audit_system
 from .base import Environment, EnvironmentConfig, Launched, SharedResources
+
+if TYPE_CHECKING:
+    from ..explain.config import ExplainConfig
+    from ..explain.model import TraceSource
 
 __all__ = ["SshConfig", "SshEnvironment", "Disturber"]
 
@@ -121,6 +125,14 @@ class SshEnvironment(Environment):
 
     def start(self) -> None:
         self._audit()
+
+    def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
+        """The target's own tracefs on its measured CPUs, through the campaign's connection."""
+        from ..explain.remote import RemoteTracefs
+        from ..explain.sources import host_sources
+
+        return host_sources(self.measured_cpus(), config, RemoteTracefs(self.link.connection(),
+                                                                        self.link.target.label))
 
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         tee = f"{self.config.label}-{time.time_ns()}.rtvs" if out is not None and agent == "rtvirt-probe" else None

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .model import CollectContext, Layer, LayerTrace, Occupancy
-from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, TracefsInstance, TracingUnavailable, body_fields
+from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, TracefsAccess, TracefsInstance, TracingUnavailable, body_fields
 
 __all__ = ["HostSource", "HOST_EVENTS", "occupancies_from_events", "task_cause", "bounded", "steal_ns",
            "inside_vm", "outer_hypervisor_note"]
@@ -176,35 +176,41 @@ def occupancies_from_events(events: Iterable[TraceEvent], agent_pids: Sequence[i
     return occupancies
 
 
-def steal_ns() -> int | None:
-    """Time the outer hypervisor stole from this machine's CPUs so far (/proc/stat), None if unknown."""
+def read_local(path: str) -> str:
+    """A file of this machine (what ``steal_ns``/``inside_vm`` read by default; a target passes its own)."""
+    return Path(path).read_text()
+
+
+def steal_ns(read: Callable[[str], str] = read_local) -> int | None:
+    """Time the outer hypervisor stole from the machine's CPUs so far (/proc/stat), None if unknown."""
     try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        fields = read("/proc/stat").split("\n", 1)[0].split()
         return int(fields[8]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return None
 
 
-def inside_vm() -> str | None:
-    """Why rtvirt believes it runs inside a VM itself (cpuinfo's hypervisor flag, DMI), or None."""
+def inside_vm(read: Callable[[str], str] = read_local) -> str | None:
+    """Why rtvirt believes the machine runs inside a VM itself (cpuinfo's hypervisor flag, DMI), or None."""
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in read("/proc/cpuinfo").splitlines():
             if line.startswith("flags") and " hypervisor" in line:
                 vendor = ""
                 with contextlib.suppress(OSError):
-                    vendor = bounded(Path("/sys/class/dmi/id/sys_vendor").read_text().strip(), 40)
+                    vendor = bounded(read("/sys/class/dmi/id/sys_vendor").strip(), 40)
                 return "the CPU reports a hypervisor" + (f" ({vendor})" if vendor else "")
     return None
 
 
-def outer_hypervisor_note(steal_before: int | None, steal_after: int | None) -> str | None:
-    """What could not be seen because rtvirt itself runs in a VM (None on bare metal)."""
-    why = inside_vm()
+def outer_hypervisor_note(steal_before: int | None, steal_after: int | None,
+                          read: Callable[[str], str] = read_local) -> str | None:
+    """What could not be seen because the measured machine itself runs in a VM (None on bare metal)."""
+    why = inside_vm(read)
     if why is None:
         return None
-    note = f"rtvirt runs inside a VM itself ({why}): time stolen by the outer hypervisor is invisible"
+    note = f"the measured machine runs inside a VM itself ({why}): time stolen by the outer hypervisor is invisible"
     if steal_before is not None and steal_after is not None:
-        note += f"; host steal counter rose by {(steal_after - steal_before) / 1e6:.1f} ms during the run"
+        note += f"; its steal counter rose by {(steal_after - steal_before) / 1e6:.1f} ms during the run"
     return note
 
 
@@ -214,11 +220,13 @@ class HostSource:
     layer: Layer = "host"
 
     def __init__(self, cpus: Sequence[int], *, buffer_mb: int = 64, flight_recorder: bool = True,
-                 events: Sequence[str] = HOST_EVENTS) -> None:
+                 events: Sequence[str] = HOST_EVENTS, access: TracefsAccess | None = None) -> None:
         self.cpus = tuple(cpus)
+        self.remote = access is not None  # a target's: its tasks' policies cannot be asked of this kernel
+        self.read_system: Callable[[str], str] = getattr(access, "read_system", read_local)
         # only real-time wake-ups matter (a woken RT thread kept waiting): the others are not recorded at all
         self.instance = TracefsInstance(self.cpus, events, buffer_kb=buffer_mb * 1024, overwrite=flight_recorder,
-                                        filters={"sched:sched_wakeup": "prio < 100"})
+                                        filters={"sched:sched_wakeup": "prio < 100"}, access=access)
         self.why_not: str | None = None
         self.policies: dict[int, str] = {}
         self._started = False
@@ -235,6 +243,8 @@ class HostSource:
             return
         self._started = False
         self.instance.stop()
+        if self.remote:
+            return
         # policies of the tasks that ran, read while they still live (the trace has only priorities)
         for event in self.instance.events():
             if event.event == "sched_switch" and (match := _SWITCH.match(event.body)):

@@ -8,7 +8,7 @@ source that fails is recorded as a layer that could not be seen; nothing here ev
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from .attribute import attribute, choose_threshold, outlier_windows
 from .config import ExplainConfig
-from .host import outer_hypervisor_note, steal_ns
+from .host import outer_hypervisor_note, read_local, steal_ns
 from .model import CollectContext, Explanation, LayerTrace, TraceSource
 from .stored import write_explanation
 
@@ -46,8 +46,9 @@ class ExplainSession:
     """The sources of one run; ``unseen`` are layers known not to be traceable here (with why)."""
 
     def __init__(self, config: ExplainConfig, sources: Sequence[TraceSource],
-                 unseen: Sequence[LayerTrace] = ()) -> None:
+                 unseen: Sequence[LayerTrace] = (), read_system: Callable[[str], str] = read_local) -> None:
         self.config = config
+        self.read_system = read_system  # the measured machine's /proc (a target's through its connection)
         self.sources = list(sources)
         self.failed: dict[int, LayerTrace] = {}  # index of a source that failed -> what the run says of it
         self.unseen = list(unseen)
@@ -59,7 +60,7 @@ class ExplainSession:
                                                  why_not=f"{what} failed: {_reason(exc)}"))
 
     def start(self) -> None:
-        self._steal = [steal_ns()]
+        self._steal = [steal_ns(self.read_system)]
         self._running = True
         for index, source in enumerate(self.sources):
             try:
@@ -72,7 +73,7 @@ class ExplainSession:
         if not self._running:
             return
         self._running = False
-        self._steal.append(steal_ns())
+        self._steal.append(steal_ns(self.read_system))
         for index, source in enumerate(self.sources):
             try:
                 source.stop()
@@ -90,7 +91,8 @@ class ExplainSession:
                 traces.append(source.collect(context))
             except Exception as exc:  # noqa: BLE001
                 traces.append(LayerTrace(source.layer, seen=False, why_not=f"collect failed: {_reason(exc)}"))
-        note = outer_hypervisor_note(*(self._steal + [None, None])[:2])
+        before, after = (self._steal + [None, None])[:2]
+        note = outer_hypervisor_note(before, after, read=self.read_system)
         if note:
             if not traces:
                 traces.append(LayerTrace("host", seen=False, why_not="this environment offers no trace source"))

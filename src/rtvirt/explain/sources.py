@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING
 from .config import ExplainConfig
 from .model import Layer, LayerTrace, TraceSource
 from .session import ExplainSession
+from .tracefs import TracefsAccess
 
 if TYPE_CHECKING:
     from ..environments.base import Environment
 
-__all__ = ["SOURCES", "session_for", "host_sources"]
+__all__ = ["SOURCES", "session_for", "session_for_sources", "host_sources"]
 
 # layer -> what its source traces (docs/explain.md has each one's method and limits)
 SOURCES: dict[Layer, str] = {
@@ -27,18 +28,27 @@ SOURCES: dict[Layer, str] = {
 }
 
 
-def host_sources(cpus: tuple[int, ...], config: ExplainConfig) -> list[TraceSource]:
-    """The host layer on ``cpus`` when the scenario asks for it (what host and partition offer)."""
+def host_sources(cpus: tuple[int, ...], config: ExplainConfig, access: TracefsAccess | None = None
+                 ) -> list[TraceSource]:
+    """The host layer on ``cpus`` when the scenario asks for it (what host and partition offer; an SSH target
+    the same on its own CPUs, through ``access``)."""
     if "host" not in config.layers:
         return []
     from .host import HostSource
 
-    return [HostSource(cpus, buffer_mb=config.buffer_mb, flight_recorder=config.flight_recorder)]
+    return [HostSource(cpus, buffer_mb=config.buffer_mb, flight_recorder=config.flight_recorder, access=access)]
 
 
 def session_for(env: Environment, config: ExplainConfig) -> ExplainSession:
     """The tracing beside one run in ``env``; an environment without a source says so in the explanation."""
-    sources = [source for source in env.trace_sources(config) if source.layer in config.layers]
-    unseen = [] if sources else [LayerTrace("host", seen=False,
-                                            why_not=f"the {env.kind} environment offers no trace source")]
-    return ExplainSession(config, sources, unseen)
+    return session_for_sources(config, env.trace_sources(config), f"the {env.kind} environment")
+
+
+def session_for_sources(config: ExplainConfig, sources: list[TraceSource], where: str) -> ExplainSession:
+    """The tracing of the ``sources`` the scenario's layers pick; none left: the explanation says ``where``
+    offers nothing to trace."""
+    sources = [source for source in sources if source.layer in config.layers]
+    unseen = [] if sources else [LayerTrace("host", seen=False, why_not=f"{where} offers no trace source")]
+    # the measured machine's /proc for the outer-hypervisor note: a target's through its source's connection
+    reads = [read for source in sources if (read := getattr(source, "read_system", None)) is not None]
+    return ExplainSession(config, sources, unseen, *reads[:1])

@@ -23,10 +23,12 @@ import re
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-__all__ = ["TracefsInstance", "TraceEvent", "TracingUnavailable", "parse_trace", "body_fields", "tracefs_root",
-           "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX"]
+from ..procs import process_start_time
+
+__all__ = ["TracefsInstance", "TracefsAccess", "LocalTracefs", "TraceEvent", "TracingUnavailable", "parse_trace",
+           "body_fields", "tracefs_root", "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS"]
 
 MOUNT_POINTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 INSTANCE_PREFIX = "rtvirt-"
@@ -109,13 +111,6 @@ def tracefs_root(mount: bool = True) -> Path:
     return MOUNT_POINTS[0]
 
 
-def _start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def reclaim_instances(root: Path | None = None) -> list[str]:
     """Remove the rtvirt instances whose owning process is gone (kill -9); say which went."""
     try:
@@ -126,12 +121,69 @@ def reclaim_instances(root: Path | None = None) -> list[str]:
     with contextlib.suppress(OSError):
         for entry in sorted((root / "instances").iterdir()):
             match = _INSTANCE_NAME.match(entry.name)
-            if match is None or _start_time(int(match[1])) == match[2]:
+            if match is None or process_start_time(int(match[1])) == match[2]:
                 continue  # not ours, or its owner is alive
             with contextlib.suppress(OSError):
                 entry.rmdir()  # disables its events and frees its buffer
                 removed.append(f"tracefs instance {entry.name} of a dead rtvirt (pid {match[1]})")
     return removed
+
+
+class TracefsAccess(Protocol):
+    """Where a tracefs is and how its files are reached: this machine's (:class:`LocalTracefs`) or an SSH
+    target's (``explain.remote.RemoteTracefs``). Paths are absolute; failures raise OSError."""
+
+    where: str  # for messages: "" here, " on target NAME" there
+
+    def root(self) -> str:
+        """The mounted tracefs (mounted now when it is not and that is allowed); TracingUnavailable if none."""
+        ...
+
+    def read(self, path: str) -> str: ...
+
+    def write(self, path: str, value: str) -> None: ...
+
+    def mkdir(self, path: str) -> None: ...
+
+    def rmdir(self, path: str) -> None: ...
+
+    def instance_name(self, serial: int) -> str:
+        """A new instance's name: rtvirt's prefix and its owner, so that reclaim knows a dead owner's."""
+        ...
+
+    def reclaim(self, root: str) -> list[str]:
+        """Remove the instances of owners that died (kill -9); say which went."""
+        ...
+
+
+class LocalTracefs:
+    """This machine's tracefs, owned by this process (its pid and start time name the instances)."""
+
+    where = ""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self._root = root
+
+    def root(self) -> str:
+        return str(self._root or tracefs_root())
+
+    def read(self, path: str) -> str:
+        return Path(path).read_text(errors="replace")
+
+    def write(self, path: str, value: str) -> None:
+        Path(path).write_text(value)
+
+    def mkdir(self, path: str) -> None:
+        Path(path).mkdir()
+
+    def rmdir(self, path: str) -> None:
+        Path(path).rmdir()
+
+    def instance_name(self, serial: int) -> str:
+        return f"{INSTANCE_PREFIX}{os.getpid()}-{process_start_time(os.getpid())}-{serial}"
+
+    def reclaim(self, root: str) -> list[str]:
+        return reclaim_instances(Path(root))
 
 
 def _stats(text: str) -> dict[str, int]:
@@ -165,12 +217,13 @@ class TracefsInstance:
     behind); ``stop()`` (idempotent, safe in ``finally``) turns it off, reads the trace and the per-CPU drop
     counts and removes the instance; ``events()`` then yields what was recorded, per CPU in time order.
     ``overwrite``: when the buffer fills, keep the newest events (a flight recorder) rather than the oldest;
-    ``filters``: kernel-side event filters (fewer events recorded: less cost on the traced CPUs).
+    ``filters``: kernel-side event filters (fewer events recorded: less cost on the traced CPUs);
+    ``access``: whose tracefs (default: this machine's, at ``root``).
     """
 
     def __init__(self, cpus: Sequence[int], events: Sequence[str], *, buffer_kb: int = DEFAULT_BUFFER_KB,
                  overwrite: bool = True, clock: str = "mono", root: Path | None = None,
-                 filters: Mapping[str, str] | None = None) -> None:
+                 filters: Mapping[str, str] | None = None, access: TracefsAccess | None = None) -> None:
         if not cpus:
             raise ValueError("a tracefs instance needs at least one CPU")
         self.cpus = tuple(sorted(set(cpus)))
@@ -178,9 +231,9 @@ class TracefsInstance:
         self.buffer_kb = buffer_kb
         self.overwrite = overwrite
         self.clock = clock
-        self._root = root
+        self.access: TracefsAccess = access or LocalTracefs(root)
         self.filters = dict(filters or {})  # "group:event" -> the kernel's filter expression ("prio < 100")
-        self.path: Path | None = None
+        self.path: Path | None = None  # the instance's directory (on the target, for a remote access)
         self.texts: dict[int, str] = {}
         self._events: list[TraceEvent] | None = None
         self.dropped_events = 0  # lost to the bound (overrun) or never written (dropped)
@@ -190,27 +243,28 @@ class TracefsInstance:
     def _write(self, name: str, value: str) -> None:
         assert self.path is not None
         try:
-            (self.path / name).write_text(value)
+            self.access.write(str(self.path / name), value)
         except OSError as exc:
-            raise TracingUnavailable(f"tracefs {name}: {exc.strerror or exc}") from None
+            raise TracingUnavailable(f"tracefs{self.access.where} {name}: {exc.strerror or exc}") from None
 
     def start(self) -> None:
-        root = self._root or tracefs_root()
-        reclaim_instances(root)
+        root = Path(self.access.root())
+        self.access.reclaim(str(root))
         available = set()
         with contextlib.suppress(OSError):
-            available = set((root / "available_events").read_text().split())
+            available = set(self.access.read(str(root / "available_events")).split())
         events = [event for event in self.wanted if event in available]
         self.missing_events = [event for event in self.wanted if event not in available]
         if not events:
-            raise TracingUnavailable(f"none of the events {', '.join(self.wanted)} exist on this kernel")
-        name = f"{INSTANCE_PREFIX}{os.getpid()}-{_start_time(os.getpid())}-{next(_counter)}"
+            raise TracingUnavailable(f"none of the events {', '.join(self.wanted)} exist on this kernel"
+                                     f"{self.access.where}")
+        path = root / "instances" / self.access.instance_name(next(_counter))
         try:
-            (root / "instances" / name).mkdir()
+            self.access.mkdir(str(path))
         except OSError as exc:
-            reason = "tracing needs root" if exc.errno in (errno.EACCES, errno.EPERM) else exc.strerror
-            raise TracingUnavailable(f"cannot make a tracefs instance: {reason}") from None
-        self.path = root / "instances" / name
+            reason = "tracing needs root" if exc.errno in (errno.EACCES, errno.EPERM) else exc.strerror or exc
+            raise TracingUnavailable(f"cannot make a tracefs instance{self.access.where}: {reason}") from None
+        self.path = path
         try:
             self._write("tracing_on", "0")
             self._write("trace_clock", self.clock)
@@ -232,12 +286,12 @@ class TracefsInstance:
             return
         try:
             with contextlib.suppress(OSError):
-                (self.path / "tracing_on").write_text("0")
+                self.access.write(str(self.path / "tracing_on"), "0")
             for cpu in self.cpus:
                 per_cpu = self.path / "per_cpu" / f"cpu{cpu}"
                 try:
-                    self.texts[cpu] = (per_cpu / "trace").read_text(errors="replace")
-                    stats = _stats((per_cpu / "stats").read_text())
+                    self.texts[cpu] = self.access.read(str(per_cpu / "trace"))
+                    stats = _stats(self.access.read(str(per_cpu / "stats")))
                 except OSError as exc:
                     self.problems.append(f"cpu{cpu}: trace not read: {exc.strerror or exc}")
                     continue
@@ -250,7 +304,7 @@ class TracefsInstance:
         if path is None:
             return
         try:
-            path.rmdir()
+            self.access.rmdir(str(path))
         except OSError as exc:  # busy (someone holds a file of it open): reclaimed once we are gone
             self.problems.append(f"tracefs instance {path.name} not removed: {exc.strerror or exc}")
 

@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import PrivilegeError
 from ..fileio import write_atomically
 from ..params import parse_cpulist
+from ..procs import process_start_time
 from .checks.base import AFFINITY_PREFIX, cpu_list
 
 __all__ = ["Ledger", "Change", "DEFAULT_LEDGER", "process_holder", "CLI_HOLDER", "holder_alive", "read_raw"]
@@ -30,26 +31,18 @@ DEFAULT_LEDGER = Path(os.environ.get("RTVIRT_LEDGER", "/run/rtvirt/ledger.json")
 CLI_HOLDER = "cli"
 MAX_VALUE = 65536
 
-
-def _start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def process_holder(tag: str = "", pid: int | None = None) -> str:
     """The holder id of a process (default: this one); ``tag`` tells apart what one process holds for different
     lifetimes (a campaign's tuning, one run's partition)."""
     pid = os.getpid() if pid is None else pid
-    return f"pid:{pid}:{_start_time(pid)}" + (f":{tag}" if tag else "")
+    return f"pid:{pid}:{process_start_time(pid)}" + (f":{tag}" if tag else "")
 
 
 def holder_alive(holder: str) -> bool:
     if not holder.startswith("pid:"):
         return True  # `rtvirt host tune` holds until `rtvirt host restore`
     parts = holder.split(":")
-    return len(parts) >= 3 and parts[1].isdigit() and _start_time(int(parts[1])) == parts[2]
+    return len(parts) >= 3 and parts[1].isdigit() and process_start_time(int(parts[1])) == parts[2]
 
 
 @dataclass
@@ -63,7 +56,7 @@ class Change:
 
 def _affinity_pid(path: str) -> int:
     pid, start = path.removeprefix(AFFINITY_PREFIX).split(":", 1)
-    if _start_time(int(pid)) != start:
+    if process_start_time(int(pid)) != start:
         raise ProcessLookupError(3, "thread gone", path)
     return int(pid)
 

@@ -28,8 +28,8 @@ DEFAULT_REMOTE_DIR = "/var/tmp/rtvirt"
 def run_probe_on_target(spec: ProbeSpec, params: CommonParams, out: Path, target: SshTarget, *,
                         on_progress: Callable[[Progress], None] | None = None, remote_dir: str = DEFAULT_REMOTE_DIR,
                         reconnect_timeout: float = 60.0, poll_interval: float = 0.25,
-                        stop: threading.Event | None = None, reclaim: bool = True
-                        ) -> tuple[SampleStream, dict[str, Any]]:
+                        stop: threading.Event | None = None, reclaim: bool = True,
+                        on_launch: Callable[[int], None] | None = None) -> tuple[SampleStream, dict[str, Any]]:
     """Run ``spec`` on ``target``; return its samples and the manifest's ``target`` section.
 
     A dropped connection keeps every sample received; the agent's copy on the target is fetched after
@@ -47,6 +47,8 @@ def run_probe_on_target(spec: ProbeSpec, params: CommonParams, out: Path, target
         _check_cpus(params, RemoteSystem(connection).cpus(), target)
         args = spec.command(params, "rtvirt-probe")[1:]
         agent = link.start("rtvirt-probe", args, out, tee_name=f"{spec.name}-{time.time_ns()}.rtvs")
+        if on_launch is not None and (pid := agent.pid()) is not None:
+            on_launch(pid)  # its pid on the target: an explanation tells its threads from what ran instead
         def poll() -> int | None:
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt

@@ -1,0 +1,117 @@
+"""Tracing on an SSH target: its tracefs reached through the target's connection, argument vectors only.
+
+The target's kernel records what ran on its measured CPUs exactly as this host's would (the host layer's
+events, its ``mono`` clock = the CLOCK_MONOTONIC the agent on the target stamps its samples with); only the
+way to the files differs. Each file operation is one command over the connection: a value is written by a
+constant script that takes the value and the path as arguments, so nothing from us or the target reaches a
+shell as code. Instances are named after this controller (its pid, start time and machine) so that a later
+rtvirt on this machine removes what a killed one left on the target, and never another controller's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from ..errors import RtvirtError
+from ..procs import process_start_time
+from ..remote.connection import SshConnection
+from .tracefs import INSTANCE_PREFIX, MOUNT_POINTS, TracingUnavailable
+
+__all__ = ["RemoteTracefs"]
+
+# printf writes the value as given; the redirection is the script's own text, the path its argument
+_WRITE = 'printf "%s" "$1" > "$2"'
+_ERRNOS = (("Permission denied", errno.EACCES), ("Operation not permitted", errno.EPERM),
+           ("No such file", errno.ENOENT), ("busy", errno.EBUSY), ("Invalid argument", errno.EINVAL))
+TRACE_READ_TIMEOUT_S = 300.0
+
+
+def _controller() -> str:
+    """This machine, in 8 hex digits (its machine-id, else its hostname), so that instances are told apart."""
+    with contextlib.suppress(OSError):
+        machine = Path("/etc/machine-id").read_text().strip()
+        if re.fullmatch(r"[0-9a-f]{32}", machine):
+            return machine[:8]
+    return hashlib.sha256(os.uname().nodename.encode()).hexdigest()[:8]
+
+
+class RemoteTracefs:
+    """An SSH target's tracefs (``explain.tracefs.TracefsAccess``)."""
+
+    def __init__(self, connection: SshConnection, label: str) -> None:
+        self.connection = connection
+        self.where = f" on target {label}"
+        self._owner = f"{os.getpid()}-{process_start_time(os.getpid())}"
+        self._name = re.compile(rf"^{INSTANCE_PREFIX}(\d+)-(\d+)-\d+-{_controller()}$")
+
+    def _run(self, argv: list[str], what: str) -> str:
+        try:
+            result = self.connection.run(argv, timeout=60)
+        except RtvirtError as exc:  # the connection failed or timed out: the operation did not happen
+            raise OSError(errno.EIO, f"{what}: {str(exc)[:200]}") from None
+        if result.returncode != 0:
+            said = " ".join(result.stderr.split())[:200] or f"status {result.returncode}"
+            code = next((number for text, number in _ERRNOS if text in said), errno.EIO)
+            raise OSError(code, f"{what}: {said}")
+        return result.stdout
+
+    def root(self) -> str:
+        mounts = self._run(["cat", "/proc/mounts"], "reading /proc/mounts")
+        for line in mounts.splitlines():
+            fields = line.split()
+            if len(fields) >= 3 and fields[2] == "tracefs" and Path(fields[1]) in MOUNT_POINTS:
+                return fields[1]
+        try:
+            self._run(["mount", "-t", "tracefs", "nodev", str(MOUNT_POINTS[0])], "mounting tracefs")
+        except OSError as exc:
+            raise TracingUnavailable(f"tracefs is not mounted{self.where} and cannot be: {exc.strerror}") from None
+        return str(MOUNT_POINTS[0])
+
+    def read(self, path: str) -> str:
+        if not path.endswith("/trace"):
+            return self._run(["cat", "--", path], f"reading {path}")
+        # a trace is up to the buffer's size: copied to a file here rather than held in a command's output
+        with tempfile.TemporaryDirectory(prefix="rtvirt-trace-") as directory:
+            local = Path(directory) / "trace"
+            try:
+                self.connection.get(path, local, timeout=TRACE_READ_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - a RunError or a lost connection: the trace is not read
+                raise OSError(errno.EIO, f"copying {path}: {str(exc)[:200]}") from None
+            return local.read_text(errors="replace")
+
+    def write(self, path: str, value: str) -> None:
+        self._run(["sh", "-c", _WRITE, "rtvirt-write", value, path], f"writing {path}")
+
+    def mkdir(self, path: str) -> None:
+        self._run(["mkdir", "--", path], f"making {path}")
+
+    def rmdir(self, path: str) -> None:
+        self._run(["rmdir", "--", path], f"removing {path}")
+
+    def instance_name(self, serial: int) -> str:
+        return f"{INSTANCE_PREFIX}{self._owner}-{serial}-{_controller()}"
+
+    def reclaim(self, root: str) -> list[str]:
+        try:
+            names = self._run(["ls", "-1", "--", f"{root}/instances"], "listing instances").split()
+        except OSError:
+            return []
+        removed = []
+        for name in names:
+            match = self._name.match(name)
+            if match is None or process_start_time(int(match[1])) == match[2]:
+                continue  # another controller's, or its owner (here) is alive
+            with contextlib.suppress(OSError):
+                self.rmdir(f"{root}/instances/{name}")
+                removed.append(f"tracefs instance {name}{self.where} of a dead rtvirt (pid {match[1]})")
+        return removed
+
+    def read_system(self, path: str) -> str:
+        """A system file of the target (/proc/stat, /proc/cpuinfo), for what the explanation notes."""
+        return self._run(["cat", "--", path], f"reading {path}")
