@@ -107,18 +107,25 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
                                                  "agent", cpu, {"comm": bounded(comm, 16), "pid": pid}))
                 else:
                     cause, detail = task_cause(comm, pid, prio, policies.get(pid))
-                    if prio >= 100 and rt_woken is not None and rt_woken < ts:
-                        # what was seen, not why: the fair server, RT throttling or time stolen by an outer
-                        # hypervisor (shown as this task running on) all look alike here
-                        cause += AHEAD_OF_RT
-                    occupancies.append(Occupancy("host", start, ts, cause, "task", cpu, detail))
+                    kept = max(start, rt_woken) if prio >= 100 and rt_woken is not None and rt_woken < ts else ts
+                    if kept > start:
+                        occupancies.append(Occupancy("host", start, kept, cause, "task", cpu, detail))
+                    if kept < ts:
+                        # what was seen, not why: a kernel without preemption, the fair server, RT throttling or
+                        # time stolen by an outer hypervisor (shown as this task running on) all look alike here
+                        occupancies.append(Occupancy("host", kept, ts, cause + AHEAD_OF_RT, "task", cpu, detail))
             task = (ts, match["next_comm"], int(match["next_pid"]), int(match["next_prio"]))
             if is_agent(task[2]):
                 rt_woken = None
         elif name == "sched_wakeup":
             fields = body_fields(event.body)
-            if fields.get("pid", "").isdigit() and is_agent(int(fields["pid"])) and \
-                    fields.get("prio", "").lstrip("-").isdigit() and int(fields["prio"]) < 100:
+            # an RT thread of the agent woken onto this CPU by its own timer (other wake-ups of its threads,
+            # e.g. a writer the kernel may then push to another CPU, say nothing about this one)
+            timer = open_.get("hrtimer")
+            if timer is not None and timer[3].get("function") == "hrtimer_wakeup" and \
+                    fields.get("pid", "").isdigit() and is_agent(int(fields["pid"])) and \
+                    fields.get("prio", "").lstrip("-").isdigit() and int(fields["prio"]) < 100 and \
+                    fields.get("target_cpu", "").isdigit() and int(fields["target_cpu"]) == cpu:
                 rt_woken = ts if rt_woken is None else rt_woken
         elif name == "irq_handler_entry":
             match = _IRQ_ENTRY.match(event.body)
@@ -251,9 +258,31 @@ class HostSource:
             notes.append(f"events not on this kernel: {', '.join(self.instance.missing_events)}")
         if self.instance.dropped_events:
             notes.append(f"the trace buffer bound dropped {self.instance.dropped_events} events")
-        return LayerTrace("host", seen=True, occupancies=near_windows(occupancies, context.windows),
-                          alignment_ns=TEXT_RESOLUTION_NS, dropped_events=self.instance.dropped_events,
-                          notes=notes)
+        kept = near_windows(occupancies, context.windows)
+        if context.header.get("probe") == "timer":
+            kept += before_timer_interrupt(kept, context.windows)
+        return LayerTrace("host", seen=True, occupancies=kept, alignment_ns=TEXT_RESOLUTION_NS,
+                          dropped_events=self.instance.dropped_events, notes=notes)
+
+
+def before_timer_interrupt(occupancies: list[Occupancy], windows: np.ndarray) -> list[Occupancy]:
+    """For a timer probe's windows: what held the CPU from the planned wake-up until the first local timer
+    interrupt, marked as such. A few microseconds are the timer's delivery; more is the interrupt held off
+    (interrupts disabled) or, when rtvirt runs in a VM, the vCPU stolen while that task was current."""
+    by_cpu: dict[int, list[int]] = {}
+    for occupancy in occupancies:
+        if occupancy.kind == "irq-vector" and occupancy.detail.get("vector") == "local_timer":
+            by_cpu.setdefault(occupancy.cpu, []).append(occupancy.start_ns)
+    marked = []
+    for start, end, cpu, _ in windows.tolist():
+        arrived = min([t for t in by_cpu.get(int(cpu), []) if t >= start] + [end])
+        for occupancy in occupancies:
+            if occupancy.cpu == cpu and occupancy.kind in ("task", "idle-exit") and \
+                    occupancy.start_ns < arrived and occupancy.end_ns > start:
+                marked.append(Occupancy("host", max(occupancy.start_ns, start), min(occupancy.end_ns, arrived),
+                                        f"before the timer interrupt: {occupancy.cause}", "timer-late", cpu,
+                                        occupancy.detail))
+    return marked
 
 
 def near_windows(occupancies: list[Occupancy], windows: np.ndarray, margin_ns: int = MARGIN_NS) -> list[Occupancy]:
