@@ -395,6 +395,9 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
         return RunOutcome(outcome_status, _bounded(reason), run.run_id)
     if explaining is not None and stream.records.size:
         extra["explain"] = explaining.explain_into(run.path, stream, launched.agent_pids() if launched else ())
+        if extra["explain"].get("interrupted") and not interrupted:  # Ctrl-C while explaining: the run stands
+            outcome_status = "interrupted"
+            extra["campaign"] |= {"outcome": outcome_status}
     manifest = write_measured_run(run, stream, name=scenario.name, params=run_params,
                                   group_by=probe.group_by, extra=extra)
     return RunOutcome(outcome_status, _bounded(reason or note), run.run_id, manifest)

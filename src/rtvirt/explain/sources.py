@@ -41,7 +41,12 @@ def host_sources(cpus: tuple[int, ...], config: ExplainConfig, access: TracefsAc
 
 def session_for(env: Environment, config: ExplainConfig) -> ExplainSession:
     """The tracing beside one run in ``env``; an environment without a source says so in the explanation."""
-    return session_for_sources(config, env.trace_sources(config), f"the {env.kind} environment")
+    try:
+        sources = env.trace_sources(config)
+    except Exception as exc:  # noqa: BLE001 - a tracer never fails the measurement
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        return ExplainSession(config, [], [LayerTrace("host", seen=False, why_not=f"no trace source: {why}")])
+    return session_for_sources(config, sources, f"the {env.kind} environment")
 
 
 def session_for_sources(config: ExplainConfig, sources: list[TraceSource], where: str) -> ExplainSession:
