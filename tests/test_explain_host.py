@@ -181,7 +181,9 @@ def test_ctrl_c_leaves_tracefs_as_found_and_keeps_the_explained_samples(tmp_path
                              str(tmp_path / "results"), "--no-progress", "--json"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: _instances_of(proc.pid), 30, "the probe's tracefs instance")
-    time.sleep(1.0)
+    # samples flowing (the tracing starts before the agent, which under load may take seconds to measure)
+    _wait_for(lambda: any(path.stat().st_size > 8192 for path in (tmp_path / "results").glob("runs/*/samples.rtvs")),
+              60, "the probe's samples")
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
