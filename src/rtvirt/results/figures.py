@@ -254,11 +254,17 @@ def cause_bars(configurations: list[tuple[str, list[CauseShare]]], shown: int) -
     if any(share.cause not in colours for _, causes in configurations for share in causes):
         handles.append(plt.Rectangle((0, 0), 1, 1, color="lightgrey"))
         named = [*named, "other"]
-    figure.legend(handles, [_short(cause, 48) for cause in named], fontsize="small", loc="lower center",
-                  ncol=2, frameon=False)
-    legend_rows = (len(named) + 1) // 2
-    height = figure.get_size_inches()[1]
-    return _png(figure, bottom=min(0.8, (0.35 + 0.2 * legend_rows) / height + 0.12))
+    axes.legend(handles, [_short(cause, 48) for cause in named], fontsize="small", loc="upper center",
+                bbox_to_anchor=(0.5, -0.3 if len(configurations) < 4 else -0.12), ncol=2, frameon=False)
+    return _png_fitted(figure)
+
+
+def _png_fitted(figure: Figure) -> bytes:
+    """PNG bytes of a figure whose lane labels and legend set its margins (few figures: the fitting is cheap)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(figure)
+    return buffer.getvalue()
 
 
 def outlier_timeline(label: str, timeline: Timeline) -> bytes:
@@ -289,8 +295,4 @@ def outlier_timeline(label: str, timeline: Timeline) -> bytes:
     axes.set_title(_short(f"{label}: outlier {timeline.rank} of {timeline.run_id} on CPU {timeline.cpu}, "
                           f"{timeline.latency_ns / _US:,.1f} µs", 100), fontsize=10)
     axes.grid(axis="x", alpha=0.3)
-    figure.subplots_adjust(left=0.3)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    plt.close(figure)
-    return buffer.getvalue()
+    return _png_fitted(figure)
