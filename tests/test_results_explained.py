@@ -107,7 +107,11 @@ def test_report_json_carries_the_stored_numbers(results: Path) -> None:
             assert stored is not None
             explanation = shown["explanation"]
             assert explanation["summary"] == stored.summary and explanation["threshold_ns"] == stored.threshold_ns
-            assert explanation["parts"] == [vars_of(p) for p in stored.parts if p.rank <= 5]
+            assert [[p["cause"], p["offset_ns"], p["duration_ns"]] for worst in explanation["worst"]
+                    for p in worst["parts"]] == [[p.cause, p.offset_ns, p.duration_ns] for p in stored.parts
+                                                 if p.rank <= 5]
+            shown_by_cli = run_cli("explain", str(runs[shown["run_id"]].path), "--json", "--top", "5", check=True)
+            assert json.loads(shown_by_cli.stdout) == explanation
             assert explanation["explained"] == 12 and explanation["outliers"] == stored.outliers
             assert [layer["layer"] for layer in explanation["layers"]] == ["host", "vm"]
         # the worst outliers' timelines: the configuration's largest explained samples, each with what ran
@@ -127,10 +131,6 @@ def test_report_json_carries_the_stored_numbers(results: Path) -> None:
     assert caused[stressed].endswith("(90%)")
     isolation = next(t for t in document["tables"] if t["title"].startswith("Isolation"))
     assert isolation["header"][-1] == "caused by" and isolation["rows"][0][-1] == caused[stressed]
-
-
-def vars_of(part: Part) -> dict[str, object]:
-    return {name: getattr(part, name) for name in Part.__dataclass_fields__}
 
 
 def test_markdown_names_the_causes_and_what_was_not_seen(results: Path) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from typing import Any
 
 import click
@@ -28,8 +26,8 @@ def _layer_line(layer: dict[str, Any]) -> str:
 
 def explained_document(run: Any, top: int | None, threshold_ns: int | None) -> dict[str, Any]:
     """What ``--json`` prints, also the text's source: the stored numbers, narrowed to ``threshold_ns`` and
-    the ``top`` largest outliers when asked."""
-    from ..explain.attribute import summarize_parts
+    the ``top`` largest outliers when asked (the report's JSON carries the same document)."""
+    from ..explain.document import explanation_document
     from ..explain.stored import read_explanation
 
     try:
@@ -40,38 +38,7 @@ def explained_document(run: Any, top: int | None, threshold_ns: int | None) -> d
         error = (run.manifest.get("explain") or {}).get("error")
         raise InputError(f"RUN {run.path}: no explanation stored" + (f" (explaining failed: {error})" if error else
                          "; record one with `rtvirt probe ... --explain` or an [explain] table in the scenario"))
-    parts = explanation.parts
-    summary = explanation.summary
-    outliers = explanation.outliers
-    if threshold_ns is not None:
-        if threshold_ns < explanation.threshold_ns:
-            raise InputError(f"option --threshold: {_us(threshold_ns)} is below the run's stored threshold; the run "
-                             f"keeps parts of outliers above {_us(explanation.threshold_ns)} only")
-        parts = [part for part in parts if part.latency_ns > threshold_ns]
-        summary = summarize_parts(parts)
-        outliers = len({part.rank for part in parts})
-    by_rank: dict[int, list[Any]] = {}
-    for part in parts:
-        by_rank.setdefault(part.rank, []).append(part)
-    ranks = sorted(by_rank)[:top] if top is not None else sorted(by_rank)
-    start = int(run.manifest.get("stream_header", {}).get("start_monotonic_ns") or 0)
-    return {
-        "run_id": run.manifest.get("run_id"), "path": str(run.path), "probe": run.manifest.get("probe"),
-        "threshold_ns": threshold_ns if threshold_ns is not None else explanation.threshold_ns,
-        "threshold_rule": f"--threshold {_us(threshold_ns)}" if threshold_ns is not None else
-        explanation.threshold_rule,
-        "outliers": outliers, "explained": len(by_rank),
-        "summary": summary,
-        "layers": [{key: value for key, value in dataclasses.asdict(layer).items() if key != "occupancies"}
-                   for layer in explanation.layers],
-        "worst": [{"rank": rank, "sample_t_ns": by_rank[rank][0].sample_t_ns,
-                   "at_s": round((by_rank[rank][0].sample_t_ns - start) / 1e9, 9) if start else None,
-                   "latency_ns": by_rank[rank][0].latency_ns, "cpu": by_rank[rank][0].cpu,
-                   "parts": [{"layer": p.layer, "kind": p.kind, "cause": p.cause, "offset_ns": p.offset_ns,
-                              "duration_ns": p.duration_ns, "detail": json.loads(p.detail or "{}")}
-                             for p in by_rank[rank]]}
-                  for rank in ranks],
-    }
+    return explanation_document(explanation, run.manifest, str(run.path), top, threshold_ns)
 
 
 def _print_text(document: dict[str, Any]) -> None:

@@ -3,19 +3,20 @@ share of outlier latency by cause (pooled over its runs), the worst outliers par
 their CPU around them (from the occupancies each run keeps), and the cause behind each isolation row.
 
 The numbers are the stored ones (``explain.stored``): a run's summary and parts reach the report's JSON as
-``rtvirt explain --json`` prints them; only the pooling over a configuration's runs is computed here.
+``rtvirt explain --json`` prints them (``explain.document``); only the pooling over a configuration's runs is computed here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..explain.document import explanation_document
 from ..explain.model import Explanation, Occupancy, Part
 from ..explain.stored import PARTS_FILE, SUMMARY_FILE, read_explanation
+from ..store import StoredRun
 
 __all__ = ["CauseShare", "Timeline", "load_explanation", "explanation_json", "configuration_causes",
            "worst_timelines", "caused_by", "CAUSES_SHOWN", "TIMELINES", "TIMELINE_OCCUPANCIES"]
@@ -69,23 +70,9 @@ def load_explanation(run_dir: Path) -> Explanation | None:
                          f"({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
-def _explained_latency(parts: list[Part]) -> tuple[int, int]:
-    """(explained outliers, sum of their latencies): each outlier once, whatever its number of parts."""
-    latencies = {part.rank: part.latency_ns for part in parts}
-    return len(latencies), sum(latencies.values())
-
-
-def explanation_json(explanation: Explanation, top: int) -> dict[str, Any]:
-    """A run's explanation as stored (threshold, layers, summary, the parts of its ``top`` largest outliers);
-    the layers without their occupancies, which the report's timelines carry."""
-    explained, _ = _explained_latency(explanation.parts)
-    return {
-        "threshold_ns": explanation.threshold_ns, "threshold_rule": explanation.threshold_rule,
-        "outliers": explanation.outliers, "explained": explained, "summary": explanation.summary,
-        "layers": [{key: value for key, value in dataclasses.asdict(layer).items() if key != "occupancies"}
-                   for layer in explanation.layers],
-        "parts": [dataclasses.asdict(part) for part in explanation.parts if part.rank <= top],
-    }
+def explanation_json(run: StoredRun, explanation: Explanation, top: int) -> dict[str, Any]:
+    """A run's explanation as ``rtvirt explain RUN --json --top TOP`` prints it (the stored numbers)."""
+    return explanation_document(explanation, run.manifest, str(run.path), top)
 
 
 def configuration_causes(explanations: list[Explanation]) -> list[CauseShare]:
@@ -93,7 +80,7 @@ def configuration_causes(explanations: list[Explanation]) -> list[CauseShare]:
     totals: dict[tuple[str, str, str], list[int]] = {}
     latency = 0
     for explanation in explanations:
-        latency += _explained_latency(explanation.parts)[1]
+        latency += sum({part.rank: part.latency_ns for part in explanation.parts}.values())  # each outlier once
         seen: set[tuple[tuple[str, str, str], int]] = set()
         for part in explanation.parts:
             key = (part.layer, part.kind, part.cause)

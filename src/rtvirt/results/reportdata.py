@@ -266,7 +266,7 @@ def as_json(data: ReportData) -> dict[str, Any]:
                 "window_ns": v.profile.window_ns if v.profile else None,
                 "window_maxima": [asdict(w) for w in v.profile.windows] if v.profile else [],
                 "marks": [{"end_ns": end, **s.as_dict()} for end, s in v.profile.marks] if v.profile else [],
-                "explanation": explanation_json(v.explanation, data.top) if v.explanation else None,
+                "explanation": explanation_json(v.run, v.explanation, data.top) if v.explanation else None,
             } for v in c.runs],
         } for c in data.configurations],
         "isolation": [{**asdict(r), "caused_by": data.caused_by(r.label)} for r in data.isolation],
