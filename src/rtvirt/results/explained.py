@@ -3,7 +3,8 @@ share of outlier latency by cause (pooled over its runs), the worst outliers par
 their CPU around them (from the occupancies each run keeps), and the cause behind each isolation row.
 
 The numbers are the stored ones (``explain.stored``): a run's summary and parts reach the report's JSON as
-``rtvirt explain --json`` prints them (``explain.document``); only the pooling over a configuration's runs is computed here.
+``rtvirt explain --json`` prints them (``explain.document``); only the pooling over a configuration's runs is
+computed here.
 """
 
 from __future__ import annotations

@@ -17,8 +17,15 @@ from ..store import StoredRun, resolve_runs
 from ..stores import RunStore
 from ..timeprofile.levels import Ramp, Segment, Switch, detect_ramp, event_offsets, segments_of, transitions
 from ..timeprofile.windows import TOP_KEPT, TimeProfile
-from .explained import CauseShare, Timeline, caused_by, configuration_causes, explanation_json, load_explanation, \
-    worst_timelines
+from .explained import (
+    CauseShare,
+    Timeline,
+    caused_by,
+    configuration_causes,
+    explanation_json,
+    load_explanation,
+    worst_timelines,
+)
 from .history import Trend, histories
 from .isolation import IsolationRow, Outlier, isolation_of, outlier_rows
 from .verdicts import DEFAULT_MARGIN, RequirementClass, Verdict, judge, load_classes
