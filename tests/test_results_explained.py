@@ -157,7 +157,8 @@ def test_sql_explain_parts_sums_to_the_stored_parts(results: Path) -> None:
     assert rows == sorted(expected)
     # "which cause dominates the p99.99 across all my runs", as a user would ask it
     result = run_cli("sql", "--results", str(results), "--format", "json",
-                     "SELECT cause, sum(duration_ns) AS ns FROM explain_parts WHERE layer != 'unexplained' GROUP BY cause ORDER BY ns DESC LIMIT 1", check=True)
+                     "SELECT cause, sum(duration_ns) AS ns FROM explain_parts WHERE layer != 'unexplained' "
+                     "GROUP BY cause ORDER BY ns DESC LIMIT 1", check=True)
     assert json.loads(result.stdout)["rows"][0][0] == STRESSOR
 
 
