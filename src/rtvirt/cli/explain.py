@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -62,6 +63,20 @@ def _print_text(document: dict[str, Any]) -> None:
              f"({row['outliers']} outliers)")
 
 
+def _import_trace(run: Any, trace_file: Path, threshold_ns: int | None) -> None:
+    """Explain RUN from a trace file and store it as the run's explanation."""
+    from ..explain.config import ExplainConfig
+    from ..explain.imported import explain_with_trace
+    from ..explain.stored import write_explanation
+
+    config = ExplainConfig.model_validate({} if threshold_ns is None else {"threshold": f"{threshold_ns}ns"})
+    explanation = explain_with_trace(run, trace_file, config)
+    try:
+        write_explanation(run.path, explanation)
+    except OSError as exc:
+        raise InputError(f"RUN {run.path}: cannot store its explanation ({exc.strerror})") from None
+
+
 @click.command()
 @click.argument("run")
 @results_option("results store RUN is looked up in when it is a run id")
@@ -70,7 +85,11 @@ def _print_text(document: dict[str, Any]) -> None:
 @click.option("--threshold", default=None, metavar="TIME", help="only outliers above this (bare numbers in us; "
               "not below the stored threshold)")
 @click.option("--json", "as_json", is_flag=True, help="print the stored numbers as JSON")
-def explain(run: str, results: str, top: int | None, threshold: str | None, as_json: bool) -> None:
+@click.option("--trace", "trace_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="join this trace with RUN and store the result as its explanation: a trace-cmd .dat or a text "
+              "trace (tracefs format, rtla timerlat's saved trace) on the run's sample clock (docs/explain.md)")
+def explain(run: str, results: str, top: int | None, threshold: str | None, as_json: bool,
+            trace_file: Path | None) -> None:
     """The outliers of RUN (a run directory, manifest or run id) with what held the measuring thread back in
     each, layer by layer, and the share of outlier latency by cause."""
     from ..stores.base import resolve_in
@@ -86,6 +105,9 @@ def explain(run: str, results: str, top: int | None, threshold: str | None, as_j
         raise InputError(f"RUN {exc}") from None
     if len(runs) != 1:
         raise InputError(f"RUN {run}: names {len(runs)} runs; give one run directory or run id")
+    if trace_file is not None:
+        _import_trace(runs[0], trace_file, threshold_ns)
+        threshold_ns = None  # the imported explanation was cut at it
     document = explained_document(runs[0], top if top is not None or as_json else 10, threshold_ns)
     if as_json:
         print_json(document)
