@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -77,7 +76,8 @@ def interfered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                 "period": f"{PERIOD_NS}ns", "duration": 0}) as stressor:
         time.sleep(0.3)
         tasks = _tasks_of(stressor.pid)
-        measured = _probe(results)
+        # its delays reach 1 ms; rarer, longer ones (the fair server, the outer hypervisor) would fill a p99.9
+        measured = _probe(results, "--explain-threshold", "300us")
     return {**measured, "stressor_tasks": tasks}
 
 
@@ -89,7 +89,7 @@ def _stressor_pid(cause: str) -> int | None:
 
 def test_a_fifo_interferer_is_named_with_comm_pid_and_its_burst_time(interfered: dict[str, Any]) -> None:
     explained, tasks = interfered["explained"], interfered["stressor_tasks"]
-    assert explained["explained"] >= 3, explained
+    assert explained["explained"] >= 20 and explained["threshold_ns"] == 300_000, explained["explained"]
     named = [row for row in explained["summary"] if _stressor_pid(str(row["cause"])) is not None]
     assert named, explained["summary"]
     assert {_stressor_pid(str(row["cause"])) for row in named} <= tasks
@@ -239,7 +239,9 @@ def test_bad_input_exits_2_naming_it(interfered: dict[str, Any], tmp_path: Path)
     threshold = interfered["explained"]["threshold_ns"]
     cases = [(("explain", str(tmp_path)), "RUN"), (("explain", path, "--top", "0"), "--top"),
              (("explain", path, "--threshold", "soon"), "--threshold"),
-             (("explain", path, "--threshold", f"{threshold // 2000}us"), "--threshold")]
+             (("explain", path, "--threshold", f"{threshold // 2000}us"), "--threshold"),
+             (("probe", "timer", "-D", "1", "--explain-threshold", "soon", "--results", str(tmp_path)),
+              "--explain-threshold")]
     for args, named in cases:
         done = run_cli(*args)
         assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)

@@ -8,7 +8,7 @@ import click
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
-from ..errors import RunError
+from ..errors import InputError, RunError
 from ..params import build_params, click_options
 from ..probes import PROBES, ProbeSpec
 from ..probes.runner import Progress, run_probe
@@ -44,8 +44,11 @@ def _make_command(spec: ProbeSpec) -> click.Command:
     @click.option("--progress/--no-progress", default=None, help="progress bar [default: when on a terminal]")
     @click.option("--explain", is_flag=True, help="trace the measured CPUs beside the probe and store a cause for "
                   "each outlier (`rtvirt explain RUN`; docs/explain.md)")
+    @click.option("--explain-threshold", metavar="TIME", default=None, help="with --explain: the outliers are the "
+                  "samples above this (bare numbers in us) [default: the larger of p99.9 and 20 us]")
     @target_options
-    def command(results: str, as_json: bool, progress: bool | None, explain: bool, **values: Any) -> None:
+    def command(results: str, as_json: bool, progress: bool | None, explain: bool, explain_threshold: str | None,
+                **values: Any) -> None:
         target = pop_target(values)
         params = build_params(spec.params, values)
         run = new_run(store_for_writing(results).write_dir, spec.name)
@@ -59,7 +62,8 @@ def _make_command(spec: ProbeSpec) -> click.Command:
 
         extra: dict[str, Any] = {}
         agent_pids: list[int] = []
-        explaining = explain_session(params, target.label if target is not None else None) if explain else None
+        explaining = explain_session(params, target.label if target is not None else None, explain_threshold) \
+            if explain or explain_threshold else None
 
         def measure() -> Any:
             if target is None:
@@ -117,16 +121,21 @@ def explain_line(entry: dict[str, Any], run_id: str) -> str:
     return f"{entry['outliers']} outliers, {entry['explained']} explained{cause}: rtvirt explain {run_id}"
 
 
-def explain_session(params: Any, target: str | None) -> Any:
+def explain_session(params: Any, target: str | None, threshold: str | None) -> Any:
     """The tracing beside a one-off probe: the host's measured CPUs (its allowed CPUs when not pinned)."""
     import os
+
+    from pydantic import ValidationError
 
     from ..explain.config import ExplainConfig
     from ..explain.model import LayerTrace
     from ..explain.session import ExplainSession
     from ..explain.sources import host_sources
 
-    config = ExplainConfig.model_validate({})
+    try:
+        config = ExplainConfig.model_validate({"threshold": threshold})
+    except ValidationError as exc:
+        raise InputError(f"option --explain-threshold: {exc.errors()[0]['msg']}") from None
     if target is not None:
         return ExplainSession(config, [], [LayerTrace("host", seen=False, why_not=f"the probe ran on target "
                                                       f"{target}: tracing on targets is not supported yet")])

@@ -5,7 +5,9 @@ handlers, softirqs, the x86 IRQ vectors (local timer, IPIs) and hrtimer expiries
 which is the CLOCK_MONOTONIC the host agent stamps its samples with: no alignment beyond the text trace's
 microsecond resolution. Each CPU's events become intervals: the task switched in until the next switch,
 an IRQ handler from entry to exit, and so on. The measuring agent's own threads are named as such: inside a
-window they only hold the CPU between their switch-in and the time stamp that ends it. Strings from the trace (comms, IRQ names) are untrusted: escaped and bounded here.
+window they only hold the CPU between their switch-in and the time stamp that ends it. A normal task that
+keeps the CPU after the agent's real-time thread was woken is said to. Strings from the trace (comms, IRQ
+names) are untrusted: escaped and bounded here.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ HOST_EVENTS = (
     "irq_vectors:irq_work_entry", "irq_vectors:irq_work_exit",
     "timer:hrtimer_expire_entry", "timer:hrtimer_expire_exit",
 )
+AHEAD_OF_RT = " (kept the CPU after the real-time thread was woken)"
 MARGIN_NS = 1_000_000  # occupancies kept this far around each window (the report's timelines)
 MAX_NAME = 64
 
@@ -41,6 +44,7 @@ _SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>-?\d+) 
                      r"prev_state=\S+ ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>-?\d+) "
                      r"next_prio=(?P<next_prio>-?\d+)$")
 _IRQ_ENTRY = re.compile(r"irq=(?P<irq>\d+) name=(?P<name>.*)$")
+SCHED_RESET_ON_FORK = 0x40000000
 _POLICIES = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_RR: "SCHED_RR",
              os.SCHED_BATCH: "SCHED_BATCH", os.SCHED_IDLE: "SCHED_IDLE", 6: "SCHED_DEADLINE"}
 
@@ -68,7 +72,7 @@ def task_cause(comm: str, pid: int, kernel_prio: int, policy: str | None = None)
 def _policy(pid: int) -> str | None:
     """The scheduling policy of a live task (the trace only has its priority)."""
     try:
-        return _POLICIES.get(os.sched_getscheduler(pid))
+        return _POLICIES.get(os.sched_getscheduler(pid) & ~SCHED_RESET_ON_FORK)
     except OSError:
         return None
 
@@ -79,6 +83,7 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
     occupancies: list[Occupancy] = []
     task: tuple[int, str, int, int] | None = None  # (start, comm, pid, prio) of the task on the CPU
     open_: dict[str, tuple[int, str, str, dict[str, str | int]]] = {}  # key -> (start, kind, cause, detail)
+    rt_woken: int | None = None  # when a real-time thread of the agent was woken and has not run since
 
     def close(key: str, end: int) -> None:
         begun = open_.pop(key, None)
@@ -102,8 +107,26 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
                                                  "agent", cpu, {"comm": bounded(comm, 16), "pid": pid}))
                 else:
                     cause, detail = task_cause(comm, pid, prio, policies.get(pid))
-                    occupancies.append(Occupancy("host", start, ts, cause, "task", cpu, detail))
+                    kept = max(start, rt_woken) if prio >= 100 and rt_woken is not None and rt_woken < ts else ts
+                    if kept > start:
+                        occupancies.append(Occupancy("host", start, kept, cause, "task", cpu, detail))
+                    if kept < ts:
+                        # what was seen, not why: a kernel without preemption, the fair server, RT throttling or
+                        # time stolen by an outer hypervisor (shown as this task running on) all look alike here
+                        occupancies.append(Occupancy("host", kept, ts, cause + AHEAD_OF_RT, "task", cpu, detail))
             task = (ts, match["next_comm"], int(match["next_pid"]), int(match["next_prio"]))
+            if is_agent(task[2]):
+                rt_woken = None
+        elif name == "sched_wakeup":
+            fields = body_fields(event.body)
+            # an RT thread of the agent woken onto this CPU by its own timer (other wake-ups of its threads,
+            # e.g. a writer the kernel may then push to another CPU, say nothing about this one)
+            timer = open_.get("hrtimer")
+            if timer is not None and timer[3].get("function") == "hrtimer_wakeup" and \
+                    fields.get("pid", "").isdigit() and is_agent(int(fields["pid"])) and \
+                    fields.get("prio", "").lstrip("-").isdigit() and int(fields["prio"]) < 100 and \
+                    fields.get("target_cpu", "").isdigit() and int(fields["target_cpu"]) == cpu:
+                rt_woken = ts if rt_woken is None else rt_woken
         elif name == "irq_handler_entry":
             match = _IRQ_ENTRY.match(event.body)
             if match is not None:
@@ -200,7 +223,9 @@ class HostSource:
     def __init__(self, cpus: Sequence[int], *, buffer_mb: int = 64, flight_recorder: bool = True,
                  events: Sequence[str] = HOST_EVENTS) -> None:
         self.cpus = tuple(cpus)
-        self.instance = TracefsInstance(self.cpus, events, buffer_kb=buffer_mb * 1024, overwrite=flight_recorder)
+        # only real-time wake-ups matter (a woken RT thread kept waiting): the others are not recorded at all
+        self.instance = TracefsInstance(self.cpus, events, buffer_kb=buffer_mb * 1024, overwrite=flight_recorder,
+                                        filters={"sched:sched_wakeup": "prio < 100"})
         self.why_not: str | None = None
         self.policies: dict[int, str] = {}
         self._started = False
@@ -233,9 +258,31 @@ class HostSource:
             notes.append(f"events not on this kernel: {', '.join(self.instance.missing_events)}")
         if self.instance.dropped_events:
             notes.append(f"the trace buffer bound dropped {self.instance.dropped_events} events")
-        return LayerTrace("host", seen=True, occupancies=near_windows(occupancies, context.windows),
-                          alignment_ns=TEXT_RESOLUTION_NS, dropped_events=self.instance.dropped_events,
-                          notes=notes)
+        kept = near_windows(occupancies, context.windows)
+        if context.header.get("probe") == "timer":
+            kept += before_timer_interrupt(kept, context.windows)
+        return LayerTrace("host", seen=True, occupancies=kept, alignment_ns=TEXT_RESOLUTION_NS,
+                          dropped_events=self.instance.dropped_events, notes=notes)
+
+
+def before_timer_interrupt(occupancies: list[Occupancy], windows: np.ndarray) -> list[Occupancy]:
+    """For a timer probe's windows: what held the CPU from the planned wake-up until the first local timer
+    interrupt, marked as such. A few microseconds are the timer's delivery; more is the interrupt held off
+    (interrupts disabled) or, when rtvirt runs in a VM, the vCPU stolen while that task was current."""
+    by_cpu: dict[int, list[int]] = {}
+    for occupancy in occupancies:
+        if occupancy.kind == "irq-vector" and occupancy.detail.get("vector") == "local_timer":
+            by_cpu.setdefault(occupancy.cpu, []).append(occupancy.start_ns)
+    marked = []
+    for start, end, cpu, _ in windows.tolist():
+        arrived = min([t for t in by_cpu.get(int(cpu), []) if t >= start] + [end])
+        for occupancy in occupancies:
+            if occupancy.cpu == cpu and occupancy.kind in ("task", "idle-exit") and \
+                    occupancy.start_ns < arrived and occupancy.end_ns > start:
+                marked.append(Occupancy("host", max(occupancy.start_ns, start), min(occupancy.end_ns, arrived),
+                                        f"before the timer interrupt: {occupancy.cause}", "timer-late", cpu,
+                                        occupancy.detail))
+    return marked
 
 
 def near_windows(occupancies: list[Occupancy], windows: np.ndarray, margin_ns: int = MARGIN_NS) -> list[Occupancy]:
