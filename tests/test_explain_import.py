@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import run_cli
-from test_results_report import _chromium
+from test_explain_host import _tasks_of
+from test_results_report import chromium_console
 
 from rtvirt.explain.host import occupancies_from_events
 from rtvirt.explain.imported import read_trace_file
@@ -35,15 +36,6 @@ EVENTS = ("sched/sched_switch", "sched/sched_wakeup", "irq/irq_handler_entry", "
           "irq/softirq_entry", "irq/softirq_exit", "irq_vectors/local_timer_entry", "irq_vectors/local_timer_exit")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tracing needs root (tracefs)")
-
-
-def _tasks_of(pid: int) -> set[int]:
-    tasks = {pid}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        tasks.add(int(task.name))
-        for child in map(int, (task / "children").read_text().split()):
-            tasks |= _tasks_of(child)
-    return tasks
 
 
 def _probe(results: Path, *extra: str, duration: str) -> dict[str, Any]:
@@ -107,12 +99,7 @@ def test_report_json_and_html_carry_what_explain_prints_for_a_real_explained_run
     html = write_report(Path(path), tmp_path / "report.html").read_text()
     images = html.count("<img ")
     assert html.count('<img alt="timeline of outlier') == 3
-    probe = ("<script>window.addEventListener('load',()=>{for(const i of document.images){"
-             "if(!i.complete||i.naturalWidth===0)console.error('IMAGE-BROKEN '+i.alt)}"
-             "console.log('IMAGES-OK '+document.images.length)})</script></body>")
-    checked = tmp_path / "checked.html"
-    checked.write_text(html.replace("</body>", probe))
-    console = [line for line in _chromium(checked.as_uri(), tmp_path / "shot.png").splitlines() if "CONSOLE" in line]
+    console = chromium_console(html, tmp_path)
     assert len(console) == 1 and f"IMAGES-OK {images}" in console[0], console
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 from results_data import real_timer_run, synthetic_run
-from test_results_report import _chromium
+from test_results_report import chromium_console
 
 from rtvirt.explain.model import Explanation, LayerTrace, Occupancy, Part
 from rtvirt.explain.stored import read_explanation, write_explanation
@@ -175,13 +175,7 @@ def test_html_shows_the_cause_bars_and_timelines_in_chromium(results: Path, tmp_
     assert "share of outlier latency by cause per configuration" in html
     timelines = re.findall(r'<img alt="timeline of outlier', html)
     assert len(timelines) == 3 + 3  # the worst three of each explained configuration
-    probe = ("<script>window.addEventListener('load',()=>{for(const i of document.images){"
-             "if(!i.complete||i.naturalWidth===0)console.error('IMAGE-BROKEN '+i.alt)}"
-             "console.log('IMAGES-OK '+document.images.length)})</script></body>")
-    checked = tmp_path / "checked.html"
-    checked.write_text(html.replace("</body>", probe))
-    log = _chromium(checked.as_uri(), tmp_path / "shot.png")
-    console = [line for line in log.splitlines() if "CONSOLE" in line]
+    console = chromium_console(html, tmp_path)
     assert len(console) == 1 and f"IMAGES-OK {html.count('<img ')}" in console[0], console
 
 
