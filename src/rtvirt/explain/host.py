@@ -43,6 +43,7 @@ MAX_NAME = 64
 _SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>-?\d+) prev_prio=(?P<prev_prio>-?\d+) "
                      r"prev_state=\S+ ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>-?\d+) "
                      r"next_prio=(?P<next_prio>-?\d+)$")
+_NEXT_PID = re.compile(r"==> next_comm=.* next_pid=(\d+) next_prio=-?\d+$", re.MULTILINE)
 _IRQ_ENTRY = re.compile(r"irq=(?P<irq>\d+) name=(?P<name>.*)$")
 SCHED_RESET_ON_FORK = 0x40000000
 _POLICIES = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_RR: "SCHED_RR",
@@ -243,16 +244,19 @@ class HostSource:
         self._started = False
         self.instance.stop()
         # policies of the tasks that ran, read while they still live (the trace has only priorities)
-        for event in self.instance.events():
-            if event.event == "sched_switch" and (match := _SWITCH.match(event.body)):
-                pid = int(match["next_pid"])
-                if pid and pid not in self.policies and (policy := _policy(pid)):
+        for text in self.instance.texts.values():
+            for pid in {int(pid) for pid in _NEXT_PID.findall(text)} - {0, *self.policies}:
+                if policy := _policy(pid):
                     self.policies[pid] = policy
 
     def collect(self, context: CollectContext) -> LayerTrace:
         if self.why_not is not None:
             return LayerTrace("host", seen=False, why_not=self.why_not)
-        occupancies = occupancies_from_events(self.instance.events(), context.agent_pids, self.policies)
+        occupancies = []
+        for cpu, start, end in _spans(context.windows, MARGIN_NS):
+            if cpu in self.cpus:
+                events = self.instance.events_around(cpu, start, end)
+                occupancies += occupancies_from_events(events, context.agent_pids, self.policies)
         notes = list(self.instance.problems)
         if self.instance.missing_events:
             notes.append(f"events not on this kernel: {', '.join(self.instance.missing_events)}")
@@ -263,6 +267,18 @@ class HostSource:
             kept += before_timer_interrupt(kept, context.windows)
         return LayerTrace("host", seen=True, occupancies=kept, alignment_ns=TEXT_RESOLUTION_NS,
                           dropped_events=self.instance.dropped_events, notes=notes)
+
+
+def _spans(windows: np.ndarray, margin_ns: int) -> list[tuple[int, int, int]]:
+    """(cpu, start, end) covering every window with ``margin_ns`` around it, overlapping ones merged."""
+    spans: list[tuple[int, int, int]] = []
+    for cpu, start, end in sorted((int(w["cpu"]), int(w["start_ns"]) - margin_ns, int(w["end_ns"]) + margin_ns)
+                                  for w in windows):
+        if spans and spans[-1][0] == cpu and start <= spans[-1][2]:
+            spans[-1] = (cpu, spans[-1][1], max(end, spans[-1][2]))
+        else:
+            spans.append((cpu, start, end))
+    return spans
 
 
 def before_timer_interrupt(occupancies: list[Occupancy], windows: np.ndarray) -> list[Occupancy]:
