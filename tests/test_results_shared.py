@@ -338,3 +338,8 @@ def test_explain_parts_and_the_reports_causes_on_a_local_and_a_shared_store(
     assert [(c["cause"], c["total_ns"], c["share"]) for c in configuration["causes"]] == [
         ("task stress/7 SCHED_FIFO 90", 2_997, round(2_997 / 4_000, 6)),
         ("irq 24 eth0", 1_003, round(1_003 / 4_000, 6))]
+    shown = _cli("explain", explained, "--results", spec, "--json", env=env)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["explained"] == 2, shown.stderr
+    if "://" in spec:  # a delivered run stays as delivered: a trace is joined where the run was written
+        refused = _cli("explain", explained, "--results", spec, "--trace", str(out), env=env)
+        assert refused.returncode == 2 and "shared store" in refused.stderr and PASSWORD not in refused.stderr

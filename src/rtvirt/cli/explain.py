@@ -100,12 +100,16 @@ def explain(run: str, results: str, top: int | None, threshold: str | None, as_j
     except ValueError as exc:
         raise InputError(f"option --threshold: {exc}") from None
     try:
-        runs = resolve_in(run, reading_store(results))
+        store = reading_store(results)
+        runs = resolve_in(run, store)
     except InputError as exc:
         raise InputError(f"RUN {exc}") from None
     if len(runs) != 1:
         raise InputError(f"RUN {run}: names {len(runs)} runs; give one run directory or run id")
     if trace_file is not None:
+        if store.shared and runs[0].path.is_relative_to(store.data):  # type: ignore[attr-defined]
+            raise InputError(f"--trace: RUN {run} is a run of the shared store {store.label}, whose runs stay as "
+                             "delivered: join the trace with the run's directory in the results it was written to")
         _import_trace(runs[0], trace_file, threshold_ns)
         threshold_ns = None  # the imported explanation was cut at it
     document = explained_document(runs[0], top if top is not None or as_json else 10, threshold_ns)
