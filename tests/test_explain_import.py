@@ -22,9 +22,9 @@ from test_explain_host import _tasks_of
 from test_results_report import chromium_console
 
 from rtvirt.explain.host import occupancies_from_events
-from rtvirt.explain.imported import read_trace_file
+from rtvirt.explain.imported import noise_occupancies, read_trace_file
 from rtvirt.explain.stored import read_explanation
-from rtvirt.explain.tracefs import tracefs_root
+from rtvirt.explain.tracefs import parse_trace, tracefs_root
 from rtvirt.results.report import render, write_report
 from rtvirt.results.reportdata import collect
 from rtvirt.stressors import start_stressor
@@ -144,3 +144,23 @@ def test_a_trace_that_is_not_beside_the_run_is_refused_naming_it(traced: dict[st
     missing = run_cli("explain", later["path"], "--trace", str(tmp_path / "nowhere.dat"))
     assert missing.returncode == 2 and "nowhere.dat" in missing.stderr and "Traceback" not in missing.stderr
     assert read_explanation(Path(later["path"])) is None  # nothing stored for a refused trace
+
+
+def test_rtla_noise_events_become_occupancies_with_their_own_start_and_duration() -> None:
+    """rtla's saved trace: the osnoise events carry when an interference started and how long it took (lines
+    in the format of the kernel's osnoise tracer documentation); the measuring thread's own noise is not a cause."""
+    lines = [
+        "       osnoise/8-961     [008] d.h.  5789.857532: irq_noise: local_timer:236 start 5789.857529929 "
+        "duration 1845 ns",
+        "     migration/8-54      [008] d...  5789.858413: thread_noise: migration/8:54 start 5789.858409300 "
+        "duration 3068 ns",
+        "      timerlat/8-970     [008] ....  5789.858500: thread_noise: timerlat/8:970 start 5789.858490000 "
+        "duration 900 ns",
+        "          <idle>-0       [008] ..s.  5789.859000: softirq_noise:    TIMER:1 start 5789.858990123 "
+        "duration 2100 ns",
+    ]
+    occupancies = noise_occupancies(parse_trace(lines), "guest")
+    assert [(o.layer, o.kind, o.cause, o.start_ns, o.duration_ns, o.cpu) for o in occupancies] == [
+        ("guest", "irq", "irq 236 local_timer", 5789_857529929, 1845, 8),
+        ("guest", "task", "task migration/8/54", 5789_858409300, 3068, 8),
+        ("guest", "softirq", "softirq TIMER", 5789_858990123, 2100, 8)]

@@ -32,7 +32,7 @@ from .model import Explanation, Layer, LayerTrace, Occupancy
 from .stored import read_explanation
 from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, parse_trace
 
-__all__ = ["read_trace_file", "explain_with_trace", "AGENT_COMMS", "TRACE_CMD_TIMEOUT_S"]
+__all__ = ["read_trace_file", "explain_with_trace", "noise_occupancies", "AGENT_COMMS", "TRACE_CMD_TIMEOUT_S"]
 
 DAT_MAGIC = b"\x17\x08\x44tracing"
 AGENT_COMMS = ("rtvirt-probe",)  # and timerlat's own kernel threads, timerlat/<cpu>
@@ -98,7 +98,7 @@ def read_trace_file(path: Path) -> tuple[list[TraceEvent], str]:
     return events, what
 
 
-def _noise_occupancies(events: Iterable[TraceEvent], layer: Layer) -> list[Occupancy]:
+def noise_occupancies(events: Iterable[TraceEvent], layer: Layer) -> list[Occupancy]:
     """rtla/osnoise noise events as intervals (their start and duration are in the event itself)."""
     found = []
     for event in events:
@@ -181,7 +181,7 @@ def explain_with_trace(run: Any, path: Path, config: ExplainConfig) -> Explanati
     alignment, covered = _alignment(path, events, _agent_switch_ins(occupancies), windows, what)
     environment = str(run.manifest.get("environment") or "host")
     layer: Layer = "host" if environment in ("host", "partition") else "guest"
-    occupancies += _noise_occupancies(events, layer)
+    occupancies += noise_occupancies(events, layer)
     if layer != "host":
         occupancies = [dataclasses.replace(o, layer=layer) for o in occupancies]
     notes = [f"imported from {bounded(path.name, 120)} ({what}): it covers {covered} of the {len(windows)} "
