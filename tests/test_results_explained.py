@@ -186,3 +186,13 @@ def test_a_damaged_explanation_is_an_error_naming_it(results: Path, tmp_path: Pa
     (run.path / "explain.json").write_text(json.dumps({"explain_version": 1}))
     result = run_cli("report", str(tmp_path / "r"), "--format", "json", "--out", str(tmp_path / "x.json"))
     assert result.returncode == 2 and "explain.json" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_compare_names_what_caused_the_runs_outliers(results: Path) -> None:
+    runs = resolve_runs(results)
+    base = next(r for r in runs if r.label == "host/solo")
+    stressed = next(r for r in runs if r.label != "host/solo")
+    shown = run_cli("compare", str(base.path), str(stressed.path), "--json", check=True)
+    assert json.loads(shown.stdout)["isolation"]["caused_by"] == f"{STRESSOR} (90%)"
+    table = run_cli("compare", str(base.path), str(stressed.path), check=True)
+    assert "caused by" in table.stdout and "stress-cpu/4242" in table.stdout
