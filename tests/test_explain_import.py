@@ -114,6 +114,8 @@ def test_a_dat_recorded_beside_the_run_names_the_interferer_and_its_burst(traced
         assert sum(part["duration_ns"] for part in outlier["parts"]) == outlier["latency_ns"]
     host = next(layer for layer in shown["layers"] if layer["layer"] == "host")
     assert 1000 <= host["alignment_ns"] < 200_000 and "beside.dat" in host["notes"][0]
+    manifest = json.loads((Path(path) / "manifest.json").read_text())
+    assert manifest["explain"]["imported"] == "beside.dat" and manifest["explain"]["outliers"] == shown["outliers"]
     # the stressor's time on the CPU per burst, over the whole file as the import reads it: its duty within 10 %
     events, what = read_trace_file(traced["dat"])
     assert what == "trace-cmd .dat (trace clock local)"  # trace-cmd extract names the top level's clock

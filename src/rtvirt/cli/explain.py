@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +65,20 @@ def _print_text(document: dict[str, Any]) -> None:
 
 
 def _import_trace(run: Any, trace_file: Path, threshold_ns: int | None) -> None:
-    """Explain RUN from a trace file and store it as the run's explanation."""
+    """Explain RUN from a trace file and store it as the run's explanation, its manifest's ``explain`` entry
+    saying where it came from."""
     from ..explain.config import ExplainConfig
     from ..explain.imported import explain_with_trace
+    from ..explain.session import manifest_entry
     from ..explain.stored import write_explanation
+    from ..fileio import write_atomically
 
     config = ExplainConfig.model_validate({} if threshold_ns is None else {"threshold": f"{threshold_ns}ns"})
     explanation = explain_with_trace(run, trace_file, config)
+    manifest = {**run.manifest, "explain": {**manifest_entry(explanation), "imported": trace_file.name[:200]}}
     try:
         write_explanation(run.path, explanation)
+        write_atomically(run.path / "manifest.json", json.dumps(manifest, indent=2, default=str))
     except OSError as exc:
         raise InputError(f"RUN {run.path}: cannot store its explanation ({exc.strerror})") from None
 
