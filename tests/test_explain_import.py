@@ -49,7 +49,8 @@ def _probe(results: Path, *extra: str, duration: str) -> dict[str, Any]:
 def traced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A probe run (explained by rtvirt as it ran) and a .dat of the same CPU recorded beside it."""
     root = tmp_path_factory.mktemp("imported")
-    instance = tracefs_root() / "instances" / f"t22b-import-{os.getpid()}"
+    # named as rtvirt names its own: a test killed midway leaves one that rtvirt reclaims once this pid is gone
+    instance = tracefs_root() / "instances" / f"rtvirt-{os.getpid()}-import"
     instance.mkdir()
     try:
         (instance / "trace_clock").write_text("mono")
