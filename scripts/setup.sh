@@ -35,6 +35,7 @@ ARM=(
 )
 TOOLS=(
   rt-tests stress-ng jitterdebugger               # reference tools (benchmarks, importers) and the stress-ng engine
+  trace-cmd rtla                                  # trace files users already have, imported into explanations
   openssh-server openssh-client                   # ssh targets (tests start their own sshd)
 )
 REPORT=(

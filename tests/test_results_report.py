@@ -114,6 +114,18 @@ def _chromium(url: str, screenshot: Path) -> str:
     return result.stderr
 
 
+def chromium_console(html: str, tmp_path: Path) -> list[str]:
+    """The console lines of Chromium rendering a copy of ``html`` with a probe that reports each image the
+    browser could not decode (``IMAGE-BROKEN alt``) and then ``IMAGES-OK <count>``; screenshot in shot.png."""
+    probe = ("<script>window.addEventListener('load',()=>{for(const i of document.images){"
+             "if(!i.complete||i.naturalWidth===0)console.error('IMAGE-BROKEN '+i.alt)}"
+             "console.log('IMAGES-OK '+document.images.length)})</script></body>")
+    checked = tmp_path / "checked.html"
+    checked.write_text(html.replace("</body>", probe))
+    log = _chromium(checked.as_uri(), tmp_path / "shot.png")
+    return [line for line in log.splitlines() if "CONSOLE" in line]
+
+
 def test_html_renders_in_chromium(results: Path, tmp_path: Path) -> None:
     out = write_report(results, tmp_path / "report.html")
     html = out.read_text()
@@ -122,14 +134,7 @@ def test_html_renders_in_chromium(results: Path, tmp_path: Path) -> None:
     assert "(partial)" in html and "://" not in html
     images = len(re.findall(r"<img ", html))
     assert images >= 4 + 2 * 5  # box/violin, CDF, histograms; time series + window maxima per configuration
-    # A copy with a probe that reports each image the browser could not decode.
-    probe = ("<script>window.addEventListener('load',()=>{for(const i of document.images){"
-             "if(!i.complete||i.naturalWidth===0)console.error('IMAGE-BROKEN '+i.alt)}"
-             "console.log('IMAGES-OK '+document.images.length)})</script></body>")
-    checked = tmp_path / "checked.html"
-    checked.write_text(html.replace("</body>", probe))
-    log = _chromium(checked.as_uri(), tmp_path / "shot.png")
-    console = [line for line in log.splitlines() if "CONSOLE" in line]
+    console = chromium_console(html, tmp_path)
     assert console == [next(line for line in console if "IMAGES-OK" in line)], console
     assert f"IMAGES-OK {images}" in console[0]
     pixels = image.imread(tmp_path / "shot.png")

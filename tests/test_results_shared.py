@@ -310,3 +310,36 @@ def test_a_run_whose_files_arrived_but_not_its_row_is_not_visible_until_delivere
     assert json.loads(pushed.stdout)["delivered"] == [second], pushed.stderr
     assert sorted(_sql("SELECT run_id, samples FROM runs", url, env)) == sorted([[first, 2_000], [second, 3_000]])
     assert sorted(p.name for p in (tmp_path / "shared" / "runs").iterdir()) == sorted([first, second])
+
+
+def test_explain_parts_and_the_reports_causes_on_a_local_and_a_shared_store(
+        store: tuple[str, Path, dict[str, str]]) -> None:
+    """An explained run's parts reach `rtvirt sql`'s explain_parts and the report's causes alike on both stores;
+    a run without an explanation adds no row."""
+    from rtvirt.explain.model import Explanation, LayerTrace, Part
+    from rtvirt.explain.stored import write_explanation
+
+    spec, write_to, env = store
+    explained = _lab_run(write_to, "6.6.30-rt30", np.arange(1_000, 3_000))
+    _lab_run(write_to, "6.6.30-rt30", np.arange(1_000, 2_000))
+    parts = [Part(10 * 10**9 + rank, 2_000, 0, rank, "host", "task", cause, offset, length, "{}")
+             for rank in (1, 2) for cause, offset, length in (("task stress/7 SCHED_FIFO 90", 0, 1_500 - rank),
+                                                               ("irq 24 eth0", 1_500 - rank, 500 + rank))]
+    write_explanation(write_to / "runs" / explained, Explanation(1_900, "threshold 1.9 us (set)", 2, parts,
+                                                                 [LayerTrace("host", True)], []))
+    _deliver(spec, env)
+    rows = _sql("SELECT run_id, cause, sum(duration_ns)::BIGINT, count(*)::BIGINT FROM explain_parts GROUP BY ALL "
+                "ORDER BY ALL", spec, env)
+    assert rows == [[explained, "irq 24 eth0", 1_003, 2], [explained, "task stress/7 SCHED_FIFO 90", 2_997, 2]]
+    out = write_to.parent / "report.json"
+    report = _cli("report", spec, "--format", "json", "--out", str(out), env=env)
+    assert report.returncode == 0, report.stderr
+    (configuration,) = json.loads(out.read_text())["configurations"]
+    assert [(c["cause"], c["total_ns"], c["share"]) for c in configuration["causes"]] == [
+        ("task stress/7 SCHED_FIFO 90", 2_997, round(2_997 / 4_000, 6)),
+        ("irq 24 eth0", 1_003, round(1_003 / 4_000, 6))]
+    shown = _cli("explain", explained, "--results", spec, "--json", env=env)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["explained"] == 2, shown.stderr
+    if "://" in spec:  # a delivered run stays as delivered: a trace is joined where the run was written
+        refused = _cli("explain", explained, "--results", spec, "--trace", str(out), env=env)
+        assert refused.returncode == 2 and "shared store" in refused.stderr and PASSWORD not in refused.stderr

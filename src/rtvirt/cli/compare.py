@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from ..errors import InputError, VerdictFailed
@@ -65,6 +66,7 @@ def compare(runs: tuple[str, ...], results: str, top: int, level: float, alpha: 
     other = _one(runs[-1], store)
     base_run = _one(runs[0], store) if len(runs) == 2 else _previous(other, store)
     row = isolation(other, base_run)
+    cause = _caused_by(other)
     worst = outliers(other, top) if top else []
     base_histogram, histogram = base_run.histogram(), other.histogram()
     test = tail_test(base_histogram, histogram, level=level, alpha=alpha, min_ratio=min_ratio) \
@@ -72,24 +74,35 @@ def compare(runs: tuple[str, ...], results: str, top: int, level: float, alpha: 
     same = configuration(run_row(base_run.manifest)) == configuration(run_row(other.manifest))
     gated = same if gate is None else gate
     if as_json:
-        document: dict[str, Any] = {"isolation": asdict(row), "outliers": [asdict(o) for o in worst],
+        document: dict[str, Any] = {"isolation": {**asdict(row), "caused_by": cause},
+                                    "outliers": [asdict(o) for o in worst],
                                     "baseline_run": base_run.run_id, "run": other.run_id,
                                     "tail": test.as_dict() if test else None}
         print_json(document)
     else:
-        _print(row, worst, test, base_run, other)
+        _print(row, cause, worst, test, base_run, other)
     if test is not None and test.regression and gated:
         raise VerdictFailed(f"{other.run_id}: tail regression against {base_run.run_id} "
                             f"({test.above} of {test.samples} samples above {us(test.threshold_ns)} µs, "
                             f"{test.rate_ratio:.1f}x the baseline's rate, p = {test.p_value:.2g})")
 
 
-def _print(row: Any, worst: list[Any], test: Any, base_run: StoredRun, other: StoredRun) -> None:
+def _caused_by(run: StoredRun) -> str:
+    """What caused most of the run's outlier latency, when it was explained (docs/explain.md)."""
+    from ..results.explained import caused_by, configuration_causes, load_explanation
+
+    explanation = load_explanation(run.path)
+    return caused_by(configuration_causes([explanation] if explanation else []))
+
+
+def _print(row: Any, cause: str, worst: list[Any], test: Any, base_run: StoredRun, other: StoredRun) -> None:
     table = Table(title=f"{row.label} against {row.baseline}", title_justify="left")
     for column in ("mean increase", "median increase", "p99 increase", "WCET µs", "baseline WCET µs", "WCET ratio"):
         table.add_column(column, justify="right")
+    table.add_column("caused by")
     table.add_row(f"{row.mean_increase_pct:+.1f} %", f"{row.median_increase_pct:+.1f} %",
-                  f"{row.p99_increase_pct:+.1f} %", us(row.wcet_ns), us(row.baseline_wcet_ns), f"{row.wcet_ratio:.2f}")
+                  f"{row.p99_increase_pct:+.1f} %", us(row.wcet_ns), us(row.baseline_wcet_ns), f"{row.wcet_ratio:.2f}",
+                  escape(cause))
     console.print(table)
     if test is not None:
         table = Table(title=f"tail test: {other.run_id} against {base_run.run_id}", title_justify="left")

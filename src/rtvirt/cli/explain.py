@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 import click
@@ -28,8 +28,8 @@ def _layer_line(layer: dict[str, Any]) -> str:
 
 def explained_document(run: Any, top: int | None, threshold_ns: int | None) -> dict[str, Any]:
     """What ``--json`` prints, also the text's source: the stored numbers, narrowed to ``threshold_ns`` and
-    the ``top`` largest outliers when asked."""
-    from ..explain.attribute import summarize_parts
+    the ``top`` largest outliers when asked (the report's JSON carries the same document)."""
+    from ..explain.document import explanation_document
     from ..explain.stored import read_explanation
 
     try:
@@ -40,38 +40,7 @@ def explained_document(run: Any, top: int | None, threshold_ns: int | None) -> d
         error = (run.manifest.get("explain") or {}).get("error")
         raise InputError(f"RUN {run.path}: no explanation stored" + (f" (explaining failed: {error})" if error else
                          "; record one with `rtvirt probe ... --explain` or an [explain] table in the scenario"))
-    parts = explanation.parts
-    summary = explanation.summary
-    outliers = explanation.outliers
-    if threshold_ns is not None:
-        if threshold_ns < explanation.threshold_ns:
-            raise InputError(f"option --threshold: {_us(threshold_ns)} is below the run's stored threshold; the run "
-                             f"keeps parts of outliers above {_us(explanation.threshold_ns)} only")
-        parts = [part for part in parts if part.latency_ns > threshold_ns]
-        summary = summarize_parts(parts)
-        outliers = len({part.rank for part in parts})
-    by_rank: dict[int, list[Any]] = {}
-    for part in parts:
-        by_rank.setdefault(part.rank, []).append(part)
-    ranks = sorted(by_rank)[:top] if top is not None else sorted(by_rank)
-    start = int(run.manifest.get("stream_header", {}).get("start_monotonic_ns") or 0)
-    return {
-        "run_id": run.manifest.get("run_id"), "path": str(run.path), "probe": run.manifest.get("probe"),
-        "threshold_ns": threshold_ns if threshold_ns is not None else explanation.threshold_ns,
-        "threshold_rule": f"--threshold {_us(threshold_ns)}" if threshold_ns is not None else
-        explanation.threshold_rule,
-        "outliers": outliers, "explained": len(by_rank),
-        "summary": summary,
-        "layers": [{key: value for key, value in dataclasses.asdict(layer).items() if key != "occupancies"}
-                   for layer in explanation.layers],
-        "worst": [{"rank": rank, "sample_t_ns": by_rank[rank][0].sample_t_ns,
-                   "at_s": round((by_rank[rank][0].sample_t_ns - start) / 1e9, 9) if start else None,
-                   "latency_ns": by_rank[rank][0].latency_ns, "cpu": by_rank[rank][0].cpu,
-                   "parts": [{"layer": p.layer, "kind": p.kind, "cause": p.cause, "offset_ns": p.offset_ns,
-                              "duration_ns": p.duration_ns, "detail": json.loads(p.detail or "{}")}
-                             for p in by_rank[rank]]}
-                  for rank in ranks],
-    }
+    return explanation_document(explanation, run.manifest, str(run.path), top, threshold_ns)
 
 
 def _print_text(document: dict[str, Any]) -> None:
@@ -95,6 +64,25 @@ def _print_text(document: dict[str, Any]) -> None:
              f"({row['outliers']} outliers)")
 
 
+def _import_trace(run: Any, trace_file: Path, threshold_ns: int | None) -> None:
+    """Explain RUN from a trace file and store it as the run's explanation, its manifest's ``explain`` entry
+    saying where it came from."""
+    from ..explain.config import ExplainConfig
+    from ..explain.imported import explain_with_trace
+    from ..explain.session import manifest_entry
+    from ..explain.stored import write_explanation
+    from ..fileio import write_atomically
+
+    config = ExplainConfig.model_validate({} if threshold_ns is None else {"threshold": f"{threshold_ns}ns"})
+    explanation = explain_with_trace(run, trace_file, config)
+    manifest = {**run.manifest, "explain": {**manifest_entry(explanation), "imported": trace_file.name[:200]}}
+    try:
+        write_explanation(run.path, explanation)
+        write_atomically(run.path / "manifest.json", json.dumps(manifest, indent=2, default=str))
+    except OSError as exc:
+        raise InputError(f"RUN {run.path}: cannot store its explanation ({exc.strerror})") from None
+
+
 @click.command()
 @click.argument("run")
 @results_option("results store RUN is looked up in when it is a run id")
@@ -103,7 +91,11 @@ def _print_text(document: dict[str, Any]) -> None:
 @click.option("--threshold", default=None, metavar="TIME", help="only outliers above this (bare numbers in us; "
               "not below the stored threshold)")
 @click.option("--json", "as_json", is_flag=True, help="print the stored numbers as JSON")
-def explain(run: str, results: str, top: int | None, threshold: str | None, as_json: bool) -> None:
+@click.option("--trace", "trace_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="join this trace with RUN and store the result as its explanation: a trace-cmd .dat or a text "
+              "trace (tracefs format, rtla timerlat's saved trace) on the run's sample clock (docs/explain.md)")
+def explain(run: str, results: str, top: int | None, threshold: str | None, as_json: bool,
+            trace_file: Path | None) -> None:
     """The outliers of RUN (a run directory, manifest or run id) with what held the measuring thread back in
     each, layer by layer, and the share of outlier latency by cause."""
     from ..stores.base import resolve_in
@@ -114,11 +106,18 @@ def explain(run: str, results: str, top: int | None, threshold: str | None, as_j
     except ValueError as exc:
         raise InputError(f"option --threshold: {exc}") from None
     try:
-        runs = resolve_in(run, reading_store(results))
+        store = reading_store(results)
+        runs = resolve_in(run, store)
     except InputError as exc:
         raise InputError(f"RUN {exc}") from None
     if len(runs) != 1:
         raise InputError(f"RUN {run}: names {len(runs)} runs; give one run directory or run id")
+    if trace_file is not None:
+        if store.shared and runs[0].path.is_relative_to(store.data):  # type: ignore[attr-defined]
+            raise InputError(f"--trace: RUN {run} is a run of the shared store {store.label}, whose runs stay as "
+                             "delivered: join the trace with the run's directory in the results it was written to")
+        _import_trace(runs[0], trace_file, threshold_ns)
+        threshold_ns = None  # the imported explanation was cut at it
     document = explained_document(runs[0], top if top is not None or as_json else 10, threshold_ns)
     if as_json:
         print_json(document)

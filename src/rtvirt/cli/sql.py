@@ -19,7 +19,8 @@ __all__ = ["sql"]
 @results_option("results store")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 def sql(statement: str, results: str, fmt: str) -> None:
-    """Run STATEMENT against the catalog: tables runs, samples, histograms, analysis_tasks."""
+    """Run STATEMENT against the catalog: tables runs, samples, histograms, analysis_tasks, experiment_records,
+    explain_parts (docs/results-store.md)."""
     from ..results.catalog import query  # duckdb's import would slow every other rtvirt command's start
 
     columns, rows = query(reading_store(results), statement)

@@ -9,6 +9,8 @@ Tables and views (docs/results-store.md):
 - ``histograms``: every run's exact histogram: run_id, cpu, kind, value, count.
 - ``analysis_tasks``: bounds from analysis runs: run_id, vm, task, wcrt_bound_ns, deadline_ns, schedulable.
 - ``experiment_records``: every experiment run's records, one row per system and question (docs/experiments.md).
+- ``explain_parts``: every explained run's outlier parts (explain.parquet, docs/explain.md): run_id, sample_t_ns,
+  latency_ns, cpu, rank, layer, kind, cause, offset_ns, duration_ns, detail.
 
 The catalog is rebuilt from the store's runs each time it is opened, so it never disagrees with them: a results
 directory's in RESULTS/catalog.duckdb, a shared store's in memory (its runs listed by the store's own catalog).
@@ -27,6 +29,7 @@ import duckdb
 import pyarrow as pa
 
 from ..errors import InputError
+from ..explain.stored import PARTS_FILE
 from ..store import StoredRun
 from ..stores import LocalStore, RunStore
 from ..stores.provenance import COLUMNS, run_row
@@ -57,6 +60,15 @@ def _runs_table(runs: list[StoredRun]) -> pa.Table:
 
 _NO_RECORDS = ("SELECT NULL::VARCHAR run_id, NULL::INTEGER point, NULL::INTEGER system, NULL::VARCHAR scheduler, "
                "NULL::VARCHAR question, NULL::BOOLEAN accepted WHERE false")
+
+
+# explain.parquet's columns (rtvirt.explain.stored.PARTS_SCHEMA), dictionary columns read as text
+_PARTS_COLUMNS = ("r.run_id, p.sample_t_ns, p.latency_ns, p.cpu, p.rank, CAST(p.layer AS VARCHAR) AS layer, "
+                  "CAST(p.kind AS VARCHAR) AS kind, CAST(p.cause AS VARCHAR) AS cause, p.offset_ns, p.duration_ns, "
+                  "p.detail")
+_NO_PARTS = ("SELECT NULL::VARCHAR run_id, NULL::BIGINT sample_t_ns, NULL::BIGINT latency_ns, NULL::SMALLINT cpu, "
+             "NULL::INTEGER rank, NULL::VARCHAR layer, NULL::VARCHAR kind, NULL::VARCHAR cause, NULL::BIGINT "
+             "offset_ns, NULL::BIGINT duration_ns, NULL::VARCHAR detail WHERE false")
 
 
 def _union(parts: list[str], empty: str) -> str:
@@ -112,9 +124,12 @@ def open_catalog(results: Path | RunStore, manifests: bool = True) -> Iterator[d
 
 def _run_views(connection: duckdb.DuckDBPyConnection, runs: list[StoredRun]) -> None:
     """samples, histograms and analysis_tasks of a results directory: a view of each run's files."""
-    samples, histograms, tasks, experiments = [], [], [], []
+    samples, histograms, tasks, experiments, explained = [], [], [], [], []
     for run in runs:
         rid = _sql_string(run.run_id)
+        if (run.path / PARTS_FILE).exists():
+            explained.append(f"SELECT {_PARTS_COLUMNS} FROM (SELECT {rid} AS run_id) r, "
+                             f"read_parquet({_sql_string(str(run.path / PARTS_FILE))}) p")
         if run.has_samples and run.value_field:
             value = _sql_name(run.value_field)
             samples.append(f"SELECT {rid} AS run_id, t_ns, {value} AS value, cpu, thread, "
@@ -130,6 +145,7 @@ def _run_views(connection: duckdb.DuckDBPyConnection, runs: list[StoredRun]) -> 
             tasks.append((run.run_id, task.get("vm"), task.get("task"), task.get("wcrt_bound_ns"),
                           task.get("deadline_ns"), task.get("schedulable")))
     connection.execute("CREATE OR REPLACE VIEW experiment_records AS " + _union(experiments, _NO_RECORDS))
+    connection.execute("CREATE OR REPLACE VIEW explain_parts AS " + _union(explained, _NO_PARTS))
     connection.execute("CREATE OR REPLACE VIEW samples AS " + _union(samples, (
         "SELECT NULL::VARCHAR run_id, NULL::BIGINT t_ns, NULL::BIGINT value, NULL::SMALLINT cpu, "
         "NULL::SMALLINT thread, NULL::VARCHAR kind WHERE false")))
@@ -174,6 +190,12 @@ def _shared_views(connection: duckdb.DuckDBPyConnection, data: Path) -> None:
             "JOIN runs r ON starts_with(e.filename, r.path || '/records/')")
     else:
         connection.execute("CREATE VIEW experiment_records AS " + _NO_RECORDS)
+    if next(data.glob(f"runs/*/{PARTS_FILE}"), None) is not None:  # explained runs (docs/explain.md)
+        connection.execute(
+            f"CREATE VIEW explain_parts AS SELECT {_PARTS_COLUMNS} FROM read_parquet({root} || "
+            f"'/*/{PARTS_FILE}', filename = true) p JOIN runs r ON p.filename = r.path || '/{PARTS_FILE}'")
+    else:
+        connection.execute("CREATE VIEW explain_parts AS " + _NO_PARTS)
     connection.execute("CREATE TABLE analysis_tasks (run_id VARCHAR, vm VARCHAR, task VARCHAR, "
                        "wcrt_bound_ns DOUBLE, deadline_ns DOUBLE, schedulable BOOLEAN)")
     tasks = [(run_id, task.get("vm"), task.get("task"), task.get("wcrt_bound_ns"), task.get("deadline_ns"),

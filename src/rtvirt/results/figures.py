@@ -22,9 +22,11 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocato
 
 from ..stats import Histogram, Summary  # noqa: E402
 from ..timeprofile.windows import TimeProfile  # noqa: E402
+from .explained import CauseShare, Timeline  # noqa: E402
 from .history import Trend  # noqa: E402
 
-__all__ = ["box_violin", "histograms_per_cpu", "cdf", "time_series", "window_maxima", "trend_chart"]
+__all__ = ["box_violin", "histograms_per_cpu", "cdf", "time_series", "window_maxima", "trend_chart", "cause_bars",
+           "outlier_timeline"]
 
 _US = 1000.0
 _SERIES_POINTS = 20_000
@@ -221,3 +223,76 @@ def trend_chart(trend: Trend) -> bytes:
     axes.set_title(_short(f"{trend.configuration}: {trend.metric.removesuffix('_ns')} over time", 90), fontsize=10)
     axes.legend(fontsize=7, loc="upper left")
     return _png(figure)
+
+
+def cause_bars(configurations: list[tuple[str, list[CauseShare]]], shown: int) -> bytes:
+    """One horizontal bar per configuration, split into its causes' shares of the outlier latency: the
+    ``shown`` largest causes over all configurations in colour (one colour per cause everywhere), the rest
+    grey as "other"."""
+    weight: dict[str, float] = {}
+    for _, causes in configurations:
+        for share in causes:
+            weight[share.cause] = weight.get(share.cause, 0.0) + share.share
+    named = sorted(weight, key=lambda cause: -weight[cause])[:shown]
+    colours = {cause: f"C{index % 10}" for index, cause in enumerate(named)}
+    figure, axes = plt.subplots(figsize=(11, 1.4 + 0.45 * len(configurations)))
+    for row, (_, causes) in enumerate(configurations):
+        left = 0.0
+        for share in causes:
+            if share.cause in colours:
+                axes.barh(row, share.share * 100, left=left, color=colours[share.cause], edgecolor="white")
+                left += share.share * 100
+        other = sum(share.share for share in causes if share.cause not in colours) * 100
+        if other > 0:
+            axes.barh(row, other, left=left, color="lightgrey", edgecolor="white")
+    axes.set_yticks(range(len(configurations)), [_short(label, 30) for label, _ in configurations])
+    axes.invert_yaxis()
+    axes.set_xlim(0, 100)
+    axes.set_xlabel("share of the explained outliers' latency (%)")
+    axes.set_title("Outlier causes per configuration")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[cause]) for cause in named]
+    if any(share.cause not in colours for _, causes in configurations for share in causes):
+        handles.append(plt.Rectangle((0, 0), 1, 1, color="lightgrey"))
+        named = [*named, "other"]
+    axes.legend(handles, [_short(cause, 48) for cause in named], fontsize="small", loc="upper center",
+                bbox_to_anchor=(0.5, -0.3 if len(configurations) < 4 else -0.12), ncol=2, frameon=False)
+    return _png_fitted(figure)
+
+
+def _png_fitted(figure: Figure) -> bytes:
+    """PNG bytes of a figure whose lane labels and legend set its margins (few figures: the fitting is cheap)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def outlier_timeline(label: str, timeline: Timeline) -> bytes:
+    """What ran on an outlier's CPU around it, one lane per layer and cause (µs from the planned wake-up),
+    the latency window shaded and its parts drawn on the top lane."""
+    origin = timeline.start_ns
+    lanes: list[tuple[str, str]] = [("window", "parts")]
+    for occupancy in timeline.occupancies:
+        if (occupancy.layer, occupancy.cause) not in lanes:
+            lanes.append((occupancy.layer, occupancy.cause))
+    figure, axes = plt.subplots(figsize=(11, 1.2 + 0.3 * len(lanes)))
+    colours = {lane: f"C{index % 10}" for index, lane in enumerate(lanes[1:])}
+    axes.axvspan(0, timeline.latency_ns / _US, color="tab:red", alpha=0.08)
+    for part in timeline.parts:
+        colour = colours.get((part.layer, part.cause), "lightgrey")
+        axes.broken_barh([(part.offset_ns / _US, part.duration_ns / _US)], (-0.4, 0.8), color=colour,
+                         edgecolor="black", linewidth=0.3)
+    for occupancy in timeline.occupancies:
+        lane = lanes.index((occupancy.layer, occupancy.cause))
+        start = max(occupancy.start_ns, timeline.from_ns) - origin
+        end = min(occupancy.end_ns, timeline.to_ns) - origin
+        axes.broken_barh([(start / _US, max(end - start, 1) / _US)], (lane - 0.4, 0.8), color=colours[lanes[lane]])
+    axes.set_yticks(range(len(lanes)), ["latency window"] + [_short(f"{layer}: {cause}", 44)
+                                                             for layer, cause in lanes[1:]], fontsize="small")
+    axes.invert_yaxis()
+    axes.set_xlim((timeline.from_ns - origin) / _US, (timeline.to_ns - origin) / _US)
+    axes.set_xlabel("µs from the planned wake-up")
+    axes.set_title(_short(f"{label}: outlier {timeline.rank} of {timeline.run_id} on CPU {timeline.cpu}, "
+                          f"{timeline.latency_ns / _US:,.1f} µs", 100), fontsize=10)
+    axes.grid(axis="x", alpha=0.3)
+    return _png_fitted(figure)

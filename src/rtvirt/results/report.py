@@ -19,6 +19,7 @@ from ..fileio import write_atomically
 from ..predict.report import prediction_html, prediction_tables
 from ..timeprofile.levels import event_offsets
 from ..timeprofile.windows import TOP_KEPT
+from .explained import CAUSES_SHOWN
 from .reportdata import Configuration, ReportData, RunView, as_json, collect
 from .studies.tables import published, study_tables
 
@@ -74,9 +75,11 @@ def _tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
     if data.isolation:
         tables.append((f"Isolation against the baseline {data.baseline}",
                        ["configuration", "mean increase", "median increase", "p99 increase", "WCET (µs)",
-                        "baseline WCET (µs)", "WCET ratio"],
+                        "baseline WCET (µs)", "WCET ratio", "caused by"],
                        [[r.label, _pct(r.mean_increase_pct), _pct(r.median_increase_pct), _pct(r.p99_increase_pct),
-                         _us(r.wcet_ns), _us(r.baseline_wcet_ns), f"{r.wcet_ratio:.2f}"] for r in data.isolation]))
+                         _us(r.wcet_ns), _us(r.baseline_wcet_ns), f"{r.wcet_ratio:.2f}", data.caused_by(r.label)]
+                        for r in data.isolation]))
+    tables += explanation_tables(data)
     rows = []
     for c in data.configurations:
         for view in c.runs:
@@ -148,6 +151,41 @@ def _tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
     tables.append(("Runs", ["run", "configuration", "name", "source", "status", "scenario", "environment",
                             "repetition", "created"], runs))
     return tables
+
+
+def explanation_tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The explained runs' tables: causes per configuration, the worst outliers part by part, and what each
+    run's tracing could see (docs/explain.md "In the report")."""
+    causes = [[c.label, share.layer, share.cause, str(share.outliers), _us(share.total_ns), f"{share.share:.1%}"]
+              for c in data.configurations for share in c.causes[:CAUSES_SHOWN]]
+    if not causes:
+        return []
+    parts = [[c.label, t.run_id, str(t.rank), str(t.cpu), _us(t.latency_ns), part.layer, part.cause,
+              _us(part.offset_ns), _us(part.duration_ns)]
+             for c in data.configurations for t in c.timelines for part in t.parts]
+    coverage = []
+    for c in data.configurations:
+        for view in c.runs:
+            if view.explanation is None:
+                continue
+            explanation = view.explanation
+            seen = ", ".join(f"{layer.layer} (±{_us(layer.alignment_ns)} µs)" for layer in explanation.layers
+                             if layer.seen) or "-"
+            unseen = "; ".join(f"{layer.layer}: {layer.why_not}" for layer in explanation.layers
+                               if not layer.seen) or "-"
+            notes = "; ".join(note for layer in explanation.layers for note in layer.notes) or "-"
+            coverage.append([view.run.run_id, c.label, explanation.threshold_rule, str(explanation.outliers),
+                             str(len({part.rank for part in explanation.parts})), seen, unseen,
+                             str(sum(layer.dropped_events for layer in explanation.layers)), _plain(notes)])
+    return [
+        (f"Outlier causes per configuration: share of the explained outliers' latency (largest {CAUSES_SHOWN})",
+         ["configuration", "layer", "cause", "outliers", "time (µs)", "share"], causes),
+        ("Worst outliers part by part (µs from the planned wake-up)",
+         ["configuration", "run", "rank", "CPU", "latency (µs)", "layer", "cause", "from (µs)", "for (µs)"], parts),
+        ("What each explanation could see", ["run", "configuration", "threshold", "outliers", "explained",
+                                            "layers seen (alignment)", "not seen", "dropped events", "notes"],
+         coverage),
+    ]
 
 
 def _checklist(view: RunView) -> list[str]:
@@ -265,6 +303,15 @@ def _html(data: ReportData, model: dict[str, Any]) -> str:
         parts.append(experiments_html(data.experiments))
     for history in data.history:
         parts.append(_img(figures.trend_chart(history), f"history {history.configuration}"))
+    explained = [c for c in data.configurations if c.causes]
+    if explained:
+        parts.append("<h2>Why the outliers: causes by configuration</h2>")
+        parts.append(_img(figures.cause_bars([(c.label, c.causes) for c in explained], CAUSES_SHOWN),
+                          "share of outlier latency by cause per configuration"))
+        for c in explained:
+            for timeline in c.timelines:
+                parts.append(_img(figures.outlier_timeline(c.label, timeline),
+                                  f"timeline of outlier {timeline.rank} of {timeline.run_id}"))
     for table in tables[2:]:
         parts.append(_html_table(table["title"], table["header"], table["rows"]))
     parts.append("<h2>Runs over time</h2>")

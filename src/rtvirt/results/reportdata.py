@@ -11,11 +11,21 @@ import numpy as np
 
 from ..digest import Digest, read_digest
 from ..errors import InputError
+from ..explain.model import Explanation
 from ..stats import Histogram, Summary, summarize_histogram
 from ..store import StoredRun, resolve_runs
 from ..stores import RunStore
 from ..timeprofile.levels import Ramp, Segment, Switch, detect_ramp, event_offsets, segments_of, transitions
 from ..timeprofile.windows import TOP_KEPT, TimeProfile
+from .explained import (
+    CauseShare,
+    Timeline,
+    caused_by,
+    configuration_causes,
+    explanation_json,
+    load_explanation,
+    worst_timelines,
+)
 from .history import Trend, histories
 from .isolation import IsolationRow, Outlier, isolation_of, outlier_rows
 from .verdicts import DEFAULT_MARGIN, RequirementClass, Verdict, judge, load_classes
@@ -37,6 +47,7 @@ class RunView:
     outliers: list[Outlier] = field(default_factory=list)
     # (t from the first sample, value) of every k-th sample and of the largest ones, for plots
     series: Callable[[], tuple[np.ndarray, np.ndarray]] | None = None
+    explanation: Explanation | None = None  # its outliers' causes, when it was explained (docs/explain.md)
 
 
 @dataclass
@@ -47,6 +58,8 @@ class Configuration:
     per_cpu: dict[int, Histogram]
     summary: Summary
     verdicts: list[Verdict]
+    causes: list[CauseShare] = field(default_factory=list)  # share of outlier latency by cause, over its runs
+    timelines: list[Timeline] = field(default_factory=list)  # its worst explained outliers
 
     @property
     def partial(self) -> bool:
@@ -89,6 +102,11 @@ class ReportData:
     predictions: list[Any] = field(default_factory=list)  # rtvirt.predict.compare.Prediction per configuration
     experiments: list[dict[str, Any]] = field(default_factory=list)  # rtvirt.experiment.report.experiment_section
     history: list[Trend] = field(default_factory=list)  # maxima of configurations run more than once on a machine
+    top: int = 10  # outliers shown per run (and explained outliers' parts in the JSON)
+
+    def caused_by(self, label: str) -> str:
+        """What caused most of a configuration's outlier latency ("-": not explained)."""
+        return caused_by(next((c.causes for c in self.configurations if c.label == label), []))
 
 
 def _per_cpu(table: Any) -> dict[int, Histogram]:
@@ -198,7 +216,7 @@ def collect(results: Path | RunStore, *, baseline: str | None = None, classes_fi
             # the digest's statistics are those of the whole histogram: no merge per run
             summary = digest.groups()["all"] if digest is not None and "all" in digest.document["groups"] \
                 else summarize_histogram(Histogram.merged(per_cpu.values()), dropped)
-        view = RunView(run, summary)
+        view = RunView(run, summary, explanation=load_explanation(run.path))
         if run.has_samples and view.summary.samples:
             _over_time(view, digest, window_ns, top)
         by_label.setdefault(run.label, []).append(view)
@@ -210,7 +228,10 @@ def collect(results: Path | RunStore, *, baseline: str | None = None, classes_fi
         pooled = Histogram.merged(per_cpu.values()) if label in per_cpu_by_label else None
         summary = summarize_histogram(pooled, sum(v.summary.dropped for v in views)) if pooled is not None \
             else views[0].summary
-        configurations.append(Configuration(label, views, pooled, per_cpu, summary, judge(summary, classes, margin)))
+        explained = [(view.run.run_id, view.explanation) for view in views if view.explanation is not None]
+        configurations.append(Configuration(label, views, pooled, per_cpu, summary, judge(summary, classes, margin),
+                                            configuration_causes([e for _, e in explained]),
+                                            worst_timelines(explained)))
     chosen = _pick_baseline([c.label for c in configurations], baseline)
     rows: list[IsolationRow] = []
     if chosen is not None:
@@ -227,7 +248,7 @@ def collect(results: Path | RunStore, *, baseline: str | None = None, classes_fi
     measured = [r.manifest for r in runs if r.manifest.get("source") != "analysis"]
     return ReportData(source, configurations, chosen, rows, classes, margin, _task_bounds(runs), analysis_runs,
                       predictions(runs), [experiment_section(r) for r in analysis_runs if "experiment" in r.manifest],
-                      histories(measured))
+                      histories(measured), top)
 
 
 def as_json(data: ReportData) -> dict[str, Any]:
@@ -239,6 +260,8 @@ def as_json(data: ReportData) -> dict[str, Any]:
         "configurations": [{
             "label": c.label, "partial": c.partial, "shortfalls": c.shortfalls, "summary": c.summary.as_dict(),
             "verdicts": [asdict(v) for v in c.verdicts],
+            "causes": [asdict(share) for share in c.causes],
+            "timelines": [timeline.as_dict() for timeline in c.timelines],
             "runs": [{
                 "run_id": v.run.run_id, "name": v.run.manifest.get("name"), "source": v.run.manifest.get("source"),
                 "status": v.run.manifest.get("status"), "summary": v.summary.as_dict(),
@@ -250,9 +273,10 @@ def as_json(data: ReportData) -> dict[str, Any]:
                 "window_ns": v.profile.window_ns if v.profile else None,
                 "window_maxima": [asdict(w) for w in v.profile.windows] if v.profile else [],
                 "marks": [{"end_ns": end, **s.as_dict()} for end, s in v.profile.marks] if v.profile else [],
+                "explanation": explanation_json(v.run, v.explanation, data.top) if v.explanation else None,
             } for v in c.runs],
         } for c in data.configurations],
-        "isolation": [asdict(r) for r in data.isolation],
+        "isolation": [{**asdict(r), "caused_by": data.caused_by(r.label)} for r in data.isolation],
         "tasks": [asdict(t) for t in data.tasks],
         "predictions": [p.as_dict() for p in data.predictions],
         "experiments": data.experiments,
