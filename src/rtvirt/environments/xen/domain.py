@@ -190,6 +190,27 @@ class XenEnvironment(XenTeardown):
         domu._parent = self
         return domu
 
+    def trace_sources(self, config: Any) -> list[Any]:
+        """The Xen layer (explain.xen): xentrace in this domU's dom0 beside the run; disturbing domUs add none."""
+        from ...explain.xen import XenDom0, XenDomains, XenTraceSource
+
+        if self._parent is not None:
+            return []
+
+        def open_dom0() -> XenDom0:
+            self.start()
+            assert self._dom0 is not None
+            return XenDom0(self._dom0.transport, self._dom0.cpu_khz(), len(self._pcpus()))
+
+        def domains() -> XenDomains:
+            rtds = self.config.rtds
+            scheduler = self.config.scheduler if self.config.scheduler != "default" else self._default_scheduler()
+            return XenDomains(self._measuring_domid, dict(self._domids), scheduler,
+                              {"period_ns": rtds.period, "budget_ns": rtds.budget} if rtds is not None else {})
+
+        return [XenTraceSource(open_dom0, domains, self.workdir / "explain-xen",
+                               buffer_mb=int(getattr(config, "buffer_mb", 64)))]
+
     def platform_audit(self) -> dict[str, Any]:
         dom0 = self._dom0
         if dom0 is None or self._parent is not None or (dom0.lab is not None and not dom0.lab.alive()):
