@@ -17,6 +17,7 @@ import pytest
 
 from rtvirt.environments.base import SharedResources
 from rtvirt.environments.xen import XenConfig, XenEnvironment
+from rtvirt.explain.config import ExplainConfig
 from rtvirt.explain.model import CollectContext, LayerTrace
 from rtvirt.explain.xen import align, reclaim_xentrace
 from rtvirt.explain.xentrace import TraceError, parse_records, read_trace
@@ -77,7 +78,7 @@ def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path,
                     competitor: bool) -> tuple[LayerTrace, np.ndarray, dict[str, Any]]:
     """A gap probe in the measuring domU with xentrace beside it (and a spinning RT domU on its pCPU)."""
     env = XenEnvironment(config, shared.supervisor, workdir, shared)
-    sources = env.trace_sources(None)
+    sources = env.trace_sources(ExplainConfig())
     stressor = None
     out = workdir / "samples.rtvs"
     try:
@@ -136,7 +137,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.mark.timeout(1500)
 def test_a_competing_rt_domu_shows_as_runnable_while_it_ran(lab: Any) -> None:
     shared, work = lab
-    config = XenConfig(kind="xen", name="explain-compete", scheduler="rtds", cpus=[1],
+    config = XenConfig(kind="xen", name="explain-compete", scheduler="rtds", cpus=[1], boot_timeout="900s",
                        rtds={"period": "10ms", "budget": "10ms"}, stressor_rtds={"period": "10ms", "budget": "3ms"})
     layer, windows, names = _traced_gap_run(shared, config, work / "compete", competitor=True)
     assert layer.seen, layer.why_not
@@ -152,7 +153,7 @@ def test_a_competing_rt_domu_shows_as_runnable_while_it_ran(lab: Any) -> None:
 @pytest.mark.timeout(1500)
 def test_an_rtds_budget_shorter_than_the_work_shows_as_exhaustion_until_replenishment(lab: Any) -> None:
     shared, work = lab
-    config = XenConfig(kind="xen", name="explain-budget", scheduler="rtds", cpus=[1],
+    config = XenConfig(kind="xen", name="explain-budget", scheduler="rtds", cpus=[1], boot_timeout="900s",
                        rtds={"period": f"{PERIOD_US}us", "budget": f"{BUDGET_US}us"})
     layer, windows, _ = _traced_gap_run(shared, config, work / "budget", competitor=False)
     assert layer.seen, layer.why_not
@@ -176,7 +177,7 @@ def test_resume_stops_a_tracer_its_killed_campaign_left_in_dom0(lab: Any) -> Non
     which switches Xen's tracing off, and removes its files."""
     shared, work = lab
     env = XenEnvironment(XenConfig(kind="xen", name="explain-left"), shared.supervisor, work / "left", shared)
-    (source,) = env.trace_sources(None)
+    (source,) = env.trace_sources(ExplainConfig())
     source.start()  # and never stopped: what a killed rtvirt leaves
     dom0 = env._dom0
     assert dom0 is not None

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import CollectContext, LayerTrace, Occupancy
+from .model import CollectContext, Layer, LayerTrace, Occupancy
 from .xentrace import IDLE_DOMAIN, TRC_SCHED, Trace, TraceError, read_trace
 
 __all__ = ["TRACE_DIR", "XenDom0", "XenDomains", "XenTraceSource", "align", "reclaim_xentrace"]
@@ -67,6 +67,7 @@ class XenDomains:
     names: dict[int, str] = field(default_factory=dict)  # domid -> name, as rtvirt created them
     scheduler: str = "unknown"  # of the measuring domU's cpupool
     rtds: dict[str, int] = field(default_factory=dict)  # period_ns, budget_ns as applied
+    stream: Path | None = None  # the run's stream file (its samples align the clocks)
 
 
 def _label(domid: int, domains: XenDomains) -> str:
@@ -81,7 +82,7 @@ def _label(domid: int, domains: XenDomains) -> str:
 class XenTraceSource:
     """xentrace beside one run in one dom0 (``transport``: run/spawn/get as the xen environment's Dom0 has)."""
 
-    layer = "xen"
+    layer: Layer = "xen"
 
     def __init__(self, open_dom0: Callable[[], XenDom0], domains: Callable[[], XenDomains], workdir: Path,
                  buffer_mb: int = 64, limit_s: float = LIMIT_S) -> None:
@@ -160,7 +161,27 @@ class XenTraceSource:
             return LayerTrace("xen", seen=False, why_not=f"xentrace's output is unreadable: {str(exc)[:300]}")
         size = self.local_trace.stat().st_size
         return explain_trace(trace, domains, context.windows, self.cpu_khz,
-                             wrapped=size >= self.memory_bytes - 4096)
+                             wrapped=size >= self.memory_bytes - 4096, samples=sample_windows(domains.stream))
+
+
+def sample_windows(stream: Path | None) -> np.ndarray | None:
+    """Every sample's window of at least MIN_WAIT_NS from the run's stream file, to align with (the outliers alone
+    may be too few); None when the stream cannot be read."""
+    from ..stream import read_stream
+
+    try:
+        records = read_stream(stream).records if stream is not None else None
+    except Exception:  # noqa: BLE001 - a damaged stream leaves the outlier windows to align with
+        return None
+    if records is None:
+        return None
+    values = records["value"].astype(np.int64)
+    kept = records[values >= MIN_WAIT_NS]
+    windows = np.zeros(kept.size, dtype=[("start_ns", "<i8"), ("end_ns", "<i8"), ("cpu", "<i2")])
+    windows["start_ns"] = kept["t_ns"].astype(np.int64)
+    windows["end_ns"] = windows["start_ns"] + kept["value"].astype(np.int64)
+    windows["cpu"] = kept["cpu"]
+    return windows
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,8 +298,9 @@ def _contained(starts: np.ndarray, ends: np.ndarray, first: np.ndarray,
 
 
 def explain_trace(trace: Trace, domains: XenDomains, windows: np.ndarray, cpu_khz: int | None,
-                  wrapped: bool = False) -> LayerTrace:
-    """Occupancies of the Xen layer on the sample clock, from a read trace."""
+                  wrapped: bool = False, samples: np.ndarray | None = None) -> LayerTrace:
+    """Occupancies of the Xen layer around the outlier ``windows``, on the sample clock, from a read trace; the
+    clocks are aligned with ``samples`` (every sample's window) when given, else with the outliers."""
     assert domains.measuring is not None
     notes = [f"xentrace: {trace.records} scheduler records"]
     if wrapped:
@@ -300,13 +322,14 @@ def explain_trace(trace: Trace, domains: XenDomains, windows: np.ndarray, cpu_kh
                      f"{(longest.end - longest.ready) * ns_per_tick / 1e3:.0f} us")
     waits = [s for s in every if (s.end - s.ready) * ns_per_tick >= MIN_WAIT_NS]
     alignment = align(np.array([s.ready for s in waits], dtype=np.int64),
-                      np.array([s.end for s in waits], dtype=np.int64), windows, ns_per_tick)
+                      np.array([s.end for s in waits], dtype=np.int64),
+                      samples if samples is not None and len(samples) else windows, ns_per_tick)
     if alignment is None:
         return LayerTrace("xen", seen=False, dropped_events=trace.lost_records, notes=notes,
                           why_not="Xen's clock could not be aligned with the domU's: fewer than three outlier windows "
                                   "hold a wait of the measuring vCPU that starts or ends with them (Xen did not hold "
                                   "the vCPU back in these windows, or the trace missed them)")
-    notes.append(f"aligned by {alignment.matched} outlier windows holding a wait of the measuring vCPU "
+    notes.append(f"aligned by {alignment.matched} sample windows holding a wait of the measuring vCPU "
                  f"(TSC at {1e6 / alignment.slope / 1e3:.3f} MHz; largest residual "
                  f"{alignment.uncertainty_ns / 1e3:.1f} us)")
     occupancies = _occupancies(trace, domains, by_vcpu, windows, alignment)
