@@ -7,6 +7,7 @@ records built from Xen's trace.h layout. Lab timings are TCG-nested: assertions 
 
 from __future__ import annotations
 
+import json
 import struct
 import time
 from pathlib import Path
@@ -18,7 +19,9 @@ import pytest
 from rtvirt.environments.base import SharedResources
 from rtvirt.environments.xen import XenConfig, XenEnvironment
 from rtvirt.explain.config import ExplainConfig
-from rtvirt.explain.model import CollectContext, LayerTrace
+from rtvirt.explain.model import Explanation, LayerTrace
+from rtvirt.explain.sources import session_for
+from rtvirt.explain.stored import read_explanation
 from rtvirt.explain.xen import align, reclaim_xentrace
 from rtvirt.explain.xentrace import TraceError, parse_records, read_trace
 from rtvirt.probes import PROBES
@@ -26,7 +29,7 @@ from rtvirt.stream import read_stream
 from rtvirt.stressors.registry import STRESSORS
 
 RUN_S = 3
-WINDOW_FLOOR_NS = 1_000_000  # gaps the test explains (the lab's own noise stays below)
+THRESHOLD_US = 1000  # gaps the test explains (the lab's own noise stays below)
 PERIOD_US, BUDGET_US = 10_000, 4_000
 WINDOW = np.dtype([("start_ns", "<i8"), ("end_ns", "<i8"), ("cpu", "<i2")])
 
@@ -75,21 +78,21 @@ def test_alignment_puts_the_vcpus_waits_inside_the_windows_they_caused() -> None
 
 
 def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path,
-                    competitor: bool) -> tuple[LayerTrace, np.ndarray, dict[str, Any]]:
-    """A gap probe in the measuring domU with xentrace beside it (and a spinning RT domU on its pCPU)."""
+                    competitor: bool) -> tuple[Explanation, dict[int, str]]:
+    """A gap probe in the measuring domU explained as a campaign does it (explain.session), with xentrace beside
+    it and, with ``competitor``, a spinning RT domU on its pCPU; returns the stored explanation and the domUs."""
     env = XenEnvironment(config, shared.supervisor, workdir, shared)
-    sources = env.trace_sources(ExplainConfig())
+    session = session_for(env, ExplainConfig(threshold=THRESHOLD_US, layers=["xen"]))
     stressor = None
     out = workdir / "samples.rtvs"
     try:
         env.start()
-        for source in sources:
-            source.start()
+        session.start()
         if competitor:
             stressor = env.stressor_guest(1, None)
             cpu = STRESSORS["cpu"]
             stressor.launch("rtvirt-stress", cpu.command(cpu.params(workers=1, duration=0), "")[1:], None)
-            deadline = time.monotonic() + 600
+            deadline = time.monotonic() + 900
             while not stressor.booted:
                 assert stressor.check() is None and time.monotonic() < deadline
                 time.sleep(0.5)
@@ -98,31 +101,28 @@ def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path,
         launched = env.launch("rtvirt-probe", probe.command(params, "")[1:], out)
         launched.follow(900, env.check)
     finally:
-        for source in sources:
-            source.stop()
+        session.stop()
         if stressor is not None:
             stressor.close()
-        names = dict(env._domids)
         env.close()
-    stream = read_stream(out)
-    gaps = stream.records[stream.records["value"].astype(np.int64) >= WINDOW_FLOOR_NS]
-    windows = np.zeros(gaps.size, dtype=WINDOW)
-    windows["start_ns"] = gaps["t_ns"].astype(np.int64)
-    windows["end_ns"] = windows["start_ns"] + gaps["value"].astype(np.int64)
-    windows["cpu"] = gaps["cpu"]
-    layer = sources[0].collect(CollectContext(stream.header, windows))
-    return layer, windows, names
+    entry = session.explain_into(workdir, read_stream(out))
+    assert "error" not in entry, entry
+    explanation = read_explanation(workdir)
+    assert explanation is not None
+    return explanation, dict(env._domids)
 
 
-def _covered(layer: LayerTrace, windows: np.ndarray, kind: str, cause: str | None = None) -> float:
-    """The share of the windows' time that the layer's occupancies of ``kind`` (and ``cause``) cover."""
-    total = covered = 0
-    for start, end in zip(windows["start_ns"], windows["end_ns"], strict=True):
-        total += int(end - start)
-        for occupancy in layer.occupancies:
-            if occupancy.kind == kind and (cause is None or occupancy.cause == cause):
-                covered += max(0, min(int(end), occupancy.end_ns) - max(int(start), occupancy.start_ns))
-    return covered / total
+def _xen(explanation: Explanation) -> LayerTrace:
+    (layer,) = [layer for layer in explanation.layers if layer.layer == "xen"]
+    assert layer.seen, layer.why_not
+    return layer
+
+
+def _outliers_with(explanation: Explanation, kind: str, cause: str | None = None) -> float:
+    """The share of the explained outliers that have a part of ``kind`` (and ``cause``)."""
+    ranks = {part.rank for part in explanation.parts}
+    having = {part.rank for part in explanation.parts if part.kind == kind and (cause is None or part.cause == cause)}
+    return len(having) / len(ranks)
 
 
 @pytest.fixture(scope="module")
@@ -139,13 +139,15 @@ def test_a_competing_rt_domu_shows_as_runnable_while_it_ran(lab: Any) -> None:
     shared, work = lab
     config = XenConfig(kind="xen", name="explain-compete", scheduler="rtds", cpus=[1], boot_timeout="900s",
                        rtds={"period": "10ms", "budget": "10ms"}, stressor_rtds={"period": "10ms", "budget": "3ms"})
-    layer, windows, names = _traced_gap_run(shared, config, work / "compete", competitor=True)
-    assert layer.seen, layer.why_not
+    explanation, names = _traced_gap_run(shared, config, work / "compete", competitor=True)
+    layer = _xen(explanation)
     competitor = next(name for name in names.values() if "-stress" in name)
-    assert len(windows) >= 50, len(windows)  # the competitor takes ~3 ms of every 10 ms
-    share = _covered(layer, windows, "runstate", f"runnable: domU {competitor} ran")
-    assert share >= 0.8, (share, layer.notes, [o.cause for o in layer.occupancies[:20]])
-    assert _covered(layer, windows, "budget") == 0.0
+    cause = f"runnable: domU {competitor} ran"
+    assert explanation.outliers >= 50, explanation.outliers  # the competitor takes ~3 ms of every 10 ms
+    assert _outliers_with(explanation, "runstate", cause) >= 0.5, (explanation.summary[:4], layer.notes)
+    xen_rows = [row for row in explanation.summary if row["layer"] == "xen"]
+    assert xen_rows[0]["cause"] == cause, xen_rows[:3]  # the largest Xen cause
+    assert not any(part.kind == "budget" for part in explanation.parts)  # its budget is its whole period
     assert layer.alignment_ns < 1_000_000, layer.notes
 
 
@@ -155,15 +157,15 @@ def test_an_rtds_budget_shorter_than_the_work_shows_as_exhaustion_until_replenis
     shared, work = lab
     config = XenConfig(kind="xen", name="explain-budget", scheduler="rtds", cpus=[1], boot_timeout="900s",
                        rtds={"period": f"{PERIOD_US}us", "budget": f"{BUDGET_US}us"})
-    layer, windows, _ = _traced_gap_run(shared, config, work / "budget", competitor=False)
-    assert layer.seen, layer.why_not
-    assert len(windows) >= 100, len(windows)
-    assert _covered(layer, windows, "budget") >= 0.8, layer.notes
-    budgets = [o for o in layer.occupancies if o.kind == "budget"]
-    waits = [int(o.detail["replenished_ns"]) - int(o.detail["exhausted_ns"]) for o in budgets]
+    explanation, _ = _traced_gap_run(shared, config, work / "budget", competitor=False)
+    layer = _xen(explanation)
+    assert explanation.outliers >= 100, explanation.outliers
+    assert _outliers_with(explanation, "budget") >= 0.5, (explanation.summary[:4], layer.notes)
+    budgets = [json.loads(part.detail) for part in explanation.parts if part.kind == "budget"]
+    waits = [detail["replenished_ns"] - detail["exhausted_ns"] for detail in budgets]
     # the budget ran out after 4 ms of a 10 ms period: replenished about 6 ms later (TCG: +-30 %)
     assert 0.7 * (PERIOD_US - BUDGET_US) * 1000 <= float(np.median(waits)) <= 1.3 * (PERIOD_US - BUDGET_US) * 1000
-    assert all(int(o.detail["budget_ns"]) == BUDGET_US * 1000 for o in budgets)
+    assert all(detail["budget_ns"] == BUDGET_US * 1000 for detail in budgets)
     # nothing of ours is left in dom0: no tracer, no trace file
     dom0 = next(obj for obj in shared._objects.values() if hasattr(obj, "lab"))
     assert "xentrace" not in dom0.run(["ps"]).stdout

@@ -385,10 +385,10 @@ def _parts(trace: Trace, domains: XenDomains, vcpu: int, pcpu: int, begin: int, 
     base: dict[str, str | int] = {"domain": domains.measuring or 0, "vcpu": vcpu, "pcpu": pcpu, "runstate": state}
     if state == "blocked":
         return [Occupancy("xen", alignment.to_ns(begin), alignment.to_ns(end), "vCPU blocked (waiting for Xen to "
-                          "wake it)", "runstate", pcpu, base)]
+                          "wake it)", "runstate", vcpu, base)]
     if state == "offline":
         return [Occupancy("xen", alignment.to_ns(begin), alignment.to_ns(end), "vCPU offline (paused or down)",
-                          "runstate", pcpu, base)]
+                          "runstate", vcpu, base)]
     cuts = sorted({begin, end, *(t for ex in exhausted for t in (ex[0], ex[1] or end) if begin < t < end),
                    *(tsc for tsc, _, _ in _runs_on(trace, pcpu, begin, end))})
     out: list[Occupancy] = []
@@ -407,7 +407,7 @@ def _parts(trace: Trace, domains: XenDomains, vcpu: int, pcpu: int, begin: int, 
                 "window"
         else:
             cause, kind = f"runnable: {_label(ran, domains)} ran", "runstate"
-        out.append(Occupancy("xen", alignment.to_ns(left), alignment.to_ns(right), cause, kind, pcpu, detail))
+        out.append(Occupancy("xen", alignment.to_ns(left), alignment.to_ns(right), cause, kind, vcpu, detail))
     return _merged(out)
 
 
