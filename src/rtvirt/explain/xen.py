@@ -405,6 +405,8 @@ def _parts(trace: Trace, domains: XenDomains, vcpu: int, pcpu: int, begin: int, 
         elif domains.scheduler == "arinc653":
             cause, kind = "ARINC 653 window closed" + (f": {_label(ran, domains)} ran" if ran != IDLE_DOMAIN else ""), \
                 "window"
+        elif ran == IDLE_DOMAIN:
+            cause, kind = "runnable: its pCPU idled (Xen had not scheduled it yet)", "runstate"
         else:
             cause, kind = f"runnable: {_label(ran, domains)} ran", "runstate"
         out.append(Occupancy("xen", alignment.to_ns(left), alignment.to_ns(right), cause, kind, vcpu, detail))
@@ -427,10 +429,11 @@ def _occupant(trace: Trace, pcpu: int, tsc: int, waiting: tuple[int, int]) -> in
 
 
 def _merged(parts: list[Occupancy]) -> list[Occupancy]:
-    """Adjacent parts with the same cause as one."""
+    """Adjacent parts with the same cause (and the same budget exhaustion) as one."""
     out: list[Occupancy] = []
     for part in parts:
-        if out and out[-1].cause == part.cause and out[-1].end_ns == part.start_ns and part.kind != "budget":
+        if out and out[-1].cause == part.cause and out[-1].end_ns == part.start_ns and \
+                out[-1].detail.get("exhausted_ns") == part.detail.get("exhausted_ns"):
             previous = out[-1]
             out[-1] = Occupancy(previous.layer, previous.start_ns, part.end_ns, previous.cause, previous.kind,
                                 previous.cpu, previous.detail)

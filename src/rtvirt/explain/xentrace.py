@@ -121,9 +121,9 @@ def read_trace(blob: bytes) -> Trace:
         elif event == TRC_RTDS_BUDGET_BURN and len(record.data) >= 3:
             budget = struct.unpack("<q", struct.pack("<II", record.data[1], record.data[2]))[0]
             trace.burns.setdefault(_unit(record.data[0]), []).append((record.tsc, budget))
-        elif event == TRC_RTDS_BUDGET_REPLENISH and len(record.data) >= 5:
-            deadline = record.data[2] << 32 | record.data[1]
-            budget = record.data[4] << 32 | record.data[3]
+        elif event == TRC_RTDS_BUDGET_REPLENISH and len(record.data) >= 6:
+            deadline = record.data[3] << 32 | record.data[2]
+            budget = record.data[5] << 32 | record.data[4]
             trace.replenishments.setdefault(_unit(record.data[0]), []).append((record.tsc, deadline, budget))
     for changes in trace.runstates.values():
         changes.sort()
