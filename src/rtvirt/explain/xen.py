@@ -18,7 +18,6 @@ through the matched pairs is the mapping, and its largest residual is the stated
 from __future__ import annotations
 
 import bisect
-import json
 import os
 import time
 from collections.abc import Callable
@@ -461,7 +460,3 @@ def reclaim_xentrace(transport: Any) -> list[str]:
         transport.run(["rm", "-f", pidfile, pidfile.removesuffix(".pid") + ".bin"])
     return removed
 
-
-def describe_occupancy(occupancy: Occupancy) -> str:
-    """One line for logs and tests."""
-    return f"{occupancy.cause} [{occupancy.start_ns}, {occupancy.end_ns}) {json.dumps(occupancy.detail)}"
