@@ -97,6 +97,11 @@ class Dom0:
             raise RunError(f"xl {what or args[0]}: {said}")
         return str(result.stdout)
 
+    def cpu_khz(self) -> int | None:
+        """The TSC rate Xen measured (``xl info`` cpu_mhz, to the kHz)."""
+        match = re.search(r"^cpu_mhz\s*:\s*(\d+(?:\.\d+)?)", self.info(), re.M)
+        return round(float(match.group(1)) * 1000) if match else None
+
     def info(self) -> str:
         if self._info is None:
             self._info = self.xl("info")[:8192]
@@ -127,8 +132,10 @@ class Dom0:
             self.xl("cpupool-cpu-add", DEFAULT_POOL, str(cpu))
 
     def reclaim(self) -> list[str]:
-        """Destroy domains and cpupools with rtvirt's prefix (left by a killed campaign)."""
-        removed = []
+        """Destroy domains and cpupools with rtvirt's prefix and stop its tracers (left by a killed campaign)."""
+        from ...explain.xen import reclaim_xentrace
+
+        removed = reclaim_xentrace(self.transport)
         for name in self.domains():
             if name.startswith(NAME_PREFIX):
                 self.xl("destroy", name)

@@ -18,7 +18,8 @@ __all__ = ["DOMU_INITRAMFS", "DOMU_KERNEL", "dom0_image", "hvm_archive"]
 
 TOOLSTACK = ("/usr/lib/xen-4.17/bin/xl", "/usr/lib/xen-4.17/bin/xenstored", "/usr/lib/xen-4.17/bin/xen-init-dom0",
              "/usr/lib/xen-4.17/bin/xenconsoled", "/usr/lib/xen-4.17/bin/libxl-save-helper",
-             "/usr/lib/xen-4.17/bin/xenconsole", "/usr/bin/xenstore-read", "/usr/bin/xenstore-write",
+             "/usr/lib/xen-4.17/bin/xenconsole", "/usr/lib/xen-4.17/bin/xentrace",
+             "/usr/bin/xenstore-read", "/usr/bin/xenstore-write",
              "/usr/bin/xenstore-rm", "/usr/sbin/sshd")
 # xl dlopens libgcc_s for pthread_cancel; ldd does not name it
 EXTRA_LIBRARIES = ("/lib/x86_64-linux-gnu/libgcc_s.so.1",)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, RunError
 from .. import baremetal
@@ -30,6 +30,10 @@ from .relays import BaremetalRelay, ListenerRelay
 from .teardown import XenTeardown
 from .where import _open_dom0, _resolve_where
 from .xl import _mode_refusal, _table, _xl_info
+
+if TYPE_CHECKING:
+    from ...explain.config import ExplainConfig
+    from ...explain.model import TraceSource
 
 LAB_WARNING = ("nested Xen under {accel} (a Xen lab in QEMU on this machine): its timings are not representative "
                "of a Xen host")
@@ -111,6 +115,8 @@ class XenEnvironment(XenTeardown):
         role = "stress" if self._parent is not None else "measure"
         name = f"{NAME_PREFIX}{self.config.label[:40]}-{role}-{self._index}"
         directory = f"{RUN_DIR}/{name}"
+        if self._parent is None:
+            self._stream_out = out
         if self.config.guest == "baremetal" and self._parent is None:
             return self._launch_baremetal(agent, args, out, name, directory)
         argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
@@ -203,6 +209,27 @@ class XenEnvironment(XenTeardown):
         domu = XenEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
         domu._parent = self
         return domu
+
+    def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
+        """The Xen layer (explain.xen): xentrace in this domU's dom0 beside the run; disturbing domUs add none."""
+        from ...explain.xen import XenDom0, XenDomains, XenTraceSource
+
+        if self._parent is not None or "xen" not in config.layers:
+            return []
+
+        def open_dom0() -> XenDom0:
+            self.start()
+            assert self._dom0 is not None
+            return XenDom0(self._dom0.transport, self._dom0.cpu_khz(), len(self._pcpus()))
+
+        def domains() -> XenDomains:
+            rtds = self.config.rtds
+            scheduler = self.config.scheduler if self.config.scheduler != "default" else self._default_scheduler()
+            return XenDomains(self._measuring_domid, dict(self._domids), scheduler,
+                              {"period_ns": rtds.period, "budget_ns": rtds.budget} if rtds is not None else {},
+                              self._stream_out)
+
+        return [XenTraceSource(open_dom0, domains, self.workdir / "explain-xen", buffer_mb=config.buffer_mb)]
 
     def platform_audit(self) -> dict[str, Any]:
         dom0 = self._dom0

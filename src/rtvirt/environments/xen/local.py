@@ -77,6 +77,13 @@ class _LocalTransport:
         Path(remote).write_bytes(local.read_bytes())
         os.chmod(remote, mode)
 
+    def get(self, remote: str, local: Path, timeout: float = 300.0) -> int:
+        try:
+            local.write_bytes(Path(remote).read_bytes())
+        except OSError as exc:
+            raise RunError(f"dom0: cannot read {remote[:200]}: {exc.strerror}") from None
+        return local.stat().st_size
+
     def close(self) -> None:
         pass
 

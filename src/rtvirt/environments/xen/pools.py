@@ -142,7 +142,12 @@ class XenPools(XenDomainState):
     def _read_back(self, name: str) -> None:
         """Every applied setting as xl reports it; RTDS reservations are checked against the request."""
         assert self._dom0 is not None
-        readback: dict[str, Any] = {"domain": name, "type": self._type_of(name),
+        domid = self._dom0.xl("domid", name).strip()
+        if domid.isdigit():  # the Xen trace names domains by id (explain.xen)
+            (self._parent or self)._domids[int(domid)] = name
+            if self._parent is None:
+                self._measuring_domid = int(domid)
+        readback: dict[str, Any] = {"domain": name, "type": self._type_of(domid),
                                     "pool": self._domain_pool() or DEFAULT_POOL,
                                     "vcpu_list": _vcpu_list(self._dom0.xl("vcpu-list", name))}
         if readback["type"] != self._domain_type():
@@ -173,10 +178,9 @@ class XenPools(XenDomainState):
             readback["arinc653"] = (self._parent or self).a653_readback()
         self._readback = readback
 
-    def _type_of(self, name: str) -> str | None:
+    def _type_of(self, domid: str) -> str | None:
         """pv, pvh or hvm as libxl recorded it in xenstore (xl prints no domain type)."""
         assert self._dom0 is not None
-        domid = self._dom0.xl("domid", name).strip()
         found = self._dom0.run(["xenstore-read", f"/libxl/{domid}/type"]) if domid.isdigit() else None
         return found.stdout.strip()[:16] if found is not None and found.returncode == 0 else None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Any, Self
 
 from ..base import AgentProcess, Environment
@@ -38,6 +39,9 @@ class XenDomainState(Environment):
         self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
         self._image: GuestImage | None = None  # the measuring domU's guest image (linux, linux-rt)
         self._a653_domains: dict[str, list[tuple[str, int]]] = {}  # ARINC 653 pool owner: domain -> (UUID, vCPU)
+        self._domids: dict[int, str] = {}  # the measuring domU's (and its disturbers'): domid -> name
+        self._measuring_domid: int | None = None
+        self._stream_out: Path | None = None  # the measuring domU's stream file (the Xen trace aligns with it)
 
     def measured_cpus(self) -> tuple[int, ...]:
         # host CPUs: the lab's QEMU (or dom0's host) is not pinned; the domU's own pCPUs are in describe()

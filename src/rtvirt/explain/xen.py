@@ -1,0 +1,462 @@
+"""The Xen layer: ``xentrace`` in dom0 beside a run, read back into who held the measuring vCPU's pCPU.
+
+xentrace (Debian's xen-utils) runs in dom0 through the xen environment's dom0 transport (a lab's dom0 over SSH
+or this machine's), with the scheduler trace class only and a bounded circular memory buffer (``-M``, dumped
+when it is stopped) and a time limit of its own (``-T``), so a tracer whose rtvirt died still ends and switches
+Xen's tracing off. Its binary records are read by ``explain.xentrace``. For each outlier window the measuring
+vCPU's runstate says whether Xen kept it from running: blocked (not yet woken), runnable while another
+domain's vCPU ran on its pCPU ("runnable: domU X ran"), an RTDS budget exhausted until its replenishment,
+an ARINC 653 window closed. Running time is not Xen's: other layers (or "unexplained") account for it.
+
+Clocks: Xen stamps trace records with the pCPU's TSC; the samples are on the domU's CLOCK_MONOTONIC (Xen
+system time plus an offset fixed at the domU's boot). The mapping is found from the run itself: the end of
+each outlier window (the measuring thread runs again) is the moment Xen resumed the vCPU, so the windows'
+ends and lengths are matched with the vCPU's resumptions and the delays before them; a straight line fitted
+through the matched pairs is the mapping, and its largest residual is the stated uncertainty.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .model import CollectContext, Layer, LayerTrace, Occupancy
+from .xentrace import IDLE_DOMAIN, TRC_SCHED, Trace, TraceError, read_trace
+
+__all__ = ["TRACE_DIR", "XenDom0", "XenDomains", "XenTraceSource", "align", "reclaim_xentrace"]
+
+XENTRACE = "xentrace"
+TRACE_DIR = "/run/rtvirt"
+TRACE_PREFIX = "xentrace-"
+XEN_BUFFER_PAGES = 256  # Xen's own per-pCPU buffer (set once per boot: xentrace -S); xentrace empties it
+POLL_MS = 20
+STOP_WAIT_S = 60.0
+MATCH_CANDIDATES = 12  # the largest windows proposing an alignment
+MATCH_BINS = 20  # the most proposed offsets (EDGE_NS wide) tried
+MIN_WAIT_NS = 100_000  # shorter waits do not take part in the alignment
+EDGE_NS = 300_000  # a wait and its window share an edge within this (nested TCG: the guest sees time late)
+CONTEXT_NS = 5_000_000  # occupancies kept this far around a window (the report's timelines)
+MAX_OCCUPANCIES = 20_000
+LIMIT_S = 7200.0  # xentrace ends by itself after this (-T), should nothing stop it
+# `echo $$` then exec: the pid file names the xentrace process itself, for stop() and a later reclaim
+PIDFILE_SCRIPT = 'echo $$ > "$1"; shift; exec "$@"'
+
+
+@dataclass(frozen=True)
+class XenDom0:
+    """The dom0 to trace in: its transport (run/spawn/get argument vectors), Xen's TSC rate, the pCPUs traced."""
+
+    transport: Any
+    cpu_khz: int | None
+    pcpus: int
+
+
+@dataclass(frozen=True)
+class XenDomains:
+    """What the environment knows of the traced run: the measuring domU, the names of the others, its pool."""
+
+    measuring: int | None  # domid of the measuring domU (None: it was never created)
+    names: dict[int, str] = field(default_factory=dict)  # domid -> name, as rtvirt created them
+    scheduler: str = "unknown"  # of the measuring domU's cpupool
+    rtds: dict[str, int] = field(default_factory=dict)  # period_ns, budget_ns as applied
+    stream: Path | None = None  # the run's stream file (its samples align the clocks)
+
+
+def _label(domid: int, domains: XenDomains) -> str:
+    if domid == IDLE_DOMAIN:
+        return "pCPU idle"
+    if domid == 0:
+        return "dom0"
+    name = domains.names.get(domid)
+    return f"domU {name}" if name else f"domain {domid}"
+
+
+class XenTraceSource:
+    """xentrace beside one run in one dom0 (``transport``: run/spawn/get as the xen environment's Dom0 has)."""
+
+    layer: Layer = "xen"
+
+    def __init__(self, open_dom0: Callable[[], XenDom0], domains: Callable[[], XenDomains], workdir: Path,
+                 buffer_mb: int = 64, limit_s: float = LIMIT_S) -> None:
+        self.open_dom0 = open_dom0
+        self.domains = domains
+        self.workdir = workdir
+        self.buffer_mb = max(1, buffer_mb)
+        self.limit_s = limit_s
+        self.transport: Any = None
+        self.cpu_khz: int | None = None
+        self.memory_bytes = self.buffer_mb << 20
+        stem = f"{TRACE_DIR}/{TRACE_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
+        self.remote_trace, self.remote_pid = f"{stem}.bin", f"{stem}.pid"
+        self.local_trace = workdir / "xentrace.bin"
+        self._process: Any = None
+        self._failure: str | None = None
+        self._stopped = False
+
+    def argv(self) -> list[str]:
+        return ["sh", "-c", PIDFILE_SCRIPT, "rtvirt-xentrace", self.remote_pid, XENTRACE, "-D",
+                "-e", f"{TRC_SCHED:#010x}", "-S", str(XEN_BUFFER_PAGES), "-s", str(POLL_MS),
+                "-M", str(self.memory_bytes), "-T", str(int(self.limit_s)), self.remote_trace]
+
+    def start(self) -> None:
+        try:
+            dom0 = self.open_dom0()
+            self.transport, self.cpu_khz = dom0.transport, dom0.cpu_khz
+            self.memory_bytes = (self.buffer_mb << 20) * max(1, dom0.pcpus)
+            self.transport.run(["mkdir", "-p", TRACE_DIR]).check("xen trace: dom0 mkdir")
+            self._process = self.transport.spawn(self.argv(), stream_to=None)
+            deadline = time.monotonic() + 30
+            while self.transport.run(["test", "-s", self.remote_pid]).returncode != 0:
+                if self._process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"xentrace did not start in dom0 (status {self._process.poll()})")
+                time.sleep(0.2)
+        except Exception as exc:  # the measurement runs unchanged; the explanation says why
+            self._failure = f"xentrace could not run in dom0: {str(exc)[:300]}"
+            self.stop()
+
+    def stop(self) -> None:
+        """SIGINT: xentrace writes its memory buffer out and switches Xen's tracing off; then fetch the file and
+        remove everything from dom0. Idempotent; never raises (a dead lab has nothing left to stop)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.transport is None:
+            return
+        try:
+            self.transport.run(["sh", "-c", 'kill -INT "$(cat "$1")"', "rtvirt-xentrace-stop", self.remote_pid])
+            deadline = time.monotonic() + STOP_WAIT_S
+            while self._process is not None and self._process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if self._process is not None and self._process.poll() is None:
+                self._process.stop(grace=2.0)
+            if self._failure is None:
+                self.workdir.mkdir(parents=True, exist_ok=True)
+                self.transport.get(self.remote_trace, self.local_trace)
+        except Exception as exc:
+            self._failure = self._failure or f"xentrace's output could not be read back from dom0: {str(exc)[:300]}"
+        finally:
+            try:
+                self.transport.run(["rm", "-f", self.remote_trace, self.remote_pid])
+            except Exception as exc:
+                self._failure = self._failure or f"dom0 did not answer after the run: {str(exc)[:300]}"
+
+    def collect(self, context: CollectContext) -> LayerTrace:
+        self.stop()
+        if self._failure is not None:
+            return LayerTrace("xen", seen=False, why_not=self._failure)
+        domains = self.domains()
+        if domains.measuring is None:
+            return LayerTrace("xen", seen=False, why_not="the measuring domU was never created: nothing to trace")
+        try:
+            trace = read_trace(self.local_trace.read_bytes())
+        except (OSError, TraceError) as exc:
+            return LayerTrace("xen", seen=False, why_not=f"xentrace's output is unreadable: {str(exc)[:300]}")
+        size = self.local_trace.stat().st_size
+        return explain_trace(trace, domains, context.windows, self.cpu_khz,
+                             wrapped=size >= self.memory_bytes - 4096, samples=sample_windows(domains.stream))
+
+
+def sample_windows(stream: Path | None) -> np.ndarray | None:
+    """Every sample's window of at least MIN_WAIT_NS from the run's stream file, to align with (the outliers alone
+    may be too few); None when the stream cannot be read."""
+    from ..stream import read_stream
+
+    try:
+        records = read_stream(stream).records if stream is not None else None
+    except Exception:  # noqa: BLE001 - a damaged stream leaves the outlier windows to align with
+        return None
+    if records is None:
+        return None
+    values = records["value"].astype(np.int64)
+    kept = records[values >= MIN_WAIT_NS]
+    windows = np.zeros(kept.size, dtype=[("start_ns", "<i8"), ("end_ns", "<i8"), ("cpu", "<i2")])
+    windows["start_ns"] = kept["t_ns"].astype(np.int64)
+    windows["end_ns"] = windows["start_ns"] + kept["value"].astype(np.int64)
+    windows["cpu"] = kept["cpu"]
+    return windows
+
+
+@dataclass(frozen=True, slots=True)
+class Stretch:
+    """The measuring vCPU not running, [start, end) in TSC ticks, with its states' sub-intervals."""
+
+    start: int
+    end: int
+    ready: int  # the start of the runnable time just before the resumption (woken, or preempted)
+    states: tuple[tuple[int, int, str], ...]
+    pcpu: int  # where it resumed
+
+
+def stretches(trace: Trace, vcpu: tuple[int, int]) -> list[Stretch]:
+    """The measuring vCPU's not-running stretches that ended with it running again."""
+    found: list[Stretch] = []
+    start: int | None = None
+    states: list[tuple[int, int, str]] = []
+    for (tsc, state, pcpu), following in zip(trace.runstates.get(vcpu, []), [*trace.runstates.get(vcpu, [])[1:],
+                                                                                None], strict=True):
+        if state == "running":
+            if start is not None and states:
+                ready = states[-1][0]
+                for begin, _end, name in reversed(states):
+                    if name == "blocked":
+                        break
+                    ready = begin
+                found.append(Stretch(start, tsc, ready, tuple(states), pcpu))
+            start, states = None, []
+            continue
+        start = tsc if start is None else start
+        states.append((tsc, following[0] if following is not None else tsc, state))
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Alignment:
+    """sample_ns = slope * tsc + offset, within uncertainty_ns (the largest residual of the matched pairs)."""
+
+    slope: float
+    offset: float
+    uncertainty_ns: int
+    matched: int
+
+    def to_ns(self, tsc: int) -> int:
+        return int(round(self.slope * tsc + self.offset))
+
+
+def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_tick: float) -> Alignment | None:
+    """Map TSC to the sample clock so that the vCPU's waits to run (``ready`` to ``resumes``, TSC) fall inside
+    the outlier windows: a wait Xen imposed lies within the window it caused, sharing its start (a preemption)
+    or its end (the resumption); the window may be longer (time the guest lost elsewhere). None when fewer than
+    three windows hold a wait under any mapping."""
+    if len(windows) == 0 or len(resumes) == 0:
+        return None
+    starts = windows["start_ns"].astype(np.int64)
+    order = np.argsort(starts)
+    starts, ends = starts[order], windows["end_ns"].astype(np.int64)[order]
+    lengths = ends - starts
+    first, last = ready.astype(np.float64), resumes.astype(np.float64)
+    waits = (last - first) * ns_per_tick
+    votes: list[np.ndarray] = []
+    for index in np.argsort(-lengths)[:MATCH_CANDIDATES]:
+        fits = (waits >= 0.3 * lengths[index]) & (waits <= lengths[index] + EDGE_NS)
+        votes += [starts[index] - first[fits] * ns_per_tick, ends[index] - last[fits] * ns_per_tick]
+    offsets = np.concatenate(votes)
+    if offsets.size == 0:
+        return None
+    bins = np.floor(offsets / EDGE_NS)
+    values, counts = np.unique(bins, return_counts=True)
+    best: tuple[int, float, float] | None = None
+    for bin_value in values[np.argsort(-counts)[:MATCH_BINS]]:
+        candidate = float(np.median(offsets[bins == bin_value]))
+        matched = len(np.unique(_contained(starts, ends, first * ns_per_tick + candidate,
+                                           last * ns_per_tick + candidate)[0]))
+        if best is None or matched > best[0]:
+            best = (matched, ns_per_tick, candidate)
+    if best is None or best[0] < 3:
+        return None
+    _, slope, offset = best
+
+    def shared_edges() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(window, TSC of the shared edge, its sample-clock time, residual) of each wait inside a window."""
+        windows_at, waits_at = _contained(starts, ends, first * slope + offset, last * slope + offset)
+        from_start = starts[windows_at] - (first[waits_at] * slope + offset)
+        from_end = ends[windows_at] - (last[waits_at] * slope + offset)
+        by_start = np.abs(from_start) <= np.abs(from_end)
+        return (windows_at, np.where(by_start, first[waits_at], last[waits_at]),
+                np.where(by_start, starts[windows_at], ends[windows_at]).astype(np.float64),
+                np.minimum(np.abs(from_start), np.abs(from_end)))
+
+    for _ in range(3):  # fit a line through the shared edges (the closest ones), then match again with it
+        _, ticks, edges, residuals = shared_edges()
+        close = residuals <= 5 * np.median(residuals) + 5_000
+        if close.sum() >= 4 and np.ptp(ticks[close]) > 0:
+            slope, offset = (float(v) for v in np.polyfit(ticks[close], edges[close], 1))
+    windows_at, _, _, residuals = shared_edges()
+    close = residuals <= 5 * np.median(residuals) + 5_000 if len(residuals) else residuals > 0
+    if len(np.unique(windows_at[close])) < 3:
+        return None
+    return Alignment(slope, offset, int(np.ceil(residuals[close].max())), len(np.unique(windows_at[close])))
+
+
+def _contained(starts: np.ndarray, ends: np.ndarray, first: np.ndarray,
+               last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(window index, wait index) of waits that lie within a window and share one of its edges (EDGE_NS)."""
+    at = np.searchsorted(starts, first + EDGE_NS, side="right") - 1
+    valid = at >= 0
+    window = np.where(valid, at, 0)
+    inside = valid & (first >= starts[window] - EDGE_NS) & (last <= ends[window] + EDGE_NS)
+    edge = (np.abs(first - starts[window]) <= EDGE_NS) | (np.abs(last - ends[window]) <= EDGE_NS)
+    waits = np.flatnonzero(inside & edge)
+    return window[waits], waits
+
+
+def explain_trace(trace: Trace, domains: XenDomains, windows: np.ndarray, cpu_khz: int | None,
+                  wrapped: bool = False, samples: np.ndarray | None = None) -> LayerTrace:
+    """Occupancies of the Xen layer around the outlier ``windows``, on the sample clock, from a read trace; the
+    clocks are aligned with ``samples`` (every sample's window) when given, else with the outliers."""
+    assert domains.measuring is not None
+    notes = [f"xentrace: {trace.records} scheduler records"]
+    if wrapped:
+        notes.append("xentrace's memory buffer filled: the oldest records were dropped (only the run's end is seen)")
+    vcpus = sorted(key for key in trace.runstates if key[0] == domains.measuring)
+    if not vcpus:
+        return LayerTrace("xen", seen=False, why_not=f"the trace holds no runstate of the measuring domU "
+                                                     f"(domain {domains.measuring})", dropped_events=trace.lost_records,
+                          notes=notes)
+    if not cpu_khz:
+        return LayerTrace("xen", seen=False, why_not="xl info gives no cpu_mhz: Xen's TSC timestamps cannot be "
+                                                     "mapped to the sample clock", notes=notes)
+    by_vcpu = {vcpu: stretches(trace, (domains.measuring, vcpu)) for _dom, vcpu in vcpus}
+    every = [stretch for found in by_vcpu.values() for stretch in found]
+    ns_per_tick = 1e6 / cpu_khz
+    if every:
+        longest = max(every, key=lambda s: s.end - s.ready)
+        notes.append(f"the measuring vCPU's longest wait to run in the whole trace: "
+                     f"{(longest.end - longest.ready) * ns_per_tick / 1e3:.0f} us")
+    waits = [s for s in every if (s.end - s.ready) * ns_per_tick >= MIN_WAIT_NS]
+    alignment = align(np.array([s.ready for s in waits], dtype=np.int64),
+                      np.array([s.end for s in waits], dtype=np.int64),
+                      samples if samples is not None and len(samples) else windows, ns_per_tick)
+    if alignment is None:
+        return LayerTrace("xen", seen=False, dropped_events=trace.lost_records, notes=notes,
+                          why_not="Xen's clock could not be aligned with the domU's: fewer than three outlier windows "
+                                  "hold a wait of the measuring vCPU that starts or ends with them (Xen did not hold "
+                                  "the vCPU back in these windows, or the trace missed them)")
+    notes.append(f"aligned by {alignment.matched} sample windows holding a wait of the measuring vCPU "
+                 f"(TSC at {1e6 / alignment.slope / 1e3:.3f} MHz; largest residual "
+                 f"{alignment.uncertainty_ns / 1e3:.1f} us)")
+    occupancies = _occupancies(trace, domains, by_vcpu, windows, alignment)
+    return LayerTrace("xen", seen=True, occupancies=occupancies, alignment_ns=alignment.uncertainty_ns,
+                      dropped_events=trace.lost_records, notes=notes)
+
+
+def _near_windows(windows: np.ndarray) -> Callable[[int, int], bool]:
+    starts = np.sort(windows["start_ns"].astype(np.int64) - CONTEXT_NS)
+    ends = np.sort(windows["end_ns"].astype(np.int64) + CONTEXT_NS)
+
+    def near(start: int, end: int) -> bool:
+        # some window [s, e) overlaps [start, end): a window starting before end that has not ended by start
+        return int(np.searchsorted(starts, end)) > int(np.searchsorted(ends, start, side="right"))
+    return near
+
+
+def _occupancies(trace: Trace, domains: XenDomains, by_vcpu: dict[int, list[Stretch]], windows: np.ndarray,
+                 alignment: Alignment) -> list[Occupancy]:
+    near = _near_windows(windows)
+    found: list[Occupancy] = []
+    for vcpu, stretches_of_vcpu in by_vcpu.items():
+        exhausted = _exhaustions(trace, (domains.measuring or 0, vcpu))
+        for stretch in stretches_of_vcpu:
+            if not near(alignment.to_ns(stretch.start), alignment.to_ns(stretch.end)):
+                continue
+            for begin, end, state in stretch.states:
+                found += _parts(trace, domains, vcpu, stretch.pcpu, begin, end, state, exhausted, alignment)
+            if len(found) > MAX_OCCUPANCIES:
+                return found
+    return found
+
+
+def _exhaustions(trace: Trace, unit: tuple[int, int]) -> list[tuple[int, int | None, dict[str, int]]]:
+    """RTDS: (TSC the budget ran out, TSC of the next replenishment or None, its deadline/budget)."""
+    replenished = trace.replenishments.get(unit, [])
+    times = [tsc for tsc, _, _ in replenished]
+    out: list[tuple[int, int | None, dict[str, int]]] = []
+    for tsc, left in trace.burns.get(unit, []):
+        if left <= 0 and (not out or (out[-1][1] is not None and tsc >= out[-1][1])):
+            at = bisect.bisect_right(times, tsc)
+            if at < len(replenished):
+                _, deadline, budget = replenished[at]
+                out.append((tsc, replenished[at][0], {"deadline_ns": deadline, "budget_ns": budget}))
+            else:
+                out.append((tsc, None, {}))
+    return out
+
+
+def _parts(trace: Trace, domains: XenDomains, vcpu: int, pcpu: int, begin: int, end: int, state: str,
+           exhausted: list[tuple[int, int | None, dict[str, int]]], alignment: Alignment) -> list[Occupancy]:
+    """One state of a not-running stretch as occupancies: who ran on the pCPU meanwhile, budget or window."""
+    base: dict[str, str | int] = {"domain": domains.measuring or 0, "vcpu": vcpu, "pcpu": pcpu, "runstate": state}
+    if state == "blocked":
+        return [Occupancy("xen", alignment.to_ns(begin), alignment.to_ns(end), "vCPU blocked (waiting for Xen to "
+                          "wake it)", "runstate", vcpu, base)]
+    if state == "offline":
+        return [Occupancy("xen", alignment.to_ns(begin), alignment.to_ns(end), "vCPU offline (paused or down)",
+                          "runstate", vcpu, base)]
+    cuts = sorted({begin, end, *(t for ex in exhausted for t in (ex[0], ex[1] or end) if begin < t < end),
+                   *(tsc for tsc, _, _ in _runs_on(trace, pcpu, begin, end))})
+    out: list[Occupancy] = []
+    for left, right in zip(cuts, cuts[1:], strict=False):
+        ran = _occupant(trace, pcpu, left, (domains.measuring or 0, vcpu))
+        detail = {**base, "ran": _label(ran, domains), "ran_domid": ran}
+        budget = next((ex for ex in exhausted if ex[0] <= left and (ex[1] is None or left < ex[1])), None)
+        if budget is not None:
+            replenished = alignment.to_ns(budget[1]) if budget[1] is not None else None
+            detail.update(domains.rtds, exhausted_ns=alignment.to_ns(budget[0]), **budget[2])
+            if replenished is not None:
+                detail["replenished_ns"] = replenished
+            cause, kind = "RTDS budget exhausted (until its replenishment)", "budget"
+        elif domains.scheduler == "arinc653":
+            cause, kind = "ARINC 653 window closed" + (f": {_label(ran, domains)} ran" if ran != IDLE_DOMAIN else ""), \
+                "window"
+        elif ran == IDLE_DOMAIN:
+            cause, kind = "runnable: its pCPU idled (Xen had not scheduled it yet)", "runstate"
+        else:
+            cause, kind = f"runnable: {_label(ran, domains)} ran", "runstate"
+        out.append(Occupancy("xen", alignment.to_ns(left), alignment.to_ns(right), cause, kind, vcpu, detail))
+    return _merged(out)
+
+
+def _runs_on(trace: Trace, pcpu: int, begin: int, end: int) -> list[tuple[int, int, int]]:
+    runs = trace.running.get(pcpu, [])
+    return runs[bisect.bisect_right(runs, (begin, 1 << 30, 0)):bisect.bisect_left(runs, (end, -1, -1))]
+
+
+def _occupant(trace: Trace, pcpu: int, tsc: int, waiting: tuple[int, int]) -> int:
+    """The domain whose vCPU ran on ``pcpu`` at ``tsc`` (the idle domain when nothing did or nothing is known).
+    At a switch Xen may trace the waiting vCPU's change before its successor's: that successor ran."""
+    runs = trace.running.get(pcpu, [])
+    at = bisect.bisect_right(runs, (tsc, 1 << 30, 1 << 30)) - 1
+    if at >= 0 and runs[at][1:] == waiting:
+        at += 1
+    return runs[at][1] if 0 <= at < len(runs) else IDLE_DOMAIN
+
+
+def _merged(parts: list[Occupancy]) -> list[Occupancy]:
+    """Adjacent parts with the same cause (and the same budget exhaustion) as one."""
+    out: list[Occupancy] = []
+    for part in parts:
+        if out and out[-1].cause == part.cause and out[-1].end_ns == part.start_ns and \
+                out[-1].detail.get("exhausted_ns") == part.detail.get("exhausted_ns"):
+            previous = out[-1]
+            out[-1] = Occupancy(previous.layer, previous.start_ns, part.end_ns, previous.cause, previous.kind,
+                                previous.cpu, previous.detail)
+        elif part.end_ns > part.start_ns:
+            out.append(part)
+    return out
+
+
+def reclaim_xentrace(transport: Any) -> list[str]:
+    """After a killed campaign: stop the xentrace processes rtvirt's pid files name in dom0 (a tracer stopped by
+    SIGINT switches Xen's tracing off) and remove their files."""
+    listed = transport.run(["sh", "-c", 'for f in "$1"/' + TRACE_PREFIX + '*.pid; do [ -e "$f" ] && echo "$f"; '
+                            'done; exit 0', "rtvirt-reclaim", TRACE_DIR])
+    removed = []
+    for pidfile in listed.stdout.split():
+        pid = transport.run(["cat", pidfile]).stdout.strip()
+        if pid.isdigit():
+            command = transport.run(["cat", f"/proc/{pid}/cmdline"]).stdout
+            if XENTRACE in command and pidfile.removesuffix(".pid") in command:
+                transport.run(["kill", "-INT", pid])
+                deadline = time.monotonic() + STOP_WAIT_S
+                while transport.run(["test", "-e", f"/proc/{pid}"]).returncode == 0 and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                removed.append(f"xentrace in dom0 (pid {pid})")
+        transport.run(["rm", "-f", pidfile, pidfile.removesuffix(".pid") + ".bin"])
+    return removed
+

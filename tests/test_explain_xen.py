@@ -1,0 +1,191 @@
+"""The Xen layer of explanations (explain.xen): xentrace in the lab's dom0 beside a gap probe in an RTDS domU.
+
+One lab boot (module fixture) serves two traced runs: a competing RT domU on the measuring domU's pCPU, and an
+RTDS budget shorter than the work. The reader of xentrace's records and the clock alignment are also checked on
+records built from Xen's trace.h layout. Lab timings are TCG-nested: assertions check causes and proportions.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rtvirt.environments.base import SharedResources
+from rtvirt.environments.xen import XenConfig, XenEnvironment
+from rtvirt.explain.config import ExplainConfig
+from rtvirt.explain.model import Explanation, LayerTrace
+from rtvirt.explain.sources import session_for
+from rtvirt.explain.stored import read_explanation
+from rtvirt.explain.xen import align, reclaim_xentrace
+from rtvirt.explain.xentrace import TraceError, parse_records, read_trace
+from rtvirt.probes import PROBES
+from rtvirt.stream import read_stream
+from rtvirt.stressors.registry import STRESSORS
+
+RUN_S = 3
+THRESHOLD_US = 1000  # gaps the test explains (the lab's own noise stays below)
+PERIOD_US, BUDGET_US = 10_000, 4_000
+WINDOW = np.dtype([("start_ns", "<i8"), ("end_ns", "<i8"), ("cpu", "<i2")])
+
+
+def _record(event: int, data: tuple[int, ...], tsc: int | None) -> bytes:
+    header = event | len(data) << 28 | (1 << 31 if tsc is not None else 0)
+    body = struct.pack("<II", tsc & 0xFFFFFFFF, tsc >> 32) if tsc is not None else b""
+    return struct.pack("<I", header) + body + struct.pack(f"<{len(data)}I", *data)
+
+
+def test_records_are_read_per_pcpu_with_their_tsc_and_a_cut_tail_is_dropped() -> None:
+    blob = (_record(0x1F003, (1, 64), None) + _record(0x21101, (5 << 16 | 2,), 1 << 33)
+            + _record(0x28004, (9,), None) + _record(0x1F003, (0, 32), None) + _record(0x21011, (5 << 16 | 2,), 7))
+    records = list(parse_records(blob + _record(0x21101, (1,), 8)[:6]))
+    assert [(r.cpu, r.tsc, r.event, r.data) for r in records] == [
+        (1, 1 << 33, 0x21101, (5 << 16 | 2,)), (1, 1 << 33, 0x28004, (9,)), (0, 7, 0x21011, (5 << 16 | 2,))]
+    trace = read_trace(blob)
+    assert trace.runstates[(5, 2)] == [(7, "runnable", 0), (1 << 33, "running", 1)]
+    assert trace.running == {1: [(1 << 33, 5, 2)]}
+    with pytest.raises(TraceError, match="not a xentrace file"):
+        list(parse_records(_record(0x21101, (1,), 5)))
+
+
+def test_alignment_puts_the_vcpus_waits_inside_the_windows_they_caused() -> None:
+    """Windows hold a wait of the vCPU sharing their start (preempted, then the guest lost more time) or their
+    end (woken late); the mapping is found from them alone, through a TSC rate 10 ppm off the one Xen gives."""
+    ns_per_tick, offset = 1 / 2.4, -12_345_678
+    rng = np.random.default_rng(7)
+    ready = np.sort(rng.choice(np.arange(10**9, 4 * 10**10, 8 * 10**7), 300, replace=False))  # 33 ms apart or more
+    resumes = ready + rng.integers(200_000, 12_000_000, 300)
+    chosen = np.sort(rng.choice(300, 40, replace=False))
+
+    def true_ns(tsc: np.ndarray) -> np.ndarray:
+        return (tsc * ns_per_tick * 1.00001 + offset).astype(np.int64)
+
+    extra = rng.integers(0, 2_000_000, 40)
+    at_start = rng.random(40) < 0.5
+    windows = np.zeros(40, dtype=WINDOW)
+    windows["start_ns"] = true_ns(ready[chosen]) - np.where(at_start, 0, extra)
+    windows["end_ns"] = true_ns(resumes[chosen]) + np.where(at_start, extra, 0)
+    found = align(ready, resumes, windows, ns_per_tick)
+    assert found is not None and found.matched == 40
+    assert abs(found.to_ns(int(ready[0])) - int(true_ns(ready[:1])[0])) < 1_000
+    assert found.uncertainty_ns < 1_000
+    assert align(ready, resumes, windows[:0], ns_per_tick) is None
+
+
+def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path,
+                    competitor: bool) -> tuple[Explanation, dict[int, str]]:
+    """A gap probe in the measuring domU explained as a campaign does it (explain.session), with xentrace beside
+    it and, with ``competitor``, a spinning RT domU on its pCPU; returns the stored explanation and the domUs."""
+    env = XenEnvironment(config, shared.supervisor, workdir, shared)
+    session = session_for(env, ExplainConfig(threshold=THRESHOLD_US, layers=["xen"]))
+    stressor = None
+    out = workdir / "samples.rtvs"
+    try:
+        env.start()
+        session.start()
+        if competitor:
+            stressor = env.stressor_guest(1, None)
+            cpu = STRESSORS["cpu"]
+            stressor.launch("rtvirt-stress", cpu.command(cpu.params(workers=1, duration=0), "")[1:], None)
+            deadline = time.monotonic() + 900
+            while not stressor.booted:
+                assert stressor.check() is None and time.monotonic() < deadline
+                time.sleep(0.5)
+        probe = PROBES["gap"]
+        params = probe.params(threshold="500us", duration=f"{RUN_S}s", **env.probe_overrides())
+        launched = env.launch("rtvirt-probe", probe.command(params, "")[1:], out)
+        launched.follow(900, env.check)
+    finally:
+        session.stop()
+        if stressor is not None:
+            stressor.close()
+        env.close()
+    entry = session.explain_into(workdir, read_stream(out))
+    assert "error" not in entry, entry
+    explanation = read_explanation(workdir)
+    assert explanation is not None
+    return explanation, dict(env._domids)
+
+
+def _xen(explanation: Explanation) -> LayerTrace:
+    (layer,) = [layer for layer in explanation.layers if layer.layer == "xen"]
+    assert layer.seen, layer.why_not
+    return layer
+
+
+def _outliers_with(explanation: Explanation, kind: str, cause: str | None = None) -> float:
+    """The share of the explained outliers that have a part of ``kind`` (and ``cause``)."""
+    ranks = {part.rank for part in explanation.parts}
+    having = {part.rank for part in explanation.parts if part.kind == kind and (cause is None or part.cause == cause)}
+    return len(having) / len(ranks)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    assert XenEnvironment.available() is None, XenEnvironment.available()
+    shared = SharedResources()
+    yield shared, tmp_path_factory.mktemp("xen-explain")
+    shared.close()
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(1500)
+def test_a_competing_rt_domu_shows_as_runnable_while_it_ran(lab: Any) -> None:
+    shared, work = lab
+    config = XenConfig(kind="xen", name="explain-compete", scheduler="rtds", cpus=[1], boot_timeout="900s",
+                       rtds={"period": "10ms", "budget": "10ms"}, stressor_rtds={"period": "10ms", "budget": "3ms"})
+    explanation, names = _traced_gap_run(shared, config, work / "compete", competitor=True)
+    layer = _xen(explanation)
+    competitor = next(name for name in names.values() if "-stress" in name)
+    cause = f"runnable: domU {competitor} ran"
+    assert explanation.outliers >= 50, explanation.outliers  # the competitor takes ~3 ms of every 10 ms
+    assert _outliers_with(explanation, "runstate", cause) >= 0.5, (explanation.summary[:4], layer.notes)
+    xen_rows = [row for row in explanation.summary if row["layer"] == "xen"]
+    assert xen_rows[0]["cause"] == cause, xen_rows[:3]  # the largest Xen cause
+    assert not any(part.kind == "budget" for part in explanation.parts)  # its budget is its whole period
+    assert layer.alignment_ns < 1_000_000, layer.notes
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(1500)
+def test_an_rtds_budget_shorter_than_the_work_shows_as_exhaustion_until_replenishment(lab: Any) -> None:
+    shared, work = lab
+    config = XenConfig(kind="xen", name="explain-budget", scheduler="rtds", cpus=[1], boot_timeout="900s",
+                       rtds={"period": f"{PERIOD_US}us", "budget": f"{BUDGET_US}us"})
+    explanation, _ = _traced_gap_run(shared, config, work / "budget", competitor=False)
+    layer = _xen(explanation)
+    assert explanation.outliers >= 100, explanation.outliers
+    assert _outliers_with(explanation, "budget") >= 0.5, (explanation.summary[:4], layer.notes)
+    budgets = [json.loads(part.detail) for part in explanation.parts if part.kind == "budget"]
+    waits = [detail["replenished_ns"] - detail["exhausted_ns"] for detail in budgets]
+    # the budget ran out after 4 ms of a 10 ms period: replenished about 6 ms later (TCG: +-30 %)
+    assert 0.7 * (PERIOD_US - BUDGET_US) * 1000 <= float(np.median(waits)) <= 1.3 * (PERIOD_US - BUDGET_US) * 1000
+    assert all(detail["budget_ns"] == BUDGET_US * 1000 for detail in budgets)
+    # nothing of ours is left in dom0: no tracer, no trace file
+    dom0 = next(obj for obj in shared._objects.values() if hasattr(obj, "lab"))
+    assert "xentrace" not in dom0.run(["ps"]).stdout
+    assert reclaim_xentrace(dom0.transport) == []
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(600)
+def test_resume_stops_a_tracer_its_killed_campaign_left_in_dom0(lab: Any) -> None:
+    """A campaign killed with -9 in a Xen host's dom0 leaves xentrace running: reclaim (``--resume``) stops it,
+    which switches Xen's tracing off, and removes its files."""
+    shared, work = lab
+    env = XenEnvironment(XenConfig(kind="xen", name="explain-left"), shared.supervisor, work / "left", shared)
+    (source,) = env.trace_sources(ExplainConfig())
+    source.start()  # and never stopped: what a killed rtvirt leaves
+    dom0 = env._dom0
+    assert dom0 is not None
+    assert "xentrace" in dom0.run(["ps"]).stdout
+    removed = dom0.reclaim()
+    assert any(line.startswith("xentrace in dom0") for line in removed), removed
+    assert "xentrace" not in dom0.run(["ps"]).stdout
+    assert dom0.run(["sh", "-c", "ls /run/rtvirt | grep -c xentrace; exit 0"]).stdout.strip() == "0"
+    source.stop()  # the source's own stop after a reclaim: nothing left to do, and no error
