@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,6 +37,8 @@ from .base import Environment, EnvironmentConfig, Launched
 from .cgroups import CGROUP_ROOT, SHIELD_SUFFIX, Cgroup, CgroupTree, Exclusive, reclaim_leftovers
 from .qemu import qemu_stressor_guest
 from .sched import SchedPolicy, apply_policy, thread_ids
+
+DEADLINE_WATCH_S = 2.0  # how long launch() watches for the agent's writer and first worker thread
 
 __all__ = ["PartitionConfig", "PartitionEnvironment", "CgroupTree", "Cgroup", "Exclusive"]
 
@@ -156,7 +159,15 @@ class PartitionEnvironment(Environment):
             argv.append(f"--out={out}")
         proc = self.supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      before_exec=lambda: cgroup.join(os.getpid()))
-        return Launched(proc, out)
+        launched = Launched(proc, out)
+        if self.config.sched.policy == "deadline":
+            # the agent starts measuring as soon as its threads exist: set the reservation on them at once rather
+            # than at the campaign's next poll, so the first samples are not taken under SCHED_OTHER
+            waited_until = time.monotonic() + DEADLINE_WATCH_S
+            while len(self._placed) < 2 and proc.poll() is None and time.monotonic() < waited_until:
+                self.after_launch(launched)
+                time.sleep(0.0005)
+        return launched
 
     def after_launch(self, launched: Launched) -> None:
         # SCHED_DEADLINE cannot be inherited through thread creation, so it is set on each worker thread
