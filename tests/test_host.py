@@ -28,6 +28,7 @@ from rtvirt.host import PROFILES, host_context
 from rtvirt.host.checks import tune_steps
 from rtvirt.host.checks.base import chosen
 from rtvirt.host.ledger import DEFAULT_LEDGER, Ledger, process_holder
+from rtvirt.host.tune import isolated_cores_set, tuned_daemon_running
 from rtvirt.procs import Supervisor
 from rtvirt.scenario import parse_scenario
 from rtvirt.stream import read_stream
@@ -145,6 +146,24 @@ def test_restore_exits_4_while_a_setting_cannot_be_put_back(tmp_path: Path) -> N
     knob.write_text("6")
     done = restore()
     assert done.returncode == 0 and knob.read_text() == "5\n", done
+
+
+def test_tuned_is_used_only_with_its_daemon_and_isolates_the_rt_cpus(tmp_path: Path) -> None:
+    """tuned is not installed here (see docs/host.md): what decides its use is checked on files."""
+    pid_file = tmp_path / "tuned.pid"
+    assert not tuned_daemon_running(str(pid_file))  # no daemon: tuned-adm would only preset the profile
+    pid_file.write_text(f"{os.getpid()}\n")
+    assert tuned_daemon_running(str(pid_file))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    pid_file.write_text(str(dead.pid))
+    assert not tuned_daemon_running(str(pid_file))
+    pid_file.write_text("garbage")
+    assert not tuned_daemon_running(str(pid_file))
+    debian = "# Examples:\n# isolated_cores=2,4-7\nisolated_cores=${f:calc_isolated_cores:1}\n\nisolate_managed_irq=Y\n"
+    written = isolated_cores_set(debian, (1, 3))
+    assert written.splitlines() == ["# Examples:", "# isolated_cores=2,4-7", "", "isolate_managed_irq=Y",
+                                    "isolated_cores=1,3"]
 
 
 # --- cgroup v2 partition roots and v1 exclusivity on fake trees ----------------------------------------------

@@ -107,7 +107,7 @@ def tune(profile: str, cpus: str | None, as_json: bool) -> None:
     # the PM QoS limit lasts while a process holds it: not this command's (a campaign's [host] tune holds it)
     result = tune_host(host_context(_cpus(cpus)), chosen, CLI_HOLDER, hold=False)
     failed = [s for s in result.steps if s.outcome == "failed"]
-    tuned_failed = bool(result.tuned and not result.tuned["applied"])
+    tuned_failed = bool(result.tuned and result.tuned["failed"])
     if as_json:
         print_json(result.as_json())
     else:
@@ -123,7 +123,7 @@ def _print_tuning(result: TuneResult) -> None:
     if result.tuned:
         console.print(f"tuned profile {escape(result.tuned['profile'])}: " + (
             f"applied, covered {escape(', '.join(result.tuned.get('covered') or []) or 'nothing checked')}"
-            if result.tuned["applied"] else f"not applied ({escape(str(result.tuned.get('reason')))})"))
+            if result.tuned["applied"] else f"not used ({escape(str(result.tuned.get('reason')))})"))
     for warning in result.owners:
         console.print(f"[yellow]warning:[/] {escape(warning)}")
     for step in result.steps:
