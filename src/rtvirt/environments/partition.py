@@ -123,7 +123,7 @@ class PartitionEnvironment(Environment):
         cpus = self.measured_cpus()
         if self.config.tune is not None:
             self._tune(cpus)
-        self._cgroup = self._tree.create(name, cpus, quota, self.config.period // 1000)
+        self._cgroup = self._tree.create(name, cpus, quota, self.config.period // 1000, self._holder)
         if self.config.wants_exclusive or self.config.shield:
             self._exclusive = Exclusive(self._tree, self._holder)
             if self.config.shield:
@@ -177,7 +177,10 @@ class PartitionEnvironment(Environment):
         pid = launched.proc.pid  # type: ignore[union-attr]  # this environment launches local processes
         for tid in thread_ids(pid):
             if tid != pid and tid not in self._placed:
-                apply_policy(tid, self.config.sched)
+                try:
+                    apply_policy(tid, self.config.sched)
+                except RunError as exc:  # the likely reason: another cpuset (another rtvirt's) holds these CPUs
+                    raise RunError(f"{exc}; {'; '.join(self.warnings())}" if self.warnings() else str(exc)) from None
                 self._placed.add(tid)
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
