@@ -5,6 +5,7 @@ fake cgroupfs: this machine's cpuset controller is bound to its v1 hierarchy).""
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import os
 import re
@@ -27,6 +28,7 @@ from rtvirt.host import PROFILES, host_context
 from rtvirt.host.checks import tune_steps
 from rtvirt.host.checks.base import chosen
 from rtvirt.host.ledger import DEFAULT_LEDGER, Ledger, process_holder
+from rtvirt.host.tune import isolated_cores_set, tuned_daemon_running
 from rtvirt.procs import Supervisor
 from rtvirt.scenario import parse_scenario
 from rtvirt.stream import read_stream
@@ -126,6 +128,44 @@ def test_unwritable_setting_is_reported_and_kept_for_a_later_restore(tmp_path: P
     assert change.error and len(ledger.held()) == 1
 
 
+def test_restore_exits_4_while_a_setting_cannot_be_put_back(tmp_path: Path) -> None:
+    env = {**os.environ, "RTVIRT_LEDGER": str(tmp_path / "ledger.json")}
+    knob = tmp_path / "knob"
+    knob.write_text("5\n")
+    Ledger(tmp_path / "ledger.json").change("cli", str(knob), "6")
+    knob.unlink()
+    knob.mkdir()  # writing it back fails with EISDIR
+
+    def restore() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "rtvirt", "host", "restore"], capture_output=True, text=True,
+                              env={**env, "COLUMNS": "200"}, timeout=60)
+
+    failed = restore()
+    assert failed.returncode == 4 and "not put back" in failed.stdout and str(knob) in failed.stdout, failed
+    knob.rmdir()
+    knob.write_text("6")
+    done = restore()
+    assert done.returncode == 0 and knob.read_text() == "5\n", done
+
+
+def test_tuned_is_used_only_with_its_daemon_and_isolates_the_rt_cpus(tmp_path: Path) -> None:
+    """tuned is not installed here (see docs/host.md): what decides its use is checked on files."""
+    pid_file = tmp_path / "tuned.pid"
+    assert not tuned_daemon_running(str(pid_file))  # no daemon: tuned-adm would only preset the profile
+    pid_file.write_text(f"{os.getpid()}\n")
+    assert tuned_daemon_running(str(pid_file))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    pid_file.write_text(str(dead.pid))
+    assert not tuned_daemon_running(str(pid_file))
+    pid_file.write_text("garbage")
+    assert not tuned_daemon_running(str(pid_file))
+    debian = "# Examples:\n# isolated_cores=2,4-7\nisolated_cores=${f:calc_isolated_cores:1}\n\nisolate_managed_irq=Y\n"
+    written = isolated_cores_set(debian, (1, 3))
+    assert written.splitlines() == ["# Examples:", "# isolated_cores=2,4-7", "", "isolate_managed_irq=Y",
+                                    "isolated_cores=1,3"]
+
+
 # --- cgroup v2 partition roots and v1 exclusivity on fake trees ----------------------------------------------
 
 def test_v2_partition_root_is_requested_and_checked(tmp_path: Path) -> None:
@@ -205,8 +245,9 @@ def test_tune_then_restore_leaves_every_touched_setting_byte_for_byte() -> None:
     before, kthreads_before = _snapshot(paths), _kthread_affinities()
     try:
         tuned = run_cli("host", "tune", "--profile", "realtime-host", "--cpus", str(LAST_CPU), "--json")
-        assert tuned.returncode == 0, tuned.stderr
         document = json.loads(tuned.stdout)
+        failed = [s for s in document["steps"] if s["outcome"] == "failed"]  # here: IRQs that refuse to move
+        assert tuned.returncode == (4 if failed else 0), tuned.stderr
         applied = [s["path"] for s in document["steps"] if s["outcome"] == "applied"]
         during = _snapshot(paths)
         assert applied and all(during[p] != before[p] for p in applied if p in during)
@@ -229,13 +270,38 @@ def test_tune_then_restore_leaves_every_touched_setting_byte_for_byte() -> None:
     assert not Ledger().held("cli")
 
 
-def _gaps(run_dir: Path) -> tuple[float, float]:
-    """(share of time the spinning thread ran, median gap in ms) from the first gap above 4 ms on."""
+def _kernel_hz() -> int:
+    """CONFIG_HZ of the running kernel (/proc/config.gz or /boot/config-*), else 100, the coarsest tick there is."""
+    for source in ("/proc/config.gz", f"/boot/config-{os.uname().release}"):
+        try:
+            raw = Path(source).read_bytes()
+        except OSError:
+            continue
+        found = re.search(rb"^CONFIG_HZ=(\d+)$", gzip.decompress(raw) if source.endswith(".gz") else raw, re.M)
+        if found:
+            return int(found.group(1))
+    return 100
+
+
+def _reservation(run_dir: Path, period_ns: float) -> dict[str, float]:
+    """How a spinning thread's gaps show a CBS reservation: a throttled thread resumes only when its budget is
+    replenished, at a period boundary, so from one resume to the next is a whole number of periods.
+
+    Returns when the first throttled gap ended (s after the first sample), the share of time the thread ran from
+    there, the fraction of resume-to-resume cycles within 0.5 ms of a whole number of periods, and the longest
+    stretch the thread ran without a gap (ms)."""
     records = read_stream(next(run_dir.glob("samples.rtvs"))).records
-    start = int(np.argmax(records["value"] > 4e6))
-    durations, times = records["value"][start:], records["t_ns"][start:]
-    span = times[-1] + durations[-1] - times[0]
-    return 1 - durations.sum() / span, float(np.median(durations[durations > 1e6])) / 1e6
+    gaps, starts = records["value"].astype(float), records["t_ns"].astype(float)
+    ends = starts + gaps
+    throttled = np.flatnonzero(gaps > 2.5e6)  # a throttled gap is at least period - (budget + one tick) = 3 ms
+    first = throttled[0]
+    span = ends[-1] - ends[first]
+    share = 1 - gaps[first + 1:].sum() / span
+    periods = np.diff(ends[throttled]) / period_ns
+    on_grid = np.abs(periods - np.round(periods)) * period_ns < 0.5e6
+    runs = starts[1:] - ends[:-1]
+    return {"in_force_s": (ends[first] - starts[0]) / 1e9, "share": share, "on_grid": float(on_grid.mean()),
+            "cycles": float(periods.size), "longest_run_ms": float(runs[first:].max()) / 1e6}
 
 
 DEADLINE_SCENARIO = """
@@ -266,11 +332,16 @@ def test_deadline_partition_completes_pinned_with_its_reservation(tmp_path: Path
     assert manifest["environment_detail"]["exclusive_cpuset"]["root_sched_load_balance"] == 0
     records = read_stream(run_dir / "samples.rtvs").records
     assert set(records["cpu"].tolist()) == {LAST_CPU}
-    share, median_gap_ms = _gaps(run_dir)
-    # 3 ms every 10 ms: the thread runs 30 % of the time; it is throttled ~7 ms per period (enforced at the
-    # tick here, HZ=250, so single gaps vary by a tick)
-    assert 0.25 < share < 0.36, share
-    assert 5.0 < median_gap_ms < 9.5, median_gap_ms
+    # What the kernel guarantees for runtime 3 ms / period 10 ms (CBS): 30 % of the CPU over time, and a throttled
+    # thread resumes only at a replenishment, on the 10 ms grid. The budget is enforced at the next tick (HRTICK_DL
+    # is off by default), so one stretch may overrun it by up to a tick and the overrun is paid back by skipping
+    # the next period: single gaps are 3.8 to 17.8 ms here (HZ=250), and which of them is the median depends on
+    # the tick's phase against the period (a run with most gaps at 13.8 ms failed a 5-9.5 ms median bound).
+    seen = _reservation(run_dir, period_ns=10e6)
+    assert seen["in_force_s"] < 0.2 and seen["cycles"] > 100, seen  # set on the agent's threads at launch
+    assert 0.25 < seen["share"] < 0.36, seen
+    assert seen["on_grid"] > 0.9, seen
+    assert seen["longest_run_ms"] < 3 + 1000 / _kernel_hz() + 2, seen  # budget + one tick + its latency
     assert manifest["system"]["checklist"]["not_ready"]  # the checklist state beside the run, and in the report
     report = run_cli("report", str(tmp_path / "results"), "--format", "markdown", "--out", str(tmp_path / "r.md"))
     assert report.returncode == 0, report.stderr
@@ -435,7 +506,7 @@ def test_tune_without_root_says_so_item_by_item_and_changes_nothing() -> None:
     result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
                              "rtvirt", "host", "tune", "--profile", "realtime-host", "--json"],
                             capture_output=True, text=True, timeout=120, cwd="/")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 4, result.stderr  # nothing could be applied
     steps = json.loads(result.stdout)["steps"]
     assert steps and {(s["outcome"], s["error"]) for s in steps} == {("failed", "needs root")}
     assert _snapshot(paths) == before

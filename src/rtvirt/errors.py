@@ -20,6 +20,7 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_USAGE",
     "EXIT_VERDICT",
+    "EXIT_PARTIAL",
     "RtvirtError",
     "InputError",
     "PrivilegeError",
@@ -33,6 +34,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_VERDICT = 3
+EXIT_PARTIAL = 4  # some of the work could not be done, the rest was (host tune/restore: an item failed)
 
 
 class RtvirtError(Exception):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, TypeVar
 
 import click
@@ -96,9 +96,10 @@ class CommonParams(Params):
             object.__setattr__(self, "dma_latency", False)
         return self
 
-    def check_host(self) -> None:
-        """Fail early, naming the option, for CPUs this process may not use."""
-        allowed = os.sched_getaffinity(0)
+    def check_host(self, usable: Iterable[int] | None = None) -> None:
+        """Fail early, naming the option, for CPUs this process may not use (or, given, the ``usable`` ones: an
+        environment's CPUs as found before it took some away from this process, as a v2 partition root does)."""
+        allowed = set(usable) if usable is not None else os.sched_getaffinity(0)
         for cpu in self.affinity or ():
             if cpu not in allowed:
                 raise InputError(f"option -a/--affinity: CPU {cpu} does not exist or is not allowed here "

@@ -255,7 +255,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
             except ValidationError as exc:
                 raise InputError(f"workload.params: {exc.errors()[0]['msg']}") from None
             if env.on_host:
-                params.check_host()
+                params.check_host(env.platform_cpus())  # a v2 partition root took its CPUs from us
             if scenario.explain is not None and scenario.explain.enabled:
                 explaining = session_for(env, scenario.explain)
                 explaining.start()  # before any stressor: the trace covers the whole run

@@ -4,15 +4,18 @@ exactly (docs/host.md)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
 
-from ..errors import EXIT_VERDICT, InputError
+from ..errors import EXIT_PARTIAL, EXIT_VERDICT, InputError
 from ..params import parse_cpulist
 from .output import console, print_json
 from .targetopts import pop_target, target_options
+
+if TYPE_CHECKING:
+    from ..host.tune import TuneResult
 
 __all__ = ["host"]
 
@@ -96,19 +99,31 @@ def check(cpus: str | None, required: tuple[str, ...], classes_file: Path | None
 def tune(profile: str, cpus: str | None, as_json: bool) -> None:
     """Apply PROFILE's runtime items, recording every previous value (undo: rtvirt host restore).
 
-    Boot items are never changed: `rtvirt host check` prints the command line to add."""
+    Boot items are never changed: `rtvirt host check` prints the command line to add. Exit status 4 when an item
+    could not be applied (each failure is listed; the others were applied)."""
     from ..host import CLI_HOLDER, host_context, profile_named, tune_host
 
     chosen = profile_named(profile)
     # the PM QoS limit lasts while a process holds it: not this command's (a campaign's [host] tune holds it)
     result = tune_host(host_context(_cpus(cpus)), chosen, CLI_HOLDER, hold=False)
+    failed = [s for s in result.steps if s.outcome == "failed"]
+    tuned_failed = bool(result.tuned and result.tuned["failed"])
     if as_json:
         print_json(result.as_json())
-        return
+    else:
+        _print_tuning(result)
+        if failed or tuned_failed:
+            console.print(f"[red]{len(failed)} setting(s) not applied[/]" + (
+                " and tuned's profile not applied" if tuned_failed else "") + ": exit status 4")
+    if failed or tuned_failed:
+        raise SystemExit(EXIT_PARTIAL)
+
+
+def _print_tuning(result: TuneResult) -> None:
     if result.tuned:
         console.print(f"tuned profile {escape(result.tuned['profile'])}: " + (
             f"applied, covered {escape(', '.join(result.tuned.get('covered') or []) or 'nothing checked')}"
-            if result.tuned["applied"] else f"not applied ({escape(str(result.tuned.get('reason')))})"))
+            if result.tuned["applied"] else f"not used ({escape(str(result.tuned.get('reason')))})"))
     for warning in result.owners:
         console.print(f"[yellow]warning:[/] {escape(warning)}")
     for step in result.steps:
@@ -123,15 +138,27 @@ def tune(profile: str, cpus: str | None, as_json: bool) -> None:
 @host.command()
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document")
 def restore(as_json: bool) -> None:
-    """Put back every setting `rtvirt host tune` changed (and any a killed campaign left changed)."""
+    """Put back every setting `rtvirt host tune` changed (and any a killed campaign left changed).
+
+    Exit status 4 when a setting could not be written back (it stays in the ledger; the others were restored)."""
     from ..host import CLI_HOLDER, restore_host
 
     changes = restore_host(CLI_HOLDER)
+    failed = [change for change in changes if change["error"]]
     if as_json:
         print_json({"restored": changes})
-        return
+    else:
+        _print_restored(changes, failed)
+    if failed:
+        raise SystemExit(EXIT_PARTIAL)
+
+
+def _print_restored(changes: list[dict[str, Any]], failed: list[dict[str, Any]]) -> None:
     for change in changes:
         console.print(f"{escape(change['path'])} = {escape(change['value'].strip())}" + (
             f" [red]failed[/] ({escape(change['error'])})" if change["error"] else ""))
     if not changes:
         console.print("nothing to restore")
+    if failed:
+        console.print(f"[red]{len(failed)} setting(s) not put back[/] (kept in the ledger for the next restore): "
+                      "exit status 4")

@@ -88,11 +88,14 @@ class CgroupTree:
                     removed.append(str(directory))
         return removed
 
-    def create(self, name: str, cpus: tuple[int, ...], quota_us: int | None, period_us: int) -> Cgroup:
+    def create(self, name: str, cpus: tuple[int, ...], quota_us: int | None, period_us: int,
+               holder: str | None = None) -> Cgroup:
+        """``holder``: on v2, controllers this enables in the root's subtree_control are recorded in the ledger
+        for it, so they are disabled again when it lets go (else the root keeps them enabled for good)."""
         cpu_list = ",".join(map(str, cpus))
         try:
             if self.version == 2:
-                return self._create_v2(name, cpu_list, quota_us, period_us)
+                return self._create_v2(name, cpu_list, quota_us, period_us, holder)
             return self._create_v1(name, cpu_list, quota_us, period_us)
         except PermissionError as exc:
             raise PrivilegeError(f"partition: cannot create cgroup {name} ({exc.strerror}); it needs root") from None
@@ -127,16 +130,22 @@ class CgroupTree:
             raise
         return created
 
-    def _create_v2(self, name: str, cpu_list: str, quota_us: int | None, period_us: int) -> Cgroup:
+    def _create_v2(self, name: str, cpu_list: str, quota_us: int | None, period_us: int,
+                   holder: str | None) -> Cgroup:
         available = (self.root / "cgroup.controllers").read_text().split()
         wanted = ["cpuset"] + (["cpu"] if quota_us is not None else [])
         missing = [c for c in wanted if c not in available]
         if missing:
             raise RunError(f"partition: cgroup v2 controller(s) {', '.join(missing)} not available at {self.root}")
         enabled = (self.root / "cgroup.subtree_control").read_text().split()
-        for controller in wanted:
-            if controller not in enabled:
-                (self.root / "cgroup.subtree_control").write_text(f"+{controller}")
+        added = [controller for controller in wanted if controller not in enabled]
+        if added:
+            control = self.root / "cgroup.subtree_control"
+            if holder is None:
+                control.write_text(" ".join(f"+{c}" for c in added))
+            else:
+                Ledger().change(holder, str(control), " ".join(f"+{c}" for c in added),
+                                lambda _found: " ".join(f"-{c}" for c in added))
         directory = self.root / name
         directory.mkdir()
         created = Cgroup([directory])

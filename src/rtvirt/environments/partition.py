@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -40,6 +41,8 @@ from .sched import SchedPolicy, apply_policy, thread_ids
 if TYPE_CHECKING:
     from ..explain.config import ExplainConfig
     from ..explain.model import TraceSource
+
+DEADLINE_WATCH_S = 2.0  # how long launch() watches for the agent's writer and first worker thread
 
 __all__ = ["PartitionConfig", "PartitionEnvironment", "CgroupTree", "Cgroup", "Exclusive"]
 
@@ -124,7 +127,7 @@ class PartitionEnvironment(Environment):
         cpus = self.measured_cpus()
         if self.config.tune is not None:
             self._tune(cpus)
-        self._cgroup = self._tree.create(name, cpus, quota, self.config.period // 1000)
+        self._cgroup = self._tree.create(name, cpus, quota, self.config.period // 1000, self._holder)
         if self.config.wants_exclusive or self.config.shield:
             self._exclusive = Exclusive(self._tree, self._holder)
             if self.config.shield:
@@ -160,7 +163,15 @@ class PartitionEnvironment(Environment):
             argv.append(f"--out={out}")
         proc = self.supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      before_exec=lambda: cgroup.join(os.getpid()))
-        return Launched(proc, out)
+        launched = Launched(proc, out)
+        if self.config.sched.policy == "deadline":
+            # the agent starts measuring as soon as its threads exist: set the reservation on them at once rather
+            # than at the campaign's next poll, so the first samples are not taken under SCHED_OTHER
+            waited_until = time.monotonic() + DEADLINE_WATCH_S
+            while len(self._placed) < 2 and proc.poll() is None and time.monotonic() < waited_until:
+                self.after_launch(launched)
+                time.sleep(0.0005)
+        return launched
 
     def after_launch(self, launched: Launched) -> None:
         # SCHED_DEADLINE cannot be inherited through thread creation, so it is set on each worker thread
@@ -170,7 +181,10 @@ class PartitionEnvironment(Environment):
         pid = launched.proc.pid  # type: ignore[union-attr]  # this environment launches local processes
         for tid in thread_ids(pid):
             if tid != pid and tid not in self._placed:
-                apply_policy(tid, self.config.sched)
+                try:
+                    apply_policy(tid, self.config.sched)
+                except RunError as exc:  # the likely reason: another cpuset (another rtvirt's) holds these CPUs
+                    raise RunError(f"{exc}; {'; '.join(self.warnings())}" if self.warnings() else str(exc)) from None
                 self._placed.add(tid)
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:

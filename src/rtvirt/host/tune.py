@@ -8,6 +8,7 @@ purpose is applied first and rtvirt only completes what it left.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from .checks.power import PM_QOS
 from .ledger import Ledger, read_raw
 from .profiles import PROFILES, Profile
 
-__all__ = ["TuneResult", "tune_host", "restore_host", "profile_named"]
+__all__ = ["TuneResult", "tune_host", "restore_host", "profile_named", "tuned_daemon_running", "isolated_cores_set"]
 
 
 @dataclass
@@ -62,20 +63,52 @@ def profile_named(name: str, option: str = "--profile") -> Profile:
     return PROFILES[name]
 
 
-def _tuned_profile(profile: Profile, ledger: Ledger, holder: str) -> dict[str, Any] | None:
-    """Apply the tuned profile of the same purpose when tuned runs and has it; None otherwise."""
+TUNED_PID_FILE = "/run/tuned/tuned.pid"  # tuned's daemon writes it, in the foreground too
+TUNED_CONFIG_DIR = "/etc/tuned"
+
+
+def tuned_daemon_running(pid_file: str = TUNED_PID_FILE) -> bool:
+    """Whether tuned's daemon runs: without it ``tuned-adm profile`` only presets a profile for the daemon's next
+    start and asks ``service tuned restart`` to do it (which fails without an init system: nothing is applied)."""
+    try:
+        os.kill(int(read_raw(pid_file) or ""), 0)
+    except ValueError:
+        return False
+    except OSError as exc:
+        return exc.errno == errno.EPERM
+    return True
+
+
+def isolated_cores_set(variables: str, cpus: tuple[int, ...]) -> str:
+    """A tuned realtime profile's variables file with ``isolated_cores`` set to ``cpus`` (the profile isolates
+    what it says; Debian's default computes its own set)."""
+    kept = [line for line in variables.splitlines() if not line.strip().startswith("isolated_cores")]
+    return "\n".join([*kept, f"isolated_cores={','.join(map(str, cpus))}"]) + "\n"
+
+
+def _tuned_profile(profile: Profile, cpus: tuple[int, ...], ledger: Ledger, holder: str) -> dict[str, Any] | None:
+    """Apply the tuned profile of the same purpose when tuned's daemon runs and has it; None without tuned."""
     if not shutil.which("tuned-adm"):
         return None
+    if not tuned_daemon_running():
+        return {"profile": profile.tuned, "applied": False, "failed": False,
+                "reason": "tuned is installed but its daemon is not running (tuned-adm would only preset the "
+                          "profile): rtvirt applies every item itself"}
     listed = subprocess.run(["tuned-adm", "list"], capture_output=True, text=True, timeout=60)
     if listed.returncode != 0 or f"- {profile.tuned}" not in listed.stdout:
-        return {"profile": profile.tuned, "applied": False,
+        return {"profile": profile.tuned, "applied": False, "failed": listed.returncode != 0,
                 "reason": (listed.stderr.strip() or f"tuned has no profile {profile.tuned}")[:300]}
     active = subprocess.run(["tuned-adm", "active"], capture_output=True, text=True, timeout=60).stdout
     previous = active.partition(":")[2].strip() if "Current active profile" in active else ""
     ledger.remember_command(holder, "tuned", previous)
+    # recorded after the profile, so restored before it: the previous profile loads with the variables found
+    variables = f"{TUNED_CONFIG_DIR}/{profile.tuned}-variables.conf"
+    found = read_raw(variables)
+    if found is not None:
+        ledger.change(holder, variables, isolated_cores_set(found, cpus))
     done = subprocess.run(["tuned-adm", "profile", profile.tuned], capture_output=True, text=True, timeout=300)
-    return {"profile": profile.tuned, "applied": done.returncode == 0, "previous": previous or None,
-            "reason": done.stderr.strip()[:300] or None}
+    return {"profile": profile.tuned, "applied": done.returncode == 0, "failed": done.returncode != 0,
+            "previous": previous or None, "reason": done.stderr.strip()[:300] or None}
 
 
 def tune_host(ctx: HostContext, profile: Profile, holder: str, ledger: Ledger | None = None,
@@ -94,7 +127,7 @@ def tune_host(ctx: HostContext, profile: Profile, holder: str, ledger: Ledger | 
     before = {i.id: i for i in run_checks(ctx)}
     result.owners = sorted({f"{i.id}: {i.owner} owns this setting and may change it back" for i in before.values()
                             if i.owner and i.id in profile.items})
-    result.tuned = _tuned_profile(profile, ledger, holder)
+    result.tuned = _tuned_profile(profile, ctx.rt_cpus, ledger, holder)
     if result.tuned and result.tuned.get("applied"):
         ctx.cache.clear()
         met = [i.id for i in run_checks(ctx) if i.status == "ok" and before[i.id].status != "ok"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import Field
@@ -25,9 +26,9 @@ class WakeupParams(CommonParams):
     sender_cpu: int | None = Field(None, ge=0, le=1023, description="CPU of the sender (default: another allowed "
                                    "CPU than the receiver's)", json_schema_extra=cli(metavar="CPU"))
 
-    def check_host(self) -> None:
-        super().check_host()
-        allowed = os.sched_getaffinity(0)
+    def check_host(self, usable: Iterable[int] | None = None) -> None:
+        super().check_host(usable)
+        allowed = set(usable) if usable is not None else os.sched_getaffinity(0)
         if self.affinity and len(self.affinity) > 1:
             raise InputError("option -a/--affinity: wakeup takes one receiver CPU (the sender goes on --sender-cpu)")
         if self.sender_cpu is not None and self.sender_cpu not in allowed:
