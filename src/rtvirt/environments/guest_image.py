@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from ..agents import AGENTS, BAREMETAL_KERNEL, agent_path
 from ..errors import RunError
+from ..explain.clocksync import GUEST_CLOCK_SYNC
 from ..fileio import write_atomically
 
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
@@ -52,8 +53,11 @@ PORTS_WAITED_MARK = "RTVIRT-PORTS-WAITED"  # /init waited this many tenths of a 
 # each after its own delay and for its own time limit; "main" runs in the foreground and its end powers
 # the guest off. Only numbers we wrote ourselves are expanded by the shell; argv goes through xargs -0
 # to env, which executes its first argument (an absolute path, so env never reads it as an option).
+# clock_sync (explain.clocksync) answers the host's clock exchange before the jobs and after the main job,
+# when the host gave the guest an rtvirt.clock port (an explained run).
 INIT_SCRIPT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
+""" + GUEST_CLOCK_SYNC + r"""
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
@@ -81,6 +85,7 @@ while :; do
 done
 [ $waited -gt 0 ] && echo "RTVIRT-PORTS-WAITED $waited$late"
 echo "RTVIRT-READY $(cat /proc/uptime)"
+clock_sync start
 for job in /rtvirt/jobs/bg-*.argv; do
   [ -e "$job" ] || continue
   base="${job%.argv}"
@@ -95,6 +100,7 @@ elif [ -e /rtvirt/jobs/main.argv ]; then
   status=$?
 fi
 echo "RTVIRT-EXIT $status"
+clock_sync end
 sync
 poweroff -f
 """
