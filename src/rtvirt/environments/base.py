@@ -19,12 +19,16 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..params import CpuList
 from ..procs import Supervisor
+
+if TYPE_CHECKING:
+    from ..explain.config import ExplainConfig
+    from ..explain.model import TraceSource
 
 __all__ = ["AgentProcess", "Environment", "EnvironmentConfig", "Launched", "SharedResources",
            "default_measured_cpu"]
@@ -280,6 +284,11 @@ class Environment(ABC):
         return {}
 
     def warnings(self) -> list[str]:
+        return []
+
+    def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
+        """What can be traced beside a run here to explain its outliers (docs/explain.md); none by default:
+        the explanation then says this environment could not be seen."""
         return []
 
     def close(self) -> None:

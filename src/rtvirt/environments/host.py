@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..agents import agent_path
 from .base import Environment, EnvironmentConfig, Launched
 from .qemu import qemu_stressor_guest
+
+if TYPE_CHECKING:
+    from ..explain.config import ExplainConfig
+    from ..explain.model import TraceSource
 
 __all__ = ["HostConfig", "HostEnvironment"]
 
@@ -30,3 +34,8 @@ class HostEnvironment(Environment):
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         return qemu_stressor_guest(self, index, host_cpus, guest)
+
+    def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
+        from ..explain.sources import host_sources
+
+        return host_sources(self.measured_cpus(), config)

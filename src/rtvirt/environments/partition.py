@@ -23,7 +23,7 @@ import os
 import secrets
 import subprocess
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -36,6 +36,10 @@ from .base import Environment, EnvironmentConfig, Launched
 from .cgroups import CGROUP_ROOT, SHIELD_SUFFIX, Cgroup, CgroupTree, Exclusive, reclaim_leftovers
 from .qemu import qemu_stressor_guest
 from .sched import SchedPolicy, apply_policy, thread_ids
+
+if TYPE_CHECKING:
+    from ..explain.config import ExplainConfig
+    from ..explain.model import TraceSource
 
 __all__ = ["PartitionConfig", "PartitionEnvironment", "CgroupTree", "Cgroup", "Exclusive"]
 
@@ -171,6 +175,11 @@ class PartitionEnvironment(Environment):
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         return qemu_stressor_guest(self, index, host_cpus, guest)
+
+    def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
+        from ..explain.sources import host_sources
+
+        return host_sources(self.measured_cpus(), config)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "cgroup_version": self._tree.version if self._tree else None,

@@ -1,0 +1,249 @@
+"""The host layer: what ran on the measured CPUs instead of the measuring thread, from host tracepoints.
+
+A :class:`~rtvirt.explain.tracefs.TracefsInstance` on the measured CPUs records scheduler switches, IRQ
+handlers, softirqs, the x86 IRQ vectors (local timer, IPIs) and hrtimer expiries on the ``mono`` trace clock,
+which is the CLOCK_MONOTONIC the host agent stamps its samples with: no alignment beyond the text trace's
+microsecond resolution. Each CPU's events become intervals: the task switched in until the next switch,
+an IRQ handler from entry to exit, and so on; the measuring agent's own threads are left out (they are what
+is being delayed). Strings from the trace (comms, IRQ names) are untrusted: escaped and bounded here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .model import CollectContext, Layer, LayerTrace, Occupancy
+from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, TracefsInstance, TracingUnavailable, body_fields
+
+__all__ = ["HostSource", "HOST_EVENTS", "occupancies_from_events", "task_cause", "bounded", "steal_ns",
+           "inside_vm", "outer_hypervisor_note"]
+
+HOST_EVENTS = (
+    "sched:sched_switch", "sched:sched_wakeup",
+    "irq:irq_handler_entry", "irq:irq_handler_exit", "irq:softirq_entry", "irq:softirq_exit",
+    "irq_vectors:local_timer_entry", "irq_vectors:local_timer_exit",
+    "irq_vectors:reschedule_entry", "irq_vectors:reschedule_exit",
+    "irq_vectors:call_function_entry", "irq_vectors:call_function_exit",
+    "irq_vectors:call_function_single_entry", "irq_vectors:call_function_single_exit",
+    "irq_vectors:irq_work_entry", "irq_vectors:irq_work_exit",
+    "timer:hrtimer_expire_entry", "timer:hrtimer_expire_exit",
+)
+MARGIN_NS = 1_000_000  # occupancies kept this far around each window (the report's timelines)
+MAX_NAME = 64
+
+_SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>-?\d+) prev_prio=(?P<prev_prio>-?\d+) "
+                     r"prev_state=\S+ ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>-?\d+) "
+                     r"next_prio=(?P<next_prio>-?\d+)$")
+_IRQ_ENTRY = re.compile(r"irq=(?P<irq>\d+) name=(?P<name>.*)$")
+_POLICIES = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_RR: "SCHED_RR",
+             os.SCHED_BATCH: "SCHED_BATCH", os.SCHED_IDLE: "SCHED_IDLE", 6: "SCHED_DEADLINE"}
+
+
+def bounded(text: str, limit: int = MAX_NAME) -> str:
+    """An untrusted name made printable and short."""
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def task_cause(comm: str, pid: int, kernel_prio: int, policy: str | None = None) -> tuple[str, dict[str, str | int]]:
+    """The name a user reads for a task, from its kernel priority (sched_switch's ``prio``: -1 deadline,
+    0-98 real-time (99 - rt priority), 100-139 normal (120 + nice)) and, when known, its policy."""
+    if kernel_prio < 0:
+        policy, prio = policy or "SCHED_DEADLINE", 0
+    elif kernel_prio < 100:
+        policy, prio = policy or "SCHED_FIFO/RR", 99 - kernel_prio
+    else:
+        policy, prio = policy or "SCHED_OTHER", kernel_prio - 120
+    comm = bounded(comm, 16)
+    shown = f"{prio}" if kernel_prio < 100 else f"nice {prio}"
+    return f"task {comm}/{pid} {policy} {shown}", {"comm": comm, "pid": pid, "policy": policy, "prio": prio}
+
+
+def _policy(pid: int) -> str | None:
+    """The scheduling policy of a live task (the trace only has its priority)."""
+    try:
+        return _POLICIES.get(os.sched_getscheduler(pid))
+    except OSError:
+        return None
+
+
+def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[[int], bool],
+                     policies: dict[int, str]) -> list[Occupancy]:
+    """One CPU's intervals, from its events in time order."""
+    occupancies: list[Occupancy] = []
+    task: tuple[int, str, int, int] | None = None  # (start, comm, pid, prio) of the task on the CPU
+    open_: dict[str, tuple[int, str, str, dict[str, str | int]]] = {}  # key -> (start, kind, cause, detail)
+
+    def close(key: str, end: int) -> None:
+        begun = open_.pop(key, None)
+        if begun is not None and end > begun[0]:
+            occupancies.append(Occupancy("host", begun[0], end, begun[2], begun[1], cpu, begun[3]))
+
+    for event in cpu_events:
+        name, ts = event.event, event.ts_ns
+        if name == "sched_switch":
+            match = _SWITCH.match(event.body)
+            if match is None:
+                continue
+            if task is not None and ts > task[0]:
+                start, comm, pid, prio = task
+                if pid == 0:
+                    occupancies.append(Occupancy("host", start, ts, "idle: the CPU slept until the wake-up",
+                                                 "idle-exit", cpu, {}))
+                elif not is_agent(pid):
+                    cause, detail = task_cause(comm, pid, prio, policies.get(pid))
+                    occupancies.append(Occupancy("host", start, ts, cause, "task", cpu, detail))
+            task = (ts, match["next_comm"], int(match["next_pid"]), int(match["next_prio"]))
+        elif name == "irq_handler_entry":
+            match = _IRQ_ENTRY.match(event.body)
+            if match is not None:
+                irq = int(match["irq"])
+                open_[f"irq{irq}"] = (ts, "irq", f"irq {irq} {bounded(match['name'], 32)}",
+                                      {"irq": irq, "name": bounded(match["name"], 32)})
+        elif name == "irq_handler_exit":
+            close(f"irq{body_fields(event.body).get('irq', '')}", ts)
+        elif name == "softirq_entry":
+            fields = body_fields(event.body)
+            action = bounded(fields.get("action", "").rstrip("]"), 16) or fields.get("vec", "?")
+            open_["softirq"] = (ts, "softirq", f"softirq {action}", {"vec": fields.get("vec", ""),
+                                                                     "action": action})
+        elif name == "softirq_exit":
+            close("softirq", ts)
+        elif name == "hrtimer_expire_entry":
+            function = bounded(body_fields(event.body).get("function", "?"), 48)
+            open_["hrtimer"] = (ts, "timer", f"timer {function}", {"function": function})
+        elif name == "hrtimer_expire_exit":
+            close("hrtimer", ts)
+        elif name.endswith("_entry"):  # irq_vectors: local_timer, reschedule, call_function...
+            vector = name.removesuffix("_entry")
+            number = body_fields(event.body).get("vector", "")
+            open_[vector] = (ts, "irq-vector", f"irq vector {vector}",
+                             {"vector": vector, **({"number": int(number)} if number.isdigit() else {})})
+        elif name.endswith("_exit"):
+            close(name.removesuffix("_exit"), ts)
+    return occupancies
+
+
+def occupancies_from_events(events: Iterable[TraceEvent], agent_pids: Sequence[int],
+                            policies: dict[int, str] | None = None) -> list[Occupancy]:
+    """Intervals of what held each CPU: tasks (except the agent's), IRQs, softirqs, vectors, timers.
+
+    ``events`` of any CPUs, each CPU's in time order. A thread belongs to the agent when its pid or tgid is
+    in ``agent_pids``; tgids come from the trace's tgid column (every thread that ran shows it).
+    """
+    policies = policies or {}
+    by_cpu: dict[int, list[TraceEvent]] = {}
+    tgids: dict[int, int] = {}
+    for event in events:
+        by_cpu.setdefault(event.cpu, []).append(event)
+        if event.tgid is not None:
+            tgids[event.pid] = event.tgid
+    agents = set(agent_pids)
+
+    def is_agent(pid: int) -> bool:
+        return pid in agents or tgids.get(pid, -1) in agents
+
+    occupancies: list[Occupancy] = []
+    for cpu, cpu_events in by_cpu.items():
+        occupancies += _cpu_occupancies(cpu, cpu_events, is_agent, policies)
+    occupancies.sort(key=lambda o: (o.cpu, o.start_ns))
+    return occupancies
+
+
+def steal_ns() -> int | None:
+    """Time the outer hypervisor stole from this machine's CPUs so far (/proc/stat), None if unknown."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def inside_vm() -> str | None:
+    """Why rtvirt believes it runs inside a VM itself (cpuinfo's hypervisor flag, DMI), or None."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags") and " hypervisor" in line:
+                vendor = ""
+                with contextlib.suppress(OSError):
+                    vendor = bounded(Path("/sys/class/dmi/id/sys_vendor").read_text().strip(), 40)
+                return "the CPU reports a hypervisor" + (f" ({vendor})" if vendor else "")
+    return None
+
+
+def outer_hypervisor_note(steal_before: int | None, steal_after: int | None) -> str | None:
+    """What could not be seen because rtvirt itself runs in a VM (None on bare metal)."""
+    why = inside_vm()
+    if why is None:
+        return None
+    note = f"rtvirt runs inside a VM itself ({why}): time stolen by the outer hypervisor is invisible"
+    if steal_before is not None and steal_after is not None:
+        note += f"; host steal counter rose by {(steal_after - steal_before) / 1e6:.1f} ms during the run"
+    return note
+
+
+class HostSource:
+    """The host layer beside one run on this machine's ``cpus`` (the measured CPUs)."""
+
+    layer: Layer = "host"
+
+    def __init__(self, cpus: Sequence[int], *, buffer_mb: int = 64, flight_recorder: bool = True,
+                 events: Sequence[str] = HOST_EVENTS) -> None:
+        self.cpus = tuple(cpus)
+        self.instance = TracefsInstance(self.cpus, events, buffer_kb=buffer_mb * 1024, overwrite=flight_recorder)
+        self.why_not: str | None = None
+        self.policies: dict[int, str] = {}
+        self._started = False
+
+    def start(self) -> None:
+        try:
+            self.instance.start()
+            self._started = True
+        except TracingUnavailable as exc:
+            self.why_not = str(exc)
+
+    def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        self.instance.stop()
+        # policies of the tasks that ran, read while they still live (the trace has only priorities)
+        for event in self.instance.events():
+            if event.event == "sched_switch" and (match := _SWITCH.match(event.body)):
+                pid = int(match["next_pid"])
+                if pid and pid not in self.policies and (policy := _policy(pid)):
+                    self.policies[pid] = policy
+
+    def collect(self, context: CollectContext) -> LayerTrace:
+        if self.why_not is not None:
+            return LayerTrace("host", seen=False, why_not=self.why_not)
+        occupancies = occupancies_from_events(self.instance.events(), context.agent_pids, self.policies)
+        notes = list(self.instance.problems)
+        if self.instance.missing_events:
+            notes.append(f"events not on this kernel: {', '.join(self.instance.missing_events)}")
+        if self.instance.dropped_events:
+            notes.append(f"the trace buffer bound dropped {self.instance.dropped_events} events")
+        return LayerTrace("host", seen=True, occupancies=near_windows(occupancies, context.windows),
+                          alignment_ns=TEXT_RESOLUTION_NS, dropped_events=self.instance.dropped_events,
+                          notes=notes)
+
+
+def near_windows(occupancies: list[Occupancy], windows: np.ndarray, margin_ns: int = MARGIN_NS) -> list[Occupancy]:
+    """The occupancies within ``margin_ns`` of a window on their CPU (or any CPU for those tied to none)."""
+    if windows.size == 0 or not occupancies:
+        return []
+    occupied_start = np.fromiter((o.start_ns for o in occupancies), np.int64, len(occupancies))
+    occupied_end = np.fromiter((o.end_ns for o in occupancies), np.int64, len(occupancies))
+    occupied_cpu = np.fromiter((o.cpu for o in occupancies), np.int64, len(occupancies))
+    near = np.zeros(len(occupancies), dtype=bool)
+    for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
+                               strict=True):
+        near |= (occupied_start < int(end) + margin_ns) & (occupied_end > int(start) - margin_ns) & \
+            ((occupied_cpu == int(cpu)) | (occupied_cpu < 0))
+    return [occupancy for occupancy, kept in zip(occupancies, near.tolist(), strict=True) if kept]

@@ -1,0 +1,131 @@
+"""Tracing beside one run, from arming the sources to the explanation stored with the samples.
+
+A campaign run and ``rtvirt probe --explain`` both: ``start()`` before the agent, ``stop()`` as soon as it
+ended and again in every exit path (idempotent), then ``explain_into(run_dir, stream, agent_pids)``. A
+source that fails is recorded as a layer that could not be seen; nothing here ever raises into the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .attribute import attribute, choose_threshold, outlier_windows
+from .config import ExplainConfig
+from .host import outer_hypervisor_note, steal_ns
+from .model import CollectContext, Explanation, LayerTrace, TraceSource
+from .stored import write_explanation
+
+__all__ = ["ExplainSession", "explain_stream", "TIME_FIELDS"]
+
+# value fields whose [t_ns, t_ns + value] is a window the measured thread was held back in
+TIME_FIELDS = ("latency_ns", "duration_ns")
+MAX_REASON = 300
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text[:MAX_REASON]
+
+
+def explain_stream(stream: Any, traces_for: Any, config: ExplainConfig) -> Explanation:
+    """The explanation of ``stream``'s outliers; ``traces_for(windows)`` gives the layers' traces for them."""
+    records = stream.records
+    values = records["value"].astype(np.int64)
+    threshold, rule = choose_threshold(values, threshold_ns=config.threshold, floor_ns=config.floor,
+                                       quantile=config.quantile)
+    windows, outliers = outlier_windows(records["t_ns"], values, records["cpu"], threshold, config.top)
+    return attribute(windows, traces_for(windows), threshold_ns=threshold, threshold_rule=rule, outliers=outliers)
+
+
+class ExplainSession:
+    """The sources of one run; ``unseen`` are layers known not to be traceable here (with why)."""
+
+    def __init__(self, config: ExplainConfig, sources: Sequence[TraceSource],
+                 unseen: Sequence[LayerTrace] = ()) -> None:
+        self.config = config
+        self.sources = list(sources)
+        self.failed: dict[int, LayerTrace] = {}  # index of a source that failed -> what the run says of it
+        self.unseen = list(unseen)
+        self._steal: list[int | None] = []
+        self._running = False
+
+    def _fail(self, index: int, what: str, exc: BaseException) -> None:
+        self.failed.setdefault(index, LayerTrace(self.sources[index].layer, seen=False,
+                                                 why_not=f"{what} failed: {_reason(exc)}"))
+
+    def start(self) -> None:
+        self._steal = [steal_ns()]
+        self._running = True
+        for index, source in enumerate(self.sources):
+            try:
+                source.start()
+            except Exception as exc:  # noqa: BLE001 - a tracer never fails the measurement
+                self._fail(index, "start", exc)
+
+    def stop(self) -> None:
+        """Stop every source (each is tried, also after another failed); safe to call again."""
+        if not self._running:
+            return
+        self._running = False
+        self._steal.append(steal_ns())
+        for index, source in enumerate(self.sources):
+            try:
+                source.stop()
+            except Exception as exc:  # noqa: BLE001
+                self._fail(index, "stop", exc)
+
+    def _traces(self, windows: np.ndarray, header: dict[str, Any], agent_pids: tuple[int, ...]) -> list[LayerTrace]:
+        context = CollectContext(header=header, windows=windows, agent_pids=agent_pids)
+        traces = list(self.unseen)
+        for index, source in enumerate(self.sources):
+            if index in self.failed:
+                traces.append(self.failed[index])
+                continue
+            try:
+                traces.append(source.collect(context))
+            except Exception as exc:  # noqa: BLE001
+                traces.append(LayerTrace(source.layer, seen=False, why_not=f"collect failed: {_reason(exc)}"))
+        note = outer_hypervisor_note(*(self._steal + [None, None])[:2])
+        if note:
+            if not traces:
+                traces.append(LayerTrace("host", seen=False, why_not="this environment offers no trace source"))
+            traces[0].notes.append(note)
+        return traces
+
+    def explain(self, stream: Any, agent_pids: Sequence[int] = ()) -> Explanation:
+        self.stop()
+        if stream.value_field not in TIME_FIELDS:
+            raise ValueError(f"probe {stream.probe}: its values ({stream.value_field}) are not a time window "
+                             "a cause could fill")
+        return explain_stream(stream, lambda windows: self._traces(windows, stream.header, tuple(agent_pids)),
+                              self.config)
+
+    def explain_into(self, run_dir: Path, stream: Any, agent_pids: Sequence[int] = ()) -> dict[str, Any]:
+        """Explain ``stream`` and store it in ``run_dir``; returns the manifest's ``explain`` entry (with
+        ``error`` when it could not be explained: the run itself is never lost for it)."""
+        try:
+            explanation = self.explain(stream, agent_pids)
+            write_explanation(run_dir, explanation)
+        except Exception as exc:  # noqa: BLE001 - the samples matter more than their explanation
+            with contextlib.suppress(Exception):
+                self.stop()
+            return {"error": _reason(exc)}
+        return manifest_entry(explanation)
+
+
+def manifest_entry(explanation: Explanation) -> dict[str, Any]:
+    """The short summary a run's manifest carries (the rest is in explain.json/explain.parquet)."""
+    return {
+        "threshold_ns": explanation.threshold_ns, "threshold_rule": explanation.threshold_rule,
+        "outliers": explanation.outliers,
+        "explained": len({part.rank for part in explanation.parts}),
+        "top_causes": [{key: row[key] for key in ("layer", "cause", "share")} for row in explanation.summary[:3]],
+        "layers": {layer.layer: ("seen" if layer.seen else f"not seen: {layer.why_not}") for layer in
+                   explanation.layers},
+        "dropped_events": sum(layer.dropped_events for layer in explanation.layers),
+    }

@@ -1,0 +1,263 @@
+"""A tracefs instance of rtvirt's own: only the CPUs and events asked for, a bounded buffer, read back as events.
+
+Every tracer of rtvirt (the host layer, the VM layer's pCPUs) uses :class:`TracefsInstance`: it makes
+``instances/rtvirt-<pid>-<start>-<n>`` (the pid and start time of the process that owns it), sets its
+``tracing_cpumask``, ``trace_clock`` (``mono``: the CLOCK_MONOTONIC the host agent stamps its samples
+with), buffer size and events, and removes it again: removing an instance disables its events and frees
+its buffer, so the top-level tracing settings (which other tools may be using) are never touched. An
+instance whose owner died (kill -9) is removed by :func:`reclaim_instances` (every campaign start,
+``--resume`` and ``--explain`` call it); instances of live processes are never touched.
+
+The trace is read as text (``per_cpu/cpuN/trace``) and parsed by :func:`parse_trace`, which also reads the
+trace text a guest's tracefs produces (same format). Text timestamps have microsecond resolution: that is
+the alignment uncertainty a layer states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import re
+import subprocess
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+__all__ = ["TracefsInstance", "TraceEvent", "TracingUnavailable", "parse_trace", "body_fields", "tracefs_root",
+           "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX"]
+
+MOUNT_POINTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
+INSTANCE_PREFIX = "rtvirt-"
+_INSTANCE_NAME = re.compile(r"^rtvirt-(\d+)-(\d+)-(\d+)$")
+TEXT_RESOLUTION_NS = 1000  # the text trace prints microseconds
+DEFAULT_BUFFER_KB = 64 * 1024  # per traced CPU
+_counter = itertools.count(1)
+
+# "<comm>-<pid> (<tgid>) [<cpu>] <flags> <sec>.<usec>: <event>: <body>"; a comm is at most 15 characters of
+# anything (even "-1 [000]"): the shortest comm after which the whole line matches is the one the kernel wrote
+_LINE = re.compile(r"^\s*(?P<comm>.{0,16}?)-(?P<pid>\d+)\s+(?:\(\s*(?P<tgid>[-\d]+)\)\s+)?\[(?P<cpu>\d+)\]\s+"
+                   r"(?:\S{4,6}\s+)?(?P<sec>\d+)\.(?P<usec>\d{6}):\s+(?P<event>\w+):\s?(?P<body>.*)$")
+_FIELD = re.compile(r"(\w+)=(\S*)")
+
+
+class TracingUnavailable(Exception):
+    """Tracing cannot be used here (no root, no tracefs, no such event); the message says why."""
+
+
+class TraceEvent(NamedTuple):
+    """One line of a text trace; ``ts_ns`` on the instance's trace clock."""
+
+    ts_ns: int
+    cpu: int
+    pid: int
+    tgid: int | None  # None: the trace did not record it (or the kernel did not know it)
+    comm: str
+    event: str
+    body: str
+
+
+def body_fields(body: str) -> dict[str, str]:
+    """The ``key=value`` fields of an event's body (values without spaces: comms need the event's own regex)."""
+    return dict(_FIELD.findall(body))
+
+
+def parse_trace(lines: Iterable[str]) -> Iterator[TraceEvent]:
+    """The events of a text trace (``trace``/``trace_pipe`` format, with or without the tgid column);
+    comment and unparsable lines are skipped."""
+    match_line = _LINE.match
+    for line in lines:
+        if not line or line[0] == "#":
+            continue
+        match = match_line(line)
+        if match is None:
+            continue
+        comm, pid, tgid, cpu, sec, usec, event, body = match.groups()
+        yield TraceEvent(int(sec) * 1_000_000_000 + int(usec) * 1000, int(cpu), int(pid),
+                         int(tgid) if tgid and tgid[0] != "-" else None, comm.strip(), event, body)
+
+
+def _mounted_tracefs() -> Path | None:
+    try:
+        mounts = Path("/proc/mounts").read_text()
+    except OSError:
+        return None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "tracefs" and Path(fields[1]) in MOUNT_POINTS:
+            return Path(fields[1])
+    return None
+
+
+def tracefs_root(mount: bool = True) -> Path:
+    """Where tracefs is mounted; mounts it at /sys/kernel/tracing when it is not (and ``mount``)."""
+    root = _mounted_tracefs()
+    if root is not None:
+        return root
+    if os.geteuid() != 0:
+        raise TracingUnavailable("tracing needs root (tracefs is not mounted and only root may mount it)")
+    if not mount:
+        raise TracingUnavailable("tracefs is not mounted")
+    try:
+        result = subprocess.run(["mount", "-t", "tracefs", "nodev", str(MOUNT_POINTS[0])], capture_output=True,
+                                timeout=30, text=True)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise TracingUnavailable(f"cannot mount tracefs: {exc}") from None
+    if result.returncode != 0:
+        raise TracingUnavailable(f"cannot mount tracefs: {result.stderr.strip()[:200] or result.returncode}")
+    return MOUNT_POINTS[0]
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def reclaim_instances(root: Path | None = None) -> list[str]:
+    """Remove the rtvirt instances whose owning process is gone (kill -9); say which went."""
+    try:
+        root = root or tracefs_root(mount=False)
+    except TracingUnavailable:
+        return []
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in sorted((root / "instances").iterdir()):
+            match = _INSTANCE_NAME.match(entry.name)
+            if match is None or _start_time(int(match[1])) == match[2]:
+                continue  # not ours, or its owner is alive
+            with contextlib.suppress(OSError):
+                entry.rmdir()  # disables its events and frees its buffer
+                removed.append(f"tracefs instance {entry.name} of a dead rtvirt (pid {match[1]})")
+    return removed
+
+
+def _stats(text: str) -> dict[str, int]:
+    """``per_cpu/cpuN/stats`` ("overrun: 12", "dropped events: 0", ...) as counts."""
+    counts = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if value.strip().isdigit():
+            counts[key.strip()] = int(value)
+    return counts
+
+
+def cpu_mask(cpus: Iterable[int]) -> str:
+    """``tracing_cpumask`` text: comma-separated 32-bit hex words, most significant first."""
+    mask = 0
+    for cpu in cpus:
+        mask |= 1 << cpu
+    words = []
+    while True:
+        words.append(f"{mask & 0xFFFFFFFF:08x}")
+        mask >>= 32
+        if not mask:
+            break
+    return ",".join(reversed(words))
+
+
+class TracefsInstance:
+    """A tracefs instance of this process, tracing ``events`` ("group:event") on ``cpus`` only.
+
+    ``start()`` makes and arms it (raises :class:`TracingUnavailable` saying why it cannot, leaving nothing
+    behind); ``stop()`` (idempotent, safe in ``finally``) turns it off, reads the trace and the per-CPU drop
+    counts and removes the instance; ``events()`` then yields what was recorded, per CPU in time order.
+    ``overwrite``: when the buffer fills, keep the newest events (a flight recorder) rather than the oldest.
+    """
+
+    def __init__(self, cpus: Sequence[int], events: Sequence[str], *, buffer_kb: int = DEFAULT_BUFFER_KB,
+                 overwrite: bool = True, clock: str = "mono", root: Path | None = None) -> None:
+        if not cpus:
+            raise ValueError("a tracefs instance needs at least one CPU")
+        self.cpus = tuple(sorted(set(cpus)))
+        self.wanted = tuple(events)
+        self.buffer_kb = buffer_kb
+        self.overwrite = overwrite
+        self.clock = clock
+        self._root = root
+        self.path: Path | None = None
+        self.texts: dict[int, str] = {}
+        self._events: list[TraceEvent] | None = None
+        self.dropped_events = 0  # lost to the bound (overrun) or never written (dropped)
+        self.missing_events: list[str] = []  # asked for but absent on this kernel
+        self.problems: list[str] = []  # what went wrong while stopping (the trace may be incomplete)
+
+    def _write(self, name: str, value: str) -> None:
+        assert self.path is not None
+        try:
+            (self.path / name).write_text(value)
+        except OSError as exc:
+            raise TracingUnavailable(f"tracefs {name}: {exc.strerror or exc}") from None
+
+    def start(self) -> None:
+        root = self._root or tracefs_root()
+        reclaim_instances(root)
+        available = set()
+        with contextlib.suppress(OSError):
+            available = set((root / "available_events").read_text().split())
+        events = [event for event in self.wanted if event in available]
+        self.missing_events = [event for event in self.wanted if event not in available]
+        if not events:
+            raise TracingUnavailable(f"none of the events {', '.join(self.wanted)} exist on this kernel")
+        name = f"{INSTANCE_PREFIX}{os.getpid()}-{_start_time(os.getpid())}-{next(_counter)}"
+        try:
+            (root / "instances" / name).mkdir()
+        except OSError as exc:
+            reason = "tracing needs root" if exc.errno in (errno.EACCES, errno.EPERM) else exc.strerror
+            raise TracingUnavailable(f"cannot make a tracefs instance: {reason}") from None
+        self.path = root / "instances" / name
+        try:
+            self._write("tracing_on", "0")
+            self._write("trace_clock", self.clock)
+            self._write("buffer_size_kb", str(self.buffer_kb))
+            self._write("tracing_cpumask", cpu_mask(self.cpus))
+            self._write("options/overwrite", "1" if self.overwrite else "0")
+            self._write("options/record-tgid", "1")
+            self._write("set_event", "\n".join(events) + "\n")
+            self._write("tracing_on", "1")
+        except TracingUnavailable:
+            self._remove()
+            raise
+
+    def stop(self) -> None:
+        if self.path is None:
+            return
+        try:
+            with contextlib.suppress(OSError):
+                (self.path / "tracing_on").write_text("0")
+            for cpu in self.cpus:
+                per_cpu = self.path / "per_cpu" / f"cpu{cpu}"
+                try:
+                    self.texts[cpu] = (per_cpu / "trace").read_text(errors="replace")
+                    stats = _stats((per_cpu / "stats").read_text())
+                except OSError as exc:
+                    self.problems.append(f"cpu{cpu}: trace not read: {exc.strerror or exc}")
+                    continue
+                self.dropped_events += stats.get("overrun", 0) + stats.get("dropped events", 0)
+        finally:
+            self._remove()
+
+    def _remove(self) -> None:
+        path, self.path = self.path, None
+        if path is None:
+            return
+        try:
+            path.rmdir()
+        except OSError as exc:  # busy (someone holds a file of it open): reclaimed once we are gone
+            self.problems.append(f"tracefs instance {path.name} not removed: {exc.strerror or exc}")
+
+    def events(self) -> list[TraceEvent]:
+        """What was recorded (parsed once), each CPU's events in time order."""
+        if self._events is None:
+            self._events = [event for cpu in self.cpus for event in parse_trace(self.texts.get(cpu, "").splitlines())]
+            self.texts = {}
+        return self._events
+
+    def __enter__(self) -> TracefsInstance:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
