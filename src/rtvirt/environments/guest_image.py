@@ -19,13 +19,14 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ..agents import AGENTS, BAREMETAL_KERNEL, agent_path
 from ..errors import RunError
+from ..explain.guest import GUEST_TRACE_SHELL
 from ..fileio import write_atomically
 
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
@@ -52,8 +53,10 @@ PORTS_WAITED_MARK = "RTVIRT-PORTS-WAITED"  # /init waited this many tenths of a 
 # each after its own delay and for its own time limit; "main" runs in the foreground and its end powers
 # the guest off. Only numbers we wrote ourselves are expanded by the shell; argv goes through xargs -0
 # to env, which executes its first argument (an absolute path, so env never reads it as an option).
+# guest_trace (explain.guest) traces the guest's measuring vCPU around the jobs of an explained run.
 INIT_SCRIPT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
+""" + GUEST_TRACE_SHELL + r"""
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
@@ -80,6 +83,7 @@ while :; do
   sleep 0.1
 done
 [ $waited -gt 0 ] && echo "RTVIRT-PORTS-WAITED $waited$late"
+guest_trace start
 echo "RTVIRT-READY $(cat /proc/uptime)"
 for job in /rtvirt/jobs/bg-*.argv; do
   [ -e "$job" ] || continue
@@ -94,6 +98,7 @@ elif [ -e /rtvirt/jobs/main.argv ]; then
   xargs -0 env < /rtvirt/jobs/main.argv
   status=$?
 fi
+guest_trace end
 echo "RTVIRT-EXIT $status"
 sync
 poweroff -f
@@ -215,11 +220,17 @@ class GuestJob:
     limit_s: int = 0  # background jobs only; 0 = until the guest stops
 
 
-def job_archive(main: GuestJob | None, background: Iterable[GuestJob] = (), devices: Iterable[str] = ()) -> bytes:
+def job_archive(main: GuestJob | None, background: Iterable[GuestJob] = (), devices: Iterable[str] = (),
+                files: Mapping[str, bytes] | None = None) -> bytes:
     """The per-run archive appended to the base initramfs; ``devices``: paths under /dev the jobs use (their
-    virtio-serial ports, the disk of the stream's copy), which /init waits for before it starts them."""
+    virtio-serial ports, the disk of the stream's copy), which /init waits for before it starts them;
+    ``files``: more files of rtvirt's own under /rtvirt/jobs (the guest's tracing: explain.guest)."""
     archive = Cpio()
     archive.directory("rtvirt/jobs")
+    for name, data in (files or {}).items():
+        if not re.fullmatch(r"[a-z_.]{1,32}", name):
+            raise ValueError(f"a guest job file is a plain name: {name!r}")
+        archive.file(f"rtvirt/jobs/{name}", data)
     names = list(devices)
     for name in names:
         if not DEVICE_PATTERN.fullmatch(name):

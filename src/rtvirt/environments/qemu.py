@@ -20,11 +20,18 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
 from ..errors import InputError, RunError
+from ..explain.guest import (
+    GUEST_TRACE_PORT,
+    BaremetalGuestSource,
+    GuestTraceSource,
+    guest_buffer_kb,
+    guest_trace_files,
+)
 from ..fileio import write_atomically
 from ..host.ledger import process_holder
 from ..params import CpuList
@@ -51,6 +58,10 @@ from .guest_image import (
     stream_copy_field,
 )
 from .sched import SchedPolicy, apply_policy, thread_ids
+
+if TYPE_CHECKING:
+    from ..explain.config import ExplainConfig
+    from ..explain.model import TraceSource
 
 __all__ = ["QemuConfig", "QemuEnvironment", "choose_accel", "QEMU"]
 
@@ -225,6 +236,8 @@ class QemuEnvironment(Environment):
         self._boot_cpu_s: float | None = None  # the vCPUs' CPU time when the guest said it had booted
         self._ack: socket.socket | None = None  # the confirmation's connection to the guest's ack port
         self._copy_path = self.workdir / "stream-copy.img"
+        self._guest_trace: tuple[GuestTraceSource, int] | None = None  # the guest layer of an explained run
+        self._out: Path | None = None
 
     @staticmethod
     def available() -> str | None:
@@ -265,8 +278,23 @@ class QemuEnvironment(Environment):
         if self._accel is None:
             self._accel = choose_accel(self.config.accel)
 
+    def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
+        return self._guest_trace_sources(config)
+
+    def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
+        """The guest layer (explain.guest): a Linux guest traces its measuring vCPU itself and sends the trace
+        to the host after its main job; the bare-metal guest's timer probe times its own interrupts."""
+        if "guest" not in config.layers:
+            return []
+        if self.config.guest == "baremetal":
+            return [BaremetalGuestSource(lambda: self._out)]
+        source = GuestTraceSource(self.workdir / "guest-trace.txt", lambda: self._out)
+        self._guest_trace = source, guest_buffer_kb(config.buffer_mb, self.config.memory, self.config.vcpus)
+        return [source]
+
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         self.start()
+        self._out = out
         assert self._accel is not None
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.config.guest == "baremetal":
@@ -280,7 +308,12 @@ class QemuEnvironment(Environment):
             if self.config.stream_copy:
                 argv.append(f"--tee=/dev/{COPY_DISK}")
                 devices.append(COPY_DISK)
-        initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), self._beside, devices), self.workdir)
+        trace_files = None
+        if self._guest_trace is not None and out is not None:
+            devices.append(guest_port_device(GUEST_TRACE_PORT))
+            trace_files = guest_trace_files((0,), self._guest_trace[1])  # vCPU 0: the measuring one
+        initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), self._beside, devices, trace_files),
+                                           self.workdir)
         # a unix socket path must fit in 108 bytes: run directories can be deeper than that
         self._socket_dir = Path(tempfile.mkdtemp(prefix="rtvirt-qmp-"))
         qmp_socket = self._socket_dir / "qmp.sock"
@@ -303,6 +336,9 @@ class QemuEnvironment(Environment):
                         "-device", f"virtserialport,chardev=rtvirtout,name={OUTPUT_PORT}",
                         "-chardev", f"socket,id=rtvirtack,path={self._socket_dir / 'ack.sock'},server=on,wait=off",
                         "-device", f"virtserialport,chardev=rtvirtack,name={ACK_PORT}"]
+            if trace_files is not None and self._guest_trace is not None:
+                command += ["-chardev", f"file,id=rtvirttrace,path={self._guest_trace[0].trace_path}",
+                            "-device", f"virtserialport,chardev=rtvirttrace,name={GUEST_TRACE_PORT}"]
             if self.config.stream_copy:
                 with self._copy_path.open("wb") as disk:
                     disk.truncate(COPY_DISK_BYTES)
