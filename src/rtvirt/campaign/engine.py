@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from ..environments import ENVIRONMENTS, Environment, Launched, SharedResources
 from ..errors import InputError, RtvirtError, RunError
+from ..explain.session import ExplainSession
+from ..explain.sources import session_for
+from ..explain.tracefs import reclaim_instances
 from ..probes import PROBES
 from ..procs import Supervisor
 from ..scenario.matrix import PlannedRun, expand, scaled_params
@@ -230,6 +234,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     launched: Launched | None = None
     platform_delivery: dict[str, Any] = {}
     copy = None
+    explaining: ExplainSession | None = None
     hook_values = {"environment": env_config.label, "disturbance": disturbance_spec.name,
                    "repetition": str(plan.repetition), "key": plan.key, "run_id": run.run_id}
     with Supervisor() as supervisor:
@@ -252,6 +257,9 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
                 raise InputError(f"workload.params: {exc.errors()[0]['msg']}") from None
             if env.on_host:
                 params.check_host()
+            if scenario.explain is not None and scenario.explain.enabled:
+                explaining = session_for(env, scenario.explain)
+                explaining.start()  # before any stressor: the trace covers the whole run
             if plan.events:
                 disturbance.prepare()
             if plan.start_order == "stress-first":
@@ -310,6 +318,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
             reason = str(exc)
         finally:
             teardown = _Teardown()
+            if explaining is not None:
+                explaining.stop()  # as soon as the agent ended: never raises, the trace is bounded
             if disturbance.on:
                 teardown.attempt(disturbance.stop)
                 mark("stress-off")
@@ -384,6 +394,9 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
         extra["campaign"] |= {"outcome": outcome_status, "reason": _bounded(reason)}
         write_failed_run(run, name=scenario.name, params=run_params, extra=extra)
         return RunOutcome(outcome_status, _bounded(reason), run.run_id)
+    if explaining is not None and stream.records.size:
+        agent = launched.proc.pid if launched is not None and isinstance(launched.proc, subprocess.Popen) else None
+        extra["explain"] = explaining.explain_into(run.path, stream, () if agent is None else (agent,))
     manifest = write_measured_run(run, stream, name=scenario.name, params=run_params,
                                   group_by=probe.group_by, extra=extra)
     return RunOutcome(outcome_status, _bounded(reason or note), run.run_id, manifest)
@@ -407,6 +420,8 @@ def _reclaim(scenario: Scenario, availability: dict[int, str | None], shared: Sh
             continue
         for what in removed:
             console.print(f"reclaimed {_bounded(what)}", markup=False, highlight=False)
+    for what in reclaim_instances():  # the tracefs instances of a killed explained run
+        console.print(f"reclaimed {_bounded(what)}", markup=False, highlight=False)
 
 
 def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, console: Console | None = None,

@@ -32,6 +32,8 @@ COMMANDS = {
                            "plots, isolation, outliers, settings."),
     "compare": CommandEntry("compare", "compare", "Isolation table of RUN against BASELINE (or its configuration's "
                             "last run); exit 3 on a tail regression."),
+    "explain": CommandEntry("explain", "explain", "What held the measuring thread back in each outlier of RUN, "
+                            "layer by layer, and the share of outlier latency by cause."),
     "trend": CommandEntry("trend", "trend", "A metric of one configuration over time per machine, changes marked."),
     "push": CommandEntry("push", "push", "Deliver the runs spooled while a shared store was away."),
     "sql": CommandEntry("sql", "sql", "Run STATEMENT against the catalog of a results directory."),

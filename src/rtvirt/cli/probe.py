@@ -8,7 +8,7 @@ import click
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
-from ..errors import RunError
+from ..errors import InputError, RunError
 from ..params import build_params, click_options
 from ..probes import PROBES, ProbeSpec
 from ..probes.runner import Progress, run_probe
@@ -42,8 +42,13 @@ def _make_command(spec: ProbeSpec) -> click.Command:
     @results_option("results store the run is written to")
     @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
     @click.option("--progress/--no-progress", default=None, help="progress bar [default: when on a terminal]")
+    @click.option("--explain", is_flag=True, help="trace the measured CPUs beside the probe and store a cause for "
+                  "each outlier (`rtvirt explain RUN`; docs/explain.md)")
+    @click.option("--explain-threshold", metavar="TIME", default=None, help="with --explain: the outliers are the "
+                  "samples above this (bare numbers in us) [default: the larger of p99.9 and 20 us]")
     @target_options
-    def command(results: str, as_json: bool, progress: bool | None, **values: Any) -> None:
+    def command(results: str, as_json: bool, progress: bool | None, explain: bool, explain_threshold: str | None,
+                **values: Any) -> None:
         target = pop_target(values)
         params = build_params(spec.params, values)
         run = new_run(store_for_writing(results).write_dir, spec.name)
@@ -56,23 +61,35 @@ def _make_command(spec: ProbeSpec) -> click.Command:
                        status=f"{p.samples} samples, max {peak}")
 
         extra: dict[str, Any] = {}
+        agent_pids: list[int] = []
+        explaining = explain_session(params, target.label if target is not None else None, explain_threshold) \
+            if explain or explain_threshold else None
 
         def measure() -> Any:
             if target is None:
-                return run_probe(spec, params, run.stream_path, show if bar is not None else None)
+                return run_probe(spec, params, run.stream_path, show if bar is not None else None,
+                                 on_launch=agent_pids.append)
             from ..remote.probe import run_probe_on_target
 
             stream, extra["target"] = run_probe_on_target(spec, params, run.stream_path, target,
                                                           on_progress=show if bar is not None else None)
             return stream
 
-        if bar is not None:
-            with bar:
+        try:
+            if explaining is not None:
+                explaining.start()
+            if bar is not None:
+                with bar:
+                    stream = measure()
+            else:
                 stream = measure()
-        else:
-            stream = measure()
+        finally:
+            if explaining is not None:
+                explaining.stop()
         if stream.error:
             extra["error"] = stream.error
+        if explaining is not None and stream.records.size:
+            extra["explain"] = explaining.explain_into(run.path, stream, agent_pids)
         manifest = write_measured_run(run, stream, name=spec.name, params=params.model_dump(mode="json"),
                                       group_by=spec.group_by, extra=extra or None)
         if as_json:
@@ -84,6 +101,8 @@ def _make_command(spec: ProbeSpec) -> click.Command:
             state = "" if manifest["status"] == "complete" else f" [yellow]({manifest['status']}: " \
                 f"{manifest['end_reason']})[/]"
             console.print(f"run {run.run_id} written to {run.path}{state}")
+            if "explain" in extra:
+                console.print(explain_line(extra["explain"], run.run_id), markup=False, highlight=False)
         if extra.get("target", {}).get("connection") == "lost":
             err_console.print(f"the connection to {target.label} was lost mid-run: the samples received are kept; "
                               f"{extra['target']['recovered']}", markup=False, highlight=False)
@@ -91,6 +110,37 @@ def _make_command(spec: ProbeSpec) -> click.Command:
             raise RunError(f"{stream.error} (the samples taken are kept in {run.path})")
 
     return command
+
+
+def explain_line(entry: dict[str, Any], run_id: str) -> str:
+    """One line on the stored explanation (or why there is none)."""
+    if "error" in entry:
+        return f"not explained: {entry['error']}"
+    top = entry["top_causes"][0] if entry["top_causes"] else None
+    cause = f"; first cause {top['cause']} ({top['share']:.0%})" if top else ""
+    return f"{entry['outliers']} outliers, {entry['explained']} explained{cause}: rtvirt explain {run_id}"
+
+
+def explain_session(params: Any, target: str | None, threshold: str | None) -> Any:
+    """The tracing beside a one-off probe: the host's measured CPUs (its allowed CPUs when not pinned)."""
+    import os
+
+    from pydantic import ValidationError
+
+    from ..explain.config import ExplainConfig
+    from ..explain.model import LayerTrace
+    from ..explain.session import ExplainSession
+    from ..explain.sources import host_sources
+
+    try:
+        config = ExplainConfig.model_validate({"threshold": threshold})
+    except ValidationError as exc:
+        raise InputError(f"option --explain-threshold: {exc.errors()[0]['msg']}") from None
+    if target is not None:
+        return ExplainSession(config, [], [LayerTrace("host", seen=False, why_not=f"the probe ran on target "
+                                                      f"{target}: tracing on targets is not supported yet")])
+    cpus = tuple(params.affinity) if params.affinity else tuple(sorted(os.sched_getaffinity(0)))
+    return ExplainSession(config, host_sources(cpus, config))
 
 
 for _spec in PROBES.values():

@@ -4,8 +4,10 @@ A :class:`~rtvirt.explain.tracefs.TracefsInstance` on the measured CPUs records 
 handlers, softirqs, the x86 IRQ vectors (local timer, IPIs) and hrtimer expiries on the ``mono`` trace clock,
 which is the CLOCK_MONOTONIC the host agent stamps its samples with: no alignment beyond the text trace's
 microsecond resolution. Each CPU's events become intervals: the task switched in until the next switch,
-an IRQ handler from entry to exit, and so on; the measuring agent's own threads are left out (they are what
-is being delayed). Strings from the trace (comms, IRQ names) are untrusted: escaped and bounded here.
+an IRQ handler from entry to exit, and so on. The measuring agent's own threads are named as such: inside a
+window they only hold the CPU between their switch-in and the time stamp that ends it. A normal task that
+keeps the CPU after the agent's real-time thread was woken is said to. Strings from the trace (comms, IRQ
+names) are untrusted: escaped and bounded here.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ HOST_EVENTS = (
     "irq_vectors:irq_work_entry", "irq_vectors:irq_work_exit",
     "timer:hrtimer_expire_entry", "timer:hrtimer_expire_exit",
 )
+AHEAD_OF_RT = " (kept the CPU after the real-time thread was woken)"
 MARGIN_NS = 1_000_000  # occupancies kept this far around each window (the report's timelines)
 MAX_NAME = 64
 
@@ -41,6 +44,7 @@ _SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>-?\d+) 
                      r"prev_state=\S+ ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>-?\d+) "
                      r"next_prio=(?P<next_prio>-?\d+)$")
 _IRQ_ENTRY = re.compile(r"irq=(?P<irq>\d+) name=(?P<name>.*)$")
+SCHED_RESET_ON_FORK = 0x40000000
 _POLICIES = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_RR: "SCHED_RR",
              os.SCHED_BATCH: "SCHED_BATCH", os.SCHED_IDLE: "SCHED_IDLE", 6: "SCHED_DEADLINE"}
 
@@ -68,7 +72,7 @@ def task_cause(comm: str, pid: int, kernel_prio: int, policy: str | None = None)
 def _policy(pid: int) -> str | None:
     """The scheduling policy of a live task (the trace only has its priority)."""
     try:
-        return _POLICIES.get(os.sched_getscheduler(pid))
+        return _POLICIES.get(os.sched_getscheduler(pid) & ~SCHED_RESET_ON_FORK)
     except OSError:
         return None
 
@@ -79,6 +83,7 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
     occupancies: list[Occupancy] = []
     task: tuple[int, str, int, int] | None = None  # (start, comm, pid, prio) of the task on the CPU
     open_: dict[str, tuple[int, str, str, dict[str, str | int]]] = {}  # key -> (start, kind, cause, detail)
+    rt_woken: int | None = None  # when a real-time thread of the agent was woken and has not run since
 
     def close(key: str, end: int) -> None:
         begun = open_.pop(key, None)
@@ -96,10 +101,25 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
                 if pid == 0:
                     occupancies.append(Occupancy("host", start, ts, "idle: the CPU slept until the wake-up",
                                                  "idle-exit", cpu, {}))
-                elif not is_agent(pid):
+                elif is_agent(pid):  # its own switch-in, return from sleep and clock read end a window
+                    occupancies.append(Occupancy("host", start, ts, f"measuring agent on the CPU "
+                                                 f"({bounded(comm, 16)}/{pid}: switched in, not yet stamped)",
+                                                 "agent", cpu, {"comm": bounded(comm, 16), "pid": pid}))
+                else:
                     cause, detail = task_cause(comm, pid, prio, policies.get(pid))
+                    if prio >= 100 and rt_woken is not None and rt_woken < ts:
+                        # what was seen, not why: the fair server, RT throttling or time stolen by an outer
+                        # hypervisor (shown as this task running on) all look alike here
+                        cause += AHEAD_OF_RT
                     occupancies.append(Occupancy("host", start, ts, cause, "task", cpu, detail))
             task = (ts, match["next_comm"], int(match["next_pid"]), int(match["next_prio"]))
+            if is_agent(task[2]):
+                rt_woken = None
+        elif name == "sched_wakeup":
+            fields = body_fields(event.body)
+            if fields.get("pid", "").isdigit() and is_agent(int(fields["pid"])) and \
+                    fields.get("prio", "").lstrip("-").isdigit() and int(fields["prio"]) < 100:
+                rt_woken = ts if rt_woken is None else rt_woken
         elif name == "irq_handler_entry":
             match = _IRQ_ENTRY.match(event.body)
             if match is not None:
@@ -132,7 +152,7 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
 
 def occupancies_from_events(events: Iterable[TraceEvent], agent_pids: Sequence[int],
                             policies: dict[int, str] | None = None) -> list[Occupancy]:
-    """Intervals of what held each CPU: tasks (except the agent's), IRQs, softirqs, vectors, timers.
+    """Intervals of what held each CPU: tasks (the agent's named as such), IRQs, softirqs, vectors, timers.
 
     ``events`` of any CPUs, each CPU's in time order. A thread belongs to the agent when its pid or tgid is
     in ``agent_pids``; tgids come from the trace's tgid column (every thread that ran shows it).
@@ -196,7 +216,9 @@ class HostSource:
     def __init__(self, cpus: Sequence[int], *, buffer_mb: int = 64, flight_recorder: bool = True,
                  events: Sequence[str] = HOST_EVENTS) -> None:
         self.cpus = tuple(cpus)
-        self.instance = TracefsInstance(self.cpus, events, buffer_kb=buffer_mb * 1024, overwrite=flight_recorder)
+        # only real-time wake-ups matter (a woken RT thread kept waiting): the others are not recorded at all
+        self.instance = TracefsInstance(self.cpus, events, buffer_kb=buffer_mb * 1024, overwrite=flight_recorder,
+                                        filters={"sched:sched_wakeup": "prio < 100"})
         self.why_not: str | None = None
         self.policies: dict[int, str] = {}
         self._started = False

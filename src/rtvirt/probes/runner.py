@@ -70,11 +70,13 @@ def run_probe(
     out: Path,
     on_progress: Callable[[Progress], None] | None = None,
     poll_interval: float = 0.25,
+    on_launch: Callable[[int], None] | None = None,
 ) -> SampleStream:
     """Run ``spec`` with ``params``, writing the raw stream to ``out``; return every sample taken.
 
     KeyboardInterrupt (Ctrl-C, or SIGTERM mapped to it by the CLI) stops the agent, which flushes its
     rings and marks the stream as ended by a signal; the samples are returned all the same.
+    ``on_launch(pid)`` is told the agent's pid once it started (an explanation leaves the agent out).
     """
     params.check_host()
     check_privileges(params)
@@ -84,6 +86,8 @@ def run_probe(
     reader = StreamReader(out)
     with Supervisor() as supervisor:
         proc = supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if on_launch is not None:
+            on_launch(proc.pid)
         try:
             follow_stream(proc.poll, reader, params, on_progress, poll_interval)
         except KeyboardInterrupt:

@@ -13,6 +13,7 @@ from ..environments.partition import PartitionConfig
 from ..environments.qemu import QemuConfig
 from ..environments.ssh import SshConfig
 from ..environments.xen import XenConfig
+from ..explain.config import ExplainConfig
 from ..host.profiles import ProfileName
 from ..params import CpuList
 from ..predict import PredictSpec
@@ -240,6 +241,8 @@ class Scenario(_Strict):
     host: HostTuning = Field(default_factory=lambda: HostTuning.model_validate({}))
     predict: PredictSpec | None = Field(None, description="simulate and analyse each measured configuration "
                                         "beside measuring it (docs/predictions.md)")
+    explain: ExplainConfig | None = Field(None, description="trace beside each run and store a cause for each "
+                                          "outlier (docs/explain.md)")
 
     def probe_workloads(self) -> list[NamedWorkload]:
         """The measured workloads: ``workloads``, else the single ``workload`` (named "workload")."""

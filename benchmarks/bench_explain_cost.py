@@ -1,0 +1,101 @@
+"""What explaining costs the measurement: the timer probe with host tracing on and off, in alternating runs.
+
+"On" is what `rtvirt probe timer --explain` and a campaign's `[explain]` table do: a tracefs instance of
+rtvirt's own on the measured CPU (scheduler, IRQ, softirq, IRQ vector and hrtimer events, 64 MiB buffer)
+armed before the agent starts, stopped after it ended, then the trace parsed and the outliers explained.
+Runs alternate (off, on, off, ...) so slow drifts of the shared machine hit both alike. Prints mean and p99
+of each and the ratios on/off (goal: <= 1.10, tracing must not change what it explains), plus how long the
+explanation took after each run (parse + attribution; not part of the measurement).
+
+    .venv/bin/python benchmarks/bench_explain_cost.py [--pairs 5] [--duration 10s] [--cpu 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rtvirt.explain.config import ExplainConfig
+from rtvirt.explain.session import ExplainSession
+from rtvirt.explain.sources import host_sources
+from rtvirt.probes import PROBES
+from rtvirt.probes.runner import run_probe
+from rtvirt.units import parse_duration
+
+GOAL = 1.10
+
+
+def run_once(cpu: int, priority: int, interval_ns: int, duration_ns: int, work: Path,
+             explain: bool) -> tuple[np.ndarray, float, int]:
+    """One probe run: its values, the seconds the explanation took after it, and the events dropped."""
+    spec = PROBES["timer"]
+    params = spec.params(affinity=[cpu], priority=priority, interval=f"{interval_ns}ns", duration=f"{duration_ns}ns")
+    config = ExplainConfig.model_validate({})
+    session = ExplainSession(config, host_sources((cpu,), config)) if explain else None
+    pids: list[int] = []
+    if session is not None:
+        session.start()
+    try:
+        stream = run_probe(spec, params, work / "timer.rtvs", on_launch=pids.append)
+    finally:
+        if session is not None:
+            session.stop()
+    if stream.total_dropped:
+        sys.exit(f"the timer probe dropped {stream.total_dropped} samples")
+    took, dropped = 0.0, 0
+    if session is not None:
+        started = time.monotonic()
+        explanation = session.explain(stream, pids)
+        took = time.monotonic() - started
+        host = explanation.layers[0]
+        if not host.seen:
+            sys.exit(f"host tracing is not available here: {host.why_not}")
+        dropped = host.dropped_events
+    return stream.records["value"].astype(np.int64), took, dropped
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=5, help="alternating off/on pairs")
+    parser.add_argument("--duration", default="10s", help="length of each run")
+    parser.add_argument("--interval", default="1ms", help="wake-up period")
+    parser.add_argument("--cpu", type=int, default=1, help="the measured (and traced) CPU")
+    parser.add_argument("--priority", type=int, default=99, help="SCHED_FIFO priority of the probe")
+    args = parser.parse_args()
+    duration_ns, interval_ns = parse_duration(args.duration, "s"), parse_duration(args.interval, "us")
+    off, on, took, dropped = [], [], [], 0
+    with tempfile.TemporaryDirectory(prefix="rtvirt-bench-") as work:
+        for pair in range(args.pairs):
+            off.append(run_once(args.cpu, args.priority, interval_ns, duration_ns, Path(work), False)[0])
+            values, seconds, lost = run_once(args.cpu, args.priority, interval_ns, duration_ns, Path(work), True)
+            on.append(values)
+            took.append(seconds)
+            dropped += lost
+            print(f"pair {pair + 1}: off mean {off[-1].mean():9.0f} ns p99 {np.percentile(off[-1], 99):9.0f} ns"
+                  f" | on mean {on[-1].mean():9.0f} ns p99 {np.percentile(on[-1], 99):9.0f} ns"
+                  f" | explained in {seconds:.2f} s", flush=True)
+    traced, plain = np.concatenate(on), np.concatenate(off)
+    print(f"\nsettings: -p {args.priority} -i {interval_ns // 1000}us -a {args.cpu} -D {args.duration} "
+          f"x {args.pairs} alternating pairs; trace events dropped: {dropped}")
+    print(f"{'explain':8} {'samples':>9} {'mean ns':>10} {'p99 ns':>10} {'max ns':>10}")
+    for name, values in (("off", plain), ("on", traced)):
+        print(f"{name:8} {values.size:9d} {values.mean():10.0f} {np.percentile(values, 99):10.0f} {values.max():10d}")
+    mean_ratio = traced.mean() / plain.mean()
+    p99_ratio = np.percentile(traced, 99) / np.percentile(plain, 99)
+    pair_means = [a.mean() / b.mean() for a, b in zip(on, off, strict=True)]
+    pair_p99s = [np.percentile(a, 99) / np.percentile(b, 99) for a, b in zip(on, off, strict=True)]
+    print(f"per-pair ratios on/off: mean median {np.median(pair_means):.3f} (range {min(pair_means):.3f}-"
+          f"{max(pair_means):.3f}), p99 median {np.median(pair_p99s):.3f} (range {min(pair_p99s):.3f}-"
+          f"{max(pair_p99s):.3f})")
+    verdict = "met" if max(mean_ratio, p99_ratio) <= GOAL else "NOT met"
+    print(f"explanation after each run: median {np.median(took):.2f} s, max {max(took):.2f} s")
+    print(f"ratio on/off: mean {mean_ratio:.3f}, p99 {p99_ratio:.3f} (goal <= {GOAL:.2f}: {verdict})")
+
+
+if __name__ == "__main__":
+    main()
