@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..agents import AGENTS, BAREMETAL_KERNEL, agent_path
-from ..errors import RunError
+from ..errors import InputError, RunError
 from ..explain.guest import GUEST_TRACE_SHELL
 from ..fileio import write_atomically
 
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
            "GUEST_AGENT_DIR", "guest_port_path", "guest_port_device", "agent_failure", "GuestKind", "guest_field",
-           "guest_description", "delivery_said", "stream_copy_field", "COPY_DISK", "COPY_DISK_BYTES"]
+           "guest_description", "delivery_said", "stream_copy_field", "COPY_DISK", "COPY_DISK_BYTES", "beside_job"]
 
 # Guest kernel flavour -> Debian meta-package, and the cache directory its unpacked tree lives in.
 KERNEL_PACKAGES = {"linux": "linux-image-amd64", "linux-rt": "linux-image-rt-amd64"}
@@ -218,6 +218,18 @@ class GuestJob:
     argv: Sequence[str]
     delay_s: int = 0
     limit_s: int = 0  # background jobs only; 0 = until the guest stops
+
+
+def beside_job(label: str, guest: str, started: bool, agent: str, args: list[str]) -> GuestJob:
+    """A job the measured Linux guest runs beside its workload ("inside" stressors), checked: only a Linux
+    guest runs jobs, and only from its start (they are in its initramfs)."""
+    if guest == "baremetal":
+        raise InputError(f"environment {label!r}: the bare-metal guest runs its probe alone; stressors with "
+                         "where = 'inside' need guest = 'linux' or 'linux-rt'")
+    if started:
+        raise RunError(f"{label}: a stressor inside the guest starts with it: give its disturbance "
+                       "start_order = ['stress-first'] and no events")
+    return GuestJob([f"{GUEST_AGENT_DIR}/{agent}", *args])
 
 
 def job_archive(main: GuestJob | None, background: Iterable[GuestJob] = (), devices: Iterable[str] = (),

@@ -24,14 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from ..errors import InputError, RunError
-from ..explain.guest import (
-    GUEST_TRACE_PORT,
-    BaremetalGuestSource,
-    GuestTraceSource,
-    guest_buffer_kb,
-    guest_trace_files,
-)
+from ..errors import RunError
+from ..explain.guest import GUEST_TRACE_FILE, GUEST_TRACE_PORT, guest_layer
 from ..fileio import write_atomically
 from ..host.ledger import process_holder
 from ..params import CpuList
@@ -47,6 +41,7 @@ from .guest_image import (
     GuestJob,
     GuestKind,
     agent_failure,
+    beside_job,
     cache_dir,
     delivery_said,
     guest_description,
@@ -236,7 +231,7 @@ class QemuEnvironment(Environment):
         self._boot_cpu_s: float | None = None  # the vCPUs' CPU time when the guest said it had booted
         self._ack: socket.socket | None = None  # the confirmation's connection to the guest's ack port
         self._copy_path = self.workdir / "stream-copy.img"
-        self._guest_trace: tuple[GuestTraceSource, int] | None = None  # the guest layer of an explained run
+        self._guest_trace_files: dict[str, bytes] | None = None  # an explained Linux guest traces itself
         self._out: Path | None = None
 
     @staticmethod
@@ -263,13 +258,7 @@ class QemuEnvironment(Environment):
         return default_emulator_cpus(self._host_cpus()[:self.config.vcpus], os.sched_getaffinity(0))
 
     def add_guest_job(self, agent: str, args: list[str]) -> None:
-        if self.config.guest == "baremetal":
-            raise InputError(f"environment {self.config.label!r}: the bare-metal guest runs its probe alone; "
-                             "stressors with where = 'inside' need guest = 'linux' or 'linux-rt'")
-        if self._proc is not None:  # the jobs are in the initramfs: they cannot join a running guest
-            raise RunError(f"{self.config.label}: a stressor inside the guest starts with it: give its disturbance "
-                           "start_order = ['stress-first'] and no events")
-        self._beside.append(GuestJob([f"{GUEST_AGENT_DIR}/{agent}", *args]))
+        self._beside.append(beside_job(self.config.label, self.config.guest, self._proc is not None, agent, args))
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         return qemu_stressor_guest(self, index, host_cpus, guest)
@@ -284,13 +273,9 @@ class QemuEnvironment(Environment):
     def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
         """The guest layer (explain.guest): a Linux guest traces its measuring vCPU itself and sends the trace
         to the host after its main job; the bare-metal guest's timer probe times its own interrupts."""
-        if "guest" not in config.layers:
-            return []
-        if self.config.guest == "baremetal":
-            return [BaremetalGuestSource(lambda: self._out)]
-        source = GuestTraceSource(self.workdir / "guest-trace.txt", lambda: self._out)
-        self._guest_trace = source, guest_buffer_kb(config.buffer_mb, self.config.memory, self.config.vcpus)
-        return [source]
+        sources, self._guest_trace_files = guest_layer(self.config.guest, config, self.workdir, self.config.memory,
+                                                       self.config.vcpus, lambda: self._out)
+        return sources
 
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         self.start()
@@ -308,10 +293,9 @@ class QemuEnvironment(Environment):
             if self.config.stream_copy:
                 argv.append(f"--tee=/dev/{COPY_DISK}")
                 devices.append(COPY_DISK)
-        trace_files = None
-        if self._guest_trace is not None and out is not None:
+        trace_files = self._guest_trace_files if out is not None else None  # no stream, no run to explain
+        if trace_files is not None:
             devices.append(guest_port_device(GUEST_TRACE_PORT))
-            trace_files = guest_trace_files((0,), self._guest_trace[1])  # vCPU 0: the measuring one
         initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), self._beside, devices, trace_files),
                                            self.workdir)
         # a unix socket path must fit in 108 bytes: run directories can be deeper than that
@@ -336,8 +320,8 @@ class QemuEnvironment(Environment):
                         "-device", f"virtserialport,chardev=rtvirtout,name={OUTPUT_PORT}",
                         "-chardev", f"socket,id=rtvirtack,path={self._socket_dir / 'ack.sock'},server=on,wait=off",
                         "-device", f"virtserialport,chardev=rtvirtack,name={ACK_PORT}"]
-            if trace_files is not None and self._guest_trace is not None:
-                command += ["-chardev", f"file,id=rtvirttrace,path={self._guest_trace[0].trace_path}",
+            if trace_files is not None:
+                command += ["-chardev", f"file,id=rtvirttrace,path={self.workdir / GUEST_TRACE_FILE}",
                             "-device", f"virtserialport,chardev=rtvirttrace,name={GUEST_TRACE_PORT}"]
             if self.config.stream_copy:
                 with self._copy_path.open("wb") as disk:

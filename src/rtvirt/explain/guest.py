@@ -27,15 +27,20 @@ from .host import HOST_EVENTS, near_windows, occupancies_from_events
 from .model import CollectContext, Layer, LayerTrace, Occupancy
 from .tracefs import TEXT_RESOLUTION_NS, cpu_mask, parse_trace
 
-__all__ = ["GuestTraceSource", "BaremetalGuestSource", "GUEST_TRACE_PORT", "GUEST_TRACE_SHELL", "guest_trace_files",
-           "timerlat_split", "read_guest_trace", "guest_buffer_kb", "TIMERLAT_PHASES", "BAREMETAL_PHASES"]
+__all__ = ["GuestTraceSource", "BaremetalGuestSource", "GUEST_TRACE_PORT", "GUEST_TRACE_FILE", "GUEST_TRACE_SHELL",
+           "guest_trace_files", "timerlat_split", "read_guest_trace", "guest_buffer_kb", "TIMERLAT_PHASES",
+           "BAREMETAL_PHASES", "guest_layer"]
 
 GUEST_TRACE_PORT = "rtvirt.trace"
+GUEST_TRACE_FILE = "guest-trace.txt"  # in the run's work directory: what the guest sent on that port
 BEGIN_MARK, END_MARK, STATS_MARK = "RTVIRT-TRACE-BEGIN", "RTVIRT-TRACE-END", "RTVIRT-TRACE-STATS"
 TRACE_LIMIT = 256 << 20  # bytes of a guest's trace the host reads (untrusted text)
 # a guest idle in an outlier's window had nothing else to run: its wake-up (the timer IRQ) reached it late
 GUEST_IDLE = "guest idle: nothing ran in the guest until its timer IRQ arrived"
 GUEST_BUFFER_SHARE = 8  # at most 1/8 of the guest's memory for its trace buffers
+# a guest ships its trace as text after the run, through an emulated port: a bound on what it holds keeps that
+# short (about 3 bytes of text per byte of buffer; the newest events are kept)
+GUEST_BUFFER_MAX_KB = 8192
 
 # /init's part (sourced into its script): ``guest_trace start`` before the jobs, ``guest_trace end`` after the
 # main job. It only acts when the run's job archive holds trace.* files (an explained run), and only reads
@@ -50,7 +55,7 @@ guest_trace() {
     echo mono > "$t/trace_clock"
     cat /rtvirt/jobs/trace.buffer_kb > "$t/buffer_size_kb"
     cat /rtvirt/jobs/trace.cpumask > "$t/tracing_cpumask"
-    echo 1 > "$t/options/overwrite"
+    cat /rtvirt/jobs/trace.overwrite > "$t/options/overwrite"
     echo 1 > "$t/options/record-tgid"
     for e in $(cat /rtvirt/jobs/trace.events); do echo "$e" >> "$t/set_event" 2>/dev/null; done
     echo 1 > "$t/tracing_on"
@@ -73,15 +78,19 @@ guest_trace() {
 
 
 def guest_buffer_kb(buffer_mb: int, memory_mb: int, vcpus: int) -> int:
-    """The guest's trace buffer per CPU: the explanation's bound, within a share of the guest's memory (the
-    instance has a buffer on every vCPU, traced or not)."""
-    return max(64, min(buffer_mb * 1024, memory_mb * 1024 // (GUEST_BUFFER_SHARE * max(vcpus, 1))))
+    """The guest's trace buffer per CPU: the explanation's bound, at most 8 MiB, within a share of the guest's
+    memory (the instance has a buffer on every vCPU, traced or not)."""
+    return max(64, min(buffer_mb * 1024, GUEST_BUFFER_MAX_KB,
+                       memory_mb * 1024 // (GUEST_BUFFER_SHARE * max(vcpus, 1))))
 
 
-def guest_trace_files(cpus: Iterable[int], buffer_kb: int, events: Iterable[str] = HOST_EVENTS) -> dict[str, bytes]:
-    """The files of a run's job archive that make the guest trace itself (read by ``guest_trace``)."""
+def guest_trace_files(cpus: Iterable[int], buffer_kb: int, flight_recorder: bool = True,
+                      events: Iterable[str] = HOST_EVENTS) -> dict[str, bytes]:
+    """The files of a run's job archive that make the guest trace itself (read by ``guest_trace``);
+    ``flight_recorder``: a full buffer keeps the newest events rather than the first."""
     cpus = sorted(set(cpus))
-    return {"trace.events": "".join(f"{event}\n" for event in events).encode(),
+    return {"trace.overwrite": b"1\n" if flight_recorder else b"0\n",
+            "trace.events": "".join(f"{event}\n" for event in events).encode(),
             "trace.cpumask": f"{cpu_mask(cpus)}\n".encode(), "trace.cpus": " ".join(map(str, cpus)).encode() + b"\n",
             "trace.buffer_kb": f"{int(buffer_kb)}\n".encode()}
 
@@ -277,3 +286,16 @@ def _split_note(first: str, split: list[Occupancy]) -> str:
     outliers = len({o.detail["sample_t_ns"] for o in split})
     return (f"split over {outliers} outliers: expiry to {first} {100 * irq / total:.0f} %, "
             f"{first} to the thread {100 - 100 * irq / total:.0f} % of their latency")
+
+
+def guest_layer(guest: str, config: Any, workdir: Path, memory_mb: int, vcpus: int,
+                samples: Callable[[], Path | None]) -> tuple[list[Any], dict[str, bytes] | None]:
+    """The guest layer of a VM environment's run (qemu, libvirt): its sources, and the files that make a Linux
+    guest trace itself (for the run's job archive; None: no guest trace, so no ``rtvirt.trace`` port).
+    ``config``: the run's ExplainConfig; the measuring vCPU is vCPU 0 (where the workload runs)."""
+    if "guest" not in config.layers:
+        return [], None
+    if guest == "baremetal":
+        return [BaremetalGuestSource(samples)], None
+    files = guest_trace_files((0,), guest_buffer_kb(config.buffer_mb, memory_mb, vcpus), config.flight_recorder)
+    return [GuestTraceSource(workdir / GUEST_TRACE_FILE, samples)], files
