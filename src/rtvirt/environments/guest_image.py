@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from ..agents import AGENTS, BAREMETAL_KERNEL, agent_path
 from ..errors import InputError, RunError
+from ..explain.clocksync import GUEST_CLOCK_SYNC
 from ..explain.guest import GUEST_TRACE_SHELL
 from ..fileio import write_atomically
 
@@ -53,10 +54,12 @@ PORTS_WAITED_MARK = "RTVIRT-PORTS-WAITED"  # /init waited this many tenths of a 
 # each after its own delay and for its own time limit; "main" runs in the foreground and its end powers
 # the guest off. Only numbers we wrote ourselves are expanded by the shell; argv goes through xargs -0
 # to env, which executes its first argument (an absolute path, so env never reads it as an option).
-# guest_trace (explain.guest) traces the guest's measuring vCPU around the jobs of an explained run.
+# clock_sync (explain.clocksync) answers the host's clock exchange before the jobs and after the main job,
+# when the host gave the guest an rtvirt.clock port (an explained run); guest_trace (explain.guest) traces the
+# guest's measuring vCPU around the jobs of an explained run.
 INIT_SCRIPT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
-""" + GUEST_TRACE_SHELL + r"""
+""" + GUEST_CLOCK_SYNC + GUEST_TRACE_SHELL + r"""
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
@@ -85,6 +88,7 @@ done
 [ $waited -gt 0 ] && echo "RTVIRT-PORTS-WAITED $waited$late"
 guest_trace start
 echo "RTVIRT-READY $(cat /proc/uptime)"
+clock_sync start
 for job in /rtvirt/jobs/bg-*.argv; do
   [ -e "$job" ] || continue
   base="${job%.argv}"
@@ -100,6 +104,7 @@ elif [ -e /rtvirt/jobs/main.argv ]; then
 fi
 guest_trace end
 echo "RTVIRT-EXIT $status"
+clock_sync end
 sync
 poweroff -f
 """

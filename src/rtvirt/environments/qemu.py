@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, model_validator
 
 from ..errors import RunError
+from ..explain.clocksync import CLOCK_PORT, ClockExchange
 from ..explain.guest import GUEST_TRACE_FILE, GUEST_TRACE_PORT, guest_layer
+from ..explain.vm import VmSource, forget_vcpus, register_vcpus
 from ..fileio import write_atomically
 from ..host.ledger import process_holder
 from ..params import CpuList
@@ -233,6 +235,8 @@ class QemuEnvironment(Environment):
         self._copy_path = self.workdir / "stream-copy.img"
         self._guest_trace_files: dict[str, bytes] | None = None  # an explained Linux guest traces itself
         self._out: Path | None = None
+        self._vm_source: VmSource | None = None  # the VM layer of an explained run (trace_sources)
+        self._vcpu_threads: dict[int, int] = {}
 
     @staticmethod
     def available() -> str | None:
@@ -267,8 +271,17 @@ class QemuEnvironment(Environment):
         if self._accel is None:
             self._accel = choose_accel(self.config.accel)
 
-    def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
-        return self._guest_trace_sources(config)
+    def trace_sources(self, config: ExplainConfig) -> list[Any]:
+        """The VM layer on the vCPUs' host CPUs (explain.vm; the run's guest then also exchanges clock readings
+        with the host over an rtvirt.clock port, explain.clocksync) and the guest layer (explain.guest)."""
+        self.start()
+        assert self._accel is not None
+        vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin else None
+        self._vm_source = VmSource(self.config.label, vcpu_cpus, self._accel["accel"],
+                                   int(getattr(config, "buffer_mb", 64)),
+                                   no_clock="the bare-metal guest takes no part in the clock exchange"
+                                   if self.config.guest == "baremetal" else None)
+        return [self._vm_source, *self._guest_trace_sources(config)]
 
     def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
         """The guest layer (explain.guest): a Linux guest traces its measuring vCPU itself and sends the trace
@@ -293,6 +306,8 @@ class QemuEnvironment(Environment):
             if self.config.stream_copy:
                 argv.append(f"--tee=/dev/{COPY_DISK}")
                 devices.append(COPY_DISK)
+            if self._vm_source is not None:
+                devices.append(guest_port_device(CLOCK_PORT))
         trace_files = self._guest_trace_files if out is not None else None  # no stream, no run to explain
         if trace_files is not None:
             devices.append(guest_port_device(GUEST_TRACE_PORT))
@@ -305,6 +320,8 @@ class QemuEnvironment(Environment):
         command = [QEMU, "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
                    "-smp", str(self.config.vcpus), "-m", str(self.config.memory),
                    "-display", "none", "-nodefaults", "-no-reboot", "-S",
+                   # threads named after their role ("CPU 0/TCG", "worker"): what an explanation names
+                   "-name", f"{self.config.label},debug-threads=on",
                    "-kernel", str(image.kernel), "-initrd", str(initrd),
                    # no_timer_check: a vCPU starved while booting under TCG fails the IO-APIC timer
                    # check and panics ("IO-APIC + timer doesn't work"), seen here under load
@@ -320,6 +337,9 @@ class QemuEnvironment(Environment):
                         "-device", f"virtserialport,chardev=rtvirtout,name={OUTPUT_PORT}",
                         "-chardev", f"socket,id=rtvirtack,path={self._socket_dir / 'ack.sock'},server=on,wait=off",
                         "-device", f"virtserialport,chardev=rtvirtack,name={ACK_PORT}"]
+            if self._vm_source is not None:
+                command += ["-chardev", f"socket,id=rtvirtclock,path={self._socket_dir / 'clock.sock'},server=on,"
+                            "wait=off", "-device", f"virtserialport,chardev=rtvirtclock,name={CLOCK_PORT}"]
             if trace_files is not None:
                 command += ["-chardev", f"file,id=rtvirttrace,path={self.workdir / GUEST_TRACE_FILE}",
                             "-device", f"virtserialport,chardev=rtvirttrace,name={GUEST_TRACE_PORT}"]
@@ -358,6 +378,7 @@ class QemuEnvironment(Environment):
         channel.parent.mkdir(parents=True, exist_ok=True)
         command = [QEMU, "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
                    "-smp", "1", "-m", str(self.config.memory), "-display", "none", "-nodefaults", "-no-reboot", "-S",
+                   "-name", f"{self.config.label},debug-threads=on",
                    "-kernel", str(baremetal.kernel_path()), "-append", command_line,
                    "-qmp", f"unix:{qmp_socket},server=on,wait=off", *baremetal.qemu_devices(self._console, channel)]
         self._proc = self.supervisor.start(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -406,6 +427,10 @@ class QemuEnvironment(Environment):
                 "vcpu_sched": self.config.vcpu_sched.describe(),
                 **({"exclusive_cpuset": self._vcpu_cpuset[1].notes} if self._vcpu_cpuset else {}),
             }
+            self._vcpu_threads = vcpu_threads
+            register_vcpus(self.config.label, vcpu_threads)
+            if self._vm_source is not None:
+                self._vm_source.attach(self._proc.pid, vcpu_threads, self._clock_exchange())
             monitor.cmd("cont")
             if partitioned:
                 for tid in vcpu_threads.values():
@@ -414,6 +439,23 @@ class QemuEnvironment(Environment):
             raise RunError(f"qemu: QMP failed ({exc}): {self._stderr_tail()}") from None
         finally:
             monitor.close()
+
+    def _clock_exchange(self) -> ClockExchange | None:
+        """The host side of the guest's rtvirt.clock port, connected before the guest runs (a Linux guest
+        with a stream only: the ports come with it)."""
+        assert self._socket_dir is not None
+        path = self._socket_dir / "clock.sock"
+        if not path.exists():
+            return None
+
+        def connect() -> socket.socket:
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            connection.connect(str(path))
+            return connection
+
+        exchange = ClockExchange(connect)
+        exchange.start()
+        return exchange
 
     def after_launch(self, launched: Launched) -> None:
         # the vCPU threads' CPU time so far (read while QEMU lives): how busy the guest kept its vCPUs
@@ -532,6 +574,7 @@ class QemuEnvironment(Environment):
         if self._ack is not None:
             self._ack.close()
             self._ack = None
+        forget_vcpus(self._vcpu_threads)
         if self._vcpu_cpuset is not None:
             (cgroup, exclusive), self._vcpu_cpuset = self._vcpu_cpuset, None
             try:

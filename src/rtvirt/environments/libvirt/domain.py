@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import RunError
+from ...explain.clocksync import CLOCK_PORT
 from ...explain.guest import GUEST_TRACE_FILE, GUEST_TRACE_PORT, guest_layer
+from ...explain.vm import VmSource, forget_vcpus, register_vcpus
 from .. import baremetal
 from ..base import Environment, EnvironmentConfig, Launched, SharedResources
 from ..guest_image import (
@@ -149,6 +151,8 @@ class LibvirtEnvironment(LibvirtTeardown):
                     argv.append(f"--tee=/dev/{COPY_DISK}")
                     devices.append(COPY_DISK)
                     self._copy_volume = f"{self._name}.copy"
+                if self._vm_source is not None:
+                    devices.append(guest_port_device(CLOCK_PORT))
                 if self._guest_trace_files is not None:
                     devices.append(guest_port_device(GUEST_TRACE_PORT))
             else:
@@ -184,6 +188,7 @@ class LibvirtEnvironment(LibvirtTeardown):
                     f"false ({_error_text(exc)})") from None
             raise RunError(f"libvirt ({self.config.uri}) could not start {self._name}: {_error_text(exc)}") from None
         self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
+        self._place_for_tracing()
         self._open_stream(None, self._console_file, self._console)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -199,13 +204,46 @@ class LibvirtEnvironment(LibvirtTeardown):
         self._beside.append(beside_job(self.config.label, self.config.guest, self._domain is not None, agent, args))
 
     def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
-        return self._guest_trace_sources(config)
+        """The VM layer (explain.vm) of a domain on this host (a remote host's CPUs cannot be traced from here)
+        and the guest layer (explain.guest), which comes on a channel of the domain's wherever it runs."""
+        guest = self._guest_trace_sources(config)
+        if not self.config.local:
+            return guest
+        self.start()
+        vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin else None
+        self._vm_source = VmSource(self.config.label, vcpu_cpus, "kvm" if self._type["type"] == "kvm" else "tcg",
+                                   int(getattr(config, "buffer_mb", 64)),
+                                   no_clock="the bare-metal guest takes no part in the clock exchange"
+                                   if self.config.guest == "baremetal" else None)
+        return [self._vm_source, *guest]
 
     def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
         """The guest layer (explain.guest), as in the qemu environment; the trace comes on a channel of its own."""
         sources, self._guest_trace_files = guest_layer(self.config.guest, config, self.workdir, self.config.memory,
                                                        self.config.vcpus, lambda: self._out)
         return sources
+
+    def _place_for_tracing(self) -> None:
+        """The started (paused) domain's vCPU threads, named for every explanation on this host, and the VM
+        layer told them and its clock exchange before the guest runs."""
+        if not self.config.local:
+            return
+        from .tracing import clock_exchange, qemu_pid, vcpu_threads
+
+        try:
+            self._vcpu_threads = vcpu_threads(self._domain)
+        except RunError:
+            if self._vm_source is None:
+                return  # naming another domain's vCPUs is a courtesy; tracing this one needs them
+            raise
+        register_vcpus(self.config.label, self._vcpu_threads)
+        if self._vm_source is not None and self._vcpu_threads:
+            self._vm_source.attach(qemu_pid(next(iter(self._vcpu_threads.values()))), self._vcpu_threads,
+                                   clock_exchange(self._applied_xml))
+
+    def close(self) -> None:
+        forget_vcpus(self._vcpu_threads)
+        super().close()
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         config = LibvirtConfig.model_validate({

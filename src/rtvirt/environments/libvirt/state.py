@@ -45,6 +45,8 @@ class LibvirtDomainState(Environment):
         self._rt: RtThrottlingLifted | None = None
         self._versions: dict[str, str] = {}
         self._image: GuestImage | None = None
+        self._vm_source: Any = None  # explain.vm.VmSource of an explained run (trace_sources)
+        self._vcpu_threads: dict[int, int] = {}
 
     def _online_cpus(self) -> list[int]:
         if self.config.local:

@@ -1,0 +1,382 @@
+"""The VM layer (QEMU, libvirt): was the measuring vCPU's thread running on its host CPU, and if not, what ran.
+
+A guest's latency window is on the guest's clock; what delays it on the host is whatever holds the host CPU
+(pCPU) its vCPU thread runs on. This source traces ``sched:sched_switch`` on the vCPUs' pCPUs in a tracefs
+instance of its own, follows each vCPU thread on and off its pCPU, and turns every task that ran there while
+the vCPU was off into a "vCPU not running: <comm>/<pid> ran" occupancy, naming QEMU's own threads (this VM's
+other vCPUs, its emulator threads) and the vCPUs of the other VMs rtvirt started (stressor VMs) as such.
+Under KVM it also traces ``kvm:kvm_exit``/``kvm_entry`` of the vCPU threads: exits by reason, as ``perf kvm
+stat`` reports them. Host times become guest times through the clock exchange (explain.clocksync).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .clocksync import ClockExchange, ClockMap
+from .model import CollectContext, LayerTrace, Occupancy
+
+__all__ = ["VmSource", "register_vcpus", "forget_vcpus", "vcpu_owner", "parse_trace"]
+
+# vCPU threads of every VM this rtvirt process started (host tid -> "vCPU 0 of stress-vm-0"): a stressor VM's
+# vCPU that takes the measured vCPU's pCPU is named with its VM
+_VCPU_OWNERS: dict[int, str] = {}
+_OWNERS_LOCK = threading.Lock()
+COMM_LIMIT = 32
+KEEP_AROUND_NS = 5_000_000  # occupancies kept this far around an outlier window (the report's timelines)
+THREADS_REFRESH_S = 0.5  # how often the traced VM's QEMU threads are listed (worker threads come and go)
+
+
+def register_vcpus(vm: str, threads: Mapping[int, int]) -> None:
+    """``threads``: vCPU index -> host thread id of the VM labelled ``vm``."""
+    with _OWNERS_LOCK:
+        for index, tid in threads.items():
+            _VCPU_OWNERS[int(tid)] = f"vCPU {int(index)} of VM {vm[:64]}"
+
+
+def forget_vcpus(threads: Mapping[int, int]) -> None:
+    with _OWNERS_LOCK:
+        for tid in threads.values():
+            _VCPU_OWNERS.pop(int(tid), None)
+
+
+def vcpu_owner(tid: int) -> str | None:
+    with _OWNERS_LOCK:
+        return _VCPU_OWNERS.get(tid)
+
+
+def _printable(text: str) -> str:
+    """A comm from the trace (untrusted): printable and bounded."""
+    return re.sub(r"[^ -~]", "?", text)[:COMM_LIMIT]
+
+
+# ---- the trace text ---------------------------------------------------------------------------------------
+
+LINE = re.compile(r"^\s*(?P<comm>.*)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<s>\d+)\.(?P<us>\d{6}):\s+"
+                  r"(?P<event>sched_switch|kvm_exit|kvm_entry):\s(?P<rest>.*)$")
+SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>\d+) prev_prio=(?P<prev_prio>-?\d+) "
+                    r"prev_state=(?P<prev_state>\S+) ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>\d+) "
+                    r"next_prio=(?P<next_prio>-?\d+)")
+EXIT_REASON = re.compile(r"reason (?P<reason>[A-Z0-9_]+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    ts_ns: int
+    cpu: int
+    prev_pid: int
+    prev_state: str
+    next_pid: int
+    next_comm: str
+    next_prio: int
+
+
+@dataclass(frozen=True, slots=True)
+class KvmEvent:
+    ts_ns: int
+    cpu: int
+    pid: int
+    entry: bool
+    reason: str
+
+
+@dataclass(slots=True)
+class ParsedTrace:
+    switches: list[Switch] = field(default_factory=list)
+    kvm: list[KvmEvent] = field(default_factory=list)
+    unreadable: int = 0
+
+
+def parse_trace(text: str) -> ParsedTrace:
+    """sched_switch and kvm_exit/kvm_entry lines of a tracefs ``trace`` file (clock mono: seconds.microseconds)."""
+    parsed = ParsedTrace()
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = LINE.match(line)
+        if match is None:
+            continue
+        ts_ns = int(match["s"]) * 1_000_000_000 + int(match["us"]) * 1000
+        cpu, event, rest = int(match["cpu"]), match["event"], match["rest"]
+        if event == "sched_switch":
+            switch = SWITCH.match(rest)
+            if switch is None:
+                parsed.unreadable += 1
+                continue
+            parsed.switches.append(Switch(ts_ns, cpu, int(switch["prev_pid"]), switch["prev_state"],
+                                          int(switch["next_pid"]), _printable(switch["next_comm"]),
+                                          int(switch["next_prio"])))
+        else:
+            reason = EXIT_REASON.search(rest)
+            parsed.kvm.append(KvmEvent(ts_ns, cpu, int(match["pid"]), event == "kvm_entry",
+                                       _printable(reason["reason"]) if reason else ""))
+    return parsed
+
+
+# ---- who ran instead ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class VmThreads:
+    """The traced VM's threads: its vCPUs (index -> host tid) and every thread of its QEMU process seen."""
+
+    vm: str
+    vcpus: Mapping[int, int]
+    qemu_threads: Mapping[int, str]  # tid -> comm
+
+
+def _cause(pid: int, comm: str, threads: VmThreads) -> tuple[str, dict[str, str | int]]:
+    own_vcpu = next((index for index, tid in threads.vcpus.items() if tid == pid), None)
+    if own_vcpu is not None:
+        return f"vCPU not running: this VM's vCPU {own_vcpu} ({comm}/{pid}) ran", {"ran": "own-vcpu"}
+    if pid in threads.qemu_threads:
+        return f"vCPU not running: QEMU thread {comm}/{pid} of this VM ran", {"ran": "qemu-thread"}
+    other = vcpu_owner(pid)
+    if other is not None:
+        return f"vCPU not running: {other} ({comm}/{pid}) ran", {"ran": "other-vm-vcpu", "vm": other}
+    return f"vCPU not running: {comm}/{pid} ran", {"ran": "task"}
+
+
+def _priority(prio: int) -> dict[str, str | int]:
+    """sched_switch's prio is the kernel's: below 100 a real-time priority (99 - prio), -1 deadline."""
+    if prio < 0:
+        return {"policy": "SCHED_DEADLINE"}
+    if prio < 100:
+        return {"policy": "real-time", "priority": 99 - prio}
+    return {"policy": "normal", "nice": prio - 120}
+
+
+def vcpu_occupancies(switches: list[Switch], threads: VmThreads) -> list[tuple[int, Occupancy]]:
+    """(vCPU index, occupancy on the host clock) for every task that ran on a vCPU's pCPU while that vCPU's
+    thread was not running (anywhere); ``detail.vcpu_state`` says whether the vCPU had been preempted
+    (runnable) or had gone to sleep (its guest idle) when it left the CPU."""
+    by_tid = {tid: index for index, tid in threads.vcpus.items()}
+    off_since: dict[int, int] = {}  # vCPU tid -> when it left its CPU (absent: running, or not yet seen)
+    off_state: dict[int, str] = {}
+    last_cpu: dict[int, int] = {}
+    current: dict[int, tuple[int, str, int, int]] = {}  # cpu -> (pid, comm, prio, since)
+    found: list[tuple[int, Occupancy]] = []
+    for switch in switches:
+        ran = current.get(switch.cpu)
+        if ran is not None and ran[0] == switch.prev_pid and switch.prev_pid != 0 and switch.prev_pid not in by_tid:
+            pid, comm, prio, since = ran
+            for tid, left in off_since.items():
+                if last_cpu.get(tid) != switch.cpu:
+                    continue
+                start = max(since, left)
+                if start < switch.ts_ns:
+                    cause, detail = _cause(pid, comm, threads)
+                    detail.update({"comm": comm, "pid": pid, "host_cpu": switch.cpu, "vcpu": by_tid[tid],
+                                   "vcpu_state": "preempted" if off_state[tid].startswith("R") else "sleeping",
+                                   **_priority(prio)})
+                    found.append((by_tid[tid], Occupancy("vm", start, switch.ts_ns, cause, "vcpu-preempted",
+                                                         by_tid[tid], detail)))
+        if switch.prev_pid in by_tid:
+            off_since[switch.prev_pid] = switch.ts_ns
+            off_state[switch.prev_pid] = switch.prev_state
+            last_cpu[switch.prev_pid] = switch.cpu
+        if switch.next_pid in by_tid:
+            off_since.pop(switch.next_pid, None)
+        current[switch.cpu] = (switch.next_pid, switch.next_comm, switch.next_prio, switch.ts_ns)
+    return found
+
+
+def exit_occupancies(events: list[KvmEvent], threads: VmThreads) -> list[tuple[int, Occupancy]]:
+    """Each VM exit of a vCPU thread, from kvm_exit to its next kvm_entry, named by its reason."""
+    by_tid = {tid: index for index, tid in threads.vcpus.items()}
+    exited: dict[int, KvmEvent] = {}
+    found: list[tuple[int, Occupancy]] = []
+    for event in events:
+        if event.pid not in by_tid:
+            continue
+        if not event.entry:
+            exited[event.pid] = event
+            continue
+        start = exited.pop(event.pid, None)
+        if start is not None and start.ts_ns < event.ts_ns:
+            index = by_tid[event.pid]
+            reason = start.reason or "unknown"
+            found.append((index, Occupancy("vm", start.ts_ns, event.ts_ns, f"VM exit {reason}", "vm-exit", index,
+                                           {"reason": reason, "host_cpu": start.cpu, "vcpu": index})))
+    return found
+
+
+# ---- the source ----------------------------------------------------------------------------------------------
+
+TRACEFS = Path("/sys/kernel/tracing")
+_instances = 0
+
+
+class _Instance:
+    """A tracefs instance of this rtvirt process (stopgap until explain.tracefs: same name scheme, so its
+    cleanup of a killed rtvirt's instances covers this one)."""
+
+    def __init__(self, cpus: tuple[int, ...] | None, events: tuple[str, ...], buffer_mb: int) -> None:
+        global _instances
+        _instances += 1
+        self.path = TRACEFS / "instances" / f"rtvirt-{os.getpid()}-vm{_instances}"
+        self.path.mkdir()
+        try:
+            (self.path / "tracing_on").write_text("0")
+            (self.path / "trace_clock").write_text("mono")  # the host's CLOCK_MONOTONIC, the exchange's clock
+            (self.path / "buffer_size_kb").write_text(str(buffer_mb * 1024))
+            if cpus is not None:
+                mask = sum(1 << cpu for cpu in cpus)
+                (self.path / "tracing_cpumask").write_text(f"{mask:x}")
+            for event in events:
+                (self.path / "events" / event / "enable").write_text("1")
+            (self.path / "tracing_on").write_text("1")
+        except OSError:
+            self.remove()
+            raise
+
+    def stop_and_read(self, limit: int) -> tuple[str, int]:
+        """The trace text (bounded) and the events the ring buffer lost."""
+        (self.path / "tracing_on").write_text("0")
+        dropped = 0
+        for stats in (self.path / "per_cpu").glob("cpu*/stats"):
+            for line in stats.read_text().splitlines():
+                name, _, value = line.partition(":")
+                if name.strip() in ("overrun", "dropped events") and value.strip().isdigit():
+                    dropped += int(value.strip())
+        with (self.path / "trace").open("r", errors="replace") as trace:
+            return trace.read(limit), dropped
+
+    def remove(self) -> None:
+        if self.path.exists():
+            with contextlib.suppress(OSError):
+                (self.path / "tracing_on").write_text("0")
+            self.path.rmdir()  # the kernel frees the buffers and disables the instance's events with it
+
+
+class VmSource:
+    """The VM layer of one QEMU guest or libvirt domain: armed before launch on the vCPUs' host CPUs (``None``:
+    unpinned, all CPUs), told its vCPU threads and clock exchange once QEMU placed them (``attach``).
+    ``no_clock`` says why a guest cannot take part in the clock exchange (its layer is then not seen)."""
+
+    layer = "vm"
+
+    def __init__(self, vm: str, host_cpus: tuple[int, ...] | None, accel: str, buffer_mb: int = 64,
+                 no_clock: str | None = None) -> None:
+        self.vm = vm
+        self.no_clock = no_clock
+        self.host_cpus = host_cpus
+        self.accel = accel
+        self.buffer_mb = buffer_mb
+        self._instance: _Instance | None = None
+        self._why_not: str | None = None
+        self._text = ""
+        self._dropped = 0
+        self._qemu_pid = 0
+        self._vcpus: dict[int, int] = {}
+        self._qemu_threads: dict[int, str] = {}
+        self._exchange: ClockExchange | None = None
+        self._refresher: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    def _events(self) -> tuple[str, ...]:
+        events: tuple[str, ...] = ("sched/sched_switch",)
+        if self.accel == "kvm" and (TRACEFS / "events" / "kvm" / "kvm_exit").exists():
+            events += ("kvm/kvm_exit", "kvm/kvm_entry")
+        return events
+
+    def start(self) -> None:
+        if os.geteuid() != 0:
+            self._why_not = "tracing the host's CPUs needs root"
+        elif not (TRACEFS / "instances").is_dir():
+            self._why_not = f"no tracefs at {TRACEFS}"
+        if self._why_not is not None or self._instance is not None:
+            return
+        try:
+            self._instance = _Instance(self.host_cpus, self._events(), self.buffer_mb)
+        except OSError as exc:
+            self._why_not = f"the tracefs instance could not be set up: {exc.strerror or exc}"
+
+    def attach(self, qemu_pid: int, vcpus: Mapping[int, int], exchange: ClockExchange | None) -> None:
+        """The VM is placed (its vCPU threads exist, it has not run yet): remember who is who."""
+        self._qemu_pid, self._vcpus, self._exchange = qemu_pid, dict(vcpus), exchange
+        register_vcpus(self.vm, vcpus)
+        self._list_threads()
+        self._refresher = threading.Thread(target=self._refresh, name="rtvirt-vm-threads", daemon=True)
+        self._refresher.start()
+
+    def _list_threads(self) -> None:
+        for task in Path(f"/proc/{self._qemu_pid}/task").glob("*"):
+            try:
+                self._qemu_threads[int(task.name)] = _printable((task / "comm").read_text().strip())
+            except (OSError, ValueError):
+                continue
+
+    def _refresh(self) -> None:
+        while not self._stopped.wait(THREADS_REFRESH_S):
+            self._list_threads()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._refresher is not None:
+            self._refresher.join(timeout=2)
+            self._refresher = None
+        if self._exchange is not None:
+            self._exchange.close()
+        if self._instance is not None:
+            instance, self._instance = self._instance, None
+            try:
+                self._text, self._dropped = instance.stop_and_read(self.buffer_mb << 22)
+            except OSError as exc:
+                self._why_not = f"the trace could not be read: {exc.strerror or exc}"
+            finally:
+                instance.remove()
+        forget_vcpus(self._vcpus)
+
+    def clock_map(self) -> ClockMap | None:
+        return self._exchange.clock_map() if self._exchange is not None else None
+
+    def collect(self, context: CollectContext) -> LayerTrace:
+        if self._why_not is not None:
+            return LayerTrace("vm", False, self._why_not)
+        if not self._vcpus:
+            return LayerTrace("vm", False, "the VM's vCPU threads were never known (it did not start)")
+        clock = self.clock_map()
+        if clock is None:
+            problem = self.no_clock or (self._exchange.problem if self._exchange is not None else None)
+            return LayerTrace("vm", False, "the guest's clock could not be aligned with the host's: "
+                              + (problem or "no clock exchange took place"))
+        trace = parse_trace(self._text)
+        threads = VmThreads(self.vm, self._vcpus, dict(self._qemu_threads))
+        found = vcpu_occupancies(trace.switches, threads) + exit_occupancies(trace.kvm, threads)
+        keep = _near_windows(context.windows)
+        occupancies = []
+        for _, occupancy in found:
+            start, end = clock.to_guest(occupancy.start_ns), clock.to_guest(occupancy.end_ns)
+            if keep(start, end, occupancy.cpu):
+                occupancies.append(Occupancy("vm", start, end, occupancy.cause, occupancy.kind, occupancy.cpu,
+                                             occupancy.detail))
+        notes = list(clock.notes)
+        if self.accel != "kvm":
+            notes.append("the guest ran under TCG (software emulation): no VM exits to trace, and its timings do "
+                         "not represent real hardware")
+        if trace.unreadable:
+            notes.append(f"{trace.unreadable} sched_switch lines of the VM trace were not understood")
+        return LayerTrace("vm", True, None, occupancies, clock.uncertainty_ns, self._dropped, notes)
+
+
+def _near_windows(windows: np.ndarray) -> Callable[[int, int, int], bool]:
+    """Whether an interval on the sample clock lies within KEEP_AROUND_NS of an outlier window of its vCPU."""
+    if windows.dtype.names:
+        starts, ends, cpus = (np.asarray(windows[name], dtype=np.int64) for name in ("start_ns", "end_ns", "cpu"))
+    else:
+        array = np.asarray(windows, dtype=np.int64).reshape(-1, 3)
+        starts, ends, cpus = array[:, 0], array[:, 1], array[:, 2]
+
+    def near(start: int, end: int, cpu: int) -> bool:
+        hit = (starts - KEEP_AROUND_NS < end) & (ends + KEEP_AROUND_NS > start) & ((cpus == cpu) | (cpus < 0))
+        return bool(hit.any())
+
+    return near
