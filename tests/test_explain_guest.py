@@ -53,6 +53,7 @@ def _guest_run(tmp_path: Path, guest: str, probe: dict[str, object],
     return stream, explanation, tmp_path / "work"
 
 
+@pytest.mark.vm
 def test_timerlat_in_the_preempt_rt_guest_splits_every_sample(tmp_path: Path) -> None:
     """The engine used to fail at once there (EBUSY); now every sample has its IRQ part below its thread part."""
     stream, explanation, _ = _guest_run(tmp_path, "linux-rt", {"duration": "3s", "interval": "2ms",
@@ -101,24 +102,27 @@ settle = "0s"
 
 [explain]
 threshold = "3ms"
-layers = ["guest"]
+layers = {layers}
 """
 
 
+@pytest.mark.vm
 def test_a_stressor_inside_the_guest_is_named_as_a_guest_cause(tmp_path: Path) -> None:
     """A campaign: an RT cpu stressor inside a Linux QEMU guest above the probe's priority holds it back, and
     the guest's own trace names it (comm, the pid the guest gave it, its priority) as a guest-side cause."""
-    _inside_stressor_is_named(tmp_path, 'kind = "qemu"\naccel = "tcg"')
+    # the guest layer alone: with the VM layer beside it this passed too, but took 315 s instead of 110 s at
+    # host load 16 (the VM layer reads the host trace of the vCPU's pCPU)
+    _inside_stressor_is_named(tmp_path, 'kind = "qemu"\naccel = "tcg"', '["guest"]')
 
 
 @pytest.mark.vm
 def test_a_stressor_inside_a_libvirt_guest_is_named_as_a_guest_cause(libvirtd: str, tmp_path: Path) -> None:  # noqa: F811
     """The same in a libvirt domain (TCG): its trace comes back on a channel of its own."""
-    _inside_stressor_is_named(tmp_path, f'kind = "libvirt"\nuri = "{libvirtd}"\ndomain_type = "qemu"')
+    _inside_stressor_is_named(tmp_path, f'kind = "libvirt"\nuri = "{libvirtd}"\ndomain_type = "qemu"', '["guest"]')
 
 
-def _inside_stressor_is_named(tmp_path: Path, environment: str) -> None:
-    text = INSIDE_SCENARIO.format(cpu=CPU, environment=environment)
+def _inside_stressor_is_named(tmp_path: Path, environment: str, layers: str) -> None:
+    text = INSIDE_SCENARIO.format(cpu=CPU, environment=environment, layers=layers)
     scenario = parse_scenario(text, "inside.toml")
     state = CampaignState.create(tmp_path, scenario.name, text, "inside.toml", 1.0)
     outcome = run_campaign(scenario, state, tmp_path, show_progress=False, write_report=False).outcomes[
@@ -161,6 +165,7 @@ def test_timerlat_split_cuts_each_window_at_its_irq_latency() -> None:
         (1000, 1200, "guest-irq", 1000), (1200, 1800, "guest-thread", 1000), (5000, 5300, "guest-irq", 5000)]
 
 
+@pytest.mark.vm
 def test_the_baremetal_guest_times_its_own_irq_to_thread_part(tmp_path: Path) -> None:
     """Our bare-metal guest's timer samples carry the timer interrupt's entry (aux): each outlier splits into
     the time before the entry and its own kernel's time from the entry to the measuring thread."""
