@@ -251,3 +251,28 @@ def test_bad_input_exits_2_naming_it(interfered: dict[str, Any], tmp_path: Path)
     scenario.write_text(KILLED_SCENARIO.format(duration="1s", cpu=MEASURED).replace("top = 20", "top = 0"))
     done = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-progress")
     assert done.returncode == 2 and "explain.top" in done.stderr, done.stderr
+
+
+def test_a_layer_that_cannot_be_traced_leaves_the_run_unchanged_and_says_why(tmp_path: Path) -> None:
+    from rtvirt.explain.config import ExplainConfig
+    from rtvirt.explain.host import HostSource, inside_vm
+    from rtvirt.explain.session import ExplainSession
+    from rtvirt.probes import PROBES
+    from rtvirt.probes.runner import run_probe
+
+    spec = PROBES["timer"]
+    session = ExplainSession(ExplainConfig.model_validate({"threshold": "1us", "top": 5}),
+                             [HostSource((MEASURED,), events=("nosuch:event",))])
+    session.start()
+    pids: list[int] = []
+    stream = run_probe(spec, spec.params(duration="1s", affinity=[MEASURED]), tmp_path / "s.rtvs",
+                       on_launch=pids.append)
+    entry = session.explain_into(tmp_path, stream, pids)
+    assert stream.end_reason == "complete" and stream.records.size > 500
+    assert entry["layers"]["host"].startswith("not seen: none of the events nosuch:event"), entry
+    explanation = read_explanation(tmp_path)
+    assert explanation is not None and explanation.outliers > 5 and {p.rank for p in explanation.parts} == set(
+        range(1, 6))
+    outer = ", outer hypervisor invisible" if inside_vm() else ""  # this development machine is a VM
+    assert {p.cause for p in explanation.parts} == {f"unexplained (host not traced{outer})"}
+    assert _instances_of(os.getpid()) == []

@@ -397,6 +397,9 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     if explaining is not None and stream.records.size:
         agent = launched.proc.pid if launched is not None and isinstance(launched.proc, subprocess.Popen) else None
         extra["explain"] = explaining.explain_into(run.path, stream, () if agent is None else (agent,))
+        if extra["explain"].get("interrupted") and not interrupted:  # Ctrl-C while explaining: the run stands
+            outcome_status = "interrupted"
+            extra["campaign"] |= {"outcome": outcome_status}
     manifest = write_measured_run(run, stream, name=scenario.name, params=run_params,
                                   group_by=probe.group_by, extra=extra)
     return RunOutcome(outcome_status, _bounded(reason or note), run.run_id, manifest)

@@ -4,8 +4,9 @@ An outlier is a sample above the run's threshold (default: the larger of its p99
 its window is [t_ns, t_ns + value] on the sample clock (planned wake-up to thread start; a gap's hole).
 At every instant of the window the occupancy that explains it is the one of the outermost layer
 (``model.LAYERS``: while the host ran something else, nothing inside the VM ran); inside one layer the
-innermost one (the latest to start: an IRQ nested in a task, a timer in an IRQ). What no occupancy covers
-is ``unexplained``, named with what could not be seen. Nothing here guesses a cause.
+innermost one (the latest to start: an IRQ nested in a task, a timer in an IRQ; on a tie the shorter, then
+the one its source listed last: a source refines an interval by listing a narrower copy after it). What no
+occupancy covers is ``unexplained``, named with what could not be seen. Nothing here guesses a cause.
 """
 
 from __future__ import annotations
@@ -79,8 +80,10 @@ def _window_parts(start: int, end: int, candidates: list[Occupancy]) -> list[tup
                     *(o.end_ns for o in candidates if start < o.end_ns < end)})
     pieces: list[tuple[int, int, Occupancy | None]] = []
     for left, right in zip(edges, edges[1:], strict=False):
-        covering = [o for o in candidates if o.start_ns <= left and o.end_ns >= right]
-        winner = min(covering, key=lambda o: (_LAYER_RANK[o.layer], -o.start_ns, o.end_ns)) if covering else None
+        covering = [(index, o) for index, o in enumerate(candidates) if o.start_ns <= left and o.end_ns >= right]
+        # outermost layer, then innermost (latest start, then shortest), then the one a source listed last
+        winner = min(covering, key=lambda c: (_LAYER_RANK[c[1].layer], -c[1].start_ns, c[1].end_ns, -c[0]))[1] \
+            if covering else None
         if pieces and pieces[-1][2] is winner:
             pieces[-1] = (pieces[-1][0], right, winner)
         else:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 __all__ = ["CLOCK_PORT", "ClockExchange", "ClockMap", "GUEST_CLOCK_SYNC"]
 
 CLOCK_PORT = "rtvirt.clock"
-PINGS = 8  # round trips per exchange: the shortest one counts
+PINGS = 32  # round trips per exchange: the shortest one counts
 LINE_LIMIT = 200  # bytes of one guest line we read (it is untrusted)
 REPLY_TIMEOUT_S = 5.0
 REPLY = re.compile(rb"R (\d{1,6}) now at (\d{1,20}) nsecs")

@@ -43,6 +43,7 @@ MAX_NAME = 64
 _SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>-?\d+) prev_prio=(?P<prev_prio>-?\d+) "
                      r"prev_state=\S+ ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>-?\d+) "
                      r"next_prio=(?P<next_prio>-?\d+)$")
+_NEXT_PID = re.compile(r"==> next_comm=.* next_pid=(\d+) next_prio=-?\d+$", re.MULTILINE)
 _IRQ_ENTRY = re.compile(r"irq=(?P<irq>\d+) name=(?P<name>.*)$")
 SCHED_RESET_ON_FORK = 0x40000000
 _POLICIES = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_RR: "SCHED_RR",
@@ -107,18 +108,25 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
                                                  "agent", cpu, {"comm": bounded(comm, 16), "pid": pid}))
                 else:
                     cause, detail = task_cause(comm, pid, prio, policies.get(pid))
-                    if prio >= 100 and rt_woken is not None and rt_woken < ts:
-                        # what was seen, not why: the fair server, RT throttling or time stolen by an outer
-                        # hypervisor (shown as this task running on) all look alike here
-                        cause += AHEAD_OF_RT
-                    occupancies.append(Occupancy("host", start, ts, cause, "task", cpu, detail))
+                    kept = max(start, rt_woken) if prio >= 100 and rt_woken is not None and rt_woken < ts else ts
+                    if kept > start:
+                        occupancies.append(Occupancy("host", start, kept, cause, "task", cpu, detail))
+                    if kept < ts:
+                        # what was seen, not why: a kernel without preemption, the fair server, RT throttling or
+                        # time stolen by an outer hypervisor (shown as this task running on) all look alike here
+                        occupancies.append(Occupancy("host", kept, ts, cause + AHEAD_OF_RT, "task", cpu, detail))
             task = (ts, match["next_comm"], int(match["next_pid"]), int(match["next_prio"]))
             if is_agent(task[2]):
                 rt_woken = None
         elif name == "sched_wakeup":
             fields = body_fields(event.body)
-            if fields.get("pid", "").isdigit() and is_agent(int(fields["pid"])) and \
-                    fields.get("prio", "").lstrip("-").isdigit() and int(fields["prio"]) < 100:
+            # an RT thread of the agent woken onto this CPU by its own timer (other wake-ups of its threads,
+            # e.g. a writer the kernel may then push to another CPU, say nothing about this one)
+            timer = open_.get("hrtimer")
+            if timer is not None and timer[3].get("function") == "hrtimer_wakeup" and \
+                    fields.get("pid", "").isdigit() and is_agent(int(fields["pid"])) and \
+                    fields.get("prio", "").lstrip("-").isdigit() and int(fields["prio"]) < 100 and \
+                    fields.get("target_cpu", "").isdigit() and int(fields["target_cpu"]) == cpu:
                 rt_woken = ts if rt_woken is None else rt_woken
         elif name == "irq_handler_entry":
             match = _IRQ_ENTRY.match(event.body)
@@ -236,24 +244,61 @@ class HostSource:
         self._started = False
         self.instance.stop()
         # policies of the tasks that ran, read while they still live (the trace has only priorities)
-        for event in self.instance.events():
-            if event.event == "sched_switch" and (match := _SWITCH.match(event.body)):
-                pid = int(match["next_pid"])
-                if pid and pid not in self.policies and (policy := _policy(pid)):
+        for text in self.instance.texts.values():
+            for pid in {int(pid) for pid in _NEXT_PID.findall(text)} - {0, *self.policies}:
+                if policy := _policy(pid):
                     self.policies[pid] = policy
 
     def collect(self, context: CollectContext) -> LayerTrace:
         if self.why_not is not None:
             return LayerTrace("host", seen=False, why_not=self.why_not)
-        occupancies = occupancies_from_events(self.instance.events(), context.agent_pids, self.policies)
+        occupancies = []
+        for cpu, start, end in _spans(context.windows, MARGIN_NS):
+            if cpu in self.cpus:
+                events = self.instance.events_around(cpu, start, end)
+                occupancies += occupancies_from_events(events, context.agent_pids, self.policies)
         notes = list(self.instance.problems)
         if self.instance.missing_events:
             notes.append(f"events not on this kernel: {', '.join(self.instance.missing_events)}")
         if self.instance.dropped_events:
             notes.append(f"the trace buffer bound dropped {self.instance.dropped_events} events")
-        return LayerTrace("host", seen=True, occupancies=near_windows(occupancies, context.windows),
-                          alignment_ns=TEXT_RESOLUTION_NS, dropped_events=self.instance.dropped_events,
-                          notes=notes)
+        kept = near_windows(occupancies, context.windows)
+        if context.header.get("probe") == "timer":
+            kept += before_timer_interrupt(kept, context.windows)
+        return LayerTrace("host", seen=True, occupancies=kept, alignment_ns=TEXT_RESOLUTION_NS,
+                          dropped_events=self.instance.dropped_events, notes=notes)
+
+
+def _spans(windows: np.ndarray, margin_ns: int) -> list[tuple[int, int, int]]:
+    """(cpu, start, end) covering every window with ``margin_ns`` around it, overlapping ones merged."""
+    spans: list[tuple[int, int, int]] = []
+    for cpu, start, end in sorted((int(w["cpu"]), int(w["start_ns"]) - margin_ns, int(w["end_ns"]) + margin_ns)
+                                  for w in windows):
+        if spans and spans[-1][0] == cpu and start <= spans[-1][2]:
+            spans[-1] = (cpu, spans[-1][1], max(end, spans[-1][2]))
+        else:
+            spans.append((cpu, start, end))
+    return spans
+
+
+def before_timer_interrupt(occupancies: list[Occupancy], windows: np.ndarray) -> list[Occupancy]:
+    """For a timer probe's windows: what held the CPU from the planned wake-up until the first local timer
+    interrupt, marked as such. A few microseconds are the timer's delivery; more is the interrupt held off
+    (interrupts disabled) or, when rtvirt runs in a VM, the vCPU stolen while that task was current."""
+    by_cpu: dict[int, list[int]] = {}
+    for occupancy in occupancies:
+        if occupancy.kind == "irq-vector" and occupancy.detail.get("vector") == "local_timer":
+            by_cpu.setdefault(occupancy.cpu, []).append(occupancy.start_ns)
+    marked = []
+    for start, end, cpu, _ in windows.tolist():
+        arrived = min([t for t in by_cpu.get(int(cpu), []) if t >= start] + [end])
+        for occupancy in occupancies:
+            if occupancy.cpu == cpu and occupancy.kind in ("task", "idle-exit") and \
+                    occupancy.start_ns < arrived and occupancy.end_ns > start:
+                marked.append(Occupancy("host", max(occupancy.start_ns, start), min(occupancy.end_ns, arrived),
+                                        f"before the timer interrupt: {occupancy.cause}", "timer-late", cpu,
+                                        occupancy.detail))
+    return marked
 
 
 def near_windows(occupancies: list[Occupancy], windows: np.ndarray, margin_ns: int = MARGIN_NS) -> list[Occupancy]:

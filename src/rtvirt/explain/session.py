@@ -107,10 +107,15 @@ class ExplainSession:
 
     def explain_into(self, run_dir: Path, stream: Any, agent_pids: Sequence[int] = ()) -> dict[str, Any]:
         """Explain ``stream`` and store it in ``run_dir``; returns the manifest's ``explain`` entry (with
-        ``error`` when it could not be explained: the run itself is never lost for it)."""
+        ``error`` when it could not be explained, and ``interrupted`` when Ctrl-C came meanwhile: the run
+        itself is never lost for its explanation; the caller writes its manifest, then stops)."""
         try:
             explanation = self.explain(stream, agent_pids)
             write_explanation(run_dir, explanation)
+        except KeyboardInterrupt:
+            with contextlib.suppress(Exception):
+                self.stop()
+            return {"error": "interrupted (Ctrl-C or SIGTERM) while explaining", "interrupted": True}
         except Exception as exc:  # noqa: BLE001 - the samples matter more than their explanation
             with contextlib.suppress(Exception):
                 self.stop()

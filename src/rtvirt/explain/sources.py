@@ -38,7 +38,11 @@ def host_sources(cpus: tuple[int, ...], config: ExplainConfig) -> list[TraceSour
 
 def session_for(env: Environment, config: ExplainConfig) -> ExplainSession:
     """The tracing beside one run in ``env``; an environment without a source says so in the explanation."""
-    sources = [source for source in env.trace_sources(config) if source.layer in config.layers]
+    try:
+        sources = [source for source in env.trace_sources(config) if source.layer in config.layers]
+    except Exception as exc:  # noqa: BLE001 - a tracer never fails the measurement
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        return ExplainSession(config, [], [LayerTrace("host", seen=False, why_not=f"no trace source: {why}")])
     unseen = [] if sources else [LayerTrace("host", seen=False,
                                             why_not=f"the {env.kind} environment offers no trace source")]
     return ExplainSession(config, sources, unseen)

@@ -15,6 +15,7 @@ the alignment uncertainty a layer states.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import itertools
@@ -183,6 +184,7 @@ class TracefsInstance:
         self.path: Path | None = None
         self.texts: dict[int, str] = {}
         self._events: list[TraceEvent] | None = None
+        self._split: dict[int, list[str]] = {}
         self.dropped_events = 0  # lost to the bound (overrun) or never written (dropped)
         self.missing_events: list[str] = []  # asked for but absent on this kernel
         self.problems: list[str] = []  # what went wrong while stopping (the trace may be incomplete)
@@ -255,11 +257,34 @@ class TracefsInstance:
             self.problems.append(f"tracefs instance {path.name} not removed: {exc.strerror or exc}")
 
     def events(self) -> list[TraceEvent]:
-        """What was recorded (parsed once), each CPU's events in time order."""
+        """Everything that was recorded (parsed once), each CPU's events in time order."""
         if self._events is None:
-            self._events = [event for cpu in self.cpus for event in parse_trace(self.texts.get(cpu, "").splitlines())]
-            self.texts = {}
+            self._events = [event for cpu in self.cpus for event in parse_trace(self._lines(cpu))]
         return self._events
+
+    def _lines(self, cpu: int) -> list[str]:
+        """A CPU's event lines in time order (the header's comment lines dropped), split once."""
+        if cpu not in self._split:
+            lines = self.texts.pop(cpu, "").splitlines()
+            first = next((i for i, line in enumerate(lines) if line and line[0] != "#"), len(lines))
+            self._split[cpu] = lines[first:]
+        return self._split[cpu]
+
+    def events_around(self, cpu: int, start_ns: int, end_ns: int, back_to: str = "sched_switch:") -> list[TraceEvent]:
+        """The events of ``cpu`` in [start_ns, end_ns], from the last line holding ``back_to`` before
+        ``start_ns`` (what was running when it began) on: only these lines are parsed, found by bisection,
+        so a long trace costs little when a few windows of it matter."""
+        lines = self._lines(cpu)
+
+        def stamp(line: str) -> int:
+            match = _LINE.match(line)
+            return int(match["sec"]) * 1_000_000_000 + int(match["usec"]) * 1000 if match else 0
+
+        first = bisect.bisect_left(lines, start_ns, key=stamp)
+        last = bisect.bisect_right(lines, end_ns, lo=first, key=stamp)
+        while first > 0 and back_to not in lines[first]:
+            first -= 1
+        return list(parse_trace(lines[first:last]))
 
     def __enter__(self) -> TracefsInstance:
         self.start()

@@ -11,20 +11,19 @@ stat`` reports them. Host times become guest times through the clock exchange (e
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from .clocksync import ClockExchange, ClockMap
-from .model import CollectContext, LayerTrace, Occupancy
+from .model import CollectContext, Layer, LayerTrace, Occupancy
+from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, TracefsInstance, TracingUnavailable
 
-__all__ = ["VmSource", "register_vcpus", "forget_vcpus", "vcpu_owner", "parse_trace"]
+__all__ = ["VmSource", "register_vcpus", "forget_vcpus", "vcpu_owner", "read_events"]
 
 # vCPU threads of every VM this rtvirt process started (host tid -> "vCPU 0 of stress-vm-0"): a stressor VM's
 # vCPU that takes the measured vCPU's pCPU is named with its VM
@@ -32,7 +31,6 @@ _VCPU_OWNERS: dict[int, str] = {}
 _OWNERS_LOCK = threading.Lock()
 COMM_LIMIT = 32
 KEEP_AROUND_NS = 5_000_000  # occupancies kept this far around an outlier window (the report's timelines)
-THREADS_REFRESH_S = 0.5  # how often the traced VM's QEMU threads are listed (worker threads come and go)
 
 
 def register_vcpus(vm: str, threads: Mapping[int, int]) -> None:
@@ -58,10 +56,9 @@ def _printable(text: str) -> str:
     return re.sub(r"[^ -~]", "?", text)[:COMM_LIMIT]
 
 
-# ---- the trace text ---------------------------------------------------------------------------------------
+# ---- the trace -----------------------------------------------------------------------------------------------
 
-LINE = re.compile(r"^\s*(?P<comm>.*)-(?P<pid>\d+)\s+\[(?P<cpu>\d+)\]\s+\S+\s+(?P<s>\d+)\.(?P<us>\d{6}):\s+"
-                  r"(?P<event>sched_switch|kvm_exit|kvm_entry):\s(?P<rest>.*)$")
+# a comm may hold spaces ("CPU 0/TCG"): the fields around it delimit it
 SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>\d+) prev_prio=(?P<prev_prio>-?\d+) "
                     r"prev_state=(?P<prev_state>\S+) ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>\d+) "
                     r"next_prio=(?P<next_prio>-?\d+)")
@@ -73,6 +70,7 @@ class Switch:
     ts_ns: int
     cpu: int
     prev_pid: int
+    prev_tgid: int | None  # the process of the task that left (the trace's tgid column)
     prev_state: str
     next_pid: int
     next_comm: str
@@ -95,28 +93,22 @@ class ParsedTrace:
     unreadable: int = 0
 
 
-def parse_trace(text: str) -> ParsedTrace:
-    """sched_switch and kvm_exit/kvm_entry lines of a tracefs ``trace`` file (clock mono: seconds.microseconds)."""
+def read_events(events: Iterable[TraceEvent]) -> ParsedTrace:
+    """sched_switch and kvm_exit/kvm_entry events (explain.tracefs), in time order across CPUs (a vCPU thread
+    that is not pinned moves between them)."""
     parsed = ParsedTrace()
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = LINE.match(line)
-        if match is None:
-            continue
-        ts_ns = int(match["s"]) * 1_000_000_000 + int(match["us"]) * 1000
-        cpu, event, rest = int(match["cpu"]), match["event"], match["rest"]
-        if event == "sched_switch":
-            switch = SWITCH.match(rest)
+    for event in sorted(events, key=lambda e: e.ts_ns):
+        if event.event == "sched_switch":
+            switch = SWITCH.match(event.body)
             if switch is None:
                 parsed.unreadable += 1
                 continue
-            parsed.switches.append(Switch(ts_ns, cpu, int(switch["prev_pid"]), switch["prev_state"],
-                                          int(switch["next_pid"]), _printable(switch["next_comm"]),
-                                          int(switch["next_prio"])))
-        else:
-            reason = EXIT_REASON.search(rest)
-            parsed.kvm.append(KvmEvent(ts_ns, cpu, int(match["pid"]), event == "kvm_entry",
+            parsed.switches.append(Switch(event.ts_ns, event.cpu, int(switch["prev_pid"]), event.tgid,
+                                          switch["prev_state"], int(switch["next_pid"]),
+                                          _printable(switch["next_comm"]), int(switch["next_prio"])))
+        elif event.event in ("kvm_exit", "kvm_entry"):
+            reason = EXIT_REASON.search(event.body)
+            parsed.kvm.append(KvmEvent(event.ts_ns, event.cpu, event.pid, event.event == "kvm_entry",
                                        _printable(reason["reason"]) if reason else ""))
     return parsed
 
@@ -125,18 +117,19 @@ def parse_trace(text: str) -> ParsedTrace:
 
 @dataclass(frozen=True, slots=True)
 class VmThreads:
-    """The traced VM's threads: its vCPUs (index -> host tid) and every thread of its QEMU process seen."""
+    """The traced VM's threads: its vCPUs (index -> host tid) and its QEMU process (whose other threads are the
+    emulator's: the main loop, I/O and RCU threads, workers)."""
 
     vm: str
     vcpus: Mapping[int, int]
-    qemu_threads: Mapping[int, str]  # tid -> comm
+    qemu_pid: int
 
 
-def _cause(pid: int, comm: str, threads: VmThreads) -> tuple[str, dict[str, str | int]]:
+def _cause(pid: int, tgid: int | None, comm: str, threads: VmThreads) -> tuple[str, dict[str, str | int]]:
     own_vcpu = next((index for index, tid in threads.vcpus.items() if tid == pid), None)
     if own_vcpu is not None:
         return f"vCPU not running: this VM's vCPU {own_vcpu} ({comm}/{pid}) ran", {"ran": "own-vcpu"}
-    if pid in threads.qemu_threads:
+    if tgid == threads.qemu_pid:
         return f"vCPU not running: QEMU thread {comm}/{pid} of this VM ran", {"ran": "qemu-thread"}
     other = vcpu_owner(pid)
     if other is not None:
@@ -166,13 +159,14 @@ def vcpu_occupancies(switches: list[Switch], threads: VmThreads) -> list[tuple[i
     for switch in switches:
         ran = current.get(switch.cpu)
         if ran is not None and ran[0] == switch.prev_pid and switch.prev_pid != 0 and switch.prev_pid not in by_tid:
+            # the task leaving ran since ``since``: the part of that while a vCPU of its pCPU was off is its
             pid, comm, prio, since = ran
             for tid, left in off_since.items():
                 if last_cpu.get(tid) != switch.cpu:
                     continue
                 start = max(since, left)
                 if start < switch.ts_ns:
-                    cause, detail = _cause(pid, comm, threads)
+                    cause, detail = _cause(pid, switch.prev_tgid, comm, threads)
                     detail.update({"comm": comm, "pid": pid, "host_cpu": switch.cpu, "vcpu": by_tid[tid],
                                    "vcpu_state": "preempted" if off_state[tid].startswith("R") else "sleeping",
                                    **_priority(prio)})
@@ -210,129 +204,58 @@ def exit_occupancies(events: list[KvmEvent], threads: VmThreads) -> list[tuple[i
 
 # ---- the source ----------------------------------------------------------------------------------------------
 
-TRACEFS = Path("/sys/kernel/tracing")
-_instances = 0
-
-
-class _Instance:
-    """A tracefs instance of this rtvirt process (stopgap until explain.tracefs: same name scheme, so its
-    cleanup of a killed rtvirt's instances covers this one)."""
-
-    def __init__(self, cpus: tuple[int, ...] | None, events: tuple[str, ...], buffer_mb: int) -> None:
-        global _instances
-        _instances += 1
-        self.path = TRACEFS / "instances" / f"rtvirt-{os.getpid()}-vm{_instances}"
-        self.path.mkdir()
-        try:
-            (self.path / "tracing_on").write_text("0")
-            (self.path / "trace_clock").write_text("mono")  # the host's CLOCK_MONOTONIC, the exchange's clock
-            (self.path / "buffer_size_kb").write_text(str(buffer_mb * 1024))
-            if cpus is not None:
-                mask = sum(1 << cpu for cpu in cpus)
-                (self.path / "tracing_cpumask").write_text(f"{mask:x}")
-            for event in events:
-                (self.path / "events" / event / "enable").write_text("1")
-            (self.path / "tracing_on").write_text("1")
-        except OSError:
-            self.remove()
-            raise
-
-    def stop_and_read(self, limit: int) -> tuple[str, int]:
-        """The trace text (bounded) and the events the ring buffer lost."""
-        (self.path / "tracing_on").write_text("0")
-        dropped = 0
-        for stats in (self.path / "per_cpu").glob("cpu*/stats"):
-            for line in stats.read_text().splitlines():
-                name, _, value = line.partition(":")
-                if name.strip() in ("overrun", "dropped events") and value.strip().isdigit():
-                    dropped += int(value.strip())
-        with (self.path / "trace").open("r", errors="replace") as trace:
-            return trace.read(limit), dropped
-
-    def remove(self) -> None:
-        if self.path.exists():
-            with contextlib.suppress(OSError):
-                (self.path / "tracing_on").write_text("0")
-            self.path.rmdir()  # the kernel frees the buffers and disables the instance's events with it
-
 
 class VmSource:
     """The VM layer of one QEMU guest or libvirt domain: armed before launch on the vCPUs' host CPUs (``None``:
-    unpinned, all CPUs), told its vCPU threads and clock exchange once QEMU placed them (``attach``).
-    ``no_clock`` says why a guest cannot take part in the clock exchange (its layer is then not seen)."""
+    unpinned, every CPU rtvirt may use), told its vCPU threads and clock exchange once QEMU placed them
+    (``attach``). ``no_clock`` says why a guest cannot take part in the clock exchange (its layer is then not
+    seen)."""
 
-    layer = "vm"
+    layer: Layer = "vm"
 
     def __init__(self, vm: str, host_cpus: tuple[int, ...] | None, accel: str, buffer_mb: int = 64,
                  no_clock: str | None = None) -> None:
         self.vm = vm
         self.no_clock = no_clock
-        self.host_cpus = host_cpus
+        self.host_cpus = host_cpus or tuple(sorted(os.sched_getaffinity(0)))
         self.accel = accel
         self.buffer_mb = buffer_mb
-        self._instance: _Instance | None = None
+        self._instance: TracefsInstance | None = None
         self._why_not: str | None = None
-        self._text = ""
+        self._trace = ParsedTrace()
         self._dropped = 0
+        self._problems: list[str] = []
         self._qemu_pid = 0
         self._vcpus: dict[int, int] = {}
-        self._qemu_threads: dict[int, str] = {}
         self._exchange: ClockExchange | None = None
-        self._refresher: threading.Thread | None = None
-        self._stopped = threading.Event()
-
-    def _events(self) -> tuple[str, ...]:
-        events: tuple[str, ...] = ("sched/sched_switch",)
-        if self.accel == "kvm" and (TRACEFS / "events" / "kvm" / "kvm_exit").exists():
-            events += ("kvm/kvm_exit", "kvm/kvm_entry")
-        return events
 
     def start(self) -> None:
-        if os.geteuid() != 0:
-            self._why_not = "tracing the host's CPUs needs root"
-        elif not (TRACEFS / "instances").is_dir():
-            self._why_not = f"no tracefs at {TRACEFS}"
-        if self._why_not is not None or self._instance is not None:
+        if self._instance is not None or self._why_not is not None:
             return
+        events = ["sched:sched_switch"] + (["kvm:kvm_exit", "kvm:kvm_entry"] if self.accel == "kvm" else [])
+        instance = TracefsInstance(self.host_cpus, events, buffer_kb=self.buffer_mb * 1024)
         try:
-            self._instance = _Instance(self.host_cpus, self._events(), self.buffer_mb)
-        except OSError as exc:
-            self._why_not = f"the tracefs instance could not be set up: {exc.strerror or exc}"
+            instance.start()
+        except TracingUnavailable as exc:
+            self._why_not = str(exc)
+            return
+        self._instance = instance
+        self._problems += [f"event {event} does not exist on this kernel" for event in instance.missing_events]
 
     def attach(self, qemu_pid: int, vcpus: Mapping[int, int], exchange: ClockExchange | None) -> None:
         """The VM is placed (its vCPU threads exist, it has not run yet): remember who is who."""
         self._qemu_pid, self._vcpus, self._exchange = qemu_pid, dict(vcpus), exchange
         register_vcpus(self.vm, vcpus)
-        self._list_threads()
-        self._refresher = threading.Thread(target=self._refresh, name="rtvirt-vm-threads", daemon=True)
-        self._refresher.start()
-
-    def _list_threads(self) -> None:
-        for task in Path(f"/proc/{self._qemu_pid}/task").glob("*"):
-            try:
-                self._qemu_threads[int(task.name)] = _printable((task / "comm").read_text().strip())
-            except (OSError, ValueError):
-                continue
-
-    def _refresh(self) -> None:
-        while not self._stopped.wait(THREADS_REFRESH_S):
-            self._list_threads()
 
     def stop(self) -> None:
-        self._stopped.set()
-        if self._refresher is not None:
-            self._refresher.join(timeout=2)
-            self._refresher = None
         if self._exchange is not None:
             self._exchange.close()
         if self._instance is not None:
             instance, self._instance = self._instance, None
-            try:
-                self._text, self._dropped = instance.stop_and_read(self.buffer_mb << 22)
-            except OSError as exc:
-                self._why_not = f"the trace could not be read: {exc.strerror or exc}"
-            finally:
-                instance.remove()
+            instance.stop()
+            self._trace = read_events(instance.events())
+            self._dropped = instance.dropped_events
+            self._problems += instance.problems
         forget_vcpus(self._vcpus)
 
     def clock_map(self) -> ClockMap | None:
@@ -348,9 +271,8 @@ class VmSource:
             problem = self.no_clock or (self._exchange.problem if self._exchange is not None else None)
             return LayerTrace("vm", False, "the guest's clock could not be aligned with the host's: "
                               + (problem or "no clock exchange took place"))
-        trace = parse_trace(self._text)
-        threads = VmThreads(self.vm, self._vcpus, dict(self._qemu_threads))
-        found = vcpu_occupancies(trace.switches, threads) + exit_occupancies(trace.kvm, threads)
+        threads = VmThreads(self.vm, self._vcpus, self._qemu_pid)
+        found = vcpu_occupancies(self._trace.switches, threads) + exit_occupancies(self._trace.kvm, threads)
         keep = _near_windows(context.windows)
         occupancies = []
         for _, occupancy in found:
@@ -358,13 +280,15 @@ class VmSource:
             if keep(start, end, occupancy.cpu):
                 occupancies.append(Occupancy("vm", start, end, occupancy.cause, occupancy.kind, occupancy.cpu,
                                              occupancy.detail))
-        notes = list(clock.notes)
+        notes = list(clock.notes) + self._problems
         if self.accel != "kvm":
             notes.append("the guest ran under TCG (software emulation): no VM exits to trace, and its timings do "
                          "not represent real hardware")
-        if trace.unreadable:
-            notes.append(f"{trace.unreadable} sched_switch lines of the VM trace were not understood")
-        return LayerTrace("vm", True, None, occupancies, clock.uncertainty_ns, self._dropped, notes)
+        if self._trace.unreadable:
+            notes.append(f"{self._trace.unreadable} sched_switch lines of the VM trace were not understood")
+        # the text trace's microseconds add to the exchange's bound
+        return LayerTrace("vm", True, None, occupancies, clock.uncertainty_ns + TEXT_RESOLUTION_NS, self._dropped,
+                          notes)
 
 
 def _near_windows(windows: np.ndarray) -> Callable[[int, int, int], bool]:
