@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -59,11 +60,13 @@ def _probe(results: Path, *extra: str, duration: str = "4s") -> dict[str, Any]:
     """`rtvirt probe timer --explain` on the measured CPU; the stored explanation as `rtvirt explain --json`."""
     before = _top_level()
     # 1013 us against the 5 ms period: wake-ups drift through the interferer's bursts (all delays occur)
-    done = run_cli("probe", "timer", "--explain", "-D", duration, "-a", str(MEASURED), "-p", "80", "-i", "1013us",
-                   "--results", str(results), "--no-progress", "--json", *extra, timeout=120)
-    assert done.returncode == 0, done.stderr
-    run = json.loads(done.stdout)
-    assert _top_level() == before
+    proc = subprocess.Popen([*RTVIRT, "probe", "timer", "--explain", "-D", duration, "-a", str(MEASURED), "-p", "80",
+                             "-i", "1013us", "--results", str(results), "--no-progress", "--json", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    run = json.loads(stdout)
+    assert _top_level() == before and _instances_of(proc.pid) == []  # its instance went with it
     shown = run_cli("explain", run["path"], "--json", check=True)
     return {"run": run, "explained": json.loads(shown.stdout)}
 
@@ -90,12 +93,12 @@ def _stressor_pid(cause: str) -> int | None:
 def test_a_fifo_interferer_is_named_with_comm_pid_and_its_burst_time(interfered: dict[str, Any]) -> None:
     explained, tasks = interfered["explained"], interfered["stressor_tasks"]
     assert explained["explained"] >= 20 and explained["threshold_ns"] == 300_000, explained["explained"]
-    named = [row for row in explained["summary"] if _stressor_pid(str(row["cause"])) is not None]
+    # other developers' tests may run stressors on this CPU too: ours is told apart by its pid
+    named = [row for row in explained["summary"] if _stressor_pid(str(row["cause"])) in tasks]
     assert named, explained["summary"]
-    assert {_stressor_pid(str(row["cause"])) for row in named} <= tasks
     assert all("SCHED_FIFO 90" in str(row["cause"]) for row in named)
-    # it is the outliers' main cause, as it holds the CPU longest
-    assert explained["summary"][0]["cause"] == named[0]["cause"], explained["summary"][:3]
+    # a FIFO stressor is the outliers' main cause, as it holds the CPU longest
+    assert _stressor_pid(str(explained["summary"][0]["cause"])) is not None, explained["summary"][:3]
     # each window's parts cover it exactly
     for outlier in explained["worst"]:
         assert sum(part["duration_ns"] for part in outlier["parts"]) == outlier["latency_ns"]
@@ -104,7 +107,7 @@ def test_a_fifo_interferer_is_named_with_comm_pid_and_its_burst_time(interfered:
     assert explanation is not None
     host = next(layer for layer in explanation.layers if layer.layer == "host")
     assert host.seen and host.alignment_ns == 1000
-    mine = sorted((o for o in host.occupancies if _stressor_pid(o.cause) is not None), key=lambda o: o.start_ns)
+    mine = sorted((o for o in host.occupancies if _stressor_pid(o.cause) in tasks), key=lambda o: o.start_ns)
     bursts: list[list[int]] = []
     for occupancy in mine:  # pieces of one burst (split by a preempting kernel thread) are < one period apart
         if bursts and occupancy.start_ns - bursts[-1][1] < PERIOD_NS // 2:
@@ -121,12 +124,15 @@ def test_an_interferer_on_another_cpu_is_never_named(tmp_path: Path) -> None:
         pytest.fail("this test needs two CPUs: the measured one and another for the interferer")
     other = CPUS[0]
     with start_stressor("cpu", {"cpus": [other], "workers": 1, "priority": 90, "slice": f"{SLICE_NS}ns",
-                                "period": f"{PERIOD_NS}ns", "duration": 0}):
+                                "period": f"{PERIOD_NS}ns", "duration": 0}) as stressor:
+        time.sleep(0.3)
+        tasks = _tasks_of(stressor.pid)
         measured = _probe(tmp_path / "results", duration="3s")
     explained = measured["explained"]
     assert explained["explained"] >= 1
     causes = [part["cause"] for outlier in explained["worst"] for part in outlier["parts"]]
-    assert not [cause for cause in causes if "rtvirt-stress" in cause], causes
+    # (another developer's stressor on the measured CPU may be named: it did run there)
+    assert not {int(pid) for cause in causes for pid in re.findall(r"rtvirt-stress/(\d+)", cause)} & tasks, causes
     for outlier in explained["worst"]:
         assert sum(part["duration_ns"] for part in outlier["parts"]) == outlier["latency_ns"]
         assert {part["layer"] for part in outlier["parts"]} <= {"host", "unexplained"}

@@ -31,7 +31,8 @@ __all__ = ["TracefsInstance", "TraceEvent", "TracingUnavailable", "parse_trace",
 
 MOUNT_POINTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 INSTANCE_PREFIX = "rtvirt-"
-_INSTANCE_NAME = re.compile(r"^rtvirt-(\d+)-(\d+)-(\d+)$")
+# rtvirt-<pid>-<start time>-<n>; other rtvirt tracers' "rtvirt-<pid>-<tag>" are recognised by their pid alone
+_INSTANCE_NAME = re.compile(r"^rtvirt-(\d+)-(?:(\d+)-(\d+)|[A-Za-z0-9_.]+)$")
 TEXT_RESOLUTION_NS = 1000  # the text trace prints microseconds
 DEFAULT_BUFFER_KB = 64 * 1024  # per traced CPU
 _counter = itertools.count(1)
@@ -127,7 +128,8 @@ def reclaim_instances(root: Path | None = None) -> list[str]:
     with contextlib.suppress(OSError):
         for entry in sorted((root / "instances").iterdir()):
             match = _INSTANCE_NAME.match(entry.name)
-            if match is None or _start_time(int(match[1])) == match[2]:
+            started = _start_time(int(match[1])) if match else None
+            if match is None or (started is not None and match[2] in (started, None)):
                 continue  # not ours, or its owner is alive
             with contextlib.suppress(OSError):
                 entry.rmdir()  # disables its events and frees its buffer
