@@ -273,7 +273,11 @@ class QemuEnvironment(Environment):
 
     def trace_sources(self, config: ExplainConfig) -> list[Any]:
         """The VM layer on the vCPUs' host CPUs (explain.vm; the run's guest then also exchanges clock readings
-        with the host over an rtvirt.clock port, explain.clocksync) and the guest layer (explain.guest)."""
+        with the host over an rtvirt.clock port, explain.clocksync) and the guest layer (explain.guest), those
+        the scenario asks for."""
+        guest = self._guest_trace_sources(config)
+        if "vm" not in config.layers:
+            return guest
         self.start()
         assert self._accel is not None
         vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin else None
@@ -281,7 +285,7 @@ class QemuEnvironment(Environment):
                                    int(getattr(config, "buffer_mb", 64)),
                                    no_clock="the bare-metal guest takes no part in the clock exchange"
                                    if self.config.guest == "baremetal" else None)
-        return [self._vm_source, *self._guest_trace_sources(config)]
+        return [self._vm_source, *guest]
 
     def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
         """The guest layer (explain.guest): a Linux guest traces its measuring vCPU itself and sends the trace

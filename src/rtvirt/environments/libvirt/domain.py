@@ -207,7 +207,7 @@ class LibvirtEnvironment(LibvirtTeardown):
         """The VM layer (explain.vm) of a domain on this host (a remote host's CPUs cannot be traced from here)
         and the guest layer (explain.guest), which comes on a channel of the domain's wherever it runs."""
         guest = self._guest_trace_sources(config)
-        if not self.config.local:
+        if not self.config.local or "vm" not in config.layers:
             return guest
         self.start()
         vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin else None
