@@ -146,19 +146,19 @@ def _priority(prio: int) -> dict[str, str | int]:
     return {"policy": "normal", "nice": prio - 120}
 
 
-def vcpu_occupancies(switches: list[Switch], threads: VmThreads) -> list[tuple[int, Occupancy]]:
-    """(vCPU index, occupancy on the host clock) for every task that ran on a vCPU's pCPU while that vCPU's
-    thread was not running (anywhere); ``detail.vcpu_state`` says whether the vCPU had been preempted
-    (runnable) or had gone to sleep (its guest idle) when it left the CPU."""
+def vcpu_occupancies(switches: list[Switch], threads: VmThreads) -> list[Occupancy]:
+    """An occupancy (on the host clock, ``cpu`` = the vCPU's index) for every task that ran on a vCPU's pCPU
+    while that vCPU's thread was not running (anywhere), this VM's other vCPUs included; ``detail.vcpu_state``
+    says whether the vCPU had been preempted (runnable) or had gone to sleep (its guest idle) when it left."""
     by_tid = {tid: index for index, tid in threads.vcpus.items()}
     off_since: dict[int, int] = {}  # vCPU tid -> when it left its CPU (absent: running, or not yet seen)
     off_state: dict[int, str] = {}
     last_cpu: dict[int, int] = {}
     current: dict[int, tuple[int, str, int, int]] = {}  # cpu -> (pid, comm, prio, since)
-    found: list[tuple[int, Occupancy]] = []
+    found: list[Occupancy] = []
     for switch in switches:
         ran = current.get(switch.cpu)
-        if ran is not None and ran[0] == switch.prev_pid and switch.prev_pid != 0 and switch.prev_pid not in by_tid:
+        if ran is not None and ran[0] == switch.prev_pid and switch.prev_pid != 0:
             # the task leaving ran since ``since``: the part of that while a vCPU of its pCPU was off is its
             pid, comm, prio, since = ran
             for tid, left in off_since.items():
@@ -170,8 +170,7 @@ def vcpu_occupancies(switches: list[Switch], threads: VmThreads) -> list[tuple[i
                     detail.update({"comm": comm, "pid": pid, "host_cpu": switch.cpu, "vcpu": by_tid[tid],
                                    "vcpu_state": "preempted" if off_state[tid].startswith("R") else "sleeping",
                                    **_priority(prio)})
-                    found.append((by_tid[tid], Occupancy("vm", start, switch.ts_ns, cause, "vcpu-preempted",
-                                                         by_tid[tid], detail)))
+                    found.append(Occupancy("vm", start, switch.ts_ns, cause, "vcpu-preempted", by_tid[tid], detail))
         if switch.prev_pid in by_tid:
             off_since[switch.prev_pid] = switch.ts_ns
             off_state[switch.prev_pid] = switch.prev_state
@@ -182,11 +181,11 @@ def vcpu_occupancies(switches: list[Switch], threads: VmThreads) -> list[tuple[i
     return found
 
 
-def exit_occupancies(events: list[KvmEvent], threads: VmThreads) -> list[tuple[int, Occupancy]]:
+def exit_occupancies(events: list[KvmEvent], threads: VmThreads) -> list[Occupancy]:
     """Each VM exit of a vCPU thread, from kvm_exit to its next kvm_entry, named by its reason."""
     by_tid = {tid: index for index, tid in threads.vcpus.items()}
     exited: dict[int, KvmEvent] = {}
-    found: list[tuple[int, Occupancy]] = []
+    found: list[Occupancy] = []
     for event in events:
         if event.pid not in by_tid:
             continue
@@ -197,8 +196,8 @@ def exit_occupancies(events: list[KvmEvent], threads: VmThreads) -> list[tuple[i
         if start is not None and start.ts_ns < event.ts_ns:
             index = by_tid[event.pid]
             reason = start.reason or "unknown"
-            found.append((index, Occupancy("vm", start.ts_ns, event.ts_ns, f"VM exit {reason}", "vm-exit", index,
-                                           {"reason": reason, "host_cpu": start.cpu, "vcpu": index})))
+            found.append(Occupancy("vm", start.ts_ns, event.ts_ns, f"VM exit {reason}", "vm-exit", index,
+                                   {"reason": reason, "host_cpu": start.cpu, "vcpu": index}))
     return found
 
 
@@ -275,7 +274,7 @@ class VmSource:
         found = vcpu_occupancies(self._trace.switches, threads) + exit_occupancies(self._trace.kvm, threads)
         keep = _near_windows(context.windows)
         occupancies = []
-        for _, occupancy in found:
+        for occupancy in found:
             start, end = clock.to_guest(occupancy.start_ns), clock.to_guest(occupancy.end_ns)
             if keep(start, end, occupancy.cpu):
                 occupancies.append(Occupancy("vm", start, end, occupancy.cause, occupancy.kind, occupancy.cpu,
