@@ -179,8 +179,11 @@ static void *reader(void *p) {
     uint64_t irq_latency = 0, taken = 0;
     bool have_irq = false;
     while (!rtv_should_stop(ctx) && (!ctx->common.loops || taken < ctx->common.loops)) {
+        /* Read after every wait, not only when poll says so: on kernels such as 6.1 poll() on a trace_pipe
+         * waits for the buffer to be buffer_percent (default 50 %) full, which a run of a few seconds never
+         * reaches. The pipe is non-blocking: an empty read costs one system call every 100 ms. */
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        if (poll(&pfd, 1, 100) <= 0) continue;
+        poll(&pfd, 1, 100);
         ssize_t n = read(fd, buf + used, sizeof buf - 1 - used);
         if (n <= 0) continue;
         used += (size_t)n;
@@ -242,15 +245,23 @@ static int timerlat_run(rtv_ctx *ctx) {
     for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++)
         if (!write_file(settings[i][0], settings[i][1])) fail("set tracefs ", settings[i][0]);
 
+    /* The tracer first, its pipes after: the kernel refuses to change the tracer (EBUSY) while any trace_pipe
+     * of the instance is open. Nothing is lost meanwhile: the ring buffer keeps the first activations until
+     * the pipes are read. */
+    if (!write_file("current_tracer", "timerlat")) fail("start the tracer", "");
     reader_arg args[RTV_MAX_THREADS];
     for (int i = 0; i < c->affinity.count; i++) {
         char path[128];
         snprintf(path, sizeof path, TRACEFS "/per_cpu/cpu%u/trace_pipe", c->affinity.cpu[i]);
         int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-        if (fd < 0) fail("open ", path);
+        if (fd < 0) {
+            int err = errno;
+            while (i-- > 0) close(args[i].fd); /* open pipes would keep the tracer from being switched off */
+            errno = err;
+            fail("open ", path);
+        }
         args[i] = (reader_arg){.ctx = ctx, .index = i, .cpu = c->affinity.cpu[i], .fd = fd};
     }
-    if (!write_file("current_tracer", "timerlat")) fail("start the tracer", "");
     set_kernel_thread_priority((int)c->priority);
     rtv_run_threads(c->affinity.count, reader, args, sizeof args[0]);
     restore_tracefs();

@@ -19,19 +19,20 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ..agents import AGENTS, BAREMETAL_KERNEL, agent_path
-from ..errors import RunError
+from ..errors import InputError, RunError
 from ..explain.clocksync import GUEST_CLOCK_SYNC
+from ..explain.guest import GUEST_TRACE_SHELL
 from ..fileio import write_atomically
 
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
            "GUEST_AGENT_DIR", "guest_port_path", "guest_port_device", "agent_failure", "GuestKind", "guest_field",
-           "guest_description", "delivery_said", "stream_copy_field", "COPY_DISK", "COPY_DISK_BYTES"]
+           "guest_description", "delivery_said", "stream_copy_field", "COPY_DISK", "COPY_DISK_BYTES", "beside_job"]
 
 # Guest kernel flavour -> Debian meta-package, and the cache directory its unpacked tree lives in.
 KERNEL_PACKAGES = {"linux": "linux-image-amd64", "linux-rt": "linux-image-rt-amd64"}
@@ -54,10 +55,11 @@ PORTS_WAITED_MARK = "RTVIRT-PORTS-WAITED"  # /init waited this many tenths of a 
 # the guest off. Only numbers we wrote ourselves are expanded by the shell; argv goes through xargs -0
 # to env, which executes its first argument (an absolute path, so env never reads it as an option).
 # clock_sync (explain.clocksync) answers the host's clock exchange before the jobs and after the main job,
-# when the host gave the guest an rtvirt.clock port (an explained run).
+# when the host gave the guest an rtvirt.clock port (an explained run); guest_trace (explain.guest) traces the
+# guest's measuring vCPU around the jobs of an explained run.
 INIT_SCRIPT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
-""" + GUEST_CLOCK_SYNC + r"""
+""" + GUEST_CLOCK_SYNC + GUEST_TRACE_SHELL + r"""
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
@@ -84,6 +86,7 @@ while :; do
   sleep 0.1
 done
 [ $waited -gt 0 ] && echo "RTVIRT-PORTS-WAITED $waited$late"
+guest_trace start
 echo "RTVIRT-READY $(cat /proc/uptime)"
 clock_sync start
 for job in /rtvirt/jobs/bg-*.argv; do
@@ -99,6 +102,7 @@ elif [ -e /rtvirt/jobs/main.argv ]; then
   xargs -0 env < /rtvirt/jobs/main.argv
   status=$?
 fi
+guest_trace end
 echo "RTVIRT-EXIT $status"
 clock_sync end
 sync
@@ -221,11 +225,29 @@ class GuestJob:
     limit_s: int = 0  # background jobs only; 0 = until the guest stops
 
 
-def job_archive(main: GuestJob | None, background: Iterable[GuestJob] = (), devices: Iterable[str] = ()) -> bytes:
+def beside_job(label: str, guest: str, started: bool, agent: str, args: list[str]) -> GuestJob:
+    """A job the measured Linux guest runs beside its workload ("inside" stressors), checked: only a Linux
+    guest runs jobs, and only from its start (they are in its initramfs)."""
+    if guest == "baremetal":
+        raise InputError(f"environment {label!r}: the bare-metal guest runs its probe alone; stressors with "
+                         "where = 'inside' need guest = 'linux' or 'linux-rt'")
+    if started:
+        raise RunError(f"{label}: a stressor inside the guest starts with it: give its disturbance "
+                       "start_order = ['stress-first'] and no events")
+    return GuestJob([f"{GUEST_AGENT_DIR}/{agent}", *args])
+
+
+def job_archive(main: GuestJob | None, background: Iterable[GuestJob] = (), devices: Iterable[str] = (),
+                files: Mapping[str, bytes] | None = None) -> bytes:
     """The per-run archive appended to the base initramfs; ``devices``: paths under /dev the jobs use (their
-    virtio-serial ports, the disk of the stream's copy), which /init waits for before it starts them."""
+    virtio-serial ports, the disk of the stream's copy), which /init waits for before it starts them;
+    ``files``: more files of rtvirt's own under /rtvirt/jobs (the guest's tracing: explain.guest)."""
     archive = Cpio()
     archive.directory("rtvirt/jobs")
+    for name, data in (files or {}).items():
+        if not re.fullmatch(r"[a-z_.]{1,32}", name):
+            raise ValueError(f"a guest job file is a plain name: {name!r}")
+        archive.file(f"rtvirt/jobs/{name}", data)
     names = list(devices)
     for name in names:
         if not DEVICE_PATTERN.fullmatch(name):

@@ -20,12 +20,13 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from ..errors import InputError, RunError
+from ..errors import RunError
 from ..explain.clocksync import CLOCK_PORT, ClockExchange
+from ..explain.guest import GUEST_TRACE_FILE, GUEST_TRACE_PORT, guest_layer
 from ..explain.vm import VmSource, forget_vcpus, register_vcpus
 from ..fileio import write_atomically
 from ..host.ledger import process_holder
@@ -42,6 +43,7 @@ from .guest_image import (
     GuestJob,
     GuestKind,
     agent_failure,
+    beside_job,
     cache_dir,
     delivery_said,
     guest_description,
@@ -53,6 +55,10 @@ from .guest_image import (
     stream_copy_field,
 )
 from .sched import SchedPolicy, apply_policy, thread_ids
+
+if TYPE_CHECKING:
+    from ..explain.config import ExplainConfig
+    from ..explain.model import TraceSource
 
 __all__ = ["QemuConfig", "QemuEnvironment", "choose_accel", "QEMU"]
 
@@ -227,6 +233,8 @@ class QemuEnvironment(Environment):
         self._boot_cpu_s: float | None = None  # the vCPUs' CPU time when the guest said it had booted
         self._ack: socket.socket | None = None  # the confirmation's connection to the guest's ack port
         self._copy_path = self.workdir / "stream-copy.img"
+        self._guest_trace_files: dict[str, bytes] | None = None  # an explained Linux guest traces itself
+        self._out: Path | None = None
         self._vm_source: VmSource | None = None  # the VM layer of an explained run (trace_sources)
         self._vcpu_threads: dict[int, int] = {}
 
@@ -254,13 +262,7 @@ class QemuEnvironment(Environment):
         return default_emulator_cpus(self._host_cpus()[:self.config.vcpus], os.sched_getaffinity(0))
 
     def add_guest_job(self, agent: str, args: list[str]) -> None:
-        if self.config.guest == "baremetal":
-            raise InputError(f"environment {self.config.label!r}: the bare-metal guest runs its probe alone; "
-                             "stressors with where = 'inside' need guest = 'linux' or 'linux-rt'")
-        if self._proc is not None:  # the jobs are in the initramfs: they cannot join a running guest
-            raise RunError(f"{self.config.label}: a stressor inside the guest starts with it: give its disturbance "
-                           "start_order = ['stress-first'] and no events")
-        self._beside.append(GuestJob([f"{GUEST_AGENT_DIR}/{agent}", *args]))
+        self._beside.append(beside_job(self.config.label, self.config.guest, self._proc is not None, agent, args))
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         return qemu_stressor_guest(self, index, host_cpus, guest)
@@ -269,9 +271,13 @@ class QemuEnvironment(Environment):
         if self._accel is None:
             self._accel = choose_accel(self.config.accel)
 
-    def trace_sources(self, config: Any) -> list[Any]:
-        """The VM layer on the vCPUs' host CPUs (explain.vm); the run's guest then also exchanges clock
-        readings with the host over an rtvirt.clock port (explain.clocksync)."""
+    def trace_sources(self, config: ExplainConfig) -> list[Any]:
+        """The VM layer on the vCPUs' host CPUs (explain.vm; the run's guest then also exchanges clock readings
+        with the host over an rtvirt.clock port, explain.clocksync) and the guest layer (explain.guest), those
+        the scenario asks for."""
+        guest = self._guest_trace_sources(config)
+        if "vm" not in config.layers:
+            return guest
         self.start()
         assert self._accel is not None
         vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin else None
@@ -279,10 +285,18 @@ class QemuEnvironment(Environment):
                                    int(getattr(config, "buffer_mb", 64)),
                                    no_clock="the bare-metal guest takes no part in the clock exchange"
                                    if self.config.guest == "baremetal" else None)
-        return [self._vm_source]
+        return [self._vm_source, *guest]
+
+    def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
+        """The guest layer (explain.guest): a Linux guest traces its measuring vCPU itself and sends the trace
+        to the host after its main job; the bare-metal guest's timer probe times its own interrupts."""
+        sources, self._guest_trace_files = guest_layer(self.config.guest, config, self.workdir, self.config.memory,
+                                                       self.config.vcpus, lambda: self._out)
+        return sources
 
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         self.start()
+        self._out = out
         assert self._accel is not None
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.config.guest == "baremetal":
@@ -298,7 +312,11 @@ class QemuEnvironment(Environment):
                 devices.append(COPY_DISK)
             if self._vm_source is not None:
                 devices.append(guest_port_device(CLOCK_PORT))
-        initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), self._beside, devices), self.workdir)
+        trace_files = self._guest_trace_files if out is not None else None  # no stream, no run to explain
+        if trace_files is not None:
+            devices.append(guest_port_device(GUEST_TRACE_PORT))
+        initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), self._beside, devices, trace_files),
+                                           self.workdir)
         # a unix socket path must fit in 108 bytes: run directories can be deeper than that
         self._socket_dir = Path(tempfile.mkdtemp(prefix="rtvirt-qmp-"))
         qmp_socket = self._socket_dir / "qmp.sock"
@@ -326,6 +344,9 @@ class QemuEnvironment(Environment):
             if self._vm_source is not None:
                 command += ["-chardev", f"socket,id=rtvirtclock,path={self._socket_dir / 'clock.sock'},server=on,"
                             "wait=off", "-device", f"virtserialport,chardev=rtvirtclock,name={CLOCK_PORT}"]
+            if trace_files is not None:
+                command += ["-chardev", f"file,id=rtvirttrace,path={self.workdir / GUEST_TRACE_FILE}",
+                            "-device", f"virtserialport,chardev=rtvirttrace,name={GUEST_TRACE_PORT}"]
             if self.config.stream_copy:
                 with self._copy_path.open("wb") as disk:
                     disk.truncate(COPY_DISK_BYTES)

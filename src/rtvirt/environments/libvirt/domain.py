@@ -10,10 +10,11 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import RunError
 from ...explain.clocksync import CLOCK_PORT
+from ...explain.guest import GUEST_TRACE_FILE, GUEST_TRACE_PORT, guest_layer
 from ...explain.vm import VmSource, forget_vcpus, register_vcpus
 from .. import baremetal
 from ..base import Environment, EnvironmentConfig, Launched, SharedResources
@@ -22,6 +23,7 @@ from ..guest_image import (
     COPY_DISK_BYTES,
     GUEST_AGENT_DIR,
     GuestJob,
+    beside_job,
     guest_description,
     guest_image,
     guest_port_device,
@@ -36,6 +38,10 @@ from .host import MEMLOCK_OVERHEAD_MIB, _v1_cpu_controller, hugepage_problem
 from .rt_throttling import RT_REFUSED, RtThrottlingLifted, _rt_refusal_diagnosis
 from .streams import BAREMETAL_CONSOLE, RunningDomain
 from .teardown import LibvirtTeardown, _destroy_and_undefine
+
+if TYPE_CHECKING:
+    from ...explain.config import ExplainConfig
+    from ...explain.model import TraceSource
 
 VOLUME_SUFFIXES = (".initrd", ".copy")  # a domain's own volumes in the pool: its initramfs, its stream's copy
 MEMLOCK_REFUSED = "cannot limit locked memory"  # libvirt's message when QEMU's RLIMIT_MEMLOCK cannot be raised
@@ -121,6 +127,7 @@ class LibvirtEnvironment(LibvirtTeardown):
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         libvirt = _libvirt()
         self.start()
+        self._out = out
         connection = self._conn()
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.config.hugepages and self.config.local:
@@ -149,7 +156,13 @@ class LibvirtEnvironment(LibvirtTeardown):
                     self._copy_volume = f"{self._name}.copy"
                 if self._vm_source is not None:
                     devices.append(guest_port_device(CLOCK_PORT))
-            initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), (), devices), self.workdir)
+                if self._guest_trace_files is not None:
+                    devices.append(guest_port_device(GUEST_TRACE_PORT))
+            else:
+                self._guest_trace_files = None  # no stream, no run to explain
+            initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), self._beside, devices,
+                                                           self._guest_trace_files),
+                                               self.workdir)
             self._initrd_volume = f"{self._name}.initrd"
             channel = OUTPUT_PORT
             definition = self._domain_xml(connection.kernel(image.kernel), connection.volume_path(self._initrd_volume),
@@ -183,21 +196,34 @@ class LibvirtEnvironment(LibvirtTeardown):
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             self._channel_reader = self._open_stream(channel, out, None)
+            if self._guest_trace_files is not None:
+                self._open_stream(GUEST_TRACE_PORT, self.workdir / GUEST_TRACE_FILE, None)
         self._domain.resume()
         self._launched_at = time.monotonic()
         return Launched(RunningDomain(self), out, confirm=self._confirm_delivery if out is not None else None)
 
-    def trace_sources(self, config: Any) -> list[Any]:
-        """The VM layer (explain.vm) of a domain on this host; a remote host's CPUs cannot be traced from here."""
-        if not self.config.local:
-            return []
+    def add_guest_job(self, agent: str, args: list[str]) -> None:
+        self._beside.append(beside_job(self.config.label, self.config.guest, self._domain is not None, agent, args))
+
+    def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
+        """The VM layer (explain.vm) of a domain on this host (a remote host's CPUs cannot be traced from here)
+        and the guest layer (explain.guest), which comes on a channel of the domain's wherever it runs."""
+        guest = self._guest_trace_sources(config)
+        if not self.config.local or "vm" not in config.layers:
+            return guest
         self.start()
         vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin else None
         self._vm_source = VmSource(self.config.label, vcpu_cpus, "kvm" if self._type["type"] == "kvm" else "tcg",
                                    int(getattr(config, "buffer_mb", 64)),
                                    no_clock="the bare-metal guest takes no part in the clock exchange"
                                    if self.config.guest == "baremetal" else None)
-        return [self._vm_source]
+        return [self._vm_source, *guest]
+
+    def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
+        """The guest layer (explain.guest), as in the qemu environment; the trace comes on a channel of its own."""
+        sources, self._guest_trace_files = guest_layer(self.config.guest, config, self.workdir, self.config.memory,
+                                                       self.config.vcpus, lambda: self._out)
+        return sources
 
     def _place_for_tracing(self) -> None:
         """The started (paused) domain's vCPU threads, named for every explanation on this host, and the VM
@@ -237,7 +263,7 @@ class LibvirtEnvironment(LibvirtTeardown):
                 "channel_bytes": self._channel_reader.received if self._channel_reader else None,
                 "channel_end": self._channel_reader.ended or None if self._channel_reader else None,
                 "rt_throttling_lifted": self._rt.describe() if self._rt is not None and self._rt.changed else None,
-                "domain_xml": self._applied_xml or None}
+                "jobs_beside": [" ".join(job.argv) for job in self._beside], "domain_xml": self._applied_xml or None}
 
     def warnings(self) -> list[str]:
         found = []

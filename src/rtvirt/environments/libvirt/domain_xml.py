@@ -8,6 +8,7 @@ import socket
 import xml.etree.ElementTree as ET
 
 from ...explain.clocksync import CLOCK_PORT
+from ...explain.guest import GUEST_TRACE_PORT
 from ..guest_image import COPY_DISK
 from ..qemu import ACK_PORT, OUTPUT_PORT
 from .config import parse_cputune
@@ -96,7 +97,9 @@ class LibvirtDomainXml(LibvirtDomainState):
             ET.SubElement(disk, "target", dev=COPY_DISK, bus="virtio")
         if with_output and initrd is not None:
             # the samples, and the way back for the end-of-stream confirmation the agent waits for
-            for port in (OUTPUT_PORT, ACK_PORT) + ((CLOCK_PORT,) if self._vm_source is not None else ()):
+            # (an explained run: the clock exchange of the VM layer, the guest's own trace sent after its main job)
+            for port in (OUTPUT_PORT, ACK_PORT, *((CLOCK_PORT,) if self._vm_source is not None else ()),
+                         *((GUEST_TRACE_PORT,) if self._guest_trace_files else ())):
                 channel = ET.SubElement(devices, "channel", type="unix")
                 ET.SubElement(channel, "source", mode="bind")
                 ET.SubElement(channel, "target", type="virtio", name=port)

@@ -4,11 +4,12 @@ environment's parts (domain XML, streams, teardown, domain) build on, each in it
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from ...params import parse_cpulist
 from ..base import Environment
-from ..guest_image import GuestImage
+from ..guest_image import GuestImage, GuestJob
 from ..qemu import default_emulator_cpus
 from .config import LibvirtConfig, parse_cputune
 from .connection import LibvirtConnection
@@ -29,6 +30,9 @@ class LibvirtDomainState(Environment):
         self._type: dict[str, str] = {}
         self._initrd_volume = ""
         self._copy_volume = ""  # the guest's disk with the copy of its stream (stream_copy)
+        self._guest_trace_files: dict[str, bytes] | None = None  # an explained Linux guest traces itself
+        self._out: Path | None = None  # the run's stream (the guest layer reads its samples' aux)
+        self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
         self._baremetal_cmdline = ""
         self._readers: list[_StreamToFile] = []
         self._channel_reader: _StreamToFile | None = None

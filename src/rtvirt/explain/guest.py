@@ -1,0 +1,301 @@
+"""The guest layer: what ran inside a Linux guest on its measuring vCPU, and the timerlat IRQ/thread split.
+
+The guest traces itself: its ``/init`` (environments/guest_image.py) makes a tracefs instance of its own
+on the measuring vCPU before its jobs start (the host's set of events: tasks, IRQs, softirqs, IRQ vectors,
+timers; ``trace_clock`` mono, i.e. the guest's CLOCK_MONOTONIC, the clock the guest's agent stamps its
+samples with: no alignment beyond the text trace's microsecond resolution), and once the main job ended
+writes the trace text, each CPU's ring buffer statistics and an end mark to a virtio-serial port whose host
+side is a file of the run. The host parses it with the host layer's own parser (explain.host) and names
+each interval as the guest's ("guest task stress-cpu/85 SCHED_OTHER nice 0").
+
+Where the probe is the timer probe's timerlat engine, each sample's IRQ latency (its ``aux``) splits the
+window into the timer IRQ's latency and the thread's: the parts of an outlier's window the guest's trace
+does not cover are named by that phase ("guest timer IRQ latency", "guest IRQ-to-thread latency") rather
+than left unexplained, because the guest's own tracer measured them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .host import HOST_EVENTS, near_windows, occupancies_from_events
+from .model import CollectContext, Layer, LayerTrace, Occupancy
+from .tracefs import TEXT_RESOLUTION_NS, cpu_mask, parse_trace
+
+__all__ = ["GuestTraceSource", "BaremetalGuestSource", "GUEST_TRACE_PORT", "GUEST_TRACE_FILE", "GUEST_TRACE_SHELL",
+           "guest_trace_files", "timerlat_split", "read_guest_trace", "guest_buffer_kb", "TIMERLAT_PHASES",
+           "BAREMETAL_PHASES", "guest_layer"]
+
+GUEST_TRACE_PORT = "rtvirt.trace"
+GUEST_TRACE_FILE = "guest-trace.txt"  # in the run's work directory: what the guest sent on that port
+BEGIN_MARK, END_MARK, STATS_MARK = "RTVIRT-TRACE-BEGIN", "RTVIRT-TRACE-END", "RTVIRT-TRACE-STATS"
+TRACE_LIMIT = 256 << 20  # bytes of a guest's trace the host reads (untrusted text)
+# a guest idle in an outlier's window had nothing else to run: its wake-up (the timer IRQ) reached it late
+GUEST_IDLE = "guest idle: nothing ran in the guest until its timer IRQ arrived"
+GUEST_BUFFER_SHARE = 8  # at most 1/8 of the guest's memory for its trace buffers
+# a guest ships its trace as text after the run, through an emulated port: a bound on what it holds keeps that
+# short (about 3 bytes of text per byte of buffer; the newest events are kept)
+GUEST_BUFFER_MAX_KB = 8192
+
+# /init's part (sourced into its script): ``guest_trace start`` before the jobs, ``guest_trace end`` after the
+# main job. It only acts when the run's job archive holds trace.* files (an explained run), and only reads
+# values rtvirt wrote itself (event names, a hex CPU mask, a number). The instance is removed at the end.
+GUEST_TRACE_SHELL = r"""
+guest_trace() {
+  [ -e /rtvirt/jobs/trace.events ] || return 0
+  t=/sys/kernel/tracing/instances/rtvirt-guest
+  if [ "$1" = start ]; then
+    [ -e /sys/kernel/tracing/instances ] || mount -t tracefs nodev /sys/kernel/tracing
+    mkdir "$t" || { echo "rtvirt: no tracefs instance in the guest"; return 0; }
+    echo mono > "$t/trace_clock"
+    cat /rtvirt/jobs/trace.buffer_kb > "$t/buffer_size_kb"
+    cat /rtvirt/jobs/trace.cpumask > "$t/tracing_cpumask"
+    cat /rtvirt/jobs/trace.overwrite > "$t/options/overwrite"
+    echo 1 > "$t/options/record-tgid"
+    for e in $(cat /rtvirt/jobs/trace.events); do echo "$e" >> "$t/set_event" 2>/dev/null; done
+    echo 1 > "$t/tracing_on"
+    return 0
+  fi
+  [ -d "$t" ] || return 0
+  echo 0 > "$t/tracing_on"
+  {
+    echo "RTVIRT-TRACE-BEGIN"
+    for c in $(cat /rtvirt/jobs/trace.cpus); do
+      cat "$t/per_cpu/cpu$c/trace"
+      sed "s/^/RTVIRT-TRACE-STATS cpu$c /" "$t/per_cpu/cpu$c/stats"
+    done
+    echo "RTVIRT-TRACE-END"
+  } > /dev/virtio-ports/rtvirt.trace
+  echo > "$t/set_event"
+  rmdir "$t"
+}
+"""
+
+
+def guest_buffer_kb(buffer_mb: int, memory_mb: int, vcpus: int) -> int:
+    """The guest's trace buffer per CPU: the explanation's bound, at most 8 MiB, within a share of the guest's
+    memory (the instance has a buffer on every vCPU, traced or not)."""
+    return max(64, min(buffer_mb * 1024, GUEST_BUFFER_MAX_KB,
+                       memory_mb * 1024 // (GUEST_BUFFER_SHARE * max(vcpus, 1))))
+
+
+def guest_trace_files(cpus: Iterable[int], buffer_kb: int, flight_recorder: bool = True,
+                      events: Iterable[str] = HOST_EVENTS) -> dict[str, bytes]:
+    """The files of a run's job archive that make the guest trace itself (read by ``guest_trace``);
+    ``flight_recorder``: a full buffer keeps the newest events rather than the first."""
+    cpus = sorted(set(cpus))
+    return {"trace.overwrite": b"1\n" if flight_recorder else b"0\n",
+            "trace.events": "".join(f"{event}\n" for event in events).encode(),
+            "trace.cpumask": f"{cpu_mask(cpus)}\n".encode(), "trace.cpus": " ".join(map(str, cpus)).encode() + b"\n",
+            "trace.buffer_kb": f"{int(buffer_kb)}\n".encode()}
+
+
+@dataclasses.dataclass
+class GuestTrace:
+    """What a guest sent: its trace lines, drop counts, whether the end mark came (else it was cut short)."""
+
+    lines: list[str]
+    dropped: int
+    complete: bool
+    began: bool
+
+
+def read_guest_trace(path: Path) -> GuestTrace:
+    """The guest's trace as the host received it (bounded; untrusted)."""
+    with path.open("rb") as f:
+        data = f.read(TRACE_LIMIT)
+    lines, dropped, complete, began = [], 0, False, False
+    for line in data.decode(errors="replace").splitlines():
+        if line.startswith(STATS_MARK):
+            key, _, value = line.removeprefix(STATS_MARK).split(" ", 2)[-1].partition(":")
+            if key.strip() in ("overrun", "dropped events") and value.strip().isdigit():
+                dropped += int(value)
+        elif line == BEGIN_MARK:
+            began = True
+        elif line == END_MARK:
+            complete = True
+        else:
+            lines.append(line)
+    return GuestTrace(lines, dropped, complete, began)
+
+
+def _as_guest(occupancy: Occupancy) -> Occupancy:
+    cause = (GUEST_IDLE if occupancy.kind == "idle-exit" else f"guest {occupancy.cause}")
+    return dataclasses.replace(occupancy, layer="guest", cause=cause, kind=f"guest-{occupancy.kind}")
+
+
+def _measurer_pids(events: Iterable[Any], engine: str) -> tuple[int, ...]:
+    """The guest's measuring threads: the agent's own (cyclictest engine) or timerlat's kernel threads."""
+    pids = set()
+    for event in events:
+        comm = event.comm
+        if (engine == "timerlat" and comm.startswith("timerlat/")) or (engine != "timerlat" and comm == "rtvirt-probe"):
+            pids.add(event.pid)
+    return tuple(sorted(pids))
+
+
+# the two phases of a timer sample's window, as the guest measured them: (cause, kind) of each
+TIMERLAT_PHASES = (("guest timer IRQ latency (timerlat: expiry to its IRQ handler)", "guest-irq"),
+                   ("guest IRQ-to-thread latency (timerlat: IRQ handler to its thread running)", "guest-thread"))
+BAREMETAL_PHASES = (("bare-metal guest: timer IRQ not yet entered (expiry to the interrupt's first instruction)",
+                     "guest-irq"),
+                    ("bare-metal guest: its own kernel from the timer IRQ's entry to the measuring thread",
+                     "guest-thread"))
+
+
+def timerlat_split(windows: np.ndarray, t_ns: np.ndarray, irq_ns: np.ndarray,
+                   phases: tuple[tuple[str, str], ...] = TIMERLAT_PHASES) -> list[Occupancy]:
+    """Each outlier window's two phases as the guest measured them: [start, start + IRQ latency) the timer
+    IRQ had not been handled (entered, in the bare-metal guest), then until the thread ran. ``t_ns`` and
+    ``irq_ns``: the run's samples (``aux``)."""
+    order = np.argsort(t_ns, kind="stable")
+    t_sorted, irq_sorted = t_ns[order], irq_ns[order]
+    split = []
+    for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
+                               strict=True):
+        index = int(np.searchsorted(t_sorted, start))
+        if index >= t_sorted.size or int(t_sorted[index]) != start:
+            continue
+        irq_end = min(int(start) + int(irq_sorted[index]), int(end))
+        (irq_cause, irq_kind), (thread_cause, thread_kind) = phases
+        if irq_end > start:
+            split.append(Occupancy("guest", int(start), irq_end, irq_cause, irq_kind, int(cpu),
+                                   {"phase": "irq", "sample_t_ns": int(start)}))
+        if end > irq_end:
+            split.append(Occupancy("guest", irq_end, int(end), thread_cause, thread_kind, int(cpu),
+                                   {"phase": "thread", "sample_t_ns": int(start)}))
+    return split
+
+
+def _uncovered(phase: Occupancy, covering: list[Occupancy]) -> list[Occupancy]:
+    """The parts of ``phase`` no traced occupancy of its CPU covers (the trace names the rest)."""
+    pieces, cursor = [], phase.start_ns
+    for occupied in sorted((o for o in covering if o.end_ns > phase.start_ns and o.start_ns < phase.end_ns
+                            and o.cpu in (phase.cpu, -1)), key=lambda o: o.start_ns):
+        if occupied.start_ns > cursor:
+            pieces.append(dataclasses.replace(phase, start_ns=cursor, end_ns=occupied.start_ns))
+        cursor = max(cursor, occupied.end_ns)
+        if cursor >= phase.end_ns:
+            break
+    if cursor < phase.end_ns:
+        pieces.append(dataclasses.replace(phase, start_ns=cursor))
+    return pieces
+
+
+class GuestTraceSource:
+    """The guest layer of one run in a Linux guest: the guest traces itself (``guest_trace_files`` go into the
+    run's job archive, its port's host side is ``trace_path``); ``samples`` gives the run's stream path, for
+    the timerlat split. Nothing to arm or stop on the host: the guest does both, and is gone before collect."""
+
+    layer: Layer = "guest"
+
+    def __init__(self, trace_path: Path, samples: Callable[[], Path | None]) -> None:
+        self.trace_path = trace_path
+        self.samples = samples
+
+    def start(self) -> None:
+        """The guest arms its tracer itself, before its jobs."""
+
+    def stop(self) -> None:
+        """The guest stops its tracer itself, after its main job."""
+
+    def _split(self, context: CollectContext) -> list[Occupancy]:
+        if context.header.get("aux_field") != "irq_latency_ns" or (path := self.samples()) is None:
+            return []
+        from ..stream import read_stream
+
+        records = read_stream(path).records
+        return timerlat_split(context.windows, records["t_ns"].astype(np.int64), records["aux"].astype(np.int64))
+
+    def collect(self, context: CollectContext) -> LayerTrace:
+        split = self._split(context)
+        params = context.header.get("params")
+        engine = str(params.get("engine", "")) if isinstance(params, dict) else ""
+        trace: GuestTrace | None = None
+        why: str | None = None
+        try:
+            trace = read_guest_trace(self.trace_path)
+        except OSError as exc:
+            why = f"the guest's trace did not reach the host ({exc.strerror or exc})"
+        if trace is not None and not trace.began:
+            why = "the guest sent no trace (its tracefs could not be used)"
+        occupancies: list[Occupancy] = []
+        notes = []
+        if trace is not None and why is None:
+            events = list(parse_trace(trace.lines))
+            traced = occupancies_from_events(events, _measurer_pids(events, engine))
+            occupancies = [_as_guest(o) for o in near_windows(traced, context.windows)]
+            if not trace.complete:
+                notes.append("the guest's trace was cut short (no end mark reached the host)")
+            if trace.dropped:
+                notes.append(f"the guest's trace buffer bound dropped {trace.dropped} events")
+        if split:
+            occupancies += [piece for phase in split for piece in _uncovered(phase, occupancies)]
+            notes.append(f"timerlat {_split_note('IRQ handler', split)}")
+        if why is not None and not split:
+            return LayerTrace("guest", seen=False, why_not=why)
+        if why is not None:
+            notes.append(why)
+        occupancies.sort(key=lambda o: (o.cpu, o.start_ns))
+        return LayerTrace("guest", seen=True, occupancies=occupancies, alignment_ns=TEXT_RESOLUTION_NS,
+                          dropped_events=trace.dropped if trace is not None else 0, notes=notes)
+
+
+class BaremetalGuestSource:
+    """The guest layer of rtvirt's bare-metal guest (docs/baremetal.md): its timer probe stamps each sample
+    with the TSC at the timer interrupt's entry (``aux``), so each outlier's window splits into the time
+    before the interrupt was entered (the vCPU not running, or the interrupt delivered late: the outer
+    layers say which) and its own kernel's time from that entry to the measuring thread. Nothing else runs
+    in that guest, so no trace is needed."""
+
+    layer: Layer = "guest"
+
+    def __init__(self, samples: Callable[[], Path | None]) -> None:
+        self.samples = samples
+
+    def start(self) -> None:
+        """Nothing to arm: the guest's probe measures both phases itself."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+    def collect(self, context: CollectContext) -> LayerTrace:
+        path = self.samples()
+        if context.header.get("aux_field") != "irq_latency_ns" or path is None:
+            return LayerTrace("guest", seen=False, why_not=f"the bare-metal guest's {context.header.get('probe')} "
+                              "probe does not time its interrupts (only the timer probe does)")
+        from ..stream import read_stream
+
+        records = read_stream(path).records
+        split = timerlat_split(context.windows, records["t_ns"].astype(np.int64),
+                               records["aux"].astype(np.int64), BAREMETAL_PHASES)
+        tsc = context.header.get("cycles_hz")
+        resolution = int(1e9 / float(tsc)) + 1 if isinstance(tsc, (int, float)) and tsc > 0 else 1
+        return LayerTrace("guest", seen=True, occupancies=split, alignment_ns=resolution,
+                          notes=[_split_note("IRQ entry", split)] if split else [])
+
+
+def _split_note(first: str, split: list[Occupancy]) -> str:
+    irq = sum(o.duration_ns for o in split if o.kind == "guest-irq")
+    total = sum(o.duration_ns for o in split) or 1
+    outliers = len({o.detail["sample_t_ns"] for o in split})
+    return (f"split over {outliers} outliers: expiry to {first} {100 * irq / total:.0f} %, "
+            f"{first} to the thread {100 - 100 * irq / total:.0f} % of their latency")
+
+
+def guest_layer(guest: str, config: Any, workdir: Path, memory_mb: int, vcpus: int,
+                samples: Callable[[], Path | None]) -> tuple[list[Any], dict[str, bytes] | None]:
+    """The guest layer of a VM environment's run (qemu, libvirt): its sources, and the files that make a Linux
+    guest trace itself (for the run's job archive; None: no guest trace, so no ``rtvirt.trace`` port).
+    ``config``: the run's ExplainConfig; the measuring vCPU is vCPU 0 (where the workload runs)."""
+    if "guest" not in config.layers:
+        return [], None
+    if guest == "baremetal":
+        return [BaremetalGuestSource(samples)], None
+    files = guest_trace_files((0,), guest_buffer_kb(config.buffer_mb, memory_mb, vcpus), config.flight_recorder)
+    return [GuestTraceSource(workdir / GUEST_TRACE_FILE, samples)], files

@@ -1,0 +1,235 @@
+"""The guest layer (explain.guest): timerlat in the PREEMPT_RT guest, and a Linux guest tracing itself.
+
+Real QEMU guests under TCG (this machine cannot use KVM): short runs, timings not representative."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from test_env_libvirt import libvirtd  # noqa: F401, F811 - libvirtd for these tests (its machine-wide lock)
+
+from rtvirt.campaign import CampaignState, run_campaign
+from rtvirt.environments.qemu import QemuConfig, QemuEnvironment
+from rtvirt.explain.config import ExplainConfig
+from rtvirt.explain.guest import read_guest_trace, timerlat_split
+from rtvirt.explain.session import ExplainSession
+from rtvirt.explain.stored import read_explanation
+from rtvirt.probes import PROBES
+from rtvirt.procs import Supervisor
+from rtvirt.scenario import parse_scenario
+from rtvirt.store import load_run
+from rtvirt.stream import read_stream
+
+pytestmark = pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None or shutil.which("apt-get") is None,
+                                reason="needs QEMU and apt-get (the guest kernels)")
+CPU = max(0, len(__import__("os").sched_getaffinity(0)) - 1)
+
+
+def _guest_run(tmp_path: Path, guest: str, probe: dict[str, object],
+               threshold: str | None = None) -> tuple[Any, Any, Path]:
+    """One probe run in a QEMU guest (TCG), with the guest layer traced; returns (stream, explanation, workdir)."""
+    config = QemuConfig(kind="qemu", name="g", accel="tcg", guest=guest, cpus=[CPU], boot_timeout="400s")
+    explain_config = ExplainConfig(layers=["guest"], threshold=threshold)
+    with Supervisor() as supervisor:
+        env = QemuEnvironment(config, supervisor, tmp_path / "work")
+        try:
+            session = ExplainSession(explain_config, env.trace_sources(explain_config))
+            session.start()
+            spec = PROBES["timer"]
+            params = spec.params(**probe, **env.probe_overrides())
+            out = tmp_path / "samples.rtvs"
+            launched = env.launch("rtvirt-probe", spec.command(params, "")[1:], out)
+            launched.follow(600, env.check)
+            stream = read_stream(out)
+            explanation = session.explain(stream)
+        finally:
+            env.close()
+    return stream, explanation, tmp_path / "work"
+
+
+@pytest.mark.vm
+def test_timerlat_in_the_preempt_rt_guest_splits_every_sample(tmp_path: Path) -> None:
+    """The engine used to fail at once there (EBUSY); now every sample has its IRQ part below its thread part."""
+    stream, explanation, _ = _guest_run(tmp_path, "linux-rt", {"duration": "3s", "interval": "2ms",
+                                                               "engine": "timerlat"}, threshold="100us")
+    records = stream.records
+    assert stream.end_reason == "complete" and stream.header["aux_field"] == "irq_latency_ns"
+    # the tracer skips the activations a late one overran: at host load 12 a 2 s run here kept only 16
+    assert records.size >= 5, f"only {records.size} samples"
+    irq, thread = records["aux"].astype(np.int64), records["value"].astype(np.int64)
+    assert (irq > 0).all() and (irq < thread).all()
+    assert stream.header["host"]["kernel"].endswith("-rt-amd64")
+    guest = next(layer for layer in explanation.layers if layer.layer == "guest")
+    assert guest.seen and any(note.startswith("timerlat split over") for note in guest.notes)
+    # the guest traced itself: the timerlat thread is the measurer, named only as such (never a task cause)
+    assert all(part.kind == "guest-agent" for part in explanation.parts if "timerlat/" in part.cause)
+    assert any(part.layer == "guest" for part in explanation.parts)
+
+
+INSIDE_SCENARIO = """\
+name = "guest-inside"
+duration = "3s"
+run_timeout = "600s"
+
+[workload]
+probe = "timer"
+params = {{ interval = "2ms", priority = 10 }}
+
+[[environments]]
+{environment}
+name = "g"
+guest = "linux"
+cpus = [{cpu}]
+boot_timeout = "400s"
+
+[[disturbances]]
+name = "inside"
+[[disturbances.stressors]]
+stressor = "cpu"
+where = "inside"
+workers = 1
+params = {{ priority = 50, slice = "3ms", period = "20ms" }}  # the guest has one vCPU
+
+[timeline]
+start_order = ["stress-first"]
+settle = "0s"
+
+[explain]
+threshold = "3ms"
+layers = {layers}
+"""
+
+
+@pytest.mark.vm
+def test_a_stressor_inside_the_guest_is_named_as_a_guest_cause(tmp_path: Path) -> None:
+    """A campaign: an RT cpu stressor inside a Linux QEMU guest above the probe's priority holds it back, and
+    the guest's own trace names it (comm, the pid the guest gave it, its priority) as a guest-side cause."""
+    # the guest layer alone: with the VM layer beside it this passed too, but took 315 s instead of 110 s at
+    # host load 16 (the VM layer reads the host trace of the vCPU's pCPU)
+    _inside_stressor_is_named(tmp_path, 'kind = "qemu"\naccel = "tcg"', '["guest"]')
+
+
+@pytest.mark.vm
+def test_a_stressor_inside_a_libvirt_guest_is_named_as_a_guest_cause(libvirtd: str, tmp_path: Path) -> None:  # noqa: F811
+    """The same in a libvirt domain (TCG): its trace comes back on a channel of its own."""
+    _inside_stressor_is_named(tmp_path, f'kind = "libvirt"\nuri = "{libvirtd}"\ndomain_type = "qemu"', '["guest"]')
+
+
+def _inside_stressor_is_named(tmp_path: Path, environment: str, layers: str) -> None:
+    text = INSIDE_SCENARIO.format(cpu=CPU, environment=environment, layers=layers)
+    scenario = parse_scenario(text, "inside.toml")
+    state = CampaignState.create(tmp_path, scenario.name, text, "inside.toml", 1.0)
+    outcome = run_campaign(scenario, state, tmp_path, show_progress=False, write_report=False).outcomes[
+        "g/inside/stress-first/r1"]
+    assert outcome.status == "complete", outcome.reason
+    run_dir = tmp_path / "runs" / outcome.run_id
+    trace = read_guest_trace(run_dir / "work" / "guest-trace.txt")
+    assert trace.began and trace.complete
+    manifest = load_run(run_dir).manifest
+    # a guest starved on the host takes too few samples to judge (seen once here at host load 16 with two guest
+    # test sessions at once: 1 sample in 3 s, its first 7 s late): fail saying so
+    assert manifest["summary"]["all"]["samples"] >= 100, manifest["expectation"]
+    assert manifest["explain"]["layers"]["guest"] == "seen", manifest["explain"]
+    shown = json.loads(run_cli("explain", str(run_dir), "--json", check=True).stdout)
+    explanation = read_explanation(run_dir)
+    assert explanation is not None and explanation.outliers > 0
+    by_cause: dict[str, int] = {}
+    for part in explanation.parts:
+        by_cause[part.cause] = by_cause.get(part.cause, 0) + part.duration_ns
+    stressor = {cause: ns for cause, ns in by_cause.items() if cause.startswith("guest task rtvirt-stress/")}
+    assert stressor, f"no guest-side stressor cause among {sorted(by_cause)[:10]}"
+    assert all(part.layer == "guest" for part in explanation.parts if part.cause in stressor)
+    worker = max(stressor, key=lambda cause: stressor[cause])
+    assert "SCHED_FIFO" in worker and worker.endswith(" 50")  # the worker at its priority
+    # of the guest's tasks, the stressor's worker is the one that held the probe back (under TCG the rest of
+    # these windows is mostly the guest idle, waiting for a late timer IRQ: not the stressor's)
+    tasks = {cause: ns for cause, ns in by_cause.items() if cause.startswith("guest task ")}
+    assert max(tasks, key=lambda cause: tasks[cause]) == worker
+    # it held back many of the largest outliers (65 of the top 100 in a run here; its slices are not
+    # checked against 3 ms: under TCG the guest's clock runs on while its vCPU thread waits on the host)
+    assert len({part.rank for part in explanation.parts if part.cause == worker}) >= 10
+    # `rtvirt explain --json` carries the same summary
+    assert any(row["cause"] == worker for row in shown["summary"])
+
+
+def test_timerlat_split_cuts_each_window_at_its_irq_latency() -> None:
+    from rtvirt.explain.attribute import WINDOW
+
+    windows = np.zeros(2, dtype=WINDOW)
+    windows["start_ns"], windows["end_ns"], windows["cpu"] = [1000, 5000], [1800, 5300], [0, 0]
+    split = timerlat_split(windows, np.array([5000, 1000, 3000]), np.array([300, 200, 50]))
+    assert [(o.start_ns, o.end_ns, o.kind, o.detail["sample_t_ns"]) for o in split] == [
+        (1000, 1200, "guest-irq", 1000), (1200, 1800, "guest-thread", 1000), (5000, 5300, "guest-irq", 5000)]
+
+
+@pytest.mark.vm
+def test_the_baremetal_guest_times_its_own_irq_to_thread_part(tmp_path: Path) -> None:
+    """Our bare-metal guest's timer samples carry the timer interrupt's entry (aux): each outlier splits into
+    the time before the entry and its own kernel's time from the entry to the measuring thread."""
+    stream, explanation, _ = _guest_run(tmp_path, "baremetal", {"duration": "2s", "interval": "1ms"},
+                                        threshold="20us")
+    records = stream.records
+    assert stream.end_reason == "complete" and records.size > 100
+    irq, latency = records["aux"].astype(np.int64), records["value"].astype(np.int64)
+    assert (irq <= latency).all() and (latency - irq > 0).any()
+    guest = next(layer for layer in explanation.layers if layer.layer == "guest")
+    assert guest.seen and guest.notes and guest.notes[0].startswith("split over 100 outliers")  # the top 100
+    assert explanation.outliers > 0
+    own = [part for part in explanation.parts if part.kind == "guest-thread"]
+    assert own and all(part.cause.startswith("bare-metal guest: its own kernel") for part in own)
+    # each outlier's two parts add up to its latency (the guest layer is the only one traced here)
+    for rank in {part.rank for part in explanation.parts}:
+        parts = [part for part in explanation.parts if part.rank == rank]
+        assert sum(part.duration_ns for part in parts) == parts[0].latency_ns
+        sample = int(np.flatnonzero(records["t_ns"].astype(np.int64) == parts[0].sample_t_ns)[0])
+        thread_part = sum(part.duration_ns for part in parts if part.kind == "guest-thread")
+        assert thread_part == latency[sample] - irq[sample]
+
+
+def test_a_guest_trace_cut_short_is_used_and_says_so(tmp_path: Path) -> None:
+    """What the guest sends is untrusted: drop counts come from its stats lines, a missing end mark is a note,
+    a guest that sent nothing is a layer not seen (never an error)."""
+    from rtvirt.explain.attribute import WINDOW
+    from rtvirt.explain.guest import GuestTraceSource
+    from rtvirt.explain.model import CollectContext
+
+    switch = ("{comm}-{pid} ({pid}) [000] d..2. {sec}: sched_switch: prev_comm={comm} prev_pid={pid} prev_prio=120 "
+              "prev_state=S ==> next_comm={next} next_pid={next_pid} next_prio={prio}\n")
+    text = ("RTVIRT-TRACE-BEGIN\n# tracer: nop\n"
+            + switch.format(comm="swapper/0", pid=0, sec="10.000100", next="hog\x1b[31m", next_pid=7, prio=49)
+            + switch.format(comm="hog", pid=7, sec="10.000900", next="rtvirt-probe", next_pid=5, prio=89)
+            + "RTVIRT-TRACE-STATS cpu0 overrun: 12\nRTVIRT-TRACE-STATS cpu0 dropped events: 3\n")
+    path = tmp_path / "guest-trace.txt"
+    path.write_text(text)
+    windows = np.zeros(1, dtype=WINDOW)
+    windows["start_ns"], windows["end_ns"], windows["cpu"] = 10_000_000_000, 10_001_000_000, 0
+    context = CollectContext(header={"params": {"engine": "cyclictest"}}, windows=windows)
+    trace = GuestTraceSource(path, lambda: None).collect(context)
+    assert trace.seen and trace.dropped_events == 15
+    assert "the guest's trace was cut short (no end mark reached the host)" in trace.notes
+    [hog] = [o for o in trace.occupancies if o.kind == "guest-task"]
+    assert (hog.start_ns, hog.end_ns, hog.cause) == (10_000_100_000, 10_000_900_000, "guest task hog?[31m/7 "
+                                                     "SCHED_FIFO/RR 50")
+    path.write_text("")
+    unseen = GuestTraceSource(path, lambda: None).collect(context)
+    assert not unseen.seen and unseen.why_not == "the guest sent no trace (its tracefs could not be used)"
+
+
+def test_the_guest_trace_files_are_plain_names_and_values_rtvirt_wrote() -> None:
+    from rtvirt.environments.guest_image import GuestJob, job_archive
+    from rtvirt.explain.guest import guest_buffer_kb, guest_trace_files
+
+    files = guest_trace_files((0,), guest_buffer_kb(64, 256, 1), flight_recorder=False)
+    assert files["trace.cpumask"] == b"00000001\n" and files["trace.buffer_kb"] == b"8192\n"
+    assert files["trace.overwrite"] == b"0\n" and b"sched:sched_switch\n" in files["trace.events"]
+    assert guest_buffer_kb(64, 256, 4) == 8192 and guest_buffer_kb(64, 128, 4) == 4096
+    archive = job_archive(GuestJob(["/rtvirt/bin/rtvirt-probe"]), (), (), files)
+    assert b"rtvirt/jobs/trace.cpumask\0" in archive
+    with pytest.raises(ValueError, match="a guest job file is a plain name"):
+        job_archive(None, (), (), {"../init": b""})
