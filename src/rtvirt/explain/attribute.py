@@ -104,7 +104,8 @@ def summarize_parts(parts: Sequence[Part]) -> list[dict[str, object]]:
         {"layer": layer, "kind": kind, "cause": cause, "total_ns": total, "outliers": count,
          "share": round(total / latency, 6) if latency else 0.0}
         for (layer, kind, cause), (total, count, _) in totals.items()]
-    rows.sort(key=lambda row: -int(row["total_ns"]))  # type: ignore[call-overload]
+    # largest first; equal totals by name, as the report orders its causes
+    rows.sort(key=lambda row: (-int(row["total_ns"]), str(row["cause"])))  # type: ignore[call-overload]
     return rows
 
 
