@@ -20,8 +20,13 @@ $(VENV)/.installed-all: pyproject.toml CMakeLists.txt scripts/setup.sh $(NATIVE_
 run: setup
 	$(VENV)/bin/rtvirt run default --out $(RESULTS)
 
+# independent tests on several workers (pytest-xdist): much of the suite's time is spent waiting on guests, labs and
+# timed runs; tests sharing a set-up stay on one worker (the groups of tests/conftest.py). Tests that compare timings
+# on a CPU no other test may load (marked quiet) run afterwards, one at a time.
+TEST_WORKERS ?= 4
 test: setup-all
-	$(VENV)/bin/python -m pytest -q -ra
+	$(VENV)/bin/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup -m "not quiet"
+	$(VENV)/bin/python -m pytest -q -ra -m quiet
 
 check: setup-all
 	$(VENV)/bin/ruff check src tests benchmarks
