@@ -21,9 +21,9 @@ run: setup
 	$(VENV)/bin/rtvirt run default --out $(RESULTS)
 
 # independent tests on several workers (pytest-xdist): much of the suite's time is spent waiting on guests, labs and
-# timed runs; tests sharing a set-up stay on one worker (the groups of tests/conftest.py). Tests that compare timings
-# on a CPU no other test may load (marked quiet) run afterwards, one at a time.
-TEST_WORKERS ?= 4
+# timed runs; tests sharing a set-up stay on one worker (the groups of tests/conftest.py). Tests that need the machine
+# to themselves (marked quiet: timings compared on a CPU, machine-wide host tuning) run afterwards, one at a time.
+TEST_WORKERS ?= 3
 test: setup-all
 	$(VENV)/bin/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup -m "not quiet"
 	$(VENV)/bin/python -m pytest -q -ra -m quiet

@@ -117,8 +117,15 @@ def _shared_setup(item: pytest.Item) -> str | None:
     return module_scoped
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+# modules whose tests change or check machine-wide state (the host's tuning and settings ledger, every rtvirt cpuset,
+# where every task runs): no other test of the suite may run beside them, so make test runs them with the quiet ones
+MACHINE_WIDE_MODULES = ("tests/test_host.py",)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's hook reads the groups and -m reads the quiet marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if item.nodeid.split("::")[0] in MACHINE_WIDE_MODULES:
+            item.add_marker(pytest.mark.quiet)
         if item.get_closest_marker("xdist_group") is None and (group := _shared_setup(item)) is not None:
             item.add_marker(pytest.mark.xdist_group(group))
