@@ -122,10 +122,10 @@ def _shared_setup(item: pytest.Item) -> str | None:
 MACHINE_WIDE_MODULES = ("tests/test_host.py",)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's hook reads the groups and -m reads the quiet marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.nodeid.split("::")[0] in MACHINE_WIDE_MODULES:
-            item.add_marker(pytest.mark.quiet)
-        if item.get_closest_marker("xdist_group") is None and (group := _shared_setup(item)) is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks set as each test is collected, before anything reads them: xdist's worker (the groups) and -m (quiet)
+    both read them in pytest_collection_modifyitems."""
+    if item.nodeid.split("::")[0] in MACHINE_WIDE_MODULES:
+        item.add_marker(pytest.mark.quiet)
+    if item.get_closest_marker("xdist_group") is None and (group := _shared_setup(item)) is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
