@@ -21,8 +21,9 @@ run: setup
 	$(VENV)/bin/rtvirt run default --out $(RESULTS)
 
 # independent tests on several workers (pytest-xdist): timed runs and guest boots overlap (2 cores: more workers
-# only help where tests wait; 4 pushed TCG boots past 90 s at host load 16); tests sharing a set-up stay on one worker (the groups of tests/conftest.py). Tests that need the machine
-# to themselves (marked quiet: timings compared on a CPU, machine-wide host tuning) run afterwards, one at a time.
+# only help where tests wait; 4 pushed TCG boots past 90 s at host load 16); tests sharing a set-up stay on one
+# worker (the groups of tests/conftest.py). Tests that need the machine to themselves (marked quiet: timings
+# compared on a CPU, machine-wide host tuning) run afterwards, one at a time.
 TEST_WORKERS ?= 3
 test: setup-all
 	$(VENV)/bin/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup -m "not quiet"
