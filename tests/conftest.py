@@ -90,3 +90,42 @@ def steal_live_stream(results: Path, min_bytes: int = 2048,
     thief = threading.Thread(target=steal)
     thief.start()
     return thief, removed
+
+
+# --- running on several workers (`make test`: pytest-xdist, --dist loadgroup) ----------------------------------
+# Tests that share a costly set-up run on one worker, so that it happens once: the users of a session fixture of this
+# suite (the Xen lab campaign, read by three modules) form its group, the users of a module's module-scoped fixture
+# (libvirtd, sshd, a labgrid coordinator, a Xen lab with shares) their module's. The rest go wherever a worker is
+# free. A test marked ``xdist_group`` keeps its own (a module whose tests ask for a fixture at run time marks them).
+
+
+def _shared_setup(item: pytest.Item) -> str | None:
+    """``item``'s group: the session fixture of this suite it uses, else its module when it uses a module-scoped
+    fixture of this suite, else None (no set-up shared)."""
+    definitions = getattr(item, "_fixtureinfo", None)
+    if definitions is None:
+        return None
+    module_scoped = None
+    for name in item.fixturenames:
+        for fixture in definitions.name2fixturedefs.get(name, ()):
+            if not fixture.func.__module__.startswith(("test_", "conftest")):
+                continue  # pytest's own (tmp_path_factory, ...) are cheap
+            if fixture.scope == "session":
+                return f"session:{name}"
+            if fixture.scope in ("module", "package"):
+                module_scoped = f"module:{item.nodeid.split('::')[0]}"
+    return module_scoped
+
+
+# modules whose tests change or check machine-wide state (the host's tuning and settings ledger, every rtvirt cpuset,
+# where every task runs): no other test of the suite may run beside them, so make test runs them with the quiet ones
+MACHINE_WIDE_MODULES = ("tests/test_host.py",)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marks set as each test is collected, before anything reads them: xdist's worker (the groups) and -m (quiet)
+    both read them in pytest_collection_modifyitems."""
+    if item.nodeid.split("::")[0] in MACHINE_WIDE_MODULES:
+        item.add_marker(pytest.mark.quiet)
+    if item.get_closest_marker("xdist_group") is None and (group := _shared_setup(item)) is not None:
+        item.add_marker(pytest.mark.xdist_group(group))

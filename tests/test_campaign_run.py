@@ -81,6 +81,7 @@ def _p99(manifest: dict) -> float:
 
 
 @pytest.mark.skipif(not TWO_CPUS, reason="other-core stress needs a second CPU")
+@pytest.mark.quiet  # p99 with and without a stressor on the measured CPU: no other test's load there
 def test_same_core_stress_raises_p99_against_solo_and_other_core(tmp_path: Path) -> None:
     text = HOST_SCENARIO.format(duration="3s", repetitions=1)
     scenario = parse_scenario(text, "directions.toml")
@@ -203,6 +204,7 @@ def test_sigterm_stops_everything_and_keeps_the_partial_run(tmp_path: Path) -> N
 
 
 @pytest.mark.skipif(not TWO_CPUS, reason="needs a second CPU for the campaign's own work")
+@pytest.mark.quiet  # p99 while the stressor is on against while it is off: no other test's load in either
 def test_timeline_events_switch_stress_on_and_off(tmp_path: Path) -> None:
     text = HOST_SCENARIO.format(duration="3s", repetitions=1).replace(
         'name = "same-core"\n', 'name = "same-core"\nevents = [{ at = "1s", action = "stress-on" }, '

@@ -21,6 +21,10 @@ from sshd_server import REMOTE_BIN, SshServer, descendants, our_agents_running, 
 
 from rtvirt.stream import StreamReader
 
+# one worker for the file and tests/test_target_labgrid.py: their targets are this machine, and the tests check
+# machine-wide that no agent runs from /var/tmp/rtvirt and which stream copies are left there
+pytestmark = pytest.mark.xdist_group("ssh-targets")
+
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[SshServer]:

@@ -395,7 +395,10 @@ def test_a_neighbour_domu_on_the_same_pcpu_takes_time_that_one_pinned_apart_does
     assert 0 < share["shared-pcpu"] < share["pinned-apart"] * 0.7, share
 
 
+# the two tests whose rtvirt owns a lab of its own share a worker: each checks that no lab is left without its owner,
+# which the other's killed lab is until --resume reclaims it
 @pytest.mark.vm
+@pytest.mark.xdist_group("xen-own-labs")
 def test_sigterm_keeps_the_streamed_samples_and_leaves_nothing_behind(tmp_path: Path) -> None:
     scenario = tmp_path / "long.toml"
     scenario.write_text('name = "xen-sigterm"\nduration = "2m"\n[workload]\nprobe = "timer"\n'
@@ -422,6 +425,7 @@ def test_sigterm_keeps_the_streamed_samples_and_leaves_nothing_behind(tmp_path: 
 
 @pytest.mark.vm
 @pytest.mark.timeout(1200)
+@pytest.mark.xdist_group("xen-own-labs")
 def test_kill_9_then_resume_reclaims_the_lab_and_finishes_arinc653_and_credit(tmp_path: Path) -> None:
     scenario = tmp_path / "schedulers.toml"
     scenario.write_text(

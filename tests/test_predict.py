@@ -95,6 +95,7 @@ def test_xen_disturbing_domus_share_the_measured_pcpu_unless_placed_apart() -> N
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="cgroups and SCHED_DEADLINE need root")
+@pytest.mark.quiet  # the CFS quota throttles only a probe that gets its CPU: other tests' work there hides the holes
 def test_bandwidth_partition_and_deadline_reservation_measured_simulated_analysed(tmp_path: Path) -> None:
     scenario = tmp_path / "predict.toml"
     scenario.write_text(

@@ -45,6 +45,10 @@ settle = "50ms"
 """
 
 
+# one PostgreSQL server for the file: the store fixture asks for it at run time, which tests/conftest.py cannot see
+pytestmark = pytest.mark.xdist_group("module:tests/test_results_shared.py")
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[PgServer]:
     with PgServer() as pg:

@@ -14,6 +14,9 @@ from conftest import run_cli
 from labgrid_lab import LabgridLab
 from sshd_server import SshServer, our_agents_running
 
+# with tests/test_env_ssh.py on one worker: both check machine-wide that no agent runs from /var/tmp/rtvirt
+pytestmark = pytest.mark.xdist_group("ssh-targets")
+
 
 @pytest.fixture(scope="module")
 def sshd() -> Iterator[SshServer]:

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xen_lab_shares import LabShare, SharingXenLab
 
-from rtvirt.environments.xen import LabShare, XenLab, XenLabConfig, is_dom0, local_domu_files
+from rtvirt.environments.xen import XenLabConfig, is_dom0, local_domu_files
 from rtvirt.procs import Supervisor
 from rtvirt.store import load_run
 from rtvirt.stream import read_stream
 
-ROOT = "/mnt/hostroot"  # where dom0 mounts the "hostroot" share (xen/dom0_image.py's DOM0_INIT: /mnt/<tag>)
+ROOT = "/mnt/hostroot"  # where dom0 mounts the "hostroot" share (tests/xen_lab_shares.py: /mnt/<tag>)
 VENV_RTVIRT = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "rtvirt"
 SCENARIO = """
 name = "xen-in-dom0"
@@ -119,8 +120,8 @@ def dom0_campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
     seen: dict[str, Any] = {"work": work}
     started = time.monotonic()
     with Supervisor() as supervisor:
-        lab = XenLab(XenLabConfig.model_validate({"pcpus": 3, "memory": 2560, "dom0_memory": 1024}), 2, supervisor,
-                     (LabShare("hostroot", Path("/")), LabShare("results", work, writable=True)))
+        lab = SharingXenLab(XenLabConfig.model_validate({"pcpus": 3, "memory": 2560, "dom0_memory": 1024}), 2,
+                            supervisor, (LabShare("hostroot", Path("/")), LabShare("results", work, writable=True)))
         try:
             lab.boot()
             dom0 = lab.connection

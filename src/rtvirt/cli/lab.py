@@ -44,7 +44,7 @@ def lab(ctx: click.Context, inventory: Path, probe_name: str, assignments: tuple
     Each target's runs are stored on their own (labelled with the target's name; with --scenario, one
     campaign per target); one report compares them. A target that cannot be reached fails alone.
     """
-    from ..remote.lab import load_inventory
+    from ..campaign.lab import load_inventory
 
     target = store_for_writing(results).write_dir  # a shared store's spool: the lab's runs are delivered after
     if scenario is None:
@@ -59,12 +59,22 @@ def lab(ctx: click.Context, inventory: Path, probe_name: str, assignments: tuple
     _scenario_lab(load_inventory(inventory), inventory.name, scenario, scale, resume, target, as_json)
 
 
+def _lab_report(results: Path, run_ids: set[str]) -> Path | None:
+    """One HTML report comparing the targets' runs (None when no target was measured)."""
+    if not run_ids:
+        return None
+    from ..results.report import write_report
+
+    (results / "reports").mkdir(parents=True, exist_ok=True)
+    return write_report(results, results / "reports" / f"lab-{time.strftime('%Y%m%dT%H%M%S')}.html", "html",
+                        run_ids=run_ids)
+
+
 def _probe_lab(inventory: Any, title: str, probe_name: str, assignments: tuple[str, ...], duration: str,
                results: Path, as_json: bool) -> None:
     from pydantic import ValidationError
 
-    from ..remote.lab import run_lab
-    from ..results.report import write_report
+    from ..campaign.lab import run_lab
 
     spec = PROBES[probe_name]
     values: dict[str, str] = {"duration": duration}
@@ -80,11 +90,7 @@ def _probe_lab(inventory: Any, title: str, probe_name: str, assignments: tuple[s
         raise InputError(f"option --set/--duration: {field}: {message}") from None
     outcomes = run_lab(inventory, spec, params, results)
     run_ids = {o.run_id for o in outcomes if o.run_id}
-    report = None
-    if run_ids:
-        (results / "reports").mkdir(parents=True, exist_ok=True)
-        report = write_report(results, results / "reports" / f"lab-{time.strftime('%Y%m%dT%H%M%S')}.html", "html",
-                              run_ids=run_ids)
+    report = _lab_report(results, run_ids)
     if as_json:
         print_json({"targets": [vars(o) for o in outcomes], "report": str(report) if report else None})
     else:
@@ -102,7 +108,7 @@ def _probe_lab(inventory: Any, title: str, probe_name: str, assignments: tuple[s
 
 def _scenario_lab(inventory: Any, title: str, scenario: str, scale: float | None, resume: bool, results: Path,
                   as_json: bool) -> None:
-    from ..remote.lab import run_lab_scenario
+    from ..campaign.lab import run_lab_scenario
     from ..scenario import load_scenario
 
     if resume and scale is not None:
@@ -111,8 +117,8 @@ def _scenario_lab(inventory: Any, title: str, scenario: str, scale: float | None
     if not 0 < factor <= 1000:
         raise InputError("option --scale: must be above 0 and at most 1000")
     parsed, text, source = load_scenario(scenario)
-    outcomes, report = run_lab_scenario(inventory, text, source, results, scale=factor, resume=resume,
-                                        console=err_console)
+    outcomes = run_lab_scenario(inventory, text, source, results, scale=factor, resume=resume, console=err_console)
+    report = _lab_report(results, {run_id for o in outcomes for run_id in o.run_ids})
     for o in outcomes:
         for what in o.reclaimed:
             err_console.print(f"reclaimed on {o.name}: {what[:300]}", markup=False, highlight=False)

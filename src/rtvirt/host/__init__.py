@@ -9,10 +9,9 @@ settings :class:`Ledger` that makes restoring exact, also after a kill -9.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import InputError
-from ..results.verdicts import RequirementClass
 from ..sysaudit import LocalSystem, SystemView, audit_system
 from .checks import FAMILIES, HostContext, Item, run_checks
 from .ledger import CLI_HOLDER, Ledger, process_holder
@@ -55,7 +54,14 @@ def check_host(ctx: HostContext) -> list[Item]:
     return run_checks(ctx)
 
 
-def needed_by(items: list[Item], requirement: RequirementClass) -> list[Item]:
+class JitterBudget(Protocol):
+    """What :func:`needed_by` reads of a requirement class (results.verdicts.RequirementClass, a layer above)."""
+
+    @property
+    def jitter_ns(self) -> tuple[int, int]: ...
+
+
+def needed_by(items: list[Item], requirement: JitterBudget) -> list[Item]:
     """The items ``requirement`` needs (its tight jitter budget is below what the item matters for) not met."""
     return [i for i in items if i.status == "not-ready" and requirement.jitter_ns[0] < i.matters_below_ns]
 

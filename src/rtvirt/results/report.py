@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..fileio import write_atomically
-from ..predict.report import prediction_html, prediction_tables
 from ..timeprofile.levels import event_offsets
 from ..timeprofile.windows import TOP_KEPT
 from .explained import CAUSES_SHOWN
+from .predicted import prediction_html, prediction_tables
 from .reportdata import Configuration, ReportData, RunView, as_json, collect
 from .studies.tables import published, study_tables
 

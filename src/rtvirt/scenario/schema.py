@@ -16,11 +16,11 @@ from ..environments.xen import XenConfig
 from ..explain.config import ExplainConfig
 from ..host.profiles import ProfileName
 from ..params import CpuList
-from ..predict import PredictSpec
 from ..probes import PROBES
 from ..remote.target import SshTargetFields
 from ..stressors import STRESSORS
 from ..units import duration_field
+from .predict import PredictSpec
 
 __all__ = ["Scenario", "Hook", "Hooks", "HostTuning", "Workload", "NamedWorkload", "RunGroup", "Disturbance",
            "StressorUse", "Timeline", "TimelineEvent", "EnvironmentEntry"]

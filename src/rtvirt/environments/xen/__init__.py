@@ -17,8 +17,8 @@ from .config import Arinc653Params, CreditParams, RtdsParams, XenConfig, XenLabC
 from .dom0 import NAME_PREFIX
 from .domain import XenEnvironment
 from .files import local_domu_files
-from .lab import LabShare, XenLab
+from .lab import XenLab
 from .local import is_dom0
 
-__all__ = ["NAME_PREFIX", "Arinc653Params", "CreditParams", "LabShare", "RtdsParams", "XenConfig", "XenEnvironment",
+__all__ = ["NAME_PREFIX", "Arinc653Params", "CreditParams", "RtdsParams", "XenConfig", "XenEnvironment",
            "XenLab", "XenLabConfig", "is_dom0", "local_domu_files"]

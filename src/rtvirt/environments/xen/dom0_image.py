@@ -24,7 +24,7 @@ TOOLSTACK = ("/usr/lib/xen-4.17/bin/xl", "/usr/lib/xen-4.17/bin/xenstored", "/us
 # xl dlopens libgcc_s for pthread_cancel; ldd does not name it
 EXTRA_LIBRARIES = ("/lib/x86_64-linux-gnu/libgcc_s.so.1",)
 DOM0_MODULES = ("xen_evtchn", "xen_privcmd", "xen_gntdev", "xen_gntalloc", "xenfs", "xen_netback",
-                "virtio_pci", "virtio_net", "9p", "9pnet_virtio")  # 9p: host directories shared into dom0
+                "virtio_pci", "virtio_net")
 DOM0_READY_MARK = "RTVIRT-DOM0-READY"
 DOM0_PATH = "/usr/lib/xen-4.17/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DOM0_LIBRARY_PATH = "/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu"
@@ -42,12 +42,6 @@ mkdir -p /dev/pts /dev/shm /var/run/xen /var/lib/xen /var/lib/xenstored /var/log
 mount -t devpts devpts /dev/pts
 for m in $(cat /rtvirt/modules); do insmod "/rtvirt/modules.d/$m" || echo "rtvirt: insmod $m failed"; done
 mount -t xenfs xenfs /proc/xen
-# host directories QEMU shares into dom0 (virtio-9p), one "TAG ro|rw" line each: mounted at /mnt/TAG
-while read -r tag mode; do
-  mkdir -p "/mnt/$tag"
-  mount -t 9p -o "trans=virtio,version=9p2000.L,msize=512000,cache=loose,$mode" "$tag" "/mnt/$tag" \
-    || echo "rtvirt: mounting the 9p share $tag failed"
-done < /rtvirt/shares
 xenstored --pid-file /var/run/xen/xenstored.pid
 n=0; until [ -s /var/run/xen/xenstored.pid ] || [ $n -gt 100 ]; do n=$((n+1)); sleep 0.1; done
 xen-init-dom0
@@ -159,7 +153,6 @@ def dom0_image() -> tuple[Path, Path]:
     for module in modules:
         archive.file(f"rtvirt/modules.d/{module.name}", module.read_bytes())
     archive.file("rtvirt/modules", "".join(f"{m.name}\n" for m in modules).encode())
-    archive.file("rtvirt/shares", b"")  # a lab boot's overlay lists its shares
     archive.file(DOMU_KERNEL.lstrip("/"), vmlinuz.read_bytes())
     archive.file(DOMU_INITRAMFS.lstrip("/"), domu)
     archive.file(VIF_SCRIPT.lstrip("/"), VIF_HOTPLUG.encode(), executable=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
     from ...remote import SshConnection
 
 
-__all__ = ["LAB_ROOT", "LabShare", "XenLab", "reclaim_labs"]
+__all__ = ["LAB_ROOT", "XenLab", "reclaim_labs"]
 
 
 QEMU = "qemu-system-x86_64"
@@ -51,14 +50,6 @@ CONSOLE_LIMIT = 1 << 20
 PANIC_MARK = "Panic on CPU"
 PANIC_WINDOW = 1 << 16
 
-
-@dataclass(frozen=True)
-class LabShare:
-    """A host directory QEMU shares into the lab's dom0 (virtio-9p), mounted there at ``/mnt/<tag>``."""
-
-    tag: str
-    path: Path
-    writable: bool = False
 
 @dataclass(frozen=True)
 class LabKeys:
@@ -109,20 +100,13 @@ def reclaim_labs() -> list[str]:
 class XenLab:
     """One boot of Xen + dom0 in QEMU; ``connection`` drives dom0 over SSH. ``close`` stops QEMU."""
 
-    def __init__(self, config: XenLabConfig, dom0_vcpus: int, supervisor: Supervisor,
-                 shares: tuple[LabShare, ...] = ()) -> None:
+    def __init__(self, config: XenLabConfig, dom0_vcpus: int, supervisor: Supervisor) -> None:
         if dom0_vcpus >= config.pcpus:
             raise RunError(f"xen lab: dom0_vcpus ({dom0_vcpus}) leaves no pCPU of the lab's {config.pcpus} "
                            "for domUs")
         self.config = config
         self.dom0_vcpus = dom0_vcpus
         self.supervisor = supervisor
-        for share in shares:
-            # QEMU's option syntax: a comma would start another option
-            if not re.fullmatch(r"[a-z][a-z0-9_]{0,30}", share.tag) or "," in str(share.path):
-                raise RunError(f"xen lab: cannot share {share.path} as {share.tag!r} (tag: lower-case word; "
-                               "path: no comma)")
-        self.shares = shares
         self.accel: dict[str, str] = {}
         self.boot_seconds: float | None = None
         self.hypervisor: Path | None = None
@@ -157,13 +141,11 @@ class XenLab:
         return self
 
     def _initrd(self, base: Path, keys: LabKeys) -> Path:
-        """dom0's initramfs for this boot: the cached image plus this lab's keys and shares."""
+        """dom0's initramfs for this boot: the cached image plus this lab's keys."""
         initrd = self.directory / "dom0.cpio"
         lab_files = Cpio()
         lab_files.file("etc/ssh/ssh_host_ed25519_key", keys.host_key.read_bytes())
         lab_files.file("root/.ssh/authorized_keys", (keys.client_public + "\n").encode())
-        lab_files.file("rtvirt/shares", "".join(f"{share.tag} {'rw' if share.writable else 'ro'}\n"
-                                                for share in self.shares).encode())
         with initrd.open("wb") as out, base.open("rb") as source:
             shutil.copyfileobj(source, out, 1 << 20)
             out.write(lab_files.to_bytes())
@@ -177,9 +159,8 @@ class XenLab:
                             f"max:{self.config.dom0_memory}M dom0_max_vcpus={self.dom0_vcpus} "
                             "dom0_vcpus_pin noreboot sched=credit2")
         # TCG: qemu64 (-cpu max faults the PV dom0) with AMD's nested paging (+npt): Xen's HVM side needs it
-        # for PVH/HVM domUs (Debian's Xen has no shadow paging); a dom0 running the host's own binaries from a
-        # share needs more than qemu64 has (numpy and pyarrow die with SIGILL): Haswell-noTSX, PV domUs only
-        cpu = "host" if kvm else "Haswell-noTSX" if self.shares else "qemu64,+npt"
+        # for PVH/HVM domUs (Debian's Xen has no shadow paging)
+        cpu = "host" if kvm else "qemu64,+npt"
         argv = [QEMU, "-accel", self.accel["accel"], "-cpu", cpu,
                 "-smp", str(self.config.pcpus), "-m", str(self.config.memory),
                 "-display", "none", "-nodefaults", "-no-reboot", "-serial", f"file:{self.console}",
@@ -187,11 +168,6 @@ class XenLab:
                 "-initrd", f"{vmlinuz} console=hvc0 rdinit=/init quiet,{initrd}",
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
                 "-device", "virtio-net-pci,netdev=n0"]
-        for share in self.shares:
-            # multidevs=remap: files of different host file systems (/proc, /sys) under one share
-            # keep distinct inode numbers, else dom0's 9p client takes one for the other
-            argv += ["-virtfs", f"local,path={share.path},mount_tag={share.tag},security_model=none,"
-                     "multidevs=remap" + ("" if share.writable else ",readonly=on")]
         return argv
 
     def _await_dom0(self, deadline: float) -> None:

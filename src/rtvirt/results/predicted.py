@@ -9,7 +9,7 @@ from html import escape
 
 import numpy as np
 
-from .compare import Prediction
+from ..predict.compare import Prediction
 
 __all__ = ["prediction_tables", "prediction_html", "cdf_overlay"]
 
@@ -49,7 +49,7 @@ def prediction_tables(rows: list[Prediction]) -> list[tuple[str, list[str], list
 
 def cdf_overlay(p: Prediction) -> bytes:
     """Simulated and measured CDF on one plot, the analysed bound as a vertical line."""
-    from ..results.figures import _png, plt  # the report's matplotlib setup (Agg backend, PNG output)
+    from .figures import _png, plt  # the report's matplotlib setup (Agg backend, PNG output)
 
     figure, axes = plt.subplots(figsize=(7, 3.6))
     for label, h in (("simulated", p.simulated_histogram), ("measured", p.measured_histogram)):

@@ -30,12 +30,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import InputError, RtvirtError
 from ..probes import ProbeSpec
+from ..remote.agents import REMOTE_DIR_PATTERN, TargetLink
+from ..remote.labgrid import PLACE_PATTERN, resolve_place
+from ..remote.probe import DEFAULT_REMOTE_DIR, run_probe_on_target
+from ..remote.target import HOST_PATTERN, SshTarget, SshTargetFields
 from ..scenario.loader import _error as located_error
 from ..store import new_run, write_measured_run
-from .agents import REMOTE_DIR_PATTERN, TargetLink
-from .labgrid import PLACE_PATTERN, resolve_place
-from .probe import DEFAULT_REMOTE_DIR, run_probe_on_target
-from .target import HOST_PATTERN, SshTarget, SshTargetFields
 
 __all__ = ["Inventory", "InventoryTarget", "LabCampaign", "LabResult", "load_inventory", "run_lab",
            "run_lab_scenario", "scenario_for_target"]
@@ -219,7 +219,7 @@ def _environment_names(text: str) -> list[str]:
 
 def _resumable(results: Path, scenario: str, text: str) -> Any:
     """This target's last unfinished campaign of ``scenario`` (its environments carry the target's name)."""
-    from ..campaign.state import CampaignState
+    from .state import CampaignState
 
     names = _environment_names(text)
     found = []
@@ -243,15 +243,15 @@ def _interrupt(threads: list[threading.Thread]) -> None:
 
 
 def run_lab_scenario(inventory: Inventory, text: str, source: str, results: Path, *, scale: float = 1.0,
-                     resume: bool = False, console: Any = None) -> tuple[list[LabCampaign], Path | None]:
+                     resume: bool = False, console: Any = None) -> list[LabCampaign]:
     """Run the scenario's whole matrix on every target at the same time, one campaign per target in
-    ``results``; returns each target's campaign and one report comparing them (None if nothing ran).
+    ``results``; returns each target's campaign (the caller reports on their runs).
 
     With ``resume`` each target continues its last unfinished campaign of this scenario (a target whose
     campaign finished is left alone). Ctrl-C stops every target's run (samples kept, resumable).
     """
-    from ..campaign import CampaignState, run_campaign
     from ..scenario import parse_scenario
+    from . import CampaignState, run_campaign
 
     reachable, unreachable = _resolve_all(inventory)
     outcomes = {t.name: LabCampaign(t.name, reason=unreachable.get(t.name, "")) for t in inventory.targets}
@@ -299,15 +299,7 @@ def run_lab_scenario(inventory: Inventory, text: str, source: str, results: Path
         _interrupt(threads)
         for thread in threads:
             thread.join()
-    run_ids = {run_id for o in outcomes.values() for run_id in o.run_ids}
-    report = None
-    if run_ids:
-        from ..results.report import write_report
-
-        (results / "reports").mkdir(parents=True, exist_ok=True)
-        report = write_report(results, results / "reports" / f"lab-{time.strftime('%Y%m%dT%H%M%S')}.html", "html",
-                              run_ids=run_ids)
-    return list(outcomes.values()), report
+    return list(outcomes.values())
 
 
 def _resolve_all(inventory: Inventory) -> tuple[dict[str, SshTarget], dict[str, str]]:
