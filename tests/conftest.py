@@ -118,8 +118,10 @@ def _shared_setup(item: pytest.Item) -> str | None:
 
 
 # modules whose tests change or check machine-wide state (the host's tuning and settings ledger, every rtvirt cpuset,
-# where every task runs): no other test of the suite may run beside them, so make test runs them with the quiet ones
-MACHINE_WIDE_MODULES = ("tests/test_host.py",)
+# where every task runs) or name what ran on a measured CPU (an explanation names another test's stressor there):
+# no other test of the suite may run beside them, so make test runs them with the quiet ones
+MACHINE_WIDE_MODULES = ("tests/test_host.py", "tests/test_explain_host.py", "tests/test_explain_import.py",
+                        "tests/test_explain_vm.py")
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

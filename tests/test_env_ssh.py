@@ -571,6 +571,7 @@ def test_merge_stream_copy_keeps_the_longer_of_two_agreeing_streams(tmp_path: Pa
     assert local.read_bytes() == b"abcdefgh" and not fetched.exists()
 
 
+@pytest.mark.quiet  # it names what ran on the measured CPU: another test's stressor there would be named too
 def test_probe_explain_on_a_target_names_what_ran_there_and_leaves_its_tracefs_as_found(
         server: SshServer, tmp_path: Path) -> None:
     """`rtvirt probe timer --target ... --explain`: the target's own tracefs records its measured CPU (through a
