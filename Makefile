@@ -23,11 +23,14 @@ run: setup
 # independent tests on several workers (pytest-xdist): timed runs and guest boots overlap (2 cores: more workers
 # only help where tests wait; 4 pushed TCG boots past 90 s at host load 16); tests sharing a set-up stay on one
 # worker (the groups of tests/conftest.py). Tests that need the machine to themselves (marked quiet: timings
-# compared on a CPU, machine-wide host tuning) run afterwards, one at a time.
+# compared on a CPU, machine-wide host tuning) run afterwards, one at a time; both phases always run, and make
+# test fails if either did.
 TEST_WORKERS ?= 3
 test: setup-all
-	$(VENV)/bin/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup -m "not quiet"
-	$(VENV)/bin/python -m pytest -q -ra -m quiet
+	status=0; \
+	$(VENV)/bin/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup -m "not quiet" || status=$$?; \
+	$(VENV)/bin/python -m pytest -q -ra -m quiet || status=$$?; \
+	exit $$status
 
 check: setup-all
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -31,20 +31,26 @@ STATE = ("cat /sys/fs/cgroup/cgroup.subtree_control /sys/fs/cgroup/cpuset.cpus.e
          "for f in /sys/fs/cgroup/*/cpuset.cpus.partition; do echo \"$f $(cat $f)\"; done; "
          "cat /run/rtvirt/ledger.json 2>/dev/null | grep -c holders")  # settings the ledger still holds
 
+CHECKOUT = Path(__file__).resolve().parents[1]  # whose rtvirt the guest runs (no spaces: a path we chose)
 INIT = rf"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 for m in $(cat /modules); do insmod "/modules.d/$m" || echo "insmod $m failed"; done
-mkdir -p /host
+mkdir -p /host /hostview
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro host /host
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro host /hostview
 mount -t proc proc /host/proc
 mount -t sysfs sys /host/sys
 mount -t cgroup2 cgroup2 /host/sys/fs/cgroup
 mount -t devtmpfs dev /host/dev
 mount -t tmpfs tmp /host/tmp
 mount -t tmpfs run /host/run
+# a checkout under /tmp or /run (a CI clone) stays visible under the tmpfs mounted there
+case "{CHECKOUT}" in
+  /tmp/*|/run/*) mkdir -p "/host{CHECKOUT}" && mount -o bind "/hostview{CHECKOUT}" "/host{CHECKOUT}";;
+esac
 mkdir /host/tmp/out
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,rw out /host/tmp/out
 ln -s /host/tmp/out /out
