@@ -121,13 +121,17 @@ def _shared_setup(item: pytest.Item) -> str | None:
 # where every task runs) or name what ran on a measured CPU (an explanation names another test's stressor there):
 # no other test of the suite may run beside them, so make test runs them with the quiet ones
 MACHINE_WIDE_MODULES = ("tests/test_host.py", "tests/test_explain_host.py", "tests/test_explain_import.py",
-                        "tests/test_explain_vm.py")
+                        "tests/test_explain_vm.py", "tests/test_env_libvirt.py")
+# set-ups whose tests compare timings inside nested guests: beside other workers' guests an RTDS reservation's
+# interruptions came out off their rate (the lab campaign runs alone, in the quiet phase)
+QUIET_FIXTURES = ("lab_campaign", "libvirtd")
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Marks set as each test is collected, before anything reads them: xdist's worker (the groups) and -m (quiet)
     both read them in pytest_collection_modifyitems."""
-    if item.nodeid.split("::")[0] in MACHINE_WIDE_MODULES:
+    if item.nodeid.split("::")[0] in MACHINE_WIDE_MODULES or any(name in item.fixturenames
+                                                                  for name in QUIET_FIXTURES):
         item.add_marker(pytest.mark.quiet)
     if item.get_closest_marker("xdist_group") is None and (group := _shared_setup(item)) is not None:
         item.add_marker(pytest.mark.xdist_group(group))

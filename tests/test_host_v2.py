@@ -38,19 +38,18 @@ mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 for m in $(cat /modules); do insmod "/modules.d/$m" || echo "insmod $m failed"; done
-mkdir -p /host /hostview
+mkdir -p /host /checkout
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro host /host
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro host /hostview
+# a checkout under /tmp or /run (a CI clone) is kept visible under the tmpfs mounted there below (a 9p share
+# mounts once: the checkout is bound aside first, then back)
+case "{CHECKOUT}" in /tmp/*|/run/*) mount -o bind "/host{CHECKOUT}" /checkout;; esac
 mount -t proc proc /host/proc
 mount -t sysfs sys /host/sys
 mount -t cgroup2 cgroup2 /host/sys/fs/cgroup
 mount -t devtmpfs dev /host/dev
 mount -t tmpfs tmp /host/tmp
 mount -t tmpfs run /host/run
-# a checkout under /tmp or /run (a CI clone) stays visible under the tmpfs mounted there
-case "{CHECKOUT}" in
-  /tmp/*|/run/*) mkdir -p "/host{CHECKOUT}" && mount -o bind "/hostview{CHECKOUT}" "/host{CHECKOUT}";;
-esac
+case "{CHECKOUT}" in /tmp/*|/run/*) mkdir -p "/host{CHECKOUT}" && mount -o bind /checkout "/host{CHECKOUT}";; esac
 mkdir /host/tmp/out
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,rw out /host/tmp/out
 ln -s /host/tmp/out /out

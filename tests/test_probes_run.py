@@ -6,6 +6,7 @@ only checked for sense (positive, ordered, the right kinds), timing goals live i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -215,7 +216,14 @@ def test_interrupt_keeps_samples_and_prints_summary(name: str, args: list[str], 
                                                     results_dir: Path) -> None:
     proc = subprocess.Popen([*RTVIRT, "probe", name, "-D", "60s", "-a", str(CPU), *args, "--json", "--results",
                              str(results_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.0)
+    # signalled once samples flow: on a loaded machine 2 s were once not enough for threadmetric's first reports
+    deadline, taken = time.monotonic() + 60, 0
+    while taken <= 3:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+        streams = list(results_dir.glob("runs/*/samples.rtvs"))
+        with contextlib.suppress(InputError):  # not yet past its header
+            taken = read_stream(streams[0]).records.size if streams else 0
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
