@@ -589,6 +589,7 @@ def test_probe_explain_on_a_target_names_what_ran_there_and_leaves_its_tracefs_a
                                 "duration": 0}) as stressor:
         time.sleep(0.3)
         done = run_cli("probe", "timer", *target_args(server), "--explain", "--explain-threshold", "300us",
+                       "--explain-top", "5000",
                        "-D", "3s", "-a", str(measured), "-p", "80", "-i", "1013us", "--results", str(results),
                        "--no-progress", "--json", timeout=180)
         workers = {int(task.name) for task in Path(f"/proc/{stressor.pid}/task").iterdir()}
@@ -603,8 +604,9 @@ def test_probe_explain_on_a_target_names_what_ran_there_and_leaves_its_tracefs_a
     named = [row for row in shown["summary"] if str(row["cause"]).startswith("task rtvirt-stress/")
              and int(str(row["cause"]).split("/")[1].split()[0]) in workers]
     # the target's kernel gives only its priority (its policy is not asked of a remote kernel)
-    assert named and all(str(row["cause"]).endswith("SCHED_FIFO/RR 90") for row in named), shown["summary"][:5]
-    assert shown["summary"][0]["cause"] == named[0]["cause"], shown["summary"][:3]  # the main cause
+    assert named and all("SCHED_FIFO/RR 90" in str(row["cause"]) for row in named), shown["summary"][:5]
+    tasks_named = [row for row in shown["summary"] if row["kind"] == "task"]  # the main task cause (quiet, the
+    assert tasks_named[0]["cause"] == named[0]["cause"], tasks_named[:3]    # largest outliers are invisible steal)
     explanation = read_explanation(Path(run["path"]))
     assert explanation is not None
     agent_parts = [part for part in explanation.parts if part.kind == "agent"]

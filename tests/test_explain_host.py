@@ -80,7 +80,7 @@ def interfered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         time.sleep(0.3)
         tasks = _tasks_of(stressor.pid)
         # its delays reach 1 ms; rarer, longer ones (the fair server, the outer hypervisor) would fill a p99.9
-        measured = _probe(results, "--explain-threshold", "300us")
+        measured = _probe(results, "--explain-threshold", "300us", "--explain-top", "5000")
     return {**measured, "stressor_tasks": tasks}
 
 
@@ -97,8 +97,11 @@ def test_a_fifo_interferer_is_named_with_comm_pid_and_its_burst_time(interfered:
     named = [row for row in explained["summary"] if _stressor_pid(str(row["cause"])) in tasks]
     assert named, explained["summary"]
     assert all("SCHED_FIFO 90" in str(row["cause"]) for row in named)
-    # a FIFO stressor is the outliers' main cause, as it holds the CPU longest
-    assert _stressor_pid(str(explained["summary"][0]["cause"])) is not None, explained["summary"][:3]
+    # it is the main task among the causes, in the outliers it produced (on this nested VM, quiet, the largest
+    # outliers are often the CPU "idle" while the outer hypervisor held it: invisible steal, noted as such)
+    tasks_named = [row for row in explained["summary"] if row["kind"] == "task"]
+    assert _stressor_pid(str(tasks_named[0]["cause"])) in tasks, tasks_named[:3]
+    assert sum(int(row["outliers"]) for row in named) >= 20, named
     # each window's parts cover it exactly
     for outlier in explained["worst"]:
         assert sum(part["duration_ns"] for part in outlier["parts"]) == outlier["latency_ns"]

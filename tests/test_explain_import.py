@@ -107,7 +107,8 @@ def test_report_json_and_html_carry_what_explain_prints_for_a_real_explained_run
 
 def test_a_dat_recorded_beside_the_run_names_the_interferer_and_its_burst(traced: dict[str, Any]) -> None:
     path = traced["run"]["path"]
-    done = run_cli("explain", path, "--trace", str(traced["dat"]), "--json", check=True)
+    done = run_cli("explain", path, "--trace", str(traced["dat"]), "--threshold", "300us", "--top", "5000", "--json",
+                   check=True)
     shown = json.loads(done.stdout)
     named = [row for row in shown["summary"] if _stressor_pid(str(row["cause"])) is not None]
     assert named and all(_stressor_pid(str(row["cause"])) in traced["stressor_tasks"] and "FIFO/RR 90" in
@@ -115,7 +116,9 @@ def test_a_dat_recorded_beside_the_run_names_the_interferer_and_its_burst(traced
     for outlier in shown["worst"]:
         assert sum(part["duration_ns"] for part in outlier["parts"]) == outlier["latency_ns"]
     host = next(layer for layer in shown["layers"] if layer["layer"] == "host")
-    assert 1000 <= host["alignment_ns"] < 200_000 and "beside.dat" in host["notes"][0]
+    # the largest distance between a window's end and the thread's switch-in: this kernel sometimes loses the
+    # idle -> task switch (the host layer counts such a task from its wake-up), which widens it to ~1 ms
+    assert 1000 <= host["alignment_ns"] < 2_000_000 and "beside.dat" in host["notes"][0]
     manifest = json.loads((Path(path) / "manifest.json").read_text())
     assert manifest["explain"]["imported"] == "beside.dat" and manifest["explain"]["outliers"] == shown["outliers"]
     # the stressor's time on the CPU per burst, over the whole file as the import reads it: its duty within 10 %
@@ -132,7 +135,8 @@ def test_a_dat_recorded_beside_the_run_names_the_interferer_and_its_burst(traced
             bursts.append([occupancy.start_ns, occupancy.end_ns, occupancy.duration_ns])
     assert abs(np.median([burst[2] for burst in bursts]) - SLICE_NS) <= 0.1 * SLICE_NS, bursts
     # the same trace as text (trace-cmd report -N saved) gives the same explanation
-    again = json.loads(run_cli("explain", path, "--trace", str(traced["text"]), "--json", check=True).stdout)
+    again = json.loads(run_cli("explain", path, "--trace", str(traced["text"]), "--threshold", "300us", "--top", "5000",
+                               "--json", check=True).stdout)
     assert again["summary"] == shown["summary"] and again["worst"] == shown["worst"]
 
 

@@ -64,16 +64,17 @@ def _print_text(document: dict[str, Any]) -> None:
              f"({row['outliers']} outliers)")
 
 
-def _import_trace(run: Any, trace_file: Path, threshold_ns: int | None) -> None:
-    """Explain RUN from a trace file and store it as the run's explanation, its manifest's ``explain`` entry
-    saying where it came from."""
+def _import_trace(run: Any, trace_file: Path, threshold_ns: int | None, top: int | None) -> None:
+    """Explain RUN from a trace file and store it as the run's explanation (its ``top`` largest outliers when
+    given), its manifest's ``explain`` entry saying where it came from."""
     from ..explain.config import ExplainConfig
     from ..explain.imported import explain_with_trace
     from ..explain.session import manifest_entry
     from ..explain.stored import write_explanation
     from ..fileio import write_atomically
 
-    config = ExplainConfig.model_validate({} if threshold_ns is None else {"threshold": f"{threshold_ns}ns"})
+    config = ExplainConfig.model_validate({**({} if threshold_ns is None else {"threshold": f"{threshold_ns}ns"}),
+                                           **({} if top is None else {"top": top})})
     explanation = explain_with_trace(run, trace_file, config)
     manifest = {**run.manifest, "explain": {**manifest_entry(explanation), "imported": trace_file.name[:200]}}
     try:
@@ -116,7 +117,7 @@ def explain(run: str, results: str, top: int | None, threshold: str | None, as_j
         if store.shared and runs[0].path.is_relative_to(store.data):  # type: ignore[attr-defined]
             raise InputError(f"--trace: RUN {run} is a run of the shared store {store.label}, whose runs stay as "
                              "delivered: join the trace with the run's directory in the results it was written to")
-        _import_trace(runs[0], trace_file, threshold_ns)
+        _import_trace(runs[0], trace_file, threshold_ns, top)
         threshold_ns = None  # the imported explanation was cut at it
     document = explained_document(runs[0], top if top is not None or as_json else 10, threshold_ns)
     if as_json:

@@ -47,8 +47,11 @@ def _make_command(spec: ProbeSpec) -> click.Command:
                   "each outlier (`rtvirt explain RUN`; docs/explain.md)")
     @click.option("--explain-threshold", metavar="TIME", default=None, help="with --explain: the outliers are the "
                   "samples above this (bare numbers in us) [default: the larger of p99.9 and 20 us]")
+    @click.option("--explain-top", metavar="N", type=int, default=None, help="with --explain: explain at most the N "
+                  "largest outliers [default: 100]")
     @target_options
     def command(results: str, as_json: bool, progress: bool | None, explain: bool, explain_threshold: str | None,
+                explain_top: int | None,
                 **values: Any) -> None:
         target = pop_target(values)
         params = build_params(spec.params, values)
@@ -64,8 +67,8 @@ def _make_command(spec: ProbeSpec) -> click.Command:
         extra: dict[str, Any] = {}
         agent_pids: list[int] = []
         with contextlib.ExitStack() as resources:
-            explaining = explain_session(params, target, explain_threshold, resources) \
-                if explain or explain_threshold else None
+            explaining = explain_session(params, target, explain_threshold, explain_top, resources) \
+                if explain or explain_threshold or explain_top is not None else None
             stream = _measure_and_explain(spec, params, run, target, show if bar is not None else None, bar,
                                           explaining, agent_pids, extra)
         manifest = write_measured_run(run, stream, name=spec.name, params=params.model_dump(mode="json"),
@@ -129,7 +132,8 @@ def explain_line(entry: dict[str, Any], run_id: str) -> str:
     return f"{entry['outliers']} outliers, {entry['explained']} explained{cause}: rtvirt explain {run_id}"
 
 
-def explain_session(params: Any, target: Any, threshold: str | None, resources: contextlib.ExitStack) -> Any:
+def explain_session(params: Any, target: Any, threshold: str | None, top: int | None,
+                    resources: contextlib.ExitStack) -> Any:
     """The tracing beside a one-off probe: the measured CPUs (all allowed ones when not pinned) of this host, or
     of ``target`` through a connection of its own (closed with ``resources``)."""
     import os
@@ -140,9 +144,11 @@ def explain_session(params: Any, target: Any, threshold: str | None, resources: 
     from ..explain.sources import host_sources, session_for_sources
 
     try:
-        config = ExplainConfig.model_validate({"threshold": threshold})
+        config = ExplainConfig.model_validate({"threshold": threshold, **({"top": top} if top is not None else {})})
     except ValidationError as exc:
-        raise InputError(f"option --explain-threshold: {exc.errors()[0]['msg']}") from None
+        error = exc.errors()[0]
+        option = "--explain-top" if error["loc"] and error["loc"][0] == "top" else "--explain-threshold"
+        raise InputError(f"option {option}: {error['msg']}") from None
     if target is None:
         cpus = tuple(params.affinity) if params.affinity else tuple(sorted(os.sched_getaffinity(0)))
         return session_for_sources(config, host_sources(cpus, config), "host")

@@ -37,6 +37,7 @@ HOST_EVENTS = (
     "timer:hrtimer_expire_entry", "timer:hrtimer_expire_exit",
 )
 AHEAD_OF_RT = " (kept the CPU after the real-time thread was woken)"
+UNTRACED_IN = " (its switch-in was not traced: counted from its wake-up)"
 MARGIN_NS = 1_000_000  # occupancies kept this far around each window (the report's timelines)
 MAX_NAME = 64
 
@@ -85,6 +86,8 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
     task: tuple[int, str, int, int] | None = None  # (start, comm, pid, prio) of the task on the CPU
     open_: dict[str, tuple[int, str, str, dict[str, str | int]]] = {}  # key -> (start, kind, cause, detail)
     rt_woken: int | None = None  # when a real-time thread of the agent was woken and has not run since
+    last_ts: int | None = None  # the CPU's previous event
+    woken: dict[int, int] = {}  # pid -> its last real-time wake-up on this CPU
 
     def close(key: str, end: int) -> None:
         begun = open_.pop(key, None)
@@ -93,10 +96,28 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
 
     for event in cpu_events:
         name, ts = event.event, event.ts_ns
+        previous_ts, last_ts = last_ts, ts
         if name == "sched_switch":
             match = _SWITCH.match(event.body)
             if match is None:
                 continue
+            prev_pid = int(match["prev_pid"])
+            if task is not None and task[2] != prev_pid and previous_ts is not None and previous_ts > task[0]:
+                # the kernel switched out a task whose switch-in the trace does not hold (seen here: a FIFO task
+                # woken from idle, its swapper->task switch missing): the task demonstrably ran until now; it is
+                # counted from its wake-up on this CPU when traced (real-time ones are), else the previous event
+                if task[0] < woken.get(prev_pid, -1) <= previous_ts:
+                    previous_ts = woken[prev_pid]
+                if task[2] == 0:
+                    occupancies.append(Occupancy("host", task[0], previous_ts, "idle: the CPU slept until the wake-up",
+                                                 "idle-exit", cpu, {}))
+                else:
+                    cause, detail = task_cause(task[1], task[2], task[3], policies.get(task[2]))
+                    occupancies.append(Occupancy("host", task[0], previous_ts, cause, "task", cpu, detail))
+                task = (previous_ts, match["prev_comm"], prev_pid, int(match["prev_prio"]))
+                untraced_in = True
+            else:
+                untraced_in = False
             if task is not None and ts > task[0]:
                 start, comm, pid, prio = task
                 if pid == 0:
@@ -108,6 +129,8 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
                                                  "agent", cpu, {"comm": bounded(comm, 16), "pid": pid}))
                 else:
                     cause, detail = task_cause(comm, pid, prio, policies.get(pid))
+                    if untraced_in:
+                        cause += UNTRACED_IN
                     kept = max(start, rt_woken) if prio >= 100 and rt_woken is not None and rt_woken < ts else ts
                     if kept > start:
                         occupancies.append(Occupancy("host", start, kept, cause, "task", cpu, detail))
@@ -120,6 +143,8 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
                 rt_woken = None
         elif name == "sched_wakeup":
             fields = body_fields(event.body)
+            if fields.get("pid", "").isdigit():
+                woken[int(fields["pid"])] = ts
             # an RT thread of the agent woken onto this CPU by its own timer (other wake-ups of its threads,
             # e.g. a writer the kernel may then push to another CPU, say nothing about this one)
             timer = open_.get("hrtimer")
