@@ -62,7 +62,9 @@ def test_all_probes_are_registered_in_both_registries() -> None:
     assert set(listed.stdout.split()) == set(PROBES) == {"timer", *SHORT_RUNS}
 
 
-@pytest.mark.parametrize("name", sorted(SHORT_RUNS))
+# threadmetric must report 4-5 times in its short run: beside other workers' guests it once reported once
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.quiet) if name == "threadmetric" else name
+                                  for name in sorted(SHORT_RUNS)])
 def test_probe_runs_through_the_library(name: str, tmp_path: Path) -> None:
     spec = PROBES[name]
     stream = run_probe(spec, spec.params(**SHORT_RUNS[name][0]), tmp_path / "samples.rtvs")
