@@ -118,8 +118,12 @@ static inline uint64_t rtv_cycles(void) {
     return rtv_now_ns();
 #endif
 }
-/* Cycles per second, measured once against CLOCK_MONOTONIC_RAW (cached). */
+/* Cycles per second: the architectural counter frequency on AArch64, else measured once against
+ * CLOCK_MONOTONIC_RAW (cached). */
 double rtv_cycles_hz(void);
+/* A reading of `clock` and the cycle counter taken together (the tightest pair of a few tries); the cycle
+ * count is the one at the clock read. */
+void rtv_clock_and_cycles(clockid_t clock, uint64_t *ns, uint64_t *cycles);
 static inline uint64_t rtv_cycles_to_ns(uint64_t cycles) {
     return (uint64_t)((double)cycles * 1e9 / rtv_cycles_hz());
 }

@@ -56,9 +56,11 @@ static void spin(rtv_ctx *ctx, int index) {
     /* Gap start times come from a (cycles, CLOCK_MONOTONIC) pair re-read every second, so hours-long
      * runs do not drift from the clock other probes and tools use; the read is one sub-threshold step. */
     const uint64_t resync = (uint64_t)hz;
+    uint64_t anchor_cycles, anchor_ns;
+    rtv_clock_and_cycles(CLOCK_MONOTONIC, &anchor_ns, &anchor_cycles);
     const uint64_t first = rtv_cycles();
     const uint64_t deadline = end_cycles(ctx, first), limit = ctx->common.loops;
-    uint64_t prev = first, anchor_cycles = first, anchor_ns = rtv_now_ns();
+    uint64_t prev = first;
     while (!stop_flag() && prev < deadline && (!limit || gaps < limit)) {
         uint64_t now = rtv_cycles();
         uint64_t step = now - prev;
@@ -71,8 +73,12 @@ static void spin(rtv_ctx *ctx, int index) {
             loops++;
             if (step < min_step) min_step = step;
             if (now - anchor_cycles >= resync) {
-                anchor_cycles = now;
-                anchor_ns = rtv_now_ns();
+                /* a pair split by a preemption would shift every start time for a second: retry next step */
+                uint64_t ns = rtv_now_ns();
+                if (rtv_cycles() - now < threshold) {
+                    anchor_cycles = now;
+                    anchor_ns = ns;
+                }
             }
         }
         prev = now;

@@ -36,7 +36,8 @@ def tuned_host(scenario: Scenario, console: Console) -> Iterator[dict[str, Any]]
     # what a killed campaign left changed (only root can have changed anything: others have nothing to put back)
     for change in (ledger.reclaim() if os.geteuid() == 0 else []):
         console.print(f"restored {escape(change.path)} = {escape(change.value.strip()[:80])}"
-                      + (f" (failed: {escape(change.error)})" if change.error else ""), highlight=False)
+                      + (f" (failed: {escape(change.error)})" if change.error else " (gone)" if change.gone else ""),
+                      highlight=False)
     holder = process_holder("campaign")
     try:
         ctx = host_context(_rt_cpus(scenario), option="host.cpus")

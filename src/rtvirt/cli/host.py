@@ -155,8 +155,9 @@ def restore(as_json: bool) -> None:
 
 def _print_restored(changes: list[dict[str, Any]], failed: list[dict[str, Any]]) -> None:
     for change in changes:
-        console.print(f"{escape(change['path'])} = {escape(change['value'].strip())}" + (
-            f" [red]failed[/] ({escape(change['error'])})" if change["error"] else ""))
+        outcome = (f" [red]failed[/] ({escape(change['error'])})" if change["error"]
+                   else " (gone: nothing to put back)" if change["gone"] else "")
+        console.print(f"{escape(change['path'])} = {escape(change['value'].strip())}{outcome}")
     if not changes:
         console.print("nothing to restore")
     if failed:

@@ -10,6 +10,7 @@ setting, or is found dead (kill -9), the recorded value is written back, byte fo
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -47,11 +48,13 @@ def holder_alive(holder: str) -> bool:
 
 @dataclass
 class Change:
-    """One setting put back (or that could not be)."""
+    """One setting put back (or that could not be, or whose knob went away: a thread that ended, a device or
+    cgroup removed, so there is nothing left to put back)."""
 
     path: str
     value: str
     error: str | None = None
+    gone: bool = False
 
 
 def _affinity_pid(path: str) -> int:
@@ -191,9 +194,10 @@ class Ledger:
             try:
                 _put_back(entry["path"], entry["restore"])
             except OSError as exc:
-                change.error = exc.strerror or str(exc)
-                # the knob itself went away (a device, a cgroup, a thread): nothing to restore
-                if exc.errno not in (2, 3, 19):
+                if exc.errno in (errno.ENOENT, errno.ESRCH, errno.ENODEV):
+                    change.gone = True  # unbound kworkers come and go between a tune and its restore
+                else:
+                    change.error = exc.strerror or str(exc)
                     kept.append(entry)  # kept, so a later restore or reclaim tries again
             changes.append(change)
         document["entries"] = list(reversed(kept))
