@@ -28,7 +28,7 @@ from rtvirt.host import PROFILES, host_context
 from rtvirt.host.checks import tune_steps
 from rtvirt.host.checks.base import affinity_setting, chosen
 from rtvirt.host.ledger import DEFAULT_LEDGER, Ledger, process_holder
-from rtvirt.host.tune import isolated_cores_set, tuned_daemon_running
+from rtvirt.host.tuned import isolated_cores_set, tuned_daemon_running, tuned_profile_files, tuned_selection
 from rtvirt.procs import Supervisor, process_start_time
 from rtvirt.scenario import parse_scenario
 from rtvirt.stream import read_stream
@@ -100,6 +100,26 @@ def test_ledger_restores_the_first_value_when_the_last_holder_leaves(tmp_path: P
     assert knob.read_text() == "madvise" and ledger.held() == []
 
 
+def test_remembered_settings_are_written_back_only_where_they_differ(tmp_path: Path) -> None:
+    """What tuned writes is recorded before it applies its profile: what tuned's rollback left changed goes back
+    (a choice file as its chosen word), what it put back is not written again."""
+    ledger = Ledger(tmp_path / "ledger.json")
+    choice, mask, kept = tmp_path / "enabled", tmp_path / "cpumask", tmp_path / "ignore_ce"
+    choice.write_text("always [madvise] never\n")
+    mask.write_text("3\n")
+    kept.write_text("0\n")
+    for setting in (choice, mask, kept, tmp_path / "absent"):
+        ledger.remember("h", str(setting))
+    assert [e["path"] for e in ledger.held("h")] == [str(choice), str(mask), str(kept)]
+    choice.write_text("always madvise [never]\n")
+    mask.write_text("1\n")
+    untouched = kept.stat().st_mtime_ns
+    time.sleep(0.01)
+    ledger.release("h")
+    assert (choice.read_text(), mask.read_text()) == ("madvise", "3\n")
+    assert kept.stat().st_mtime_ns == untouched and not ledger.held()
+
+
 def test_ledger_reclaims_what_a_dead_holder_left(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "ledger.json")
     knobs = [tmp_path / name for name in ("a", "b")]
@@ -165,7 +185,8 @@ def test_restore_exits_4_while_a_setting_cannot_be_put_back(tmp_path: Path) -> N
 
 
 def test_tuned_is_used_only_with_its_daemon_and_isolates_the_rt_cpus(tmp_path: Path) -> None:
-    """tuned is not installed here (see docs/host.md): what decides its use is checked on files."""
+    """What decides tuned's use, on files (its daemon never runs on this shared host; tests/test_host_tuned.py runs
+    one in a guest)."""
     pid_file = tmp_path / "tuned.pid"
     assert not tuned_daemon_running(str(pid_file))  # no daemon: tuned-adm would only preset the profile
     pid_file.write_text(f"{os.getpid()}\n")
@@ -180,6 +201,27 @@ def test_tuned_is_used_only_with_its_daemon_and_isolates_the_rt_cpus(tmp_path: P
     written = isolated_cores_set(debian, (1, 3))
     assert written.splitlines() == ["# Examples:", "# isolated_cores=2,4-7", "", "isolate_managed_irq=Y",
                                     "isolated_cores=1,3"]
+    # what tuned-adm 2.20 prints (seen in the guest): the selection restore puts back, with the profile mode
+    assert tuned_selection("- virtual-host  - Optimize\nCurrent active profile: virtual-guest\n", "auto\n") \
+        == "auto virtual-guest"
+    assert tuned_selection("Current active profile: balanced realtime\n", "manual\n") == "manual balanced realtime"
+    assert tuned_selection("No current active profile.\n", "manual\n") == ""
+    post_loaded = "Current active profile: balanced extra\nCurrent post-loaded profile: extra\n"
+    assert tuned_selection(post_loaded, None) == "manual balanced"
+    # the files a profile and those it includes write (recorded before tuned applies it), as Debian's are laid out
+    shipped, sys_tree = tmp_path / "lib", tmp_path / "root"
+    for name, text in {"child": "[main]\ninclude=base\n[sysfs]\n/sys/wq/*/cpumask = ${mask}\n[scheduler]\n"
+                               "isolated_cores=${isolated_cores}\n",
+                       "base": "[main]\ninclude = ${f:virt_check:a:b}\n[sysctl]\nkernel.timer_migration = 0\n[vm]\n"
+                               "transparent_hugepages=never\n"}.items():
+        (shipped / name).mkdir(parents=True)
+        (shipped / name / "tuned.conf").write_text(text)
+    for path in ("sys/wq/writeback/cpumask", "sys/wq/Other/cpumask", "proc/irq/3/smp_affinity"):
+        (sys_tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (sys_tree / path).write_text("3\n")
+    assert tuned_profile_files("child", (str(shipped),), str(sys_tree)) == [str(sys_tree) + p for p in (
+        "/sys/wq/Other/cpumask", "/sys/wq/writeback/cpumask", "/proc/irq/default_smp_affinity",
+        "/proc/irq/3/smp_affinity", "/proc/sys/kernel/timer_migration", "/sys/kernel/mm/transparent_hugepage/enabled")]
 
 
 # --- cgroup v2 partition roots and v1 exclusivity on fake trees ----------------------------------------------

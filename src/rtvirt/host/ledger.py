@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -87,10 +88,15 @@ COMMAND_PREFIX = "command:"
 
 
 def _put_back(path: str, value: str) -> None:
-    if path == f"{COMMAND_PREFIX}tuned":  # tuned's previous profile, or tuned off when none was active
-        argv = ["tuned-adm", "profile", value] if value else ["tuned-adm", "off"]
-        if subprocess.run(argv, capture_output=True, timeout=300).returncode != 0:
-            raise OSError(5, f"{' '.join(argv)} failed", path)
+    if path == f"{COMMAND_PREFIX}tuned":  # tuned's selection as found (tune.tuned_selection)
+        mode, _, names = value.partition(" ")
+        argv = (["tuned-adm", "off"] if not value else ["tuned-adm", "auto_profile"] if mode == "auto"
+                else ["tuned-adm", "profile", *names.split()])
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise OSError(5, f"{' '.join(argv)} failed: {(done.stderr.strip() or done.stdout.strip())[:200]}", path)
+        return
+    if read_raw(path) == value:  # already as found (e.g. put back by the tool that changed it): nothing to write
         return
     write_raw(path, value)
 
@@ -153,11 +159,22 @@ class Ledger:
 
     def remember_command(self, holder: str, tool: str, previous: str) -> None:
         """Record a tool's state that is not a file (tuned's active profile) before ``holder`` changes it."""
-        path = f"{COMMAND_PREFIX}{tool}"
+        self._remember(holder, f"{COMMAND_PREFIX}{tool}", previous, previous)
+
+    def remember(self, holder: str, path: str) -> None:
+        """Record what ``path`` reads before another tool (tuned) changes it on ``holder``'s behalf, so that it is
+        written back if that tool does not put it back itself; a sysfs choice file ("always [madvise] never") is
+        put back as its chosen word. A file that cannot be read is not recorded."""
+        found = read_raw(path)
+        if found is not None:
+            choice = re.fullmatch(r"(?:[^\s\[\]]+ )*\[([^\s\[\]]+)\](?: [^\s\[\]]+)*\n?", found)
+            self._remember(holder, path, found, choice.group(1) if choice else found)
+
+    def _remember(self, holder: str, path: str, found: str, restore: str) -> None:
         with self._locked(create=True) as document:
             entry = next((e for e in document["entries"] if e["path"] == path), None)
             if entry is None:
-                entry = {"path": path, "found": previous, "restore": previous, "holders": []}
+                entry = {"path": path, "found": found, "restore": restore, "holders": []}
                 document["entries"].append(entry)
             if holder not in entry["holders"]:
                 entry["holders"].append(holder)

@@ -3,15 +3,12 @@
 Every write goes through :class:`rtvirt.host.ledger.Ledger`, which records the value found first; a setting the
 profile already meets is not touched (nothing to restore). A step that fails (not root, a knob this kernel lacks,
 a per-CPU IRQ that cannot move) is reported and the rest go on. Where tuned is installed, its profile of the same
-purpose is applied first and rtvirt only completes what it left.
+purpose is applied first (:mod:`rtvirt.host.tuned`) and rtvirt only completes what it left.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-import shutil
-import subprocess
 from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
 
@@ -20,8 +17,9 @@ from .checks import HostContext, Item, run_checks, tune_steps
 from .checks.power import PM_QOS
 from .ledger import Ledger, read_raw
 from .profiles import PROFILES, Profile
+from .tuned import apply_tuned_profile
 
-__all__ = ["TuneResult", "tune_host", "restore_host", "profile_named", "tuned_daemon_running", "isolated_cores_set"]
+__all__ = ["TuneResult", "tune_host", "restore_host", "profile_named"]
 
 
 @dataclass
@@ -63,54 +61,6 @@ def profile_named(name: str, option: str = "--profile") -> Profile:
     return PROFILES[name]
 
 
-TUNED_PID_FILE = "/run/tuned/tuned.pid"  # tuned's daemon writes it, in the foreground too
-TUNED_CONFIG_DIR = "/etc/tuned"
-
-
-def tuned_daemon_running(pid_file: str = TUNED_PID_FILE) -> bool:
-    """Whether tuned's daemon runs: without it ``tuned-adm profile`` only presets a profile for the daemon's next
-    start and asks ``service tuned restart`` to do it (which fails without an init system: nothing is applied)."""
-    try:
-        os.kill(int(read_raw(pid_file) or ""), 0)
-    except ValueError:
-        return False
-    except OSError as exc:
-        return exc.errno == errno.EPERM
-    return True
-
-
-def isolated_cores_set(variables: str, cpus: tuple[int, ...]) -> str:
-    """A tuned realtime profile's variables file with ``isolated_cores`` set to ``cpus`` (the profile isolates
-    what it says; Debian's default computes its own set)."""
-    kept = [line for line in variables.splitlines() if not line.strip().startswith("isolated_cores")]
-    return "\n".join([*kept, f"isolated_cores={','.join(map(str, cpus))}"]) + "\n"
-
-
-def _tuned_profile(profile: Profile, cpus: tuple[int, ...], ledger: Ledger, holder: str) -> dict[str, Any] | None:
-    """Apply the tuned profile of the same purpose when tuned's daemon runs and has it; None without tuned."""
-    if not shutil.which("tuned-adm"):
-        return None
-    if not tuned_daemon_running():
-        return {"profile": profile.tuned, "applied": False, "failed": False,
-                "reason": "tuned is installed but its daemon is not running (tuned-adm would only preset the "
-                          "profile): rtvirt applies every item itself"}
-    listed = subprocess.run(["tuned-adm", "list"], capture_output=True, text=True, timeout=60)
-    if listed.returncode != 0 or f"- {profile.tuned}" not in listed.stdout:
-        return {"profile": profile.tuned, "applied": False, "failed": listed.returncode != 0,
-                "reason": (listed.stderr.strip() or f"tuned has no profile {profile.tuned}")[:300]}
-    active = subprocess.run(["tuned-adm", "active"], capture_output=True, text=True, timeout=60).stdout
-    previous = active.partition(":")[2].strip() if "Current active profile" in active else ""
-    ledger.remember_command(holder, "tuned", previous)
-    # recorded after the profile, so restored before it: the previous profile loads with the variables found
-    variables = f"{TUNED_CONFIG_DIR}/{profile.tuned}-variables.conf"
-    found = read_raw(variables)
-    if found is not None:
-        ledger.change(holder, variables, isolated_cores_set(found, cpus))
-    done = subprocess.run(["tuned-adm", "profile", profile.tuned], capture_output=True, text=True, timeout=300)
-    return {"profile": profile.tuned, "applied": done.returncode == 0, "failed": done.returncode != 0,
-            "previous": previous or None, "reason": done.stderr.strip()[:300] or None}
-
-
 def tune_host(ctx: HostContext, profile: Profile, holder: str, ledger: Ledger | None = None,
               hold: bool = True) -> TuneResult:
     """Meet ``profile``'s runtime items for ``ctx.rt_cpus`` on this machine, on behalf of ``holder``.
@@ -127,14 +77,14 @@ def tune_host(ctx: HostContext, profile: Profile, holder: str, ledger: Ledger | 
     before = {i.id: i for i in run_checks(ctx)}
     result.owners = sorted({f"{i.id}: {i.owner} owns this setting and may change it back" for i in before.values()
                             if i.owner and i.id in profile.items})
-    result.tuned = _tuned_profile(profile, ctx.rt_cpus, ledger, holder)
+    # a setting another holder changed is joined even when it already reads as wanted: it must not go back
+    # while this holder still wants it
+    held = {entry["path"] for entry in ledger.held()}
+    result.tuned = apply_tuned_profile(profile, ctx.rt_cpus, ledger, holder, tune_steps(ctx, set(profile.items)))
     if result.tuned and result.tuned.get("applied"):
         ctx.cache.clear()
         met = [i.id for i in run_checks(ctx) if i.status == "ok" and before[i.id].status != "ok"]
         result.tuned["covered"] = met
-    # a setting another holder changed is joined even when it already reads as wanted: it must not go back
-    # while this holder still wants it
-    held = {entry["path"] for entry in ledger.held()}
     for step in tune_steps(ctx, set(profile.items)):
         found = read_raw(step.path)
         current = None if found is None else (step.restore_as(found) if step.restore_as else found).strip()

@@ -1,0 +1,173 @@
+"""tuned for real: a throwaway TCG guest (tests/guest_chroot.py: this host's root file system read-only over 9p)
+starts a system D-Bus and Debian's tuned daemon, then runs this checkout's ``rtvirt host tune --profile
+realtime-virtual-guest --cpus 1`` and ``rtvirt host restore``, with the guest's settings read before, during and
+after. tuned's daemon never runs on this shared host: its realtime profiles would retune it for everyone.
+
+The guest's /etc/tuned is a writable copy (tuned saves its profile and mode there; rtvirt sets isolated_cores in
+the variables file) and /var/log a tmpfs (tuned's log)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from guest_chroot import RTVIRT_ENV, needs_guest, run_guest
+
+from rtvirt.host.checks.base import chosen, parse_hex_mask, parse_list
+
+TUNED_VARIABLES = "/etc/tuned/realtime-virtual-guest-variables.conf"
+# every file the profiles (tuned's and rtvirt's) write in this guest, read as bytes (md5) and as text
+SETTINGS = ("/etc/tuned/active_profile /etc/tuned/profile_mode /etc/tuned/post_loaded_profile /etc/tuned/bootcmdline "
+            f"{TUNED_VARIABLES} /proc/sys/kernel/timer_migration /proc/sys/kernel/sched_rt_runtime_us "
+            "/proc/sys/kernel/nmi_watchdog /proc/sys/kernel/watchdog_cpumask /proc/sys/kernel/hung_task_timeout_secs "
+            "/proc/sys/kernel/numa_balancing /proc/sys/vm/stat_interval /proc/sys/vm/dirty_ratio "
+            "/proc/sys/vm/dirty_background_ratio /proc/sys/vm/swappiness /sys/kernel/mm/transparent_hugepage/enabled "
+            "/sys/kernel/mm/transparent_hugepage/defrag /sys/kernel/mm/ksm/run /proc/irq/default_smp_affinity "
+            "/sys/devices/virtual/workqueue/cpumask /sys/devices/virtual/workqueue/*/cpumask "
+            "/proc/irq/*/smp_affinity_list /sys/devices/system/machinecheck/machinecheck*/ignore_ce")
+# the guest's script (dash in the chroot): a snapshot is tuned's active profile as its daemon says on D-Bus, the
+# settings' bytes and text, and every task's flags and allowed CPUs
+SCRIPT = rf"""
+snapshot() {{
+  dbus-send --system --print-reply --dest=com.redhat.tuned /Tuned com.redhat.tuned.control.active_profile \
+    | sed -n 's/^ *string "\(.*\)"$/profile:\1/p' > /tmp/out/$1.txt
+  md5sum {SETTINGS} 2>/dev/null | sed 's/^/md5:/' >> /tmp/out/$1.txt
+  grep -H '' {SETTINGS} 2>/dev/null | sed 's/^/value:/' >> /tmp/out/$1.txt
+  cat /proc/[0-9]*/stat 2>/dev/null | sed 's/^/stat:/' >> /tmp/out/$1.txt
+  grep -H '^Cpus_allowed_list:' /proc/[0-9]*/status 2>/dev/null | sed 's/^/allowed:/' >> /tmp/out/$1.txt
+}}
+mkdir -p /run/dbus
+dbus-daemon --system --fork
+tuned --daemon
+# the daemon is up once it answers on D-Bus and has applied the profile it chose (its recommendation here)
+for i in $(seq 600); do
+  dbus-send --system --print-reply --dest=com.redhat.tuned /Tuned com.redhat.tuned.control.is_running 2>/dev/null \
+    | grep -q 'boolean true' && break
+  sleep 0.5
+done
+snapshot before
+date +%s.%N > /tmp/out/times
+{RTVIRT_ENV} {sys.executable} -m rtvirt host tune --profile realtime-virtual-guest --cpus 1 --json \
+  > /tmp/out/tune.json 2> /tmp/out/tune.log
+echo $? > /tmp/out/tune.rc
+date +%s.%N >> /tmp/out/times
+snapshot during
+{RTVIRT_ENV} {sys.executable} -m rtvirt host restore --json > /tmp/out/restore.json 2> /tmp/out/restore.log
+echo $? > /tmp/out/restore.rc
+date +%s.%N >> /tmp/out/times
+snapshot after
+cat /run/rtvirt/ledger.json > /tmp/out/ledger.json
+cp /var/log/tuned/tuned.log /tmp/out/tuned.log
+"""
+BODY = """mkdir /tuned-etc && cp -a /host/etc/tuned/. /tuned-etc/ && mount -o bind /tuned-etc /host/etc/tuned
+mount -t tmpfs log /host/var/log
+chroot /host /bin/sh /tmp/out/script.sh"""
+
+
+def _state(text: str) -> dict[str, object]:
+    """A snapshot: ``profile``, ``md5`` {path: digest}, ``value`` {path: text}, ``tasks`` {pid:start: (flags,
+    allowed CPUs)}."""
+    profile, md5, values, flags, allowed = "", {}, {}, {}, {}
+    for line in text.splitlines():
+        kind, _, rest = line.partition(":")
+        if kind == "profile":
+            profile = rest
+        elif kind == "md5":
+            digest, path = rest.split(maxsplit=1)
+            md5[path] = digest
+        elif kind == "value":
+            path, _, value = rest.partition(":")
+            values[path] = values.get(path, "") + value + "\n"
+        elif kind == "stat":
+            pid, fields = rest.split()[0], rest.rsplit(")", 1)[1].split()
+            flags[pid] = (f"{pid}:{fields[19]}", int(fields[6]))  # start time, flags
+        elif kind == "allowed":
+            pid = rest.split("/")[2]
+            allowed[pid] = rest.rsplit(":", 1)[1].strip()
+    tasks = {flags[p][0]: (flags[p][1], allowed[p]) for p in flags.keys() & allowed.keys()}
+    return {"profile": profile, "md5": md5, "value": values, "tasks": tasks}
+
+
+def _excludes_cpu1(hex_mask: str) -> bool:
+    return 1 not in parse_hex_mask(hex_mask.strip())
+
+
+# What each checklist item tuned may cover reads as, in the guest's own files: whether it is met on CPU 1.
+def _met(state: dict[str, object]) -> dict[str, Callable[[], bool]]:
+    value: dict[str, str] = state["value"]  # type: ignore[assignment]
+    tasks: dict[str, tuple[int, str]] = state["tasks"]  # type: ignore[assignment]
+
+    def one(path: str) -> str:
+        return value.get(path, "").strip()
+
+    workqueues = [p for p in value if p.startswith("/sys/devices/virtual/workqueue/")]
+    kthreads = [cpus for flags, cpus in tasks.values() if flags & 0x00200000 and not flags & 0x04000000]
+    return {
+        "timer-migration": lambda: one("/proc/sys/kernel/timer_migration") == "0",
+        "rt-throttling": lambda: one("/proc/sys/kernel/sched_rt_runtime_us") == "-1",
+        "vm-stat-interval": lambda: int(one("/proc/sys/vm/stat_interval")) >= 10,
+        "workqueue-cpumask": lambda: bool(workqueues) and all(_excludes_cpu1(value[p]) for p in workqueues),
+        "default-irq-affinity": lambda: _excludes_cpu1(one("/proc/irq/default_smp_affinity")),
+        "watchdog-cpumask": lambda: 1 not in (parse_list(one("/proc/sys/kernel/watchdog_cpumask")) or [1]),
+        "thp": lambda: chosen(one("/sys/kernel/mm/transparent_hugepage/enabled")) != "always",
+        "thp-defrag": lambda: chosen(one("/sys/kernel/mm/transparent_hugepage/defrag")) not in ("always",
+                                                                                                "defer+madvise"),
+        "ksm": lambda: one("/sys/kernel/mm/ksm/run") == "0",
+        "kthread-affinity": lambda: all(cpus == "1" or 1 not in (parse_list(cpus) or [1]) for cpus in kthreads),
+        "irq-affinity": lambda: all(1 not in (parse_list(v.strip()) or [1]) for p, v in value.items()
+                                    if p.endswith("/smp_affinity_list")),
+    }
+
+
+@pytest.mark.vm
+@needs_guest
+@pytest.mark.skipif(not (shutil.which("tuned") and shutil.which("dbus-daemon")),
+                    reason="needs Debian's tuned package (scripts/setup.sh all installs it)")
+def test_tuned_profile_applies_covers_and_restores_in_a_guest(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "script.sh").write_text(SCRIPT)
+    out = run_guest(tmp_path, BODY, {})
+    before, during, after = (_state((out / f"{phase}.txt").read_text()) for phase in ("before", "during", "after"))
+    tune = json.loads((out / "tune.json").read_text() or "null")
+    assert tune is not None, (out / "tune.log").read_text()[-3000:]
+    tuned = tune["tuned"]
+    # tuned's daemon ran with the profile it chose for this guest, and rtvirt recorded it with its mode
+    mode = before["value"]["/etc/tuned/profile_mode"].strip()  # type: ignore[index]
+    assert before["profile"] and tuned["previous"] == f"{mode} {before['profile']}", (before["profile"], tuned)
+    assert tuned["applied"] and during["profile"] == "realtime-virtual-guest", (tuned, during["profile"])
+    assert "isolated_cores=1\n" in during["value"][TUNED_VARIABLES]  # type: ignore[index]
+    # the settings the realtime profiles make, in force during the tuning (read from the guest's /proc and /sys)
+    met_before, met_during = _met(before), _met(during)
+    assert all(met_during[item]() for item in ("timer-migration", "rt-throttling", "workqueue-cpumask",
+                                                "vm-stat-interval", "thp")), during["value"]
+    # "covered" is what tuned made true: each item covered reads met now and did not before; every item that
+    # became met is tuned's or one of rtvirt's own steps, and rtvirt repeated none of tuned's
+    covered = set(tuned["covered"])
+    ours = {step["item"] for step in tune["steps"] if step["outcome"] == "applied"}
+    assert {"timer-migration", "rt-throttling", "workqueue-cpumask", "vm-stat-interval"} <= covered, tuned
+    for item in covered & met_during.keys():
+        assert met_during[item]() and not met_before[item](), item
+    became_met = {item for item, met in met_during.items() if met() and not met_before[item]()}
+    assert became_met <= covered | ours, (became_met, covered, ours)
+    assert not covered & ours, tune["steps"]
+    # restore: tuned's profile as found (and its mode), and every setting byte for byte, every task's CPUs
+    restored = json.loads((out / "restore.json").read_text())
+    assert (out / "restore.rc").read_text().strip() == "0", restored
+    assert not [c for c in restored["restored"] if c["error"]], restored
+    assert after["profile"] == before["profile"]
+    assert after["md5"] == before["md5"] and after["value"] == before["value"]
+    tasks_before, tasks_after = before["tasks"], after["tasks"]
+    common = tasks_before.keys() & tasks_after.keys()  # type: ignore[attr-defined]
+    assert len(common) > 50
+    assert {t: tasks_after[t] for t in common} == {t: tasks_before[t] for t in common}  # type: ignore[index]
+    assert json.loads((out / "ledger.json").read_text())["entries"] == []
+    # how long the real daemon took (TCG guest on a nested 2-vCPU VM), for docs/host.md
+    start, tuned_at, restored_at = map(float, (out / "times").read_text().split())
+    print(f"tune {tuned_at - start:.1f} s, restore {restored_at - tuned_at:.1f} s; covered {sorted(covered)}; "
+          f"rtvirt's own steps {sorted(ours)}; tune exit {(out / 'tune.rc').read_text().strip()}")
+    assert re.search(r"static tuning from profile 'realtime-virtual-guest' applied", (out / "tuned.log").read_text())
