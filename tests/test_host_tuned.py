@@ -19,6 +19,7 @@ import pytest
 from guest_chroot import RTVIRT_ENV, needs_guest, run_guest
 
 from rtvirt.host.checks.base import chosen, parse_hex_mask, parse_list
+from rtvirt.host.checks.power import DEEP_US
 
 TUNED_VARIABLES = "/etc/tuned/realtime-virtual-guest-variables.conf"
 # every file the profiles (tuned's and rtvirt's) write in this guest, read as bytes (md5) and as text
@@ -36,6 +37,7 @@ SCRIPT = rf"""
 snapshot() {{
   dbus-send --system --print-reply --dest=com.redhat.tuned /Tuned com.redhat.tuned.control.active_profile \
     | sed -n 's/^ *string "\(.*\)"$/profile:\1/p' > /tmp/out/$1.txt
+  echo "qos:$(od -An -td4 /dev/cpu_dma_latency)" >> /tmp/out/$1.txt  # the PM QoS limit (us) tuned holds
   md5sum {SETTINGS} 2>/dev/null | sed 's/^/md5:/' >> /tmp/out/$1.txt
   grep -H '' {SETTINGS} 2>/dev/null | sed 's/^/value:/' >> /tmp/out/$1.txt
   cat /proc/[0-9]*/stat 2>/dev/null | sed 's/^/stat:/' >> /tmp/out/$1.txt
@@ -70,13 +72,15 @@ chroot /host /bin/sh /tmp/out/script.sh"""
 
 
 def _state(text: str) -> dict[str, object]:
-    """A snapshot: ``profile``, ``md5`` {path: digest}, ``value`` {path: text}, ``tasks`` {pid:start: (flags,
-    allowed CPUs)}."""
-    profile, md5, values, flags, allowed = "", {}, {}, {}, {}
+    """A snapshot: ``profile``, ``qos`` (us), ``md5`` {path: digest}, ``value`` {path: text}, ``tasks``
+    {pid:start: (flags, allowed CPUs)}."""
+    profile, qos, md5, values, flags, allowed = "", -1, {}, {}, {}, {}
     for line in text.splitlines():
         kind, _, rest = line.partition(":")
         if kind == "profile":
             profile = rest
+        elif kind == "qos":
+            qos = int(rest)
         elif kind == "md5":
             digest, path = rest.split(maxsplit=1)
             md5[path] = digest
@@ -90,7 +94,7 @@ def _state(text: str) -> dict[str, object]:
             pid = rest.split("/")[2]
             allowed[pid] = rest.rsplit(":", 1)[1].strip()
     tasks = {flags[p][0]: (flags[p][1], allowed[p]) for p in flags.keys() & allowed.keys()}
-    return {"profile": profile, "md5": md5, "value": values, "tasks": tasks}
+    return {"profile": profile, "qos": qos, "md5": md5, "value": values, "tasks": tasks}
 
 
 def _excludes_cpu1(hex_mask: str) -> bool:
@@ -119,6 +123,7 @@ def _met(state: dict[str, object]) -> dict[str, Callable[[], bool]]:
                                                                                                 "defer+madvise"),
         "ksm": lambda: one("/sys/kernel/mm/ksm/run") == "0",
         "kthread-affinity": lambda: all(cpus == "1" or 1 not in (parse_list(cpus) or [1]) for cpus in kthreads),
+        "pm-qos": lambda: 0 <= state["qos"] <= DEEP_US,  # type: ignore[operator]
         "irq-affinity": lambda: all(1 not in (parse_list(v.strip()) or [1]) for p, v in value.items()
                                     if p.endswith("/smp_affinity_list")),
     }
@@ -150,7 +155,8 @@ def test_tuned_profile_applies_covers_and_restores_in_a_guest(tmp_path: Path) ->
     covered = set(tuned["covered"])
     ours = {step["item"] for step in tune["steps"] if step["outcome"] == "applied"}
     assert {"timer-migration", "rt-throttling", "workqueue-cpumask", "vm-stat-interval"} <= covered, tuned
-    for item in covered & met_during.keys():
+    assert covered <= met_during.keys(), covered  # every item claimed is read here
+    for item in covered:
         assert met_during[item]() and not met_before[item](), item
     became_met = {item for item, met in met_during.items() if met() and not met_before[item]()}
     assert became_met <= covered | ours, (became_met, covered, ours)
@@ -159,7 +165,7 @@ def test_tuned_profile_applies_covers_and_restores_in_a_guest(tmp_path: Path) ->
     restored = json.loads((out / "restore.json").read_text())
     assert (out / "restore.rc").read_text().strip() == "0", restored
     assert not [c for c in restored["restored"] if c["error"]], restored
-    assert after["profile"] == before["profile"]
+    assert (after["profile"], after["qos"]) == (before["profile"], before["qos"])
     assert after["md5"] == before["md5"] and after["value"] == before["value"]
     tasks_before, tasks_after = before["tasks"], after["tasks"]
     common = tasks_before.keys() & tasks_after.keys()  # type: ignore[attr-defined]
