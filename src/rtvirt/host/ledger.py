@@ -90,8 +90,9 @@ COMMAND_PREFIX = "command:"
 def _put_back(path: str, value: str) -> None:
     if path == f"{COMMAND_PREFIX}tuned":  # tuned's selection as found (tune.tuned_selection)
         mode, _, names = value.partition(" ")
+        # a bare profile name: an entry an earlier rtvirt recorded (the ledger lasts until reboot)
         argv = (["tuned-adm", "off"] if not value else ["tuned-adm", "auto_profile"] if mode == "auto"
-                else ["tuned-adm", "profile", *names.split()])
+                else ["tuned-adm", "profile", *(names if mode == "manual" else value).split()])
         done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise OSError(5, f"{' '.join(argv)} failed: {(done.stderr.strip() or done.stdout.strip())[:200]}", path)
