@@ -165,7 +165,7 @@ class XenTraceSource:
                              basis=samples[1] if samples else "outlier windows")
 
 
-def sample_windows(stream: Path | None) -> tuple[np.ndarray, str] | None:
+def sample_windows(path: Path | None) -> tuple[np.ndarray, str] | None:
     """What to align Xen's clock with, from the run's stream file: where the guest read its stolen time from its
     runstate area (the bare-metal guest), each sample's stolen span of at least MIN_WAIT_NS (explain.guest's
     stolen_spans: the very waits xentrace records, on the guest's clock); else every sample's window of at least
@@ -173,11 +173,11 @@ def sample_windows(stream: Path | None) -> tuple[np.ndarray, str] | None:
     cannot be read."""
     from ..stream import read_stream
 
-    try:
-        stream = read_stream(stream) if stream is not None else None
-    except Exception:  # noqa: BLE001 - a damaged stream leaves the outlier windows to align with
+    if path is None:
         return None
-    if stream is None:
+    try:
+        stream = read_stream(path)
+    except Exception:  # noqa: BLE001 - a damaged stream leaves the outlier windows to align with
         return None
     records = stream.records
     starts, ends = records["t_ns"].astype(np.int64), records["t_ns"].astype(np.int64) + records["value"]
