@@ -78,9 +78,11 @@ def test_alignment_puts_the_vcpus_waits_inside_the_windows_they_caused() -> None
 
 
 def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path, competitor: bool,
-                    layers: tuple[str, ...] = ("xen",), top: int = 100) -> tuple[Explanation, dict[int, str]]:
+                    layers: tuple[str, ...] = ("xen",), top: int = 100,
+                    timer: bool = False) -> tuple[Explanation, dict[int, str]]:
     """A gap probe in the measuring domU explained as a campaign does it (explain.session), with xentrace beside
-    it and, with ``competitor``, a spinning RT domU on its pCPU; returns the stored explanation and the domUs."""
+    it and, with ``competitor``, a spinning RT domU on its pCPU (``timer``: the timer probe at 1 ms instead);
+    returns the stored explanation and the domUs."""
     env = XenEnvironment(config, shared.supervisor, workdir, shared)
     session = session_for(env, ExplainConfig(threshold=THRESHOLD_US, layers=list(layers), top=top))
     stressor = None
@@ -96,8 +98,9 @@ def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path, c
             while not stressor.booted:
                 assert stressor.check() is None and time.monotonic() < deadline
                 time.sleep(0.5)
-        probe = PROBES["gap"]
-        params = probe.params(threshold="500us", duration=f"{RUN_S}s", **env.probe_overrides())
+        probe = PROBES["timer" if timer else "gap"]
+        options = {"interval": "1ms"} if timer else {"threshold": "500us"}
+        params = probe.params(**options, duration=f"{RUN_S}s", **env.probe_overrides())
         launched = env.launch("rtvirt-probe", probe.command(params, "")[1:], out)
         launched.follow(900, env.check)
     finally:
@@ -234,3 +237,27 @@ def test_the_bare_metal_guest_reads_the_time_xen_stole_from_each_sample(lab: Any
     print(f"stolen vs xentrace over {len(compared)} budget windows: |difference| median {np.median(compared):.0f} ns, "
           f"max {max(compared)} ns, alignment {xen.alignment_ns} ns, within {within:.0%}; notes {xen.notes}")
     assert within >= 0.8, (sorted(compared), xen.alignment_ns, xen.notes)
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(1500)
+def test_the_bare_metal_timer_probe_splits_its_windows_into_stolen_time_and_its_own(lab: Any) -> None:
+    """The timer probe (1 ms) in the bare-metal RTDS domU with 1 ms of every 10 ms: samples whose window Xen held
+    carry their stolen time, never more than their latency, and the guest layer names it beside its IRQ split."""
+    shared, work = lab
+    config = XenConfig(kind="xen", name="explain-bare-timer", guest="baremetal", scheduler="rtds", cpus=[1],
+                       boot_timeout="900s", rtds={"period": "10ms", "budget": "1ms"})
+    explanation, _ = _traced_gap_run(shared, config, work / "bare-timer", competitor=False, layers=("xen", "guest"),
+                                     top=1000, timer=True)
+    stream = read_stream(work / "bare-timer" / "samples.rtvs")
+    assert stream.header["stolen"] == "xen-runstate" and stream.end_reason == "complete"
+    runnable, offline = stream.stolen_per_sample()
+    latency = stream.records["value"].astype(np.int64)
+    assert ((runnable + offline) <= latency).all() and (runnable > 0).any()
+    guest = next(layer for layer in explanation.layers if layer.layer == "guest")
+    assert guest.seen and guest.notes[0].startswith("split over"), guest.notes
+    kinds = {part.kind for part in explanation.parts if part.layer == "guest"}
+    assert "stolen" in kinds and "guest-thread" in kinds, kinds
+    print(f"timer: {latency.size} samples, {int((runnable > 0).sum())} with stolen time (median "
+          f"{np.median(runnable[runnable > 0]) / 1e3:.0f} us); {explanation.outliers} outliers; "
+          f"{[(row['layer'], row['cause'][:50], row['share']) for row in explanation.summary[:5]]}; {guest.notes}")
