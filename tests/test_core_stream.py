@@ -130,9 +130,20 @@ def test_stolen_time_records_follow_their_samples_and_are_not_samples(tmp_path: 
     assert per_sample_offline.tolist() == [0, 0, 0, 0, 1_500_000, 0]
     table = stream.to_table()
     assert table.column("stolen_runnable_ns").to_pylist() == runnable.tolist() and table.num_rows == 6
-    # the statistics a user asks for count the six samples only
+    # the statistics a user asks for count the six samples only, from the file and from the stored run, whose
+    # samples table carries each sample's stolen time
     stats = run_cli("stats", str(path), "--json", check=True)
     assert '"samples": 6' in stats.stdout, stats.stdout
+    from rtvirt.store import load_run, new_run, write_measured_run
+
+    run = new_run(tmp_path / "results", "bare")
+    write_measured_run(run, stream, name="bare", params={})
+    stored = load_run(run.path)
+    assert stored.manifest["summary"]["all"]["samples"] == 6
+    rows = run_cli("sql", "SELECT sum(stolen_runnable_ns) AS r, sum(stolen_offline_ns) AS o, count(*) AS n "
+                   "FROM read_parquet('" + str(run.parquet_path) + "')", "--results", str(tmp_path / "results"),
+                   "--format", "json", check=True)
+    assert json.loads(rows.stdout)["rows"] == [[9_800_000, 1_500_000, 6]], rows.stdout
 
 
 def test_a_stolen_time_record_the_header_does_not_declare_is_corrupt(tmp_path: Path) -> None:
