@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cli
 
 from rtvirt.errors import InputError
 from rtvirt.probes import get_probe
 from rtvirt.probes.runner import run_probe
-from rtvirt.stream import RECORD, StreamReader, read_stream
+from rtvirt.stream import FLAG_META, MAGIC, META_DROPPED, META_END, META_STOLEN, RECORD, StreamReader, read_stream
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +96,59 @@ def test_ten_kilohertz_on_every_cpu_drops_nothing(tmp_path: Path) -> None:
     per_thread = np.bincount(stream.records["thread"], minlength=len(cpus))
     # a missed period is skipped, not queued, so a thread cannot exceed one sample per 100 us
     assert (per_thread <= 10_000).all() and per_thread.sum() >= 0.8 * 10_000 * len(cpus)
+
+
+def _bare_metal_stream(path: Path, declared: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A gap stream as the bare-metal guest under Xen writes it: 6 samples, a STOLEN meta record after the 2nd and
+    5th (runnable, offline ns), then DROPPED and END; ``declared``: the header names the records' source."""
+    header = {"format": 1, "probe": "gap", "value_field": "duration_ns", "aux_field": "cycles", "kinds": ["gap"],
+              "stats": [], **({"stolen": "xen-runstate"} if declared else {})}
+    text = json.dumps(header).encode()
+    records = np.zeros(10, RECORD)
+    data = [0, 1, 3, 4, 6, 7]
+    records["t_ns"][data] = [10_000_000 * (i + 1) for i in range(6)]
+    records["value"][data] = [600_000, 6_000_000, 700_000, 800_000, 5_900_000, 650_000]
+    for at, sample, runnable, offline in ((2, 1, 5_800_000, 0), (5, 4, 4_000_000, 1_500_000)):
+        records[at] = (records["t_ns"][data[sample]], runnable, offline, 0, 0, META_STOLEN, FLAG_META)
+    records[8] = (90_000_000, 0, 0, 0, 0, META_DROPPED, FLAG_META)
+    records[9] = (90_000_000, 6, 0, 0, 0, META_END, FLAG_META)
+    padding = b"\0" * (-(16 + len(text)) % 8)
+    path.write_bytes(MAGIC + (1).to_bytes(4, "little") + len(text).to_bytes(4, "little") + text + padding
+                     + records.tobytes())
+    return records[data], np.array([0, 5_800_000, 0, 0, 4_000_000, 0])
+
+
+def test_stolen_time_records_follow_their_samples_and_are_not_samples(tmp_path: Path) -> None:
+    path = tmp_path / "bare.rtvs"
+    samples, runnable = _bare_metal_stream(path, declared=True)
+    stream = read_stream(path)
+    assert stream.complete and stream.corrupt is None and stream.written == 6
+    assert stream.records.size == 6 and (stream.records["value"] == samples["value"]).all()  # STOLEN is not a sample
+    assert stream.measures_stolen and stream.stolen.size == 2
+    per_sample_runnable, per_sample_offline = stream.stolen_per_sample()
+    assert per_sample_runnable.tolist() == runnable.tolist()
+    assert per_sample_offline.tolist() == [0, 0, 0, 0, 1_500_000, 0]
+    table = stream.to_table()
+    assert table.column("stolen_runnable_ns").to_pylist() == runnable.tolist() and table.num_rows == 6
+    # the statistics a user asks for count the six samples only, from the file and from the stored run, whose
+    # samples table carries each sample's stolen time
+    stats = run_cli("stats", str(path), "--json", check=True)
+    assert '"samples": 6' in stats.stdout, stats.stdout
+    from rtvirt.store import load_run, new_run, write_measured_run
+
+    run = new_run(tmp_path / "results", "bare")
+    write_measured_run(run, stream, name="bare", params={})
+    stored = load_run(run.path)
+    assert stored.manifest["summary"]["all"]["samples"] == 6
+    rows = run_cli("sql", "SELECT sum(stolen_runnable_ns) AS r, sum(stolen_offline_ns) AS o, count(*) AS n "
+                   "FROM read_parquet('" + str(run.parquet_path) + "')", "--results", str(tmp_path / "results"),
+                   "--format", "json", check=True)
+    assert json.loads(rows.stdout)["rows"] == [[9_800_000, 1_500_000, 6]], rows.stdout
+
+
+def test_a_stolen_time_record_the_header_does_not_declare_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "undeclared.rtvs"
+    _bare_metal_stream(path, declared=False)
+    stream = read_stream(path)
+    assert stream.records.size == 2 and not stream.measures_stolen  # the prefix before the first unknown record
+    assert stream.corrupt is not None and f"kind {META_STOLEN}" in stream.corrupt

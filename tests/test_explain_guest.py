@@ -233,3 +233,42 @@ def test_the_guest_trace_files_are_plain_names_and_values_rtvirt_wrote() -> None
     assert b"rtvirt/jobs/trace.cpumask\0" in archive
     with pytest.raises(ValueError, match="a guest job file is a plain name"):
         job_archive(None, (), (), {"../init": b""})
+
+
+def test_stolen_time_from_the_guests_runstate_area_fills_what_xentrace_leaves(tmp_path: Path) -> None:
+    """The bare-metal guest's stolen time per sample (STOLEN records) becomes guest parts ending where the vCPU
+    resumed (a gap's end); where xentrace's runnable time covers the window the Xen layer wins (outer layer), so
+    the same time is never counted twice and every window's parts add up to its latency."""
+    from test_core_stream import _bare_metal_stream
+
+    from rtvirt.explain.attribute import attribute, outlier_windows
+    from rtvirt.explain.guest import STOLEN_CAUSES, BaremetalGuestSource
+    from rtvirt.explain.model import CollectContext, LayerTrace, Occupancy
+
+    path = tmp_path / "bare.rtvs"
+    _bare_metal_stream(path, declared=True)
+    stream = read_stream(path)
+    records = stream.records
+    windows, above = outlier_windows(records["t_ns"].astype(np.int64), records["value"].astype(np.int64),
+                                     records["cpu"], 1_000_000, 10)
+    assert above == 2
+    guest = BaremetalGuestSource(lambda: path).collect(CollectContext(stream.header, windows))
+    assert guest.seen and "2 of 2 outliers lost time to Xen" in guest.notes[-1], guest.notes
+    # gap 2 (at 20 ms, 6 ms long): 5.8 ms runnable, up to its end; gap 5 (at 50 ms, 5.9 ms): offline 1.5 ms, then
+    # runnable 4 ms, up to its end
+    assert [(o.start_ns, o.end_ns, o.cause) for o in guest.occupancies] == [
+        (20_200_000, 26_000_000, STOLEN_CAUSES["runnable"]),
+        (50_400_000, 51_900_000, STOLEN_CAUSES["offline"]), (51_900_000, 55_900_000, STOLEN_CAUSES["runnable"])]
+    # xentrace saw gap 2's runnable time 100 us later than the guest (within its alignment), and not gap 5
+    xen = LayerTrace("xen", seen=True, alignment_ns=150_000, occupancies=[
+        Occupancy("xen", 20_300_000, 26_100_000, "runnable: domU other ran", "runstate", 0, {"runstate": "runnable"})])
+    explanation = attribute(windows, [xen, guest], threshold_ns=1_000_000, threshold_rule="set", outliers=2)
+    by_rank = {rank: [(p.layer, p.cause, p.offset_ns, p.duration_ns) for p in explanation.parts if p.rank == rank]
+               for rank in (1, 2)}
+    assert by_rank[1] == [("unexplained", by_rank[1][0][1], 0, 200_000),
+                          ("guest", STOLEN_CAUSES["runnable"], 200_000, 100_000),
+                          ("xen", "runnable: domU other ran", 300_000, 5_700_000)]
+    assert [part[1:] for part in by_rank[2][1:]] == [(STOLEN_CAUSES["offline"], 400_000, 1_500_000),
+                                                     (STOLEN_CAUSES["runnable"], 1_900_000, 4_000_000)]
+    for rank, parts in by_rank.items():
+        assert sum(duration for *_, duration in parts) == windows["latency_ns"][rank - 1]

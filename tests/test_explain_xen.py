@@ -77,12 +77,14 @@ def test_alignment_puts_the_vcpus_waits_inside_the_windows_they_caused() -> None
     assert align(ready, resumes, windows[:0], ns_per_tick) is None
 
 
-def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path,
-                    competitor: bool) -> tuple[Explanation, dict[int, str]]:
+def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path, competitor: bool,
+                    layers: tuple[str, ...] = ("xen",), top: int = 100,
+                    timer: bool = False) -> tuple[Explanation, dict[int, str]]:
     """A gap probe in the measuring domU explained as a campaign does it (explain.session), with xentrace beside
-    it and, with ``competitor``, a spinning RT domU on its pCPU; returns the stored explanation and the domUs."""
+    it and, with ``competitor``, a spinning RT domU on its pCPU (``timer``: the timer probe at 1 ms instead);
+    returns the stored explanation and the domUs."""
     env = XenEnvironment(config, shared.supervisor, workdir, shared)
-    session = session_for(env, ExplainConfig(threshold=THRESHOLD_US, layers=["xen"]))
+    session = session_for(env, ExplainConfig(threshold=THRESHOLD_US, layers=list(layers), top=top))
     stressor = None
     out = workdir / "samples.rtvs"
     try:
@@ -96,8 +98,9 @@ def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path,
             while not stressor.booted:
                 assert stressor.check() is None and time.monotonic() < deadline
                 time.sleep(0.5)
-        probe = PROBES["gap"]
-        params = probe.params(threshold="500us", duration=f"{RUN_S}s", **env.probe_overrides())
+        probe = PROBES["timer" if timer else "gap"]
+        options = {"interval": "1ms"} if timer else {"threshold": "500us"}
+        params = probe.params(**options, duration=f"{RUN_S}s", **env.probe_overrides())
         launched = env.launch("rtvirt-probe", probe.command(params, "")[1:], out)
         launched.follow(900, env.check)
     finally:
@@ -189,3 +192,72 @@ def test_resume_stops_a_tracer_its_killed_campaign_left_in_dom0(lab: Any) -> Non
     assert "xentrace" not in dom0.run(["ps"]).stdout
     assert dom0.run(["sh", "-c", "ls /run/rtvirt | grep -c xentrace; exit 0"]).stdout.strip() == "0"
     source.stop()  # the source's own stop after a reclaim: nothing left to do, and no error
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(1500)
+def test_the_bare_metal_guest_reads_the_time_xen_stole_from_each_sample(lab: Any) -> None:
+    """Our bare-metal kernel as the RTDS domU (budget 4 ms of 10 ms): its gap probe reads the vCPU's runstate area
+    around every gap, and the stolen time it reports per sample is non-zero where the budget ran out, never more
+    than the gap, and the runnable time xentrace saw in the same windows within the Xen layer's stated alignment."""
+    shared, work = lab
+    config = XenConfig(kind="xen", name="explain-bare", guest="baremetal", scheduler="rtds", cpus=[1],
+                       boot_timeout="900s", rtds={"period": f"{PERIOD_US}us", "budget": f"{BUDGET_US}us"})
+    # every gap explained: under host load the largest ones are the outer host's, which Xen cannot see either
+    explanation, _ = _traced_gap_run(shared, config, work / "bare", competitor=False, layers=("xen", "guest"),
+                                     top=1000)
+    stream = read_stream(work / "bare" / "samples.rtvs")
+    assert stream.header["stolen"] == "xen-runstate" and stream.end_reason == "complete"
+    runnable, offline = stream.stolen_per_sample()
+    gaps = stream.records["value"].astype(np.int64)
+    stolen = runnable + offline
+    # never more than its gap; gaps without any are the outer host's (nested TCG: time Xen cannot see either)
+    assert (stolen <= gaps).all() and (stolen > 0).any(), (stolen[:20], gaps[:20])
+    xen = _xen(explanation)
+    guest = next(layer for layer in explanation.layers if layer.layer == "guest")
+    assert guest.seen and any("lost time to Xen" in note for note in guest.notes), guest.notes
+    starts = stream.records["t_ns"].astype(np.int64)
+    # windows where xentrace saw the budget run out for longer than its alignment's uncertainty
+    budget_ns: dict[int, int] = {}
+    for part in explanation.parts:
+        if part.kind == "budget":
+            budget_ns[part.rank] = budget_ns.get(part.rank, 0) + part.duration_ns
+    budget_ranks = {rank for rank, total in budget_ns.items() if total > xen.alignment_ns}
+    assert len(budget_ranks) >= 10, explanation.summary[:4]
+    compared = []
+    for rank in sorted(budget_ranks):
+        part = next(part for part in explanation.parts if part.rank == rank)
+        start, end = part.sample_t_ns, part.sample_t_ns + part.latency_ns
+        sample = int(np.flatnonzero(starts == start)[0])
+        assert stolen[sample] > 0, (rank, part.latency_ns, budget_ns[rank])  # the guest saw the budget run out too
+        seen_by_xentrace = sum(max(0, min(o.end_ns, end) - max(o.start_ns, start)) for o in xen.occupancies
+                               if o.detail.get("runstate") == "runnable")
+        compared.append(abs(int(runnable[sample]) - seen_by_xentrace))
+    within = float(np.mean(np.array(compared) <= xen.alignment_ns))
+    print(f"stolen vs xentrace over {len(compared)} budget windows: |difference| median {np.median(compared):.0f} ns, "
+          f"max {max(compared)} ns, alignment {xen.alignment_ns} ns, within {within:.0%}; notes {xen.notes}")
+    assert within >= 0.8, (sorted(compared), xen.alignment_ns, xen.notes)
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(1500)
+def test_the_bare_metal_timer_probe_splits_its_windows_into_stolen_time_and_its_own(lab: Any) -> None:
+    """The timer probe (1 ms) in the bare-metal RTDS domU with 1 ms of every 10 ms: samples whose window Xen held
+    carry their stolen time, never more than their latency, and the guest layer names it beside its IRQ split."""
+    shared, work = lab
+    config = XenConfig(kind="xen", name="explain-bare-timer", guest="baremetal", scheduler="rtds", cpus=[1],
+                       boot_timeout="900s", rtds={"period": "10ms", "budget": "1ms"})
+    explanation, _ = _traced_gap_run(shared, config, work / "bare-timer", competitor=False, layers=("xen", "guest"),
+                                     top=1000, timer=True)
+    stream = read_stream(work / "bare-timer" / "samples.rtvs")
+    assert stream.header["stolen"] == "xen-runstate" and stream.end_reason == "complete"
+    runnable, offline = stream.stolen_per_sample()
+    latency = stream.records["value"].astype(np.int64)
+    assert ((runnable + offline) <= latency).all() and (runnable > 0).any()
+    guest = next(layer for layer in explanation.layers if layer.layer == "guest")
+    assert guest.seen and guest.notes[0].startswith("split over"), guest.notes
+    kinds = {part.kind for part in explanation.parts if part.layer == "guest"}
+    assert "stolen" in kinds and "guest-thread" in kinds, kinds
+    print(f"timer: {latency.size} samples, {int((runnable > 0).sum())} with stolen time (median "
+          f"{np.median(runnable[runnable > 0]) / 1e3:.0f} us); {explanation.outliers} outliers; "
+          f"{[(row['layer'], row['cause'][:50], row['share']) for row in explanation.summary[:5]]}; {guest.notes}")

@@ -157,6 +157,17 @@ void xen_console_stream(const uint8_t *p, size_t n); /* framed: 00 'RVS' length1
 void xen_console_flush(void);               /* finish an open frame, write held text */
 uint64_t pvh_memory_top(const void *start_info); /* 0 without a memory map */
 void xen_shutdown(void);
+/* Stolen time from vCPU 0's runstate area (Xen system time, ns): a mark is one consistent reading */
+typedef struct {
+    uint64_t tsc, now_ns, resumed_ns; /* the TSC and Xen system time of the reading; when the vCPU last resumed */
+    uint64_t runnable_ns, offline_ns; /* the runstate's totals */
+} xen_steal_mark;
+bool xen_steal_init(void); /* registers the runstate and time areas; false: not on Xen, or refused */
+bool xen_steal_measured(void);
+void xen_steal_mark_now(xen_steal_mark *mark);
+/* stolen_ns, later_ns: runnable, offline (later: after the window, the next one's) */
+void xen_stolen_in_window(const xen_steal_mark *before, uint64_t start_tsc, uint64_t end_tsc,
+                          const xen_steal_mark *after, uint64_t stolen_ns[2], uint64_t later_ns[2]);
 
 /* ---- stream.c ---- */
 void stream_init(void); /* choose the channel: Xen PV console, virtio-console, debug console, COM2; none stops */
@@ -170,6 +181,8 @@ typedef struct {
 void stream_begin(const probe_desc *probe, const char *params_json);
 void stream_sample(uint64_t t_ns, int64_t value, uint64_t aux, uint16_t thread, uint16_t kind);
 void stream_stat(uint16_t thread, uint16_t key, int64_t value);
+/* The stolen time inside the window of the sample just written (t_ns), when there was any (META STOLEN) */
+void stream_stolen(uint64_t t_ns, uint16_t thread, uint64_t runnable_ns, uint64_t offline_ns);
 void stream_end(int reason); /* DROPPED + END, then flush everything */
 void stream_drain(void);     /* write out what is buffered (idle work; preemptible) */
 bool stream_room(size_t records);

@@ -259,6 +259,7 @@ void kmain(uint64_t boot, const void *info) {
     }
     parse_command_line(line, boot == 1);
     stream_init();
+    xen_steal_init(); /* under Xen: each sample's stolen time, from the vCPU's runstate area */
     idt_init();
     lapic_init();
     sched_init();

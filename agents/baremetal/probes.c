@@ -19,13 +19,22 @@ int timer_run(void) {
     ktimer timer = {0};
     sem_init(&fired, 0);
     uint64_t overruns = 0, next = rdtsc() + period;
+    const bool steal = xen_steal_measured();
+    xen_steal_mark before, after;
     for (uint64_t n = 0; !P.loops || n < P.loops; n++) {
         if (next > deadline) break;
+        if (steal) xen_steal_mark_now(&before); /* before the window: the expiry is still ahead */
         ktimer_start(&timer, next, &fired);
         sem_take(&fired);
         uint64_t now = rdtsc(), irq = last_timer_irq_tsc();
+        if (steal) xen_steal_mark_now(&after);
         /* a one-shot count rounds to APIC ticks: an entry a few cycles early counts as 0 */
         stream_sample(tsc_to_ns(next), (int64_t)tsc_to_ns(now - next), irq > next ? tsc_to_ns(irq - next) : 0, 0, 0);
+        if (steal) { /* a wait after the window (later) is before the next arm: no window's */
+            uint64_t stolen[2], later[2];
+            xen_stolen_in_window(&before, next, now, &after, stolen, later);
+            stream_stolen(tsc_to_ns(next), 0, stolen[0], stolen[1]);
+        }
         next += period;
         for (now = rdtsc(); next <= now && next <= deadline; next += period) overruns++; /* missed: skipped */
     }
@@ -46,19 +55,32 @@ enum { GAP_DRAIN_BYTES = 16384 };
  * (every 512 gaps) is not observed time; its length is the unobserved_ns statistic. */
 int gap_run(void) {
     const uint64_t deadline = run_deadline_tsc(), threshold = ns_to_tsc(P.threshold_ns);
+    const bool steal = xen_steal_measured();
+    xen_steal_mark before, after;
     uint64_t flags = irq_save();
+    if (steal) xen_steal_mark_now(&before);
     uint64_t start = rdtsc(), last = start, loops = 0, min = UINT64_MAX, gaps = 0, gap_cycles = 0, unobserved = 0;
     for (;;) {
         uint64_t now = rdtsc(), step = now - last;
         if (step > threshold) {
             stream_sample(tsc_to_ns(last), (int64_t)tsc_to_ns(step), step, 0, 0);
+            if (steal) { /* what was stolen since the last gap, inside this one (reads only after a gap) */
+                uint64_t stolen[2], later[2];
+                xen_steal_mark_now(&after);
+                xen_stolen_in_window(&before, last, now, &after, stolen, later);
+                stream_stolen(tsc_to_ns(last), 0, stolen[0], stolen[1]);
+                before = after; /* a wait since `now` lies in the next gap: it counts there */
+                before.runnable_ns -= later[0];
+                before.offline_ns -= later[1];
+            }
             gap_cycles += step;
             if (++gaps == P.loops) break;
             if (stream_pending() >= GAP_DRAIN_BYTES) {
                 stream_drain();
-                uint64_t after = rdtsc();
-                unobserved += after - now;
-                now = after;
+                uint64_t after_drain = rdtsc();
+                unobserved += after_drain - now;
+                now = after_drain;
+                if (steal) xen_steal_mark_now(&before);
             }
         } else if (step < min) {
             min = step;

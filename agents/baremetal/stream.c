@@ -13,7 +13,7 @@ typedef struct {
 } record;
 _Static_assert(sizeof(record) == 32, "record layout is part of the file format");
 
-enum { META = 1, META_DROPPED = 1, META_END = 2, META_STAT = 3 };
+enum { META = 1, META_DROPPED = 1, META_END = 2, META_STAT = 3, META_STOLEN = 4 };
 enum { RING_BYTES = 32u << 20, COM2 = 0x2f8, DEBUG_PORT = 0xe9 };
 
 static const char *stream_channel = "none";
@@ -167,7 +167,10 @@ void stream_begin(const probe_desc *desc, const char *params_json) {
     text_json_str(&t, tsc_source);
     text_str(&t, ",\"channel\":");
     text_json_str(&t, stream_channel);
-    text_str(&t, "}}");
+    text_char(&t, '}');
+    /* declares the STOLEN meta records (docs/sample-stream.md): readers accept kind 4 only then */
+    if (xen_steal_measured()) text_str(&t, ",\"stolen\":\"xen-runstate\"");
+    text_char(&t, '}');
     if (t.len + 1 >= t.cap) run_error("the stream header does not fit its buffer");
     uint32_t version = 1, len = (uint32_t)t.len;
     put("RTVIRT\0S", 8);
@@ -186,6 +189,12 @@ void stream_sample(uint64_t t_ns, int64_t value, uint64_t aux, uint16_t thread, 
 
 void stream_stat(uint16_t thread, uint16_t key, int64_t value) {
     record r = {now_ns(), value, key, 0, thread, META_STAT, META};
+    push(&r);
+}
+
+void stream_stolen(uint64_t t_ns, uint16_t thread, uint64_t runnable_ns, uint64_t offline_ns) {
+    if (!runnable_ns && !offline_ns) return; /* only samples that lost time carry one */
+    record r = {t_ns, (int64_t)runnable_ns, offline_ns, 0, thread, META_STOLEN, META};
     push(&r);
 }
 

@@ -1,9 +1,10 @@
 """Reader for the agents' binary sample stream (format: docs/sample-stream.md).
 
 The stream is ``magic, u32 version, u32 header length, header JSON, padding to 8 bytes`` followed by
-32-byte records. Records with the META flag carry drop counts, end-of-run statistics and the END
-marker; a stream without END was cut short (Ctrl-C of rtvirt itself, a crash, a killed VM) and is
-read as *partial*: every complete record before the cut is kept.
+32-byte records. Records with the META flag carry drop counts, end-of-run statistics, the END
+marker and (where the header declares them) each sample's stolen time; a stream without END was cut
+short (Ctrl-C of rtvirt itself, a crash, a killed VM) and is read as *partial*: every complete record
+before the cut is kept.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import pyarrow as pa
 
 from .errors import InputError, RunError
 
-__all__ = ["MAGIC", "RECORD", "SampleStream", "StreamReader", "read_stream", "recover_from_copy", "merge_stream_copy"]
+__all__ = ["MAGIC", "RECORD", "STOLEN", "STOLEN_COLUMNS", "SampleStream", "StreamReader", "read_stream",
+           "recover_from_copy", "merge_stream_copy"]
 
 MAGIC = b"RTVIRT\x00S"
 SUPPORTED_VERSIONS = (1,)
@@ -30,7 +32,10 @@ RECORD = np.dtype(
      ("flags", "<u2")]
 )
 FLAG_META = 1
-META_DROPPED, META_END, META_STAT = 1, 2, 3
+META_DROPPED, META_END, META_STAT, META_STOLEN = 1, 2, 3, 4
+# a sample's stolen time (after its sample, only when non-zero): (thread, t_ns) name the sample
+STOLEN = np.dtype([("t_ns", "<i8"), ("thread", "<i2"), ("runnable_ns", "<i8"), ("offline_ns", "<i8")])
+STOLEN_COLUMNS = ("stolen_runnable_ns", "stolen_offline_ns")
 END_REASONS = {0: "complete", 1: "signal", 2: "error"}
 MAX_HEADER = 1 << 20
 
@@ -47,6 +52,27 @@ class SampleStream:
     written: int | None = None
     error: str | None = None  # the agent's message when it ended with an error (set by the probe runner)
     corrupt: str | None = None  # where and why reading stopped at a record no writer makes (prefix kept)
+    stolen: np.ndarray = field(default_factory=lambda: np.empty(0, STOLEN))  # STOLEN records (header "stolen")
+
+    @property
+    def measures_stolen(self) -> bool:
+        """The agent measured each sample's stolen time (header ``stolen``: its source, e.g. ``xen-runstate``)."""
+        return bool(self.header.get("stolen"))
+
+    def stolen_per_sample(self) -> tuple[np.ndarray, np.ndarray]:
+        """(runnable ns, offline ns) stolen inside each data record's window, aligned with ``records`` (0 where the
+        stream has no STOLEN record for it)."""
+        runnable = np.zeros(self.records.size, np.int64)
+        offline = np.zeros(self.records.size, np.int64)
+        if self.stolen.size and self.records.size:
+            keys = self.records["thread"].astype(np.int64) << 48 | self.records["t_ns"].astype(np.int64)
+            order = np.argsort(keys, kind="stable")
+            wanted = self.stolen["thread"].astype(np.int64) << 48 | self.stolen["t_ns"]
+            at = np.minimum(np.searchsorted(keys[order], wanted), keys.size - 1)
+            found = keys[order][at] == wanted
+            runnable[order[at[found]]] = self.stolen["runnable_ns"][found]
+            offline[order[at[found]]] = self.stolen["offline_ns"][found]
+        return runnable, offline
 
     @property
     def probe(self) -> str:
@@ -69,7 +95,8 @@ class SampleStream:
         return str(kinds[kind]) if kind < len(kinds) else f"kind{kind}"
 
     def to_table(self) -> pa.Table:
-        """The samples as Arrow columns: t_ns, <value_field>, cpu, thread, kind, [<aux_field>]."""
+        """The samples as Arrow columns: t_ns, <value_field>, cpu, thread, kind, [<aux_field>], and where the agent
+        measured it each sample's stolen time (stolen_runnable_ns, stolen_offline_ns)."""
         r = self.records
         columns: dict[str, pa.Array] = {
             "t_ns": pa.array(r["t_ns"].astype(np.int64)),
@@ -85,6 +112,9 @@ class SampleStream:
         aux = self.header.get("aux_field")
         if aux:
             columns[str(aux)] = pa.array(r["aux"].astype(np.int64))
+        if self.measures_stolen:
+            for name, values in zip(STOLEN_COLUMNS, self.stolen_per_sample(), strict=True):
+                columns[name] = pa.array(values)
         return pa.table(columns)
 
 
@@ -165,11 +195,13 @@ class StreamReader:
         return records
 
     def _valid_prefix(self, records: np.ndarray) -> np.ndarray:
-        """The records before the first one no writer makes (unknown flag bits or meta kind, anything
-        after END): a channel that garbles bytes (a serial line) must not turn noise into samples."""
+        """The records before the first one no writer makes (unknown flag bits or meta kind, a STOLEN record
+        the header does not declare, anything after END): a channel that garbles bytes (a serial line) must
+        not turn noise into samples."""
         flags, kinds = records["flags"], records["kind"]
         is_meta = (flags & FLAG_META) != 0
-        bad = (flags > FLAG_META) | (is_meta & ((kinds < META_DROPPED) | (kinds > META_STAT)))
+        last_kind = META_STOLEN if self.header is not None and self.header.get("stolen") else META_STAT
+        bad = (flags > FLAG_META) | (is_meta & ((kinds < META_DROPPED) | (kinds > last_kind)))
         after_end = np.zeros(records.size, dtype=bool)
         ends = np.flatnonzero(is_meta & (kinds == META_END))
         if self._ended:
@@ -201,7 +233,12 @@ class StreamReader:
         records = np.concatenate(self._chunks) if self._chunks else np.empty(0, RECORD)
         stream = SampleStream(self.header, records, corrupt=self.corrupt)
         stat_names = self.header.get("stats") or []
-        for meta in np.concatenate(self._meta) if self._meta else ():
+        metas = np.concatenate(self._meta) if self._meta else np.empty(0, RECORD)
+        stolen = metas[metas["kind"] == META_STOLEN]
+        stream.stolen = np.zeros(stolen.size, STOLEN)
+        stream.stolen["t_ns"], stream.stolen["thread"] = stolen["t_ns"].astype(np.int64), stolen["thread"]
+        stream.stolen["runnable_ns"], stream.stolen["offline_ns"] = stolen["value"], stolen["aux"].astype(np.int64)
+        for meta in metas[metas["kind"] != META_STOLEN]:
             kind = int(meta["kind"])
             if kind == META_DROPPED:
                 stream.dropped[int(meta["thread"])] = int(meta["value"])

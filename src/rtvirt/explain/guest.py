@@ -29,7 +29,7 @@ from .tracefs import TEXT_RESOLUTION_NS, cpu_mask, parse_trace
 
 __all__ = ["GuestTraceSource", "BaremetalGuestSource", "GUEST_TRACE_PORT", "GUEST_TRACE_FILE", "GUEST_TRACE_SHELL",
            "guest_trace_files", "timerlat_split", "read_guest_trace", "guest_buffer_kb", "TIMERLAT_PHASES",
-           "BAREMETAL_PHASES", "guest_layer"]
+           "BAREMETAL_PHASES", "STOLEN_CAUSES", "stolen_occupancies", "stolen_spans", "guest_layer"]
 
 GUEST_TRACE_PORT = "rtvirt.trace"
 GUEST_TRACE_FILE = "guest-trace.txt"  # in the run's work directory: what the guest sent on that port
@@ -247,10 +247,12 @@ class GuestTraceSource:
 
 
 class BaremetalGuestSource:
-    """The guest layer of rtvirt's bare-metal guest (docs/baremetal.md): its timer probe stamps each sample
+    """The guest layer of rtvirt's bare-metal guest (docs/baremetal.md). Its timer probe stamps each sample
     with the TSC at the timer interrupt's entry (``aux``), so each outlier's window splits into the time
     before the interrupt was entered (the vCPU not running, or the interrupt delivered late: the outer
-    layers say which) and its own kernel's time from that entry to the measuring thread. Nothing else runs
+    layers say which) and its own kernel's time from that entry to the measuring thread. Under Xen its timer
+    and gap probes also read the vCPU's runstate area around each sample: the time Xen stole inside the
+    window (runnable, offline) follows the sample in the stream (``SampleStream.stolen``). Nothing else runs
     in that guest, so no trace is needed."""
 
     layer: Layer = "guest"
@@ -266,18 +268,84 @@ class BaremetalGuestSource:
 
     def collect(self, context: CollectContext) -> LayerTrace:
         path = self.samples()
-        if context.header.get("aux_field") != "irq_latency_ns" or path is None:
-            return LayerTrace("guest", seen=False, why_not=f"the bare-metal guest's {context.header.get('probe')} "
-                              "probe does not time its interrupts (only the timer probe does)")
+        timed = context.header.get("aux_field") == "irq_latency_ns"
+        stolen_measured = bool(context.header.get("stolen"))
+        untimed = (f"the bare-metal guest's {context.header.get('probe')} probe does not time its interrupts (only "
+                   "the timer probe does)")
+        if path is None or not (timed or stolen_measured):
+            return LayerTrace("guest", seen=False, why_not=untimed if path is not None else
+                              "the bare-metal guest's samples did not reach the host")
         from ..stream import read_stream
 
-        records = read_stream(path).records
-        split = timerlat_split(context.windows, records["t_ns"].astype(np.int64),
-                               records["aux"].astype(np.int64), BAREMETAL_PHASES)
+        stream = read_stream(path)
+        records = stream.records
+        t_ns, aux = records["t_ns"].astype(np.int64), records["aux"].astype(np.int64)
+        split = timerlat_split(context.windows, t_ns, aux, BAREMETAL_PHASES) if timed else []
+        notes = [_split_note("IRQ entry", split)] if split else [] if timed else [untimed]
+        stolen: list[Occupancy] = []
+        if stolen_measured:
+            runnable, offline = stream.stolen_per_sample()
+            stolen = stolen_occupancies(context.windows, t_ns, records["value"].astype(np.int64), runnable, offline,
+                                        aux if timed else None)
+            notes.append(_stolen_note(stolen, len(context.windows)))
         tsc = context.header.get("cycles_hz")
         resolution = int(1e9 / float(tsc)) + 1 if isinstance(tsc, (int, float)) and tsc > 0 else 1
-        return LayerTrace("guest", seen=True, occupancies=split, alignment_ns=resolution,
-                          notes=[_split_note("IRQ entry", split)] if split else [])
+        return LayerTrace("guest", seen=True, occupancies=split + stolen, alignment_ns=resolution, notes=notes)
+
+
+STOLEN_CAUSES = {"runnable": "stolen by Xen: vCPU runnable, not running (the guest's runstate area)",
+                 "offline": "stolen by Xen: vCPU offline (the guest's runstate area)"}
+
+
+def stolen_spans(t_ns: np.ndarray, latency_ns: np.ndarray, runnable_ns: np.ndarray, offline_ns: np.ndarray,
+                 irq_ns: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Where each sample's stolen time lies (begin, resumed: ns on the sample clock, equal when none): as the
+    guest placed it, ending where the vCPU resumed, which is the timer interrupt's entry (``irq_ns``: Xen injects
+    the pending interrupt as it resumes the vCPU) or, for the gap probe, the gap's end (the spin resumes at once);
+    within the window."""
+    start = t_ns.astype(np.int64)
+    end = start + latency_ns.astype(np.int64)
+    resumed = end if irq_ns is None else np.where(irq_ns > 0, np.minimum(start + irq_ns.astype(np.int64), end), end)
+    begin = np.maximum(start, resumed - runnable_ns.astype(np.int64) - offline_ns.astype(np.int64))
+    return begin, np.maximum(resumed, begin)
+
+
+def stolen_occupancies(windows: np.ndarray, t_ns: np.ndarray, latency_ns: np.ndarray, runnable_ns: np.ndarray,
+                       offline_ns: np.ndarray, irq_ns: np.ndarray | None) -> list[Occupancy]:
+    """The time Xen stole inside each outlier window, as the guest read it from its runstate area (per sample,
+    aligned with ``t_ns``), where the guest placed it (``stolen_spans``): offline time first, then runnable (the
+    vCPU is runnable last, until it runs); what does not fit before the resumption runs on to the window's end."""
+    order = np.argsort(t_ns, kind="stable")
+    t_sorted = t_ns[order]
+    begins, _ = stolen_spans(t_ns, latency_ns, runnable_ns, offline_ns, irq_ns)
+    found = []
+    for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
+                               strict=True):
+        at = int(np.searchsorted(t_sorted, start))
+        if at >= t_sorted.size or int(t_sorted[at]) != start:
+            continue
+        index = int(order[at])
+        runnable, offline = int(runnable_ns[index]), int(offline_ns[index])
+        if runnable + offline <= 0:
+            continue
+        begin = int(begins[index])
+        detail: dict[str, str | int] = {"sample_t_ns": int(start), "runnable_ns": runnable, "offline_ns": offline,
+                                        "source": "runstate area"}
+        for state, amount in (("offline", offline), ("runnable", runnable)):
+            stop = min(begin + amount, end)
+            if stop > begin:
+                found.append(Occupancy("guest", begin, stop, STOLEN_CAUSES[state], "stolen", int(cpu),
+                                       {**detail, "runstate": state}))
+            begin = stop
+    return found
+
+
+def _stolen_note(stolen: list[Occupancy], windows: int) -> str:
+    outliers = len({o.detail["sample_t_ns"] for o in stolen})
+    runnable = sum(o.duration_ns for o in stolen if o.detail["runstate"] == "runnable")
+    offline = sum(o.duration_ns for o in stolen if o.detail["runstate"] == "offline")
+    return (f"stolen time read by the guest from its runstate area: {outliers} of {windows} outliers lost time to "
+            f"Xen, runnable {runnable / 1e3:.0f} us, offline {offline / 1e3:.0f} us in their windows")
 
 
 def _split_note(first: str, split: list[Occupancy]) -> str:

@@ -159,28 +159,38 @@ class XenTraceSource:
         except (OSError, TraceError) as exc:
             return LayerTrace("xen", seen=False, why_not=f"xentrace's output is unreadable: {str(exc)[:300]}")
         size = self.local_trace.stat().st_size
-        return explain_trace(trace, domains, context.windows, self.cpu_khz,
-                             wrapped=size >= self.memory_bytes - 4096, samples=sample_windows(domains.stream))
+        samples = sample_windows(domains.stream)
+        return explain_trace(trace, domains, context.windows, self.cpu_khz, wrapped=size >= self.memory_bytes - 4096,
+                             samples=samples[0] if samples else None,
+                             basis=samples[1] if samples else "outlier windows")
 
 
-def sample_windows(stream: Path | None) -> np.ndarray | None:
-    """Every sample's window of at least MIN_WAIT_NS from the run's stream file, to align with (the outliers alone
-    may be too few); None when the stream cannot be read."""
+def sample_windows(path: Path | None) -> tuple[np.ndarray, str] | None:
+    """What to align Xen's clock with, from the run's stream file: where the guest read its stolen time from its
+    runstate area (the bare-metal guest), each sample's stolen span of at least MIN_WAIT_NS (explain.guest's
+    stolen_spans: the very waits xentrace records, on the guest's clock); else every sample's window of at least
+    MIN_WAIT_NS (the outliers alone may be too few); with what they are (for the notes). None when the stream
+    cannot be read."""
     from ..stream import read_stream
 
+    if path is None:
+        return None
     try:
-        records = read_stream(stream).records if stream is not None else None
+        stream = read_stream(path)
     except Exception:  # noqa: BLE001 - a damaged stream leaves the outlier windows to align with
         return None
-    if records is None:
-        return None
-    values = records["value"].astype(np.int64)
-    kept = records[values >= MIN_WAIT_NS]
-    windows = np.zeros(kept.size, dtype=[("start_ns", "<i8"), ("end_ns", "<i8"), ("cpu", "<i2")])
-    windows["start_ns"] = kept["t_ns"].astype(np.int64)
-    windows["end_ns"] = windows["start_ns"] + kept["value"].astype(np.int64)
-    windows["cpu"] = kept["cpu"]
-    return windows
+    records = stream.records
+    starts, ends = records["t_ns"].astype(np.int64), records["t_ns"].astype(np.int64) + records["value"]
+    if stream.measures_stolen:
+        from .guest import stolen_spans
+
+        runnable, offline = stream.stolen_per_sample()
+        irq = records["aux"].astype(np.int64) if stream.header.get("aux_field") == "irq_latency_ns" else None
+        starts, ends = stolen_spans(starts, records["value"], runnable, offline, irq)
+    kept = ends - starts >= MIN_WAIT_NS
+    windows = np.zeros(int(kept.sum()), dtype=[("start_ns", "<i8"), ("end_ns", "<i8"), ("cpu", "<i2")])
+    windows["start_ns"], windows["end_ns"], windows["cpu"] = starts[kept], ends[kept], records["cpu"][kept]
+    return windows, "stolen spans the guest read from its runstate area" if stream.measures_stolen else "sample windows"
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,9 +307,11 @@ def _contained(starts: np.ndarray, ends: np.ndarray, first: np.ndarray,
 
 
 def explain_trace(trace: Trace, domains: XenDomains, windows: np.ndarray, cpu_khz: int | None,
-                  wrapped: bool = False, samples: np.ndarray | None = None) -> LayerTrace:
+                  wrapped: bool = False, samples: np.ndarray | None = None, basis: str = "sample windows"
+                  ) -> LayerTrace:
     """Occupancies of the Xen layer around the outlier ``windows``, on the sample clock, from a read trace; the
-    clocks are aligned with ``samples`` (every sample's window) when given, else with the outliers."""
+    clocks are aligned with ``samples`` (every sample's window, or the guest's stolen spans: ``basis`` says which)
+    when given, else with the outliers."""
     assert domains.measuring is not None
     notes = [f"xentrace: {trace.records} scheduler records"]
     if wrapped:
@@ -328,7 +340,9 @@ def explain_trace(trace: Trace, domains: XenDomains, windows: np.ndarray, cpu_kh
                           why_not="Xen's clock could not be aligned with the domU's: fewer than three outlier windows "
                                   "hold a wait of the measuring vCPU that starts or ends with them (Xen did not hold "
                                   "the vCPU back in these windows, or the trace missed them)")
-    notes.append(f"aligned by {alignment.matched} sample windows holding a wait of the measuring vCPU "
+    used = basis if samples is not None and len(samples) else "outlier windows"
+    notes.append(f"aligned by {alignment.matched} {used} holding a "
+                 f"wait of the measuring vCPU "
                  f"(TSC at {1e6 / alignment.slope / 1e3:.3f} MHz; largest residual "
                  f"{alignment.uncertainty_ns / 1e3:.1f} us)")
     occupancies = _occupancies(trace, domains, by_vcpu, windows, alignment)

@@ -211,11 +211,17 @@ class XenEnvironment(XenTeardown):
         return domu
 
     def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
-        """The Xen layer (explain.xen): xentrace in this domU's dom0 beside the run; disturbing domUs add none."""
+        """The Xen layer (explain.xen): xentrace in this domU's dom0 beside the run; the bare-metal guest's layer
+        (explain.guest: its stolen time per sample, its timer IRQ's split); disturbing domUs add none."""
+        from ...explain.guest import BaremetalGuestSource
         from ...explain.xen import XenDom0, XenDomains, XenTraceSource
 
-        if self._parent is not None or "xen" not in config.layers:
+        if self._parent is not None:
             return []
+        guest: list[TraceSource] = [BaremetalGuestSource(lambda: self._stream_out)] \
+            if self.config.guest == "baremetal" and "guest" in config.layers else []
+        if "xen" not in config.layers:
+            return guest
 
         def open_dom0() -> XenDom0:
             self.start()
@@ -229,7 +235,7 @@ class XenEnvironment(XenTeardown):
                               {"period_ns": rtds.period, "budget_ns": rtds.budget} if rtds is not None else {},
                               self._stream_out)
 
-        return [XenTraceSource(open_dom0, domains, self.workdir / "explain-xen", buffer_mb=config.buffer_mb)]
+        return [XenTraceSource(open_dom0, domains, self.workdir / "explain-xen", buffer_mb=config.buffer_mb), *guest]
 
     def platform_audit(self) -> dict[str, Any]:
         dom0 = self._dom0
