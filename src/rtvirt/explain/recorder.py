@@ -67,7 +67,7 @@ class _Chunk:
     seq: int
     first_ns: int
     last_ns: int
-    data: bytes  # the chunk's trace text, zlib-compressed (a tenth of the text: the bound holds ten times more)
+    data: bytes  # the chunk's trace text, zlib-compressed (the bound holds several times more than the text)
     first_switch_ns: int | None  # the first sched_switch in it (walk-back anchor), None if it has none
     lines: int
     next_first_ns: int | None = None  # where the next chunk begins (None: not read yet)
@@ -103,7 +103,7 @@ def _first_switch(text: str) -> int | None:
 
 class FlightRecorder:
     """Drains ``instance_path``'s per-CPU pipes for ``cpus`` beside the run writing ``samples``; keeps at most
-    ``bound_bytes`` of trace text per CPU around the windows ``rule`` says can become explained outliers.
+    ``bound_bytes`` of compressed trace per CPU around the windows ``rule`` says can become explained outliers.
     ``margin_ns``: how far around a window the attribution reads (host.MARGIN_NS)."""
 
     def __init__(self, instance_path: Path, cpus: Sequence[int], samples: Path, rule: KeepRule, *,
@@ -115,7 +115,6 @@ class FlightRecorder:
         # candidates: (cpu, start, latency) -> end; the running top values of samples above the rule's floor
         self._candidates: dict[tuple[int, int, int], int] = {}
         self._top: list[int] = []
-        self.seen_samples = 0
         self.max_lag_ns = 0
         self.lost: dict[tuple[int, int, int], LostWindow] = {}
         self.problems: list[str] = []
@@ -139,6 +138,11 @@ class FlightRecorder:
     # ---- the thread ------------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        # the recorder is the instrument's own noise: off the traced CPUs when others are usable (as the agent's
+        # writer); a thread's affinity is its own
+        with contextlib.suppress(OSError):
+            if others := os.sched_getaffinity(0) - set(self.cpus):
+                os.sched_setaffinity(0, others)
         while not self._stop.wait(DRAIN_S):
             try:
                 with self._lock:
@@ -177,6 +181,8 @@ class FlightRecorder:
         cut = text.rfind("\n") + 1
         state.partial = text[cut:]
         lines = text[:cut].splitlines()
+        if "[LOST " in text:  # the pipe's own "CPU:1 [LOST 12 EVENTS]" (the instance's stats count them)
+            lines = [line for line in lines if not line.startswith("CPU:")]
         if lines:
             self.take(state.cpu, lines)
 
@@ -185,7 +191,10 @@ class FlightRecorder:
         state = self._cpus[cpu]
         start = 0
         while start < len(lines):
-            first = line_stamp(lines[start]) or 0
+            first = line_stamp(lines[start])
+            if first is None:  # not an event line: no time to file it under
+                start += 1
+                continue
             boundary = (first // CHUNK_NS + 1) * CHUNK_NS
             end = bisect.bisect_left(lines, boundary, lo=start + 1, key=lambda line: line_stamp(line) or 0)
             text = "\n".join(lines[start:end])
@@ -203,7 +212,7 @@ class FlightRecorder:
         assert self._reader is not None
         try:
             records = self._reader.poll(final=final)
-        except Exception as exc:  # noqa: BLE001 - a corrupt or missing file: keep everything from now on
+        except Exception as exc:  # noqa: BLE001 - a corrupt or missing file: from now on, keep the newest trace
             self._following = False
             self.problems.append(f"the flight recorder could not follow the samples: {exc}"[:300])
             return
@@ -219,7 +228,6 @@ class FlightRecorder:
         """New samples (stream records, in the file's order): hold those that can become explained outliers."""
         if not records.size:
             return
-        self.seen_samples += int(records.size)
         values = records["value"].astype(np.int64)
         floor = max(self.rule.above_ns, self._top[0] if len(self._top) >= self.rule.top else self.rule.above_ns)
         chosen = np.flatnonzero(values > floor)
@@ -269,9 +277,10 @@ class FlightRecorder:
                 continue
             for chunk in span:
                 needers.setdefault(chunk.seq, []).append(key)
-        if horizon is None:  # the run is over: only what a candidate needs stays
+        # (without the samples the candidates are not known: nothing is discarded, the bound keeps the newest)
+        if self._following and horizon is None:  # the run is over: only what a candidate needs stays
             self._keep_only(state, lambda chunk: chunk.seq in needers)
-        else:
+        elif self._following and horizon is not None:
             # the newest chunk holding a switch before any later window's margin: no later sample needs what
             # lies before it
             anchor = next((chunk.seq for chunk in reversed(chunks)
