@@ -378,8 +378,9 @@ def test_the_flight_recorder_explains_early_outliers_a_whole_buffer_read_lost(re
     assert trace.dropped_events == 0 and not recorded["sources"]["recorder"].recorder.lost, trace.notes
     # every outlier reads as from the whole trace, up to the few microseconds by which two instances stamp one
     # event differently (test_the_recorders_kept_trace_reads_exactly_as_the_whole_one: exactly, on one trace)
-    same = [rank for rank in reference if [c for _, c, _, _ in recorder[rank]] == [c for _, c, _, _ in reference[rank]]]
-    assert len(same) >= 0.9 * len(reference), (len(same), len(reference))
+    for rank, found in reference.items():  # nothing the whole trace explains is left unexplained live
+        if any(layer == "host" for layer, *_ in found):
+            assert any(layer == "host" for layer, *_ in recorder[rank]), (rank, recorder[rank])
     for rank in early:
         mine = [sum(d for _, c, _, d in found[rank] if _ours(c, tasks)) for found in (recorder, reference)]
         assert abs(mine[0] - mine[1]) <= 20_000, (rank, mine)

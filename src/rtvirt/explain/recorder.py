@@ -115,6 +115,7 @@ class FlightRecorder:
         # candidates: (cpu, start, latency) -> end; the running top values of samples above the rule's floor
         self._candidates: dict[tuple[int, int, int], int] = {}
         self._top: list[int] = []
+        self._settled: dict[tuple[int, int, int], tuple[int, int]] = {}  # candidate -> its chunks, read whole
         self.max_lag_ns = 0
         self.lost: dict[tuple[int, int, int], LostWindow] = {}
         self.problems: list[str] = []
@@ -246,6 +247,7 @@ class FlightRecorder:
             least = self._top[0]
             for key in [key for key in self._candidates if key[2] < least]:
                 del self._candidates[key]
+                self._settled.pop(key, None)
 
     def settle(self, horizon: int | None) -> None:
         """Keep what the candidates need, discard what no sample starting after ``horizon`` can need (None: the
@@ -260,6 +262,11 @@ class FlightRecorder:
         firsts = [chunk.first_ns for chunk in chunks]
         for key, end in self._candidates.items():
             if key[0] != state.cpu or key in self.lost:
+                continue
+            settled = self._settled.get(key)
+            if settled is not None:  # its trace was read whole: only the bound can take it now (and says so)
+                for seq in range(settled[0], settled[1] + 1):
+                    needers.setdefault(seq, []).append(key)
                 continue
             low, high = key[1] - self.margin_ns, end + self.margin_ns
             # from the last chunk starting at or before low back to one with a switch before low: events_around
@@ -277,6 +284,8 @@ class FlightRecorder:
                 continue
             for chunk in span:
                 needers.setdefault(chunk.seq, []).append(key)
+            if span[-1].next_first_ns is not None and span[-1].next_first_ns > high:
+                self._settled[key] = (span[0].seq, span[-1].seq)
         # (without the samples the candidates are not known: nothing is discarded, the bound keeps the newest)
         if self._following and horizon is None:  # the run is over: only what a candidate needs stays
             self._keep_only(state, lambda chunk: chunk.seq in needers)
