@@ -349,6 +349,8 @@ def recorder_notes(recorder: FlightRecorder, windows: np.ndarray, header: dict[s
     lost: dict[str, list[str]] = {"bound": [], "late": [], "missed": []}
     for rank, (begin, _, cpu, latency) in enumerate(windows[["start_ns", "end_ns", "cpu", "latency_ns"]].tolist(), 1):
         key = (int(cpu), int(begin), int(latency))
+        if key[0] not in recorder.cpus:  # a CPU this layer does not trace: nothing of it was to keep
+            continue
         why = recorder.lost[key].why if key in recorder.lost else None if recorder.held(*key) else "missed"
         if why is not None:
             lost[why].append(f"#{rank} at +{(begin - start) / 1e9:.3f} s on CPU {cpu} ({latency / 1e3:.1f} us)"

@@ -11,7 +11,7 @@ chunk is kept while such a sample's window, with the attribution's margin around
 the chunks back to a ``sched_switch`` before the window (``TracefsInstance.events_around`` starts there:
 what was running when the window began); the others are discarded once no later sample can need them
 (older than ``SLACK_NS`` plus the margin, and behind a switch). When the kept chunks of a CPU exceed the
-bound, the oldest unneeded chunk goes first, then the chunks of the smallest candidate; every window that
+bound, the chunks of the smallest candidate go first, then the oldest unneeded ones; every window that
 lost events that way is remembered and named in the layer's notes. Nothing is guessed: a window whose trace
 is whole is read exactly as the whole trace would have been read.
 """
@@ -40,7 +40,7 @@ __all__ = ["FlightRecorder", "KeepRule", "LostWindow", "CHUNK_NS", "DRAIN_S", "S
 
 CHUNK_NS = 10_000_000  # trace time per chunk: what is kept around a window is rounded out to this
 DRAIN_S = 0.05  # how often the per-CPU pipes are drained and the sample file is read
-SLACK_NS = 2_000_000_000  # how late a sample may reach the file after its window (the agent writes 4x a second)
+SLACK_NS = 1_000_000_000  # how late a sample may reach the file after its window (the agent writes 4x a second)
 RING_KB = 4096  # the kernel's ring per CPU while the recorder drains it (never above the kept bound)
 SWITCH = "sched_switch:"
 _READ = 1 << 20
@@ -296,12 +296,22 @@ class FlightRecorder:
                            if _anchored(chunk, horizon - self.margin_ns)), None)
             if anchor is not None:
                 self._keep_only(state, lambda chunk: chunk.seq >= anchor or chunk.seq in needers)
-        while state.bytes > self.bound_bytes and state.chunks:
-            unneeded = next((chunk for chunk in state.chunks if chunk.seq not in needers), None)
-            victim = unneeded or min(state.chunks, key=lambda c: (max(key[2] for key in needers[c.seq]), c.seq))
-            self._drop(state, victim)
-            for key in needers.get(victim.seq, ()):
-                self.lost.setdefault(key, LostWindow(key[0], key[1], key[2], "bound"))
+        if state.bytes > self.bound_bytes:
+            # the smallest candidates' chunks go first, then the oldest no candidate needs yet: what was read
+            # last may still become the largest outlier's window (its sample is on its way)
+            def worth(chunk: _Chunk) -> tuple[int, int, int]:
+                keys = needers.get(chunk.seq)
+                return (0, max(key[2] for key in keys), chunk.seq) if keys else (1, 0, chunk.seq)
+
+            dropped = set()
+            for victim in sorted(state.chunks, key=worth):
+                if state.bytes <= self.bound_bytes:
+                    break
+                self._drop(state, victim)
+                dropped.add(victim.seq)
+                for key in needers.get(victim.seq, ()):
+                    self.lost.setdefault(key, LostWindow(key[0], key[1], key[2], "bound"))
+            state.chunks = [chunk for chunk in state.chunks if chunk.seq not in dropped]
         state.peak_bytes = max(state.peak_bytes, state.bytes)
 
     def _keep_only(self, state: _Cpu, keep: Callable[[_Chunk], bool]) -> None:
@@ -344,7 +354,7 @@ class FlightRecorder:
         return None
 
     def _drop(self, state: _Cpu, victim: _Chunk) -> None:
-        state.chunks.remove(victim)
+        """Account for a chunk the bound drops (the caller takes it out of ``state.chunks``)."""
         state.bytes -= len(victim.data)
         state.dropped_lines += victim.lines
         # its seq and start, merged with the last drop's when they are neighbours (a long drop is one entry)
