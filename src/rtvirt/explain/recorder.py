@@ -389,6 +389,10 @@ class FlightRecorder:
     def close(self) -> None:
         """Close the pipes (the instance cannot be removed while they are open); idempotent."""
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)  # (a second Ctrl-C may have cut finish's join short)
+            if self._thread.is_alive():  # it may still read them: leave them open, the instance to reclaim
+                return
         for state in self._cpus.values():
             if state.fd >= 0:
                 with contextlib.suppress(OSError):
