@@ -38,10 +38,12 @@ def run_once(cpu: int, priority: int, interval_ns: int, duration_ns: int, work: 
     config = ExplainConfig.model_validate({})
     session = ExplainSession(config, host_sources((cpu,), config)) if explain else None
     pids: list[int] = []
+    samples = work / "timer.rtvs"
+    samples.unlink(missing_ok=True)
     if session is not None:
-        session.start()
+        session.start(samples)  # as a campaign and `rtvirt probe --explain` do: the flight recorder follows it
     try:
-        stream = run_probe(spec, params, work / "timer.rtvs", on_launch=pids.append)
+        stream = run_probe(spec, params, samples, on_launch=pids.append)
     finally:
         if session is not None:
             session.stop()

@@ -121,8 +121,9 @@ class SampleStream:
 class StreamReader:
     """Incremental reader: call :meth:`poll` while the agent runs, :meth:`finish` after it exits."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, keep: bool = True) -> None:
         self.path = Path(path)
+        self.keep = keep  # False: poll() only returns the new records (a follower that keeps its own)
         self.header: dict[str, Any] | None = None
         self._offset = 0
         self._chunks: list[np.ndarray] = []
@@ -191,7 +192,8 @@ class StreamReader:
         if is_meta.any():
             self._meta.append(records[is_meta])
             records = records[~is_meta]
-        self._chunks.append(records)
+        if self.keep:
+            self._chunks.append(records)
         return records
 
     def _valid_prefix(self, records: np.ndarray) -> np.ndarray:
@@ -224,11 +226,14 @@ class StreamReader:
         """The END record has been read: every record the writer wrote is in hand."""
         return self._ended
 
-    def finish(self) -> SampleStream:
-        self.poll(final=True)
+    def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+    def finish(self) -> SampleStream:
+        self.poll(final=True)
+        self.close()
         assert self.header is not None
         records = np.concatenate(self._chunks) if self._chunks else np.empty(0, RECORD)
         stream = SampleStream(self.header, records, corrupt=self.corrupt)

@@ -258,7 +258,7 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
                 params.check_host(env.platform_cpus())  # a v2 partition root took its CPUs from us
             if scenario.explain is not None and scenario.explain.enabled:
                 explaining = session_for(env, scenario.explain)
-                explaining.start()  # before any stressor: the trace covers the whole run
+                explaining.start(run.stream_path)  # before any stressor: the trace covers the whole run
             if plan.events:
                 disturbance.prepare()
             if plan.start_order == "stress-first":

@@ -107,7 +107,7 @@ def _measure_and_explain(spec: ProbeSpec, params: Any, run: RunDir, target: Any,
 
     try:
         if explaining is not None:
-            explaining.start()
+            explaining.start(run.stream_path)
         if bar is not None:
             with bar:
                 stream = measure()

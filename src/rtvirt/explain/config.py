@@ -32,7 +32,10 @@ class ExplainConfig(BaseModel):
     top: int = Field(DEFAULT_TOP, ge=1, le=100_000, description="explain at most this many outliers, largest first")
     layers: list[TracedLayer] = Field(default_factory=lambda: list(TRACED_LAYERS),
                                       description="layers to trace where the environment offers them")
-    buffer_mb: int = Field(64, ge=1, le=4096, description="trace buffer per traced CPU, in MiB")
-    flight_recorder: bool = Field(True, description="when the buffer is full, keep the newest events (a long run "
-                                  "keeps its end) instead of the first ones; either way the run says how many "
-                                  "were dropped")
+    buffer_mb: int = Field(64, ge=1, le=4096, description="trace kept per traced CPU, in MiB (the flight "
+                           "recorder's bound; the whole buffer where there is no recorder)")
+    flight_recorder: bool = Field(True, description="on this host, read the trace while the run goes and keep only "
+                                  "the windows around samples that can become outliers, so a long run keeps its "
+                                  "early outliers' causes; elsewhere (targets, VM layer) a full buffer keeps the "
+                                  "newest events. false: one buffer read at the end that keeps the first events. "
+                                  "Either way the run says what the bound dropped")

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .model import CollectContext, Layer, LayerTrace, Occupancy
+from .recorder import RING_KB, FlightRecorder, KeepRule
 from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, TracefsAccess, TracefsInstance, TracingUnavailable, body_fields
 
 __all__ = ["HostSource", "HOST_EVENTS", "occupancies_from_events", "task_cause", "bounded", "steal_ns",
@@ -40,6 +41,7 @@ AHEAD_OF_RT = " (kept the CPU after the real-time thread was woken)"
 UNTRACED_IN = " (its switch-in was not traced: counted from its wake-up)"
 MARGIN_NS = 1_000_000  # occupancies kept this far around each window (the report's timelines)
 MAX_NAME = 64
+MAX_NAMED = 20  # outlier windows named one by one in a note
 
 _SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>-?\d+) prev_prio=(?P<prev_prio>-?\d+) "
                      r"prev_state=\S+ ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>-?\d+) "
@@ -253,23 +255,49 @@ class HostSource:
     layer: Layer = "host"
 
     def __init__(self, cpus: Sequence[int], *, buffer_mb: int = 64, flight_recorder: bool = True,
-                 events: Sequence[str] = HOST_EVENTS, access: TracefsAccess | None = None) -> None:
+                 events: Sequence[str] = HOST_EVENTS, access: TracefsAccess | None = None,
+                 keep: KeepRule | None = None, keep_kb: int | None = None) -> None:
         self.cpus = tuple(cpus)
         self.remote = access is not None  # a target's: its tasks' policies cannot be asked of this kernel
         self.read_system: Callable[[str], str] = getattr(access, "read_system", read_local)
         # only real-time wake-ups matter (a woken RT thread kept waiting): the others are not recorded at all
         self.instance = TracefsInstance(self.cpus, events, buffer_kb=buffer_mb * 1024, overwrite=flight_recorder,
                                         filters={"sched:sched_wakeup": "prio < 100"}, access=access)
+        # the flight recorder (explain.recorder): on this machine, told the samples file and which samples can
+        # become explained outliers; it keeps at most keep_kb of trace per CPU (default: the buffer's size)
+        self.keep = keep if flight_recorder and not self.remote else None
+        self.keep_kb = keep_kb or buffer_mb * 1024
+        self.samples: Path | None = None
+        self.recorder: FlightRecorder | None = None
         self.why_not: str | None = None
         self.policies: dict[int, str] = {}
         self._started = False
 
+    def follow(self, samples: Path) -> None:
+        """The file the run's samples are written to while it goes (before ``start``)."""
+        self.samples = samples
+
     def start(self) -> None:
+        recording = self.keep is not None and self.samples is not None
+        if recording:  # drained every DRAIN_S: the kernel's ring only bridges the recorder's pauses
+            self.instance.buffer_kb = min(self.instance.buffer_kb, RING_KB, self.keep_kb)
         try:
             self.instance.start()
             self._started = True
         except TracingUnavailable as exc:
             self.why_not = str(exc)
+            return
+        if recording:
+            assert self.instance.path is not None and self.samples is not None and self.keep is not None
+            recorder = FlightRecorder(self.instance.path, self.cpus, self.samples, self.keep,
+                                      bound_bytes=self.keep_kb * 1024, margin_ns=MARGIN_NS)
+            try:
+                recorder.start()
+            except OSError as exc:
+                self.instance.problems.append(f"the flight recorder could not start ({exc.strerror or exc}): the "
+                                              f"{self.instance.buffer_kb} KiB buffer is read at the end instead")
+                return
+            self.recorder = self.instance.drain = recorder
 
     def stop(self) -> None:
         if not self._started:
@@ -295,13 +323,49 @@ class HostSource:
         notes = list(self.instance.problems)
         if self.instance.missing_events:
             notes.append(f"events not on this kernel: {', '.join(self.instance.missing_events)}")
-        if self.instance.dropped_events:
-            notes.append(f"the trace buffer bound dropped {self.instance.dropped_events} events")
+        dropped = self.instance.dropped_events
+        if self.recorder is not None:
+            if dropped:
+                notes.append(f"the kernel's trace ring overflowed before the flight recorder read it: {dropped} "
+                             "events lost")
+            notes += recorder_notes(self.recorder, context.windows, context.header, self.keep_kb)
+            dropped += self.recorder.dropped_lines
+        elif dropped:
+            notes.append(f"the trace buffer bound dropped {dropped} events")
         kept = near_windows(occupancies, context.windows)
         if context.header.get("probe") == "timer":
             kept += before_timer_interrupt(kept, context.windows)
         return LayerTrace("host", seen=True, occupancies=kept, alignment_ns=TEXT_RESOLUTION_NS,
-                          dropped_events=self.instance.dropped_events, notes=notes)
+                          dropped_events=dropped, notes=notes)
+
+
+def recorder_notes(recorder: FlightRecorder, windows: np.ndarray, header: dict[str, object],
+                   keep_kb: int) -> list[str]:
+    """What the flight recorder's bound cost, named window by window (rank, time from the run's start, CPU)."""
+    notes = []
+    if recorder.dropped_lines:
+        notes.append(f"the flight recorder's bound ({keep_kb} KiB per CPU) dropped {recorder.dropped_lines} events")
+    start = int(header.get("start_monotonic_ns") or 0)  # type: ignore[call-overload]
+    lost: dict[str, list[str]] = {"bound": [], "late": [], "missed": []}
+    for rank, (begin, _, cpu, latency) in enumerate(windows[["start_ns", "end_ns", "cpu", "latency_ns"]].tolist(), 1):
+        key = (int(cpu), int(begin), int(latency))
+        if key[0] not in recorder.cpus:  # a CPU this layer does not trace: nothing of it was to keep
+            continue
+        why = recorder.lost[key].why if key in recorder.lost else None if recorder.held(*key) else "missed"
+        if why is not None:
+            lost[why].append(f"#{rank} at +{(begin - start) / 1e9:.3f} s on CPU {cpu} ({latency / 1e3:.1f} us)"
+                             if start else f"#{rank} on CPU {cpu} ({latency / 1e3:.1f} us)")
+    said = {"bound": "lost trace events to the flight recorder's bound",
+            "late": f"lost trace events: their samples reached the recorder after that trace was discarded (the "
+                    f"latest sample came {recorder.max_lag_ns / 1e9:.2f} s after its window ended)",
+            "missed": "were not held by the flight recorder (their samples never reached it)"}
+    for why, named in lost.items():
+        if named:
+            shown = ", ".join(named[:MAX_NAMED]) + (f" and {len(named) - MAX_NAMED} more" if len(named) > MAX_NAMED
+                                                     else "")
+            notes.append(f"{len(named)} outlier windows {said[why]} (their parts may be unexplained or "
+                         f"incomplete): {shown}")
+    return notes
 
 
 def _spans(windows: np.ndarray, margin_ns: int) -> list[tuple[int, int, int]]:

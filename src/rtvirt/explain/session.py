@@ -1,6 +1,6 @@
 """Tracing beside one run, from arming the sources to the explanation stored with the samples.
 
-A campaign run and ``rtvirt probe --explain`` both: ``start()`` before the agent, ``stop()`` as soon as it
+A campaign run and ``rtvirt probe --explain`` both: ``start(samples)`` before the agent, ``stop()`` as soon as it
 ended and again in every exit path (idempotent), then ``explain_into(run_dir, stream, agent_pids)``. A
 source that fails is recorded as a layer that could not be seen; nothing here ever raises into the run.
 """
@@ -59,11 +59,16 @@ class ExplainSession:
         self.failed.setdefault(index, LayerTrace(self.sources[index].layer, seen=False,
                                                  why_not=f"{what} failed: {_reason(exc)}"))
 
-    def start(self) -> None:
+    def start(self, samples: Path | None = None) -> None:
+        """Arm every source; ``samples``: the file the run's samples will be written to while it goes (a
+        source with a flight recorder follows it to keep the trace around what can become an outlier)."""
         self._steal = [steal_ns(self.read_system)]
         self._running = True
         for index, source in enumerate(self.sources):
             try:
+                follow = getattr(source, "follow", None)
+                if samples is not None and follow is not None:
+                    follow(samples)
                 source.start()
             except Exception as exc:  # noqa: BLE001 - a tracer never fails the measurement
                 self._fail(index, "start", exc)

@@ -35,8 +35,12 @@ def host_sources(cpus: tuple[int, ...], config: ExplainConfig, access: TracefsAc
     if "host" not in config.layers:
         return []
     from .host import HostSource
+    from .recorder import KeepRule
 
-    return [HostSource(cpus, buffer_mb=config.buffer_mb, flight_recorder=config.flight_recorder, access=access)]
+    # the final threshold is never below the set one or the rule's floor: what the recorder keeps (explain.recorder)
+    keep = KeepRule(config.threshold if config.threshold is not None else config.floor, config.top)
+    return [HostSource(cpus, buffer_mb=config.buffer_mb, flight_recorder=config.flight_recorder, access=access,
+                       keep=keep)]
 
 
 def session_for(env: Environment, config: ExplainConfig) -> ExplainSession:

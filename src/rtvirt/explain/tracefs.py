@@ -29,7 +29,8 @@ from typing import NamedTuple, Protocol
 from ..procs import process_start_time
 
 __all__ = ["TracefsInstance", "TracefsAccess", "LocalTracefs", "TraceEvent", "TracingUnavailable", "parse_trace",
-           "body_fields", "tracefs_root", "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS"]
+           "body_fields", "line_stamp", "tracefs_root", "TraceDrain",
+           "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS"]
 
 MOUNT_POINTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 INSTANCE_PREFIX = "rtvirt-"
@@ -65,6 +66,12 @@ class TraceEvent(NamedTuple):
 def body_fields(body: str) -> dict[str, str]:
     """The ``key=value`` fields of an event's body (values without spaces: comms need the event's own regex)."""
     return dict(_FIELD.findall(body))
+
+
+def line_stamp(line: str) -> int | None:
+    """The time stamp of one trace line (None: not an event line)."""
+    match = _LINE.match(line)
+    return int(match["sec"]) * 1_000_000_000 + int(match["usec"]) * 1000 if match else None
 
 
 def parse_trace(lines: Iterable[str]) -> Iterator[TraceEvent]:
@@ -189,6 +196,17 @@ class LocalTracefs:
         return reclaim_instances(Path(root))
 
 
+class TraceDrain(Protocol):
+    """What reads an instance while it records (``explain.recorder.FlightRecorder``): after tracing stopped,
+    ``finish`` gives each CPU's kept trace text; ``close`` (idempotent) lets go of the instance's files."""
+
+    problems: list[str]
+
+    def finish(self) -> dict[int, str]: ...
+
+    def close(self) -> None: ...
+
+
 def _stats(text: str) -> dict[str, int]:
     """``per_cpu/cpuN/stats`` ("overrun: 12", "dropped events: 0", ...) as counts."""
     counts = {}
@@ -243,6 +261,8 @@ class TracefsInstance:
         self.dropped_events = 0  # lost to the bound (overrun) or never written (dropped)
         self.missing_events: list[str] = []  # asked for but absent on this kernel
         self.problems: list[str] = []  # what went wrong while stopping (the trace may be incomplete)
+        # set once started: reads the trace while the run goes (then stop() takes its text, not the buffer's)
+        self.drain: TraceDrain | None = None
 
     def _write(self, name: str, value: str) -> None:
         assert self.path is not None
@@ -291,10 +311,14 @@ class TracefsInstance:
         try:
             with contextlib.suppress(OSError):
                 self.access.write(str(self.path / "tracing_on"), "0")
+            if self.drain is not None:
+                self.texts = self.drain.finish()
+                self.problems += self.drain.problems
             for cpu in self.cpus:
                 per_cpu = self.path / "per_cpu" / f"cpu{cpu}"
                 try:
-                    self.texts[cpu] = self.access.read(str(per_cpu / "trace"))
+                    if self.drain is None:
+                        self.texts[cpu] = self.access.read(str(per_cpu / "trace"))
                     stats = _stats(self.access.read(str(per_cpu / "stats")))
                 except OSError as exc:
                     self.problems.append(f"cpu{cpu}: trace not read: {exc.strerror or exc}")
@@ -307,6 +331,8 @@ class TracefsInstance:
         path, self.path = self.path, None
         if path is None:
             return
+        if self.drain is not None:
+            self.drain.close()  # its open pipes would keep the instance busy
         try:
             self.access.rmdir(str(path))
         except OSError as exc:  # busy (someone holds a file of it open): reclaimed once we are gone
@@ -315,10 +341,10 @@ class TracefsInstance:
     def events(self) -> list[TraceEvent]:
         """Everything that was recorded (parsed once), each CPU's events in time order."""
         if self._events is None:
-            self._events = [event for cpu in self.cpus for event in parse_trace(self._lines(cpu))]
+            self._events = [event for cpu in self.cpus for event in parse_trace(self.lines(cpu))]
         return self._events
 
-    def _lines(self, cpu: int) -> list[str]:
+    def lines(self, cpu: int) -> list[str]:
         """A CPU's event lines in time order (the header's comment lines dropped), split once."""
         if cpu not in self._split:
             lines = self.texts.pop(cpu, "").splitlines()
@@ -330,15 +356,14 @@ class TracefsInstance:
         """The events of ``cpu`` in [start_ns, end_ns], from the last line holding ``back_to`` before
         ``start_ns`` (what was running when it began) on: only these lines are parsed, found by bisection,
         so a long trace costs little when a few windows of it matter."""
-        lines = self._lines(cpu)
+        lines = self.lines(cpu)
 
         def stamp(line: str) -> int:
-            match = _LINE.match(line)
-            return int(match["sec"]) * 1_000_000_000 + int(match["usec"]) * 1000 if match else 0
+            return line_stamp(line) or 0
 
         first = bisect.bisect_left(lines, start_ns, key=stamp)
         last = bisect.bisect_right(lines, end_ns, lo=first, key=stamp)
-        while first > 0 and back_to not in lines[first]:
+        while first > 0 and (first == len(lines) or back_to not in lines[first]):  # (a window after the trace)
             first -= 1
         return list(parse_trace(lines[first:last]))
 

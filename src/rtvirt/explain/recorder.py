@@ -1,0 +1,416 @@
+"""The flight recorder: drains a tracefs instance while the run goes and keeps only the trace that can still
+explain an outlier, within a byte bound per CPU.
+
+A thread reads each traced CPU's ``per_cpu/cpuN/trace_pipe`` (consuming, non-blocking) every ``DRAIN_S`` and
+cuts what it read into chunks of ``CHUNK_NS`` of trace time. It follows the run's sample file as the agent
+writes it (:class:`~rtvirt.stream.StreamReader`) and holds the samples that can still be explained: above the
+floor of the outlier threshold (the set ``threshold``, else the rule's ``floor``: the final threshold, the
+larger of p99.9 and the floor, is never below it) and not below the running ``top``-th largest value (the
+``top`` largest of all samples can only grow, so a sample below it now is never among the explained). A
+chunk is kept while such a sample's window, with the attribution's margin around it, needs it, including
+the chunks back to a ``sched_switch`` before the window (``TracefsInstance.events_around`` starts there:
+what was running when the window began); the others are discarded once no later sample can need them
+(older than ``SLACK_NS`` plus the margin, and behind a switch). When the kept chunks of a CPU exceed the
+bound, the chunks of the smallest candidate go first, then the oldest unneeded ones; every window that
+lost events that way is remembered and named in the layer's notes. Nothing is guessed: a window whose trace
+is whole is read exactly as the whole trace would have been read.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import errno
+import heapq
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from ..stream import StreamReader
+from .tracefs import line_stamp
+
+__all__ = ["FlightRecorder", "KeepRule", "LostWindow", "CHUNK_NS", "DRAIN_S", "SLACK_NS", "RING_KB"]
+
+CHUNK_NS = 10_000_000  # trace time per chunk: what is kept around a window is rounded out to this
+DRAIN_S = 0.05  # how often the per-CPU pipes are drained and the sample file is read
+SLACK_NS = 1_000_000_000  # how late a sample may reach the file after its window (the agent writes 4x a second)
+RING_KB = 4096  # the kernel's ring per CPU while the recorder drains it (never above the kept bound)
+SWITCH = "sched_switch:"
+_READ = 1 << 20
+
+
+class KeepRule(NamedTuple):
+    """Which samples can become explained outliers: value above ``above_ns``, among the ``top`` largest."""
+
+    above_ns: int
+    top: int
+
+
+class LostWindow(NamedTuple):
+    """A candidate outlier window (sample clock) whose trace the recorder could not keep whole, and why."""
+
+    cpu: int
+    start_ns: int
+    latency_ns: int
+    why: str  # "bound": the byte bound dropped part of it; "late": its sample came after the trace went
+
+
+@dataclass(slots=True)
+class _Chunk:
+    seq: int
+    first_ns: int
+    last_ns: int
+    data: bytes  # the chunk's trace text, zlib-compressed (the bound holds several times more than the text)
+    first_switch_ns: int | None  # the first sched_switch in it (walk-back anchor), None if it has none
+    lines: int
+    next_first_ns: int | None = None  # where the next chunk begins (None: not read yet)
+
+
+class _Cpu:
+    """One traced CPU's pipe and chunks (present ones by seq; dropped seq ranges remembered)."""
+
+    def __init__(self, cpu: int, fd: int) -> None:
+        self.cpu, self.fd = cpu, fd
+        self.chunks: list[_Chunk] = []  # seq order
+        self.newest: _Chunk | None = None  # the last chunk read (held or not)
+        self.partial = ""  # a line cut by a read
+        self.next_seq = 0
+        self.bytes = 0
+        self.peak_bytes = 0
+        self.dropped: list[tuple[int, int, int]] = []  # seq ranges the bound dropped: first, last, first's start
+        self.dropped_lines = 0
+
+
+def _anchored(chunk: _Chunk, before_ns: int) -> bool:
+    """The chunk holds a sched_switch before ``before_ns``."""
+    return chunk.first_switch_ns is not None and chunk.first_switch_ns < before_ns
+
+
+def _first_switch(text: str) -> int | None:
+    at = text.find(SWITCH)
+    if at < 0:
+        return None
+    begin, end = text.rfind("\n", 0, at) + 1, text.find("\n", at)
+    return line_stamp(text[begin:end if end >= 0 else len(text)])
+
+
+class FlightRecorder:
+    """Drains ``instance_path``'s per-CPU pipes for ``cpus`` beside the run writing ``samples``; keeps at most
+    ``bound_bytes`` of compressed trace per CPU around the windows ``rule`` says can become explained outliers.
+    ``margin_ns``: how far around a window the attribution reads (host.MARGIN_NS)."""
+
+    def __init__(self, instance_path: Path, cpus: Sequence[int], samples: Path, rule: KeepRule, *,
+                 bound_bytes: int, margin_ns: int) -> None:
+        self.path, self.samples, self.rule = instance_path, samples, rule
+        self.bound_bytes, self.margin_ns = bound_bytes, margin_ns
+        self.cpus = tuple(cpus)
+        self._cpus = {cpu: _Cpu(cpu, -1) for cpu in self.cpus}  # their pipes are opened by start()
+        # candidates: (cpu, start, latency) -> end; the running top values of samples above the rule's floor
+        self._candidates: dict[tuple[int, int, int], int] = {}
+        self._top: list[int] = []
+        self._settled: dict[tuple[int, int, int], tuple[int, int]] = {}  # candidate -> its chunks, read whole
+        self.max_lag_ns = 0
+        self.lost: dict[tuple[int, int, int], LostWindow] = {}
+        self.problems: list[str] = []
+        self._following = True
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._reader: StreamReader | None = None
+
+    def start(self) -> None:
+        try:
+            for cpu, state in self._cpus.items():
+                state.fd = os.open(self.path / "per_cpu" / f"cpu{cpu}" / "trace_pipe", os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            self.close()
+            raise
+        self._reader = StreamReader(self.samples, keep=False)
+        self._thread = threading.Thread(target=self._run, name="rtvirt-flight-recorder", daemon=True)
+        self._thread.start()
+
+    # ---- the thread ------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        # the recorder is the instrument's own noise: off the traced CPUs when others are usable (as the agent's
+        # writer); a thread's affinity is its own
+        with contextlib.suppress(OSError):
+            if others := os.sched_getaffinity(0) - set(self.cpus):
+                os.sched_setaffinity(0, others)
+        while not self._stop.wait(DRAIN_S):
+            try:
+                with self._lock:
+                    self._step(final=False)
+            except Exception as exc:  # noqa: BLE001 - a recorder never fails the measurement
+                self.problems.append(f"the flight recorder stopped: {type(exc).__name__}: {exc}"[:300])
+                return
+
+    def _step(self, final: bool) -> None:
+        for state in self._cpus.values():
+            self._drain(state)
+        if self._following and self._reader is not None:
+            self._follow(final)
+        # a window starting before the horizon is not expected any more: its sample would be later than twice
+        # the latest seen so far
+        slack = max(SLACK_NS, 2 * self.max_lag_ns)
+        self.settle(None if final else time.clock_gettime_ns(time.CLOCK_MONOTONIC) - slack)
+
+    def _drain(self, state: _Cpu) -> None:
+        if state.fd < 0:
+            return
+        parts = [state.partial]
+        while True:
+            try:
+                data = os.read(state.fd, _READ)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if not data:
+                break
+            parts.append(data.decode(errors="replace"))
+        text = "".join(parts)
+        cut = text.rfind("\n") + 1
+        state.partial = text[cut:]
+        lines = text[:cut].splitlines()
+        if "[LOST " in text:  # the pipe's own "CPU:1 [LOST 12 EVENTS]" (the instance's stats count them)
+            lines = [line for line in lines if not line.startswith("CPU:")]
+        if lines:
+            self.take(state.cpu, lines)
+
+    def take(self, cpu: int, lines: list[str]) -> None:
+        """Trace lines of ``cpu`` read since the last call (time-ordered), cut at every CHUNK_NS of trace time."""
+        state = self._cpus[cpu]
+        start = 0
+        while start < len(lines):
+            first = line_stamp(lines[start])
+            if first is None:  # not an event line: no time to file it under
+                start += 1
+                continue
+            boundary = (first // CHUNK_NS + 1) * CHUNK_NS
+            end = bisect.bisect_left(lines, boundary, lo=start + 1, key=lambda line: line_stamp(line) or 0)
+            text = "\n".join(lines[start:end])
+            last = line_stamp(lines[end - 1]) or first
+            data = zlib.compress(text.encode(), 1)
+            if state.newest is not None:
+                state.newest.next_first_ns = first
+            state.newest = _Chunk(state.next_seq, first, last, data, _first_switch(text), end - start)
+            state.chunks.append(state.newest)
+            state.next_seq += 1
+            state.bytes += len(data)
+            start = end
+
+    def _follow(self, final: bool) -> None:
+        assert self._reader is not None
+        try:
+            records = self._reader.poll(final=final)
+        except Exception as exc:  # noqa: BLE001 - a corrupt or missing file: from now on, keep the newest trace
+            self._following = False
+            self.problems.append(f"the flight recorder could not follow the samples: {exc}"[:300])
+            return
+        if self._reader.header is not None and self._reader.header.get("value_field") not in (
+                "latency_ns", "duration_ns"):
+            return  # values that are not windows are never explained
+        if records.size:  # how late samples reach the recorder after their window ended (docs, the slack)
+            ends = records["t_ns"].astype(np.int64) + records["value"].astype(np.int64)
+            self.max_lag_ns = max(self.max_lag_ns, time.clock_gettime_ns(time.CLOCK_MONOTONIC) - int(ends.min()))
+        self.consider(records)
+
+    def consider(self, records: np.ndarray) -> None:
+        """New samples (stream records, in the file's order): hold those that can become explained outliers."""
+        if not records.size:
+            return
+        values = records["value"].astype(np.int64)
+        floor = max(self.rule.above_ns, self._top[0] if len(self._top) >= self.rule.top else self.rule.above_ns)
+        chosen = np.flatnonzero(values > floor)
+        for index in chosen[np.argsort(-values[chosen], kind="stable")].tolist():
+            value = int(values[index])
+            if len(self._top) < self.rule.top:
+                heapq.heappush(self._top, value)
+            elif value > self._top[0]:
+                heapq.heapreplace(self._top, value)
+            else:
+                continue
+            cpu, start = int(records["cpu"][index]), int(records["t_ns"][index])
+            if cpu in self._cpus:
+                self._candidates[(cpu, start, value)] = start + value
+        if len(self._top) >= self.rule.top:  # fell below the running top-th largest: can never be explained
+            least = self._top[0]
+            for key in [key for key in self._candidates if key[2] < least]:
+                del self._candidates[key]
+                self._settled.pop(key, None)
+
+    def settle(self, horizon: int | None) -> None:
+        """Keep what the candidates need, discard what no sample starting after ``horizon`` can need (None: the
+        run is over, keep only what they need), hold the bound."""
+        for state in self._cpus.values():
+            self._maintain(state, horizon)
+
+    def _maintain(self, state: _Cpu, horizon: int | None) -> None:
+        """Mark what the candidates need, discard what no sample can need any more, hold the bound."""
+        needers: dict[int, list[tuple[int, int, int]]] = {}  # seq -> the candidates needing that chunk
+        chunks = state.chunks
+        firsts = [chunk.first_ns for chunk in chunks]
+        for key, end in self._candidates.items():
+            if key[0] != state.cpu or key in self.lost:
+                continue
+            settled = self._settled.get(key)
+            if settled is not None:  # its trace was read whole: only the bound can take it now (and says so)
+                for seq in range(settled[0], settled[1] + 1):
+                    needers.setdefault(seq, []).append(key)
+                continue
+            low, high = key[1] - self.margin_ns, end + self.margin_ns
+            # from the last chunk starting at or before low back to one with a switch before low: events_around
+            # reads from the last switch before the window's margin (what was running when it began)
+            index = max(bisect.bisect_right(firsts, low) - 1, 0)
+            while index < len(chunks) and not _anchored(chunks[index], low) and index > 0 and \
+                    chunks[index - 1].seq == chunks[index].seq - 1:
+                index -= 1
+            after = bisect.bisect_right(firsts, high)
+            span = chunks[index:after]
+            following = chunks[after].seq if after < len(chunks) else state.next_seq
+            why = self._gap(state, span, following, low, high)
+            if why is not None:  # part of its trace is gone: dropped by the bound, or gone before its sample came
+                self.lost[key] = LostWindow(key[0], key[1], key[2], why)
+                continue
+            for chunk in span:
+                needers.setdefault(chunk.seq, []).append(key)
+            if span[-1].next_first_ns is not None and span[-1].next_first_ns > high:
+                self._settled[key] = (span[0].seq, span[-1].seq)
+        # (without the samples the candidates are not known: nothing is discarded, the bound keeps the newest)
+        if self._following and horizon is None:  # the run is over: only what a candidate needs stays
+            self._keep_only(state, lambda chunk: chunk.seq in needers)
+        elif self._following and horizon is not None:
+            # the newest chunk holding a switch before any later window's margin: no later sample needs what
+            # lies before it
+            anchor = next((chunk.seq for chunk in reversed(chunks)
+                           if _anchored(chunk, horizon - self.margin_ns)), None)
+            if anchor is not None:
+                self._keep_only(state, lambda chunk: chunk.seq >= anchor or chunk.seq in needers)
+        if state.bytes > self.bound_bytes:
+            # the smallest candidates' chunks go first, then the oldest no candidate needs yet: what was read
+            # last may still become the largest outlier's window (its sample is on its way)
+            def worth(chunk: _Chunk) -> tuple[int, int, int]:
+                keys = needers.get(chunk.seq)
+                return (0, max(key[2] for key in keys), chunk.seq) if keys else (1, 0, chunk.seq)
+
+            dropped = set()
+            for victim in sorted(state.chunks, key=worth):
+                if state.bytes <= self.bound_bytes:
+                    break
+                self._drop(state, victim)
+                dropped.add(victim.seq)
+                for key in needers.get(victim.seq, ()):
+                    self.lost.setdefault(key, LostWindow(key[0], key[1], key[2], "bound"))
+            state.chunks = [chunk for chunk in state.chunks if chunk.seq not in dropped]
+        state.peak_bytes = max(state.peak_bytes, state.bytes)
+
+    def _keep_only(self, state: _Cpu, keep: Callable[[_Chunk], bool]) -> None:
+        kept = []
+        for chunk in state.chunks:
+            if keep(chunk):
+                kept.append(chunk)
+            else:
+                state.bytes -= len(chunk.data)
+        state.chunks = kept
+
+    @staticmethod
+    def _gap(state: _Cpu, span: list[_Chunk], following: int, low: int, high: int) -> str | None:
+        """Why the trace a window [low, high] needs is not whole (None: it is): "bound" when the bound dropped
+        part of it, "late" when it was discarded before the window's sample came. ``span``: the chunks held
+        from its walk-back anchor to its end; ``following``: the seq of the next chunk held (or to come)."""
+        def missing(first: int, last: int, before_high: bool = False) -> str | None:  # seqs first..last not held
+            if first > last:
+                return None
+            covered = 0
+            for begin, end, start_ns in state.dropped:
+                overlap = min(end, last) - max(begin, first) + 1
+                if overlap > 0:
+                    if not before_high or start_ns <= high:
+                        return "bound"
+                    covered += overlap
+            # discarded chunks (their times are not kept) may have held lines of the window
+            return "late" if covered < last - first + 1 else None
+
+        if not span:  # every chunk held begins after the window
+            return missing(0, following - 1, True)
+        if not _anchored(span[0], low) and span[0].seq > 0:  # the walk-back reaches a chunk no longer held
+            return missing(span[0].seq - 1, span[0].seq - 1) or "late"
+        for earlier, later in zip(span, span[1:], strict=False):
+            if later.seq != earlier.seq + 1:
+                return missing(earlier.seq + 1, later.seq - 1) or "late"
+        ahead = span[-1].next_first_ns  # the chunk after the span, held or not, holds lines up to high?
+        if ahead is not None and ahead <= high and following != span[-1].seq + 1:
+            return missing(span[-1].seq + 1, following - 1) or "late"
+        return None
+
+    def _drop(self, state: _Cpu, victim: _Chunk) -> None:
+        """Account for a chunk the bound drops (the caller takes it out of ``state.chunks``)."""
+        state.bytes -= len(victim.data)
+        state.dropped_lines += victim.lines
+        # its seq and start, merged with the last drop's when they are neighbours (a long drop is one entry)
+        if state.dropped and state.dropped[-1][1] == victim.seq - 1:
+            state.dropped[-1] = (state.dropped[-1][0], victim.seq, state.dropped[-1][2])
+        elif state.dropped and state.dropped[-1][0] == victim.seq + 1:
+            state.dropped[-1] = (victim.seq, state.dropped[-1][1], victim.first_ns)
+        else:
+            state.dropped.append((victim.seq, victim.seq, victim.first_ns))
+
+    # ---- the owner's side ------------------------------------------------------------------------------------
+
+    def finish(self) -> dict[int, str]:
+        """After tracing stopped: the last drain and samples, the thread gone, the pipes closed; each CPU's
+        kept trace text (chunks in time order)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            if self._thread.is_alive():
+                self.problems.append("the flight recorder's thread did not end")
+        texts: dict[int, str] = {}
+        try:
+            with self._lock:
+                self._step(final=True)
+        except Exception as exc:  # noqa: BLE001
+            self.problems.append(f"the flight recorder's last drain failed: {type(exc).__name__}: {exc}"[:300])
+        for cpu, state in self._cpus.items():
+            texts[cpu] = "\n".join(zlib.decompress(chunk.data).decode() for chunk in state.chunks)
+        self.close()
+        return texts
+
+    def close(self) -> None:
+        """Close the pipes (the instance cannot be removed while they are open); idempotent."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)  # (a second Ctrl-C may have cut finish's join short)
+            if self._thread.is_alive():  # it may still read them: leave them open, the instance to reclaim
+                return
+        for state in self._cpus.values():
+            if state.fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(state.fd)
+                state.fd = -1
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                self._reader.close()
+
+    @property
+    def dropped_lines(self) -> int:
+        """Trace lines the bound dropped (the kernel's own losses are the instance's stats)."""
+        return sum(state.dropped_lines for state in self._cpus.values())
+
+    def peak_bytes(self) -> dict[int, int]:
+        """The most trace text each CPU held at once (never above the bound once a step ended)."""
+        return {cpu: state.peak_bytes for cpu, state in self._cpus.items()}
+
+    def held(self, cpu: int, start_ns: int, latency_ns: int) -> bool:
+        """Whether that sample's window was a candidate when the run ended (its trace kept unless lost)."""
+        return (cpu, start_ns, latency_ns) in self._candidates
