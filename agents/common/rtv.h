@@ -196,6 +196,15 @@ void rtv_set_priority(int priority);
 /* The first --affinity CPU, else the CPU the caller runs on: where single-CPU probes (kops...) run. */
 int rtv_home_cpu(const rtv_ctx *ctx);
 
+/* Cycle count at which a spinning thread whose first reading was `first` ends (UINT64_MAX: no duration). It
+ * counts from the thread's own first read, not from the probe's start: a thread whose CPU is starved while the
+ * probe sets up (a vCPU on an overloaded RTDS pCPU began spinning 1.2 s late; a 500 ms selftest on a host
+ * loaded by TCG guests pushed nothing) still runs its whole duration. */
+static inline uint64_t rtv_end_cycles(const rtv_ctx *ctx, uint64_t first) {
+    if (!ctx->end_ns) return UINT64_MAX;
+    return first + (uint64_t)((double)(ctx->end_ns - ctx->start_ns) * rtv_cycles_hz() / 1e9);
+}
+
 /* CLOCK_MONOTONIC time of a cycle-counter reading (for timestamps taken with rtv_cycles). */
 static inline uint64_t rtv_cycles_to_mono(const rtv_ctx *ctx, uint64_t cycles) {
     return ctx->start_ns + (uint64_t)((double)(int64_t)(cycles - ctx->start_cycles) * 1e9 / rtv_cycles_hz());

@@ -32,15 +32,6 @@ typedef struct {
     int index;
 } worker_arg;
 
-/* Cycle count of the deadline, so the spin loop never calls into the kernel or vDSO. It counts from the
- * thread's own first read, not from the probe's start: a thread whose CPU is starved while the probe sets up
- * (a vCPU on an overloaded RTDS pCPU got 10-20 % of it and began spinning 1.2 s late; with 3 s runs, too late
- * to see a single gap) still observes its whole duration. The delay is reported as start_delay_ns. */
-static uint64_t end_cycles(const rtv_ctx *ctx, uint64_t first) {
-    if (!ctx->end_ns) return UINT64_MAX;
-    return first + (uint64_t)((double)(ctx->end_ns - ctx->start_ns) * rtv_cycles_hz() / 1e9);
-}
-
 static void report_start_delay(rtv_ctx *ctx, int index, uint64_t first) {
     rtv_stat(ctx, index, STAT_START_DELAY_NS,
              first > ctx->start_cycles ? (int64_t)rtv_cycles_to_ns(first - ctx->start_cycles) : 0);
@@ -59,7 +50,7 @@ static void spin(rtv_ctx *ctx, int index) {
     uint64_t anchor_cycles, anchor_ns;
     rtv_clock_and_cycles(CLOCK_MONOTONIC, &anchor_ns, &anchor_cycles);
     const uint64_t first = rtv_cycles();
-    const uint64_t deadline = end_cycles(ctx, first), limit = ctx->common.loops;
+    const uint64_t deadline = rtv_end_cycles(ctx, first), limit = ctx->common.loops;
     uint64_t prev = first;
     while (!stop_flag() && prev < deadline && (!limit || gaps < limit)) {
         uint64_t now = rtv_cycles();
@@ -100,7 +91,7 @@ static uint64_t work_unit(uint64_t seed, uint64_t iterations) {
 
 static void work(rtv_ctx *ctx, int index) {
     const uint64_t first = rtv_cycles();
-    const uint64_t deadline = end_cycles(ctx, first), limit = ctx->common.loops;
+    const uint64_t deadline = rtv_end_cycles(ctx, first), limit = ctx->common.loops;
     const int cpu = sched_getcpu();
     volatile uint64_t sink = 0;
     for (uint64_t n = 0; !stop_flag() && (!limit || n < limit); n++) {

@@ -29,11 +29,9 @@ static void *worker(void *p) {
     rtv_setup_thread(ctx, a->index, (int)ctx->common.priority);
     const double hz = rtv_cycles_hz();
     const uint64_t period = opt.rate ? (uint64_t)(hz / (double)opt.rate) : 0;
-    const uint64_t deadline = ctx->end_ns ? ctx->start_cycles + (uint64_t)((double)(ctx->end_ns - ctx->start_ns) *
-                                                                            hz / 1e9)
-                                          : UINT64_MAX;
     const int cpu = sched_getcpu();
     uint64_t pushed = 0, prev = rtv_cycles(), next = prev;
+    const uint64_t deadline = rtv_end_cycles(ctx, prev);
     while (!atomic_load_explicit(&rtv_stop_requested, memory_order_relaxed) &&
            (!ctx->common.loops || pushed < ctx->common.loops)) {
         uint64_t now = rtv_cycles();

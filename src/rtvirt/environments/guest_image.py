@@ -28,7 +28,7 @@ from ..agents import AGENTS, BAREMETAL_KERNEL, agent_path
 from ..errors import InputError, RunError
 from ..explain.clocksync import GUEST_CLOCK_SYNC
 from ..explain.guest import GUEST_TRACE_SHELL
-from ..fileio import write_atomically
+from ..fileio import mark_used, prune_cache, write_atomically
 
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
            "GUEST_AGENT_DIR", "guest_port_path", "guest_port_device", "agent_failure", "GuestKind", "guest_field",
@@ -418,8 +418,8 @@ def guest_image(flavour: str = "linux") -> GuestImage:
     prefix = "initramfs-rt-" if flavour == "linux-rt" else "initramfs-"
     initramfs = cache / f"{prefix}{digest.hexdigest()[:16]}.cpio"
     if not initramfs.exists():
-        for old in cache.glob(f"{prefix}*.cpio"):
-            if flavour == "linux-rt" or not old.name.startswith("initramfs-rt-"):
-                old.unlink()
         write_atomically(initramfs, _base_archive(modules, agents))
+        prune_cache(cache, f"{prefix}*.cpio", initramfs,
+                    lambda old: flavour == "linux-rt" or not old.name.startswith("initramfs-rt-"))
+    mark_used(initramfs)
     return GuestImage(vmlinuz, initramfs, modules_dir.name, flavour, _preempt_rt(vmlinuz))

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from ...errors import RunError
-from ...fileio import write_atomically
+from ...fileio import mark_used, prune_cache, write_atomically
 from ..guest_image import BUSYBOX, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir
 from .files import A653_TOOL, VIF_HOTPLUG, VIF_SCRIPT, _domu_base, _run, a653_tool
 
@@ -135,6 +135,7 @@ def dom0_image() -> tuple[Path, Path]:
         digest.update(Path(path).read_bytes())
     target = cache / "xen" / f"dom0-{digest.hexdigest()[:16]}.cpio"
     if target.exists():
+        mark_used(target)
         return vmlinuz, target
     archive = Cpio()
     directories = {"bin", "sbin", "proc", "sys", "dev", "tmp", "run", "var", "var/log", "var/run", "var/lib",
@@ -161,7 +162,6 @@ def dom0_image() -> tuple[Path, Path]:
     archive.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nsshd:x:100:65534::/run/sshd:/bin/false\n")
     archive.file("etc/group", b"root:x:0:\nnogroup:x:65534:\n")
     target.parent.mkdir(parents=True, exist_ok=True)
-    for old in target.parent.glob("dom0-*.cpio"):
-        old.unlink()
     write_atomically(target, archive.to_bytes())
+    prune_cache(target.parent, "dom0-*.cpio", target)
     return vmlinuz, target

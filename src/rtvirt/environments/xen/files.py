@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ...agents import XEN_A653, agent_path
 from ...errors import RunError
-from ...fileio import write_atomically
+from ...fileio import mark_used, prune_cache, write_atomically
 from ..guest_image import GUEST_MODULES, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir, guest_image
 
 __all__ = ["A653_TOOL", "DOM0_LINK_ADDRESS", "VIF_HOTPLUG", "VIF_SCRIPT", "a653_tool", "local_domu_files"]
@@ -94,8 +94,8 @@ def local_domu_files(flavour: str = "linux") -> tuple[Path, Path]:
     target = cache_dir() / "xen" / f"{prefix}{hashlib.sha256(base).hexdigest()[:16]}.cpio"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        for old in target.parent.glob(f"{prefix}*.cpio"):
-            if old.name.removeprefix(prefix).count("-") == 0:  # not another flavour's ("domu-linux-rt-...")
-                old.unlink()
         write_atomically(target, base)
+        prune_cache(target.parent, f"{prefix}*.cpio", target,  # not another flavour's ("domu-linux-rt-...")
+                    lambda old: old.name.removeprefix(prefix).count("-") == 0)
+    mark_used(target)
     return vmlinuz, target

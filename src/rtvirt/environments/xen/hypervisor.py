@@ -3,7 +3,6 @@ and null are upstream options that Debian's binary leaves out), cached under the
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -12,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from ...errors import RunError
-from ...fileio import write_atomically
+from ...fileio import mark_used, prune_cache, write_atomically
 from ..guest_image import cache_dir
 from .files import _run
 
@@ -49,6 +48,7 @@ def rt_hypervisor() -> Path:
     root = cache_dir() / "xen"
     target = root / f"xen-rt-{digest}.elf"
     if target.exists():
+        mark_used(target)
         return target
     root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="build-", dir=root))
@@ -84,8 +84,5 @@ def rt_hypervisor() -> Path:
         write_atomically(target.with_suffix(".config"), built.encode())
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for old in root.glob("xen-rt-*.elf"):
-        if old != target:
-            with contextlib.suppress(OSError):
-                old.unlink()
+    prune_cache(root, "xen-rt-*.elf", target)
     return target
