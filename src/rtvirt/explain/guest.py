@@ -5,8 +5,9 @@ on the measuring vCPU before its jobs start (the host's set of events: tasks, IR
 timers; ``trace_clock`` mono, i.e. the guest's CLOCK_MONOTONIC, the clock the guest's agent stamps its
 samples with: no alignment beyond the text trace's microsecond resolution), and once the main job ended
 writes the trace text, each CPU's ring buffer statistics and an end mark to a virtio-serial port whose host
-side is a file of the run. The host parses it with the host layer's own parser (explain.host) and names
-each interval as the guest's ("guest task stress-cpu/85 SCHED_OTHER nice 0").
+side is a file of the run (a Xen domU: to a listener in dom0, over its vif, whose output is that file). The
+host parses it with the host layer's own parser (explain.host) and names each interval as the guest's
+("guest task stress-cpu/85 SCHED_OTHER nice 0").
 
 Where the probe is the timer probe's timerlat engine, each sample's IRQ latency (its ``aux``) splits the
 window into the timer IRQ's latency and the thread's: the parts of an outlier's window the guest's trace
