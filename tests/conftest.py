@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,6 +98,24 @@ def steal_live_stream(results: Path, min_bytes: int = 2048,
 # suite (the Xen lab campaign, read by three modules) form its group, the users of a module's module-scoped fixture
 # (libvirtd, sshd, a labgrid coordinator, a Xen lab with shares) their module's. The rest go wherever a worker is
 # free. A test marked ``xdist_group`` keeps its own (a module whose tests ask for a fixture at run time marks them).
+
+
+def guest_stressor_cause(explanation: Any) -> tuple[str, int]:
+    """The in-guest stressor's worker as the guest layer names it (``guest task rtvirt-stress/PID SCHED_FIFO/RR
+    50``), checked to be the guest task that held the probe back most, and how many outliers it held back."""
+    by_cause: dict[str, int] = {}
+    for part in explanation.parts:
+        by_cause[part.cause] = by_cause.get(part.cause, 0) + part.duration_ns
+    stressor = {cause: ns for cause, ns in by_cause.items() if cause.startswith("guest task rtvirt-stress/")}
+    assert stressor, f"no guest-side stressor cause among {sorted(by_cause)[:10]}"
+    assert all(part.layer == "guest" for part in explanation.parts if part.cause in stressor)
+    worker = max(stressor, key=lambda cause: stressor[cause])
+    assert "SCHED_FIFO" in worker and worker.endswith(" 50"), worker  # the worker at its priority
+    # of the guest's tasks, the stressor's worker is the one that held the probe back (under TCG the rest of
+    # these windows is mostly the guest idle, waiting for a late timer IRQ: not the stressor's)
+    tasks = {cause: ns for cause, ns in by_cause.items() if cause.startswith("guest task ")}
+    assert max(tasks, key=lambda cause: tasks[cause]) == worker, tasks
+    return worker, len({part.rank for part in explanation.parts if part.cause == worker})
 
 
 def _shared_setup(item: pytest.Item) -> str | None:

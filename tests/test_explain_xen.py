@@ -15,10 +15,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import guest_stressor_cause
 
 from rtvirt.environments.base import SharedResources
 from rtvirt.environments.xen import XenConfig, XenEnvironment
 from rtvirt.explain.config import ExplainConfig
+from rtvirt.explain.guest import read_guest_trace
 from rtvirt.explain.model import Explanation, LayerTrace
 from rtvirt.explain.sources import session_for
 from rtvirt.explain.stored import read_explanation
@@ -78,10 +80,12 @@ def test_alignment_puts_the_vcpus_waits_inside_the_windows_they_caused() -> None
 
 
 def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path, competitor: bool,
-                    layers: tuple[str, ...] = ("xen",), top: int = 100,
-                    timer: bool = False) -> tuple[Explanation, dict[int, str]]:
+                    layers: tuple[str, ...] = ("xen",), top: int = 100, timer: bool = False,
+                    timer_options: dict[str, Any] | None = None,
+                    inside: list[str] | None = None) -> tuple[Explanation, dict[int, str]]:
     """A gap probe in the measuring domU explained as a campaign does it (explain.session), with xentrace beside
-    it and, with ``competitor``, a spinning RT domU on its pCPU (``timer``: the timer probe at 1 ms instead);
+    it and, with ``competitor``, a spinning RT domU on its pCPU (``timer``: the timer probe at 1 ms instead, or
+    with ``timer_options``); ``inside``: a stressor's arguments, run inside the measuring domU beside the probe;
     returns the stored explanation and the domUs."""
     env = XenEnvironment(config, shared.supervisor, workdir, shared)
     session = session_for(env, ExplainConfig(threshold=THRESHOLD_US, layers=list(layers), top=top))
@@ -99,7 +103,9 @@ def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path, c
                 assert stressor.check() is None and time.monotonic() < deadline
                 time.sleep(0.5)
         probe = PROBES["timer" if timer else "gap"]
-        options = {"interval": "1ms"} if timer else {"threshold": "500us"}
+        options = (timer_options or {"interval": "1ms"}) if timer else {"threshold": "500us"}
+        if inside is not None:
+            env.add_guest_job("rtvirt-stress", inside)
         params = probe.params(**options, duration=f"{RUN_S}s", **env.probe_overrides())
         launched = env.launch("rtvirt-probe", probe.command(params, "")[1:], out)
         launched.follow(900, env.check)
@@ -261,3 +267,60 @@ def test_the_bare_metal_timer_probe_splits_its_windows_into_stolen_time_and_its_
     print(f"timer: {latency.size} samples, {int((runnable > 0).sum())} with stolen time (median "
           f"{np.median(runnable[runnable > 0]) / 1e3:.0f} us); {explanation.outliers} outliers; "
           f"{[(row['layer'], row['cause'][:50], row['share']) for row in explanation.summary[:5]]}; {guest.notes}")
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(1500)
+def test_a_stressor_inside_a_linux_domu_is_named_by_the_domus_own_trace(lab: Any) -> None:
+    """A Linux domU traces its measuring vCPU itself and sends the trace to dom0's listener after its main job:
+    an RT cpu stressor inside it, above the timer probe's priority, is named as a guest-side cause (comm, the pid
+    the guest gave it, its priority); Xen's layer stays beside it, and nothing of ours is left in dom0."""
+    shared, work = lab
+    config = XenConfig(kind="xen", name="explain-guest", cpus=[1], boot_timeout="900s")
+    cpu = STRESSORS["cpu"]
+    inside = cpu.command(cpu.params(workers=1, duration=0, priority=50, slice="3ms", period="20ms"), "")[1:]
+    explanation, _ = _traced_gap_run(shared, config, work / "guest", competitor=False, layers=("xen", "guest"),
+                                     timer=True, timer_options={"interval": "2ms", "priority": 10}, inside=inside)
+    trace = read_guest_trace(work / "guest" / "guest-trace.txt")
+    assert trace.began and trace.complete, trace.lines[-3:]
+    guest = next(layer for layer in explanation.layers if layer.layer == "guest")
+    assert guest.seen, guest.why_not
+    assert explanation.outliers > 0
+    worker, held = guest_stressor_cause(explanation)
+    assert held >= 10, (held, explanation.summary[:5])
+    # nothing of ours is left in dom0: no listener, no domain directory
+    dom0 = next(obj for obj in shared._objects.values() if hasattr(obj, "lab"))
+    assert "nc -l" not in dom0.run(["ps"]).stdout
+    assert ":77" not in dom0.run(["busybox", "netstat", "-ltn"]).stdout
+    assert dom0.run(["sh", "-c", "ls /run/rtvirt | grep -c explain-guest; exit 0"]).stdout.strip() == "0"
+    print(f"linux domU: {explanation.outliers} outliers, {worker} in {held}; guest trace "
+          f"{len(trace.lines)} lines, dropped {trace.dropped}; "
+          f"{[(row['layer'], row['cause'][:50], row['share']) for row in explanation.summary[:5]]}; {guest.notes}")
+
+
+def test_dom0_listeners_nobody_connected_to_are_ended_and_their_pid_files_removed(tmp_path: Path) -> None:
+    """A listener (the stream copy's, the guest trace's) that no domU connected to does not end with its SSH
+    channel: the run ends it by the pid it noted, and only while that pid is still a busybox."""
+    import socket
+    import subprocess
+
+    from rtvirt.environments.xen.console import LISTENER, LISTENERS_END
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listener = subprocess.Popen(["sh", "-c", LISTENER, "rtvirt-listen", str(tmp_path), str(port)],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    try:
+        pid_file = tmp_path / f"listener-{port}.pid"
+        deadline = time.monotonic() + 10
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert int(pid_file.read_text()) == listener.pid  # exec: the noted pid is the listener itself
+        (tmp_path / "listener-1.pid").write_text(f"{__import__('os').getpid()}\n")  # a pid that is not a busybox
+        subprocess.run(["sh", "-c", LISTENERS_END, "rtvirt-listen-end", str(tmp_path)], check=True, timeout=10)
+        assert listener.wait(timeout=10) != 0  # killed, not ended by itself
+        assert list(tmp_path.glob("listener-*.pid")) == []
+    finally:
+        listener.kill()
+        listener.wait()

@@ -5,8 +5,9 @@ on the measuring vCPU before its jobs start (the host's set of events: tasks, IR
 timers; ``trace_clock`` mono, i.e. the guest's CLOCK_MONOTONIC, the clock the guest's agent stamps its
 samples with: no alignment beyond the text trace's microsecond resolution), and once the main job ended
 writes the trace text, each CPU's ring buffer statistics and an end mark to a virtio-serial port whose host
-side is a file of the run. The host parses it with the host layer's own parser (explain.host) and names
-each interval as the guest's ("guest task stress-cpu/85 SCHED_OTHER nice 0").
+side is a file of the run (a Xen domU: to a listener in dom0, over its vif, whose output is that file). The
+host parses it with the host layer's own parser (explain.host) and names each interval as the guest's
+("guest task stress-cpu/85 SCHED_OTHER nice 0").
 
 Where the probe is the timer probe's timerlat engine, each sample's IRQ latency (its ``aux``) splits the
 window into the timer IRQ's latency and the thread's: the parts of an outlier's window the guest's trace
@@ -32,7 +33,7 @@ __all__ = ["GuestTraceSource", "BaremetalGuestSource", "GUEST_TRACE_PORT", "GUES
            "BAREMETAL_PHASES", "STOLEN_CAUSES", "stolen_occupancies", "stolen_spans", "guest_layer"]
 
 GUEST_TRACE_PORT = "rtvirt.trace"
-GUEST_TRACE_FILE = "guest-trace.txt"  # in the run's work directory: what the guest sent on that port
+GUEST_TRACE_FILE = "guest-trace.txt"  # in the run's work directory: what the guest sent
 BEGIN_MARK, END_MARK, STATS_MARK = "RTVIRT-TRACE-BEGIN", "RTVIRT-TRACE-END", "RTVIRT-TRACE-STATS"
 TRACE_LIMIT = 256 << 20  # bytes of a guest's trace the host reads (untrusted text)
 # a guest idle in an outlier's window had nothing else to run: its wake-up (the timer IRQ) reached it late
@@ -44,7 +45,9 @@ GUEST_BUFFER_MAX_KB = 8192
 
 # /init's part (sourced into its script): ``guest_trace start`` before the jobs, ``guest_trace end`` after the
 # main job. It only acts when the run's job archive holds trace.* files (an explained run), and only reads
-# values rtvirt wrote itself (event names, a hex CPU mask, a number). The instance is removed at the end.
+# values rtvirt wrote itself (event names, a hex CPU mask, numbers, an address). The trace goes to the
+# rtvirt.trace port, or where trace.dest says (a Xen domU: dom0's address and a port, over its vif, which the
+# main job brought up). The instance is removed at the end.
 GUEST_TRACE_SHELL = r"""
 guest_trace() {
   [ -e /rtvirt/jobs/trace.events ] || return 0
@@ -63,16 +66,22 @@ guest_trace() {
   fi
   [ -d "$t" ] || return 0
   echo 0 > "$t/tracing_on"
-  {
-    echo "RTVIRT-TRACE-BEGIN"
-    for c in $(cat /rtvirt/jobs/trace.cpus); do
-      cat "$t/per_cpu/cpu$c/trace"
-      sed "s/^/RTVIRT-TRACE-STATS cpu$c /" "$t/per_cpu/cpu$c/stats"
-    done
-    echo "RTVIRT-TRACE-END"
-  } > /dev/virtio-ports/rtvirt.trace
+  if [ -e /rtvirt/jobs/trace.dest ]; then
+    read -r trace_host trace_port < /rtvirt/jobs/trace.dest
+    guest_trace_text "$t" | nc -w 60 "$trace_host" "$trace_port"
+  else
+    guest_trace_text "$t" > /dev/virtio-ports/rtvirt.trace
+  fi
   echo > "$t/set_event"
   rmdir "$t"
+}
+guest_trace_text() {
+  echo "RTVIRT-TRACE-BEGIN"
+  for c in $(cat /rtvirt/jobs/trace.cpus); do
+    cat "$1/per_cpu/cpu$c/trace"
+    sed "s/^/RTVIRT-TRACE-STATS cpu$c /" "$1/per_cpu/cpu$c/stats"
+  done
+  echo "RTVIRT-TRACE-END"
 }
 """
 
@@ -190,19 +199,26 @@ def _uncovered(phase: Occupancy, covering: list[Occupancy]) -> list[Occupancy]:
 class GuestTraceSource:
     """The guest layer of one run in a Linux guest: the guest traces itself (``guest_trace_files`` go into the
     run's job archive, its port's host side is ``trace_path``); ``samples`` gives the run's stream path, for
-    the timerlat split. Nothing to arm or stop on the host: the guest does both, and is gone before collect."""
+    the timerlat split. Nothing to arm or stop on the host: the guest does both, and is gone before collect.
+    ``received``: where the trace comes over a connection the environment ends (a Xen domU's), waits (bounded)
+    until the environment holds all of it."""
 
     layer: Layer = "guest"
 
-    def __init__(self, trace_path: Path, samples: Callable[[], Path | None]) -> None:
+    def __init__(self, trace_path: Path, samples: Callable[[], Path | None],
+                 received: Callable[[], None] | None = None) -> None:
         self.trace_path = trace_path
         self.samples = samples
+        self.received = received
 
     def start(self) -> None:
         """The guest arms its tracer itself, before its jobs."""
 
     def stop(self) -> None:
-        """The guest stops its tracer itself, after its main job."""
+        """The guest stops its tracer itself, after its main job; the environment's receiver may still hold
+        the end of what it sent."""
+        if self.received is not None:
+            self.received()
 
     def _split(self, context: CollectContext) -> list[Occupancy]:
         if context.header.get("aux_field") != "irq_latency_ns" or (path := self.samples()) is None:
@@ -357,13 +373,15 @@ def _split_note(first: str, split: list[Occupancy]) -> str:
 
 
 def guest_layer(guest: str, config: Any, workdir: Path, memory_mb: int, vcpus: int,
-                samples: Callable[[], Path | None]) -> tuple[list[Any], dict[str, bytes] | None]:
-    """The guest layer of a VM environment's run (qemu, libvirt): its sources, and the files that make a Linux
-    guest trace itself (for the run's job archive; None: no guest trace, so no ``rtvirt.trace`` port).
-    ``config``: the run's ExplainConfig; the measuring vCPU is vCPU 0 (where the workload runs)."""
+                samples: Callable[[], Path | None],
+                received: Callable[[], None] | None = None) -> tuple[list[Any], dict[str, bytes] | None]:
+    """The guest layer of a VM environment's run (qemu, libvirt, xen): its sources, and the files that make a
+    Linux guest trace itself (for the run's job archive; None: no guest trace, so no ``rtvirt.trace`` port).
+    ``config``: the run's ExplainConfig; the measuring vCPU is vCPU 0 (where the workload runs);
+    ``received``: see GuestTraceSource."""
     if "guest" not in config.layers:
         return [], None
     if guest == "baremetal":
         return [BaremetalGuestSource(samples)], None
     files = guest_trace_files((0,), guest_buffer_kb(config.buffer_mb, memory_mb, vcpus), config.flight_recorder)
-    return [GuestTraceSource(workdir / GUEST_TRACE_FILE, samples)], files
+    return [GuestTraceSource(workdir / GUEST_TRACE_FILE, samples, received)], files

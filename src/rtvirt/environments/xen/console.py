@@ -17,7 +17,22 @@ CONSOLE_TAIL_BYTES = 16384
 UNAME_MARK = "RTVIRT-UNAME"
 STREAM_PORT_BASE = 7100
 COPY_PORT_BASE = 7400  # the stream copy a domU offers when its END was not confirmed
+TRACE_PORT_BASE = 7700  # the guest's own trace of an explained run (explain.guest)
+TRACE_WAIT_S = 30.0  # for the trace's last bytes after the domU said its job ended (it sent the trace before)
 STATUS_INTERVAL_S = 1.0  # how often a running domain's console is read (each read is a dom0 command)
+
+# dom0's listeners (busybox nc -l) note their pid in the domain's directory in dom0 ($1; $2: the port): closing
+# the lab's SSH channel does not end a listener nobody connected to (the copy's, usually), so the run ends them
+# (LISTENERS_END, each only while its pid is still a busybox); close() then removes the directory.
+LISTENER = 'echo $$ > "$1/listener-$2.pid"; exec busybox nc -l -p "$2"'
+LISTENERS_END = r"""for f in "$1"/listener-*.pid; do
+  [ -e "$f" ] || continue
+  p=$(cat "$f")
+  [ "$(cat "/proc/$p/comm" 2>/dev/null)" = busybox ] && kill "$p" 2>/dev/null
+  rm -f "$f"
+done
+exit 0
+"""
 
 
 # The stream's way out, in a directory $5 of its own: the agent's stdout to dom0's listener on $port; dom0's

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, RunError
+from ...explain.guest import GUEST_TRACE_FILE, guest_layer
 from .. import baremetal
 from ..base import Environment, EnvironmentConfig, Launched, SharedResources
 from ..guest_image import GUEST_AGENT_DIR, GuestJob, guest_description, guest_image, job_archive
@@ -16,10 +17,14 @@ from .console import (
     ACK_FIFO,
     CONSOLE_LOG,
     COPY_PORT_BASE,
+    LISTENER,
+    LISTENERS_END,
     STREAM_COPY,
     STREAM_DIR,
     STREAM_PORT_BASE,
     STREAM_SCRIPT,
+    TRACE_PORT_BASE,
+    TRACE_WAIT_S,
     DomUJob,
 )
 from .dom0 import NAME_PREFIX, RUN_DIR
@@ -121,6 +126,7 @@ class XenEnvironment(XenTeardown):
             return self._launch_baremetal(agent, args, out, name, directory)
         argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
         ip = None
+        trace_files = self._guest_trace_files if out is not None and self._parent is None else None
         if out is not None:
             if self._index > 250:
                 raise RunError("xen: more than 250 measuring domUs in one campaign")
@@ -129,8 +135,11 @@ class XenEnvironment(XenTeardown):
             copy_port = COPY_PORT_BASE + self._index
             argv = ["/bin/sh", "-c", STREAM_SCRIPT, "rtvirt-stream", DOM0_LINK_ADDRESS, ip, str(port), str(copy_port),
                     STREAM_DIR, *argv, "--out=-", f"--confirm={ACK_FIFO}", f"--tee={STREAM_COPY}"]
+            if trace_files is not None:  # the guest's trace goes out over the vif the stream script brought up
+                trace_files = {**trace_files, "trace.dest": f"{DOM0_LINK_ADDRESS} {TRACE_PORT_BASE + self._index}\n"
+                               .encode()}
         local_jobs = self.workdir / "jobs.cpio"
-        local_jobs.write_bytes(job_archive(GuestJob(argv), self._beside))
+        local_jobs.write_bytes(job_archive(GuestJob(argv), self._beside, (), trace_files))
         local_config = self.workdir / "domain.cfg"
         dom0.run(["mkdir", "-p", directory]).check("xen: dom0 mkdir")
         self._domain = name  # from here on, close() destroys it
@@ -146,12 +155,22 @@ class XenEnvironment(XenTeardown):
         dom0.transport.put(local_config, f"{directory}/domain.cfg")
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            self._relay = ListenerRelay(dom0.transport.spawn(["busybox", "nc", "-l", "-p", str(port)], stream_to=out),
-                                        dom0.transport.spawn(["busybox", "nc", "-l", "-p", str(copy_port)],
-                                                             stream_to=self.workdir / "stream-copy.rtvs"),
-                                        self.workdir / "stream-copy.rtvs")
+            trace_port = TRACE_PORT_BASE + self._index
+
+            def listen(on: int, to: Path) -> Any:
+                return dom0.transport.spawn(["sh", "-c", LISTENER, "rtvirt-listen", directory, str(on)], stream_to=to)
+
+            def end_listeners() -> None:
+                dom0.run(["sh", "-c", LISTENERS_END, "rtvirt-listen-end", directory])
+
+            self._relay = ListenerRelay(listen(port, out), listen(copy_port, self.workdir / "stream-copy.rtvs"),
+                                        self.workdir / "stream-copy.rtvs",
+                                        listen(trace_port, self.workdir / GUEST_TRACE_FILE)
+                                        if trace_files is not None else None, end_listeners)
             self._wait_listening(port)
             self._wait_listening(copy_port)
+            if trace_files is not None:
+                self._wait_listening(trace_port)
         self._launched_at = time.monotonic()
         dom0.xl("create", "-p", f"{directory}/domain.cfg", what=f"create {name}")
         self._apply_scheduling(name)
@@ -211,15 +230,17 @@ class XenEnvironment(XenTeardown):
         return domu
 
     def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
-        """The Xen layer (explain.xen): xentrace in this domU's dom0 beside the run; the bare-metal guest's layer
-        (explain.guest: its stolen time per sample, its timer IRQ's split); disturbing domUs add none."""
-        from ...explain.guest import BaremetalGuestSource
+        """The Xen layer (explain.xen): xentrace in this domU's dom0 beside the run; the guest layer
+        (explain.guest): a Linux domU traces its measuring vCPU itself and sends the trace to dom0's listener
+        after its main job, the bare-metal guest reads its stolen time per sample and times its timer IRQ;
+        disturbing domUs add none."""
         from ...explain.xen import XenDom0, XenDomains, XenTraceSource
 
         if self._parent is not None:
             return []
-        guest: list[TraceSource] = [BaremetalGuestSource(lambda: self._stream_out)] \
-            if self.config.guest == "baremetal" and "guest" in config.layers else []
+        guest, self._guest_trace_files = guest_layer(self.config.guest, config, self.workdir, self.config.memory,
+                                                     self.config.vcpus, lambda: self._stream_out,
+                                                     self._guest_trace_received)
         if "xen" not in config.layers:
             return guest
 
@@ -236,6 +257,13 @@ class XenEnvironment(XenTeardown):
                               self._stream_out)
 
         return [XenTraceSource(open_dom0, domains, self.workdir / "explain-xen", buffer_mb=config.buffer_mb), *guest]
+
+    def _guest_trace_received(self) -> None:
+        """Before the domU's relay is stopped: a domU that said its job ended has sent its trace (it does so
+        first); wait, bounded, for dom0's listener to hand the last of it over."""
+        relay = self._relay
+        if isinstance(relay, ListenerRelay) and self._domain is not None and self.exit_status() is not None:
+            relay.trace_received(TRACE_WAIT_S)
 
     def platform_audit(self) -> dict[str, Any]:
         dom0 = self._dom0

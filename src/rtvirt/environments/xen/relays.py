@@ -4,6 +4,7 @@ console is xenconsoled's log), or the bare-metal guest's console relay (the samp
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,20 +49,42 @@ class SampleRelay(Protocol):
 
 
 class ListenerRelay:
-    """dom0's ``nc`` listener writing a Linux domU's stream to the run's file, and a second one for the copy the
-    domU offers when the host did not confirm its END (console.STREAM_RELAY)."""
+    """dom0's ``nc`` listener writing a Linux domU's stream to the run's file, a second one for the copy the
+    domU offers when the host did not confirm its END (console.STREAM_RELAY), and in an explained run a third
+    one for the guest's own trace (explain.guest: sent after the main job, before the domU's exit mark).
+    ``end_listeners`` ends in dom0 whichever of them still runs once their channels are stopped."""
 
-    def __init__(self, listener: Any, copy_listener: Any, copy_path: Path) -> None:
+    def __init__(self, listener: Any, copy_listener: Any, copy_path: Path, trace_listener: Any | None = None,
+                 end_listeners: Callable[[], None] | None = None) -> None:
         self.listener = listener
         self.copy_listener = copy_listener
         self.copy_path = copy_path
+        self.trace_listener = trace_listener
+        self.end_listeners = end_listeners
 
     def poll(self) -> int | None:
         return self.listener.poll()  # type: ignore[no-any-return]
 
     def stop(self, grace: float = 5.0) -> int | None:
         self.copy_listener.stop(grace=grace)
-        return self.listener.stop(grace=grace)  # type: ignore[no-any-return]
+        if self.trace_listener is not None:
+            self.trace_listener.stop(grace=grace)
+        status: int | None = self.listener.stop(grace=grace)
+        if self.end_listeners is not None:
+            self.end_listeners()
+        return status
+
+    def trace_received(self, timeout_s: float) -> bool:
+        """Wait until the trace listener ended (the domU's nc closed its connection and every byte reached the
+        run's file), at most ``timeout_s``; then stop it either way. False: it had not ended."""
+        if self.trace_listener is None:
+            return False
+        deadline = time.monotonic() + timeout_s
+        while self.trace_listener.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ended = self.trace_listener.poll() is not None
+        self.trace_listener.stop(grace=1.0)
+        return ended
 
     def copy(self, offered: bool) -> Path | None:
         deadline = time.monotonic() + COPY_WAIT_S

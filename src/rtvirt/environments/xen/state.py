@@ -42,6 +42,7 @@ class XenDomainState(Environment):
         self._domids: dict[int, str] = {}  # the measuring domU's (and its disturbers'): domid -> name
         self._measuring_domid: int | None = None
         self._stream_out: Path | None = None  # the measuring domU's stream file (the Xen trace aligns with it)
+        self._guest_trace_files: dict[str, bytes] | None = None  # an explained Linux domU traces itself
 
     def measured_cpus(self) -> tuple[int, ...]:
         # host CPUs: the lab's QEMU (or dom0's host) is not pinned; the domU's own pCPUs are in describe()
