@@ -188,7 +188,7 @@ def test_resume_stops_a_tracer_its_killed_campaign_left_in_dom0(lab: Any) -> Non
     which switches Xen's tracing off, and removes its files."""
     shared, work = lab
     env = XenEnvironment(XenConfig(kind="xen", name="explain-left"), shared.supervisor, work / "left", shared)
-    (source,) = env.trace_sources(ExplainConfig())
+    (source,) = env.trace_sources(ExplainConfig(layers=["xen"]))  # the Xen layer only: xentrace in dom0
     source.start()  # and never stopped: what a killed rtvirt leaves
     dom0 = env._dom0
     assert dom0 is not None

@@ -17,7 +17,6 @@ inventory file (TOML)::
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 import tomllib
@@ -29,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import InputError, RtvirtError
+from ..interrupts import acknowledge, interrupt_threads, interruptible
 from ..probes import ProbeSpec
 from ..remote.agents import REMOTE_DIR_PATTERN, TargetLink
 from ..remote.labgrid import PLACE_PATTERN, resolve_place
@@ -233,15 +233,6 @@ def _resumable(results: Path, scenario: str, text: str) -> Any:
     return max(found, key=lambda item: item[0])[1] if found else None
 
 
-def _interrupt(threads: list[threading.Thread]) -> None:
-    """Ctrl-C reaches only the main thread: raise KeyboardInterrupt in each campaign's thread, so that each
-    stops its run as Ctrl-C does in ``rtvirt run`` (agents stopped, samples kept, run resumable)."""
-    for thread in threads:
-        if thread.is_alive() and thread.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
-                                                       ctypes.py_object(KeyboardInterrupt))
-
-
 def run_lab_scenario(inventory: Inventory, text: str, source: str, results: Path, *, scale: float = 1.0,
                      resume: bool = False, console: Any = None) -> list[LabCampaign]:
     """Run the scenario's whole matrix on every target at the same time, one campaign per target in
@@ -274,12 +265,14 @@ def run_lab_scenario(inventory: Inventory, text: str, source: str, results: Path
     for name, found in _reclaim_all(inventory, reachable, [target for target, _, _ in work]).items():
         outcomes[name].reclaimed = found
 
-    def one(target: InventoryTarget, scenario: Any, state: Any) -> None:
+    def one(target: InventoryTarget, scenario: Any, state: Any, handled: threading.Event) -> None:
         outcome = outcomes[target.name]
         try:
-            result = run_campaign(scenario, state, results, console=console, show_progress=False,
-                                  write_report=False, reclaim=False)
+            with interruptible(handled):
+                result = run_campaign(scenario, state, results, console=console, show_progress=False,
+                                      write_report=False, reclaim=False)
         except KeyboardInterrupt:
+            acknowledge()
             outcome.interrupted = True
             return
         except RtvirtError as exc:
@@ -289,16 +282,17 @@ def run_lab_scenario(inventory: Inventory, text: str, source: str, results: Path
         outcome.runs = {key: o.status for key, o in result.outcomes.items()}
         outcome.run_ids = [o.run_id for o in result.outcomes.values() if o.run_id]
 
-    threads = [threading.Thread(target=one, args=item, name=f"rtvirt-lab-{item[0].name}") for item in work]
-    for thread in threads:
+    # Ctrl-C reaches only the main thread: each campaign's thread is interrupted as Ctrl-C stops `rtvirt run`
+    # (agents stopped, samples kept, run resumable)
+    workers = [(threading.Thread(target=one, args=(*item, handled), name=f"rtvirt-lab-{item[0].name}"), handled)
+               for item, handled in ((item, threading.Event()) for item in work)]
+    for thread, _ in workers:
         thread.start()
     try:
-        while any(thread.is_alive() for thread in threads):
+        while any(thread.is_alive() for thread, _ in workers):
             time.sleep(0.2)
     except KeyboardInterrupt:
-        _interrupt(threads)
-        for thread in threads:
-            thread.join()
+        interrupt_threads(workers)
     return list(outcomes.values())
 
 

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from ..agents import agent_path
 from ..errors import InputError, PrivilegeError, RunError, first_validation_error
+from ..interrupts import acknowledge
 from ..procs import Supervisor
 from .base import PartSummary, StressorSpec, StressParams, StressSummary
 from .registry import stressor_spec
@@ -119,6 +120,7 @@ class RunningStressor(StressorClock):
             try:
                 self._await_start()
             except KeyboardInterrupt:
+                acknowledge()
                 self.stop()
                 raise
 
@@ -280,6 +282,7 @@ def follow_stressor(running: Any, on_progress: Callable[[StressProgress], None] 
             time.sleep(poll_interval)
         return running.wait()
     except KeyboardInterrupt:
+        acknowledge()
         return running.stop()
     finally:
         if running.process.poll() is None:
