@@ -72,10 +72,13 @@ def test_gap_sees_the_interferers_slices_and_period(tmp_path: Path) -> None:
 
 
 def test_timer_latency_rises_with_the_interferer(tmp_path: Path) -> None:
-    solo = probe("timer", tmp_path, "solo", duration="1500ms", interval="1ms")
+    before = probe("timer", tmp_path, "solo", duration="1500ms", interval="1ms")
     with interferer(CPU, "2ms", "10ms"):
         disturbed = probe("timer", tmp_path, "disturbed", duration="1500ms", interval="1ms")
-    solo_p99 = np.percentile(solo.records["value"], 99)
+    after = probe("timer", tmp_path, "solo-after", duration="1500ms", interval="1ms")
+    # the baseline is the quieter of a solo run before and one after: on this machine, itself a VM, a single solo
+    # run in the quiet phase once had a 645 us p99 (the interferer's run beside it: 1.48 ms)
+    solo_p99 = min(np.percentile(solo.records["value"], 99) for solo in (before, after))
     values = disturbed.records["value"]
     # A wake-up planned inside a 2 ms slice waits for its end: about one in ten waits up to 2 ms.
     # (Percentiles, not the maximum: the host itself may take this vCPU away for tens of ms now and then.)
