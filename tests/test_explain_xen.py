@@ -135,7 +135,7 @@ def _outliers_with(explanation: Explanation, kind: str, cause: str | None = None
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def xen_lab(tmp_path_factory: pytest.TempPathFactory) -> Any:
     assert XenEnvironment.available() is None, XenEnvironment.available()
     shared = SharedResources()
     yield shared, tmp_path_factory.mktemp("xen-explain")
@@ -144,8 +144,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.mark.vm
 @pytest.mark.timeout(1500)
-def test_a_competing_rt_domu_shows_as_runnable_while_it_ran(lab: Any) -> None:
-    shared, work = lab
+def test_a_competing_rt_domu_shows_as_runnable_while_it_ran(xen_lab: Any) -> None:
+    shared, work = xen_lab
     config = XenConfig(kind="xen", name="explain-compete", scheduler="rtds", cpus=[1], boot_timeout="900s",
                        rtds={"period": "10ms", "budget": "10ms"}, stressor_rtds={"period": "10ms", "budget": "3ms"})
     explanation, names = _traced_gap_run(shared, config, work / "compete", competitor=True)
@@ -162,8 +162,8 @@ def test_a_competing_rt_domu_shows_as_runnable_while_it_ran(lab: Any) -> None:
 
 @pytest.mark.vm
 @pytest.mark.timeout(1500)
-def test_an_rtds_budget_shorter_than_the_work_shows_as_exhaustion_until_replenishment(lab: Any) -> None:
-    shared, work = lab
+def test_an_rtds_budget_shorter_than_the_work_shows_as_exhaustion_until_replenishment(xen_lab: Any) -> None:
+    shared, work = xen_lab
     config = XenConfig(kind="xen", name="explain-budget", scheduler="rtds", cpus=[1], boot_timeout="900s",
                        rtds={"period": f"{PERIOD_US}us", "budget": f"{BUDGET_US}us"})
     explanation, _ = _traced_gap_run(shared, config, work / "budget", competitor=False)
@@ -183,10 +183,10 @@ def test_an_rtds_budget_shorter_than_the_work_shows_as_exhaustion_until_replenis
 
 @pytest.mark.vm
 @pytest.mark.timeout(600)
-def test_resume_stops_a_tracer_its_killed_campaign_left_in_dom0(lab: Any) -> None:
+def test_resume_stops_a_tracer_its_killed_campaign_left_in_dom0(xen_lab: Any) -> None:
     """A campaign killed with -9 in a Xen host's dom0 leaves xentrace running: reclaim (``--resume``) stops it,
     which switches Xen's tracing off, and removes its files."""
-    shared, work = lab
+    shared, work = xen_lab
     env = XenEnvironment(XenConfig(kind="xen", name="explain-left"), shared.supervisor, work / "left", shared)
     (source,) = env.trace_sources(ExplainConfig(layers=["xen"]))  # the Xen layer only: xentrace in dom0
     source.start()  # and never stopped: what a killed rtvirt leaves
@@ -202,11 +202,11 @@ def test_resume_stops_a_tracer_its_killed_campaign_left_in_dom0(lab: Any) -> Non
 
 @pytest.mark.vm
 @pytest.mark.timeout(1500)
-def test_the_bare_metal_guest_reads_the_time_xen_stole_from_each_sample(lab: Any) -> None:
+def test_the_bare_metal_guest_reads_the_time_xen_stole_from_each_sample(xen_lab: Any) -> None:
     """Our bare-metal kernel as the RTDS domU (budget 4 ms of 10 ms): its gap probe reads the vCPU's runstate area
     around every gap, and the stolen time it reports per sample is non-zero where the budget ran out, never more
     than the gap, and the runnable time xentrace saw in the same windows within the Xen layer's stated alignment."""
-    shared, work = lab
+    shared, work = xen_lab
     config = XenConfig(kind="xen", name="explain-bare", guest="baremetal", scheduler="rtds", cpus=[1],
                        boot_timeout="900s", rtds={"period": f"{PERIOD_US}us", "budget": f"{BUDGET_US}us"})
     # every gap explained: under host load the largest ones are the outer host's, which Xen cannot see either
@@ -247,10 +247,10 @@ def test_the_bare_metal_guest_reads_the_time_xen_stole_from_each_sample(lab: Any
 
 @pytest.mark.vm
 @pytest.mark.timeout(1500)
-def test_the_bare_metal_timer_probe_splits_its_windows_into_stolen_time_and_its_own(lab: Any) -> None:
+def test_the_bare_metal_timer_probe_splits_its_windows_into_stolen_time_and_its_own(xen_lab: Any) -> None:
     """The timer probe (1 ms) in the bare-metal RTDS domU with 1 ms of every 10 ms: samples whose window Xen held
     carry their stolen time, never more than their latency, and the guest layer names it beside its IRQ split."""
-    shared, work = lab
+    shared, work = xen_lab
     config = XenConfig(kind="xen", name="explain-bare-timer", guest="baremetal", scheduler="rtds", cpus=[1],
                        boot_timeout="900s", rtds={"period": "10ms", "budget": "1ms"})
     explanation, _ = _traced_gap_run(shared, config, work / "bare-timer", competitor=False, layers=("xen", "guest"),
@@ -271,11 +271,11 @@ def test_the_bare_metal_timer_probe_splits_its_windows_into_stolen_time_and_its_
 
 @pytest.mark.vm
 @pytest.mark.timeout(1500)
-def test_a_stressor_inside_a_linux_domu_is_named_by_the_domus_own_trace(lab: Any) -> None:
+def test_a_stressor_inside_a_linux_domu_is_named_by_the_domus_own_trace(xen_lab: Any) -> None:
     """A Linux domU traces its measuring vCPU itself and sends the trace to dom0's listener after its main job:
     an RT cpu stressor inside it, above the timer probe's priority, is named as a guest-side cause (comm, the pid
     the guest gave it, its priority); Xen's layer stays beside it, and nothing of ours is left in dom0."""
-    shared, work = lab
+    shared, work = xen_lab
     config = XenConfig(kind="xen", name="explain-guest", cpus=[1], boot_timeout="900s")
     cpu = STRESSORS["cpu"]
     inside = cpu.command(cpu.params(workers=1, duration=0, priority=50, slice="3ms", period="20ms"), "")[1:]
