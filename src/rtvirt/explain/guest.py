@@ -18,7 +18,7 @@ than left unexplained, because the guest's own tracer measured them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,20 +157,25 @@ BAREMETAL_PHASES = (("bare-metal guest: timer IRQ not yet entered (expiry to the
                      "guest-thread"))
 
 
+def _window_samples(windows: np.ndarray, t_ns: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
+    """(sample index, start, end, cpu) of each outlier window whose sample (``t_ns`` = its start) is in the run."""
+    order = np.argsort(t_ns, kind="stable")
+    t_sorted = t_ns[order]
+    for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
+                               strict=True):
+        at = int(np.searchsorted(t_sorted, start))
+        if at < t_sorted.size and int(t_sorted[at]) == start:
+            yield int(order[at]), int(start), int(end), int(cpu)
+
+
 def timerlat_split(windows: np.ndarray, t_ns: np.ndarray, irq_ns: np.ndarray,
                    phases: tuple[tuple[str, str], ...] = TIMERLAT_PHASES) -> list[Occupancy]:
     """Each outlier window's two phases as the guest measured them: [start, start + IRQ latency) the timer
     IRQ had not been handled (entered, in the bare-metal guest), then until the thread ran. ``t_ns`` and
     ``irq_ns``: the run's samples (``aux``)."""
-    order = np.argsort(t_ns, kind="stable")
-    t_sorted, irq_sorted = t_ns[order], irq_ns[order]
     split = []
-    for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
-                               strict=True):
-        index = int(np.searchsorted(t_sorted, start))
-        if index >= t_sorted.size or int(t_sorted[index]) != start:
-            continue
-        irq_end = min(int(start) + int(irq_sorted[index]), int(end))
+    for index, start, end, cpu in _window_samples(windows, t_ns):
+        irq_end = min(start + int(irq_ns[index]), end)
         (irq_cause, irq_kind), (thread_cause, thread_kind) = phases
         if irq_end > start:
             split.append(Occupancy("guest", int(start), irq_end, irq_cause, irq_kind, int(cpu),
@@ -331,16 +336,9 @@ def stolen_occupancies(windows: np.ndarray, t_ns: np.ndarray, latency_ns: np.nda
     """The time Xen stole inside each outlier window, as the guest read it from its runstate area (per sample,
     aligned with ``t_ns``), where the guest placed it (``stolen_spans``): offline time first, then runnable (the
     vCPU is runnable last, until it runs); what does not fit before the resumption runs on to the window's end."""
-    order = np.argsort(t_ns, kind="stable")
-    t_sorted = t_ns[order]
     begins, _ = stolen_spans(t_ns, latency_ns, runnable_ns, offline_ns, irq_ns)
     found = []
-    for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
-                               strict=True):
-        at = int(np.searchsorted(t_sorted, start))
-        if at >= t_sorted.size or int(t_sorted[at]) != start:
-            continue
-        index = int(order[at])
+    for index, start, end, cpu in _window_samples(windows, t_ns):
         runnable, offline = int(runnable_ns[index]), int(offline_ns[index])
         if runnable + offline <= 0:
             continue
