@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import InputError, RtvirtError
-from ..interrupts import acknowledge, interrupt_threads, interruptible
+from ..interrupts import interrupt_threads, interruptible
 from ..probes import ProbeSpec
 from ..remote.agents import REMOTE_DIR_PATTERN, TargetLink
 from ..remote.labgrid import PLACE_PATTERN, resolve_place
@@ -272,7 +272,7 @@ def run_lab_scenario(inventory: Inventory, text: str, source: str, results: Path
                 result = run_campaign(scenario, state, results, console=console, show_progress=False,
                                       write_report=False, reclaim=False)
         except KeyboardInterrupt:
-            acknowledge()
+            handled.set()  # outside interruptible(): acknowledge() would no longer reach this thread's event
             outcome.interrupted = True
             return
         except RtvirtError as exc:
