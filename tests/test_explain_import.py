@@ -116,9 +116,11 @@ def test_a_dat_recorded_beside_the_run_names_the_interferer_and_its_burst(traced
     for outlier in shown["worst"]:
         assert sum(part["duration_ns"] for part in outlier["parts"]) == outlier["latency_ns"]
     host = next(layer for layer in shown["layers"] if layer["layer"] == "host")
-    # the largest distance between a window's end and the thread's switch-in: this kernel sometimes loses the
-    # idle -> task switch (the host layer counts such a task from its wake-up), which widens it to ~1 ms
-    assert 1000 <= host["alignment_ns"] < 2_000_000 and "beside.dat" in host["notes"][0]
+    # the distance between a window's end and the thread's switch-in that 95 % of windows stay within (one
+    # window in hundreds has the thread lose its CPU to the outer hypervisor unseen for up to 3.4 ms here)
+    assert 1000 <= host["alignment_ns"] < 500_000 and "beside.dat" in host["notes"][0]
+    assert all(re.match(r"in \d+ of the \d+ windows the measuring thread was switched in up to \d+ us before", note)
+               for note in host["notes"][1:]), host["notes"]
     manifest = json.loads((Path(path) / "manifest.json").read_text())
     assert manifest["explain"]["imported"] == "beside.dat" and manifest["explain"]["outliers"] == shown["outliers"]
     # the stressor's time on the CPU per burst, over the whole file as the import reads it: its duty within 10 %
@@ -138,6 +140,33 @@ def test_a_dat_recorded_beside_the_run_names_the_interferer_and_its_burst(traced
     again = json.loads(run_cli("explain", path, "--trace", str(traced["text"]), "--threshold", "300us", "--top", "5000",
                                "--json", check=True).stdout)
     assert again["summary"] == shown["summary"] and again["worst"] == shown["worst"]
+
+
+def test_a_trace_whose_clock_is_off_states_the_offset_as_its_alignment(traced: dict[str, Any],
+                                                                       tmp_path: Path) -> None:
+    """The same text trace with every stamp 200 us early: each switch-in lies 200 us further from its window's
+    end, and the stated alignment grows by as much (a later clock leaves the switch-ins after the windows: refused)."""
+    path = traced["run"]["path"]
+    aligned = json.loads(run_cli("explain", path, "--trace", str(traced["text"]), "--threshold", "300us", "--json",
+                                 check=True).stdout)
+    before = next(layer for layer in aligned["layers"] if layer["layer"] == "host")["alignment_ns"]
+    stamp = re.compile(r"(\]\s+)(\d+)\.(\d{6}):")
+
+    def shifted(us: int) -> Path:
+        def moved(match: re.Match[str]) -> str:
+            total = int(match[2]) * 1_000_000 + int(match[3]) + us
+            return f"{match[1]}{total // 1_000_000}.{total % 1_000_000:06d}:"
+        out = tmp_path / f"shifted{us}.txt"
+        with traced["text"].open() as text, out.open("w") as lines:
+            lines.writelines(stamp.sub(moved, line, count=1) for line in text)
+        return out
+
+    early = json.loads(run_cli("explain", path, "--trace", str(shifted(-200)), "--threshold", "300us", "--json",
+                               check=True).stdout)
+    after = next(layer for layer in early["layers"] if layer["layer"] == "host")["alignment_ns"]
+    assert 200_000 <= after <= before + 200_000, (before, after)
+    late = run_cli("explain", path, "--trace", str(shifted(200)), "--threshold", "300us")
+    assert late.returncode == 2 and "switched in at the end of" in late.stderr, late.stderr
 
 
 def test_a_trace_that_is_not_beside_the_run_is_refused_naming_it(traced: dict[str, Any], tmp_path: Path) -> None:

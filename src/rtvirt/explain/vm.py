@@ -11,17 +11,18 @@ stat`` reports them. Host times become guest times through the clock exchange (e
 
 from __future__ import annotations
 
+import heapq
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .clocksync import ClockExchange, ClockMap
 from .model import CollectContext, Layer, LayerTrace, Occupancy
-from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, TracefsInstance, TracingUnavailable
+from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, TracefsInstance, TracingUnavailable, body_fields
 
 __all__ = ["VmSource", "register_vcpus", "forget_vcpus", "vcpu_owner", "read_events"]
 
@@ -71,10 +72,21 @@ class Switch:
     cpu: int
     prev_pid: int
     prev_tgid: int | None  # the process of the task that left (the trace's tgid column)
+    prev_comm: str
+    prev_prio: int
     prev_state: str
     next_pid: int
     next_comm: str
     next_prio: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wakeup:
+    """A task woken onto ``target_cpu`` (recorded on whichever traced CPU woke it)."""
+
+    ts_ns: int
+    pid: int
+    target_cpu: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +101,14 @@ class KvmEvent:
 @dataclass(slots=True)
 class ParsedTrace:
     switches: list[Switch] = field(default_factory=list)
+    wakeups: list[Wakeup] = field(default_factory=list)
     kvm: list[KvmEvent] = field(default_factory=list)
     unreadable: int = 0
 
 
 def read_events(events: Iterable[TraceEvent]) -> ParsedTrace:
-    """sched_switch and kvm_exit/kvm_entry events (explain.tracefs), in time order across CPUs (a vCPU thread
-    that is not pinned moves between them)."""
+    """sched_switch, sched_wakeup and kvm_exit/kvm_entry events (explain.tracefs), in time order across CPUs (a
+    vCPU thread that is not pinned moves between them)."""
     parsed = ParsedTrace()
     for event in sorted(events, key=lambda e: e.ts_ns):
         if event.event == "sched_switch":
@@ -104,8 +117,13 @@ def read_events(events: Iterable[TraceEvent]) -> ParsedTrace:
                 parsed.unreadable += 1
                 continue
             parsed.switches.append(Switch(event.ts_ns, event.cpu, int(switch["prev_pid"]), event.tgid,
+                                          _printable(switch["prev_comm"]), int(switch["prev_prio"]),
                                           switch["prev_state"], int(switch["next_pid"]),
                                           _printable(switch["next_comm"]), int(switch["next_prio"])))
+        elif event.event == "sched_wakeup":
+            fields = body_fields(event.body)
+            if fields.get("pid", "").isdigit() and fields.get("target_cpu", "").isdigit():
+                parsed.wakeups.append(Wakeup(event.ts_ns, int(fields["pid"]), int(fields["target_cpu"])))
         elif event.event in ("kvm_exit", "kvm_entry"):
             reason = EXIT_REASON.search(event.body)
             parsed.kvm.append(KvmEvent(event.ts_ns, event.cpu, event.pid, event.event == "kvm_entry",
@@ -146,31 +164,60 @@ def _priority(prio: int) -> dict[str, str | int]:
     return {"policy": "normal", "nice": prio - 120}
 
 
-def vcpu_occupancies(switches: list[Switch], threads: VmThreads) -> list[Occupancy]:
+def vcpu_occupancies(trace: ParsedTrace, threads: VmThreads) -> list[Occupancy]:
     """An occupancy (on the host clock, ``cpu`` = the vCPU's index) for every task that ran on a vCPU's pCPU
     while that vCPU's thread was not running (anywhere), this VM's other vCPUs included; ``detail.vcpu_state``
-    says whether the vCPU had been preempted (runnable) or had gone to sleep (its guest idle) when it left."""
+    says whether the vCPU had been preempted (runnable) or had gone to sleep (its guest idle) when it left.
+
+    A task switched out whose switch-in the trace lacks (seen on this development VM: no switch from the idle
+    task is ever recorded on one of its CPUs) ran from its wake-up onto that CPU when traced, else from the
+    CPU's previous switch; ``detail.switch_in`` says which."""
     by_tid = {tid: index for index, tid in threads.vcpus.items()}
     off_since: dict[int, int] = {}  # vCPU tid -> when it left its CPU (absent: running, or not yet seen)
     off_state: dict[int, str] = {}
     last_cpu: dict[int, int] = {}
     current: dict[int, tuple[int, str, int, int]] = {}  # cpu -> (pid, comm, prio, since)
+    tgids: dict[int, int] = {}
+    woken: dict[tuple[int, int], int] = {}  # (cpu, pid) -> its last wake-up onto that CPU
     found: list[Occupancy] = []
-    for switch in switches:
-        ran = current.get(switch.cpu)
-        if ran is not None and ran[0] == switch.prev_pid and switch.prev_pid != 0:
-            # the task leaving ran since ``since``: the part of that while a vCPU of its pCPU was off is its
-            pid, comm, prio, since = ran
-            for tid, left in off_since.items():
-                if last_cpu.get(tid) != switch.cpu:
-                    continue
-                start = max(since, left)
-                if start < switch.ts_ns:
-                    cause, detail = _cause(pid, switch.prev_tgid, comm, threads)
-                    detail.update({"comm": comm, "pid": pid, "host_cpu": switch.cpu, "vcpu": by_tid[tid],
-                                   "vcpu_state": "preempted" if off_state[tid].startswith("R") else "sleeping",
-                                   **_priority(prio)})
-                    found.append(Occupancy("vm", start, switch.ts_ns, cause, "vcpu-preempted", by_tid[tid], detail))
+
+    def ran(task: tuple[int, str, int, int], cpu: int, until: int, switch_in: str | None) -> None:
+        """The task ``task`` held ``cpu`` until ``until``: its part while a vCPU of that pCPU was off."""
+        pid, comm, prio, since = task
+        if pid == 0:
+            return
+        for tid, left in off_since.items():
+            start = max(since, left)
+            if last_cpu.get(tid) != cpu or start >= until:
+                continue
+            cause, detail = _cause(pid, tgids.get(pid), comm, threads)
+            detail.update({"comm": comm, "pid": pid, "host_cpu": cpu, "vcpu": by_tid[tid],
+                           "vcpu_state": "preempted" if off_state[tid].startswith("R") else "sleeping",
+                           **_priority(prio), **({"switch_in": switch_in} if switch_in else {})})
+            found.append(Occupancy("vm", start, until, cause, "vcpu-preempted", by_tid[tid], detail))
+
+    timeline: Iterator[Switch | Wakeup] = heapq.merge(trace.switches, trace.wakeups, key=lambda e: e.ts_ns)
+    for event in timeline:
+        if isinstance(event, Wakeup):
+            woken[(event.target_cpu, event.pid)] = event.ts_ns
+            continue
+        switch = event
+        if switch.prev_tgid is not None:
+            tgids[switch.prev_pid] = switch.prev_tgid
+        before = current.get(switch.cpu)
+        leaving = (switch.prev_pid, switch.prev_comm, switch.prev_prio)
+        switch_in = None
+        if before is not None and before[0] != switch.prev_pid and switch.prev_pid != 0:
+            since = before[3]
+            wake = woken.get((switch.cpu, switch.prev_pid), -1)
+            start = wake if since < wake <= switch.ts_ns else since
+            switch_in = "not traced: counted from its wake-up" if start == wake else \
+                "not traced: counted from the previous switch"
+            ran(before, switch.cpu, start, None)
+            off_since.pop(switch.prev_pid, None)  # a vCPU thread that ran unseen was on from then
+            ran((*leaving, start), switch.cpu, switch.ts_ns, switch_in)
+        elif before is not None:
+            ran(before, switch.cpu, switch.ts_ns, None)
         if switch.prev_pid in by_tid:
             off_since[switch.prev_pid] = switch.ts_ns
             off_state[switch.prev_pid] = switch.prev_state
@@ -231,7 +278,8 @@ class VmSource:
     def start(self) -> None:
         if self._instance is not None or self._why_not is not None:
             return
-        events = ["sched:sched_switch"] + (["kvm:kvm_exit", "kvm:kvm_entry"] if self.accel == "kvm" else [])
+        events = ["sched:sched_switch", "sched:sched_wakeup"]
+        events += ["kvm:kvm_exit", "kvm:kvm_entry"] if self.accel == "kvm" else []
         instance = TracefsInstance(self.host_cpus, events, buffer_kb=self.buffer_mb * 1024)
         try:
             instance.start()
@@ -271,7 +319,7 @@ class VmSource:
             return LayerTrace("vm", False, "the guest's clock could not be aligned with the host's: "
                               + (problem or "no clock exchange took place"))
         threads = VmThreads(self.vm, self._vcpus, self._qemu_pid)
-        found = vcpu_occupancies(self._trace.switches, threads) + exit_occupancies(self._trace.kvm, threads)
+        found = vcpu_occupancies(self._trace, threads) + exit_occupancies(self._trace.kvm, threads)
         keep = _near_windows(context.windows)
         occupancies = []
         for occupancy in found:
