@@ -1,7 +1,9 @@
 """tuned for real: a throwaway TCG guest (tests/guest_chroot.py: this host's root file system read-only over 9p)
 starts a system D-Bus and Debian's tuned daemon, then runs this checkout's ``rtvirt host tune --profile
-realtime-virtual-guest --cpus 1`` and ``rtvirt host restore``, with the guest's settings read before, during and
-after. tuned's daemon never runs on this shared host: its realtime profiles would retune it for everyone.
+realtime-virtual-guest --cpus 1`` and ``rtvirt host restore`` with tuned in its own (auto) profile, then, with
+tuned switched off (``tuned-adm off``), ``--profile realtime-virtual-host`` and its restore; the guest's settings
+are read before, during and after each. tuned's daemon never runs on this shared host: its realtime profiles
+would retune it for everyone.
 
 The guest's /etc/tuned is a writable copy (tuned saves its profile and mode there; rtvirt sets isolated_cores in
 the variables file) and /var/log a tmpfs (tuned's log)."""
@@ -21,10 +23,12 @@ from guest_chroot import RTVIRT_ENV, needs_guest, run_guest
 from rtvirt.host.checks.base import chosen, parse_hex_mask, parse_list
 from rtvirt.host.checks.power import DEEP_US
 
-TUNED_VARIABLES = "/etc/tuned/realtime-virtual-guest-variables.conf"
+# (tag, profile, tuned's selection before): tuned's auto profile, then none (tuned-adm off)
+CYCLES = (("guest", "realtime-virtual-guest", "auto"), ("host", "realtime-virtual-host", "off"))
 # every file the profiles (tuned's and rtvirt's) write in this guest, read as bytes (md5) and as text
 SETTINGS = ("/etc/tuned/active_profile /etc/tuned/profile_mode /etc/tuned/post_loaded_profile /etc/tuned/bootcmdline "
-            f"{TUNED_VARIABLES} /proc/sys/kernel/timer_migration /proc/sys/kernel/sched_rt_runtime_us "
+            "/etc/tuned/realtime-virtual-guest-variables.conf /etc/tuned/realtime-virtual-host-variables.conf "
+            "/proc/sys/kernel/timer_migration /proc/sys/kernel/sched_rt_runtime_us "
             "/proc/sys/kernel/nmi_watchdog /proc/sys/kernel/watchdog_cpumask /proc/sys/kernel/hung_task_timeout_secs "
             "/proc/sys/kernel/numa_balancing /proc/sys/vm/stat_interval /proc/sys/vm/dirty_ratio "
             "/proc/sys/vm/dirty_background_ratio /proc/sys/vm/swappiness /sys/kernel/mm/transparent_hugepage/enabled "
@@ -52,17 +56,22 @@ for i in $(seq 600); do
     | grep -q 'boolean true' && break
   sleep 0.5
 done
-snapshot before
-date +%s.%N > /tmp/out/times
-{RTVIRT_ENV} {sys.executable} -m rtvirt host tune --profile realtime-virtual-guest --cpus 1 --json \
-  > /tmp/out/tune.json 2> /tmp/out/tune.log
-echo $? > /tmp/out/tune.rc
-date +%s.%N >> /tmp/out/times
-snapshot during
-{RTVIRT_ENV} {sys.executable} -m rtvirt host restore --json > /tmp/out/restore.json 2> /tmp/out/restore.log
-echo $? > /tmp/out/restore.rc
-date +%s.%N >> /tmp/out/times
-snapshot after
+cycle() {{  # TAG PROFILE: tune and restore, with a snapshot before, during and after
+  snapshot before-$1
+  date +%s.%N > /tmp/out/times-$1
+  {RTVIRT_ENV} {sys.executable} -m rtvirt host tune --profile $2 --cpus 1 --json > /tmp/out/tune-$1.json \
+    2> /tmp/out/tune-$1.log
+  echo $? > /tmp/out/tune-$1.rc
+  date +%s.%N >> /tmp/out/times-$1
+  snapshot during-$1
+  {RTVIRT_ENV} {sys.executable} -m rtvirt host restore --json > /tmp/out/restore-$1.json 2> /tmp/out/restore-$1.log
+  echo $? > /tmp/out/restore-$1.rc
+  date +%s.%N >> /tmp/out/times-$1
+  snapshot after-$1
+}}
+cycle guest realtime-virtual-guest
+tuned-adm off
+cycle host realtime-virtual-host
 cat /run/rtvirt/ledger.json > /tmp/out/ledger.json
 cp /var/log/tuned/tuned.log /tmp/out/tuned.log
 """
@@ -130,22 +139,34 @@ def _met(state: dict[str, object]) -> dict[str, Callable[[], bool]]:
 
 
 @pytest.mark.vm
+@pytest.mark.timeout(1300)
 @needs_guest
 @pytest.mark.skipif(not (shutil.which("tuned") and shutil.which("dbus-daemon")),
                     reason="needs Debian's tuned package (scripts/setup.sh all installs it)")
 def test_tuned_profile_applies_covers_and_restores_in_a_guest(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "script.sh").write_text(SCRIPT)
-    out = run_guest(tmp_path, BODY, {})
-    before, during, after = (_state((out / f"{phase}.txt").read_text()) for phase in ("before", "during", "after"))
-    tune = json.loads((out / "tune.json").read_text() or "null")
-    assert tune is not None, (out / "tune.log").read_text()[-3000:]
+    out = run_guest(tmp_path, BODY, {}, timeout=1200)
+    for tag, profile, selection in CYCLES:
+        _check_cycle(out, tag, profile, selection)
+    assert json.loads((out / "ledger.json").read_text())["entries"] == []
+
+
+def _check_cycle(out: Path, tag: str, profile: str, selection: str) -> None:
+    """One tune and restore with tuned's daemon in ``selection`` ("auto": its own profile, "off": none)."""
+    before, during, after = (_state((out / f"{phase}-{tag}.txt").read_text())
+                             for phase in ("before", "during", "after"))
+    tune = json.loads((out / f"tune-{tag}.json").read_text() or "null")
+    assert tune is not None, (out / f"tune-{tag}.log").read_text()[-3000:]
     tuned = tune["tuned"]
-    # tuned's daemon ran with the profile it chose for this guest, and rtvirt recorded it with its mode
-    mode = before["value"]["/etc/tuned/profile_mode"].strip()  # type: ignore[index]
-    assert before["profile"] and tuned["previous"] == f"{mode} {before['profile']}", (before["profile"], tuned)
-    assert tuned["applied"] and during["profile"] == "realtime-virtual-guest", (tuned, during["profile"])
-    assert "isolated_cores=1\n" in during["value"][TUNED_VARIABLES]  # type: ignore[index]
+    # rtvirt recorded tuned's selection as found: its own profile with its mode, or none
+    if selection == "auto":
+        mode = before["value"]["/etc/tuned/profile_mode"].strip()  # type: ignore[index]
+        assert before["profile"] and tuned["previous"] == f"{mode} {before['profile']}", (before["profile"], tuned)
+    else:
+        assert before["profile"] == "" and tuned["previous"] is None, (before["profile"], tuned)
+    assert tuned["applied"] and during["profile"] == profile, (tuned, during["profile"])
+    assert "isolated_cores=1\n" in during["value"][f"/etc/tuned/{profile}-variables.conf"]  # type: ignore[index]
     # the settings the realtime profiles make, in force during the tuning (read from the guest's /proc and /sys)
     met_before, met_during = _met(before), _met(during)
     assert all(met_during[item]() for item in ("timer-migration", "rt-throttling", "workqueue-cpumask",
@@ -161,9 +182,9 @@ def test_tuned_profile_applies_covers_and_restores_in_a_guest(tmp_path: Path) ->
     became_met = {item for item, met in met_during.items() if met() and not met_before[item]()}
     assert became_met <= covered | ours, (became_met, covered, ours)
     assert not covered & ours, tune["steps"]
-    # restore: tuned's profile as found (and its mode), and every setting byte for byte, every task's CPUs
-    restored = json.loads((out / "restore.json").read_text())
-    assert (out / "restore.rc").read_text().strip() == "0", restored
+    # restore: tuned's selection as found (and its mode), and every setting byte for byte, every task's CPUs
+    restored = json.loads((out / f"restore-{tag}.json").read_text())
+    assert (out / f"restore-{tag}.rc").read_text().strip() == "0", restored
     assert not [c for c in restored["restored"] if c["error"]], restored
     assert (after["profile"], after["qos"]) == (before["profile"], before["qos"])
     assert after["md5"] == before["md5"] and after["value"] == before["value"]
@@ -171,9 +192,9 @@ def test_tuned_profile_applies_covers_and_restores_in_a_guest(tmp_path: Path) ->
     common = tasks_before.keys() & tasks_after.keys()  # type: ignore[attr-defined]
     assert len(common) > 50
     assert {t: tasks_after[t] for t in common} == {t: tasks_before[t] for t in common}  # type: ignore[index]
-    assert json.loads((out / "ledger.json").read_text())["entries"] == []
     # how long the real daemon took (TCG guest on a nested 2-vCPU VM), for docs/host.md
-    start, tuned_at, restored_at = map(float, (out / "times").read_text().split())
-    print(f"tune {tuned_at - start:.1f} s, restore {restored_at - tuned_at:.1f} s; covered {sorted(covered)}; "
-          f"rtvirt's own steps {sorted(ours)}; tune exit {(out / 'tune.rc').read_text().strip()}")
-    assert re.search(r"static tuning from profile 'realtime-virtual-guest' applied", (out / "tuned.log").read_text())
+    start, tuned_at, restored_at = map(float, (out / f"times-{tag}").read_text().split())
+    print(f"{profile} from {selection}: tune {tuned_at - start:.1f} s, restore {restored_at - tuned_at:.1f} s; "
+          f"covered {sorted(covered)}; rtvirt's own steps {sorted(ours)}; "
+          f"tune exit {(out / f'tune-{tag}.rc').read_text().strip()}")
+    assert re.search(rf"static tuning from profile '{profile}' applied", (out / "tuned.log").read_text())
