@@ -615,3 +615,74 @@ def test_probe_explain_on_a_target_names_what_ran_there_and_leaves_its_tracefs_a
     after = sorted(entry.name for entry in instances.iterdir())
     assert after == before  # the target's tracefs as found
     assert our_agents_running() == []
+
+
+@pytest.mark.quiet  # it names what ran on the measured CPU: another test's stressor there would be named too
+def test_the_flight_recorder_drains_a_targets_trace_pipes_over_its_connection(server: SshServer,
+                                                                              tmp_path: Path) -> None:
+    """On a target the flight recorder reads the target's trace_pipe files while the run goes (a reader there,
+    stopped at the end) and keeps, within its bound, the trace around the samples that can become outliers: a
+    6 s run at 1 kHz beside our FIFO stressor (1 ms of every 5 ms), with a 256 KiB bound that the run's whole
+    trace overflows, still names the stressor in outliers of its first half. The target (this machine, over
+    loopback) keeps no reader and no instance."""
+    from rtvirt.explain.config import ExplainConfig
+    from rtvirt.explain.host import HostSource
+    from rtvirt.explain.recorder import KeepRule
+    from rtvirt.explain.remote import RemoteTracefs
+    from rtvirt.explain.session import ExplainSession
+    from rtvirt.probes import PROBES
+    from rtvirt.probes.runner import run_probe
+    from rtvirt.remote.connection import connect
+    from rtvirt.stressors import start_stressor
+
+    measured = max(os.sched_getaffinity(0))
+    instances = Path("/sys/kernel/tracing/instances")
+    before = sorted(entry.name for entry in instances.iterdir()) if instances.exists() else []
+    spec = PROBES["timer"]
+    params = spec.params(affinity=[measured], priority=80, interval="1013us", duration="6s")
+    config = ExplainConfig.model_validate({"threshold": "300us", "top": 5000})
+    samples, pids = tmp_path / "timer.rtvs", []
+    with connect(server.target()) as connection, \
+            start_stressor("cpu", {"cpus": [measured], "workers": 1, "priority": 90, "slice": "1ms",
+                                   "period": "5ms", "duration": 0}) as stressor:
+        source = HostSource((measured,), access=RemoteTracefs(connection, "board"), keep=KeepRule(300_000, 5000),
+                            keep_kb=256)
+        session = ExplainSession(config, [source])
+        session.start(samples)
+        assert source.recorder is not None, source.instance.problems  # draining the target's pipe
+        readers = [line for line in _processes() if "/trace_pipe" in line and "rtvirt-" in line]
+        assert len(readers) == 1, readers  # the cat on the target (this machine) reading the measured CPU's
+        try:
+            stream = run_probe(spec, params, samples, on_launch=pids.append)
+        finally:
+            session.stop()
+        workers = {int(task.name) for task in Path(f"/proc/{stressor.pid}/task").iterdir()}
+        for task in list(workers):
+            workers |= {int(child) for child in (Path(f"/proc/{stressor.pid}/task/{task}/children")
+                                                 .read_text().split())}
+        explanation = session.explain(stream, pids)
+    recorder = source.recorder
+    assert 0 < recorder.peak_bytes()[measured] <= 256 * 1024
+    assert recorder.dropped_lines > 0, recorder.peak_bytes()  # the bound mattered: the whole trace did not fit
+    start = int(stream.header["start_monotonic_ns"])
+    early = {part.rank for part in explanation.parts if part.sample_t_ns - start < 3_000_000_000
+             and part.cause.startswith("task rtvirt-stress/")
+             and int(part.cause.split("/")[1].split()[0]) in workers}
+    assert early, sorted({part.cause for part in explanation.parts})[:10]
+    print(f"recorder over ssh: peak {recorder.peak_bytes()[measured]} bytes, {recorder.dropped_lines} lines dropped, "
+          f"{len({p.rank for p in explanation.parts})} outliers explained, {len(early)} in the first 3 s named "
+          f"the stressor; samples came up to {recorder.max_lag_ns / 1e6:.0f} ms after their window")
+    assert [line for line in _processes() if "/trace_pipe" in line and "rtvirt-" in line] == []
+    assert sorted(entry.name for entry in instances.iterdir()) == before
+
+
+def _processes() -> list[str]:
+    """Every process's command line."""
+    lines = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue
+    return lines

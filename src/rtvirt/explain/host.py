@@ -263,9 +263,11 @@ class HostSource:
         # only real-time wake-ups matter (a woken RT thread kept waiting): the others are not recorded at all
         self.instance = TracefsInstance(self.cpus, events, buffer_kb=buffer_mb * 1024, overwrite=flight_recorder,
                                         filters={"sched:sched_wakeup": "prio < 100"}, access=access)
-        # the flight recorder (explain.recorder): on this machine, told the samples file and which samples can
-        # become explained outliers; it keeps at most keep_kb of trace per CPU (default: the buffer's size)
-        self.keep = keep if flight_recorder and not self.remote else None
+        # the flight recorder (explain.recorder), told the samples file and which samples can become explained
+        # outliers, keeps at most keep_kb of trace per CPU (default: the buffer's size); on a target it drains
+        # the target's pipes over the connection, on the target's clock
+        self.access = access
+        self.keep = keep if flight_recorder else None
         self.keep_kb = keep_kb or buffer_mb * 1024
         self.samples: Path | None = None
         self.recorder: FlightRecorder | None = None
@@ -290,7 +292,7 @@ class HostSource:
         if recording:
             assert self.instance.path is not None and self.samples is not None and self.keep is not None
             recorder = FlightRecorder(self.instance.path, self.cpus, self.samples, self.keep,
-                                      bound_bytes=self.keep_kb * 1024, margin_ns=MARGIN_NS)
+                                      bound_bytes=self.keep_kb * 1024, margin_ns=MARGIN_NS, access=self.access)
             try:
                 recorder.start()
             except OSError as exc:

@@ -1,8 +1,9 @@
 """The flight recorder: drains a tracefs instance while the run goes and keeps only the trace that can still
 explain an outlier, within a byte bound per CPU.
 
-A thread reads each traced CPU's ``per_cpu/cpuN/trace_pipe`` (consuming, non-blocking) every ``DRAIN_S`` and
-cuts what it read into chunks of ``CHUNK_NS`` of trace time. It follows the run's sample file as the agent
+A thread reads each traced CPU's ``per_cpu/cpuN/trace_pipe`` (consuming, non-blocking; on an SSH target, what
+a reader of that pipe there sent over the connection: explain.remote) every ``DRAIN_S`` and cuts what it read
+into chunks of ``CHUNK_NS`` of trace time. It follows the run's sample file as the agent
 writes it (:class:`~rtvirt.stream.StreamReader`) and holds the samples that can still be explained: above the
 floor of the outlier threshold (the set ``threshold``, else the rule's ``floor``: the final threshold, the
 larger of p99.9 and the floor, is never below it) and not below the running ``top``-th largest value (the
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import errno
 import heapq
 import os
 import threading
@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..stream import StreamReader
-from .tracefs import line_stamp
+from .tracefs import LocalTracefs, TracefsAccess, TracePipe, line_stamp
 
 __all__ = ["FlightRecorder", "KeepRule", "LostWindow", "CHUNK_NS", "DRAIN_S", "SLACK_NS", "RING_KB"]
 
@@ -43,7 +43,6 @@ DRAIN_S = 0.05  # how often the per-CPU pipes are drained and the sample file is
 SLACK_NS = 1_000_000_000  # how late a sample may reach the file after its window (the agent writes 4x a second)
 RING_KB = 4096  # the kernel's ring per CPU while the recorder drains it (never above the kept bound)
 SWITCH = "sched_switch:"
-_READ = 1 << 20
 
 
 class KeepRule(NamedTuple):
@@ -76,8 +75,9 @@ class _Chunk:
 class _Cpu:
     """One traced CPU's pipe and chunks (present ones by seq; dropped seq ranges remembered)."""
 
-    def __init__(self, cpu: int, fd: int) -> None:
-        self.cpu, self.fd = cpu, fd
+    def __init__(self, cpu: int) -> None:
+        self.cpu = cpu
+        self.pipe: TracePipe | None = None
         self.chunks: list[_Chunk] = []  # seq order
         self.newest: _Chunk | None = None  # the last chunk read (held or not)
         self.partial = ""  # a line cut by a read
@@ -104,14 +104,18 @@ def _first_switch(text: str) -> int | None:
 class FlightRecorder:
     """Drains ``instance_path``'s per-CPU pipes for ``cpus`` beside the run writing ``samples``; keeps at most
     ``bound_bytes`` of compressed trace per CPU around the windows ``rule`` says can become explained outliers.
-    ``margin_ns``: how far around a window the attribution reads (host.MARGIN_NS)."""
+    ``margin_ns``: how far around a window the attribution reads (host.MARGIN_NS). ``access``: whose tracefs
+    (default: this machine's); on another machine the trace clock's present is the newest trace time read."""
 
     def __init__(self, instance_path: Path, cpus: Sequence[int], samples: Path, rule: KeepRule, *,
-                 bound_bytes: int, margin_ns: int) -> None:
+                 bound_bytes: int, margin_ns: int, access: TracefsAccess | None = None) -> None:
         self.path, self.samples, self.rule = instance_path, samples, rule
         self.bound_bytes, self.margin_ns = bound_bytes, margin_ns
         self.cpus = tuple(cpus)
-        self._cpus = {cpu: _Cpu(cpu, -1) for cpu in self.cpus}  # their pipes are opened by start()
+        self._access = access or LocalTracefs()
+        self._now: Callable[[], int] | None = time.monotonic_ns if self._access.here else None
+        self._newest_ns = 0  # the latest trace time read, on any CPU
+        self._cpus = {cpu: _Cpu(cpu) for cpu in self.cpus}  # their pipes are opened by start()
         # candidates: (cpu, start, latency) -> end; the running top values of samples above the rule's floor
         self._candidates: dict[tuple[int, int, int], int] = {}
         self._top: list[int] = []
@@ -128,7 +132,7 @@ class FlightRecorder:
     def start(self) -> None:
         try:
             for cpu, state in self._cpus.items():
-                state.fd = os.open(self.path / "per_cpu" / f"cpu{cpu}" / "trace_pipe", os.O_RDONLY | os.O_NONBLOCK)
+                state.pipe = self._access.open_pipe(str(self.path / "per_cpu" / f"cpu{cpu}" / "trace_pipe"))
         except OSError:
             self.close()
             raise
@@ -152,33 +156,24 @@ class FlightRecorder:
                 self.problems.append(f"the flight recorder stopped: {type(exc).__name__}: {exc}"[:300])
                 return
 
+    def _present(self) -> int:
+        """Now on the trace clock."""
+        return self._now() if self._now is not None else self._newest_ns
+
     def _step(self, final: bool) -> None:
         for state in self._cpus.values():
-            self._drain(state)
+            self._drain(state, final)
         if self._following and self._reader is not None:
             self._follow(final)
         # a window starting before the horizon is not expected any more: its sample would be later than twice
         # the latest seen so far
         slack = max(SLACK_NS, 2 * self.max_lag_ns)
-        self.settle(None if final else time.clock_gettime_ns(time.CLOCK_MONOTONIC) - slack)
+        self.settle(None if final else self._present() - slack)
 
-    def _drain(self, state: _Cpu) -> None:
-        if state.fd < 0:
+    def _drain(self, state: _Cpu, final: bool) -> None:
+        if state.pipe is None:
             return
-        parts = [state.partial]
-        while True:
-            try:
-                data = os.read(state.fd, _READ)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno == errno.EINTR:
-                    continue
-                raise
-            if not data:
-                break
-            parts.append(data.decode(errors="replace"))
-        text = "".join(parts)
+        text = state.partial + state.pipe.read(final).decode(errors="replace")
         cut = text.rfind("\n") + 1
         state.partial = text[cut:]
         lines = text[:cut].splitlines()
@@ -201,6 +196,7 @@ class FlightRecorder:
             text = "\n".join(lines[start:end])
             last = line_stamp(lines[end - 1]) or first
             data = zlib.compress(text.encode(), 1)
+            self._newest_ns = max(self._newest_ns, last)
             if state.newest is not None:
                 state.newest.next_first_ns = first
             state.newest = _Chunk(state.next_seq, first, last, data, _first_switch(text), end - start)
@@ -222,7 +218,7 @@ class FlightRecorder:
             return  # values that are not windows are never explained
         if records.size:  # how late samples reach the recorder after their window ended (docs, the slack)
             ends = records["t_ns"].astype(np.int64) + records["value"].astype(np.int64)
-            self.max_lag_ns = max(self.max_lag_ns, time.clock_gettime_ns(time.CLOCK_MONOTONIC) - int(ends.min()))
+            self.max_lag_ns = max(self.max_lag_ns, self._present() - int(ends.min()))
         self.consider(records)
 
     def consider(self, records: np.ndarray) -> None:
@@ -394,10 +390,9 @@ class FlightRecorder:
             if self._thread.is_alive():  # it may still read them: leave them open, the instance to reclaim
                 return
         for state in self._cpus.values():
-            if state.fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(state.fd)
-                state.fd = -1
+            if state.pipe is not None:
+                state.pipe.close()
+                state.pipe = None
         if self._reader is not None:
             with contextlib.suppress(Exception):
                 self._reader.close()

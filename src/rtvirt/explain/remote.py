@@ -6,6 +6,10 @@ way to the files differs. Each file operation is one command over the connection
 constant script that takes the value and the path as arguments, so nothing from us or the target reaches a
 shell as code. Instances are named after this controller (its pid, start time and machine) so that a later
 rtvirt on this machine removes what a killed one left on the target, and never another controller's.
+
+The flight recorder (explain.recorder) drains the target's per-CPU ``trace_pipe`` files while the run goes:
+one ``cat`` of each there, started by a constant script that first says its pid on stderr (so that it can be
+stopped: a reader blocked in an idle pipe notices nothing else), its output handed over as it arrives.
 """
 
 from __future__ import annotations
@@ -16,17 +20,24 @@ import hashlib
 import os
 import re
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 from ..errors import RtvirtError
 from ..procs import process_start_time
-from ..remote.connection import SshConnection
+from ..remote.connection import RemoteProcess, SshConnection
 from .tracefs import INSTANCE_PREFIX, MOUNT_POINTS, TracingUnavailable
 
 __all__ = ["RemoteTracefs"]
 
 # printf writes the value as given; the redirection is the script's own text, the path its argument
 _WRITE = 'printf "%s" "$1" > "$2"'
+# the pipe's reader: its pid first (stderr), then the pipe's text (stdout) until it is killed
+_CAT_PIPE = 'echo "rtvirt-pipe-pid $$" >&2; exec cat -- "$1"'
+_PIPE_PID = re.compile(rb"rtvirt-pipe-pid (\d{1,10})\n")
+PIPE_QUIET_S = 0.3  # after tracing stopped: the pipe's text has all arrived once none came for this long
+PIPE_SETTLE_S = 10.0  # ... or after this long at most
 _ERRNOS = (("Permission denied", errno.EACCES), ("Operation not permitted", errno.EPERM),
            ("No such file", errno.ENOENT), ("busy", errno.EBUSY), ("Invalid argument", errno.EINVAL))
 TRACE_READ_TIMEOUT_S = 300.0
@@ -41,8 +52,56 @@ def _controller() -> str:
     return hashlib.sha256(os.uname().nodename.encode()).hexdigest()[:8]
 
 
+class RemotePipe:
+    """A target's ``trace_pipe`` read by a ``cat`` there (``explain.tracefs.TracePipe``)."""
+
+    def __init__(self, connection: SshConnection, path: str) -> None:
+        self.connection = connection
+        self._lock = threading.Lock()
+        self._received = bytearray()
+        self._last_arrival = time.monotonic()
+        self._process: RemoteProcess | None = connection.spawn(["sh", "-c", _CAT_PIPE, "rtvirt-pipe", path], None,
+                                                               on_data=self._arrived)
+
+    def _arrived(self, data: bytes) -> None:
+        with self._lock:
+            self._received += data
+            self._last_arrival = time.monotonic()
+
+    def read(self, final: bool = False) -> bytes:
+        if final:
+            self._finish()
+        with self._lock:
+            data, self._received = bytes(self._received), bytearray()
+        return data
+
+    def _finish(self) -> None:
+        """Tracing is off: let what the reader took from the pipe arrive, then stop the reader."""
+        deadline = time.monotonic() + PIPE_SETTLE_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                quiet = time.monotonic() - self._last_arrival
+            if quiet >= PIPE_QUIET_S:
+                break
+            time.sleep(PIPE_QUIET_S - quiet)
+        self.close()
+
+    def close(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        found = _PIPE_PID.search(bytes(process.stderr_head))
+        if found is not None and process.returncode is None:
+            with contextlib.suppress(RtvirtError):
+                self.connection.run(["kill", "--", found.group(1).decode()], timeout=30)
+        if process.wait(10.0) is None:  # no pid said, or the kill did not arrive: end the channel
+            process.stop(grace=1.0)
+
+
 class RemoteTracefs:
     """An SSH target's tracefs (``explain.tracefs.TracefsAccess``)."""
+
+    here = False
 
     def __init__(self, connection: SshConnection, label: str) -> None:
         self.connection = connection
@@ -111,6 +170,13 @@ class RemoteTracefs:
                 self.rmdir(f"{root}/instances/{name}")
                 removed.append(f"tracefs instance {name}{self.where} of a dead rtvirt (pid {match[1]})")
         return removed
+
+    def open_pipe(self, path: str) -> RemotePipe:
+        """A per-CPU ``trace_pipe`` of the target, drained while the run goes (explain.recorder)."""
+        try:
+            return RemotePipe(self.connection, path)
+        except RtvirtError as exc:
+            raise OSError(errno.EIO, f"reading {path}: {str(exc)[:200]}") from None
 
     def read_system(self, path: str) -> str:
         """A system file of the target (/proc/stat, /proc/cpuinfo), for what the explanation notes."""

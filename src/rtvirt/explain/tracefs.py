@@ -29,7 +29,7 @@ from typing import NamedTuple, Protocol
 from ..procs import process_start_time
 
 __all__ = ["TracefsInstance", "TracefsAccess", "LocalTracefs", "TraceEvent", "TracingUnavailable", "parse_trace",
-           "body_fields", "line_stamp", "tracefs_root", "TraceDrain",
+           "body_fields", "line_stamp", "tracefs_root", "TraceDrain", "TracePipe", "LocalPipe",
            "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS"]
 
 MOUNT_POINTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
@@ -38,6 +38,7 @@ INSTANCE_PREFIX = "rtvirt-"
 _INSTANCE_NAME = re.compile(r"^rtvirt-(\d+)-(?:(\d+)-(\d+)|[A-Za-z0-9_.]+)$")
 TEXT_RESOLUTION_NS = 1000  # the text trace prints microseconds
 DEFAULT_BUFFER_KB = 64 * 1024  # per traced CPU
+PIPE_READ = 1 << 20  # bytes per read of a trace_pipe
 _counter = itertools.count(1)
 
 # "<comm>-<pid> (<tgid>) [<cpu>] <flags> <sec>.<usec>: <event>: <body>"; a comm is at most 15 characters of
@@ -139,11 +140,50 @@ def reclaim_instances(root: Path | None = None) -> list[str]:
     return removed
 
 
+class TracePipe(Protocol):
+    """One CPU's ``trace_pipe``, read as it fills: ``read`` returns what arrived since the last call (b"" when
+    nothing; ``final``: tracing is off, return everything still to come); ``close`` lets go of it (idempotent)."""
+
+    def read(self, final: bool = False) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class LocalPipe:
+    """A ``trace_pipe`` of this machine, read non-blocking."""
+
+    def __init__(self, path: str) -> None:
+        self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+
+    def read(self, final: bool = False) -> bytes:
+        parts = []
+        while self._fd >= 0:
+            try:
+                data = os.read(self._fd, PIPE_READ)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if not data:
+                break
+            parts.append(data)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+
 class TracefsAccess(Protocol):
     """Where a tracefs is and how its files are reached: this machine's (:class:`LocalTracefs`) or an SSH
     target's (``explain.remote.RemoteTracefs``). Paths are absolute; failures raise OSError."""
 
     where: str  # for messages: "" here, " on target NAME" there
+    here: bool  # this machine's: its trace clock "mono" is this process's CLOCK_MONOTONIC
 
     def root(self) -> str:
         """The mounted tracefs (mounted now when it is not and that is allowed); TracingUnavailable if none."""
@@ -156,6 +196,10 @@ class TracefsAccess(Protocol):
     def mkdir(self, path: str) -> None: ...
 
     def rmdir(self, path: str) -> None: ...
+
+    def open_pipe(self, path: str) -> TracePipe:
+        """A per-CPU ``trace_pipe``, to be read while the run goes (explain.recorder)."""
+        ...
 
     def instance_name(self, serial: int) -> str:
         """A new instance's name: rtvirt's prefix and its owner, so that reclaim knows a dead owner's."""
@@ -170,6 +214,7 @@ class LocalTracefs:
     """This machine's tracefs, owned by this process (its pid and start time name the instances)."""
 
     where = ""
+    here = True
 
     def __init__(self, root: Path | None = None) -> None:
         self._root = root
@@ -188,6 +233,9 @@ class LocalTracefs:
 
     def rmdir(self, path: str) -> None:
         Path(path).rmdir()
+
+    def open_pipe(self, path: str) -> TracePipe:
+        return LocalPipe(path)
 
     def instance_name(self, serial: int) -> str:
         return f"{INSTANCE_PREFIX}{os.getpid()}-{process_start_time(os.getpid())}-{serial}"

@@ -13,7 +13,7 @@ import contextlib
 import shlex
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -136,12 +136,13 @@ class RemoteProcess:
             text = (text + "\n" if text else "") + f"the connection to {self._label} was lost"
         return text
 
-    async def _follow(self, process: Any, stream_to: Path | None) -> None:
+    async def _follow(self, process: Any, stream_to: Path | None,
+                      on_data: Callable[[bytes], None] | None = None) -> None:
         self._process = process
         try:
             sink = stream_to.open("wb") if stream_to is not None else None
             try:
-                copy = asyncio.ensure_future(self._copy(process.stdout, sink))
+                copy = asyncio.ensure_future(self._copy(process.stdout, sink, on_data))
                 errors = asyncio.ensure_future(self._tail(process.stderr))
                 await asyncio.gather(copy, errors, return_exceptions=True)
                 await process.wait_closed()
@@ -158,12 +159,14 @@ class RemoteProcess:
         finally:
             self._done.set()
 
-    async def _copy(self, stream: Any, sink: Any) -> None:
+    async def _copy(self, stream: Any, sink: Any, on_data: Callable[[bytes], None] | None) -> None:
         while chunk := await stream.read(CHUNK):
             self.received_bytes += len(chunk)
             if sink is not None:
                 sink.write(chunk)
                 sink.flush()  # the local reader follows the file while the agent runs
+            if on_data is not None:
+                on_data(chunk)
 
     async def _tail(self, stream: Any) -> None:
         while chunk := await stream.read(CHUNK):
@@ -263,8 +266,10 @@ class SshConnection:
                 raise RunError(f"ssh target {self.target.label}: {str(exc)[:300]}") from None
             raise
 
-    def spawn(self, argv: Sequence[str], stream_to: Path | None) -> RemoteProcess:
-        """Start ``argv`` on the target; its stdout is copied into ``stream_to`` as it arrives.
+    def spawn(self, argv: Sequence[str], stream_to: Path | None,
+              on_data: Callable[[bytes], None] | None = None) -> RemoteProcess:
+        """Start ``argv`` on the target; its stdout is copied into ``stream_to`` as it arrives, and handed to
+        ``on_data`` (called on the connection's event loop: it must not block).
 
         Its stdin stays open for the life of the session: agents run with ``--watch-stdin`` stop (flushing)
         when it ends, so an agent never outlives the connection that started it.
@@ -275,7 +280,7 @@ class SshConnection:
 
         async def go() -> None:
             process = await self.connection.create_process(remote_command(argv), encoding=None)
-            asyncio.ensure_future(remote._follow(process, stream_to))
+            asyncio.ensure_future(remote._follow(process, stream_to, on_data))
 
         try:
             _call(go(), 30.0)
