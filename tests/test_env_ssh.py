@@ -649,10 +649,9 @@ def test_the_flight_recorder_drains_a_targets_trace_pipes_over_its_connection(se
                             keep_kb=256)
         session = ExplainSession(config, [source])
         session.start(samples)
-        assert source.recorder is not None, source.instance.problems  # draining the target's pipe
-        readers = [line for line in _processes() if "/trace_pipe" in line and "rtvirt-" in line]
-        assert len(readers) == 1, readers  # the cat on the target (this machine) reading the measured CPU's
         try:
+            assert source.recorder is not None, source.instance.problems  # draining the target's pipe
+            assert len(_pipe_readers(wait_for=1)) == 1, _pipe_readers()  # the target's (this machine's) reader
             stream = run_probe(spec, params, samples, on_launch=pids.append)
         finally:
             session.stop()
@@ -672,17 +671,40 @@ def test_the_flight_recorder_drains_a_targets_trace_pipes_over_its_connection(se
     print(f"recorder over ssh: peak {recorder.peak_bytes()[measured]} bytes, {recorder.dropped_lines} lines dropped, "
           f"{len({p.rank for p in explanation.parts})} outliers explained, {len(early)} in the first 3 s named "
           f"the stressor; samples came up to {recorder.max_lag_ns / 1e6:.0f} ms after their window")
-    assert [line for line in _processes() if "/trace_pipe" in line and "rtvirt-" in line] == []
+    assert _pipe_readers() == []
     assert sorted(entry.name for entry in instances.iterdir()) == before
+    # a controller that dies (kill -9) loses its connection: the reader ends with it and frees the instance
+    instance = instances / f"rtvirt-{os.getpid()}-lost"
+    instance.mkdir()
+    try:
+        with connect(server.target()) as connection:
+            RemoteTracefs(connection, "board").open_pipe(str(instance / "per_cpu" / "cpu0" / "trace_pipe"))
+            assert len(_pipe_readers(wait_for=1)) == 1
+            assert server.kill_sessions() > 0
+            assert _pipe_readers(wait_for=0) == []
+    finally:
+        instance.rmdir()  # EBUSY while a reader held its pipe
 
 
-def _processes() -> list[str]:
-    """Every process's command line."""
+def _pipe_readers(wait_for: int | None = None) -> list[str]:
+    """The command lines of the processes reading an rtvirt instance's trace_pipe (``wait_for``: until there are
+    that many, 30 s at most: a reader starts, and ends, a moment after its channel)."""
+    deadline = time.monotonic() + 30
+    while True:
+        lines = _readers_now()
+        if wait_for is None or len(lines) == wait_for or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.1)
+
+
+def _readers_now() -> list[str]:
     lines = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                lines.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
+            if line.startswith("cat -- ") and "/instances/rtvirt-" in line and line.rstrip().endswith("/trace_pipe"):
+                lines.append(line)
     return lines

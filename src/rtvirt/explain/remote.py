@@ -8,8 +8,9 @@ shell as code. Instances are named after this controller (its pid, start time an
 rtvirt on this machine removes what a killed one left on the target, and never another controller's.
 
 The flight recorder (explain.recorder) drains the target's per-CPU ``trace_pipe`` files while the run goes:
-one ``cat`` of each there, started by a constant script that first says its pid on stderr (so that it can be
-stopped: a reader blocked in an idle pipe notices nothing else), its output handed over as it arrives.
+one ``cat`` of each there, its output handed over as it arrives, run by a constant script that ends it when
+the channel's stdin ends (a reader blocked in an idle pipe notices nothing else): at the end of the run, and
+when the connection is lost with this process (kill -9), so that no reader keeps the instance busy.
 """
 
 from __future__ import annotations
@@ -33,9 +34,8 @@ __all__ = ["RemoteTracefs"]
 
 # printf writes the value as given; the redirection is the script's own text, the path its argument
 _WRITE = 'printf "%s" "$1" > "$2"'
-# the pipe's reader: its pid first (stderr), then the pipe's text (stdout) until it is killed
-_CAT_PIPE = 'echo "rtvirt-pipe-pid $$" >&2; exec cat -- "$1"'
-_PIPE_PID = re.compile(rb"rtvirt-pipe-pid (\d{1,10})\n")
+# the pipe's reader: the pipe's text on stdout until the channel's stdin ends
+_CAT_PIPE = 'cat -- "$1" & reader=$!; cat > /dev/null; kill "$reader" 2>/dev/null; wait'
 PIPE_QUIET_S = 0.3  # after tracing stopped: the pipe's text has all arrived once none came for this long
 PIPE_SETTLE_S = 10.0  # ... or after this long at most
 _ERRNOS = (("Permission denied", errno.EACCES), ("Operation not permitted", errno.EPERM),
@@ -56,7 +56,6 @@ class RemotePipe:
     """A target's ``trace_pipe`` read by a ``cat`` there (``explain.tracefs.TracePipe``)."""
 
     def __init__(self, connection: SshConnection, path: str) -> None:
-        self.connection = connection
         self._lock = threading.Lock()
         self._received = bytearray()
         self._last_arrival = time.monotonic()
@@ -88,14 +87,8 @@ class RemotePipe:
 
     def close(self) -> None:
         process, self._process = self._process, None
-        if process is None:
-            return
-        found = _PIPE_PID.search(bytes(process.stderr_head))
-        if found is not None and process.returncode is None:
-            with contextlib.suppress(RtvirtError):
-                self.connection.run(["kill", "--", found.group(1).decode()], timeout=30)
-        if process.wait(10.0) is None:  # no pid said, or the kill did not arrive: end the channel
-            process.stop(grace=1.0)
+        if process is not None:
+            process.stop(grace=10.0)  # the end of its stdin ends the reader, then the script
 
 
 class RemoteTracefs:
