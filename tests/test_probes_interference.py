@@ -76,15 +76,17 @@ def test_timer_latency_rises_with_the_interferer(tmp_path: Path) -> None:
     with interferer(CPU, "2ms", "10ms"):
         disturbed = probe("timer", tmp_path, "disturbed", duration="1500ms", interval="1ms")
     after = probe("timer", tmp_path, "solo-after", duration="1500ms", interval="1ms")
-    # the baseline is the quieter of a solo run before and one after: on this machine, itself a VM, a single solo
-    # run in the quiet phase once had a 645 us p99 (the interferer's run beside it: 1.48 ms)
-    solo_p99 = min(np.percentile(solo.records["value"], 99) for solo in (before, after))
     values = disturbed.records["value"]
     # A wake-up planned inside a 2 ms slice waits for its end: about one in ten waits up to 2 ms.
     # (Percentiles, not the maximum: the host itself may take this vCPU away for tens of ms now and then.)
     assert 0.04 <= np.mean(values > 200_000) <= 0.3
     assert 0.5 * MS <= np.percentile(values, 99) <= 2.2 * MS
-    assert np.percentile(values, 99) > 5 * solo_p99
+    # the slow wake-ups are the interferer's: waits above 0.5 ms (three in twenty wake-ups fall in a slice's first
+    # 1.5 ms) are far more common than in the quieter of a solo run before and one after. Not the solo p99: on
+    # this machine, itself a VM, the outer hypervisor's noise put it at 645 us once and at 248 us in both solo
+    # runs of a quiet phase another time, while the disturbed runs' p99 was 1.2-1.5 ms
+    solo_share = min(np.mean(solo.records["value"] > 0.5 * MS) for solo in (before, after))
+    assert np.mean(values > 0.5 * MS) > 5 * solo_share, (np.mean(values > 0.5 * MS), solo_share)
 
 
 def _slow_share(stream: SampleStream, limit: float) -> float:
