@@ -24,8 +24,14 @@ from rtvirt.explain.guest import read_guest_trace
 from rtvirt.explain.model import Explanation, LayerTrace
 from rtvirt.explain.sources import session_for
 from rtvirt.explain.stored import read_explanation
-from rtvirt.explain.xen import align, reclaim_xentrace
-from rtvirt.explain.xentrace import TraceError, parse_records, read_trace
+from rtvirt.explain.xen import _exhaustions, align, reclaim_xentrace
+from rtvirt.explain.xentrace import (
+    TRC_RTDS_BUDGET_BURN,
+    TRC_RTDS_BUDGET_REPLENISH,
+    TraceError,
+    parse_records,
+    read_trace,
+)
 from rtvirt.probes import PROBES
 from rtvirt.stream import read_stream
 from rtvirt.stressors.registry import STRESSORS
@@ -53,6 +59,27 @@ def test_records_are_read_per_pcpu_with_their_tsc_and_a_cut_tail_is_dropped() ->
     assert trace.running == {1: [(1 << 33, 5, 2)]}
     with pytest.raises(TraceError, match="not a xentrace file"):
         list(parse_records(_record(0x21101, (1,), 5)))
+
+
+def test_an_rtds_depletion_names_its_replenishment_and_the_slice_that_emptied_it() -> None:
+    """Xen 4.17's burn record (unit:16 dom:16, cur_budget s64, delta int, ...) and replenishment record (unit/dom,
+    cur_deadline u64, cur_budget u64): a slice charged past the whole 10 ms budget empties it until the next
+    replenishment; a burn that leaves budget is no depletion."""
+    unit = 2 << 16 | 0  # domain 2, vCPU 0 as RTDS packs it (unit low, dom high)
+
+    def burn(tsc: int, left: int, charged: int) -> bytes:
+        return _record(TRC_RTDS_BUDGET_BURN, (unit, left & 0xFFFFFFFF, left >> 32 & 0xFFFFFFFF, charged, 0, 0), tsc)
+
+    def replenish(tsc: int, deadline: int) -> bytes:
+        return _record(TRC_RTDS_BUDGET_REPLENISH, (unit, 0, deadline & 0xFFFFFFFF, deadline >> 32, 10_000_000, 0),
+                       tsc)
+
+    blob = (_record(0x1F003, (1, 64), None) + burn(100, 6_000_000, 4_000_000) + burn(200, 0, 10_537_421)
+            + replenish(300, 105_310_000_000))
+    trace = read_trace(blob)
+    assert trace.burns[(2, 0)] == [(100, 6_000_000, 4_000_000), (200, 0, 10_537_421)]
+    assert _exhaustions(trace, (2, 0)) == [(200, 300, {"deadline_ns": 105_310_000_000, "budget_ns": 10_000_000,
+                                                       "charged_ns": 10_537_421})]
 
 
 def test_alignment_puts_the_vcpus_waits_inside_the_windows_they_caused() -> None:
@@ -156,7 +183,11 @@ def test_a_competing_rt_domu_shows_as_runnable_while_it_ran(xen_lab: Any) -> Non
     assert _outliers_with(explanation, "runstate", cause) >= 0.5, (explanation.summary[:4], layer.notes)
     xen_rows = [row for row in explanation.summary if row["layer"] == "xen"]
     assert xen_rows[0]["cause"] == cause, xen_rows[:3]  # the largest Xen cause
-    assert not any(part.kind == "budget" for part in explanation.parts)  # its budget is its whole period
+    # Its budget is its whole period: Xen depletes it only after charging one slice past the budget (a budget
+    # timer late under TCG; seen once in a 3 s run, a 10.5 ms slice, replenished 1.8 ms later), while the
+    # competitor's budget runs out every period; its depletions are not the measuring vCPU's.
+    with_budget = {part.rank for part in explanation.parts if part.kind == "budget"}
+    assert len(with_budget) <= 0.1 * explanation.outliers, (len(with_budget), explanation.summary[:4])
     assert layer.alignment_ns < 1_000_000, layer.notes
 
 

@@ -377,18 +377,21 @@ def _occupancies(trace: Trace, domains: XenDomains, by_vcpu: dict[int, list[Stre
 
 
 def _exhaustions(trace: Trace, unit: tuple[int, int]) -> list[tuple[int, int | None, dict[str, int]]]:
-    """RTDS: (TSC the budget ran out, TSC of the next replenishment or None, its deadline/budget)."""
+    """RTDS: (TSC the budget ran out, TSC of the next replenishment or None, its deadline/budget and the ns
+    charged by the slice that emptied it)."""
     replenished = trace.replenishments.get(unit, [])
     times = [tsc for tsc, _, _ in replenished]
     out: list[tuple[int, int | None, dict[str, int]]] = []
-    for tsc, left in trace.burns.get(unit, []):
+    for tsc, left, charged in trace.burns.get(unit, []):
         if left <= 0 and (not out or (out[-1][1] is not None and tsc >= out[-1][1])):
+            # the slice that emptied it: longer than the whole budget means Xen ran it past its budget timer
             at = bisect.bisect_right(times, tsc)
             if at < len(replenished):
                 _, deadline, budget = replenished[at]
-                out.append((tsc, replenished[at][0], {"deadline_ns": deadline, "budget_ns": budget}))
+                out.append((tsc, replenished[at][0], {"deadline_ns": deadline, "budget_ns": budget,
+                                                      "charged_ns": charged}))
             else:
-                out.append((tsc, None, {}))
+                out.append((tsc, None, {"charged_ns": charged}))
     return out
 
 

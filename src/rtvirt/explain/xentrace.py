@@ -87,8 +87,9 @@ class Trace:
     runstates: dict[tuple[int, int], list[tuple[int, str, int]]] = field(default_factory=dict)
     # pCPU -> [(tsc, dom, vcpu)]: from then on that vCPU ran on it (the idle domain: nothing did)
     running: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
-    # (dom, vcpu) -> [(tsc, budget left ns)] of RTDS budget burns, and [(tsc, deadline ns, budget ns)] replenishments
-    burns: dict[tuple[int, int], list[tuple[int, int]]] = field(default_factory=dict)
+    # (dom, vcpu) -> [(tsc, budget left ns, ns charged)] of RTDS budget burns, and [(tsc, deadline ns, budget ns)]
+    # replenishments
+    burns: dict[tuple[int, int], list[tuple[int, int, int]]] = field(default_factory=dict)
     replenishments: dict[tuple[int, int], list[tuple[int, int, int]]] = field(default_factory=dict)
     lost_records: int = 0
     records: int = 0
@@ -118,9 +119,10 @@ def read_trace(blob: bytes) -> Trace:
             trace.runstates.setdefault(vcpu, []).append((record.tsc, new, record.cpu))
             if new == "running":
                 trace.running.setdefault(record.cpu, []).append((record.tsc, *vcpu))
-        elif event == TRC_RTDS_BUDGET_BURN and len(record.data) >= 3:
+        elif event == TRC_RTDS_BUDGET_BURN and len(record.data) >= 4:
             budget = struct.unpack("<q", struct.pack("<II", record.data[1], record.data[2]))[0]
-            trace.burns.setdefault(_unit(record.data[0]), []).append((record.tsc, budget))
+            charged = struct.unpack("<i", struct.pack("<I", record.data[3]))[0]
+            trace.burns.setdefault(_unit(record.data[0]), []).append((record.tsc, budget, charged))
         elif event == TRC_RTDS_BUDGET_REPLENISH and len(record.data) >= 6:
             deadline = record.data[3] << 32 | record.data[2]
             budget = record.data[5] << 32 | record.data[4]
