@@ -20,6 +20,7 @@ import pytest
 from conftest import RTVIRT, run_cli
 
 from rtvirt.explain.attribute import attribute
+from rtvirt.explain.host import occupancies_from_events
 from rtvirt.explain.model import LayerTrace, Occupancy
 from rtvirt.explain.stored import read_explanation
 from rtvirt.explain.tracefs import TracefsInstance, parse_trace, reclaim_instances, tracefs_root
@@ -154,6 +155,32 @@ def test_the_trace_parser_reads_comms_that_look_like_trace_fields() -> None:
     events = list(parse_trace(lines))
     assert [(e.comm, e.pid, e.tgid, e.cpu, e.ts_ns) for e in events] == [
         ("a-1 [000] d", 7, 7, 1, 12693131273000), ("<idle>", 0, None, 1, 12693131300000)]
+
+
+def test_a_task_whose_switch_in_was_not_traced_counts_from_its_wake_up_or_says_it_did_not() -> None:
+    """CPU 1 of this machine never records a switch from the idle task: a FIFO stressor woken at +100 us (its
+    wake-up traced) shows only as it leaves at +600 us, and a normal task (no wake-up traced: only real-time ones
+    are) only as it leaves at +900 us, after a timer interrupt at +700 us."""
+    def line(at_us: int, comm: str, pid: int, body: str) -> str:
+        return f"{comm:>16}-{pid:<7} (  {pid:>5}) [001] d..2. {100 + at_us / 1e6:12.6f}: {body}"
+
+    lines = ["# tracer: nop",
+             line(0, "agent", 50, "sched_switch: prev_comm=agent prev_pid=50 prev_prio=9 prev_state=S ==> "
+                  "next_comm=swapper/1 next_pid=0 next_prio=120"),
+             line(100, "<idle>", 0, "sched_wakeup: comm=stress pid=77 prio=49 target_cpu=001"),
+             line(600, "stress", 77, "sched_switch: prev_comm=stress prev_pid=77 prev_prio=49 prev_state=S ==> "
+                  "next_comm=swapper/1 next_pid=0 next_prio=120"),
+             line(700, "<idle>", 0, "local_timer_entry: vector=236"),
+             line(710, "<idle>", 0, "local_timer_exit: vector=236"),
+             line(900, "kworker", 88, "sched_switch: prev_comm=kworker prev_pid=88 prev_prio=120 prev_state=S ==> "
+                  "next_comm=swapper/1 next_pid=0 next_prio=120")]
+    tasks = [(o.start_ns - 100_000_000_000, o.end_ns - 100_000_000_000, o.cause, o.detail.get("switch_in"))
+             for o in occupancies_from_events(parse_trace(lines), [50]) if o.kind == "task"]
+    assert tasks == [
+        (100_000, 600_000, "task stress/77 SCHED_FIFO/RR 50 (switch-in not traced: counted from its wake-up)",
+         "not traced: counted from its wake-up"),
+        (710_000, 900_000, "task kworker/88 SCHED_OTHER nice 0 (switch-in not traced: counted from the CPU's "
+         "previous event)", "not traced: counted from the CPU's previous event")]
 
 
 def test_outer_layers_win_and_a_nested_irq_wins_inside_its_layer() -> None:

@@ -265,11 +265,35 @@ def test_a_task_whose_switch_in_from_idle_was_not_traced_counts_from_its_wake_up
     assert [(o.start_ns - 100_000_000_000, o.duration_ns, o.cause, o.detail["switch_in"]) for o in found] == [
         (1_000_000, 1_000_000, "vCPU not running: rtvirt-stress/77 ran", "not traced: counted from its wake-up"),
         (3_000_000, 2_000_000, "vCPU not running: rtvirt-stress/77 ran",
-         "not traced: counted from the previous switch")]
+         "not traced: counted from the CPU's previous event")]
     # without the wake-up the first stay counts from the vCPU's own leaving: what was lost is said, not hidden
     found = vcpu_occupancies(read_events(parse_trace(lines[:2] + lines[3:4])), threads)
     assert [(o.start_ns - 100_000_000_000, o.detail["switch_in"]) for o in found] == [
-        (100_000, "not traced: counted from the previous switch")]
+        (100_000, "not traced: counted from the CPU's previous event")]
+
+
+def test_a_sleeping_vcpu_woken_while_a_task_holds_its_pcpu_waits_from_its_wake_up() -> None:
+    """vCPU 0 left pCPU 1 asleep at +100 us; the stressor ran there from +200 us; the vCPU's thread was woken onto
+    pCPU 1 at +600 us (its guest's timer) and ran at +1500 us: the stressor's time is "sleeping" up to the
+    wake-up and "woken" after it. A wake-up onto another pCPU moves the wait there."""
+    from rtvirt.explain.tracefs import parse_trace
+    from rtvirt.explain.vm import VmThreads, read_events, vcpu_occupancies
+
+    lines = ["# tracer: nop",
+             _switch(100, (*VCPU0, 120, "S"), (*STRESSOR[:2], 120)),
+             _wakeup(600, VCPU0[:2], 120),
+             _switch(1500, (*STRESSOR, 120, "R"), (*VCPU0[:2], 120)),
+             _switch(1800, (*VCPU0, 120, "S"), (*STRESSOR[:2], 120)),
+             _switch(2500, (*STRESSOR, 120, "R"), (*VCPU0[:2], 120))]
+    threads = VmThreads("measured", {0: 500}, 400)
+    found = vcpu_occupancies(read_events(parse_trace(lines)), threads)
+    assert [(o.start_ns - 100_000_000_000, o.duration_ns, o.detail["vcpu_state"]) for o in found] == [
+        (100_000, 500_000, "sleeping"), (600_000, 900_000, "woken"), (1_800_000, 700_000, "sleeping")]
+    # woken onto pCPU 0 (not traced here): what held pCPU 1 after the wake-up is no longer its wait
+    moved = [line.replace("target_cpu=001", "target_cpu=000") for line in lines]
+    found = vcpu_occupancies(read_events(parse_trace(moved)), threads)
+    assert [(o.start_ns - 100_000_000_000, o.duration_ns, o.detail["vcpu_state"]) for o in found] == [
+        (100_000, 500_000, "sleeping"), (1_800_000, 700_000, "sleeping")]
 
 
 def test_clock_map_from_two_exchanges_states_offset_rate_and_the_larger_bound() -> None:

@@ -22,7 +22,15 @@ import numpy as np
 
 from .model import CollectContext, Layer, LayerTrace, Occupancy
 from .recorder import RING_KB, FlightRecorder, KeepRule
-from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, TracefsAccess, TracefsInstance, TracingUnavailable, body_fields
+from .tracefs import (
+    TEXT_RESOLUTION_NS,
+    TraceEvent,
+    TracefsAccess,
+    TracefsInstance,
+    TracingUnavailable,
+    body_fields,
+    untraced_switch_in,
+)
 
 __all__ = ["HostSource", "HOST_EVENTS", "occupancies_from_events", "task_cause", "bounded", "steal_ns",
            "inside_vm", "outer_hypervisor_note"]
@@ -38,7 +46,6 @@ HOST_EVENTS = (
     "timer:hrtimer_expire_entry", "timer:hrtimer_expire_exit",
 )
 AHEAD_OF_RT = " (kept the CPU after the real-time thread was woken)"
-UNTRACED_IN = " (its switch-in was not traced: counted from its wake-up)"
 MARGIN_NS = 1_000_000  # occupancies kept this far around each window (the report's timelines)
 MAX_NAME = 64
 MAX_NAMED = 20  # outlier windows named one by one in a note
@@ -106,10 +113,9 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
             prev_pid = int(match["prev_pid"])
             if task is not None and task[2] != prev_pid and previous_ts is not None and previous_ts > task[0]:
                 # the kernel switched out a task whose switch-in the trace does not hold (seen here: a FIFO task
-                # woken from idle, its swapper->task switch missing): the task demonstrably ran until now; it is
-                # counted from its wake-up on this CPU when traced (real-time ones are), else the previous event
-                if task[0] < woken.get(prev_pid, -1) <= previous_ts:
-                    previous_ts = woken[prev_pid]
+                # woken from idle, its swapper->task switch missing): the task demonstrably ran until now, from
+                # its wake-up on this CPU when traced (real-time ones are), else from the previous event
+                previous_ts, untraced_in = untraced_switch_in(task[0], woken.get(prev_pid), previous_ts, ts)
                 if task[2] == 0:
                     occupancies.append(Occupancy("host", task[0], previous_ts, "idle: the CPU slept until the wake-up",
                                                  "idle-exit", cpu, {}))
@@ -117,9 +123,8 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
                     cause, detail = task_cause(task[1], task[2], task[3], policies.get(task[2]))
                     occupancies.append(Occupancy("host", task[0], previous_ts, cause, "task", cpu, detail))
                 task = (previous_ts, match["prev_comm"], prev_pid, int(match["prev_prio"]))
-                untraced_in = True
             else:
-                untraced_in = False
+                untraced_in = None
             if task is not None and ts > task[0]:
                 start, comm, pid, prio = task
                 if pid == 0:
@@ -132,7 +137,8 @@ def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[
                 else:
                     cause, detail = task_cause(comm, pid, prio, policies.get(pid))
                     if untraced_in:
-                        cause += UNTRACED_IN
+                        cause += f" (switch-in {untraced_in})"
+                        detail["switch_in"] = untraced_in
                     kept = max(start, rt_woken) if prio >= 100 and rt_woken is not None and rt_woken < ts else ts
                     if kept > start:
                         occupancies.append(Occupancy("host", start, kept, cause, "task", cpu, detail))

@@ -29,7 +29,7 @@ from typing import NamedTuple, Protocol
 from ..procs import process_start_time
 
 __all__ = ["TracefsInstance", "TracefsAccess", "LocalTracefs", "TraceEvent", "TracingUnavailable", "parse_trace",
-           "body_fields", "line_stamp", "tracefs_root", "TraceDrain", "TracePipe", "LocalPipe",
+           "body_fields", "line_stamp", "untraced_switch_in", "tracefs_root", "TraceDrain", "TracePipe", "LocalPipe",
            "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS"]
 
 MOUNT_POINTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
@@ -73,6 +73,16 @@ def line_stamp(line: str) -> int | None:
     """The time stamp of one trace line (None: not an event line)."""
     match = _LINE.match(line)
     return int(match["sec"]) * 1_000_000_000 + int(match["usec"]) * 1000 if match else None
+
+
+def untraced_switch_in(since: int, woken_at: int | None, previous: int, until: int) -> tuple[int, str]:
+    """Where a task switched out at ``until`` without a traced switch-in began to run (seen on this development VM:
+    one CPU never records a switch from the idle task): at its wake-up onto that CPU when one was traced after
+    ``since`` (the CPU's previous switch), else at the CPU's ``previous`` traced event (what demonstrably
+    happened before it); and how it was counted, as the layers' ``detail.switch_in`` says it."""
+    if woken_at is not None and since < woken_at <= until:
+        return woken_at, "not traced: counted from its wake-up"
+    return previous, "not traced: counted from the CPU's previous event"
 
 
 def parse_trace(lines: Iterable[str]) -> Iterator[TraceEvent]:

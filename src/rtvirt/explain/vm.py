@@ -22,7 +22,14 @@ import numpy as np
 
 from .clocksync import ClockExchange, ClockMap
 from .model import CollectContext, Layer, LayerTrace, Occupancy
-from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, TracefsInstance, TracingUnavailable, body_fields
+from .tracefs import (
+    TEXT_RESOLUTION_NS,
+    TraceEvent,
+    TracefsInstance,
+    TracingUnavailable,
+    body_fields,
+    untraced_switch_in,
+)
 
 __all__ = ["VmSource", "register_vcpus", "forget_vcpus", "vcpu_owner", "read_events"]
 
@@ -167,7 +174,8 @@ def _priority(prio: int) -> dict[str, str | int]:
 def vcpu_occupancies(trace: ParsedTrace, threads: VmThreads) -> list[Occupancy]:
     """An occupancy (on the host clock, ``cpu`` = the vCPU's index) for every task that ran on a vCPU's pCPU
     while that vCPU's thread was not running (anywhere), this VM's other vCPUs included; ``detail.vcpu_state``
-    says whether the vCPU had been preempted (runnable) or had gone to sleep (its guest idle) when it left.
+    says whether the vCPU had been preempted (runnable), was asleep (its guest idle) or had been woken and waited
+    for its pCPU (a traced ``sched_wakeup`` of its thread after it left asleep).
 
     A task switched out whose switch-in the trace lacks (seen on this development VM: no switch from the idle
     task is ever recorded on one of its CPUs) ran from its wake-up onto that CPU when traced, else from the
@@ -179,27 +187,40 @@ def vcpu_occupancies(trace: ParsedTrace, threads: VmThreads) -> list[Occupancy]:
     current: dict[int, tuple[int, str, int, int]] = {}  # cpu -> (pid, comm, prio, since)
     tgids: dict[int, int] = {}
     woken: dict[tuple[int, int], int] = {}  # (cpu, pid) -> its last wake-up onto that CPU
+    vcpu_woken: dict[int, tuple[int, int]] = {}  # vCPU tid -> (when, onto which pCPU) it was woken since it
+    # left asleep (absent: not woken yet)
     found: list[Occupancy] = []
 
     def ran(task: tuple[int, str, int, int], cpu: int, until: int, switch_in: str | None) -> None:
-        """The task ``task`` held ``cpu`` until ``until``: its part while a vCPU of that pCPU was off."""
+        """The task ``task`` held ``cpu`` until ``until``: its part while a vCPU of that pCPU was off, cut where a
+        sleeping vCPU was woken (from then on it waited for the pCPU)."""
         pid, comm, prio, since = task
         if pid == 0:
             return
         for tid, left in off_since.items():
             start = max(since, left)
-            if last_cpu.get(tid) != cpu or start >= until:
+            if start >= until:
                 continue
+            if off_state[tid].startswith("R"):
+                stretches = [(start, until, "preempted", last_cpu[tid])]
+            else:  # asleep on the pCPU it left, then (woken) waiting on the one it was woken onto
+                woke_at, woke_on = vcpu_woken.get(tid, (until, last_cpu[tid]))
+                wake = min(max(woke_at, start), until)
+                stretches = [(start, wake, "sleeping", last_cpu[tid]), (wake, until, "woken", woke_on)]
             cause, detail = _cause(pid, tgids.get(pid), comm, threads)
-            detail.update({"comm": comm, "pid": pid, "host_cpu": cpu, "vcpu": by_tid[tid],
-                           "vcpu_state": "preempted" if off_state[tid].startswith("R") else "sleeping",
-                           **_priority(prio), **({"switch_in": switch_in} if switch_in else {})})
-            found.append(Occupancy("vm", start, until, cause, "vcpu-preempted", by_tid[tid], detail))
+            detail.update({"comm": comm, "pid": pid, "host_cpu": cpu, "vcpu": by_tid[tid], **_priority(prio),
+                           **({"switch_in": switch_in} if switch_in else {})})
+            for begin, end, state, waits_on in stretches:
+                if end > begin and waits_on == cpu:
+                    found.append(Occupancy("vm", begin, end, cause, "vcpu-preempted", by_tid[tid],
+                                           {**detail, "vcpu_state": state}))
 
     timeline: Iterator[Switch | Wakeup] = heapq.merge(trace.switches, trace.wakeups, key=lambda e: e.ts_ns)
     for event in timeline:
         if isinstance(event, Wakeup):
             woken[(event.target_cpu, event.pid)] = event.ts_ns
+            if event.pid in off_since and not off_state[event.pid].startswith("R"):
+                vcpu_woken.setdefault(event.pid, (event.ts_ns, event.target_cpu))
             continue
         switch = event
         if switch.prev_tgid is not None:
@@ -208,11 +229,9 @@ def vcpu_occupancies(trace: ParsedTrace, threads: VmThreads) -> list[Occupancy]:
         leaving = (switch.prev_pid, switch.prev_comm, switch.prev_prio)
         switch_in = None
         if before is not None and before[0] != switch.prev_pid and switch.prev_pid != 0:
-            since = before[3]
-            wake = woken.get((switch.cpu, switch.prev_pid), -1)
-            start = wake if since < wake <= switch.ts_ns else since
-            switch_in = "not traced: counted from its wake-up" if start == wake else \
-                "not traced: counted from the previous switch"
+            since = before[3]  # the pCPU's previous switch: the only event of it this layer follows
+            start, switch_in = untraced_switch_in(since, woken.get((switch.cpu, switch.prev_pid)), since,
+                                                  switch.ts_ns)
             ran(before, switch.cpu, start, None)
             off_since.pop(switch.prev_pid, None)  # a vCPU thread that ran unseen was on from then
             ran((*leaving, start), switch.cpu, switch.ts_ns, switch_in)
@@ -222,6 +241,7 @@ def vcpu_occupancies(trace: ParsedTrace, threads: VmThreads) -> list[Occupancy]:
             off_since[switch.prev_pid] = switch.ts_ns
             off_state[switch.prev_pid] = switch.prev_state
             last_cpu[switch.prev_pid] = switch.cpu
+            vcpu_woken.pop(switch.prev_pid, None)
         if switch.next_pid in by_tid:
             off_since.pop(switch.next_pid, None)
         current[switch.cpu] = (switch.next_pid, switch.next_comm, switch.next_prio, switch.ts_ns)
