@@ -4,7 +4,8 @@
 rtvirt's own on the measured CPU (scheduler, IRQ, softirq, IRQ vector and hrtimer events, 64 MiB buffer)
 armed before the agent starts, stopped after it ended, then the trace parsed and the outliers explained.
 Runs alternate (off, on, off, ...) so slow drifts of the shared machine hit both alike. Prints mean and p99
-of each and the ratios on/off (goal: <= 1.10, tracing must not change what it explains), each with a 95 %
+of each and the ratios on/off (goal: <= 1.10, tracing must not change what it explains; the median too, without
+a goal: the typical wake-up, which the outer hypervisor's rare stalls barely move), each with a 95 %
 interval from resampling the pairs (a machine whose runs differ more than the effect says so instead of a verdict
 it cannot support), plus how long the explanation took after each run (parse + attribution; not part of the
 measurement).
@@ -33,13 +34,19 @@ GOAL = 1.10
 RESAMPLES = 2000  # bootstrap draws of the pairs for the ratios' intervals
 
 
+def pooled_statistic(values: np.ndarray, statistic: str) -> float:
+    if statistic == "mean":
+        return float(values.mean())
+    return float(np.percentile(values, 99 if statistic == "p99" else 50))
+
+
 def ratio_interval(on: list[np.ndarray], off: list[np.ndarray], statistic: str,
                    rng: np.random.Generator) -> tuple[float, float]:
-    """95 % interval of the pooled on/off ratio of ``statistic`` ("mean" or "p99"), resampling whole pairs (a
-    pair's two runs share the machine's state of the moment; samples within a run are not independent)."""
+    """95 % interval of the pooled on/off ratio of ``statistic`` ("mean", "p99" or "median"), resampling whole
+    pairs (a pair's two runs share the machine's state of the moment; samples within a run are not
+    independent)."""
     def value(runs: list[np.ndarray]) -> float:
-        pooled = np.concatenate(runs)
-        return float(pooled.mean() if statistic == "mean" else np.percentile(pooled, 99))
+        return pooled_statistic(np.concatenate(runs), statistic)
 
     ratios = []
     for _ in range(RESAMPLES):
@@ -111,11 +118,10 @@ def main() -> None:
     traced, plain = np.concatenate(on), np.concatenate(off)
     print(f"\nsettings: -p {args.priority} -i {interval_ns // 1000}us -a {args.cpu} -D {args.duration} "
           f"x {args.pairs} alternating pairs; trace events dropped: {dropped}")
-    print(f"{'explain':8} {'samples':>9} {'mean ns':>10} {'p99 ns':>10} {'max ns':>10}")
+    print(f"{'explain':8} {'samples':>9} {'mean ns':>10} {'p99 ns':>10} {'max ns':>10} {'median ns':>10}")
     for name, values in (("off", plain), ("on", traced)):
-        print(f"{name:8} {values.size:9d} {values.mean():10.0f} {np.percentile(values, 99):10.0f} {values.max():10d}")
-    mean_ratio = traced.mean() / plain.mean()
-    p99_ratio = np.percentile(traced, 99) / np.percentile(plain, 99)
+        print(f"{name:8} {values.size:9d} {values.mean():10.0f} {np.percentile(values, 99):10.0f} "
+              f"{values.max():10d} {np.median(values):10.0f}")
     pair_means = [a.mean() / b.mean() for a, b in zip(on, off, strict=True)]
     pair_p99s = [np.percentile(a, 99) / np.percentile(b, 99) for a, b in zip(on, off, strict=True)]
     print(f"per-pair ratios on/off: mean median {np.median(pair_means):.3f} (range {min(pair_means):.3f}-"
@@ -123,10 +129,13 @@ def main() -> None:
           f"{max(pair_p99s):.3f})")
     print(f"explanation after each run: median {np.median(took):.2f} s, max {max(took):.2f} s")
     rng = np.random.default_rng(0)
-    for name, ratio in (("mean", mean_ratio), ("p99", p99_ratio)):
+    # the goal is on the mean and the p99; the median, which the outer hypervisor's rare stalls barely move, shows
+    # the cost of the typical wake-up where those stalls leave the mean unresolved
+    for name in ("mean", "p99", "median"):
+        ratio = pooled_statistic(traced, name) / pooled_statistic(plain, name)
         low, high = ratio_interval(on, off, name, rng)
-        print(f"ratio on/off {name}: {ratio:.3f} (95 % interval {low:.3f}-{high:.3f}; goal <= {GOAL:.2f}: "
-              f"{verdict(low, high)})")
+        goal = f"goal <= {GOAL:.2f}: {verdict(low, high)}" if name != "median" else "no goal: the typical wake-up"
+        print(f"ratio on/off {name}: {ratio:.3f} (95 % interval {low:.3f}-{high:.3f}; {goal})")
 
 
 if __name__ == "__main__":
