@@ -1,8 +1,9 @@
 """tuned for real: a throwaway TCG guest (tests/guest_chroot.py: this host's root file system read-only over 9p)
 starts a system D-Bus and Debian's tuned daemon, then runs this checkout's ``rtvirt host tune --profile
 realtime-virtual-guest --cpus 1`` and ``rtvirt host restore`` with tuned in its own (auto) profile, then, with
-tuned switched off (``tuned-adm off``), ``--profile realtime-virtual-host`` and its restore; the guest's settings
-are read before, during and after each. tuned's daemon never runs on this shared host: its realtime profiles
+tuned switched off (``tuned-adm off``), ``--profile realtime-virtual-host`` and its restore, then ``--profile
+realtime-host`` (tuned's plain ``realtime``) and its restore; the guest's settings are read before, during and
+after each. tuned's daemon never runs on this shared host: its realtime profiles
 would retune it for everyone.
 
 The guest's /etc/tuned is a writable copy (tuned saves its profile and mode there; rtvirt sets isolated_cores in
@@ -22,12 +23,15 @@ from guest_chroot import RTVIRT_ENV, needs_guest, run_guest
 
 from rtvirt.host.checks.base import chosen, parse_hex_mask, parse_list
 from rtvirt.host.checks.power import DEEP_US
+from rtvirt.host.profiles import PROFILES
 
-# (tag, profile, tuned's selection before): tuned's auto profile, then none (tuned-adm off)
-CYCLES = (("guest", "realtime-virtual-guest", "auto"), ("host", "realtime-virtual-host", "off"))
+# (tag, rtvirt's profile, tuned's selection before): tuned's auto profile, then none (tuned-adm off) twice
+CYCLES = (("guest", "realtime-virtual-guest", "auto"), ("host", "realtime-virtual-host", "off"),
+          ("plain", "realtime-host", "off"))
 # every file the profiles (tuned's and rtvirt's) write in this guest, read as bytes (md5) and as text
 SETTINGS = ("/etc/tuned/active_profile /etc/tuned/profile_mode /etc/tuned/post_loaded_profile /etc/tuned/bootcmdline "
             "/etc/tuned/realtime-virtual-guest-variables.conf /etc/tuned/realtime-virtual-host-variables.conf "
+            "/etc/tuned/realtime-variables.conf "
             "/proc/sys/kernel/timer_migration /proc/sys/kernel/sched_rt_runtime_us "
             "/proc/sys/kernel/nmi_watchdog /proc/sys/kernel/watchdog_cpumask /proc/sys/kernel/hung_task_timeout_secs "
             "/proc/sys/kernel/numa_balancing /proc/sys/vm/stat_interval /proc/sys/vm/dirty_ratio "
@@ -72,6 +76,7 @@ cycle() {{  # TAG PROFILE: tune and restore, with a snapshot before, during and 
 cycle guest realtime-virtual-guest
 tuned-adm off
 cycle host realtime-virtual-host
+cycle plain realtime-host
 cat /run/rtvirt/ledger.json > /tmp/out/ledger.json
 cp /var/log/tuned/tuned.log /tmp/out/tuned.log
 """
@@ -165,8 +170,9 @@ def _check_cycle(out: Path, tag: str, profile: str, selection: str) -> None:
         assert before["profile"] and tuned["previous"] == f"{mode} {before['profile']}", (before["profile"], tuned)
     else:
         assert before["profile"] == "" and tuned["previous"] is None, (before["profile"], tuned)
-    assert tuned["applied"] and during["profile"] == profile, (tuned, during["profile"])
-    assert "isolated_cores=1\n" in during["value"][f"/etc/tuned/{profile}-variables.conf"]  # type: ignore[index]
+    tuned_profile = PROFILES[profile].tuned  # the tuned profile rtvirt's profile hands its work to
+    assert tuned["applied"] and during["profile"] == tuned_profile, (tuned, during["profile"])
+    assert "isolated_cores=1\n" in during["value"][f"/etc/tuned/{tuned_profile}-variables.conf"]  # type: ignore[index]
     # the settings the realtime profiles make, in force during the tuning (read from the guest's /proc and /sys)
     met_before, met_during = _met(before), _met(during)
     assert all(met_during[item]() for item in ("timer-migration", "rt-throttling", "workqueue-cpumask",
@@ -197,4 +203,4 @@ def _check_cycle(out: Path, tag: str, profile: str, selection: str) -> None:
     print(f"{profile} from {selection}: tune {tuned_at - start:.1f} s, restore {restored_at - tuned_at:.1f} s; "
           f"covered {sorted(covered)}; rtvirt's own steps {sorted(ours)}; "
           f"tune exit {(out / f'tune-{tag}.rc').read_text().strip()}")
-    assert re.search(rf"static tuning from profile '{profile}' applied", (out / "tuned.log").read_text())
+    assert re.search(rf"static tuning from profile '{tuned_profile}' applied", (out / "tuned.log").read_text())
