@@ -264,7 +264,6 @@ class HostSource:
                  events: Sequence[str] = HOST_EVENTS, access: TracefsAccess | None = None,
                  keep: KeepRule | None = None, keep_kb: int | None = None) -> None:
         self.cpus = tuple(cpus)
-        self.remote = access is not None  # a target's: its tasks' policies cannot be asked of this kernel
         self.read_system: Callable[[str], str] = getattr(access, "read_system", read_local)
         # only real-time wake-ups matter (a woken RT thread kept waiting): the others are not recorded at all
         self.instance = TracefsInstance(self.cpus, events, buffer_kb=buffer_mb * 1024, overwrite=flight_recorder,
@@ -312,7 +311,7 @@ class HostSource:
             return
         self._started = False
         self.instance.stop()
-        if self.remote:
+        if self.access is not None:  # a target's: its tasks' policies cannot be asked of this kernel
             return
         # policies of the tasks that ran, read while they still live (the trace has only priorities)
         for text in self.instance.texts.values():
