@@ -81,9 +81,6 @@ def test_cpu_stressor_pinned_to_a_cpu_burns_time_there() -> None:
         after, t1 = thread_stats(running.pid), time.monotonic()
         worker = max(after, key=lambda tid: after[tid][1])  # the spinner, not the main thread
         assert os.sched_getaffinity(worker) == {CPU}
-        # its main thread (top priority when the workers are real-time) and stdin watcher too: a pinned stressor
-        # never runs elsewhere (the host explanation once found its main thread on the measured CPU)
-        assert {tid: os.sched_getaffinity(tid) for tid in after} == {tid: {CPU} for tid in after}
         assert after[worker][0] == CPU
         share = (after[worker][1] - before[worker][1]) / TICK / (t1 - t0)
         summary = running.stop()

@@ -88,16 +88,6 @@ static void preflight(rtv_stress *s) {
     for (int i = 0; i < cpus->count; i++)
         if (!CPU_ISSET(cpus->cpu[i], &allowed))
             rtv_die(RTV_EXIT_USAGE, "--cpus: CPU %u does not exist or is not allowed here", cpus->cpu[i]);
-    if (cpus->count && (int)s->ctx.common.priority < sched_get_priority_max(SCHED_FIFO)) {
-        /* The main thread (and the stdin watcher it starts) stays on the stressor's CPUs too: at the top priority
-         * it would otherwise preempt whatever another CPU runs, e.g. the probe a pinned neighbour must spare.
-         * Not beside workers at the top priority themselves: it could not preempt them to stop them. */
-        cpu_set_t mine;
-        CPU_ZERO(&mine);
-        for (int i = 0; i < cpus->count; i++) CPU_SET(cpus->cpu[i], &mine);
-        if (sched_setaffinity(0, sizeof mine, &mine) != 0)
-            rtv_die(RTV_EXIT_USAGE, "--cpus: cannot run on them: %s", strerror(errno));
-    }
     if (s->ctx.common.priority > 0) {
         /* The main thread takes the top priority: it must be able to stop SCHED_FIFO workers. */
         struct sched_param sp = {.sched_priority = sched_get_priority_max(SCHED_FIFO)};
