@@ -207,13 +207,15 @@ def vcpu_occupancies(trace: ParsedTrace, threads: VmThreads) -> list[Occupancy]:
                 woke_at, woke_on = vcpu_woken.get(tid, (until, last_cpu[tid]))
                 wake = min(max(woke_at, start), until)
                 stretches = [(start, wake, "sleeping", last_cpu[tid]), (wake, until, "woken", woke_on)]
+            held = [(begin, end, state) for begin, end, state, waits_on in stretches if end > begin and waits_on == cpu]
+            if not held:  # it waited on another pCPU: this task did not hold it off
+                continue
             cause, detail = _cause(pid, tgids.get(pid), comm, threads)
             detail.update({"comm": comm, "pid": pid, "host_cpu": cpu, "vcpu": by_tid[tid], **_priority(prio),
                            **({"switch_in": switch_in} if switch_in else {})})
-            for begin, end, state, waits_on in stretches:
-                if end > begin and waits_on == cpu:
-                    found.append(Occupancy("vm", begin, end, cause, "vcpu-preempted", by_tid[tid],
-                                           {**detail, "vcpu_state": state}))
+            for begin, end, state in held:
+                found.append(Occupancy("vm", begin, end, cause, "vcpu-preempted", by_tid[tid],
+                                       {**detail, "vcpu_state": state}))
 
     timeline: Iterator[Switch | Wakeup] = heapq.merge(trace.switches, trace.wakeups, key=lambda e: e.ts_ns)
     for event in timeline:
