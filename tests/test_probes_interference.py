@@ -140,3 +140,28 @@ def test_a_gap_thread_that_starts_late_still_spins_its_whole_duration(tmp_path: 
     assert delay_s > 0.3, delay_s  # the thread could not run while the interferer held its CPU
     # the agent cannot end before the spin did: a deadline from the agent's start ended it after ~1 s
     assert result["elapsed"] >= delay_s + 1.0, (result["elapsed"], delay_s)
+
+
+def test_a_timer_thread_that_starts_late_still_measures_its_whole_duration(tmp_path: Path) -> None:
+    # as the gap test above, for the periodic probe: the 250 ms its thread waited for the CPU are not wake-up
+    # latencies, and its 500 periods all come afterwards (it once took 1 sample of 300 ms on a busy CI worker)
+    result: dict[str, Any] = {}
+
+    def measure() -> None:
+        started = time.monotonic()
+        result["stream"] = probe("timer", tmp_path, "late", duration="500ms", interval="1ms")
+        result["elapsed"] = time.monotonic() - started
+
+    with interferer(CPU):
+        time.sleep(0.1)
+        worker = threading.Thread(target=measure)
+        worker.start()
+        time.sleep(0.6)
+    worker.join(timeout=60)
+    stream = result["stream"]
+    delay_s = stream.stats[(0, "start_delay_ns")] / 1e9
+    assert delay_s > 0.3, delay_s
+    assert stream.records.size + stream.stats[(0, "overruns")] == 500, (stream.records.size, stream.stats)
+    assert stream.records.size >= 400, stream.stats  # nothing held the CPU once it began
+    assert np.percentile(stream.records["value"], 50) < 1 * MS  # the wait for the CPU is no sample
+    assert result["elapsed"] >= delay_s + 0.5, (result["elapsed"], delay_s)

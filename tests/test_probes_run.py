@@ -129,7 +129,13 @@ def test_timer_cyclictest_engine_is_the_default(tmp_path: Path) -> None:
     spec = PROBES["timer"]
     stream = run_probe(spec, spec.params(duration="300ms", affinity=[CPU]), tmp_path / "s.rtvs")
     assert stream.header["params"]["engine"] == "cyclictest" and stream.header["aux_field"] is None
-    assert stream.records.size > 200
+    # every 1 ms period of its 300 ms is a sample or a skipped period (counted), counted from when its thread
+    # began: a thread a busy machine kept waiting still measures its whole duration
+    assert stream.end_reason == "complete"
+    assert stream.records.size + stream.stats[(0, "overruns")] == 300, (stream.records.size, stream.stats)
+    assert stream.records.size > 0 and stream.stats[(0, "start_delay_ns")] >= 0
+    periods = np.diff(stream.records["t_ns"].astype(np.int64))
+    assert (periods % 1_000_000 == 0).all() and (periods > 0).all()  # planned wakes on the thread's own grid
 
 
 def _timerlat_available() -> bool:

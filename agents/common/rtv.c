@@ -46,7 +46,7 @@ bool rtv_sleep_until(rtv_ctx *ctx, uint64_t t_ns) {
     struct timespec ts = rtv_ts(t_ns);
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
         if (rtv_should_stop(ctx)) return false;
-    return !atomic_load_explicit(&rtv_stop_requested, memory_order_relaxed);
+    return !rtv_signalled();
 }
 
 void rtv_clock_and_cycles(clockid_t clock, uint64_t *ns, uint64_t *cycles) {

@@ -178,9 +178,11 @@ static inline void rtv_sample(rtv_ctx *ctx, int thread, uint64_t t_ns, int64_t v
 void rtv_stat(rtv_ctx *ctx, int thread, int key, int64_t value);
 
 extern atomic_int rtv_stop_requested;
+/* True once a signal (or a thread that failed) asked every thread to stop. */
+static inline bool rtv_signalled(void) { return atomic_load_explicit(&rtv_stop_requested, memory_order_relaxed); }
 /* True once a signal arrived or the duration elapsed. */
 static inline bool rtv_should_stop(const rtv_ctx *ctx) {
-    if (atomic_load_explicit(&rtv_stop_requested, memory_order_relaxed)) return true;
+    if (rtv_signalled()) return true;
     return ctx->end_ns && rtv_now_ns() >= ctx->end_ns;
 }
 
@@ -203,6 +205,13 @@ int rtv_home_cpu(const rtv_ctx *ctx);
 static inline uint64_t rtv_end_cycles(const rtv_ctx *ctx, uint64_t first) {
     if (!ctx->end_ns) return UINT64_MAX;
     return first + (uint64_t)((double)(ctx->end_ns - ctx->start_ns) * rtv_cycles_hz() / 1e9);
+}
+
+/* CLOCK_MONOTONIC time at which a periodic thread that began measuring at `start_ns` ends (0: no duration):
+ * like rtv_end_cycles it counts from the thread's own start, so a thread that got its CPU late (a CI worker's
+ * timer thread joined 250 ms into a 300 ms run and took one sample) still measures its whole duration. */
+static inline uint64_t rtv_end_ns(const rtv_ctx *ctx, uint64_t start_ns) {
+    return ctx->end_ns ? start_ns + (ctx->end_ns - ctx->start_ns) : 0;
 }
 
 /* CLOCK_MONOTONIC time of a cycle-counter reading (for timestamps taken with rtv_cycles). */

@@ -37,8 +37,6 @@ static void report_start_delay(rtv_ctx *ctx, int index, uint64_t first) {
              first > ctx->start_cycles ? (int64_t)rtv_cycles_to_ns(first - ctx->start_cycles) : 0);
 }
 
-static bool stop_flag(void) { return atomic_load_explicit(&rtv_stop_requested, memory_order_relaxed); }
-
 static void spin(rtv_ctx *ctx, int index) {
     const double hz = rtv_cycles_hz();
     const uint64_t threshold = (uint64_t)((double)opt.threshold_ns * hz / 1e9) + 1;
@@ -52,7 +50,7 @@ static void spin(rtv_ctx *ctx, int index) {
     const uint64_t first = rtv_cycles();
     const uint64_t deadline = rtv_end_cycles(ctx, first), limit = ctx->common.loops;
     uint64_t prev = first;
-    while (!stop_flag() && prev < deadline && (!limit || gaps < limit)) {
+    while (!rtv_signalled() && prev < deadline && (!limit || gaps < limit)) {
         uint64_t now = rtv_cycles();
         uint64_t step = now - prev;
         if (step >= threshold) {
@@ -94,7 +92,7 @@ static void work(rtv_ctx *ctx, int index) {
     const uint64_t deadline = rtv_end_cycles(ctx, first), limit = ctx->common.loops;
     const int cpu = sched_getcpu();
     volatile uint64_t sink = 0;
-    for (uint64_t n = 0; !stop_flag() && (!limit || n < limit); n++) {
+    for (uint64_t n = 0; !rtv_signalled() && (!limit || n < limit); n++) {
         uint64_t t0 = rtv_cycles();
         sink = work_unit(sink + n, opt.work_unit);
         uint64_t t1 = rtv_cycles();

@@ -65,8 +65,6 @@ static void record(const kops_env *env, int op, uint64_t start, uint64_t end) {
                op);
 }
 
-static bool stopped(void) { return atomic_load_explicit(&rtv_stop_requested, memory_order_relaxed); }
-
 static void sem_wait_retry(sem_t *s) {
     while (sem_wait(s) != 0 && errno == EINTR) {}
 }
@@ -140,7 +138,7 @@ static void run_switch_pair(const kops_env *env, object_type type, int op) {
     if (type == OBJ_PIPE && pipe(p.fds) != 0) rtv_die(RTV_EXIT_FAILURE, "cannot create a pipe");
     if (type == OBJ_EVENTFD && (p.fds[0] = eventfd(0, 0)) < 0) rtv_die(RTV_EXIT_FAILURE, "cannot create an eventfd");
     pthread_t tid = rtv_spawn(partner, &p);
-    for (uint64_t i = 0; i < opt.iterations && !stopped(); i++) {
+    for (uint64_t i = 0; i < opt.iterations && !rtv_signalled(); i++) {
         uint64_t start = rtv_cycles();
         object_signal(&p);
         sem_wait_retry(&p.back); /* returns at once when the partner preempted us */
@@ -180,7 +178,7 @@ static void run_yield(const kops_env *env) {
     pthread_t tid = rtv_spawn(yield_partner, &y);
     while (!atomic_load(&y.started)) sched_yield();
     uint64_t no_switch = 0;
-    for (uint64_t i = 0; i < opt.iterations && !stopped();) {
+    for (uint64_t i = 0; i < opt.iterations && !rtv_signalled();) {
         uint64_t start = rtv_cycles();
         sched_yield();
         uint64_t back = rtv_cycles();
@@ -212,7 +210,7 @@ static void *short_thread(void *arg) {
 }
 
 static void run_threads(const kops_env *env) {
-    for (uint64_t i = 0; i < opt.iterations && !stopped(); i++) {
+    for (uint64_t i = 0; i < opt.iterations && !rtv_signalled(); i++) {
         thread_times t = {0, 0};
         uint64_t start = rtv_cycles();
         pthread_t tid = rtv_spawn(short_thread, &t); /* inherits our CPU and priority */
@@ -230,7 +228,7 @@ static void run_threads(const kops_env *env) {
 static void run_no_switch(const kops_env *env) {
     sem_t sem;
     sem_init(&sem, 0, 0);
-    for (uint64_t i = 0; i < opt.iterations && !stopped(); i++) {
+    for (uint64_t i = 0; i < opt.iterations && !rtv_signalled(); i++) {
         uint64_t start = rtv_cycles();
         sem_post(&sem);
         sem_wait_retry(&sem);
@@ -239,7 +237,7 @@ static void run_no_switch(const kops_env *env) {
     sem_destroy(&sem);
 
     pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
-    for (uint64_t i = 0; i < opt.iterations && !stopped(); i++) {
+    for (uint64_t i = 0; i < opt.iterations && !rtv_signalled(); i++) {
         uint64_t start = rtv_cycles();
         pthread_mutex_lock(&mutex);
         pthread_mutex_unlock(&mutex);
@@ -248,7 +246,7 @@ static void run_no_switch(const kops_env *env) {
 
     int fds[2];
     if (pipe(fds) != 0) rtv_die(RTV_EXIT_FAILURE, "cannot create a pipe");
-    for (uint64_t i = 0; i < opt.iterations && !stopped(); i++) {
+    for (uint64_t i = 0; i < opt.iterations && !rtv_signalled(); i++) {
         message m = {i, 0};
         uint64_t start = rtv_cycles();
         full_write(fds[1], &m, sizeof m);
@@ -258,7 +256,7 @@ static void run_no_switch(const kops_env *env) {
     close(fds[0]);
     close(fds[1]);
 
-    for (uint64_t i = 0; i < opt.iterations && !stopped(); i++) {
+    for (uint64_t i = 0; i < opt.iterations && !rtv_signalled(); i++) {
         uint64_t start = rtv_cycles();
         volatile char *block = malloc(opt.alloc_size);
         if (!block) rtv_die(RTV_EXIT_FAILURE, "malloc(%llu) failed", (unsigned long long)opt.alloc_size);

@@ -32,7 +32,7 @@ static void *worker(void *p) {
     const int cpu = sched_getcpu();
     uint64_t pushed = 0, prev = rtv_cycles(), next = prev;
     const uint64_t deadline = rtv_end_cycles(ctx, prev);
-    while (!atomic_load_explicit(&rtv_stop_requested, memory_order_relaxed) &&
+    while (!rtv_signalled() &&
            (!ctx->common.loops || pushed < ctx->common.loops)) {
         uint64_t now = rtv_cycles();
         if (now >= deadline) break;

@@ -19,8 +19,8 @@ static const rtv_opt timer_opts[] = {
     {0},
 };
 
-enum { STAT_OVERRUNS };
-static const char *const stat_names[] = {"overruns", NULL};
+enum { STAT_OVERRUNS, STAT_START_DELAY_NS };
+static const char *const stat_names[] = {"overruns", "start_delay_ns", NULL};
 
 typedef struct {
     rtv_ctx *ctx;
@@ -36,20 +36,23 @@ static void *worker(void *p) {
     uint64_t next = a->first_ns, overruns = 0;
     /* A thread that got its CPU and priority only after the shared start (a busy machine can delay a new
      * SCHED_OTHER thread by hundreds of ms) joins at the next period: its set-up delay is not a wake-up
-     * latency, and cyclictest does not measure its own start either. */
+     * latency, and cyclictest does not measure its own start either. Its duration counts from there: every
+     * period of it is then a sample or an overrun. */
     for (uint64_t ready = rtv_now_ns(); next <= ready;) next += interval;
+    const uint64_t joined = next, end = rtv_end_ns(ctx, joined);
     for (uint64_t n = 0; !ctx->common.loops || n < ctx->common.loops; n++) {
+        if (end && next >= end) break;
         if (!rtv_sleep_until(ctx, next)) break;
         uint64_t now = rtv_now_ns();
         rtv_sample(ctx, a->index, next, (int64_t)(now - next), 0, sched_getcpu(), 0);
         next += interval;
-        while (next <= now) { /* skip periods that already passed */
+        while (next <= now && (!end || next < end)) { /* skip periods that already passed */
             next += interval;
             overruns++;
         }
-        if (ctx->end_ns && next > ctx->end_ns) break;
     }
     rtv_stat(ctx, a->index, STAT_OVERRUNS, (int64_t)overruns);
+    rtv_stat(ctx, a->index, STAT_START_DELAY_NS, (int64_t)(joined - a->first_ns));
     return NULL;
 }
 

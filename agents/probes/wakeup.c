@@ -72,8 +72,9 @@ static void *sender(void *arg) {
     rtv_pin_cpu(shared.sender_cpu, "the wakeup sender");
     rtv_set_priority((int)ctx->common.priority);
     uint64_t next = rtv_now_ns() + 10 * 1000 * 1000, events = 0;
+    const uint64_t end = rtv_end_ns(ctx, next);
     while (!ctx->common.loops || events < ctx->common.loops) {
-        if (ctx->end_ns && next > ctx->end_ns) break;
+        if (end && next >= end) break;
         if (!rtv_sleep_until(ctx, next)) break;
         uint32_t sent = atomic_load_explicit(&shared.sent, memory_order_relaxed);
         if (atomic_load_explicit(&shared.received, memory_order_acquire) != sent) {

@@ -54,8 +54,9 @@ static void *worker(void *p) {
     for (size_t i = 0; i < words; i++) input[i] = (uint32_t)xorshift(&seed);
     const int cpu = sched_getcpu();
     volatile double sink = 0;
+    const uint64_t deadline = rtv_end_cycles(ctx, rtv_cycles()); /* its whole duration, however late it began */
     for (uint64_t n = 0; !ctx->common.loops || n < ctx->common.loops; n++) {
-        if (rtv_should_stop(ctx)) break;
+        if (rtv_signalled() || rtv_cycles() >= deadline) break;
         memcpy(scratch, input, words * sizeof(uint32_t));
         uint64_t t0 = rtv_cycles();
         switch (kernel_index) {
