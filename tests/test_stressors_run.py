@@ -6,13 +6,16 @@ only the agent's summary. Margins are generous: this is a noisy 2-CPU VM shared 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from rtvirt.agents import agent_path
 from rtvirt.errors import InputError
 from rtvirt.procs import Supervisor
 from rtvirt.stressors import STRESSORS, run_stressor, start_stressor
@@ -171,6 +174,36 @@ def test_stop_is_prompt_even_in_a_long_duty_period() -> None:
     assert time.monotonic() - t0 < 1.0
     assert summary.end == "signal"
     assert not Path(f"/proc/{running.pid}").exists()
+
+
+def _context_switches(pid: int, tid: int) -> int:
+    """Voluntary and involuntary context switches of one thread so far (each wake-up is one)."""
+    with open(f"/proc/{pid}/task/{tid}/status") as f:
+        return sum(int(line.split()[1]) for line in f if line.split(":")[0].endswith("ctxt_switches"))
+
+
+def test_the_main_thread_sleeps_from_start_to_stop() -> None:
+    # at SCHED_FIFO 99 and on any CPU, a main thread that woke every 100 ms to look for a failed worker held the
+    # measured CPU beside a stressor pinned to the other one: it now sleeps until a signal, the deadline or a failure
+    running = start_stressor("cpu", {"duration": 0, "cpus": [CPU], "priority": 50})
+    try:
+        time.sleep(0.3)
+        before = _context_switches(running.pid, running.pid)
+        time.sleep(1.0)
+        after = _context_switches(running.pid, running.pid)
+    finally:
+        summary = running.stop()
+    assert after == before, f"the main thread was switched in {after - before} times in 1 s"
+    assert summary.end == "signal"
+
+
+def test_a_failing_worker_ends_the_agent_with_its_reason() -> None:
+    # nothing wakes the main thread but the failure itself: without duration it would otherwise run forever
+    result = subprocess.run([str(agent_path("rtvirt-stress")), "io", "--path=/proc", "--duration=0", "--workers=2"],
+                            capture_output=True, text=True, timeout=20)
+    assert result.returncode == 1, result.stderr
+    assert "io: cannot create a file in /proc" in result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["end"] == "error"
 
 
 def test_a_supervisor_given_by_the_caller_owns_the_child() -> None:

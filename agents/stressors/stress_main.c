@@ -1,9 +1,12 @@
 /* rtvirt-stress NAME [--option=value ...]: run one stressor until the deadline or a signal. On
  * stdout: one JSON line once every worker is started, one JSON summary line at the end.
  *
- * Stopping: SIGINT/SIGTERM/SIGHUP are blocked in every thread and taken by the main thread with
- * sigtimedwait, so the stop decision has one owner. It then raises the stop flag and pokes every
- * worker with SIGUSR1 (a no-op handler without SA_RESTART) so sleeping workers return at once. */
+ * Stopping: SIGINT/SIGTERM/SIGHUP, and SIGUSR2 (a worker failed), are blocked in every thread and taken by
+ * the main thread with sigtimedwait, so the stop decision has one owner. It then raises the stop flag and
+ * pokes every worker with SIGUSR1 (a no-op handler without SA_RESTART) so sleeping workers return at once.
+ * Between start and stop the main thread sleeps without waking: at SCHED_FIFO 99 and unpinned, a periodic
+ * wake-up would preempt whatever another CPU runs (the host explanation found it, every 100 ms, holding
+ * the measured CPU beside a stressor pinned to the other one). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
@@ -45,6 +48,7 @@ void rtv_stress_fail(rtv_stress *s, const char *fmt, ...) {
     vsnprintf(failure, sizeof failure, fmt, ap);
     va_end(ap);
     atomic_store(&rtv_stop_requested, 1);
+    kill(getpid(), SIGUSR2); /* wakes the main thread, which owns the stop */
 }
 
 static void on_poke(int sig) { (void)sig; }
@@ -97,16 +101,21 @@ static void preflight(rtv_stress *s) {
     }
 }
 
-static uint64_t wait_for_stop(rtv_stress *s, sigset_t *stop_signals) {
+/* The stop signal taken, or 0 at the deadline or on a worker's failure (SIGUSR2). */
+static int wait_for_stop(rtv_stress *s, const sigset_t *stop_signals) {
     for (;;) {
         if (atomic_load(&failed)) return 0;
-        uint64_t now = rtv_now_ns();
-        if (s->ctx.end_ns && now >= s->ctx.end_ns) return 0;
-        uint64_t wait_ns = 100 * 1000 * 1000; /* also the latency of noticing a worker failure */
-        if (s->ctx.end_ns && s->ctx.end_ns - now < wait_ns) wait_ns = s->ctx.end_ns - now;
-        struct timespec timeout = rtv_ts(wait_ns);
-        int sig = sigtimedwait(stop_signals, NULL, &timeout);
-        if (sig > 0) return (uint64_t)sig;
+        int sig;
+        if (s->ctx.end_ns) {
+            uint64_t now = rtv_now_ns();
+            if (now >= s->ctx.end_ns) return 0;
+            struct timespec timeout = rtv_ts(s->ctx.end_ns - now);
+            sig = sigtimedwait(stop_signals, NULL, &timeout);
+        } else {
+            sig = sigwaitinfo(stop_signals, NULL);
+        }
+        if (sig == SIGUSR2) continue; /* a failure says so in `failed`; a stray SIGUSR2 from outside does not stop */
+        if (sig > 0) return sig;
     }
 }
 
@@ -171,6 +180,7 @@ int main(int argc, char **argv) {
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
     sigaddset(&stop_signals, SIGHUP);
+    sigaddset(&stop_signals, SIGUSR2);
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL); /* inherited by every worker */
     if (argc < 2 || !strcmp(argv[1], "--help")) {
         usage();
@@ -228,7 +238,7 @@ int main(int argc, char **argv) {
     /* Tell the caller the load is on (it may be waiting to start a measurement after it). */
     printf("{\"event\":\"started\",\"stressor\":\"%s\",\"workers\":%d}\n", s->stressor->name, nworkers);
     fflush(stdout);
-    uint64_t sig = wait_for_stop(s, &stop_signals);
+    int sig = wait_for_stop(s, &stop_signals);
     stop_workers();
     for (int i = 0; i < nworkers; i++) pthread_join(slots[i].tid, NULL);
     uint64_t elapsed = rtv_now_ns() - s->ctx.start_ns;
