@@ -89,8 +89,9 @@ def test_timer_interrupt_and_thread_latency(tmp_path: Path) -> None:
     r = stream.records
     assert stream.header["params"]["interval"] == 2 * MS  # the model's value, in ns, as the Linux agent echoes it
     assert stream.header["aux_field"] == "irq_latency_ns"
-    # 500 periods in the second: each one is a sample or a counted overrun (a loaded TCG host misses many)
-    assert r.size >= 20 and abs(r.size + stream.stats[(0, "overruns")] - 500) <= 2
+    # 500 periods in the second from the first: each one is a sample or a counted overrun (a loaded TCG host
+    # misses many; counted from the run's start, a slow header write once left 3 periods neither)
+    assert r.size >= 20 and r.size + stream.stats[(0, "overruns")] == 500, (r.size, stream.stats)
     # the handler runs before the thread resumes: every thread latency covers its interrupt latency
     assert np.all(r["value"] >= r["aux"].astype(np.int64))
     steps = np.diff(r["t_ns"].astype(np.int64))

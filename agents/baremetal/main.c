@@ -207,8 +207,8 @@ static void probe_thread(void *unused) {
     static char buf[2048];
     text t = {buf, 0, sizeof buf};
     params_json(&t);
-    run_started();
     stream_begin(probe->desc, buf);
+    run_started(); /* after the header: a slow channel's write is not the probe's run time */
     int status = probe->run();
     if (stop_requested) stop_now();
     stream_end(status ? 2 : 0);
