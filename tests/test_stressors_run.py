@@ -6,12 +6,17 @@ only the agent's summary. Margins are generous: this is a noisy 2-CPU VM shared 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -251,3 +256,65 @@ def test_bad_library_input_names_the_field(name: str, params: dict[str, object],
 def test_every_registered_stressor_has_a_module_and_a_stress_ng_mapping() -> None:
     assert set(STRESSORS) == {"cpu", "cache", "mem", "io", "irq", "mix"}
     assert all(spec.stress_ng is not None for spec in STRESSORS.values())
+
+
+def _agent_child() -> int | None:
+    """Our rtvirt-stress child, if it exists yet."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                comm, rest = f.read().split("(", 1)[1].rsplit(")", 1)
+        except (OSError, IndexError):
+            continue
+        if comm == "rtvirt-stress" and int(rest.split()[1]) == os.getpid():
+            return int(entry)
+    return None
+
+
+def _run_into(result: dict[str, Any]) -> None:
+    try:
+        result["summary"] = run_stressor("cpu", {"duration": 0, "cpus": [CPU], "workers": 1})
+    except BaseException as exc:  # noqa: BLE001 - the test reports whatever escaped
+        result["escaped"] = exc
+
+
+def _waits_for_start(thread: threading.Thread) -> bool:
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code.co_name == "_await_start":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_stop_while_the_stressor_starts_still_summarises() -> None:
+    # the CLI's SIGTERM test once landed before the agent said it had started (a loaded host starts 20 workers
+    # slowly): run_stressor then raised KeyboardInterrupt and `rtvirt stress` printed "Aborted!" and exited 1.
+    # Here the agent is frozen before its "started" line, the interrupt is raised in the starting thread, then
+    # the agent thaws: the run ends as any stopped run does, summarised
+    for _ in range(20):
+        result: dict[str, Any] = {}
+        starter = threading.Thread(target=_run_into, args=(result,))
+        starter.start()
+        while (agent := _agent_child()) is None and starter.is_alive():
+            time.sleep(0.0005)
+        if agent is None:
+            starter.join()
+            pytest.fail(f"the stressor never started: {result}")
+        os.kill(agent, signal.SIGSTOP)
+        started = bool(Path(os.readlink(f"/proc/{agent}/fd/1")).read_text())
+        # (a signal's KeyboardInterrupt comes in the main thread between bytecodes; this one is raised once the
+        # starting thread waits for the agent's word, not inside subprocess's own start, which no handler can own)
+        while not started and starter.is_alive() and not _waits_for_start(starter):
+            time.sleep(0.0005)
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(starter.ident), ctypes.py_object(KeyboardInterrupt))
+        time.sleep(0.1)
+        os.kill(agent, signal.SIGCONT)
+        starter.join(timeout=30)
+        if started:  # it had said so: that was a stop of a running stressor; try again for one at start-up
+            continue
+        assert "escaped" not in result, repr(result.get("escaped"))
+        assert result["summary"].end == "signal" and result["summary"].workers == 1
+        assert not Path(f"/proc/{agent}").exists()
+        return
+    pytest.fail("in 20 tries the agent always said it had started before it could be frozen")

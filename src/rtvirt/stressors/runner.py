@@ -16,6 +16,7 @@ import math
 import os
 import resource
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -34,8 +35,8 @@ from .base import PartSummary, StressorSpec, StressParams, StressSummary
 from .registry import stressor_spec
 from .running import StressorClock, native_summary
 
-__all__ = ["ENGINES", "Engine", "StressProgress", "RunningStressor", "start_stressor", "run_stressor",
-           "follow_stressor", "resolve_params", "stress_ng_command"]
+__all__ = ["ENGINES", "Engine", "StressProgress", "RunningStressor", "StoppedWhileStarting", "start_stressor",
+           "run_stressor", "follow_stressor", "resolve_params", "stress_ng_command"]
 
 Engine = Literal["native", "stress-ng"]
 ENGINES: tuple[Engine, ...] = ("native", "stress-ng")
@@ -89,6 +90,20 @@ def stress_ng_command(spec: StressorSpec, params: StressParams, yaml_path: Path,
     return argv
 
 
+def _hold_stop_signals() -> None:
+    # In the child before exec (the mask survives exec): a stop that comes before the agent's main() blocks these
+    # itself waits for it instead of killing it without a summary (seen: SIGTERM while the loader ran, exit -15)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+class StoppedWhileStarting(KeyboardInterrupt):
+    """Ctrl-C/SIGTERM came while the stressor started: it was stopped, and ``summary`` is what it did."""
+
+    def __init__(self, summary: StressSummary):
+        super().__init__()
+        self.summary = summary
+
+
 class RunningStressor(StressorClock):
     """A stressor that is running; ``stop()`` or ``wait()`` ends it and returns its summary."""
 
@@ -114,15 +129,15 @@ class RunningStressor(StressorClock):
         self._summary: StressSummary | None = None
         self._failure: Exception | None = None  # kept so that a second stop() reports the same failure
         self._stopped_early = False
-        self.process = self.supervisor.start(self.argv, stdout=self._stdout, stderr=self._stderr)
+        self.process = self.supervisor.start(self.argv, stdout=self._stdout, stderr=self._stderr,
+                                             before_exec=_hold_stop_signals if engine == "native" else None)
         self.started = time.monotonic()
         if engine == "native":
             try:
                 self._await_start()
             except KeyboardInterrupt:
                 acknowledge()
-                self.stop()
-                raise
+                raise StoppedWhileStarting(self.stop()) from None
 
     def _await_start(self, timeout: float = 10.0) -> None:
         """Return once the agent says every worker runs; bad options surface here as InputError."""
@@ -268,7 +283,11 @@ def run_stressor(
     poll_interval: float = 0.25,
 ) -> StressSummary:
     """Run to the end of the duration (or Ctrl-C/SIGTERM as KeyboardInterrupt) and return the summary."""
-    return follow_stressor(start_stressor(stressor, params, supervisor, engine=engine), on_progress, poll_interval)
+    try:
+        running = start_stressor(stressor, params, supervisor, engine=engine)
+    except StoppedWhileStarting as stopped:  # a stop during start-up is a stop too (a loaded host starts slowly)
+        return stopped.summary
+    return follow_stressor(running, on_progress, poll_interval)
 
 
 def follow_stressor(running: Any, on_progress: Callable[[StressProgress], None] | None = None,
