@@ -47,6 +47,37 @@ def run_cli(
     return result
 
 
+def live_processes() -> list[tuple[int, list[str]]]:
+    """(pid, /proc/PID/stat fields after the command name) of every live, non-zombie process."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields and fields[0] != "Z":
+            found.append((int(entry), fields))
+    return found
+
+
+def children_of(pid: int, comm: str | None = None) -> list[int]:
+    """Live children of ``pid`` (named ``comm`` when given: a child not yet exec'd still has its parent's)."""
+    children = [child for child, fields in live_processes() if int(fields[1]) == pid]  # state, ppid, ...
+    if comm is None:
+        return children
+    named = []
+    for child in children:
+        try:
+            if Path(f"/proc/{child}/comm").read_text().strip() == comm:
+                named.append(child)
+        except OSError:
+            continue
+    return named
+
+
 @pytest.fixture
 def results_dir(tmp_path: Path) -> Path:
     return tmp_path / "results"

@@ -120,14 +120,14 @@ def test_workload_and_kops_move_with_a_stressor_on_their_cpu(tmp_path: Path) -> 
     assert other <= same / 3, f"kops: other CPU {other:.3%} vs same CPU {same:.3%} preempted operations"
 
 
-def test_a_gap_thread_that_starts_late_still_spins_its_whole_duration(tmp_path: Path) -> None:
-    # the CPU is taken by a higher-priority spinner while the probe sets up (as a starved vCPU is): the spin
-    # must last its duration from its own start, not end at a deadline counted from the agent's start
+def _probe_started_behind_a_spinner(name: str, tmp_path: Path, **params: Any) -> tuple[SampleStream, float]:
+    """``name`` on CPU started while a higher-priority spinner holds it (as a starved vCPU is) for 0.6 s: its
+    stream and how long the probe took, start to end."""
     result: dict[str, Any] = {}
 
     def measure() -> None:
         started = time.monotonic()
-        result["stream"] = probe("gap", tmp_path, "late", duration="1s", threshold="200us")
+        result["stream"] = probe(name, tmp_path, "late", **params)
         result["elapsed"] = time.monotonic() - started
 
     with interferer(CPU):
@@ -136,32 +136,25 @@ def test_a_gap_thread_that_starts_late_still_spins_its_whole_duration(tmp_path: 
         worker.start()
         time.sleep(0.6)
     worker.join(timeout=60)
-    delay_s = result["stream"].stats[(0, "start_delay_ns")] / 1e9
+    return result["stream"], result["elapsed"]
+
+
+def test_a_gap_thread_that_starts_late_still_spins_its_whole_duration(tmp_path: Path) -> None:
+    # the spin must last its duration from its own start, not end at a deadline counted from the agent's start
+    stream, elapsed = _probe_started_behind_a_spinner("gap", tmp_path, duration="1s", threshold="200us")
+    delay_s = stream.stats[(0, "start_delay_ns")] / 1e9
     assert delay_s > 0.3, delay_s  # the thread could not run while the interferer held its CPU
     # the agent cannot end before the spin did: a deadline from the agent's start ended it after ~1 s
-    assert result["elapsed"] >= delay_s + 1.0, (result["elapsed"], delay_s)
+    assert elapsed >= delay_s + 1.0, (elapsed, delay_s)
 
 
 def test_a_timer_thread_that_starts_late_still_measures_its_whole_duration(tmp_path: Path) -> None:
     # as the gap test above, for the periodic probe: the 250 ms its thread waited for the CPU are not wake-up
     # latencies, and its 500 periods all come afterwards (it once took 1 sample of 300 ms on a busy CI worker)
-    result: dict[str, Any] = {}
-
-    def measure() -> None:
-        started = time.monotonic()
-        result["stream"] = probe("timer", tmp_path, "late", duration="500ms", interval="1ms")
-        result["elapsed"] = time.monotonic() - started
-
-    with interferer(CPU):
-        time.sleep(0.1)
-        worker = threading.Thread(target=measure)
-        worker.start()
-        time.sleep(0.6)
-    worker.join(timeout=60)
-    stream = result["stream"]
+    stream, elapsed = _probe_started_behind_a_spinner("timer", tmp_path, duration="500ms", interval="1ms")
     delay_s = stream.stats[(0, "start_delay_ns")] / 1e9
     assert delay_s > 0.3, delay_s
     assert stream.records.size + stream.stats[(0, "overruns")] == 500, (stream.records.size, stream.stats)
     assert stream.records.size >= 400, stream.stats  # nothing held the CPU once it began
     assert np.percentile(stream.records["value"], 50) < 1 * MS  # the wait for the CPU is no sample
-    assert result["elapsed"] >= delay_s + 0.5, (result["elapsed"], delay_s)
+    assert elapsed >= delay_s + 0.5, (elapsed, delay_s)

@@ -13,35 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RTVIRT, run_cli
+from conftest import RTVIRT, children_of, live_processes, run_cli
 
 from rtvirt.agents import agent_path
 
 CPU = 1 if 1 in os.sched_getaffinity(0) else 0
 
 
-def _live_processes() -> list[tuple[int, list[str]]]:
-    """(pid, /proc/PID/stat fields after the command name) of every live, non-zombie process."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields and fields[0] != "Z":
-            found.append((int(entry), fields))
-    return found
-
-
-def children_of(pid: int) -> list[int]:
-    return [child for child, fields in _live_processes() if int(fields[1]) == pid]  # state, ppid, ...
-
-
 def processes_in_session(sid: int) -> list[int]:
-    return [member for member, fields in _live_processes() if int(fields[3]) == sid]  # state, ppid, pgrp, session
+    return [member for member, fields in live_processes() if int(fields[3]) == sid]  # state, ppid, pgrp, session
 
 
 def wait_for(condition, timeout: float) -> bool:  # type: ignore[no-untyped-def]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import children_of
 
 from rtvirt.agents import agent_path
 from rtvirt.errors import InputError
@@ -258,19 +259,6 @@ def test_every_registered_stressor_has_a_module_and_a_stress_ng_mapping() -> Non
     assert all(spec.stress_ng is not None for spec in STRESSORS.values())
 
 
-def _agent_child() -> int | None:
-    """Our rtvirt-stress child, if it exists yet."""
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                comm, rest = f.read().split("(", 1)[1].rsplit(")", 1)
-        except (OSError, IndexError):
-            continue
-        if comm == "rtvirt-stress" and int(rest.split()[1]) == os.getpid():
-            return int(entry)
-    return None
-
-
 def _run_into(result: dict[str, Any]) -> None:
     try:
         result["summary"] = run_stressor("cpu", {"duration": 0, "cpus": [CPU], "workers": 1})
@@ -296,11 +284,12 @@ def test_a_stop_while_the_stressor_starts_still_summarises() -> None:
         result: dict[str, Any] = {}
         starter = threading.Thread(target=_run_into, args=(result,))
         starter.start()
-        while (agent := _agent_child()) is None and starter.is_alive():
+        while not (agents := children_of(os.getpid(), "rtvirt-stress")) and starter.is_alive():
             time.sleep(0.0005)
-        if agent is None:
+        if not agents:
             starter.join()
             pytest.fail(f"the stressor never started: {result}")
+        (agent,) = agents
         os.kill(agent, signal.SIGSTOP)
         started = bool(Path(os.readlink(f"/proc/{agent}/fd/1")).read_text())
         # (a signal's KeyboardInterrupt comes in the main thread between bytecodes; this one is raised once the

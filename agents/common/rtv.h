@@ -207,11 +207,11 @@ static inline uint64_t rtv_end_cycles(const rtv_ctx *ctx, uint64_t first) {
     return first + (uint64_t)((double)(ctx->end_ns - ctx->start_ns) * rtv_cycles_hz() / 1e9);
 }
 
-/* CLOCK_MONOTONIC time at which a periodic thread that began measuring at `start_ns` ends (0: no duration):
- * like rtv_end_cycles it counts from the thread's own start, so a thread that got its CPU late (a CI worker's
- * timer thread joined 250 ms into a 300 ms run and took one sample) still measures its whole duration. */
+/* CLOCK_MONOTONIC time at which a periodic thread that began measuring at `start_ns` ends (UINT64_MAX: no
+ * duration): like rtv_end_cycles it counts from the thread's own start, so a thread that got its CPU late (a CI
+ * worker's timer thread joined 250 ms into a 300 ms run and took one sample) still measures its whole duration. */
 static inline uint64_t rtv_end_ns(const rtv_ctx *ctx, uint64_t start_ns) {
-    return ctx->end_ns ? start_ns + (ctx->end_ns - ctx->start_ns) : 0;
+    return ctx->end_ns ? start_ns + (ctx->end_ns - ctx->start_ns) : UINT64_MAX;
 }
 
 /* CLOCK_MONOTONIC time of a cycle-counter reading (for timestamps taken with rtv_cycles). */

@@ -114,7 +114,7 @@ static int threadmetric_run(rtv_ctx *ctx) {
     uint64_t next = rtv_now_ns() + opt.report_interval_ns, before = 0, last = next - opt.report_interval_ns;
     const uint64_t end = rtv_end_ns(ctx, last);
     for (uint64_t n = 0; !ctx->common.loops || n < ctx->common.loops; n++) {
-        if (end && next > end) break;
+        if (next > end) break;
         if (!rtv_sleep_until(ctx, next)) break;
         uint64_t now = rtv_now_ns(), rounds = atomic_load_explicit(&c.count[0], memory_order_relaxed);
         rtv_sample(ctx, 0, next, (int64_t)(rounds - before), now - last, cpu, 0);

@@ -41,12 +41,12 @@ static void *worker(void *p) {
     for (uint64_t ready = rtv_now_ns(); next <= ready;) next += interval;
     const uint64_t joined = next, end = rtv_end_ns(ctx, joined);
     for (uint64_t n = 0; !ctx->common.loops || n < ctx->common.loops; n++) {
-        if (end && next >= end) break;
+        if (next >= end) break;
         if (!rtv_sleep_until(ctx, next)) break;
         uint64_t now = rtv_now_ns();
         rtv_sample(ctx, a->index, next, (int64_t)(now - next), 0, sched_getcpu(), 0);
         next += interval;
-        while (next <= now && (!end || next < end)) { /* skip periods that already passed */
+        while (next <= now && next < end) { /* skip periods that already passed */
             next += interval;
             overruns++;
         }

@@ -74,7 +74,7 @@ static void *sender(void *arg) {
     uint64_t next = rtv_now_ns() + 10 * 1000 * 1000, events = 0;
     const uint64_t end = rtv_end_ns(ctx, next);
     while (!ctx->common.loops || events < ctx->common.loops) {
-        if (end && next >= end) break;
+        if (next >= end) break;
         if (!rtv_sleep_until(ctx, next)) break;
         uint32_t sent = atomic_load_explicit(&shared.sent, memory_order_relaxed);
         if (atomic_load_explicit(&shared.received, memory_order_acquire) != sent) {
