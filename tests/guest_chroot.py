@@ -57,8 +57,9 @@ needs_guest = pytest.mark.skipif(not (QEMU and BUSYBOX.exists() and os.geteuid()
                                  reason="needs QEMU, busybox and root")
 
 
-def run_guest(tmp_path: Path, body: str, files: dict[str, str], append: str = "", timeout: float = 600) -> Path:
-    """Boot a 2-vCPU guest whose /init runs ``body`` after the mounts (``files`` are put in its initramfs root);
+def run_guest(tmp_path: Path, body: str, files: dict[str, str], append: str = "", timeout: float = 600,
+              vcpus: int = 2) -> Path:
+    """Boot a ``vcpus``-vCPU guest whose /init runs ``body`` after the mounts (``files`` are put in its initramfs root);
     returns the writable share (the guest's /out) once it powered off. Fails the test with the console's and
     the share's ``*.log`` ends when it does not finish in ``timeout`` s or never reaches the end of ``body``."""
     out = tmp_path / "out"
@@ -82,7 +83,7 @@ def run_guest(tmp_path: Path, body: str, files: dict[str, str], append: str = ""
     # QEMU's TCG, numpy's AVX2 argsort returns unsorted orders (253 of 300 random int64 arrays; 0 without AVX2),
     # and np.unique(return_inverse=True) sorts through it
     qemu = subprocess.Popen(
-        [QEMU, "-accel", "tcg", "-cpu", "Haswell-noTSX,-avx2", "-smp", "2", "-m", "1536", "-display", "none",
+        [QEMU, "-accel", "tcg", "-cpu", "Haswell-noTSX,-avx2", "-smp", str(vcpus), "-m", "1536", "-display", "none",
          "-nodefaults", "-no-reboot", "-serial", f"file:{console}", "-kernel", str(vmlinuz), "-initrd",
          str(initramfs), "-append", f"console=ttyS0 rdinit=/init quiet panic=-1 {append}".strip(),
          "-virtfs", "local,path=/,mount_tag=host,security_model=none,multidevs=remap,readonly=on",

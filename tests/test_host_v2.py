@@ -24,13 +24,18 @@ STATE = ("cat /sys/fs/cgroup/cgroup.subtree_control /sys/fs/cgroup/cpuset.cpus.e
          "/proc/sys/kernel/sched_rt_runtime_us; ls /sys/fs/cgroup; "
          "for f in /sys/fs/cgroup/*/cpuset.cpus.partition; do echo \"$f $(cat $f)\"; done; "
          "cat /run/rtvirt/ledger.json 2>/dev/null | grep -c holders")  # settings the ledger still holds
+# While the run goes, what the threads in a QEMU vCPU cgroup got: their CPUs and their policy (appended each round)
+WATCH_VCPUS = r"""for t in $(cat /host/sys/fs/cgroup/rtvirt-*-qemu/vcpus/cgroup.threads 2>/dev/null); do
+  echo "vcpu $(grep Cpus_allowed_list /proc/$t/status) $(chroot /host chrt -p $t | head -1)" >> /out/watch.txt
+  echo "qemu $(grep Cpus_allowed_list /proc/$(grep ^Tgid /proc/$t/status | cut -f2)/status)" >> /out/watch.txt
+done"""
 BODY = rf"""mount -t cgroup2 cgroup2 /host/sys/fs/cgroup
 mount | grep -c " cgroup " > /out/v1-mounts
 chroot /host /bin/sh -c '{STATE}' > /out/before.txt 2>&1
 chroot /host {RTVIRT_ENV} $(cat /rtvirt-argv) > /out/run.log 2>&1 &
 rtvirt=$!
 # the run's line comes once its environment is closed; the campaign's report (minutes under TCG) is not waited for
-while kill -0 $rtvirt 2>/dev/null && ! grep -q "^complete \|^failed " /out/run.log; do sleep 0.2; done
+while kill -0 $rtvirt 2>/dev/null && ! grep -q "^complete \|^failed " /out/run.log; do {{watch}} sleep 0.2; done
 chroot /host /bin/sh -c '{STATE}' > /out/after.txt 2>&1"""
 
 
@@ -41,7 +46,7 @@ def test_deadline_partition_in_a_real_cgroup_v2_partition_root(tmp_path: Path) -
     (tmp_path / "out" / "dl.toml").write_text(DEADLINE_SCENARIO.format(duration="2s", host="", cpu=1))
     argv = [sys.executable, "-m", "rtvirt", "run", "/tmp/out/dl.toml", "--out", "/tmp/out/results", "--no-progress"]
     assert all(" " not in a for a in argv)  # our own paths: no spaces, no shell words
-    out = run_guest(tmp_path, BODY, {"rtvirt-argv": " ".join(argv)}, append="cgroup_no_v1=all")
+    out = run_guest(tmp_path, BODY.format(watch=""), {"rtvirt-argv": " ".join(argv)}, append="cgroup_no_v1=all")
     log = (out / "run.log").read_text(errors="replace")
     assert (out / "v1-mounts").read_text().strip() == "0"  # no v1 hierarchy: the cpuset controller is v2's
     assert "complete partition/solo/-/r1" in log, log[-3000:]
@@ -60,4 +65,50 @@ def test_deadline_partition_in_a_real_cgroup_v2_partition_root(tmp_path: Path) -
     assert seen["cycles"] > 20 and 0.02 < seen["share"] < 0.4, seen
     assert seen["longest_run_ms"] < 3 + 4 + 2, seen
     # the partition root and everything under /run/rtvirt went away: the tree is as found
+    assert (out / "after.txt").read_text() == (out / "before.txt").read_text()
+
+
+# QEMU's emulator threads on CPU 1, its vCPU on CPU 2 with a 9 ms / 10 ms reservation, CPU 0 left to the host
+DEADLINE_VCPU_SCENARIO = """
+name = "deadline-vcpu"
+duration = "2s"
+[workload]
+probe = "timer"
+params = { interval = "1ms" }
+[[environments]]
+kind = "qemu"
+guest = "baremetal"
+accel = "tcg"
+cpus = "2"
+emulator_cpus = "1"
+vcpu_sched = { policy = "deadline", runtime = "9ms", period = "10ms" }
+"""
+
+
+@pytest.mark.vm
+@needs_guest
+def test_pinned_deadline_vcpu_in_a_threaded_cgroup_v2_partition_root(tmp_path: Path) -> None:
+    """On v2 only a threaded subtree lets one thread of a process into a cgroup of its own, and before Linux 6.7 a
+    partition root's parent must be one: QEMU goes into a partition of CPUs 1-2, its vCPU thread into a threaded
+    partition of CPU 2 below it. A 3-vCPU guest, so that CPU 0 stays the host's."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "vcpu.toml").write_text(DEADLINE_VCPU_SCENARIO)
+    argv = [sys.executable, "-m", "rtvirt", "run", "/tmp/out/vcpu.toml", "--out", "/tmp/out/results", "--no-progress"]
+    out = run_guest(tmp_path, BODY.format(watch=WATCH_VCPUS + ";"), {"rtvirt-argv": " ".join(argv)},
+                    append="cgroup_no_v1=all", vcpus=3)
+    log = (out / "run.log").read_text(errors="replace")
+    assert "complete qemu/solo/-/r1" in log, log[-3000:]
+    [run_dir] = (out / "results" / "runs").iterdir()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    detail = manifest["environment_detail"]
+    assert detail["exclusive_cpuset"]["process_partition"] == "root", detail
+    assert detail["exclusive_cpuset"]["partition"] == "root", detail
+    assert detail["vcpu_threads"]["0"]["host_cpu"] == 2 and detail["emulator_cpus"] == [1], detail
+    watched = (out / "watch.txt").read_text().splitlines()
+    # the vCPU thread ran SCHED_DEADLINE confined to CPU 2 while QEMU's main thread kept CPU 1
+    assert any(line.startswith("vcpu Cpus_allowed_list:\t2 ") and "SCHED_DEADLINE" in line for line in watched), \
+        watched[-20:]
+    assert "qemu Cpus_allowed_list:\t1" in watched, watched[-20:]
+    assert read_stream(run_dir / "samples.rtvs").records.size >= 100
+    # both partition roots went away, and the root's subtree_control is as found
     assert (out / "after.txt").read_text() == (out / "before.txt").read_text()

@@ -34,24 +34,19 @@ class Cgroup:
         for directory in self.directories:
             (directory / "cgroup.procs").write_text(f"{pid}\n")
 
+    def join_thread(self, tid: int) -> None:
+        """One thread, not its whole process: v1's ``tasks``, a v2 threaded cgroup's ``cgroup.threads``."""
+        for directory in self.directories:
+            (directory / ("cgroup.threads" if _threaded(directory) else "tasks")).write_text(f"{tid}\n")
+
     def remove(self) -> None:
-        """Move leftover tasks to the parent, then remove the directories (deepest first)."""
+        """Move leftover tasks to the parent, then remove the directories (and any below them, deepest first)."""
         for directory in self.directories:
             if not directory.exists():
                 continue
-            procs = directory / "cgroup.procs"
-            leftovers = procs.read_text().split() if procs.exists() else []
-            for pid in leftovers:
-                with contextlib.suppress(OSError):  # the task may have exited meanwhile
-                    (directory.parent / "cgroup.procs").write_text(f"{pid}\n")
-            try:
-                directory.rmdir()
-            except OSError as exc:
-                if exc.errno == 16:  # EBUSY: a task is still exiting; give it a moment
-                    time.sleep(0.2)
-                    directory.rmdir()
-                elif directory.exists():
-                    raise
+            for child in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                _remove_one(child)
+            _remove_one(directory)
 
 
 class CgroupTree:
@@ -71,6 +66,13 @@ class CgroupTree:
             if (self.root / candidate / "cgroup.procs").exists():
                 return self.root / candidate
         return None
+
+    def host_cpus(self) -> tuple[int, ...]:
+        """The CPUs the root cgroup's tasks may use (on v2 what partition roots left it)."""
+        from ..params import parse_cpulist
+
+        top = self.root / "cpuset.cpus.effective" if self.version == 2 else self.root / "cpuset" / "cpuset.cpus"
+        return parse_cpulist(top.read_text().strip())
 
     def remove_stale(self, prefix: str = "rtvirt-") -> list[str]:
         """Remove cgroups left by an rtvirt that was killed (named rtvirt-<pid>-..., that pid gone)."""
@@ -156,6 +158,28 @@ class CgroupTree:
         except BaseException:
             created.remove()
             raise
+        return created
+
+
+    def create_threaded(self, parent: Cgroup, name: str, cpus: tuple[int, ...]) -> Cgroup:
+        """A v2 threaded cgroup below ``parent`` (which becomes a thread root): some threads of a process get CPUs
+        (and a partition) of their own while its other threads stay in ``parent``."""
+        if self.version != 2:
+            raise RunError("a threaded cgroup needs cgroup v2")
+        top = parent.directories[0]
+        directory = top / name
+        created = Cgroup([directory])
+        try:
+            directory.mkdir()
+            (directory / "cgroup.type").write_text("threaded")
+            if "cpuset" not in (top / "cgroup.subtree_control").read_text().split():
+                (top / "cgroup.subtree_control").write_text("+cpuset")
+            (directory / "cpuset.cpus").write_text(",".join(map(str, cpus)))
+        except OSError as exc:
+            created.remove()
+            if isinstance(exc, PermissionError):
+                raise PrivilegeError(f"cannot create cgroup {directory} ({exc.strerror}); it needs root") from None
+            raise RunError(f"cannot configure cgroup {directory}: {exc.filename}: {exc.strerror}") from None
         return created
 
 
@@ -262,6 +286,30 @@ def _unshield(directory: Path, rounds: int = 50) -> None:
             time.sleep(0.05)
     raise RunError(f"partition: {directory} kept filling with tasks; remove it by hand (move its tasks to "
                    f"{root_tasks}, then rmdir)")
+
+
+def _threaded(directory: Path) -> bool:
+    try:
+        return (directory / "cgroup.type").read_text().strip() == "threaded"
+    except OSError:  # v1, or no longer there
+        return False
+
+
+def _remove_one(directory: Path) -> None:
+    # a threaded cgroup takes threads, never whole processes
+    members = "cgroup.threads" if _threaded(directory) else "cgroup.procs"
+    listed = directory / members
+    for task in listed.read_text().split() if listed.exists() else []:
+        with contextlib.suppress(OSError):  # the task may have exited meanwhile
+            (directory.parent / members).write_text(f"{task}\n")
+    try:
+        directory.rmdir()
+    except OSError as exc:
+        if exc.errno == 16:  # EBUSY: a task is still exiting; give it a moment
+            time.sleep(0.2)
+            directory.rmdir()
+        elif directory.exists():
+            raise
 
 
 def _cpus_of(directory: Path) -> tuple[int, ...]:

@@ -29,6 +29,7 @@ from ..explain.clocksync import CLOCK_PORT, ClockExchange
 from ..explain.guest import GUEST_TRACE_FILE, GUEST_TRACE_PORT, guest_layer
 from ..explain.vm import VmSource, forget_vcpus, register_vcpus
 from ..fileio import write_atomically
+from ..host.checks.base import cpu_list
 from ..host.ledger import process_holder
 from ..params import CpuList
 from ..units import duration_field
@@ -225,7 +226,7 @@ class QemuEnvironment(Environment):
         self._launched_at = 0.0
         self._ready_at: float | None = None
         self._placement: dict[str, Any] = {}
-        self._vcpu_cpuset: tuple[Any, Any] | None = None  # (Cgroup, Exclusive) of pinned deadline vCPUs
+        self._vcpu_cpuset: tuple[list[Any], Any] | None = None  # ([Cgroup], Exclusive): pinned deadline vCPUs
         self._socket_dir: Path | None = None
         self._image: GuestImage | None = None
         self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
@@ -547,20 +548,42 @@ class QemuEnvironment(Environment):
 
     def _vcpu_partition(self, cpus: list[int], vcpu_threads: list[int]) -> None:
         """Pinned SCHED_DEADLINE vCPUs: their host CPUs become an exclusive cpuset, a root domain of their own
-        (the kernel admits a pinned deadline thread only then), and the vCPU threads move into it (cgroup v1:
-        threads move one by one; v2 would need a threaded cgroup for them, which rtvirt does not make)."""
+        (the kernel admits a pinned deadline thread only then), and the vCPU threads move into it, one by one.
+
+        cgroup v1: a cpuset of the vCPUs' CPUs, exclusive, with the root's load balancing off. cgroup v2 moves
+        threads only within a threaded subtree, and (before Linux 6.7) a partition root's parent must be one too:
+        QEMU's process goes into a partition root of its emulator and vCPU CPUs, its vCPU threads into a threaded
+        partition root below it, and the emulator threads keep the rest."""
         from .cgroups import CgroupTree, Exclusive
 
         tree = CgroupTree()
-        if tree.version != 1:
-            raise RunError(f"{self.config.label}: pinned SCHED_DEADLINE vCPUs need cgroup v1 here (on v2 the vCPU "
-                           "threads would need a threaded cgroup); use pin = false")
         holder = process_holder(f"qemu-{secrets.token_hex(3)}")
-        cgroup = tree.create(f"rtvirt-{os.getpid()}-{secrets.token_hex(3)}-vcpus", tuple(cpus), None, 0)
-        self._vcpu_cpuset = (cgroup, Exclusive(tree, holder))
-        self._vcpu_cpuset[1].apply(cgroup, tuple(cpus))
+        name = f"rtvirt-{os.getpid()}-{secrets.token_hex(3)}"
+        exclusive = Exclusive(tree, holder)
+        self._vcpu_cpuset = ([], exclusive)
+        if tree.version == 1:
+            vcpus = tree.create(f"{name}-vcpus", tuple(cpus), None, 0)
+            self._vcpu_cpuset[0].append(vcpus)
+        else:
+            assert self._proc is not None
+            emulator = self.emulator_cpus()
+            host = tree.host_cpus()
+            if set(emulator) & set(cpus) or not set(host) - set(emulator) - set(cpus):
+                raise RunError(
+                    f"{self.config.label}: pinned SCHED_DEADLINE vCPUs on cgroup v2 need a partition of QEMU's CPUs "
+                    f"(vCPUs {cpu_list(cpus)}, emulator_cpus {cpu_list(emulator)}, which must differ) that leaves "
+                    f"the host CPUs of its own (host: {cpu_list(host)}); choose cpus and emulator_cpus so, "
+                    "or use pin = false")
+            process = tree.create(f"{name}-qemu", tuple(sorted({*emulator, *cpus})), None, 0, holder=holder)
+            self._vcpu_cpuset[0].append(process)
+            exclusive.apply(process, tuple(sorted({*emulator, *cpus})))
+            exclusive.notes["process_partition"] = exclusive.notes.pop("partition")
+            process.join(self._proc.pid)
+            vcpus = tree.create_threaded(process, "vcpus", tuple(cpus))
+            self._vcpu_cpuset[0].append(vcpus)
+        exclusive.apply(vcpus, tuple(cpus))
         for tid in vcpu_threads:
-            (cgroup.directories[0] / "tasks").write_text(str(tid))
+            vcpus.join_thread(tid)
 
     @classmethod
     def reclaim(cls, config: Any, shared: Any) -> list[str]:
@@ -580,9 +603,10 @@ class QemuEnvironment(Environment):
             self._ack = None
         forget_vcpus(self._vcpu_threads)
         if self._vcpu_cpuset is not None:
-            (cgroup, exclusive), self._vcpu_cpuset = self._vcpu_cpuset, None
+            (cgroups, exclusive), self._vcpu_cpuset = self._vcpu_cpuset, None
             try:
-                cgroup.remove()
+                for cgroup in reversed(cgroups):  # a v2 vCPU cgroup lies inside the process's
+                    cgroup.remove()
             finally:
                 exclusive.undo()
         if self._socket_dir is not None:
