@@ -38,6 +38,22 @@ rtvirt=$!
 while kill -0 $rtvirt 2>/dev/null && ! grep -q "^complete \|^failed " /out/run.log; do {{watch}} sleep 0.2; done
 chroot /host /bin/sh -c '{STATE}' > /out/after.txt 2>&1"""
 
+# Then once more, killed with -9 as soon as the vCPU thread is in its cgroup, and resumed
+KILL_AND_RESUME = rf"""
+chroot /host {RTVIRT_ENV} $(cat /killed-argv) > /out/killed.log 2>&1 &
+rtvirt=$!
+i=0; while [ -z "$(cat /host/sys/fs/cgroup/rtvirt-*-qemu/vcpus/cgroup.threads 2>/dev/null)" ] && [ $i -lt 1500 ]
+do sleep 0.2; i=$((i+1)); done
+kill -9 $rtvirt
+# QEMU follows its parent (PR_SET_PDEATHSIG)
+i=0; while [ -n "$(cat /host/sys/fs/cgroup/rtvirt-*-qemu/cgroup.procs 2>/dev/null)" ] && [ $i -lt 150 ]
+do sleep 0.2; i=$((i+1)); done
+ls /host/sys/fs/cgroup/ /host/sys/fs/cgroup/rtvirt-*-qemu > /out/left.txt 2>&1
+chroot /host {RTVIRT_ENV} $(cat /killed-argv) --resume > /out/resumed.log 2>&1 &
+rtvirt=$!
+while kill -0 $rtvirt 2>/dev/null && ! grep -q "^complete \|^failed " /out/resumed.log; do sleep 0.2; done
+chroot /host /bin/sh -c '{STATE}' > /out/after-resume.txt 2>&1"""
+
 
 @pytest.mark.vm
 @needs_guest
@@ -93,9 +109,10 @@ def test_pinned_deadline_vcpu_in_a_threaded_cgroup_v2_partition_root(tmp_path: P
     partition of CPU 2 below it. A 3-vCPU guest, so that CPU 0 stays the host's."""
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "vcpu.toml").write_text(DEADLINE_VCPU_SCENARIO)
-    argv = [sys.executable, "-m", "rtvirt", "run", "/tmp/out/vcpu.toml", "--out", "/tmp/out/results", "--no-progress"]
-    out = run_guest(tmp_path, BODY.format(watch=WATCH_VCPUS + ";"), {"rtvirt-argv": " ".join(argv)},
-                    append="cgroup_no_v1=all", vcpus=3)
+    argv = [sys.executable, "-m", "rtvirt", "run", "/tmp/out/vcpu.toml", "--no-progress", "--out"]
+    out = run_guest(tmp_path, BODY.format(watch=WATCH_VCPUS + ";") + KILL_AND_RESUME,
+                    {"rtvirt-argv": " ".join([*argv, "/tmp/out/results"]),
+                     "killed-argv": " ".join([*argv, "/tmp/out/killed"])}, append="cgroup_no_v1=all", vcpus=3)
     log = (out / "run.log").read_text(errors="replace")
     assert "complete qemu/solo/-/r1" in log, log[-3000:]
     [run_dir] = (out / "results" / "runs").iterdir()
@@ -112,3 +129,9 @@ def test_pinned_deadline_vcpu_in_a_threaded_cgroup_v2_partition_root(tmp_path: P
     assert read_stream(run_dir / "samples.rtvs").records.size >= 100
     # both partition roots went away, and the root's subtree_control is as found
     assert (out / "after.txt").read_text() == (out / "before.txt").read_text()
+    # killed with -9: its cgroups outlived it, empty (QEMU died with it); --resume reclaimed them and ran again
+    left = (out / "left.txt").read_text()
+    assert "-qemu" in left and "vcpus" in left, left
+    resumed = (out / "resumed.log").read_text(errors="replace")
+    assert "complete qemu/solo/-/r1" in resumed, resumed[-3000:]
+    assert (out / "after-resume.txt").read_text() == (out / "before.txt").read_text()
