@@ -435,17 +435,19 @@ def test_the_flight_recorder_holds_its_bound_and_names_the_windows_it_lost(recor
     assert {recorder.lost[key].why for key in recorder.lost} <= {"bound", "late"}
 
 
-def _replay(lines: list[str], records: np.ndarray, bound: int) -> tuple[Any, str]:
+def _replay(lines: list[str], records: np.ndarray, bound: int, placement: Any = None,
+            shift_ns: int = 0) -> tuple[Any, str]:
     """The recorder fed one whole trace as its thread would be: 50 ms of trace at a time, each sample once its
-    window ended and 250 ms more passed (the agent's writer), the horizon a second behind."""
+    window ended and 250 ms more passed (the agent's writer), the horizon a second behind. ``shift_ns``: the
+    records' clock runs that far behind the trace's (a guest's, placed by ``placement``)."""
     from rtvirt.explain.host import MARGIN_NS
     from rtvirt.explain.recorder import SLACK_NS, FlightRecorder, KeepRule
     from rtvirt.explain.tracefs import line_stamp
 
     recorder = FlightRecorder(Path("/nonexistent"), (MEASURED,), Path("/nonexistent"), KeepRule(300_000, 5000),
-                              bound_bytes=bound, margin_ns=MARGIN_NS)
+                              bound_bytes=bound, margin_ns=MARGIN_NS, placement=placement)
     stamps = [line_stamp(line) or 0 for line in lines]
-    ends = records["t_ns"].astype(np.int64) + records["value"].astype(np.int64)
+    ends = records["t_ns"].astype(np.int64) + records["value"].astype(np.int64) + shift_ns
     told, at, step = 0, stamps[0], 50_000_000
     order = np.argsort(ends, kind="stable")
     while at <= stamps[-1] + step:
@@ -490,3 +492,45 @@ def test_the_recorders_kept_trace_reads_exactly_as_the_whole_one(recorded: dict[
         assert spans
         for cpu, start, end in spans:
             assert kept.events_around(cpu, start, end) == whole.events_around(cpu, start, end), (bound, start, end)
+
+
+def test_a_guests_samples_placed_on_the_trace_clock_keep_the_same_windows(recorded: dict[str, Any]) -> None:
+    """The VM layer's case: the same samples on another clock (3.7 s behind the trace's) and another CPU number
+    (vCPU 0), placed back by the clock exchange's offset give or take 2 ms: the recorder keeps every window's
+    trace, widened by that uncertainty, as the whole trace has it. Placed without the offset, it keeps none."""
+    from rtvirt.explain.host import MARGIN_NS, _spans
+
+    # (not a whole number of the stressor's 50 ms periods: misplaced windows fall between its bursts)
+    shift, uncertainty = 3_725_000_000, 2_000_000
+
+    class Exchanged:
+        def __init__(self, offset_ns: int) -> None:
+            self.offset_ns = offset_ns
+
+        def trace_cpus(self, sample_cpu: int) -> tuple[int, ...]:
+            return (MEASURED,) if sample_cpu == 0 else ()
+
+        def to_trace(self, sample_ns: int) -> tuple[int, int]:
+            return sample_ns + self.offset_ns, uncertainty
+
+    guest = recorded["records"].copy()
+    guest["t_ns"] -= shift
+    guest["cpu"] = 0
+    whole = TracefsInstance([MEASURED], ["sched:sched_switch"])
+    whole.texts = {MEASURED: "\n".join(recorded["whole"])}
+    windows = recorded["windows"]
+    recorder, kept_text = _replay(recorded["whole"], guest, 1 << 20, Exchanged(shift), shift)
+    assert not recorder.lost and recorder.dropped_lines == 0
+    assert len(kept_text) < 0.5 * len(whole.texts[MEASURED])
+    kept = TracefsInstance([MEASURED], ["sched:sched_switch"])
+    kept.texts = {MEASURED: kept_text}
+    for cpu, start, end in _spans(windows, MARGIN_NS + uncertainty):
+        assert kept.events_around(cpu, start, end) == whole.events_around(cpu, start, end), (start, end)
+    # the check has teeth: placed without the offset, most windows' trace is not kept as it was
+    _, misplaced_text = _replay(recorded["whole"], guest, 1 << 20, Exchanged(0), shift)
+    misplaced = TracefsInstance([MEASURED], ["sched:sched_switch"])
+    misplaced.texts = {MEASURED: misplaced_text}
+    spans = _spans(windows, MARGIN_NS)
+    same = sum(misplaced.events_around(cpu, start, end) == whole.events_around(cpu, start, end)
+               for cpu, start, end in spans)
+    assert same < len(spans) / 2, (same, len(spans))

@@ -45,12 +45,16 @@ def _windows(stream: SampleStream) -> np.ndarray:
     return windows
 
 
-def _explained_run(env: Environment, out: Path, stressor: bool = True) -> tuple[SampleStream, LayerTrace,
-                                                                                   set[int], VmSource]:
+def _explained_run(env: Environment, out: Path, stressor: bool = True, config: ExplainConfig | None = None
+                   ) -> tuple[SampleStream, LayerTrace, set[int], VmSource]:
     """The guest's 2 s timer run beside a FIFO duty-cycle stressor on the vCPU's pCPU, traced by the VM layer:
-    the samples, what the layer saw, and the stressor's thread ids."""
-    source = next(s for s in env.trace_sources(ExplainConfig(layers=["vm"])) if s.layer == "vm")
+    the samples, what the layer saw, and the stressor's thread ids. With ``config`` the layer follows the
+    samples as a campaign's does (the flight recorder) and explains the outliers that config picks; without,
+    every sample's window, from the whole buffer."""
+    source = next(s for s in env.trace_sources(config or ExplainConfig(layers=["vm"])) if s.layer == "vm")
     assert isinstance(source, VmSource)
+    if config is not None:
+        source.follow(out)
     with Supervisor() as supervisor:
         running = start_stressor("cpu", {"cpus": str(MEASURED), "priority": 50, "slice": f"{SLICE_NS}ns",
                                          "period": f"{PERIOD_NS}ns",
@@ -69,7 +73,18 @@ def _explained_run(env: Environment, out: Path, stressor: bool = True) -> tuple[
                 running.stop()
     stream = read_stream(out)
     assert stream.end_reason == "complete", env.console_text()[-2000:]
-    return stream, source.collect(CollectContext(stream.header, _windows(stream))), tids, source
+    windows = _windows(stream) if config is None else _outlier_windows(stream, config)
+    return stream, source.collect(CollectContext(stream.header, windows)), tids, source
+
+
+def _outlier_windows(stream: SampleStream, config: ExplainConfig) -> np.ndarray:
+    from rtvirt.explain.attribute import choose_threshold, outlier_windows
+
+    values = stream.records["value"].astype(np.int64)
+    threshold, _ = choose_threshold(values, threshold_ns=config.threshold, floor_ns=config.floor,
+                                    quantile=config.quantile)
+    windows, _ = outlier_windows(stream.records["t_ns"], values, stream.records["cpu"], threshold, config.top)
+    return windows
 
 
 def _check_stressor_named_and_aligned(stream: SampleStream, trace: LayerTrace, tids: set[int],
@@ -147,6 +162,24 @@ def test_qemu_guest_names_the_host_stressor_on_its_vcpu_pcpu_and_qemu_threads(tm
     assert own and all(o.cause.startswith("vCPU not running: QEMU thread ") and o.cause.endswith(" of this VM ran")
                        for o in own)
     assert vcpu_owner(next(iter(env.describe()["vcpu_threads"].values()))["tid"]) is None  # forgotten at close
+
+
+def test_the_flight_recorder_keeps_the_guests_outlier_windows_on_the_hosts_clock(tmp_path: Path) -> None:
+    """As a campaign traces it: the VM layer follows the guest's samples while the run goes, places them on the
+    host's clock through the start exchange and keeps only the pCPU's trace around the 10 largest. The
+    stressor is still named, each burst whole, on an alignment the samples do not contradict; what was not
+    kept left holes (resume points), and no window lost its trace."""
+    config = QemuConfig(kind="qemu", name="measured", cpus=(MEASURED,), emulator_cpus=(EMULATOR,), accel="tcg",
+                        boot_timeout=300_000_000_000, vcpu_sched=SchedPolicy(policy="other"))
+    explain = ExplainConfig(layers=["vm"], top=10)
+    with Supervisor() as supervisor:
+        env = QemuEnvironment(config, supervisor, tmp_path / "vm")
+        stream, trace, tids, source = _explained_run(env, tmp_path / "samples.rtvs", config=explain)
+    recorder, clock = source.recorder, source.clock_map()
+    assert recorder is not None and clock is not None, trace.notes
+    assert recorder.resumes[MEASURED], "the recorder kept the whole trace: nothing was left out"
+    assert not recorder.lost and not any("flight recorder" in note for note in trace.notes), trace.notes
+    _check_stressor_named_and_aligned(stream, trace, tids, clock)
 
 
 def test_a_stressor_vms_vcpu_is_named_with_its_vm(tmp_path: Path) -> None:
@@ -294,6 +327,56 @@ def test_a_sleeping_vcpu_woken_while_a_task_holds_its_pcpu_waits_from_its_wake_u
     found = vcpu_occupancies(read_events(parse_trace(moved)), threads)
     assert [(o.start_ns - 100_000_000_000, o.duration_ns, o.detail["vcpu_state"]) for o in found] == [
         (100_000, 500_000, "sleeping"), (1_800_000, 700_000, "sleeping")]
+
+
+def test_what_was_known_of_a_cpu_is_forgotten_where_its_kept_trace_resumes() -> None:
+    """The flight recorder kept pCPU 1's trace up to +800 us and again from +5000 us: vCPU 0 was preempted by the
+    stressor at +100 us, and the next switch seen is the stressor's at +5300 us. Read whole, that would be 5.2 ms
+    of stressor; what ran in the hole is not known, so only the part before it is named, and what comes after
+    the resume counts from the vCPU's next leaving."""
+    from rtvirt.explain.tracefs import parse_trace
+    from rtvirt.explain.vm import VmThreads, read_events, vcpu_occupancies
+
+    lines = ["# tracer: nop",
+             _switch(100, (*VCPU0, 120, "R"), (*STRESSOR[:2], 49)),
+             _switch(700, (*STRESSOR, 49, "R"), (*WORKER[:2], 120)),
+             _switch(5300, (*WORKER, 120, "S"), (*VCPU0[:2], 120)),
+             _switch(6000, (*VCPU0, 120, "R"), (*STRESSOR[:2], 49)),
+             _switch(6500, (*STRESSOR, 49, "S"), (*VCPU0[:2], 120))]
+    threads = VmThreads("measured", {0: 500}, 400)
+    whole = vcpu_occupancies(read_events(parse_trace(lines)), threads)
+    assert [(o.start_ns - 100_000_000_000, o.duration_ns) for o in whole] == [
+        (100_000, 600_000), (700_000, 4_600_000), (6_000_000, 500_000)]
+    trace = read_events(parse_trace(lines))
+    trace.resumes = {1: [100_005_000_000]}
+    found = vcpu_occupancies(trace, threads)
+    assert [(o.start_ns - 100_000_000_000, o.duration_ns, o.detail["ran"]) for o in found] == [
+        (100_000, 600_000, "task"), (6_000_000, 500_000, "task")]
+    # a resume on another pCPU changes nothing here
+    trace.resumes = {0: [100_005_000_000]}
+    assert vcpu_occupancies(trace, threads) == whole
+
+
+def test_a_guest_sample_is_placed_by_the_start_exchange_widened_by_the_drift_bound() -> None:
+    from rtvirt.explain.clocksync import ClockExchange, SyncPoint
+    from rtvirt.explain.tracefs import TEXT_RESOLUTION_NS
+    from rtvirt.explain.vm import DRIFT_BOUND_PPM, VmSource, _GuestPlacement
+
+    source = VmSource("measured", (1,), "tcg")
+    placement = _GuestPlacement(source)
+    assert placement.to_trace(5_000_000_000) is None  # no exchange yet: the samples wait
+    exchange = ClockExchange(connect=lambda: None)  # type: ignore[arg-type,return-value]
+    source.attach(400, {0: 500}, exchange)
+    try:
+        assert placement.to_trace(5_000_000_000) is None
+        exchange.points.append(SyncPoint("start", host_ns=10_000_000_000, guest_ns=2_000_000_000,
+                                         half_rtt_ns=400_000))
+        assert placement.trace_cpus(0) == (1,)
+        # 3 s after the exchange on the guest's clock: the offset, give or take the exchange and 3 s of drift
+        assert placement.to_trace(5_000_000_000) == (
+            13_000_000_000, 400_000 + 3 * DRIFT_BOUND_PPM * 1000 + TEXT_RESOLUTION_NS)
+    finally:
+        source.stop()
 
 
 def test_clock_map_from_two_exchanges_states_offset_rate_and_the_larger_bound() -> None:

@@ -27,6 +27,7 @@ from pydantic import Field, model_validator
 from ..errors import RunError
 from ..explain.clocksync import CLOCK_PORT, ClockExchange
 from ..explain.guest import GUEST_TRACE_FILE, GUEST_TRACE_PORT, guest_layer
+from ..explain.sources import vm_source
 from ..explain.vm import VmSource, forget_vcpus, register_vcpus
 from ..fileio import write_atomically
 from ..host.checks.base import cpu_list
@@ -282,10 +283,9 @@ class QemuEnvironment(Environment):
         self.start()
         assert self._accel is not None
         vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin else None
-        self._vm_source = VmSource(self.config.label, vcpu_cpus, self._accel["accel"],
-                                   int(getattr(config, "buffer_mb", 64)),
-                                   no_clock="the bare-metal guest takes no part in the clock exchange"
-                                   if self.config.guest == "baremetal" else None)
+        self._vm_source = vm_source(self.config.label, vcpu_cpus, self._accel["accel"], config,
+                                    no_clock="the bare-metal guest takes no part in the clock exchange"
+                                    if self.config.guest == "baremetal" else None)
         return [self._vm_source, *guest]
 
     def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
@@ -578,12 +578,20 @@ class QemuEnvironment(Environment):
             self._vcpu_cpuset[0].append(process)
             exclusive.apply(process, tuple(sorted({*emulator, *cpus})))
             exclusive.notes["process_partition"] = exclusive.notes.pop("partition")
-            process.join(self._proc.pid)
+            try:
+                process.join(self._proc.pid)
+            except OSError as exc:
+                raise RunError(f"{self.config.label}: cannot move QEMU into {process.directories[0]}: "
+                               f"{exc.strerror}") from None
             vcpus = tree.create_threaded(process, "vcpus", tuple(cpus))
             self._vcpu_cpuset[0].append(vcpus)
         exclusive.apply(vcpus, tuple(cpus))
-        for tid in vcpu_threads:
-            vcpus.join_thread(tid)
+        try:
+            for tid in vcpu_threads:
+                vcpus.join_thread(tid)
+        except OSError as exc:
+            raise RunError(f"{self.config.label}: cannot move the vCPU threads into {vcpus.directories[0]}: "
+                           f"{exc.strerror}") from None
 
     @classmethod
     def reclaim(cls, config: Any, shared: Any) -> list[str]:

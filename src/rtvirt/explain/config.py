@@ -34,8 +34,8 @@ class ExplainConfig(BaseModel):
                                       description="layers to trace where the environment offers them")
     buffer_mb: int = Field(64, ge=1, le=4096, description="trace kept per traced CPU, in MiB (the flight "
                            "recorder's bound; the whole buffer where there is no recorder)")
-    flight_recorder: bool = Field(True, description="on this host, read the trace while the run goes and keep only "
-                                  "the windows around samples that can become outliers, so a long run keeps its "
-                                  "early outliers' causes; elsewhere (targets, VM layer) a full buffer keeps the "
-                                  "newest events. false: one buffer read at the end that keeps the first events. "
-                                  "Either way the run says what the bound dropped")
+    flight_recorder: bool = Field(True, description="read the trace while the run goes (host, SSH targets, the VM "
+                                  "layer) and keep only the windows around samples that can become outliers, so a "
+                                  "long run keeps its early outliers' causes; the guest and Xen layers keep a full "
+                                  "buffer's newest events. false: one buffer read at the end. Either way the run "
+                                  "says what the bound dropped")

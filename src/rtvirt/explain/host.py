@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .model import CollectContext, Layer, LayerTrace, Occupancy
-from .recorder import RING_KB, FlightRecorder, KeepRule
+from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes
 from .tracefs import (
     TEXT_RESOLUTION_NS,
     TraceEvent,
@@ -48,7 +48,6 @@ HOST_EVENTS = (
 AHEAD_OF_RT = " (kept the CPU after the real-time thread was woken)"
 MARGIN_NS = 1_000_000  # occupancies kept this far around each window (the report's timelines)
 MAX_NAME = 64
-MAX_NAMED = 20  # outlier windows named one by one in a note
 
 _SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>-?\d+) prev_prio=(?P<prev_prio>-?\d+) "
                      r"prev_state=\S+ ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>-?\d+) "
@@ -330,49 +329,13 @@ class HostSource:
         notes = list(self.instance.problems)
         if self.instance.missing_events:
             notes.append(f"events not on this kernel: {', '.join(self.instance.missing_events)}")
-        dropped = self.instance.dropped_events
-        if self.recorder is not None:
-            if dropped:
-                notes.append(f"the kernel's trace ring overflowed before the flight recorder read it: {dropped} "
-                             "events lost")
-            notes += recorder_notes(self.recorder, context.windows, context.header, self.keep_kb)
-            dropped += self.recorder.dropped_lines
-        elif dropped:
-            notes.append(f"the trace buffer bound dropped {dropped} events")
+        bound, dropped = bound_notes(self.recorder, self.instance.dropped_events, context, self.keep_kb)
+        notes += bound
         kept = near_windows(occupancies, context.windows)
         if context.header.get("probe") == "timer":
             kept += before_timer_interrupt(kept, context.windows)
         return LayerTrace("host", seen=True, occupancies=kept, alignment_ns=TEXT_RESOLUTION_NS,
                           dropped_events=dropped, notes=notes)
-
-
-def recorder_notes(recorder: FlightRecorder, windows: np.ndarray, header: dict[str, object],
-                   keep_kb: int) -> list[str]:
-    """What the flight recorder's bound cost, named window by window (rank, time from the run's start, CPU)."""
-    notes = []
-    if recorder.dropped_lines:
-        notes.append(f"the flight recorder's bound ({keep_kb} KiB per CPU) dropped {recorder.dropped_lines} events")
-    start = int(header.get("start_monotonic_ns") or 0)  # type: ignore[call-overload]
-    lost: dict[str, list[str]] = {"bound": [], "late": [], "missed": []}
-    for rank, (begin, _, cpu, latency) in enumerate(windows[["start_ns", "end_ns", "cpu", "latency_ns"]].tolist(), 1):
-        key = (int(cpu), int(begin), int(latency))
-        if key[0] not in recorder.cpus:  # a CPU this layer does not trace: nothing of it was to keep
-            continue
-        why = recorder.lost[key].why if key in recorder.lost else None if recorder.held(*key) else "missed"
-        if why is not None:
-            lost[why].append(f"#{rank} at +{(begin - start) / 1e9:.3f} s on CPU {cpu} ({latency / 1e3:.1f} us)"
-                             if start else f"#{rank} on CPU {cpu} ({latency / 1e3:.1f} us)")
-    said = {"bound": "lost trace events to the flight recorder's bound",
-            "late": f"lost trace events: their samples reached the recorder after that trace was discarded (the "
-                    f"latest sample came {recorder.max_lag_ns / 1e9:.2f} s after its window ended)",
-            "missed": "were not held by the flight recorder (their samples never reached it)"}
-    for why, named in lost.items():
-        if named:
-            shown = ", ".join(named[:MAX_NAMED]) + (f" and {len(named) - MAX_NAMED} more" if len(named) > MAX_NAMED
-                                                     else "")
-            notes.append(f"{len(named)} outlier windows {said[why]} (their parts may be unexplained or "
-                         f"incomplete): {shown}")
-    return notes
 
 
 def _spans(windows: np.ndarray, margin_ns: int) -> list[tuple[int, int, int]]:

@@ -15,6 +15,11 @@ what was running when the window began); the others are discarded once no later 
 bound, the chunks of the smallest candidate go first, then the oldest unneeded ones; every window that
 lost events that way is remembered and named in the layer's notes. Nothing is guessed: a window whose trace
 is whole is read exactly as the whole trace would have been read.
+
+Samples and trace need not share a clock or CPU numbers: a :class:`SampleMap` places a sample's window in the
+trace (the host's and a target's samples are stamped on their trace clock, on the CPU they ran on:
+:class:`SameClock`; a guest's are on the guest's clock and vCPUs, placed by the VM layer through the clock
+exchange, with the uncertainty of that placement added around the window).
 """
 
 from __future__ import annotations
@@ -29,19 +34,22 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from ..stream import StreamReader
+from .model import CollectContext
 from .tracefs import LocalTracefs, TracefsAccess, TracePipe, line_stamp
 
-__all__ = ["FlightRecorder", "KeepRule", "LostWindow", "CHUNK_NS", "DRAIN_S", "SLACK_NS", "RING_KB"]
+__all__ = ["FlightRecorder", "KeepRule", "LostWindow", "SampleMap", "SameClock", "bound_notes", "CHUNK_NS",
+           "DRAIN_S", "SLACK_NS", "RING_KB"]
 
 CHUNK_NS = 10_000_000  # trace time per chunk: what is kept around a window is rounded out to this
 DRAIN_S = 0.05  # how often the per-CPU pipes are drained and the sample file is read
 SLACK_NS = 1_000_000_000  # how late a sample may reach the file after its window (the agent writes 4x a second)
 RING_KB = 4096  # the kernel's ring per CPU while the recorder drains it (never above the kept bound)
+MAX_NAMED = 20  # outlier windows named one by one in a note
 SWITCH = "sched_switch:"
 
 
@@ -59,6 +67,28 @@ class LostWindow(NamedTuple):
     start_ns: int
     latency_ns: int
     why: str  # "bound": the byte bound dropped part of it; "late": its sample came after the trace went
+
+
+class SampleMap(Protocol):
+    """Where a sample's window lies in the trace."""
+
+    def trace_cpus(self, sample_cpu: int) -> tuple[int, ...]:
+        """The traced CPUs whose trace can explain a sample taken on ``sample_cpu``."""
+        ...
+
+    def to_trace(self, sample_ns: int) -> tuple[int, int] | None:
+        """A sample time on the trace clock and how far off that may be (ns); None while it cannot be placed."""
+        ...
+
+
+class SameClock:
+    """Samples stamped on the trace clock of the CPU they ran on (this host, a target)."""
+
+    def trace_cpus(self, sample_cpu: int) -> tuple[int, ...]:
+        return (sample_cpu,)
+
+    def to_trace(self, sample_ns: int) -> tuple[int, int] | None:
+        return sample_ns, 0
 
 
 @dataclass(slots=True)
@@ -105,11 +135,14 @@ class FlightRecorder:
     """Drains ``instance_path``'s per-CPU pipes for ``cpus`` beside the run writing ``samples``; keeps at most
     ``bound_bytes`` of compressed trace per CPU around the windows ``rule`` says can become explained outliers.
     ``margin_ns``: how far around a window the attribution reads (host.MARGIN_NS). ``access``: whose tracefs
-    (default: this machine's); on another machine the trace clock's present is the newest trace time read."""
+    (default: this machine's); on another machine the trace clock's present is the newest trace time read.
+    ``placement``: how samples map onto the trace (default: the same clock and CPUs)."""
 
     def __init__(self, instance_path: Path, cpus: Sequence[int], samples: Path, rule: KeepRule, *,
-                 bound_bytes: int, margin_ns: int, access: TracefsAccess | None = None) -> None:
+                 bound_bytes: int, margin_ns: int, access: TracefsAccess | None = None,
+                 placement: SampleMap | None = None) -> None:
         self.path, self.samples, self.rule = instance_path, samples, rule
+        self.placement: SampleMap = placement or SameClock()
         self.bound_bytes, self.margin_ns = bound_bytes, margin_ns
         self.cpus = tuple(cpus)
         self._access = access or LocalTracefs()
@@ -119,8 +152,14 @@ class FlightRecorder:
         # candidates: (cpu, start, latency) -> end; the running top values of samples above the rule's floor
         self._candidates: dict[tuple[int, int, int], int] = {}
         self._top: list[int] = []
-        self._settled: dict[tuple[int, int, int], tuple[int, int]] = {}  # candidate -> its chunks, read whole
+        # (traced CPU, candidate) -> that CPU's chunks it needs, read whole
+        self._settled: dict[tuple[int, tuple[int, int, int]], tuple[int, int]] = {}
+        self._unplaced: list[np.ndarray] = []  # samples read before the placement knew the sample clock
+        # once finished: per CPU, where its kept trace resumes after a stretch that was not kept (a reader of the
+        # whole text must not take what it saw before such a point as still true after it)
+        self.resumes: dict[int, list[int]] = {}
         self.max_lag_ns = 0
+        self._widening_ns = 0  # the largest placement uncertainty so far (0 on the same clock)
         self.lost: dict[tuple[int, int, int], LostWindow] = {}
         self.problems: list[str] = []
         self._following = True
@@ -166,8 +205,8 @@ class FlightRecorder:
         if self._following and self._reader is not None:
             self._follow(final)
         # a window starting before the horizon is not expected any more: its sample would be later than twice
-        # the latest seen so far
-        slack = max(SLACK_NS, 2 * self.max_lag_ns)
+        # the latest seen so far (and a placed window reaches back by its placement's uncertainty)
+        slack = max(SLACK_NS, 2 * self.max_lag_ns) + self._widening_ns
         self.settle(None if final else self._present() - slack)
 
     def _drain(self, state: _Cpu, final: bool) -> None:
@@ -216,9 +255,20 @@ class FlightRecorder:
         if self._reader.header is not None and self._reader.header.get("value_field") not in (
                 "latency_ns", "duration_ns"):
             return  # values that are not windows are never explained
-        if records.size:  # how late samples reach the recorder after their window ended (docs, the slack)
-            ends = records["t_ns"].astype(np.int64) + records["value"].astype(np.int64)
-            self.max_lag_ns = max(self.max_lag_ns, self._present() - int(ends.min()))
+        if records.size:
+            self._unplaced.append(records)
+        if not self._unplaced:
+            return
+        records = np.concatenate(self._unplaced)
+        ends = records["t_ns"].astype(np.int64) + records["value"].astype(np.int64)
+        placed = self.placement.to_trace(int(ends.min()))
+        if placed is None:
+            return  # a guest's samples wait for the clock exchange that places them
+        self._unplaced = []
+        # how late samples reach the recorder after their window ended (docs, the slack)
+        self.max_lag_ns = max(self.max_lag_ns, self._present() - placed[0])
+        latest = self.placement.to_trace(int(ends.max()))
+        self._widening_ns = max(self._widening_ns, placed[1], latest[1] if latest else 0)
         self.consider(records)
 
     def consider(self, records: np.ndarray) -> None:
@@ -237,13 +287,14 @@ class FlightRecorder:
             else:
                 continue
             cpu, start = int(records["cpu"][index]), int(records["t_ns"][index])
-            if cpu in self._cpus:
+            if self.traced(cpu):
                 self._candidates[(cpu, start, value)] = start + value
         if len(self._top) >= self.rule.top:  # fell below the running top-th largest: can never be explained
             least = self._top[0]
             for key in [key for key in self._candidates if key[2] < least]:
                 del self._candidates[key]
-                self._settled.pop(key, None)
+                for cpu in self.placement.trace_cpus(key[0]):
+                    self._settled.pop((cpu, key), None)
 
     def settle(self, horizon: int | None) -> None:
         """Keep what the candidates need, discard what no sample starting after ``horizon`` can need (None: the
@@ -257,14 +308,17 @@ class FlightRecorder:
         chunks = state.chunks
         firsts = [chunk.first_ns for chunk in chunks]
         for key, end in self._candidates.items():
-            if key[0] != state.cpu or key in self.lost:
+            if state.cpu not in self.placement.trace_cpus(key[0]) or key in self.lost:
                 continue
-            settled = self._settled.get(key)
+            settled = self._settled.get((state.cpu, key))
             if settled is not None:  # its trace was read whole: only the bound can take it now (and says so)
                 for seq in range(settled[0], settled[1] + 1):
                     needers.setdefault(seq, []).append(key)
                 continue
-            low, high = key[1] - self.margin_ns, end + self.margin_ns
+            first, last = self.placement.to_trace(key[1]), self.placement.to_trace(end)
+            if first is None or last is None:
+                continue
+            low, high = first[0] - first[1] - self.margin_ns, last[0] + last[1] + self.margin_ns
             # from the last chunk starting at or before low back to one with a switch before low: events_around
             # reads from the last switch before the window's margin (what was running when it began)
             index = max(bisect.bisect_right(firsts, low) - 1, 0)
@@ -278,10 +332,12 @@ class FlightRecorder:
             if why is not None:  # part of its trace is gone: dropped by the bound, or gone before its sample came
                 self.lost[key] = LostWindow(key[0], key[1], key[2], why)
                 continue
+            if not span:  # it lies before anything this CPU traced: nothing to keep for it
+                continue
             for chunk in span:
                 needers.setdefault(chunk.seq, []).append(key)
             if span[-1].next_first_ns is not None and span[-1].next_first_ns > high:
-                self._settled[key] = (span[0].seq, span[-1].seq)
+                self._settled[(state.cpu, key)] = (span[0].seq, span[-1].seq)
         # (without the samples the candidates are not known: nothing is discarded, the bound keeps the newest)
         if self._following and horizon is None:  # the run is over: only what a candidate needs stays
             self._keep_only(state, lambda chunk: chunk.seq in needers)
@@ -379,6 +435,8 @@ class FlightRecorder:
             self.problems.append(f"the flight recorder's last drain failed: {type(exc).__name__}: {exc}"[:300])
         for cpu, state in self._cpus.items():
             texts[cpu] = "\n".join(zlib.decompress(chunk.data).decode() for chunk in state.chunks)
+            self.resumes[cpu] = [chunk.first_ns for before, chunk in zip(state.chunks, state.chunks[1:], strict=False)
+                                 if chunk.seq != before.seq + 1]
         self.close()
         return texts
 
@@ -406,6 +464,51 @@ class FlightRecorder:
         """The most trace text each CPU held at once (never above the bound once a step ended)."""
         return {cpu: state.peak_bytes for cpu, state in self._cpus.items()}
 
+    def traced(self, sample_cpu: int) -> bool:
+        """Whether the trace of a sample taken on ``sample_cpu`` is recorded here."""
+        return any(cpu in self._cpus for cpu in self.placement.trace_cpus(sample_cpu))
+
     def held(self, cpu: int, start_ns: int, latency_ns: int) -> bool:
         """Whether that sample's window was a candidate when the run ended (its trace kept unless lost)."""
         return (cpu, start_ns, latency_ns) in self._candidates
+
+
+def bound_notes(recorder: FlightRecorder | None, ring_dropped: int, context: CollectContext, keep_kb: int,
+                cpu_word: str = "CPU") -> tuple[list[str], int]:
+    """What a layer's bound cost (its notes, and the events dropped): the kernel's ring, and with a flight
+    recorder its own bound, window by window (each named with its sample's ``cpu_word``: a guest's are vCPUs)."""
+    if recorder is None:
+        return ([f"the trace buffer bound dropped {ring_dropped} events"] if ring_dropped else []), ring_dropped
+    notes = [f"the kernel's trace ring overflowed before the flight recorder read it: {ring_dropped} events lost"
+             ] if ring_dropped else []
+    notes += _recorder_notes(recorder, context.windows, context.header, keep_kb, cpu_word)
+    return notes, ring_dropped + recorder.dropped_lines
+
+
+def _recorder_notes(recorder: FlightRecorder, windows: np.ndarray, header: dict[str, object],
+                    keep_kb: int, cpu_word: str) -> list[str]:
+    """What the flight recorder's bound cost, named window by window (rank, time from the run's start, CPU)."""
+    notes = []
+    if recorder.dropped_lines:
+        notes.append(f"the flight recorder's bound ({keep_kb} KiB per CPU) dropped {recorder.dropped_lines} events")
+    start = int(header.get("start_monotonic_ns") or 0)  # type: ignore[call-overload]
+    lost: dict[str, list[str]] = {"bound": [], "late": [], "missed": []}
+    for rank, (begin, _, cpu, latency) in enumerate(windows[["start_ns", "end_ns", "cpu", "latency_ns"]].tolist(), 1):
+        key = (int(cpu), int(begin), int(latency))
+        if not recorder.traced(key[0]):  # a CPU this layer does not trace: nothing of it was to keep
+            continue
+        why = recorder.lost[key].why if key in recorder.lost else None if recorder.held(*key) else "missed"
+        if why is not None:
+            lost[why].append(f"#{rank} at +{(begin - start) / 1e9:.3f} s on {cpu_word} {cpu} ({latency / 1e3:.1f} "
+                             "us)" if start else f"#{rank} on {cpu_word} {cpu} ({latency / 1e3:.1f} us)")
+    said = {"bound": "lost trace events to the flight recorder's bound",
+            "late": f"lost trace events: their samples reached the recorder after that trace was discarded (the "
+                    f"latest sample came {recorder.max_lag_ns / 1e9:.2f} s after its window ended)",
+            "missed": "were not held by the flight recorder (their samples never reached it)"}
+    for why, named in lost.items():
+        if named:
+            shown = ", ".join(named[:MAX_NAMED]) + (f" and {len(named) - MAX_NAMED} more" if len(named) > MAX_NAMED
+                                                     else "")
+            notes.append(f"{len(named)} outlier windows {said[why]} (their parts may be unexplained or "
+                         f"incomplete): {shown}")
+    return notes

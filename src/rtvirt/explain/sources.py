@@ -16,8 +16,10 @@ from .tracefs import TracefsAccess
 
 if TYPE_CHECKING:
     from ..environments.base import Environment
+    from .recorder import KeepRule
+    from .vm import VmSource
 
-__all__ = ["SOURCES", "session_for", "session_for_sources", "host_sources"]
+__all__ = ["SOURCES", "session_for", "session_for_sources", "host_sources", "vm_source"]
 
 # layer -> what its source traces (docs/explain.md has each one's method and limits)
 SOURCES: dict[Layer, str] = {
@@ -35,12 +37,26 @@ def host_sources(cpus: tuple[int, ...], config: ExplainConfig, access: TracefsAc
     if "host" not in config.layers:
         return []
     from .host import HostSource
+
+    return [HostSource(cpus, buffer_mb=config.buffer_mb, flight_recorder=config.flight_recorder, access=access,
+                       keep=_keep_rule(config))]
+
+
+def vm_source(vm: str, host_cpus: tuple[int, ...] | None, accel: str, config: ExplainConfig,
+              no_clock: str | None = None) -> VmSource:
+    """The VM layer of a QEMU guest or libvirt domain on this host (explain.vm), bounded as the scenario says."""
+    from .vm import VmSource
+
+    return VmSource(vm, host_cpus, accel, config.buffer_mb, no_clock,
+                    keep=_keep_rule(config) if config.flight_recorder else None)
+
+
+def _keep_rule(config: ExplainConfig) -> KeepRule:
+    """The samples a flight recorder keeps the trace for: the final threshold is never below the set one or the
+    rule's floor, and at most ``top`` are explained (explain.recorder)."""
     from .recorder import KeepRule
 
-    # the final threshold is never below the set one or the rule's floor: what the recorder keeps (explain.recorder)
-    keep = KeepRule(config.threshold if config.threshold is not None else config.floor, config.top)
-    return [HostSource(cpus, buffer_mb=config.buffer_mb, flight_recorder=config.flight_recorder, access=access,
-                       keep=keep)]
+    return KeepRule(config.threshold if config.threshold is not None else config.floor, config.top)
 
 
 def session_for(env: Environment, config: ExplainConfig) -> ExplainSession:

@@ -7,21 +7,28 @@ the vCPU was off into a "vCPU not running: <comm>/<pid> ran" occupancy, naming Q
 other vCPUs, its emulator threads) and the vCPUs of the other VMs rtvirt started (stressor VMs) as such.
 Under KVM it also traces ``kvm:kvm_exit``/``kvm_entry`` of the vCPU threads: exits by reason, as ``perf kvm
 stat`` reports them. Host times become guest times through the clock exchange (explain.clocksync).
+
+A long run's trace goes through the flight recorder (explain.recorder) like the host layer's: the guest's samples
+are placed on the host's clock by the start exchange while the run goes, each window widened by that
+exchange's uncertainty and by how far the guest's clock may have drifted since (``DRIFT_BOUND_PPM``).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from .clocksync import ClockExchange, ClockMap
 from .model import CollectContext, Layer, LayerTrace, Occupancy
+from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes
 from .tracefs import (
     TEXT_RESOLUTION_NS,
     TraceEvent,
@@ -39,6 +46,9 @@ _VCPU_OWNERS: dict[int, str] = {}
 _OWNERS_LOCK = threading.Lock()
 COMM_LIMIT = 32
 KEEP_AROUND_NS = 5_000_000  # occupancies kept this far around an outlier window (the report's timelines)
+# how fast a guest's clock may run against the host's while the run goes (the end exchange measures it only
+# afterwards): over twice the most measured here under TCG (-414 to +382 ppm); kvmclock guests stay far below
+DRIFT_BOUND_PPM = 1000
 
 
 def register_vcpus(vm: str, threads: Mapping[int, int]) -> None:
@@ -105,12 +115,21 @@ class KvmEvent:
     reason: str
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class Resume:
+    """The trace of ``cpu`` resumes at ``ts_ns`` after a stretch the flight recorder did not keep."""
+
+    ts_ns: int
+    cpu: int
+
+
 @dataclass(slots=True)
 class ParsedTrace:
     switches: list[Switch] = field(default_factory=list)
     wakeups: list[Wakeup] = field(default_factory=list)
     kvm: list[KvmEvent] = field(default_factory=list)
     unreadable: int = 0
+    resumes: dict[int, list[int]] = field(default_factory=dict)  # cpu -> where its kept trace resumes
 
 
 def read_events(events: Iterable[TraceEvent]) -> ParsedTrace:
@@ -179,7 +198,8 @@ def vcpu_occupancies(trace: ParsedTrace, threads: VmThreads) -> list[Occupancy]:
 
     A task switched out whose switch-in the trace lacks (seen on this development VM: no switch from the idle
     task is ever recorded on one of its CPUs) ran from its wake-up onto that CPU when traced, else from the
-    CPU's previous switch; ``detail.switch_in`` says which."""
+    CPU's previous switch; ``detail.switch_in`` says which. Where a CPU's trace resumes after a stretch that was
+    not kept, what was known of that CPU (who ran, which vCPU was off there) is forgotten until seen again."""
     by_tid = {tid: index for index, tid in threads.vcpus.items()}
     off_since: dict[int, int] = {}  # vCPU tid -> when it left its CPU (absent: running, or not yet seen)
     off_state: dict[int, str] = {}
@@ -217,8 +237,19 @@ def vcpu_occupancies(trace: ParsedTrace, threads: VmThreads) -> list[Occupancy]:
                 found.append(Occupancy("vm", begin, end, cause, "vcpu-preempted", by_tid[tid],
                                        {**detail, "vcpu_state": state}))
 
-    timeline: Iterator[Switch | Wakeup] = heapq.merge(trace.switches, trace.wakeups, key=lambda e: e.ts_ns)
+    resumes = sorted(Resume(ts, cpu) for cpu, times in trace.resumes.items() for ts in times)
+    # (a resume point comes before the events at its time)
+    timeline: Iterator[Resume | Switch | Wakeup] = heapq.merge(resumes, trace.switches, trace.wakeups,
+                                                               key=lambda e: e.ts_ns)
     for event in timeline:
+        if isinstance(event, Resume):
+            current.pop(event.cpu, None)
+            for tid in [tid for tid in off_since if last_cpu[tid] == event.cpu]:
+                del off_since[tid]
+                vcpu_woken.pop(tid, None)
+            for key in [key for key in woken if key[0] == event.cpu]:
+                del woken[key]
+            continue
         if isinstance(event, Wakeup):
             woken[(event.target_cpu, event.pid)] = event.ts_ns
             if event.pid in off_since and not off_state[event.pid].startswith("R"):
@@ -250,9 +281,16 @@ def vcpu_occupancies(trace: ParsedTrace, threads: VmThreads) -> list[Occupancy]:
     return found
 
 
-def exit_occupancies(events: list[KvmEvent], threads: VmThreads) -> list[Occupancy]:
-    """Each VM exit of a vCPU thread, from kvm_exit to its next kvm_entry, named by its reason."""
+def exit_occupancies(events: list[KvmEvent], threads: VmThreads, resumes: Mapping[int, list[int]]
+                     ) -> list[Occupancy]:
+    """Each VM exit of a vCPU thread, from kvm_exit to its next kvm_entry, named by its reason (not across a
+    stretch of its CPU's trace that was not kept)."""
     by_tid = {tid: index for index, tid in threads.vcpus.items()}
+
+    def unbroken(start: KvmEvent, end: KvmEvent) -> bool:
+        return all(bisect.bisect_right(times, start.ts_ns) == bisect.bisect_right(times, end.ts_ns)
+                   for times in (resumes.get(start.cpu, []), resumes.get(end.cpu, [])))
+
     exited: dict[int, KvmEvent] = {}
     found: list[Occupancy] = []
     for event in events:
@@ -262,7 +300,7 @@ def exit_occupancies(events: list[KvmEvent], threads: VmThreads) -> list[Occupan
             exited[event.pid] = event
             continue
         start = exited.pop(event.pid, None)
-        if start is not None and start.ts_ns < event.ts_ns:
+        if start is not None and start.ts_ns < event.ts_ns and unbroken(start, event):
             index = by_tid[event.pid]
             reason = start.reason or "unknown"
             found.append(Occupancy("vm", start.ts_ns, event.ts_ns, f"VM exit {reason}", "vm-exit", index,
@@ -273,21 +311,43 @@ def exit_occupancies(events: list[KvmEvent], threads: VmThreads) -> list[Occupan
 # ---- the source ----------------------------------------------------------------------------------------------
 
 
+class _GuestPlacement:
+    """Where a guest's sample lies in the VM trace (explain.recorder.SampleMap): on any of the traced pCPUs, at
+    the host time the clock exchange gives, give or take its uncertainty and the drift bound since the start."""
+
+    def __init__(self, source: VmSource) -> None:
+        self.source = source
+
+    def trace_cpus(self, sample_cpu: int) -> tuple[int, ...]:
+        return self.source.host_cpus  # (a vCPU's pCPU is not known from its index when it is not pinned)
+
+    def to_trace(self, sample_ns: int) -> tuple[int, int] | None:
+        clock = self.source.clock_map()
+        if clock is None:
+            return None
+        drift = abs(sample_ns - clock.guest_0) * DRIFT_BOUND_PPM // 1_000_000
+        return clock.to_host(sample_ns), clock.uncertainty_ns + drift + TEXT_RESOLUTION_NS
+
+
 class VmSource:
     """The VM layer of one QEMU guest or libvirt domain: armed before launch on the vCPUs' host CPUs (``None``:
     unpinned, every CPU rtvirt may use), told its vCPU threads and clock exchange once QEMU placed them
     (``attach``). ``no_clock`` says why a guest cannot take part in the clock exchange (its layer is then not
-    seen)."""
+    seen). ``keep``: which samples the flight recorder keeps the trace for, once told the samples file
+    (``follow``); None: one buffer of ``buffer_mb`` per pCPU read at the end."""
 
     layer: Layer = "vm"
 
     def __init__(self, vm: str, host_cpus: tuple[int, ...] | None, accel: str, buffer_mb: int = 64,
-                 no_clock: str | None = None) -> None:
+                 no_clock: str | None = None, keep: KeepRule | None = None) -> None:
         self.vm = vm
         self.no_clock = no_clock
         self.host_cpus = host_cpus or tuple(sorted(os.sched_getaffinity(0)))
         self.accel = accel
         self.buffer_mb = buffer_mb
+        self.keep = keep
+        self.samples: Path | None = None
+        self.recorder: FlightRecorder | None = None
         self._instance: TracefsInstance | None = None
         self._why_not: str | None = None
         self._trace = ParsedTrace()
@@ -297,12 +357,19 @@ class VmSource:
         self._vcpus: dict[int, int] = {}
         self._exchange: ClockExchange | None = None
 
+    def follow(self, samples: Path) -> None:
+        """The file the guest's samples reach on this host while the run goes (before ``start``)."""
+        self.samples = samples
+
     def start(self) -> None:
         if self._instance is not None or self._why_not is not None:
             return
         events = ["sched:sched_switch", "sched:sched_wakeup"]
         events += ["kvm:kvm_exit", "kvm:kvm_entry"] if self.accel == "kvm" else []
-        instance = TracefsInstance(self.host_cpus, events, buffer_kb=self.buffer_mb * 1024)
+        recording = self.keep is not None and self.samples is not None
+        # drained every DRAIN_S by the recorder: the kernel's ring only bridges its pauses
+        ring_kb = min(RING_KB, self.buffer_mb * 1024) if recording else self.buffer_mb * 1024
+        instance = TracefsInstance(self.host_cpus, events, buffer_kb=ring_kb)
         try:
             instance.start()
         except TracingUnavailable as exc:
@@ -310,6 +377,18 @@ class VmSource:
             return
         self._instance = instance
         self._problems += [f"event {event} does not exist on this kernel" for event in instance.missing_events]
+        if recording:
+            assert instance.path is not None and self.samples is not None and self.keep is not None
+            recorder = FlightRecorder(instance.path, self.host_cpus, self.samples, self.keep,
+                                      bound_bytes=self.buffer_mb << 20, margin_ns=KEEP_AROUND_NS,
+                                      placement=_GuestPlacement(self))
+            try:
+                recorder.start()
+            except OSError as exc:
+                self._problems.append(f"the flight recorder could not start ({exc.strerror or exc}): the "
+                                      f"{ring_kb} KiB buffer is read at the end instead")
+                return
+            self.recorder = instance.drain = recorder
 
     def attach(self, qemu_pid: int, vcpus: Mapping[int, int], exchange: ClockExchange | None) -> None:
         """The VM is placed (its vCPU threads exist, it has not run yet): remember who is who."""
@@ -323,6 +402,8 @@ class VmSource:
             instance, self._instance = self._instance, None
             instance.stop()
             self._trace = read_events(instance.events())
+            if self.recorder is not None:
+                self._trace.resumes = self.recorder.resumes
             self._dropped = instance.dropped_events
             self._problems += instance.problems
         forget_vcpus(self._vcpus)
@@ -341,7 +422,8 @@ class VmSource:
             return LayerTrace("vm", False, "the guest's clock could not be aligned with the host's: "
                               + (problem or "no clock exchange took place"))
         threads = VmThreads(self.vm, self._vcpus, self._qemu_pid)
-        found = vcpu_occupancies(self._trace, threads) + exit_occupancies(self._trace.kvm, threads)
+        found = vcpu_occupancies(self._trace, threads) + exit_occupancies(self._trace.kvm, threads,
+                                                                          self._trace.resumes)
         keep = _near_windows(context.windows)
         occupancies = []
         for occupancy in found:
@@ -350,13 +432,19 @@ class VmSource:
                 occupancies.append(Occupancy("vm", start, end, occupancy.cause, occupancy.kind, occupancy.cpu,
                                              occupancy.detail))
         notes = list(clock.notes) + self._problems
+        bound, dropped = bound_notes(self.recorder, self._dropped, context, self.buffer_mb * 1024, "vCPU")
+        notes += bound
+        if self.recorder is not None and abs(clock.rate - 1) * 1e6 > DRIFT_BOUND_PPM:
+            notes.append(f"the guest's clock drifted {(clock.rate - 1) * 1e6:+.0f} ppm, beyond the "
+                         f"{DRIFT_BOUND_PPM} ppm the flight recorder allowed for: windows late in the run may "
+                         "miss part of their trace")
         if self.accel != "kvm":
             notes.append("the guest ran under TCG (software emulation): no VM exits to trace, and its timings do "
                          "not represent real hardware")
         if self._trace.unreadable:
             notes.append(f"{self._trace.unreadable} sched_switch lines of the VM trace were not understood")
         # the text trace's microseconds add to the exchange's bound
-        return LayerTrace("vm", True, None, occupancies, clock.uncertainty_ns + TEXT_RESOLUTION_NS, self._dropped,
+        return LayerTrace("vm", True, None, occupancies, clock.uncertainty_ns + TEXT_RESOLUTION_NS, dropped,
                           notes)
 
 

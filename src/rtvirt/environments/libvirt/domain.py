@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from ...errors import RunError
 from ...explain.clocksync import CLOCK_PORT
 from ...explain.guest import GUEST_TRACE_FILE, GUEST_TRACE_PORT, guest_layer
-from ...explain.vm import VmSource, forget_vcpus, register_vcpus
+from ...explain.sources import vm_source
+from ...explain.vm import forget_vcpus, register_vcpus
 from .. import baremetal
 from ..base import Environment, EnvironmentConfig, Launched, SharedResources
 from ..guest_image import (
@@ -213,10 +214,10 @@ class LibvirtEnvironment(LibvirtTeardown):
             return guest
         self.start()
         vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin else None
-        self._vm_source = VmSource(self.config.label, vcpu_cpus, "kvm" if self._type["type"] == "kvm" else "tcg",
-                                   int(getattr(config, "buffer_mb", 64)),
-                                   no_clock="the bare-metal guest takes no part in the clock exchange"
-                                   if self.config.guest == "baremetal" else None)
+        accel = "kvm" if self._type["type"] == "kvm" else "tcg"
+        self._vm_source = vm_source(self.config.label, vcpu_cpus, accel, config,
+                                    no_clock="the bare-metal guest takes no part in the clock exchange"
+                                    if self.config.guest == "baremetal" else None)
         return [self._vm_source, *guest]
 
     def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
