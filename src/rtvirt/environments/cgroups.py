@@ -160,7 +160,6 @@ class CgroupTree:
             raise
         return created
 
-
     def create_threaded(self, parent: Cgroup, name: str, cpus: tuple[int, ...]) -> Cgroup:
         """A v2 threaded cgroup below ``parent`` (which becomes a thread root): some threads of a process get CPUs
         (and a partition) of their own while its other threads stay in ``parent``."""

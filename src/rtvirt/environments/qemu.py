@@ -574,9 +574,10 @@ class QemuEnvironment(Environment):
                     f"(vCPUs {cpu_list(cpus)}, emulator_cpus {cpu_list(emulator)}, which must differ) that leaves "
                     f"the host CPUs of its own (host: {cpu_list(host)}); choose cpus and emulator_cpus so, "
                     "or use pin = false")
-            process = tree.create(f"{name}-qemu", tuple(sorted({*emulator, *cpus})), None, 0, holder=holder)
+            owned = tuple(sorted({*emulator, *cpus}))
+            process = tree.create(f"{name}-qemu", owned, None, 0, holder=holder)
             self._vcpu_cpuset[0].append(process)
-            exclusive.apply(process, tuple(sorted({*emulator, *cpus})))
+            exclusive.apply(process, owned)
             exclusive.notes["process_partition"] = exclusive.notes.pop("partition")
             try:
                 process.join(self._proc.pid)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .model import CollectContext, Layer, LayerTrace, Occupancy
-from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes
+from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes, start_recording
 from .tracefs import (
     TEXT_RESOLUTION_NS,
     TraceEvent,
@@ -295,15 +295,9 @@ class HostSource:
             return
         if recording:
             assert self.instance.path is not None and self.samples is not None and self.keep is not None
-            recorder = FlightRecorder(self.instance.path, self.cpus, self.samples, self.keep,
-                                      bound_bytes=self.keep_kb * 1024, margin_ns=MARGIN_NS, access=self.access)
-            try:
-                recorder.start()
-            except OSError as exc:
-                self.instance.problems.append(f"the flight recorder could not start ({exc.strerror or exc}): the "
-                                              f"{self.instance.buffer_kb} KiB buffer is read at the end instead")
-                return
-            self.recorder = self.instance.drain = recorder
+            self.recorder = start_recording(self.instance, FlightRecorder(
+                self.instance.path, self.cpus, self.samples, self.keep, bound_bytes=self.keep_kb * 1024,
+                margin_ns=MARGIN_NS, access=self.access))
 
     def stop(self) -> None:
         if not self._started:

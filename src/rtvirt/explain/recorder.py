@@ -40,9 +40,10 @@ import numpy as np
 
 from ..stream import StreamReader
 from .model import CollectContext
-from .tracefs import LocalTracefs, TracefsAccess, TracePipe, line_stamp
+from .tracefs import LocalTracefs, TracefsAccess, TracefsInstance, TracePipe, line_stamp
 
-__all__ = ["FlightRecorder", "KeepRule", "LostWindow", "SampleMap", "SameClock", "bound_notes", "CHUNK_NS",
+__all__ = ["FlightRecorder", "KeepRule", "LostWindow", "SampleMap", "SameClock", "bound_notes", "start_recording",
+           "CHUNK_NS",
            "DRAIN_S", "SLACK_NS", "RING_KB"]
 
 CHUNK_NS = 10_000_000  # trace time per chunk: what is kept around a window is rounded out to this
@@ -471,6 +472,19 @@ class FlightRecorder:
     def held(self, cpu: int, start_ns: int, latency_ns: int) -> bool:
         """Whether that sample's window was a candidate when the run ended (its trace kept unless lost)."""
         return (cpu, start_ns, latency_ns) in self._candidates
+
+
+def start_recording(instance: TracefsInstance, recorder: FlightRecorder) -> FlightRecorder | None:
+    """Start ``recorder`` draining the started ``instance``, whose trace then comes from it; None when it cannot
+    start (the instance says so, and its buffer is read at the end instead)."""
+    try:
+        recorder.start()
+    except OSError as exc:
+        instance.problems.append(f"the flight recorder could not start ({exc.strerror or exc}): the "
+                                 f"{instance.buffer_kb} KiB buffer is read at the end instead")
+        return None
+    instance.drain = recorder
+    return recorder
 
 
 def bound_notes(recorder: FlightRecorder | None, ring_dropped: int, context: CollectContext, keep_kb: int,

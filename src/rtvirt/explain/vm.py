@@ -28,7 +28,7 @@ import numpy as np
 
 from .clocksync import ClockExchange, ClockMap
 from .model import CollectContext, Layer, LayerTrace, Occupancy
-from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes
+from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes, start_recording
 from .tracefs import (
     TEXT_RESOLUTION_NS,
     TraceEvent,
@@ -379,16 +379,9 @@ class VmSource:
         self._problems += [f"event {event} does not exist on this kernel" for event in instance.missing_events]
         if recording:
             assert instance.path is not None and self.samples is not None and self.keep is not None
-            recorder = FlightRecorder(instance.path, self.host_cpus, self.samples, self.keep,
-                                      bound_bytes=self.buffer_mb << 20, margin_ns=KEEP_AROUND_NS,
-                                      placement=_GuestPlacement(self))
-            try:
-                recorder.start()
-            except OSError as exc:
-                self._problems.append(f"the flight recorder could not start ({exc.strerror or exc}): the "
-                                      f"{ring_kb} KiB buffer is read at the end instead")
-                return
-            self.recorder = instance.drain = recorder
+            self.recorder = start_recording(instance, FlightRecorder(
+                instance.path, self.host_cpus, self.samples, self.keep, bound_bytes=self.buffer_mb << 20,
+                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self)))
 
     def attach(self, qemu_pid: int, vcpus: Mapping[int, int], exchange: ClockExchange | None) -> None:
         """The VM is placed (its vCPU threads exist, it has not run yet): remember who is who."""
