@@ -114,6 +114,31 @@ def _tagged_processes(tag: str) -> list[str]:
 
 
 @pytest.mark.skipif(not TWO_CPUS, reason="other-core stress needs a second CPU")
+def test_resume_does_not_measure_again_a_run_whose_manifest_was_written_before_the_interrupt(
+        tmp_path: Path) -> None:
+    """An interrupt between a run's manifest and the campaign's state leaves the run "running" in the state
+    (seen: Ctrl-C of `rtvirt lab` as a run ended; its --resume measured that run twice). Made here by putting
+    a finished run's state back to what that interrupt leaves; --resume takes the manifest's outcome."""
+    scenario = tmp_path / "resume.toml"
+    scenario.write_text(HOST_SCENARIO.format(duration="300ms", repetitions=1))
+    results = tmp_path / "results"
+    assert run_cli("run", str(scenario), "--out", str(results), "--no-progress").returncode == 0
+    [state_path] = results.glob("campaigns/*/state.json")
+    document = json.loads(state_path.read_text())
+    key = next(iter(document["runs"]))
+    run_id = document["runs"][key]["run_id"]
+    document["runs"][key]["status"], document["finished"] = "running", False
+    state_path.write_text(json.dumps(document))
+    before = sorted(p.name for p in (results / "runs").iterdir())
+
+    resumed = run_cli("run", "--resume", "--out", str(results), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    after = json.loads(state_path.read_text())
+    assert after["finished"] is True and after["runs"][key] | {"status": "complete", "run_id": run_id} == \
+        after["runs"][key]
+    assert sorted(p.name for p in (results / "runs").iterdir()) == before  # nothing measured again
+
+
 def test_kill_9_then_resume_keeps_finished_runs_and_leaves_no_strays(tmp_path: Path) -> None:
     scenario = tmp_path / "resume.toml"
     scenario.write_text(HOST_SCENARIO.format(duration="2s", repetitions=2))

@@ -11,6 +11,7 @@ stops every process and VM of the current run, keeps its samples (partial) and e
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from collections.abc import Callable
@@ -42,7 +43,7 @@ from ..sysaudit import audit_system
 from .delivery import delivery_problem, delivery_record, expectation_record
 from .hooks import HookRunner
 from .hosttune import tuned_host
-from .state import CampaignState
+from .state import FINISHED, CampaignState
 
 __all__ = ["CampaignResult", "run_campaign", "execute_run"]
 
@@ -482,6 +483,7 @@ def _run_plans(scenario: Scenario, state: CampaignState, results: Path, plans: l
     expected_s = sum(p.duration_ns for p in plans if not state.is_finished(p.key)) / 1e9
     matrix: TaskID = progress.add_task(f"campaign {scenario.name}", total=max(expected_s, 1e-9), status="")
     for index, plan in enumerate(plans, 1):
+        _adopt_finished_run(state, plan.key, results)
         if state.is_finished(plan.key):
             entry = state.runs[plan.key]
             result.outcomes[plan.key] = RunOutcome(entry["status"], entry.get("reason", ""), entry.get("run_id"))
@@ -523,6 +525,23 @@ def _run_plans(scenario: Scenario, state: CampaignState, results: Path, plans: l
         if outcome.status == "interrupted":
             result.interrupted = True
             return
+
+
+def _adopt_finished_run(state: CampaignState, key: str, results: Path) -> None:
+    """A run still "running" in the state whose manifest says it finished: the interrupt came after its manifest
+    was written and before the state was (seen: Ctrl-C of `rtvirt lab` as a run ended). The state takes the
+    manifest's outcome, so that --resume does not measure it a second time."""
+    entry = state.runs.get(key, {})
+    if entry.get("status") != "running" or not entry.get("run_id"):
+        return
+    run = RunDir(str(entry["run_id"]), Path(results) / "runs" / str(entry["run_id"]))
+    try:
+        campaign = json.loads(run.manifest_path.read_text())["campaign"]
+        outcome, reason = str(campaign["outcome"]), str(campaign.get("reason") or "")
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no manifest (killed mid-run: salvaged below) or not one we can read
+    if outcome in FINISHED:
+        state.record(key, status=outcome, reason=reason)
 
 
 def _salvage_killed_run(scenario: Scenario, plan: PlannedRun, results: Path, run_id: str) -> bool:
