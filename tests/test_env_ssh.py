@@ -503,6 +503,9 @@ def test_lab_runs_a_scenario_matrix_on_every_target_and_resumes(server: SshServe
         while len({json.loads(p.read_text())["environment"] for p in results.glob("runs/*/manifest.json")}) < 2:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
+        # each target's campaign is a process of its own, in a session of its own (the lab forwards Ctrl-C)
+        campaigns = _campaign_processes(proc.pid)
+        assert len(campaigns) == 2 and all(os.getsid(pid) == pid for pid in campaigns), campaigns
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -539,6 +542,53 @@ def test_lab_runs_a_scenario_matrix_on_every_target_and_resumes(server: SshServe
     report = Path(outcome["report"]).read_text()
     assert "ecu-a" in report and "ecu-b" in report
     assert our_agents_running() == []
+
+
+def _campaign_processes(lab_pid: int) -> list[int]:
+    """The lab's campaign processes (its children running rtvirt.campaign.labworker)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == lab_pid and b"rtvirt.campaign.labworker" in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_killed_lab_takes_its_campaigns_along_and_they_stop_their_agents(server: SshServer,
+                                                                           second_server: SshServer,
+                                                                           tmp_path: Path) -> None:
+    import signal
+
+    inventory = tmp_path / "lab.toml"
+    inventory.write_text(f'[[targets]]\nname = "ecu-a"\n{_fields_toml(server)}\n'
+                         f'[[targets]]\nname = "ecu-b"\n{_fields_toml(second_server)}\n')
+    scenario = tmp_path / "lab-matrix.toml"
+    scenario.write_text(LAB_SCENARIO)
+    results = tmp_path / "results"
+    proc = subprocess.Popen([*RTVIRT, "lab", str(inventory), "--scenario", str(scenario), "--results", str(results)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(campaigns := _campaign_processes(proc.pid)) < 2 or our_agents_running() == []:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # the kernel sends each campaign SIGTERM (PR_SET_PDEATHSIG): it stops its run as Ctrl-C does and ends
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() for pid in campaigns) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in campaigns)
+    assert our_agents_running() == []
+    states = [json.loads(p.read_text()) for p in results.glob("campaigns/*/state.json")]
+    assert len(states) == 2 and not any(state["finished"] for state in states)
 
 
 def test_lab_scenario_refuses_other_kinds(tmp_path: Path) -> None:

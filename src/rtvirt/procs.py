@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Supervisor", "terminate_group", "process_start_time"]
+__all__ = ["Supervisor", "die_with_parent", "terminate_group", "process_start_time"]
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -35,11 +35,11 @@ def process_start_time(pid: int) -> str | None:
         return None
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: a parent that is SIGKILLed takes its children along.
-    # The kernel ties this to the *thread* that forked, so children are started from long-lived threads
-    # only (rtvirt starts them all from the main thread).
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """The kernel sends this process ``signum`` when its parent dies: a parent that is SIGKILLed takes its
+    children along. The kernel ties this to the *thread* that forked, so children are started from long-lived
+    threads only (rtvirt starts them all from the main thread)."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
 
 def terminate_group(proc: subprocess.Popen[Any], grace: float = 5.0) -> int | None:
@@ -88,8 +88,8 @@ class Supervisor:
     ) -> subprocess.Popen[Any]:
         """Start ``argv``; ``before_exec`` runs in the child before exec (e.g. to join a cgroup)."""
 
-        def prepare_child() -> None:
-            _die_with_parent()
+        def prepare_child() -> None:  # in the child between fork and exec
+            die_with_parent()
             if before_exec is not None:
                 before_exec()
 

@@ -29,7 +29,6 @@ from ..errors import InputError, RtvirtError, RunError
 from ..explain.session import ExplainSession
 from ..explain.sources import session_for
 from ..explain.tracefs import reclaim_instances
-from ..interrupts import acknowledge
 from ..probes import PROBES
 from ..procs import Supervisor
 from ..scenario.matrix import PlannedRun, expand, scaled_params
@@ -313,7 +312,6 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
                 if not reason and status not in (0, None):
                     reason = f"probe exited with status {status}: {launched.error_tail() or 'no message'}"
         except KeyboardInterrupt:
-            acknowledge()
             interrupted = True
             reason = "interrupted (Ctrl-C or SIGTERM)"
         except RtvirtError as exc:

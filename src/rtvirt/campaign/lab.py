@@ -17,8 +17,13 @@ inventory file (TOML)::
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
-import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,7 +33,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..errors import InputError, RtvirtError
-from ..interrupts import interrupt_threads, interruptible
 from ..probes import ProbeSpec
 from ..remote.agents import REMOTE_DIR_PATTERN, TargetLink
 from ..remote.labgrid import PLACE_PATTERN, resolve_place
@@ -234,7 +238,7 @@ def _resumable(results: Path, scenario: str, text: str) -> Any:
 
 
 def run_lab_scenario(inventory: Inventory, text: str, source: str, results: Path, *, scale: float = 1.0,
-                     resume: bool = False, console: Any = None) -> list[LabCampaign]:
+                     resume: bool = False) -> list[LabCampaign]:
     """Run the scenario's whole matrix on every target at the same time, one campaign per target in
     ``results``; returns each target's campaign (the caller reports on their runs).
 
@@ -242,11 +246,11 @@ def run_lab_scenario(inventory: Inventory, text: str, source: str, results: Path
     campaign finished is left alone). Ctrl-C stops every target's run (samples kept, resumable).
     """
     from ..scenario import parse_scenario
-    from . import CampaignState, run_campaign
+    from . import CampaignState
 
     reachable, unreachable = _resolve_all(inventory)
     outcomes = {t.name: LabCampaign(t.name, reason=unreachable.get(t.name, "")) for t in inventory.targets}
-    work: list[tuple[InventoryTarget, Any, Any]] = []  # (target, scenario, state)
+    work: list[tuple[InventoryTarget, Any]] = []  # (target, its campaign's state)
     for target in inventory.targets:
         if target.name not in reachable:
             continue
@@ -257,43 +261,73 @@ def run_lab_scenario(inventory: Inventory, text: str, source: str, results: Path
             if state is None:
                 outcomes[target.name].reason = "no unfinished campaign of this scenario to resume"
                 continue
-            scenario = parse_scenario(state.scenario_text, state.source)
         else:
             state = CampaignState.create(results, scenario.name, bound, f"{source} on target {target.name}", scale)
         outcomes[target.name].campaign_id = state.campaign_id
-        work.append((target, scenario, state))
-    for name, found in _reclaim_all(inventory, reachable, [target for target, _, _ in work]).items():
+        work.append((target, state))
+    for name, found in _reclaim_all(inventory, reachable, [target for target, _ in work]).items():
         outcomes[name].reclaimed = found
 
-    def one(target: InventoryTarget, scenario: Any, state: Any, handled: threading.Event) -> None:
-        outcome = outcomes[target.name]
-        try:
-            with interruptible(handled):
-                result = run_campaign(scenario, state, results, console=console, show_progress=False,
-                                      write_report=False, reclaim=False)
-        except KeyboardInterrupt:
-            handled.set()  # outside interruptible(): acknowledge() would no longer reach this thread's event
-            outcome.interrupted = True
-            return
-        except RtvirtError as exc:
-            outcome.reason = str(exc)[:500]
-            return
-        outcome.interrupted = result.interrupted
-        outcome.runs = {key: o.status for key, o in result.outcomes.items()}
-        outcome.run_ids = [o.run_id for o in result.outcomes.values() if o.run_id]
-
-    # Ctrl-C reaches only the main thread: each campaign's thread is interrupted as Ctrl-C stops `rtvirt run`
-    # (agents stopped, samples kept, run resumable)
-    workers = [(threading.Thread(target=one, args=(*item, handled), name=f"rtvirt-lab-{item[0].name}"), handled)
-               for item, handled in ((item, threading.Event()) for item in work)]
-    for thread, _ in workers:
-        thread.start()
-    try:
-        while any(thread.is_alive() for thread, _ in workers):
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        interrupt_threads(workers)
+    # one process per target's campaign: Ctrl-C reaches each campaign as it reaches `rtvirt run` (labworker.py
+    # says why not threads); the lab forwards it, once per Ctrl-C, to processes in sessions of their own
+    with tempfile.TemporaryDirectory(prefix="rtvirt-lab-") as scratch:
+        started = _start_campaigns([(outcomes[target.name], state) for target, state in work], results,
+                                   Path(scratch))
+        _wait_forwarding_interrupts([proc for _, proc, _ in started])
+        for outcome, proc, outcome_path in started:
+            _take_outcome(outcome, proc.returncode, outcome_path)
     return list(outcomes.values())
+
+
+def _start_campaigns(work: list[tuple[LabCampaign, Any]], results: Path,
+                     scratch: Path) -> list[tuple[LabCampaign, subprocess.Popen[bytes], Path]]:
+    """Start each campaign's process. A Ctrl-C meanwhile is held until all are started (none is left running
+    unknown to the lab), then sent on to each."""
+    stops: list[int] = []
+    held = {signum: signal.signal(signum, lambda signum, _: stops.append(signum))
+            for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        started = []
+        for outcome, state in work:
+            outcome_path = scratch / f"{outcome.name}.json"
+            argv = [sys.executable, "-m", "rtvirt.campaign.labworker", str(results), str(state.path),
+                    str(outcome_path), str(os.getpid())]
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+            started.append((outcome, process, outcome_path))
+    finally:
+        for signum, handler in held.items():
+            signal.signal(signum, handler)
+    if stops:
+        for _, process, _ in started:
+            process.send_signal(signal.SIGINT)
+    return started
+
+
+def _wait_forwarding_interrupts(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Wait for every campaign process; each Ctrl-C (or SIGTERM) that reaches the lab meanwhile is sent on to
+    the ones still running, which stop their run (samples kept) and end."""
+    while True:
+        try:
+            for proc in processes:
+                proc.wait()
+            return
+        except KeyboardInterrupt:
+            for proc in processes:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+
+
+def _take_outcome(outcome: LabCampaign, status: int, path: Path) -> None:
+    """What a campaign process wrote to ``path`` (its runs, whether it was interrupted, why it failed)."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        outcome.reason = f"its campaign process ended with status {status} without saying how the campaign went"
+        return
+    outcome.interrupted = bool(found.get("interrupted"))
+    outcome.reason = str(found.get("reason", ""))
+    outcome.runs = dict(found.get("runs", {}))
+    outcome.run_ids = list(found.get("run_ids", []))
 
 
 def _resolve_all(inventory: Inventory) -> tuple[dict[str, SshTarget], dict[str, str]]:

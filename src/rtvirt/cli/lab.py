@@ -117,7 +117,7 @@ def _scenario_lab(inventory: Any, title: str, scenario: str, scale: float | None
     if not 0 < factor <= 1000:
         raise InputError("option --scale: must be above 0 and at most 1000")
     parsed, text, source = load_scenario(scenario)
-    outcomes = run_lab_scenario(inventory, text, source, results, scale=factor, resume=resume, console=err_console)
+    outcomes = run_lab_scenario(inventory, text, source, results, scale=factor, resume=resume)
     report = _lab_report(results, {run_id for o in outcomes for run_id in o.run_ids})
     for o in outcomes:
         for what in o.reclaimed:

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from ..interrupts import acknowledge
 from .attribute import attribute, choose_threshold, outlier_windows
 from .config import ExplainConfig
 from .host import outer_hypervisor_note, read_local, steal_ns
@@ -121,7 +120,6 @@ class ExplainSession:
             explanation = self.explain(stream, agent_pids)
             write_explanation(run_dir, explanation)
         except KeyboardInterrupt:
-            acknowledge()
             with contextlib.suppress(Exception):
                 self.stop()
             return {"error": "interrupted (Ctrl-C or SIGTERM) while explaining", "interrupted": True}

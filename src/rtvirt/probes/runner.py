@@ -14,7 +14,6 @@ import numpy as np
 
 from ..agents import agent_failure, agent_path
 from ..errors import InputError, PrivilegeError
-from ..interrupts import acknowledge
 from ..params import CommonParams
 from ..procs import Supervisor
 from ..stream import SampleStream, StreamReader
@@ -92,7 +91,6 @@ def run_probe(
         try:
             follow_stream(proc.poll, reader, params, on_progress, poll_interval)
         except KeyboardInterrupt:
-            acknowledge()
             supervisor.stop(proc, grace=10.0)
         status = proc.wait()
         stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""

@@ -11,7 +11,6 @@ from typing import Any
 
 from ..agents import agent_failure
 from ..errors import InputError, PrivilegeError, RunError
-from ..interrupts import acknowledge
 from ..params import CommonParams
 from ..probes.base import ProbeSpec
 from ..probes.runner import Progress, follow_stream
@@ -58,7 +57,6 @@ def run_probe_on_target(spec: ProbeSpec, params: CommonParams, out: Path, target
         try:
             follow_stream(poll, StreamReader(out), params, on_progress, poll_interval)
         except KeyboardInterrupt:
-            acknowledge()
             agent.stop()
         status = agent.poll()
         if agent.lost:

@@ -29,7 +29,6 @@ from pydantic import ValidationError
 
 from ..agents import agent_path
 from ..errors import InputError, PrivilegeError, RunError, first_validation_error
-from ..interrupts import acknowledge
 from ..procs import Supervisor
 from .base import PartSummary, StressorSpec, StressParams, StressSummary
 from .registry import stressor_spec
@@ -136,7 +135,6 @@ class RunningStressor(StressorClock):
             try:
                 self._await_start()
             except KeyboardInterrupt:
-                acknowledge()
                 raise StoppedWhileStarting(self.stop()) from None
 
     def _await_start(self, timeout: float = 10.0) -> None:
@@ -301,7 +299,6 @@ def follow_stressor(running: Any, on_progress: Callable[[StressProgress], None] 
             time.sleep(poll_interval)
         return running.wait()
     except KeyboardInterrupt:
-        acknowledge()
         return running.stop()
     finally:
         if running.process.poll() is None:
