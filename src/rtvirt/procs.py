@@ -16,11 +16,11 @@ import signal
 import subprocess
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Supervisor", "die_with_parent", "terminate_group", "process_start_time"]
+__all__ = ["Supervisor", "die_with_parent", "stops_deferred", "terminate_group", "process_start_time"]
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -40,6 +40,29 @@ def die_with_parent(signum: int = signal.SIGKILL) -> None:
     children along. The kernel ties this to the *thread* that forked, so children are started from long-lived
     threads only (rtvirt starts them all from the main thread)."""
     _libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def stops_deferred() -> Iterator[None]:
+    """Ctrl-C and SIGTERM that come during the block take effect right after it, never inside it.
+
+    Around starting children: subprocess runs Python's at-fork handlers (logging's takes its lock before fork
+    and releases it after); a KeyboardInterrupt raised inside one is ignored and leaves that lock held, so every
+    other thread that logs hangs. And a child started but not yet recorded would outlive us. Signal handlers
+    run in the main thread only, so elsewhere this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, _: caught.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
+        if caught:
+            signal.raise_signal(caught[0])  # the handler it was meant for, now
 
 
 def terminate_group(proc: subprocess.Popen[Any], grace: float = 5.0) -> int | None:
@@ -93,18 +116,19 @@ class Supervisor:
             if before_exec is not None:
                 before_exec()
 
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=stdin,
-            stdout=stdout,
-            stderr=stderr,
-            env=env,
-            pass_fds=tuple(pass_fds),
-            start_new_session=True,
-            preexec_fn=prepare_child,
-        )
-        with self._lock:
-            self._children.append(proc)
+        with stops_deferred():
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                env=env,
+                pass_fds=tuple(pass_fds),
+                start_new_session=True,
+                preexec_fn=prepare_child,
+            )
+            with self._lock:
+                self._children.append(proc)
         return proc
 
     def stop(self, proc: subprocess.Popen[Any], grace: float = 5.0) -> int | None:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..errors import InputError, RtvirtError
 from ..probes import ProbeSpec
+from ..procs import stops_deferred
 from ..remote.agents import REMOTE_DIR_PATTERN, TargetLink
 from ..remote.labgrid import PLACE_PATTERN, resolve_place
 from ..remote.probe import DEFAULT_REMOTE_DIR, run_probe_on_target
@@ -281,23 +282,18 @@ def run_lab_scenario(inventory: Inventory, text: str, source: str, results: Path
 
 def _start_campaigns(work: list[tuple[LabCampaign, Any]], results: Path,
                      scratch: Path) -> list[tuple[LabCampaign, subprocess.Popen[bytes], Path]]:
-    """Start each campaign's process. A Ctrl-C meanwhile is held until all are started (none is left running
-    unknown to the lab), then sent on to each."""
-    stops: list[int] = []
-    held = {signum: signal.signal(signum, lambda signum, _: stops.append(signum))
-            for signum in (signal.SIGINT, signal.SIGTERM)}
+    """Start each campaign's process. A Ctrl-C meanwhile takes effect once all are started (none is left
+    running unknown to the lab), and is sent on to each."""
+    started = []
     try:
-        started = []
-        for outcome, state in work:
-            outcome_path = scratch / f"{outcome.name}.json"
-            argv = [sys.executable, "-m", "rtvirt.campaign.labworker", str(results), str(state.path),
-                    str(outcome_path), str(os.getpid())]
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
-            started.append((outcome, process, outcome_path))
-    finally:
-        for signum, handler in held.items():
-            signal.signal(signum, handler)
-    if stops:
+        with stops_deferred():
+            for outcome, state in work:
+                outcome_path = scratch / f"{outcome.name}.json"
+                argv = [sys.executable, "-m", "rtvirt.campaign.labworker", str(results), str(state.path),
+                        str(outcome_path), str(os.getpid())]
+                process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+                started.append((outcome, process, outcome_path))
+    except KeyboardInterrupt:
         for _, process, _ in started:
             process.send_signal(signal.SIGINT)
     return started

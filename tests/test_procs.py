@@ -1,0 +1,51 @@
+"""Starting children: a stop signal that comes meanwhile takes effect after the child is recorded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from rtvirt.procs import Supervisor, stops_deferred
+
+
+def test_ctrl_c_during_the_block_is_raised_after_it() -> None:
+    done = []
+    with pytest.raises(KeyboardInterrupt), stops_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # Python would have run the handler long before this
+        done.append("block ended")
+    assert done == ["block ended"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_sigterm_during_the_block_reaches_its_own_handler_once_after_it() -> None:
+    seen: list[str] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _: seen.append("handler"))
+    try:
+        with stops_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+            seen.append("block ended")
+        assert seen == ["block ended", "handler"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_child_started_under_a_stop_is_recorded_before_the_interrupt() -> None:
+    supervisor = Supervisor()
+
+    def stop_meanwhile() -> None:  # runs in the child: the parent is inside start() when the signal comes
+        os.kill(os.getppid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        supervisor.start(["sleep", "30"], before_exec=stop_meanwhile)
+        time.sleep(1)
+    children = supervisor.children
+    try:
+        assert len(children) == 1 and children[0].poll() is None
+    finally:
+        supervisor.stop_all()
+    assert children[0].poll() is not None
