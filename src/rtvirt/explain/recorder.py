@@ -172,7 +172,10 @@ class FlightRecorder:
     def start(self) -> None:
         try:
             for cpu, state in self._cpus.items():
-                state.pipe = self._access.open_pipe(str(self.path / "per_cpu" / f"cpu{cpu}" / "trace_pipe"))
+                state.pipe = self._access.open_pipe(str(self.path / "per_cpu" / f"cpu{cpu}" / "trace_pipe"),
+                                                    away_from=self.cpus)
+                if state.pipe.concern and state.pipe.concern not in self.problems:
+                    self.problems.append(state.pipe.concern)
         except OSError:
             self.close()
             raise

@@ -22,7 +22,7 @@ import itertools
 import os
 import re
 import subprocess
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
@@ -152,7 +152,10 @@ def reclaim_instances(root: Path | None = None) -> list[str]:
 
 class TracePipe(Protocol):
     """One CPU's ``trace_pipe``, read as it fills: ``read`` returns what arrived since the last call (b"" when
-    nothing; ``final``: tracing is off, return everything still to come); ``close`` lets go of it (idempotent)."""
+    nothing; ``final``: tracing is off, return everything still to come); ``close`` lets go of it (idempotent).
+    ``concern``: why its reader may disturb what is traced ("" when it runs off the traced CPUs)."""
+
+    concern: str
 
     def read(self, final: bool = False) -> bytes: ...
 
@@ -160,7 +163,10 @@ class TracePipe(Protocol):
 
 
 class LocalPipe:
-    """A ``trace_pipe`` of this machine, read non-blocking."""
+    """A ``trace_pipe`` of this machine, read non-blocking by the flight recorder's thread, which keeps off the
+    traced CPUs itself (and, never blocked in the pipe, is not woken by the events it reads)."""
+
+    concern = ""
 
     def __init__(self, path: str) -> None:
         self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -207,8 +213,9 @@ class TracefsAccess(Protocol):
 
     def rmdir(self, path: str) -> None: ...
 
-    def open_pipe(self, path: str) -> TracePipe:
-        """A per-CPU ``trace_pipe``, to be read while the run goes (explain.recorder)."""
+    def open_pipe(self, path: str, away_from: Collection[int]) -> TracePipe:
+        """A per-CPU ``trace_pipe``, to be read while the run goes (explain.recorder) by a reader that runs off
+        the CPUs ``away_from`` (the traced ones) where it can."""
         ...
 
     def instance_name(self, serial: int) -> str:
@@ -244,8 +251,8 @@ class LocalTracefs:
     def rmdir(self, path: str) -> None:
         Path(path).rmdir()
 
-    def open_pipe(self, path: str) -> TracePipe:
-        return LocalPipe(path)
+    def open_pipe(self, path: str, away_from: Collection[int]) -> TracePipe:
+        return LocalPipe(path)  # read by the recorder's own thread, which keeps off away_from
 
     def instance_name(self, serial: int) -> str:
         return f"{INSTANCE_PREFIX}{os.getpid()}-{process_start_time(os.getpid())}-{serial}"
