@@ -118,7 +118,7 @@ def test_duty_mode_uses_slice_over_period_of_a_cpu() -> None:
 
 @pytest.mark.parametrize("level", [None, 2])
 def test_cache_buffer_is_one_and_a_half_times_the_sysfs_size(level: int | None) -> None:
-    params: dict[str, object] = {"duration": "300ms", "cpus": [0]}
+    params: dict[str, object] = {"duration": "1200ms", "cpus": [0]}  # beyond RT throttling's period (below)
     if level:
         params["level"] = level
     summary = run_stressor("cache", params)
@@ -130,7 +130,9 @@ def test_cache_buffer_is_one_and_a_half_times_the_sysfs_size(level: int | None) 
 
 
 def test_cache_buffer_can_be_given() -> None:
-    summary = run_stressor("cache", {"duration": "200ms", "buffer": "1MiB", "cpus": [0]})
+    # longer than RT throttling's 1 s period: a FIFO stressor another test runs on CPU 0 (the default campaign's)
+    # still leaves this one 50 ms, where 200 ms once gave it no time to finish a single 1 MiB pass
+    summary = run_stressor("cache", {"duration": "1200ms", "buffer": "1MiB", "cpus": [0]})
     assert summary.buffer_bytes == 1 << 20
     assert summary.bogo_ops > 0
 
