@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -141,11 +142,16 @@ def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path, c
         if stressor is not None:
             stressor.close()
         env.close()
+    return _stored_explanation(session, workdir, out), dict(env._domids)
+
+
+def _stored_explanation(session: Any, workdir: Path, out: Path) -> Explanation:
+    """The run's samples explained and stored as a campaign does it, read back."""
     entry = session.explain_into(workdir, read_stream(out))
     assert "error" not in entry, entry
     explanation = read_explanation(workdir)
     assert explanation is not None
-    return explanation, dict(env._domids)
+    return explanation
 
 
 def _xen(explanation: Explanation) -> LayerTrace:
@@ -355,3 +361,59 @@ def test_dom0_listeners_nobody_connected_to_are_ended_and_their_pid_files_remove
     finally:
         listener.kill()
         listener.wait()
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(1500)
+def test_the_flight_recorder_keeps_the_segments_of_a_long_runs_largest_samples(xen_lab: Any) -> None:
+    """A 24 s gap probe in the bare-metal RTDS domU whose budget is its whole period except from 8 s to 13 s of
+    the run (4 ms of 10 ms: 6 ms gaps), traced in 4 s xentrace segments with a bound that holds two or three of
+    them: the segments of the budget's middle stretch are kept, the run's largest gaps are explained by budget
+    exhaustion, and the dropped segments are named. (xentrace's own circular buffer under the same bound kept
+    only the run's end, where the budget was whole again.)"""
+    shared, work = xen_lab
+    workdir = work / "recorder"
+    config = XenConfig(kind="xen", name="explain-recorder", guest="baremetal", scheduler="rtds", cpus=[1],
+                       boot_timeout="900s", rtds={"period": "10ms", "budget": "10ms"})
+    env = XenEnvironment(config, shared.supervisor, workdir, shared)
+    session = session_for(env, ExplainConfig(threshold=THRESHOLD_US, layers=["xen"], top=100))
+    (source,) = session.sources
+    source.segment_s, source.bound_kb = 4, 900  # segments of 190-390 KiB here: two or three kept
+    out = workdir / "samples.rtvs"
+    budget_changes: list[threading.Timer] = []
+    try:
+        env.start()
+        session.start(out)
+        assert source.recorder is not None, source.collect
+        probe = PROBES["gap"]
+        params = probe.params(threshold="500us", duration="24s", **env.probe_overrides())
+        launched = env.launch("rtvirt-probe", probe.command(params, "")[1:], out)
+        assert env._dom0 is not None
+        dom0, domid = env._dom0, str(env._measuring_domid)
+        for at_s, budget in ((8, "4000"), (13, "10000")):
+            change = threading.Timer(at_s, dom0.xl, ("sched-rtds", "-d", domid, "-v", "all", "-p", "10000",
+                                                     "-b", budget, "-e", "0"))
+            change.start()
+            budget_changes.append(change)
+        launched.follow(900, env.check)
+    finally:
+        for change in budget_changes:
+            change.cancel()
+        session.stop()
+        env.close()
+    explanation = _stored_explanation(session, workdir, out)
+    recorder = source.recorder
+    kept = [(segment.index, segment.size) for segment in recorder.kept]
+    dropped = [(segment.index, segment.size) for segment, _ in recorder.dropped]
+    layer = next(layer for layer in explanation.layers if layer.layer == "xen")
+    print(f"recorder: kept segments {kept}, dropped {dropped}; {layer.why_not}; notes {layer.notes}; "
+          f"{[(row['layer'], row['cause'][:50], row['share']) for row in explanation.summary[:4]]}")
+    assert layer.seen, layer.why_not
+    assert dropped and len(kept) >= 2, (kept, dropped)  # the bound mattered
+    assert any("dropped" in note and "segments" in note for note in layer.notes), layer.notes
+    # the holes between segments (0.1-0.4 s here) leave a few windows outside the kept trace, named
+    outside = [int(note.split()[0]) for note in layer.notes if "outside the kept trace" in note]
+    assert sum(outside) < 0.3 * explanation.outliers and _outliers_with(explanation, "budget") >= 0.6, \
+        (outside, explanation.summary[:4], layer.notes)
+    assert "xentrace" not in dom0.run(["ps"]).stdout
+    assert reclaim_xentrace(dom0.transport) == []

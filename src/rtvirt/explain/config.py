@@ -36,6 +36,7 @@ class ExplainConfig(BaseModel):
                            "recorder's bound; the whole buffer where there is no recorder)")
     flight_recorder: bool = Field(True, description="read the trace while the run goes (host, SSH targets, the VM "
                                   "layer) and keep only the windows around samples that can become outliers, so a "
-                                  "long run keeps its early outliers' causes; the guest and Xen layers keep a full "
-                                  "buffer's newest events. false: one buffer read at the end. Either way the run "
-                                  "says what the bound dropped")
+                                  "long run keeps its early outliers' causes; the Xen layer keeps the xentrace "
+                                  "segments that hold the largest samples, the guest layer a full buffer's newest "
+                                  "events. false: one buffer read at the end. Either way the run says what the "
+                                  "bound dropped")

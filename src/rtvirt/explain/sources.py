@@ -7,6 +7,8 @@ trace; a Linux guest its own tracefs); the scenario's ``[explain] layers`` pick 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import ExplainConfig
@@ -18,8 +20,9 @@ if TYPE_CHECKING:
     from ..environments.base import Environment
     from .recorder import KeepRule
     from .vm import VmSource
+    from .xen import XenDom0, XenDomains, XenTraceSource
 
-__all__ = ["SOURCES", "session_for", "session_for_sources", "host_sources", "vm_source"]
+__all__ = ["SOURCES", "session_for", "session_for_sources", "host_sources", "vm_source", "xen_source"]
 
 # layer -> what its source traces (docs/explain.md has each one's method and limits)
 SOURCES: dict[Layer, str] = {
@@ -49,6 +52,15 @@ def vm_source(vm: str, host_cpus: tuple[int, ...] | None, accel: str, config: Ex
 
     return VmSource(vm, host_cpus, accel, config.buffer_mb, no_clock,
                     keep=_keep_rule(config) if config.flight_recorder else None)
+
+
+def xen_source(open_dom0: Callable[[], XenDom0], domains: Callable[[], XenDomains], workdir: Path,
+               config: ExplainConfig) -> XenTraceSource:
+    """The Xen layer of a domU (explain.xen): xentrace in its dom0, bounded as the scenario says."""
+    from .xen import XenTraceSource
+
+    return XenTraceSource(open_dom0, domains, workdir, buffer_mb=config.buffer_mb,
+                          keep=_keep_rule(config) if config.flight_recorder else None)
 
 
 def _keep_rule(config: ExplainConfig) -> KeepRule:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from .model import CollectContext, Layer, LayerTrace, Occupancy
+from .recorder import KeepRule
+from .xensegments import SEGMENT_S, Segment, SegmentRecorder
 from .xentrace import IDLE_DOMAIN, TRC_SCHED, Trace, TraceError, read_trace
 
 __all__ = ["TRACE_DIR", "XenDom0", "XenDomains", "XenTraceSource", "align", "reclaim_xentrace"]
@@ -79,31 +81,68 @@ def _label(domid: int, domains: XenDomains) -> str:
 
 
 class XenTraceSource:
-    """xentrace beside one run in one dom0 (``transport``: run/spawn/get as the xen environment's Dom0 has)."""
+    """xentrace beside one run in one dom0 (``transport``: run/spawn/get as the xen environment's Dom0 has).
+
+    With ``keep`` (the flight recorder) and the run's sample file (``follow``), xentrace runs in segments and
+    the ones holding the largest samples are kept (explain.xensegments); else one xentrace whose circular
+    memory buffer keeps the run's end."""
 
     layer: Layer = "xen"
 
     def __init__(self, open_dom0: Callable[[], XenDom0], domains: Callable[[], XenDomains], workdir: Path,
-                 buffer_mb: int = 64, limit_s: float = LIMIT_S) -> None:
+                 buffer_mb: int = 64, limit_s: float = LIMIT_S, keep: KeepRule | None = None) -> None:
         self.open_dom0 = open_dom0
         self.domains = domains
         self.workdir = workdir
         self.buffer_mb = max(1, buffer_mb)
         self.limit_s = limit_s
+        self.keep = keep
+        self.segment_s = SEGMENT_S  # the flight recorder's segment length
+        self.bound_kb: int | None = None  # the flight recorder's bound if not buffer_mb per pCPU (tests: smaller)
+        self.samples: Path | None = None
         self.transport: Any = None
         self.cpu_khz: int | None = None
         self.memory_bytes = self.buffer_mb << 20
-        stem = f"{TRACE_DIR}/{TRACE_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
-        self.remote_trace, self.remote_pid = f"{stem}.bin", f"{stem}.pid"
+        self.remote_stem = f"{TRACE_DIR}/{TRACE_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
         self.local_trace = workdir / "xentrace.bin"
+        self.recorder: SegmentRecorder | None = None
+        self._segments: list[Segment] = []
         self._process: Any = None
         self._failure: str | None = None
         self._stopped = False
 
-    def argv(self) -> list[str]:
-        return ["sh", "-c", PIDFILE_SCRIPT, "rtvirt-xentrace", self.remote_pid, XENTRACE, "-D",
-                "-e", f"{TRC_SCHED:#010x}", "-S", str(XEN_BUFFER_PAGES), "-s", str(POLL_MS),
-                "-M", str(self.memory_bytes), "-T", str(int(self.limit_s)), self.remote_trace]
+    def follow(self, samples: Path) -> None:
+        """The run's sample file, written while it goes: the flight recorder scores its segments by it."""
+        self.samples = samples
+
+    def argv(self, stem: str, limit_s: float, memory_bytes: int | None) -> list[str]:
+        """xentrace writing ``stem.bin`` (its pid in ``stem.pid``); ``memory_bytes``: through a circular
+        buffer of that size, written out when it ends (else as it goes)."""
+        memory = ["-M", str(memory_bytes)] if memory_bytes is not None else []
+        return ["sh", "-c", PIDFILE_SCRIPT, "rtvirt-xentrace", f"{stem}.pid", XENTRACE, "-D",
+                "-e", f"{TRC_SCHED:#010x}", "-S", str(XEN_BUFFER_PAGES), "-s", str(POLL_MS), *memory,
+                "-T", str(int(limit_s)), f"{stem}.bin"]
+
+    def _start_tracer(self, stem: str, limit_s: float, memory_bytes: int | None) -> Any:
+        """Start one xentrace and wait until its pid file names it (what stops it)."""
+        process = self.transport.spawn(self.argv(stem, limit_s, memory_bytes), stream_to=None)
+        deadline = time.monotonic() + 30
+        while self.transport.run(["test", "-s", f"{stem}.pid"]).returncode != 0:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.stop(grace=2.0)
+                raise RuntimeError(f"xentrace did not start in dom0 (status {process.poll()})")
+            time.sleep(0.2)
+        return process
+
+    def _interrupt(self, stem: str) -> None:
+        """SIGINT: xentrace writes out what it holds and switches Xen's tracing off."""
+        self.transport.run(["sh", "-c", 'kill -INT "$(cat "$1")"', "rtvirt-xentrace-stop", f"{stem}.pid"])
+
+    def _fetch(self, stem: str, local: Path) -> None:
+        try:
+            self.transport.get(f"{stem}.bin", local)
+        finally:
+            self.transport.run(["rm", "-f", f"{stem}.bin", f"{stem}.pid"])
 
     def start(self) -> None:
         try:
@@ -111,39 +150,45 @@ class XenTraceSource:
             self.transport, self.cpu_khz = dom0.transport, dom0.cpu_khz
             self.memory_bytes = (self.buffer_mb << 20) * max(1, dom0.pcpus)
             self.transport.run(["mkdir", "-p", TRACE_DIR]).check("xen trace: dom0 mkdir")
-            self._process = self.transport.spawn(self.argv(), stream_to=None)
-            deadline = time.monotonic() + 30
-            while self.transport.run(["test", "-s", self.remote_pid]).returncode != 0:
-                if self._process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"xentrace did not start in dom0 (status {self._process.poll()})")
-                time.sleep(0.2)
+            if self.keep is not None and self.samples is not None:
+                self.recorder = SegmentRecorder(
+                    lambda stem: self._start_tracer(stem, self.segment_s, None), self._interrupt, self._fetch,
+                    self.remote_stem, self.workdir / "segments",
+                    self.bound_kb << 10 if self.bound_kb is not None else self.memory_bytes, self.samples, self.keep)
+                self.recorder.start()
+            else:
+                self._process = self._start_tracer(self.remote_stem, self.limit_s, self.memory_bytes)
         except Exception as exc:  # the measurement runs unchanged; the explanation says why
             self._failure = f"xentrace could not run in dom0: {str(exc)[:300]}"
             self.stop()
 
     def stop(self) -> None:
-        """SIGINT: xentrace writes its memory buffer out and switches Xen's tracing off; then fetch the file and
-        remove everything from dom0. Idempotent; never raises (a dead lab has nothing left to stop)."""
+        """End the tracing (the recorder's last segment, or the one xentrace), fetch its output and remove
+        everything from dom0. Idempotent; never raises (a dead lab has nothing left to stop)."""
         if self._stopped:
             return
         self._stopped = True
         if self.transport is None:
             return
         try:
-            self.transport.run(["sh", "-c", 'kill -INT "$(cat "$1")"', "rtvirt-xentrace-stop", self.remote_pid])
-            deadline = time.monotonic() + STOP_WAIT_S
-            while self._process is not None and self._process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if self._process is not None and self._process.poll() is None:
-                self._process.stop(grace=2.0)
-            if self._failure is None:
-                self.workdir.mkdir(parents=True, exist_ok=True)
-                self.transport.get(self.remote_trace, self.local_trace)
+            if self.recorder is not None:
+                self._segments = self.recorder.stop()
+            elif self._process is not None:
+                self._interrupt(self.remote_stem)
+                deadline = time.monotonic() + STOP_WAIT_S
+                while self._process.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                if self._process.poll() is None:
+                    self._process.stop(grace=2.0)
+                if self._failure is None:
+                    self.workdir.mkdir(parents=True, exist_ok=True)
+                    self._fetch(self.remote_stem, self.local_trace)
         except Exception as exc:
             self._failure = self._failure or f"xentrace's output could not be read back from dom0: {str(exc)[:300]}"
         finally:
-            try:
-                self.transport.run(["rm", "-f", self.remote_trace, self.remote_pid])
+            try:  # whatever a failure left (the stem's files, any segment's)
+                self.transport.run(["sh", "-c", 'rm -f -- "$1".pid "$1".bin "$1".*.pid "$1".*.bin',
+                                    "rtvirt-xentrace-rm", self.remote_stem])
             except Exception as exc:
                 self._failure = self._failure or f"dom0 did not answer after the run: {str(exc)[:300]}"
 
@@ -154,15 +199,37 @@ class XenTraceSource:
         domains = self.domains()
         if domains.measuring is None:
             return LayerTrace("xen", seen=False, why_not="the measuring domU was never created: nothing to trace")
+        files = [segment.local for segment in self._segments] if self.recorder is not None else [self.local_trace]
         try:
-            trace = read_trace(self.local_trace.read_bytes())
+            traces = [read_trace(path.read_bytes()) for path in files]
         except (OSError, TraceError) as exc:
             return LayerTrace("xen", seen=False, why_not=f"xentrace's output is unreadable: {str(exc)[:300]}")
-        size = self.local_trace.stat().st_size
+        if not traces:
+            problems = "; ".join(self.recorder.problems) if self.recorder is not None else ""
+            return LayerTrace("xen", seen=False, why_not=f"the flight recorder kept no xentrace segment {problems}"
+                              .strip())
         samples = sample_windows(domains.stream)
-        return explain_trace(trace, domains, context.windows, self.cpu_khz, wrapped=size >= self.memory_bytes - 4096,
-                             samples=samples[0] if samples else None,
-                             basis=samples[1] if samples else "outlier windows")
+        layer = explain_trace(traces, domains, context.windows, self.cpu_khz,
+                              wrapped=self.recorder is None and self.local_trace.stat().st_size >= self.memory_bytes
+                              - 4096, samples=samples[0] if samples else None,
+                              basis=samples[1] if samples else "outlier windows")
+        if self.recorder is not None:
+            layer.notes += [*self.recorder.problems,
+                            _segments_note(self.recorder, self.segment_s, self.recorder.bound_bytes)]
+            layer.dropped_events += sum(records for _, records in self.recorder.dropped)
+        return layer
+
+
+def _segments_note(recorder: SegmentRecorder, segment_s: float, bound_bytes: int) -> str:
+    kept = recorder.kept
+    note = (f"the flight recorder kept {len(kept)} xentrace segments of {segment_s:g} s "
+            f"({sum(segment.size for segment in kept) / 2**10:.0f} KiB, bound {bound_bytes / 2**10:.0f} KiB)")
+    if recorder.dropped:
+        dropped = sorted(segment.index for segment, _ in recorder.dropped)
+        note += (f"; it dropped {len(dropped)} that held smaller samples (segments "
+                 f"{', '.join(map(str, dropped[:20]))}{' ...' if len(dropped) > 20 else ''}, "
+                 f"{sum(records for _, records in recorder.dropped)} records)")
+    return note
 
 
 def sample_windows(path: Path | None) -> tuple[np.ndarray, str] | None:
@@ -209,8 +276,8 @@ def stretches(trace: Trace, vcpu: tuple[int, int]) -> list[Stretch]:
     found: list[Stretch] = []
     start: int | None = None
     states: list[tuple[int, int, str]] = []
-    for (tsc, state, pcpu), following in zip(trace.runstates.get(vcpu, []), [*trace.runstates.get(vcpu, [])[1:],
-                                                                                None], strict=True):
+    changes = trace.runstates.get(vcpu, [])  # none in a recorder's segment where the vCPU never stopped running
+    for (tsc, state, pcpu), following in zip(changes, [*changes[1:], None][:len(changes)], strict=True):
         if state == "running":
             if start is not None and states:
                 ready = states[-1][0]
@@ -306,25 +373,29 @@ def _contained(starts: np.ndarray, ends: np.ndarray, first: np.ndarray,
     return window[waits], waits
 
 
-def explain_trace(trace: Trace, domains: XenDomains, windows: np.ndarray, cpu_khz: int | None,
+def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndarray, cpu_khz: int | None,
                   wrapped: bool = False, samples: np.ndarray | None = None, basis: str = "sample windows"
                   ) -> LayerTrace:
-    """Occupancies of the Xen layer around the outlier ``windows``, on the sample clock, from a read trace; the
-    clocks are aligned with ``samples`` (every sample's window, or the guest's stolen spans: ``basis`` says which)
-    when given, else with the outliers."""
+    """Occupancies of the Xen layer around the outlier ``windows``, on the sample clock, from the read traces
+    (one xentrace file, or the flight recorder's segments, oldest first: nothing is inferred across the holes
+    between them); the clocks are aligned with ``samples`` (every sample's window, or the guest's stolen spans:
+    ``basis`` says which) when given, else with the outliers."""
     assert domains.measuring is not None
-    notes = [f"xentrace: {trace.records} scheduler records"]
+    records, lost = sum(trace.records for trace in traces), sum(trace.lost_records for trace in traces)
+    notes = [f"xentrace: {records} scheduler records"]
     if wrapped:
         notes.append("xentrace's memory buffer filled: the oldest records were dropped (only the run's end is seen)")
-    vcpus = sorted(key for key in trace.runstates if key[0] == domains.measuring)
+    vcpus = sorted({key for trace in traces for key in trace.runstates if key[0] == domains.measuring})
     if not vcpus:
         return LayerTrace("xen", seen=False, why_not=f"the trace holds no runstate of the measuring domU "
-                                                     f"(domain {domains.measuring})", dropped_events=trace.lost_records,
+                                                     f"(domain {domains.measuring})", dropped_events=lost,
                           notes=notes)
     if not cpu_khz:
         return LayerTrace("xen", seen=False, why_not="xl info gives no cpu_mhz: Xen's TSC timestamps cannot be "
                                                      "mapped to the sample clock", notes=notes)
-    by_vcpu = {vcpu: stretches(trace, (domains.measuring, vcpu)) for _dom, vcpu in vcpus}
+    # (trace, vCPU) -> its stretches in that trace alone
+    by_vcpu = {(at, vcpu): stretches(trace, (domains.measuring, vcpu))
+               for at, trace in enumerate(traces) for _dom, vcpu in vcpus}
     every = [stretch for found in by_vcpu.values() for stretch in found]
     ns_per_tick = 1e6 / cpu_khz
     if every:
@@ -336,7 +407,7 @@ def explain_trace(trace: Trace, domains: XenDomains, windows: np.ndarray, cpu_kh
                       np.array([s.end for s in waits], dtype=np.int64),
                       samples if samples is not None and len(samples) else windows, ns_per_tick)
     if alignment is None:
-        return LayerTrace("xen", seen=False, dropped_events=trace.lost_records, notes=notes,
+        return LayerTrace("xen", seen=False, dropped_events=lost, notes=notes,
                           why_not="Xen's clock could not be aligned with the domU's: fewer than three outlier windows "
                                   "hold a wait of the measuring vCPU that starts or ends with them (Xen did not hold "
                                   "the vCPU back in these windows, or the trace missed them)")
@@ -345,9 +416,25 @@ def explain_trace(trace: Trace, domains: XenDomains, windows: np.ndarray, cpu_kh
                  f"wait of the measuring vCPU "
                  f"(TSC at {1e6 / alignment.slope / 1e3:.3f} MHz; largest residual "
                  f"{alignment.uncertainty_ns / 1e3:.1f} us)")
-    occupancies = _occupancies(trace, domains, by_vcpu, windows, alignment)
+    if outside := _outside(traces, windows, alignment):
+        notes.append(f"{len(outside)} outlier windows lie outside the kept trace (their Xen part is not seen): "
+                     + ", ".join(outside[:10]) + (f" and {len(outside) - 10} more" if len(outside) > 10 else ""))
+    occupancies = _occupancies(traces, domains, by_vcpu, windows, alignment)
     return LayerTrace("xen", seen=True, occupancies=occupancies, alignment_ns=alignment.uncertainty_ns,
-                      dropped_events=trace.lost_records, notes=notes)
+                      dropped_events=lost, notes=notes)
+
+
+def _outside(traces: Sequence[Trace], windows: np.ndarray, alignment: Alignment) -> list[str]:
+    """The outlier windows (largest first) that no trace covers whole, each as "#rank at START ns"."""
+    spans = [(alignment.to_ns(trace.first_tsc), alignment.to_ns(trace.last_tsc)) for trace in traces
+             if trace.first_tsc is not None and trace.last_tsc is not None]
+    order = np.argsort(-(windows["end_ns"].astype(np.int64) - windows["start_ns"].astype(np.int64)), kind="stable")
+    found = []
+    for rank, index in enumerate(order, start=1):
+        start, end = int(windows["start_ns"][index]), int(windows["end_ns"][index])
+        if not any(first <= start and end <= last for first, last in spans):
+            found.append(f"#{rank} at {start} ns")
+    return found
 
 
 def _near_windows(windows: np.ndarray) -> Callable[[int, int], bool]:
@@ -360,11 +447,12 @@ def _near_windows(windows: np.ndarray) -> Callable[[int, int], bool]:
     return near
 
 
-def _occupancies(trace: Trace, domains: XenDomains, by_vcpu: dict[int, list[Stretch]], windows: np.ndarray,
-                 alignment: Alignment) -> list[Occupancy]:
+def _occupancies(traces: Sequence[Trace], domains: XenDomains, by_vcpu: dict[tuple[int, int], list[Stretch]],
+                 windows: np.ndarray, alignment: Alignment) -> list[Occupancy]:
     near = _near_windows(windows)
     found: list[Occupancy] = []
-    for vcpu, stretches_of_vcpu in by_vcpu.items():
+    for (at, vcpu), stretches_of_vcpu in by_vcpu.items():
+        trace = traces[at]
         exhausted = _exhaustions(trace, (domains.measuring or 0, vcpu))
         for stretch in stretches_of_vcpu:
             if not near(alignment.to_ns(stretch.start), alignment.to_ns(stretch.end)):

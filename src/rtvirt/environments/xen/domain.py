@@ -234,7 +234,8 @@ class XenEnvironment(XenTeardown):
         (explain.guest): a Linux domU traces its measuring vCPU itself and sends the trace to dom0's listener
         after its main job, the bare-metal guest reads its stolen time per sample and times its timer IRQ;
         disturbing domUs add none."""
-        from ...explain.xen import XenDom0, XenDomains, XenTraceSource
+        from ...explain.sources import xen_source
+        from ...explain.xen import XenDom0, XenDomains
 
         if self._parent is not None:
             return []
@@ -256,7 +257,7 @@ class XenEnvironment(XenTeardown):
                               {"period_ns": rtds.period, "budget_ns": rtds.budget} if rtds is not None else {},
                               self._stream_out)
 
-        return [XenTraceSource(open_dom0, domains, self.workdir / "explain-xen", buffer_mb=config.buffer_mb), *guest]
+        return [xen_source(open_dom0, domains, self.workdir / "explain-xen", config), *guest]
 
     def _guest_trace_received(self) -> None:
         """Before the domU's relay is stopped: a domU that said its job ended has sent its trace (it does so
