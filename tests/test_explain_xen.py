@@ -369,8 +369,8 @@ def test_the_flight_recorder_keeps_the_segments_of_a_long_runs_largest_samples(x
     """A 24 s gap probe in the bare-metal RTDS domU whose budget is its whole period except from 8 s to 13 s of
     the run (4 ms of 10 ms: 6 ms gaps), traced in 4 s xentrace segments with a bound that holds two or three of
     them: the segments of the budget's middle stretch are kept, the run's largest gaps are explained by budget
-    exhaustion, and the dropped segments are named. (xentrace's own circular buffer under the same bound kept
-    only the run's end, where the budget was whole again.)"""
+    exhaustion, and the dropped segments are named. (xentrace's own circular buffer keeps a run's end, where
+    the budget is whole again.)"""
     shared, work = xen_lab
     workdir = work / "recorder"
     config = XenConfig(kind="xen", name="explain-recorder", guest="baremetal", scheduler="rtds", cpus=[1],
