@@ -487,16 +487,21 @@ start_order = ["test-first", "stress-first"]
 '''
 
 
-def test_lab_runs_a_scenario_matrix_on_every_target_and_resumes(server: SshServer, second_server: SshServer,
-                                                                tmp_path: Path) -> None:
-    import signal
-
+def _lab_matrix_files(server: SshServer, second_server: SshServer, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The inventory of two targets (ecu-a, ecu-b), LAB_SCENARIO, and where the results go."""
     inventory = tmp_path / "lab.toml"
     inventory.write_text(f'[[targets]]\nname = "ecu-a"\n{_fields_toml(server)}\n'
                          f'[[targets]]\nname = "ecu-b"\n{_fields_toml(second_server)}\n')
     scenario = tmp_path / "lab-matrix.toml"
     scenario.write_text(LAB_SCENARIO)
-    results = tmp_path / "results"
+    return inventory, scenario, tmp_path / "results"
+
+
+def test_lab_runs_a_scenario_matrix_on_every_target_and_resumes(server: SshServer, second_server: SshServer,
+                                                                tmp_path: Path) -> None:
+    import signal
+
+    inventory, scenario, results = _lab_matrix_files(server, second_server, tmp_path)
     args = [*RTVIRT, "lab", str(inventory), "--scenario", str(scenario), "--results", str(results), "--json"]
     # interrupted once every target has finished a run: Ctrl-C stops both campaigns, --resume finishes them
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -565,12 +570,7 @@ def test_a_killed_lab_takes_its_campaigns_along_and_they_stop_their_agents(serve
                                                                            tmp_path: Path) -> None:
     import signal
 
-    inventory = tmp_path / "lab.toml"
-    inventory.write_text(f'[[targets]]\nname = "ecu-a"\n{_fields_toml(server)}\n'
-                         f'[[targets]]\nname = "ecu-b"\n{_fields_toml(second_server)}\n')
-    scenario = tmp_path / "lab-matrix.toml"
-    scenario.write_text(LAB_SCENARIO)
-    results = tmp_path / "results"
+    inventory, scenario, results = _lab_matrix_files(server, second_server, tmp_path)
     proc = subprocess.Popen([*RTVIRT, "lab", str(inventory), "--scenario", str(scenario), "--results", str(results)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -28,6 +28,7 @@ __all__ = [
     "CommandTimeout",
     "VerdictFailed",
     "first_validation_error",
+    "stop_as_interrupt",
 ]
 
 EXIT_OK = 0
@@ -66,3 +67,8 @@ def first_validation_error(exc: ValidationError, top_level: str = "(top level)")
     error = exc.errors()[0]
     path = ".".join(str(part) for part in error["loc"]) or top_level
     return path, error["msg"].removeprefix("Value error, ")
+
+
+def stop_as_interrupt(signum: int, frame: object) -> None:
+    """A SIGTERM handler: the process stops its work as on Ctrl-C (KeyboardInterrupt: samples kept)."""
+    raise KeyboardInterrupt

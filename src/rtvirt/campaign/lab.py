@@ -294,8 +294,7 @@ def _start_campaigns(work: list[tuple[LabCampaign, Any]], results: Path,
                 process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
                 started.append((outcome, process, outcome_path))
     except KeyboardInterrupt:
-        for _, process, _ in started:
-            process.send_signal(signal.SIGINT)
+        _forward_interrupt([process for _, process, _ in started])
     return started
 
 
@@ -308,9 +307,14 @@ def _wait_forwarding_interrupts(processes: list[subprocess.Popen[bytes]]) -> Non
                 proc.wait()
             return
         except KeyboardInterrupt:
-            for proc in processes:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGINT)
+            _forward_interrupt(processes)
+
+
+def _forward_interrupt(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Ctrl-C to each campaign process still running: it stops its run (samples kept) and ends."""
+    for proc in processes:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
 
 
 def _take_outcome(outcome: LabCampaign, status: int, path: Path) -> None:

@@ -19,16 +19,11 @@ import os
 import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from ..errors import RtvirtError
+from ..errors import RtvirtError, stop_as_interrupt
 from ..fileio import write_atomically
 from ..procs import die_with_parent
-
-
-def _stop_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def run_target_campaign(results: Path, state_path: Path) -> dict[str, Any]:
@@ -54,7 +49,7 @@ def run_target_campaign(results: Path, state_path: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     results, state_path, outcome_path, lab_pid = argv
-    signal.signal(signal.SIGTERM, _stop_as_interrupt)
+    signal.signal(signal.SIGTERM, stop_as_interrupt)
     die_with_parent(signal.SIGTERM)
     if os.getppid() != int(lab_pid):  # the lab died before the line above: nobody waits for this campaign
         return 1

@@ -7,13 +7,12 @@ from __future__ import annotations
 import signal
 import sys
 from importlib import import_module
-from types import FrameType
 from typing import NamedTuple
 
 import click
 
 from .. import __version__
-from ..errors import EXIT_USAGE, RtvirtError
+from ..errors import EXIT_USAGE, RtvirtError, stop_as_interrupt
 
 __all__ = ["main", "app", "COMMANDS", "CommandEntry"]
 
@@ -91,12 +90,8 @@ def app() -> None:
     """rtvirt: measure, explain and predict real-time behaviour of virtualised platforms."""
 
 
-def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> None:
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    signal.signal(signal.SIGTERM, stop_as_interrupt)
     try:
         app.main(prog_name="rtvirt", standalone_mode=True)
     except KeyboardInterrupt:  # pragma: no cover - click turns it into Abort already

@@ -42,8 +42,8 @@ from ..stream import StreamReader
 from .model import CollectContext
 from .tracefs import LocalTracefs, TracefsAccess, TracefsInstance, TracePipe, line_stamp
 
-__all__ = ["FlightRecorder", "KeepRule", "LostWindow", "SampleMap", "SameClock", "bound_notes", "start_recording",
-           "CHUNK_NS",
+__all__ = ["FlightRecorder", "KeepRule", "LostWindow", "SampleMap", "SameClock", "bound_notes", "listed",
+           "run_start_ns", "start_recording", "window_label", "CHUNK_NS",
            "DRAIN_S", "SLACK_NS", "RING_KB"]
 
 CHUNK_NS = 10_000_000  # trace time per chunk: what is kept around a window is rounded out to this
@@ -508,7 +508,7 @@ def _recorder_notes(recorder: FlightRecorder, windows: np.ndarray, header: dict[
     notes = []
     if recorder.dropped_lines:
         notes.append(f"the flight recorder's bound ({keep_kb} KiB per CPU) dropped {recorder.dropped_lines} events")
-    start = int(header.get("start_monotonic_ns") or 0)  # type: ignore[call-overload]
+    start = run_start_ns(header)
     lost: dict[str, list[str]] = {"bound": [], "late": [], "missed": []}
     for rank, (begin, _, cpu, latency) in enumerate(windows[["start_ns", "end_ns", "cpu", "latency_ns"]].tolist(), 1):
         key = (int(cpu), int(begin), int(latency))
@@ -516,16 +516,30 @@ def _recorder_notes(recorder: FlightRecorder, windows: np.ndarray, header: dict[
             continue
         why = recorder.lost[key].why if key in recorder.lost else None if recorder.held(*key) else "missed"
         if why is not None:
-            lost[why].append(f"#{rank} at +{(begin - start) / 1e9:.3f} s on {cpu_word} {cpu} ({latency / 1e3:.1f} "
-                             "us)" if start else f"#{rank} on {cpu_word} {cpu} ({latency / 1e3:.1f} us)")
+            lost[why].append(window_label(rank, begin, cpu, latency, start, cpu_word))
     said = {"bound": "lost trace events to the flight recorder's bound",
             "late": f"lost trace events: their samples reached the recorder after that trace was discarded (the "
                     f"latest sample came {recorder.max_lag_ns / 1e9:.2f} s after its window ended)",
             "missed": "were not held by the flight recorder (their samples never reached it)"}
     for why, named in lost.items():
         if named:
-            shown = ", ".join(named[:MAX_NAMED]) + (f" and {len(named) - MAX_NAMED} more" if len(named) > MAX_NAMED
-                                                     else "")
             notes.append(f"{len(named)} outlier windows {said[why]} (their parts may be unexplained or "
-                         f"incomplete): {shown}")
+                         f"incomplete): {listed(named)}")
     return notes
+
+
+def run_start_ns(header: dict[str, object]) -> int:
+    """When the run's agent started measuring (its stream header; 0 when not said)."""
+    return int(header.get("start_monotonic_ns") or 0)  # type: ignore[call-overload]
+
+
+def window_label(rank: int, begin: int, cpu: int, latency: int, run_start: int, cpu_word: str = "CPU") -> str:
+    """An outlier window as notes name it: its rank, time from the run's start (when known), CPU and length."""
+    where = f" at +{(begin - run_start) / 1e9:.3f} s" if run_start else ""
+    return f"#{rank}{where} on {cpu_word} {cpu} ({latency / 1e3:.1f} us)"
+
+
+def listed(labels: list[str]) -> str:
+    """The first MAX_NAMED labels, and how many more."""
+    return ", ".join(labels[:MAX_NAMED]) + (f" and {len(labels) - MAX_NAMED} more" if len(labels) > MAX_NAMED
+                                            else "")

@@ -107,6 +107,7 @@ class RemoteTracefs:
         self.where = f" on target {label}"
         self._owner = f"{os.getpid()}-{process_start_time(os.getpid())}"
         self._name = re.compile(rf"^{INSTANCE_PREFIX}(\d+)-(\d+)-\d+-{_controller()}$")
+        self._cpus_and_taskset: tuple[tuple[int, ...], bool] | None = None  # the target's online CPUs, taskset
 
     def _run(self, argv: list[str], what: str) -> str:
         try:
@@ -182,15 +183,20 @@ class RemoteTracefs:
     def _reader_cpus(self, away_from: Collection[int]) -> tuple[str, str]:
         """The target's online CPUs but ``away_from`` as taskset takes them ("" when the reader cannot be kept
         off them), and why not, if so."""
-        try:
-            online = parse_cpulist(self._run(["cat", "/sys/devices/system/cpu/online"], "reading its CPUs").strip())
-        except ValueError:  # the target's kernel says something else: read as "no other CPU known"
-            online = ()
+        if self._cpus_and_taskset is None:  # asked of the target once, for all its pipes
+            try:
+                online = parse_cpulist(self._run(["cat", "/sys/devices/system/cpu/online"],
+                                                 "reading its CPUs").strip())
+            except ValueError:  # the target's kernel says something else: read as "no other CPU known"
+                online = ()
+            taskset = self.connection.run(["sh", "-c", "command -v taskset"], timeout=60).returncode == 0
+            self._cpus_and_taskset = online, taskset
+        online, taskset = self._cpus_and_taskset
         others = sorted(set(online) - set(away_from))
         if not others:
             return "", (f"the trace_pipe readers{self.where} share the traced CPUs (no other CPU is known online): "
                         "each event there wakes one, which adds events")
-        if self.connection.run(["sh", "-c", "command -v taskset"], timeout=60).returncode != 0:
+        if not taskset:
             return "", (f"taskset is missing{self.where}: its trace_pipe readers may run on the traced CPUs, where "
                         "each event wakes one, which adds events")
         return ",".join(map(str, others)), ""

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .model import CollectContext, Layer, LayerTrace, Occupancy
-from .recorder import KeepRule
+from .recorder import KeepRule, listed, run_start_ns, window_label
 from .xensegments import SEGMENT_S, Segment, SegmentRecorder
 from .xentrace import IDLE_DOMAIN, TRC_SCHED, Trace, TraceError, read_trace
 
@@ -134,9 +134,14 @@ class XenTraceSource:
             time.sleep(0.2)
         return process
 
-    def _interrupt(self, stem: str) -> None:
-        """SIGINT: xentrace writes out what it holds and switches Xen's tracing off."""
+    def _end_tracer(self, stem: str, process: Any) -> None:
+        """SIGINT: xentrace writes out what it holds and switches Xen's tracing off; killed if it does not end."""
         self.transport.run(["sh", "-c", 'kill -INT "$(cat "$1")"', "rtvirt-xentrace-stop", f"{stem}.pid"])
+        deadline = time.monotonic() + STOP_WAIT_S
+        while process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if process.poll() is None:
+            process.stop(grace=2.0)
 
     def _fetch(self, stem: str, local: Path) -> None:
         try:
@@ -152,7 +157,7 @@ class XenTraceSource:
             self.transport.run(["mkdir", "-p", TRACE_DIR]).check("xen trace: dom0 mkdir")
             if self.keep is not None and self.samples is not None:
                 self.recorder = SegmentRecorder(
-                    lambda stem: self._start_tracer(stem, self.segment_s, None), self._interrupt, self._fetch,
+                    lambda stem: self._start_tracer(stem, self.segment_s, None), self._end_tracer, self._fetch,
                     self.remote_stem, self.workdir / "segments",
                     self.bound_kb << 10 if self.bound_kb is not None else self.memory_bytes, self.samples, self.keep)
                 self.recorder.start()
@@ -174,12 +179,7 @@ class XenTraceSource:
             if self.recorder is not None:
                 self._segments = self.recorder.stop()
             elif self._process is not None:
-                self._interrupt(self.remote_stem)
-                deadline = time.monotonic() + STOP_WAIT_S
-                while self._process.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                if self._process.poll() is None:
-                    self._process.stop(grace=2.0)
+                self._end_tracer(self.remote_stem, self._process)
                 if self._failure is None:
                     self.workdir.mkdir(parents=True, exist_ok=True)
                     self._fetch(self.remote_stem, self.local_trace)
@@ -212,7 +212,8 @@ class XenTraceSource:
         layer = explain_trace(traces, domains, context.windows, self.cpu_khz,
                               wrapped=self.recorder is None and self.local_trace.stat().st_size >= self.memory_bytes
                               - 4096, samples=samples[0] if samples else None,
-                              basis=samples[1] if samples else "outlier windows")
+                              basis=samples[1] if samples else "outlier windows",
+                              run_start=run_start_ns(context.header))
         if self.recorder is not None:
             layer.notes += [*self.recorder.problems,
                             _segments_note(self.recorder, self.segment_s, self.recorder.bound_bytes)]
@@ -374,8 +375,8 @@ def _contained(starts: np.ndarray, ends: np.ndarray, first: np.ndarray,
 
 
 def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndarray, cpu_khz: int | None,
-                  wrapped: bool = False, samples: np.ndarray | None = None, basis: str = "sample windows"
-                  ) -> LayerTrace:
+                  wrapped: bool = False, samples: np.ndarray | None = None, basis: str = "sample windows",
+                  run_start: int = 0) -> LayerTrace:
     """Occupancies of the Xen layer around the outlier ``windows``, on the sample clock, from the read traces
     (one xentrace file, or the flight recorder's segments, oldest first: nothing is inferred across the holes
     between them); the clocks are aligned with ``samples`` (every sample's window, or the guest's stolen spans:
@@ -416,25 +417,22 @@ def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndar
                  f"wait of the measuring vCPU "
                  f"(TSC at {1e6 / alignment.slope / 1e3:.3f} MHz; largest residual "
                  f"{alignment.uncertainty_ns / 1e3:.1f} us)")
-    if outside := _outside(traces, windows, alignment):
+    if outside := _outside(traces, windows, alignment, run_start):
         notes.append(f"{len(outside)} outlier windows lie outside the kept trace (their Xen part is not seen): "
-                     + ", ".join(outside[:10]) + (f" and {len(outside) - 10} more" if len(outside) > 10 else ""))
+                     f"{listed(outside)}")
     occupancies = _occupancies(traces, domains, by_vcpu, windows, alignment)
     return LayerTrace("xen", seen=True, occupancies=occupancies, alignment_ns=alignment.uncertainty_ns,
                       dropped_events=lost, notes=notes)
 
 
-def _outside(traces: Sequence[Trace], windows: np.ndarray, alignment: Alignment) -> list[str]:
-    """The outlier windows (largest first) that no trace covers whole, each as "#rank at START ns"."""
+def _outside(traces: Sequence[Trace], windows: np.ndarray, alignment: Alignment, run_start: int) -> list[str]:
+    """The outlier windows (largest first, as ranked) that no trace covers whole, named as notes name them."""
     spans = [(alignment.to_ns(trace.first_tsc), alignment.to_ns(trace.last_tsc)) for trace in traces
              if trace.first_tsc is not None and trace.last_tsc is not None]
-    order = np.argsort(-(windows["end_ns"].astype(np.int64) - windows["start_ns"].astype(np.int64)), kind="stable")
-    found = []
-    for rank, index in enumerate(order, start=1):
-        start, end = int(windows["start_ns"][index]), int(windows["end_ns"][index])
-        if not any(first <= start and end <= last for first, last in spans):
-            found.append(f"#{rank} at {start} ns")
-    return found
+    return [window_label(rank, begin, cpu, latency, run_start, "vCPU")
+            for rank, (begin, end, cpu, latency) in enumerate(
+                windows[["start_ns", "end_ns", "cpu", "latency_ns"]].tolist(), 1)
+            if not any(first <= begin and end <= last for first, last in spans)]
 
 
 def _near_windows(windows: np.ndarray) -> Callable[[int, int], bool]:

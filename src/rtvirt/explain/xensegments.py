@@ -40,7 +40,7 @@ SEGMENT_S = 20  # each xentrace segment's length (its -T), s
 READ_S = 0.5  # how often the samples are read while a segment records
 SLACK_NS = 2_000_000_000  # a segment holds the samples placed within its host time span, give or take this
 OFFSET_SPAN_NS = 300_000_000_000  # a sample is placed with the tightest clock bound read within this of it
-STOP_WAIT_S = 60.0
+JOIN_S = 120.0  # for the thread to end the last segment and fetch it
 
 
 @dataclass(slots=True)
@@ -116,13 +116,13 @@ class SegmentRecorder:
     current one and returns the kept segments, oldest first.
 
     ``start_tracer(stem)`` starts one xentrace of ``SEGMENT_S`` in dom0 (writing ``stem.bin``, its pid in
-    ``stem.pid``) and returns its process (``poll``, ``stop``); ``interrupt(stem)`` sends it SIGINT;
-    ``fetch(stem, local)`` copies ``stem.bin`` here and removes the segment's files in dom0."""
+    ``stem.pid``) and returns its process (``poll``, ``stop``); ``end_tracer(stem, process)`` ends it early
+    (waiting for it); ``fetch(stem, local)`` copies ``stem.bin`` here and removes the segment's files in dom0."""
 
-    def __init__(self, start_tracer: Callable[[str], Any], interrupt: Callable[[str], None],
+    def __init__(self, start_tracer: Callable[[str], Any], end_tracer: Callable[[str, Any], None],
                  fetch: Callable[[str, Path], None], remote_stem: str, workdir: Path, bound_bytes: int,
                  samples: Path, keep: KeepRule) -> None:
-        self._start_tracer, self._interrupt, self._fetch = start_tracer, interrupt, fetch
+        self._start_tracer, self._end_tracer, self._fetch = start_tracer, end_tracer, fetch
         self.remote_stem, self.workdir, self.bound_bytes = remote_stem, workdir, bound_bytes
         self._samples = _Samples(samples, keep)
         self.kept: list[Segment] = []
@@ -148,12 +148,7 @@ class SegmentRecorder:
                 while process.poll() is None and not self._stop.wait(READ_S):
                     self._samples.read()
                 if self._stop.is_set() and process.poll() is None:
-                    self._interrupt(stem)
-                    deadline = time.monotonic() + STOP_WAIT_S
-                    while process.poll() is None and time.monotonic() < deadline:
-                        time.sleep(0.2)
-                    if process.poll() is None:
-                        process.stop(grace=2.0)
+                    self._end_tracer(stem, process)
                 ended = time.monotonic_ns()
                 # the next segment starts before this one is fetched: the hole between them stays short
                 following = None if self._stop.is_set() else self._begin(index + 1)
@@ -193,7 +188,7 @@ class SegmentRecorder:
         """End the current segment, fetch it, and wait for the thread (idempotent)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(STOP_WAIT_S * 2)
+            self._thread.join(JOIN_S)
             if self._thread.is_alive():
                 self.problems.append("the Xen flight recorder's thread did not end")
         if self._samples.failure and self._samples.failure not in self.problems:
