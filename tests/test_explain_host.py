@@ -20,7 +20,7 @@ import pytest
 from conftest import RTVIRT, run_cli
 
 from rtvirt.explain.attribute import attribute
-from rtvirt.explain.host import occupancies_from_events
+from rtvirt.explain.host import occupancies_from_events, switched_pids
 from rtvirt.explain.model import LayerTrace, Occupancy
 from rtvirt.explain.stored import read_explanation
 from rtvirt.explain.tracefs import TracefsInstance, parse_trace, reclaim_instances, tracefs_root
@@ -99,7 +99,7 @@ def test_a_fifo_interferer_is_named_with_comm_pid_and_its_burst_time(interfered:
     # other developers' tests may run stressors on this CPU too: ours is told apart by its pid
     named = [row for row in explained["summary"] if _stressor_pid(str(row["cause"])) in tasks]
     assert named, explained["summary"]
-    assert all("SCHED_FIFO 90" in str(row["cause"]) for row in named)
+    assert all("SCHED_FIFO 90" in str(row["cause"]) for row in named), named
     # it is the main task among the causes, in the outliers it produced (on this nested VM, quiet, the largest
     # outliers are often the CPU "idle" while the outer hypervisor held it: invisible steal, noted as such)
     tasks_named = [row for row in explained["summary"] if row["kind"] == "task"]
@@ -181,6 +181,9 @@ def test_a_task_whose_switch_in_was_not_traced_counts_from_its_wake_up_or_says_i
          "not traced: counted from its wake-up"),
         (710_000, 900_000, "task kworker/88 SCHED_OTHER nice 0 (switch-in not traced: counted from the CPU's "
          "previous event)", "not traced: counted from the CPU's previous event")]
+    # their policies are asked of the kernel for every task the trace switched, in or out (only the switch-ins
+    # were once: a stressor only ever switched in from idle, as here, showed as "SCHED_FIFO/RR 90")
+    assert switched_pids("\n".join(lines)) == {0, 50, 77, 88}
 
 
 def test_outer_layers_win_and_a_nested_irq_wins_inside_its_layer() -> None:

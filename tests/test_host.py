@@ -341,13 +341,15 @@ def _kernel_hz() -> int:
     return 100
 
 
-def _reservation(run_dir: Path, period_ns: float) -> dict[str, float]:
+def _reservation(run_dir: Path, period_ns: float, budget_ns: float = 3e6) -> dict[str, float]:
     """How a spinning thread's gaps show a CBS reservation: a throttled thread resumes only when its budget is
     replenished, at a period boundary, so from one resume to the next is a whole number of periods.
 
     Returns when the first throttled gap ended (s after the first sample), the share of time the thread ran from
-    there, the fraction of resume-to-resume cycles within 0.5 ms of a whole number of periods, and the longest
-    stretch the thread ran without a gap and the 90th percentile of those stretches (ms)."""
+    there, the fraction of resume-to-resume cycles within 0.5 ms of a whole number of periods, the longest
+    stretch the thread ran without a gap, the longest that began on that grid and the 90th percentile of all
+    (ms), and by how much the service the thread got from the first resume to the end of any stretch exceeded
+    what CBS grants by then: a budget at the first resume and one per period since (ms, negative when below)."""
     records = read_stream(next(run_dir.glob("samples.rtvs"))).records
     gaps, starts = records["value"].astype(float), records["t_ns"].astype(float)
     ends = starts + gaps
@@ -357,10 +359,15 @@ def _reservation(run_dir: Path, period_ns: float) -> dict[str, float]:
     share = 1 - gaps[first + 1:].sum() / span
     periods = np.diff(ends[throttled]) / period_ns
     on_grid = np.abs(periods - np.round(periods)) * period_ns < 0.5e6
-    runs = starts[1:] - ends[:-1]
+    runs = (starts[1:] - ends[:-1])[first:]  # run i begins at the end of gap first + i
+    phase = ((ends[first:-1] - ends[first]) / period_ns) % 1
+    began_on_grid = np.minimum(phase, 1 - phase) * period_ns < 0.5e6
+    granted = budget_ns * ((starts[first + 1:] - ends[first]) / period_ns + 1)
     return {"in_force_s": (ends[first] - starts[0]) / 1e9, "share": share, "on_grid": float(on_grid.mean()),
-            "cycles": float(periods.size), "longest_run_ms": float(runs[first:].max()) / 1e6,
-            "p90_run_ms": float(np.percentile(runs[first:], 90)) / 1e6}
+            "cycles": float(periods.size), "longest_run_ms": float(runs.max()) / 1e6,
+            "longest_on_grid_run_ms": float(runs[began_on_grid].max()) / 1e6,
+            "p90_run_ms": float(np.percentile(runs, 90)) / 1e6,
+            "service_excess_ms": float((np.cumsum(runs) - granted).max()) / 1e6}
 
 
 DEADLINE_SCENARIO = """
@@ -396,11 +403,17 @@ def test_deadline_partition_completes_pinned_with_its_reservation(tmp_path: Path
     # is off by default), so one stretch may overrun it by up to a tick and the overrun is paid back by skipping
     # the next period: single gaps are 3.8 to 17.8 ms here (HZ=250), and which of them is the median depends on
     # the tick's phase against the period (a run with most gaps at 13.8 ms failed a 5-9.5 ms median bound).
+    # A stretch that begins late in its period (the outer hypervisor held this vCPU at the replenishment) can
+    # cross its deadline before the tick throttles it; the kernel then grants the next budget at once (no timer
+    # in the past) and the stretch goes on: 9.9 ms once in CI, its one off-grid resume among 147. So only the
+    # stretches begun on the grid are held to a budget and a tick, and all of them to the service CBS grants.
     seen = _reservation(run_dir, period_ns=10e6)
+    tick_ms = 1000 / _kernel_hz()
     assert seen["in_force_s"] < 0.2 and seen["cycles"] > 100, seen  # set on the agent's threads at launch
     assert 0.25 < seen["share"] < 0.36, seen
     assert seen["on_grid"] > 0.9, seen
-    assert seen["longest_run_ms"] < 3 + 1000 / _kernel_hz() + 2, seen  # budget + one tick + its latency
+    assert seen["longest_on_grid_run_ms"] < 3 + tick_ms + 2, seen  # budget + one tick + its latency
+    assert seen["service_excess_ms"] < tick_ms + 2, seen  # an overrun is a tick at most, and is paid back
     assert manifest["system"]["checklist"]["not_ready"]  # the checklist state beside the run, and in the report
     report = run_cli("report", str(tmp_path / "results"), "--format", "markdown", "--out", str(tmp_path / "r.md"))
     assert report.returncode == 0, report.stderr

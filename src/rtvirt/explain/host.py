@@ -52,7 +52,8 @@ MAX_NAME = 64
 _SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>-?\d+) prev_prio=(?P<prev_prio>-?\d+) "
                      r"prev_state=\S+ ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>-?\d+) "
                      r"next_prio=(?P<next_prio>-?\d+)$")
-_NEXT_PID = re.compile(r"==> next_comm=.* next_pid=(\d+) next_prio=-?\d+$", re.MULTILINE)
+_SWITCHED_PIDS = re.compile(r" prev_pid=(\d+) prev_prio=-?\d+ prev_state=\S+ ==> next_comm=.* next_pid=(\d+) "
+                            r"next_prio=-?\d+$", re.MULTILINE)
 _IRQ_ENTRY = re.compile(r"irq=(?P<irq>\d+) name=(?P<name>.*)$")
 SCHED_RESET_ON_FORK = 0x40000000
 _POLICIES = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_RR: "SCHED_RR",
@@ -85,6 +86,12 @@ def _policy(pid: int) -> str | None:
         return _POLICIES.get(os.sched_getscheduler(pid) & ~SCHED_RESET_ON_FORK)
     except OSError:
         return None
+
+
+def switched_pids(text: str) -> set[int]:
+    """The tasks a trace switched in or out: a task's switch-in may be missing (a real-time task woken from
+    idle on 6.x kernels) while its switch-out names it."""
+    return {int(pid) for pair in _SWITCHED_PIDS.findall(text) for pid in pair}
 
 
 def _cpu_occupancies(cpu: int, cpu_events: list[TraceEvent], is_agent: Callable[[int], bool],
@@ -308,7 +315,7 @@ class HostSource:
             return
         # policies of the tasks that ran, read while they still live (the trace has only priorities)
         for text in self.instance.texts.values():
-            for pid in {int(pid) for pid in _NEXT_PID.findall(text)} - {0, *self.policies}:
+            for pid in switched_pids(text) - {0, *self.policies}:
                 if policy := _policy(pid):
                     self.policies[pid] = policy
 
