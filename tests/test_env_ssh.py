@@ -655,8 +655,8 @@ def test_probe_explain_on_a_target_names_what_ran_there_and_leaves_its_tracefs_a
     shown = json.loads(run_cli("explain", run["path"], "--json", check=True).stdout)
     named = [row for row in shown["summary"] if str(row["cause"]).startswith("task rtvirt-stress/")
              and int(str(row["cause"]).split("/")[1].split()[0]) in workers]
-    # the target's kernel gives only its priority (its policy is not asked of a remote kernel)
-    assert named and all("SCHED_FIFO/RR 90" in str(row["cause"]) for row in named), shown["summary"][:5]
+    # its policy asked of the target's kernel (/proc/PID/stat there) while it still ran
+    assert named and all("SCHED_FIFO 90" in str(row["cause"]) for row in named), shown["summary"][:5]
     tasks_named = [row for row in shown["summary"] if row["kind"] == "task"]  # the main task cause (quiet, the
     assert tasks_named[0]["cause"] == named[0]["cause"], tasks_named[:3]    # largest outliers are invisible steal)
     explanation = read_explanation(Path(run["path"]))
@@ -667,6 +667,25 @@ def test_probe_explain_on_a_target_names_what_ran_there_and_leaves_its_tracefs_a
     after = sorted(entry.name for entry in instances.iterdir())
     assert after == before  # the target's tracefs as found
     assert our_agents_running() == []
+
+
+def test_a_targets_task_policies_are_read_there_whatever_their_comm(server: SshServer) -> None:
+    """The policies of a target's tasks come from its /proc/PID/stat, read over the connection: a comm made to
+    look like stat fields does not shift them, and a task that ended is left out."""
+    from rtvirt.explain.remote import RemoteTracefs
+    from rtvirt.remote.connection import connect
+
+    script = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(15, b'x) R 1 (2 3', 0, 0, 0); "
+              "os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(5)); print(flush=True); sys.stdin.read()")
+    with subprocess.Popen(["true"]) as ended:
+        pass  # reaped: its pid names no task
+    with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE) as odd:
+        assert odd.stdout is not None and odd.stdout.readline() == b"\n"
+        assert Path(f"/proc/{odd.pid}/comm").read_text() == "x) R 1 (2 3\n"
+        with connect(server.target()) as connection:
+            read = RemoteTracefs(connection, "board").policies({odd.pid, os.getpid(), ended.pid})
+        odd.communicate(b"")
+    assert read == {odd.pid: "SCHED_RR", os.getpid(): "SCHED_OTHER"}, read
 
 
 @pytest.mark.quiet  # it names what ran on the measured CPU: another test's stressor there would be named too

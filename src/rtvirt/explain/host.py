@@ -55,9 +55,6 @@ _SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>-?\d+) 
 _SWITCHED_PIDS = re.compile(r" prev_pid=(\d+) prev_prio=-?\d+ prev_state=\S+ ==> next_comm=.* next_pid=(\d+) "
                             r"next_prio=-?\d+$", re.MULTILINE)
 _IRQ_ENTRY = re.compile(r"irq=(?P<irq>\d+) name=(?P<name>.*)$")
-SCHED_RESET_ON_FORK = 0x40000000
-_POLICIES = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_RR: "SCHED_RR",
-             os.SCHED_BATCH: "SCHED_BATCH", os.SCHED_IDLE: "SCHED_IDLE", 6: "SCHED_DEADLINE"}
 
 
 def bounded(text: str, limit: int = MAX_NAME) -> str:
@@ -78,14 +75,6 @@ def task_cause(comm: str, pid: int, kernel_prio: int, policy: str | None = None)
     comm = bounded(comm, 16)
     shown = f"{prio}" if kernel_prio < 100 else f"nice {prio}"
     return f"task {comm}/{pid} {policy} {shown}", {"comm": comm, "pid": pid, "policy": policy, "prio": prio}
-
-
-def _policy(pid: int) -> str | None:
-    """The scheduling policy of a live task (the trace only has its priority)."""
-    try:
-        return _POLICIES.get(os.sched_getscheduler(pid) & ~SCHED_RESET_ON_FORK)
-    except OSError:
-        return None
 
 
 def switched_pids(text: str) -> set[int]:
@@ -311,13 +300,9 @@ class HostSource:
             return
         self._started = False
         self.instance.stop()
-        if self.access is not None:  # a target's: its tasks' policies cannot be asked of this kernel
-            return
-        # policies of the tasks that ran, read while they still live (the trace has only priorities)
-        for text in self.instance.texts.values():
-            for pid in switched_pids(text) - {0, *self.policies}:
-                if policy := _policy(pid):
-                    self.policies[pid] = policy
+        # policies of the tasks that ran, asked of their kernel while they still live (the trace has only priorities)
+        ran = set().union(*map(switched_pids, self.instance.texts.values())) - {0, *self.policies}
+        self.policies.update(self.instance.access.policies(ran))
 
     def collect(self, context: CollectContext) -> LayerTrace:
         if self.why_not is not None:

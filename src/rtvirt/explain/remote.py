@@ -32,7 +32,7 @@ from ..errors import RtvirtError
 from ..params import parse_cpulist
 from ..procs import process_start_time
 from ..remote.connection import RemoteProcess, SshConnection
-from .tracefs import INSTANCE_PREFIX, MOUNT_POINTS, TracingUnavailable
+from .tracefs import INSTANCE_PREFIX, MOUNT_POINTS, POLICY_NAMES, SCHED_RESET_ON_FORK, TracingUnavailable
 
 __all__ = ["RemoteTracefs"]
 
@@ -95,6 +95,9 @@ class RemotePipe:
         process, self._process = self._process, None
         if process is not None:
             process.stop(grace=10.0)  # the end of its stdin ends the reader, then the script
+
+
+POLICY_BATCH = 500  # /proc/PID/stat files per command: a bounded argument vector
 
 
 class RemoteTracefs:
@@ -200,6 +203,26 @@ class RemoteTracefs:
             return "", (f"taskset is missing{self.where}: its trace_pipe readers may run on the traced CPUs, where "
                         "each event wakes one, which adds events")
         return ",".join(map(str, others)), ""
+
+    def policies(self, pids: Collection[int]) -> dict[int, str]:
+        """Field 41 of each task's /proc/PID/stat on the target, a bounded batch of them per command (a task
+        that ended meanwhile is left out; cat goes on past it)."""
+        found: dict[int, str] = {}
+        ordered = sorted(pids)
+        for first in range(0, len(ordered), POLICY_BATCH):
+            paths = [f"/proc/{pid}/stat" for pid in ordered[first:first + POLICY_BATCH]]
+            try:
+                stats = self.connection.run(["cat", "--", *paths], timeout=60).stdout
+            except RtvirtError:  # the connection failed: the policies stay unknown (priorities still name them)
+                return found
+            for line in stats.splitlines():
+                head, _, tail = line.rpartition(")")  # the comm in parentheses may hold anything, ")" too
+                fields = tail.split()
+                if head.split(" (", 1)[0].isdigit() and len(fields) > 38 and fields[38].isdigit():
+                    name = POLICY_NAMES.get(int(fields[38]) & ~SCHED_RESET_ON_FORK)
+                    if name is not None:
+                        found[int(head.split(" (", 1)[0])] = name
+        return found
 
     def read_system(self, path: str) -> str:
         """A system file of the target (/proc/stat, /proc/cpuinfo), for what the explanation notes."""

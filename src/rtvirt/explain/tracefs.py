@@ -30,7 +30,8 @@ from ..procs import process_start_time
 
 __all__ = ["TracefsInstance", "TracefsAccess", "LocalTracefs", "TraceEvent", "TracingUnavailable", "parse_trace",
            "body_fields", "line_stamp", "untraced_switch_in", "tracefs_root", "TraceDrain", "TracePipe", "LocalPipe",
-           "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS"]
+           "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS", "POLICY_NAMES",
+           "SCHED_RESET_ON_FORK"]
 
 MOUNT_POINTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 INSTANCE_PREFIX = "rtvirt-"
@@ -222,9 +223,19 @@ class TracefsAccess(Protocol):
         """A new instance's name: rtvirt's prefix and its owner, so that reclaim knows a dead owner's."""
         ...
 
+    def policies(self, pids: Collection[int]) -> dict[int, str]:
+        """The scheduling policies of those tasks that still live (a trace has only their priorities)."""
+        ...
+
     def reclaim(self, root: str) -> list[str]:
         """Remove the instances of owners that died (kill -9); say which went."""
         ...
+
+
+SCHED_RESET_ON_FORK = 0x40000000
+# the kernel's policy numbers (sched_getscheduler, field 41 of /proc/PID/stat) as users read them
+POLICY_NAMES = {0: "SCHED_OTHER", 1: "SCHED_FIFO", 2: "SCHED_RR", 3: "SCHED_BATCH", 5: "SCHED_IDLE",
+                6: "SCHED_DEADLINE"}
 
 
 class LocalTracefs:
@@ -256,6 +267,14 @@ class LocalTracefs:
 
     def instance_name(self, serial: int) -> str:
         return f"{INSTANCE_PREFIX}{os.getpid()}-{process_start_time(os.getpid())}-{serial}"
+
+    def policies(self, pids: Collection[int]) -> dict[int, str]:
+        found = {}
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                if (name := POLICY_NAMES.get(os.sched_getscheduler(pid) & ~SCHED_RESET_ON_FORK)) is not None:
+                    found[pid] = name
+        return found
 
     def reclaim(self, root: str) -> list[str]:
         return reclaim_instances(Path(root))
