@@ -32,7 +32,7 @@ from ..errors import RtvirtError
 from ..params import parse_cpulist
 from ..procs import process_start_time
 from ..remote.connection import RemoteProcess, SshConnection
-from .tracefs import INSTANCE_PREFIX, MOUNT_POINTS, POLICY_NAMES, SCHED_RESET_ON_FORK, TracingUnavailable
+from .tracefs import INSTANCE_PREFIX, MOUNT_POINTS, POLICY_NAMES, TracingUnavailable
 
 __all__ = ["RemoteTracefs"]
 
@@ -217,11 +217,10 @@ class RemoteTracefs:
                 return found
             for line in stats.splitlines():
                 head, _, tail = line.rpartition(")")  # the comm in parentheses may hold anything, ")" too
-                fields = tail.split()
-                if head.split(" (", 1)[0].isdigit() and len(fields) > 38 and fields[38].isdigit():
-                    name = POLICY_NAMES.get(int(fields[38]) & ~SCHED_RESET_ON_FORK)
-                    if name is not None:
-                        found[int(head.split(" (", 1)[0])] = name
+                pid, fields = head.partition(" (")[0], tail.split()
+                name = POLICY_NAMES.get(int(fields[38])) if len(fields) > 38 and fields[38].isdigit() else None
+                if pid.isdigit() and name is not None:
+                    found[int(pid)] = name
         return found
 
     def read_system(self, path: str) -> str:

@@ -30,8 +30,7 @@ from ..procs import process_start_time
 
 __all__ = ["TracefsInstance", "TracefsAccess", "LocalTracefs", "TraceEvent", "TracingUnavailable", "parse_trace",
            "body_fields", "line_stamp", "untraced_switch_in", "tracefs_root", "TraceDrain", "TracePipe", "LocalPipe",
-           "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS", "POLICY_NAMES",
-           "SCHED_RESET_ON_FORK"]
+           "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS", "POLICY_NAMES"]
 
 MOUNT_POINTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 INSTANCE_PREFIX = "rtvirt-"
