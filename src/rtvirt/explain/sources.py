@@ -51,7 +51,7 @@ def vm_source(vm: str, host_cpus: tuple[int, ...] | None, accel: str, config: Ex
     from .vm import VmSource
 
     return VmSource(vm, host_cpus, accel, config.buffer_mb, no_clock,
-                    keep=_keep_rule(config) if config.flight_recorder else None)
+                    keep=_keep_rule(config))
 
 
 def xen_source(open_dom0: Callable[[], XenDom0], domains: Callable[[], XenDomains], workdir: Path,
@@ -60,14 +60,16 @@ def xen_source(open_dom0: Callable[[], XenDom0], domains: Callable[[], XenDomain
     from .xen import XenTraceSource
 
     return XenTraceSource(open_dom0, domains, workdir, buffer_mb=config.buffer_mb,
-                          keep=_keep_rule(config) if config.flight_recorder else None)
+                          keep=_keep_rule(config))
 
 
-def _keep_rule(config: ExplainConfig) -> KeepRule:
+def _keep_rule(config: ExplainConfig) -> KeepRule | None:
     """The samples a flight recorder keeps the trace for: the final threshold is never below the set one or the
-    rule's floor, and at most ``top`` are explained (explain.recorder)."""
+    rule's floor, and at most ``top`` are explained (explain.recorder); None when the scenario turns it off."""
     from .recorder import KeepRule
 
+    if not config.flight_recorder:
+        return None
     return KeepRule(config.threshold if config.threshold is not None else config.floor, config.top)
 
 

@@ -226,9 +226,8 @@ def _segments_note(recorder: SegmentRecorder, segment_s: float, bound_bytes: int
     note = (f"the flight recorder kept {len(kept)} xentrace segments of {segment_s:g} s "
             f"({sum(segment.size for segment in kept) / 2**10:.0f} KiB, bound {bound_bytes / 2**10:.0f} KiB)")
     if recorder.dropped:
-        dropped = sorted(segment.index for segment, _ in recorder.dropped)
-        note += (f"; it dropped {len(dropped)} that held smaller samples (segments "
-                 f"{', '.join(map(str, dropped[:20]))}{' ...' if len(dropped) > 20 else ''}, "
+        dropped = [str(index) for index in sorted(segment.index for segment, _ in recorder.dropped)]
+        note += (f"; it dropped {len(dropped)} that held smaller samples (segments {listed(dropped)}, "
                  f"{sum(records for _, records in recorder.dropped)} records)")
     return note
 

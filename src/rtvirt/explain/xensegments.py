@@ -175,8 +175,6 @@ class SegmentRecorder:
                 candidates = judged
             elif total > 2 * self.bound_bytes and len(self.kept) > 1:
                 candidates = self.kept[:-1]
-            elif final and total > self.bound_bytes and len(self.kept) > 1:
-                candidates = self.kept
             else:
                 return
             lowest = min(candidates, key=lambda segment: (self._samples.score(segment), segment.index))
