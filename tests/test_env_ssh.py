@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -571,6 +572,7 @@ def test_a_killed_lab_takes_its_campaigns_along_and_they_stop_their_agents(serve
     import signal
 
     inventory, scenario, results = _lab_matrix_files(server, second_server, tmp_path)
+    scratch_before = set(Path(tempfile.gettempdir()).glob("rtvirt-lab-*"))
     proc = subprocess.Popen([*RTVIRT, "lab", str(inventory), "--scenario", str(scenario), "--results", str(results)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -589,6 +591,8 @@ def test_a_killed_lab_takes_its_campaigns_along_and_they_stop_their_agents(serve
         time.sleep(0.2)
     assert not any(Path(f"/proc/{pid}").exists() for pid in campaigns)
     assert our_agents_running() == []
+    # the campaigns' outcomes had no reader: the last campaign removed the lab's scratch directory
+    assert set(Path(tempfile.gettempdir()).glob("rtvirt-lab-*")) <= scratch_before
     states = [json.loads(p.read_text()) for p in results.glob("campaigns/*/state.json")]
     assert len(states) == 2 and not any(state["finished"] for state in states)
 

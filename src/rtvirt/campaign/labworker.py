@@ -9,11 +9,13 @@ only be interrupted asynchronously, and such an exception can land in the loggin
 while the thread starts a subprocess, leaving logging's lock held: every other thread then hangs.)
 
 The lab starts it in a session of its own and forwards each Ctrl-C once; should the lab die, the kernel sends
-this process SIGTERM, which stops its run as Ctrl-C does. What the campaign gave goes to OUTCOME.json.
+this process SIGTERM, which stops its run as Ctrl-C does. What the campaign gave goes to OUTCOME.json; with the lab
+gone, nobody reads it, and the campaigns remove the lab's scratch directory instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -51,11 +53,25 @@ def main(argv: list[str]) -> int:
     results, state_path, outcome_path, lab_pid = argv
     signal.signal(signal.SIGTERM, stop_as_interrupt)
     die_with_parent(signal.SIGTERM)
-    if os.getppid() != int(lab_pid):  # the lab died before the line above: nobody waits for this campaign
+
+    def lab_alive() -> bool:
+        return os.getppid() == int(lab_pid)
+
+    outcome = run_target_campaign(Path(results), Path(state_path)) if lab_alive() else {}
+    if not lab_alive():  # it died before die_with_parent or during the campaign: nobody waits for the outcome
+        _leave_scratch(Path(outcome_path).parent)
         return 1
-    outcome = run_target_campaign(Path(results), Path(state_path))
     write_atomically(Path(outcome_path), json.dumps(outcome))
     return 0
+
+
+def _leave_scratch(scratch: Path) -> None:
+    """Remove the dead lab's scratch directory: it holds outcomes only, which nobody will read now."""
+    for outcome in scratch.glob("*"):
+        outcome.unlink(missing_ok=True)
+    # the other campaigns of the lab do the same: whichever ends last removes it
+    with contextlib.suppress(OSError):
+        scratch.rmdir()
 
 
 if __name__ == "__main__":
