@@ -86,8 +86,8 @@ def test_bad_files_name_the_file(tmp_path: Path, content: bytes, message: str) -
     assert str(path) in str(error.value) and message in str(error.value)
 
 
-# quiet: each thread must get its CPU 10,000 times in the second; in the parallel phase the gap probe of another test
-# (test_probes_run) spins at SCHED_FIFO 99 for a second, and a FIFO 99 thread beside it on that CPU got 2 wake-ups
+# quiet: each thread must get its CPU 10,000 times in the second; in the parallel phase another test's probe may keep
+# that CPU busy at SCHED_FIFO 99 (a gap probe spinning at 99 beside it left this test's thread there 2 wake-ups)
 @pytest.mark.quiet
 def test_ten_kilohertz_on_every_cpu_drops_nothing(tmp_path: Path) -> None:
     spec = get_probe("timer")
