@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -280,35 +281,43 @@ def _waits_for_start(thread: threading.Thread) -> bool:
     return False
 
 
-def test_a_stop_while_the_stressor_starts_still_summarises() -> None:
+def test_a_stop_while_the_stressor_starts_still_summarises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the CLI's SIGTERM test once landed before the agent said it had started (a loaded host starts 20 workers
     # slowly): run_stressor then raised KeyboardInterrupt and `rtvirt stress` printed "Aborted!" and exited 1.
-    # Here the agent is frozen before its "started" line, the interrupt is raised in the starting thread, then
-    # the agent thaws: the run ends as any stopped run does, summarised
-    for _ in range(20):
-        result: dict[str, Any] = {}
-        starter = threading.Thread(target=_run_into, args=(result,))
-        starter.start()
-        while not (agents := children_of(os.getpid(), "rtvirt-stress")) and starter.is_alive():
-            time.sleep(0.0005)
-        if not agents:
-            starter.join()
-            pytest.fail(f"the stressor never started: {result}")
-        (agent,) = agents
-        os.kill(agent, signal.SIGSTOP)
-        started = bool(Path(os.readlink(f"/proc/{agent}/fd/1")).read_text())
-        # (a signal's KeyboardInterrupt comes in the main thread between bytecodes; this one is raised once the
-        # starting thread waits for the agent's word, not inside subprocess's own start, which no handler can own)
-        while not started and starter.is_alive() and not _waits_for_start(starter):
-            time.sleep(0.0005)
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(starter.ident), ctypes.py_object(KeyboardInterrupt))
-        time.sleep(0.1)
-        os.kill(agent, signal.SIGCONT)
-        starter.join(timeout=30)
-        if started:  # it had said so: that was a stop of a running stressor; try again for one at start-up
+    # Here the agent stops itself before it runs (a wrapper put in its place stops, then execs it), the interrupt
+    # is raised in the starting thread once that waits for the agent's word, then the agent goes on: the run ends
+    # as any stopped run does, summarised. (Freezing the real agent from outside raced with its "started" line,
+    # which a loaded host won almost every time.)
+    wrapper = tmp_path / "rtvirt-stress"
+    wrapper.write_text(f'#!/bin/sh\nkill -STOP $$\nexec {shlex.quote(str(agent_path("rtvirt-stress")))} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("RTVIRT_AGENT_DIR", str(tmp_path))
+    result: dict[str, Any] = {}
+    starter = threading.Thread(target=_run_into, args=(result,))
+    starter.start()
+    deadline = time.monotonic() + 60
+    while not (_waits_for_start(starter) and (stopped := _stopped_children("rtvirt-stress"))):
+        assert starter.is_alive() and time.monotonic() < deadline, result
+        time.sleep(0.001)
+    (agent,) = stopped
+    # (a signal's KeyboardInterrupt comes in the main thread between bytecodes; raised in the starting thread any
+    # earlier, it could land in subprocess's at-fork handlers, which swallow it with logging's lock held)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(starter.ident), ctypes.py_object(KeyboardInterrupt))
+    time.sleep(0.1)
+    os.kill(agent, signal.SIGCONT)
+    starter.join(timeout=30)
+    assert not starter.is_alive() and "escaped" not in result, repr(result.get("escaped"))
+    assert result["summary"].end == "signal" and result["summary"].workers == 1
+    assert not Path(f"/proc/{agent}").exists()
+
+
+def _stopped_children(comm: str) -> list[int]:
+    """This process's children named ``comm`` that are stopped (state T)."""
+    stopped = []
+    for child in children_of(os.getpid(), comm):
+        try:
+            if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+                stopped.append(child)
+        except OSError:
             continue
-        assert "escaped" not in result, repr(result.get("escaped"))
-        assert result["summary"].end == "signal" and result["summary"].workers == 1
-        assert not Path(f"/proc/{agent}").exists()
-        return
-    pytest.fail("in 20 tries the agent always said it had started before it could be frozen")
+    return stopped
