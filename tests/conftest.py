@@ -63,9 +63,11 @@ def live_processes() -> list[tuple[int, list[str]]]:
     return found
 
 
-def children_of(pid: int, comm: str | None = None) -> list[int]:
-    """Live children of ``pid`` (named ``comm`` when given: a child not yet exec'd still has its parent's)."""
-    children = [child for child, fields in live_processes() if int(fields[1]) == pid]  # state, ppid, ...
+def children_of(pid: int, comm: str | None = None, state: str | None = None) -> list[int]:
+    """Live children of ``pid`` (named ``comm`` when given: a child not yet exec'd still has its parent's; in
+    ``state`` when given, e.g. "T" for stopped)."""
+    children = [child for child, fields in live_processes()  # state, ppid, ...
+                if int(fields[1]) == pid and state in (None, fields[0])]
     if comm is None:
         return children
     named = []

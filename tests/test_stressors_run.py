@@ -296,7 +296,7 @@ def test_a_stop_while_the_stressor_starts_still_summarises(tmp_path: Path, monke
     starter = threading.Thread(target=_run_into, args=(result,))
     starter.start()
     deadline = time.monotonic() + 60
-    while not (_waits_for_start(starter) and (stopped := _stopped_children("rtvirt-stress"))):
+    while not (_waits_for_start(starter) and (stopped := children_of(os.getpid(), "rtvirt-stress", state="T"))):
         assert starter.is_alive() and time.monotonic() < deadline, result
         time.sleep(0.001)
     (agent,) = stopped
@@ -309,15 +309,3 @@ def test_a_stop_while_the_stressor_starts_still_summarises(tmp_path: Path, monke
     assert not starter.is_alive() and "escaped" not in result, repr(result.get("escaped"))
     assert result["summary"].end == "signal" and result["summary"].workers == 1
     assert not Path(f"/proc/{agent}").exists()
-
-
-def _stopped_children(comm: str) -> list[int]:
-    """This process's children named ``comm`` that are stopped (state T)."""
-    stopped = []
-    for child in children_of(os.getpid(), comm):
-        try:
-            if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
-                stopped.append(child)
-        except OSError:
-            continue
-    return stopped

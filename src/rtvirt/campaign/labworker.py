@@ -53,23 +53,21 @@ def main(argv: list[str]) -> int:
     results, state_path, outcome_path, lab_pid = argv
     signal.signal(signal.SIGTERM, stop_as_interrupt)
     die_with_parent(signal.SIGTERM)
-
-    def lab_alive() -> bool:
-        return os.getppid() == int(lab_pid)
-
-    outcome = run_target_campaign(Path(results), Path(state_path)) if lab_alive() else {}
-    if not lab_alive():  # it died before die_with_parent or during the campaign: nobody waits for the outcome
-        _leave_scratch(Path(outcome_path).parent)
-        return 1
-    write_atomically(Path(outcome_path), json.dumps(outcome))
-    return 0
+    if os.getppid() == int(lab_pid):
+        outcome = run_target_campaign(Path(results), Path(state_path))
+        if os.getppid() == int(lab_pid):
+            write_atomically(Path(outcome_path), json.dumps(outcome))
+            return 0
+    # the lab died (before die_with_parent above, or during the campaign): nobody waits for the outcome
+    _leave_scratch(Path(outcome_path).parent)
+    return 1
 
 
 def _leave_scratch(scratch: Path) -> None:
     """Remove the dead lab's scratch directory: it holds outcomes only, which nobody will read now."""
     for outcome in scratch.glob("*"):
         outcome.unlink(missing_ok=True)
-    # the other campaigns of the lab do the same: whichever ends last removes it
+    # the lab's other campaigns do the same: the first to end removes it, the others find it gone
     with contextlib.suppress(OSError):
         scratch.rmdir()
 

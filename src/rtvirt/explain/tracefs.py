@@ -231,7 +231,6 @@ class TracefsAccess(Protocol):
         ...
 
 
-SCHED_RESET_ON_FORK = 0x40000000
 # the kernel's policy numbers (sched_getscheduler, field 41 of /proc/PID/stat) as users read them
 POLICY_NAMES = {0: "SCHED_OTHER", 1: "SCHED_FIFO", 2: "SCHED_RR", 3: "SCHED_BATCH", 5: "SCHED_IDLE",
                 6: "SCHED_DEADLINE"}
@@ -271,7 +270,7 @@ class LocalTracefs:
         found = {}
         for pid in pids:
             with contextlib.suppress(OSError):
-                if (name := POLICY_NAMES.get(os.sched_getscheduler(pid) & ~SCHED_RESET_ON_FORK)) is not None:
+                if (name := POLICY_NAMES.get(os.sched_getscheduler(pid) & ~os.SCHED_RESET_ON_FORK)) is not None:
                     found[pid] = name
         return found
 
