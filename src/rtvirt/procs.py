@@ -26,13 +26,25 @@ _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (which may hold anything, ")" too); None once gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def process_start_time(pid: int) -> str | None:
     """When process ``pid`` started (clock ticks since boot, /proc/PID/stat): with the pid, who owns something
     we left (a ledger entry, a tracefs instance), also after the pid is reused; None once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = _stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (R, S, D, T, Z...); None once it is gone."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
 
 
 def die_with_parent(signum: int = signal.SIGKILL) -> None:
