@@ -54,13 +54,6 @@ def _run_event_loop(libvirt: Any) -> None:
     while True:
         libvirt.virEventRunDefaultImpl()
 
-def _process_start(pid: int) -> str:
-    """The kernel's start time of ``pid`` (tells a live owner from a reused pid); '' if it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
 def _error_text(exc: Exception) -> str:
     return " ".join(str(exc).split())[:400]
 

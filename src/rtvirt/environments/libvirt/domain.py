@@ -17,6 +17,7 @@ from ...explain.clocksync import CLOCK_PORT
 from ...explain.guest import GUEST_TRACE_FILE, GUEST_TRACE_PORT, guest_layer
 from ...explain.sources import vm_source
 from ...explain.vm import forget_vcpus, register_vcpus
+from ...procs import process_start_time
 from .. import baremetal
 from ..base import Environment, EnvironmentConfig, Launched, SharedResources
 from ..guest_image import (
@@ -33,7 +34,7 @@ from ..guest_image import (
 )
 from ..qemu import ACK_PORT, OUTPUT_PORT, TCG_WARNING, choose_accel
 from .config import LibvirtConfig
-from .connection import DOMAIN_PREFIX, LibvirtConnection, _connection, _error_text, _libvirt, _process_start, _version
+from .connection import DOMAIN_PREFIX, LibvirtConnection, _connection, _error_text, _libvirt, _version
 from .domain_xml import OWNER_NS, XML_LIMIT
 from .host import MEMLOCK_OVERHEAD_MIB, _v1_cpu_controller, hugepage_problem
 from .rt_throttling import RT_REFUSED, RtThrottlingLifted, _rt_refusal_diagnosis
@@ -80,7 +81,7 @@ class LibvirtEnvironment(LibvirtTeardown):
                 host, pid, started = owner.get("host"), int(owner.get("pid", "0")), owner.get("started", "")
             except (libvirt.libvirtError, ET.ParseError, ValueError):
                 continue  # not ours to judge: no owner record
-            if host != me or (started and _process_start(pid) == started):
+            if host != me or (started and process_start_time(pid) == started):
                 continue  # another machine's campaign, or one still running
             _destroy_and_undefine(domain, config.uri)
             for suffix in VOLUME_SUFFIXES:

@@ -9,10 +9,11 @@ import xml.etree.ElementTree as ET
 
 from ...explain.clocksync import CLOCK_PORT
 from ...explain.guest import GUEST_TRACE_PORT
+from ...procs import process_start_time
 from ..guest_image import COPY_DISK
 from ..qemu import ACK_PORT, OUTPUT_PORT
 from .config import parse_cputune
-from .connection import POOL_NAME, _process_start
+from .connection import POOL_NAME
 from .host import MEMLOCK_OVERHEAD_MIB
 from .state import LibvirtDomainState
 
@@ -45,7 +46,8 @@ class LibvirtDomainXml(LibvirtDomainState):
         root = ET.Element("domain", type=self._type["type"])
         ET.SubElement(root, "name").text = self._name
         ET.SubElement(ET.SubElement(root, "metadata"), f"{{{OWNER_NS}}}owner",
-                      host=socket.gethostname()[:64], pid=str(os.getpid()), started=_process_start(os.getpid()))
+                      host=socket.gethostname()[:64], pid=str(os.getpid()),
+                      started=process_start_time(os.getpid()) or "")
         ET.SubElement(root, "memory", unit="MiB").text = str(config.memory)
         ET.SubElement(root, "vcpu", placement="static").text = str(config.vcpus)
         cputune = self._cputune()

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ...fileio import write_atomically
+from ...procs import process_start_time
 from ..guest_image import cache_dir
-from .connection import _process_start
 from .host import _v1_cpu_controller
 
 RT_SYSCTL = Path("/proc/sys/kernel/sched_rt_runtime_us")
@@ -41,7 +41,7 @@ class RtThrottlingLifted:
             self.changed = False
             return
         write_atomically(self._record, json.dumps({"was": self.was, "pid": os.getpid(),
-                                                   "started": _process_start(os.getpid())}))
+                                                   "started": process_start_time(os.getpid())}))
         RT_SYSCTL.write_text("-1\n")
         self.changed = True
 
@@ -64,7 +64,7 @@ class RtThrottlingLifted:
             was, pid, started = int(data["was"]), int(data["pid"]), str(data["started"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        if started and _process_start(pid) == started:
+        if started and process_start_time(pid) == started:
             return None  # its campaign still runs
         RT_SYSCTL.write_text(f"{was}\n")
         record.unlink(missing_ok=True)
