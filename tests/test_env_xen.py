@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import statistics
 import subprocess
 import time
@@ -22,12 +23,17 @@ from typing import Any
 import pytest
 import tomli_w
 from conftest import RTVIRT, run_cli
+from sshd_server import SshServer, descendants, free_port, process_name
 
-from rtvirt.environments.guest_image import cache_dir
-from rtvirt.environments.xen import XenConfig, XenEnvironment
+from rtvirt.environments.guest_image import _fetch_kernel, cache_dir
+from rtvirt.environments.xen import XenConfig, XenEnvironment, local_domu_files
+from rtvirt.environments.xen.console import LISTENER, LISTENERS_END
+from rtvirt.environments.xen.files import domu_kernel
 from rtvirt.environments.xen.lab import LAB_ROOT
+from rtvirt.environments.xen.relays import ListenerRelay
 from rtvirt.environments.xen.xl import _mode_refusal
 from rtvirt.errors import InputError
+from rtvirt.remote.connection import SshConnection
 from rtvirt.scenario import builtin_scenarios
 from rtvirt.scenario.loader import load_scenario, parse_scenario
 from rtvirt.store import load_run
@@ -552,3 +558,60 @@ def test_the_built_in_xen_scenarios_cover_the_studies_schedulers() -> None:
     # the RT-Xen study's scenarios (tests/test_studies.py checks its matrix): RTDS servers beside credit2
     assert {env.scheduler for env in xen_servers} == {"rtds", "credit2"} and all(env.rtds for env in rtds)
     assert {d.name for d in servers.disturbances} == {"alone", "1-rt-vm", "2-rt-vms"}
+
+
+def test_domus_boot_the_elf_unpacked_once_from_debians_bzimage(tmp_path: Path) -> None:
+    vmlinuz, _ = _fetch_kernel(cache_dir(), "linux")
+    elf = domu_kernel(vmlinuz)
+    assert elf != vmlinuz and elf.read_bytes()[:4] == b"\x7fELF" and domu_kernel(vmlinuz) == elf
+    notes = subprocess.run(["readelf", "-n", str(elf)], capture_output=True, text=True, check=True).stdout
+    assert "Xen" in notes and "(0x00000012)" in notes  # XEN_ELFNOTE_PHYS32_ENTRY: a PVH domU enters there
+    assert local_domu_files("linux", "pvh")[0] == elf and local_domu_files("linux", "hvm")[0] == vmlinuz
+    # what we do not unpack is handed over as it is (libxenguest reads it): not a bzImage, another compression
+    image = bytearray(vmlinuz.read_bytes())
+    payload_at = (image[0x1F1] + 1) * 512 + int.from_bytes(image[0x248:0x24C], "little")
+    image[payload_at:payload_at + 6] = b"\x02!L\x18\x00\x00"  # an LZ4 frame's magic where xz's was
+    for name, data in (("pe", b"MZ" + bytes(4096)), ("lz4", bytes(image))):
+        (tmp_path / name).write_bytes(data)
+        assert domu_kernel(tmp_path / name) == tmp_path / name
+
+
+def test_a_listener_nobody_connected_to_is_ended_in_dom0_and_a_connected_one_keeps_its_bytes(
+        tmp_path: Path) -> None:
+    """dom0's listeners behind a real OpenSSH server (root sessions: no signals), busybox nc as in the lab."""
+    directory = tmp_path / "domain"
+    directory.mkdir()
+    with SshServer() as server:
+        connection = SshConnection(server.target()).open()
+        try:
+            ports: dict[int, int] = {}
+
+            def listen(port: int, to: Path) -> Any:
+                listener = connection.spawn(["sh", "-c", LISTENER, "rtvirt-listen", str(directory), str(port)],
+                                            stream_to=to)
+                ports[id(listener)] = port
+                return listener
+
+            def end_listeners(listeners: list[Any]) -> None:
+                connection.run(["sh", "-c", LISTENERS_END, "rtvirt-listen-end", str(directory),
+                                *(str(ports[id(listener)]) for listener in listeners)]).check("ending listeners")
+
+            stream_port, copy_port = free_port(), free_port()
+            relay = ListenerRelay(listen(stream_port, tmp_path / "stream"), listen(copy_port, tmp_path / "copy"),
+                                  tmp_path / "copy", None, end_listeners)
+            deadline = time.monotonic() + 30
+            while not all((directory / f"listener-{port}.pid").exists() for port in (stream_port, copy_port)):
+                assert time.monotonic() < deadline, "the listeners did not start"
+                time.sleep(0.1)
+            time.sleep(0.5)  # from pid file to listening socket
+            with socket.create_connection(("127.0.0.1", stream_port)) as guest:
+                guest.sendall(b"the samples")
+            assert relay.copy(offered=False) is None
+            assert relay.copy_listener.poll() is not None  # ended, its channel closed: nothing waits on it
+            relay.stop(grace=5.0)
+            assert relay.listener.poll() is not None
+            assert (tmp_path / "stream").read_bytes() == b"the samples"
+            assert server.proc is not None
+            assert [pid for pid in descendants(server.proc.pid) if process_name(pid) == "busybox"] == []
+        finally:
+            connection.close()

@@ -21,11 +21,15 @@ TRACE_PORT_BASE = 7700  # the guest's own trace of an explained run (explain.gue
 TRACE_WAIT_S = 30.0  # for the trace's last bytes after the domU said its job ended (it sent the trace before)
 STATUS_INTERVAL_S = 1.0  # how often a running domain's console is read (each read is a dom0 command)
 
-# dom0's listeners (busybox nc -l) note their pid in the domain's directory in dom0 ($1; $2: the port): closing
-# the lab's SSH channel does not end a listener nobody connected to (the copy's, usually), so the run ends them
-# (LISTENERS_END, each only while its pid is still a busybox); close() then removes the directory.
+# dom0's listeners (busybox nc -l) note their pid in the domain's directory in dom0 ($1; $2: the port): neither
+# the end of a listener's stdin nor closing its SSH channel ends a listener nobody connected to (the copy's,
+# usually: OpenSSH holds the channel open until the command exits and refuses signals in root sessions), so the
+# run ends those on ports $2... (LISTENERS_END, each only while its pid is still a busybox); close() then
+# removes the directory.
 LISTENER = 'echo $$ > "$1/listener-$2.pid"; exec busybox nc -l -p "$2"'
-LISTENERS_END = r"""for f in "$1"/listener-*.pid; do
+LISTENERS_END = r"""dir=$1; shift
+for port in "$@"; do
+  f="$dir/listener-$port.pid"
   [ -e "$f" ] || continue
   p=$(cat "$f")
   [ "$(cat "/proc/$p/comm" 2>/dev/null)" = busybox ] && kill "$p" 2>/dev/null

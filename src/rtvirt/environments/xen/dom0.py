@@ -30,8 +30,8 @@ class Dom0:
     def __init__(self, transport: Any, lab: XenLab | None, kernel: str, initramfs: str) -> None:
         self.transport = transport
         self.lab = lab
-        # guest kernel flavour -> (kernel, initramfs) in dom0; a lab's image holds linux's
-        self._domu: dict[str, tuple[str, str]] = {"linux": (kernel, initramfs)}
+        # (guest kernel flavour, HVM) -> (kernel, initramfs) in dom0; a lab's image holds linux's for PV and PVH
+        self._domu: dict[tuple[str, bool], tuple[str, str]] = {("linux", False): (kernel, initramfs)}
         self._hvm_ready = False
         self._count = 0
         self._info: str | None = None
@@ -46,20 +46,22 @@ class Dom0:
             return A653_TOOL
         return str(a653_tool())
 
-    def domu_files(self, flavour: str) -> tuple[str, str]:
-        """(kernel, initramfs) in dom0 of a domU with the flavour's guest kernel; copied into a lab's dom0 on
-        first use (its image holds linux's only: the others would cost every lab boot their size)."""
-        if flavour not in self._domu:
-            kernel, initramfs = local_domu_files(flavour)
+    def domu_files(self, flavour: str, mode: str) -> tuple[str, str]:
+        """(kernel, initramfs) in dom0 of a ``mode`` domU with the flavour's guest kernel
+        (files.local_domu_files); copied into a lab's dom0 on first use (its image holds linux's for PV and PVH
+        only: the others would cost every lab boot their size)."""
+        key = (flavour, mode == "hvm")
+        if key not in self._domu:
+            kernel, initramfs = local_domu_files(flavour, mode)
             if self.lab is None:
-                self._domu[flavour] = (str(kernel), str(initramfs))
+                self._domu[key] = (str(kernel), str(initramfs))
             else:
                 directory = f"{RUN_DIR}/domu-{flavour}"
                 self.run(["mkdir", "-p", directory]).check("xen: dom0 mkdir")
-                self.transport.put(kernel, f"{directory}/vmlinuz")
+                self.transport.put(kernel, f"{directory}/{kernel.name}")
                 self.transport.put(initramfs, f"{directory}/base.cpio")
-                self._domu[flavour] = (f"{directory}/vmlinuz", f"{directory}/base.cpio")
-        return self._domu[flavour]
+                self._domu[key] = (f"{directory}/{kernel.name}", f"{directory}/base.cpio")
+        return self._domu[key]
 
     def hvm_support(self) -> None:
         """The device model and firmware HVM domUs need: a Xen host has them (qemu-system-xen); a lab's dom0 gets

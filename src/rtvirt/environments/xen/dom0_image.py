@@ -11,7 +11,7 @@ from pathlib import Path
 from ...errors import RunError
 from ...fileio import mark_used, prune_cache, write_atomically
 from ..guest_image import BUSYBOX, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir
-from .files import A653_TOOL, VIF_HOTPLUG, VIF_SCRIPT, _domu_base, _run, a653_tool
+from .files import A653_TOOL, VIF_HOTPLUG, VIF_SCRIPT, _domu_base, _run, a653_tool, domu_kernel
 
 __all__ = ["DOMU_INITRAMFS", "DOMU_KERNEL", "dom0_image", "hvm_archive"]
 
@@ -28,7 +28,7 @@ DOM0_MODULES = ("xen_evtchn", "xen_privcmd", "xen_gntdev", "xen_gntalloc", "xenf
 DOM0_READY_MARK = "RTVIRT-DOM0-READY"
 DOM0_PATH = "/usr/lib/xen-4.17/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DOM0_LIBRARY_PATH = "/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu"
-DOMU_KERNEL = "/rtvirt/domu/vmlinuz"
+DOMU_KERNEL = "/rtvirt/domu/vmlinux"  # its ELF (files.domu_kernel), for PV and PVH domUs
 DOMU_INITRAMFS = "/rtvirt/domu/base.cpio"
 
 
@@ -125,12 +125,13 @@ def dom0_image() -> tuple[Path, Path]:
     cache = cache_dir()
     vmlinuz, modules_dir = _fetch_kernel(cache)
     domu = _domu_base(modules_dir)
+    domu_elf = domu_kernel(vmlinuz)
     modules = _modules_in_load_order(modules_dir, DOM0_MODULES)
     a653 = a653_tool()
     libraries = _libraries((*TOOLSTACK, str(a653)))
     files = [*TOOLSTACK, *libraries, str(BUSYBOX), *map(str, modules), str(a653)]
     digest = hashlib.sha256(DOM0_INIT.encode() + VIF_HOTPLUG.encode() + SSHD_CONFIG.encode() + domu)
-    for path in files:
+    for path in [*files, str(vmlinuz)]:
         digest.update(path.encode())
         digest.update(Path(path).read_bytes())
     target = cache / "xen" / f"dom0-{digest.hexdigest()[:16]}.cpio"
@@ -154,7 +155,7 @@ def dom0_image() -> tuple[Path, Path]:
     for module in modules:
         archive.file(f"rtvirt/modules.d/{module.name}", module.read_bytes())
     archive.file("rtvirt/modules", "".join(f"{m.name}\n" for m in modules).encode())
-    archive.file(DOMU_KERNEL.lstrip("/"), vmlinuz.read_bytes())
+    archive.file(DOMU_KERNEL.lstrip("/"), domu_elf.read_bytes())
     archive.file(DOMU_INITRAMFS.lstrip("/"), domu)
     archive.file(VIF_SCRIPT.lstrip("/"), VIF_HOTPLUG.encode(), executable=True)
     archive.file("etc/xen/xl.conf", b'autoballoon="off"\n')

@@ -92,9 +92,11 @@ class XenEnvironment(XenTeardown):
     def _domain_config(self, name: str, initrd: str | None, ip: str | None, boot: list[str] | None = None) -> str:
         """xl's configuration of the domU; ``boot`` replaces the lines that boot our Linux image."""
         assert self._dom0 is not None
-        boot = boot or [f'type = "{self.config.mode}"', f'kernel = "{self._dom0.domu_files(self._flavour())[0]}"',
-                        f'ramdisk = "{initrd}"', 'extra = "console=hvc0 rdinit=/init quiet"',
-                        f"memory = {self.config.stressor_memory if self._parent else self.config.memory}"]
+        if boot is None:
+            kernel = self._dom0.domu_files(self._flavour(), self._domain_type())[0]
+            boot = [f'type = "{self.config.mode}"', f'kernel = "{kernel}"', f'ramdisk = "{initrd}"',
+                    'extra = "console=hvc0 rdinit=/init quiet"',
+                    f"memory = {self.config.stressor_memory if self._parent else self.config.memory}"]
         lines = [f'name = "{name}"', *boot,
                  f"vcpus = {1 if self._parent else self.config.vcpus}",
                  'on_poweroff = "destroy"', 'on_reboot = "destroy"', 'on_crash = "destroy"']
@@ -146,7 +148,7 @@ class XenEnvironment(XenTeardown):
         dom0.transport.put(local_jobs, f"{directory}/jobs.cpio")
         if self._parent is None:
             self._image = guest_image(self._flavour())  # what the manifest says about the guest kernel
-        dom0.run(["sh", "-c", 'cat "$1" "$2" > "$3"', "sh", dom0.domu_files(self._flavour())[1],
+        dom0.run(["sh", "-c", 'cat "$1" "$2" > "$3"', "sh", dom0.domu_files(self._flavour(), self._domain_type())[1],
                   f"{directory}/jobs.cpio",
                   f"{directory}/initrd"]).check("xen: assembling the domU initramfs")
         if self._domain_type() == "hvm":
@@ -157,11 +159,17 @@ class XenEnvironment(XenTeardown):
             out.parent.mkdir(parents=True, exist_ok=True)
             trace_port = TRACE_PORT_BASE + self._index
 
-            def listen(on: int, to: Path) -> Any:
-                return dom0.transport.spawn(["sh", "-c", LISTENER, "rtvirt-listen", directory, str(on)], stream_to=to)
+            ports: dict[int, int] = {}  # id(listener) -> its port
 
-            def end_listeners() -> None:
-                dom0.run(["sh", "-c", LISTENERS_END, "rtvirt-listen-end", directory])
+            def listen(on: int, to: Path) -> Any:
+                listener = dom0.transport.spawn(["sh", "-c", LISTENER, "rtvirt-listen", directory, str(on)],
+                                                stream_to=to)
+                ports[id(listener)] = on
+                return listener
+
+            def end_listeners(listeners: list[Any]) -> None:
+                dom0.run(["sh", "-c", LISTENERS_END, "rtvirt-listen-end", directory,
+                          *(str(ports[id(listener)]) for listener in listeners)])
 
             self._relay = ListenerRelay(listen(port, out), listen(copy_port, self.workdir / "stream-copy.rtvs"),
                                         self.workdir / "stream-copy.rtvs",

@@ -12,6 +12,7 @@ from ...errors import RunError
 from .. import baremetal
 
 COPY_WAIT_S = 120.0  # for the copy a domU offered to reach the host (tens of MB over the lab's SSH at most)
+LISTENER_END_WAIT_S = 5.0  # for a listener's channel to close once dom0 ended the listener
 
 __all__ = ["BaremetalRelay", "ListenerRelay", "SampleRelay"]
 
@@ -52,10 +53,10 @@ class ListenerRelay:
     """dom0's ``nc`` listener writing a Linux domU's stream to the run's file, a second one for the copy the
     domU offers when the host did not confirm its END (console.STREAM_RELAY), and in an explained run a third
     one for the guest's own trace (explain.guest: sent after the main job, before the domU's exit mark).
-    ``end_listeners`` ends in dom0 whichever of them still runs once their channels are stopped."""
+    ``end_listeners`` ends the given ones in dom0: a listener nobody connected to ends no other way."""
 
-    def __init__(self, listener: Any, copy_listener: Any, copy_path: Path, trace_listener: Any | None = None,
-                 end_listeners: Callable[[], None] | None = None) -> None:
+    def __init__(self, listener: Any, copy_listener: Any, copy_path: Path, trace_listener: Any | None,
+                 end_listeners: Callable[[list[Any]], None]) -> None:
         self.listener = listener
         self.copy_listener = copy_listener
         self.copy_path = copy_path
@@ -65,14 +66,18 @@ class ListenerRelay:
     def poll(self) -> int | None:
         return self.listener.poll()  # type: ignore[no-any-return]
 
+    def _end(self, listeners: list[Any]) -> None:
+        """End ``listeners`` in dom0 if they still run, then collect their channels' ends."""
+        if running := [listener for listener in listeners if listener.poll() is None]:
+            self.end_listeners(running)
+            for listener in running:
+                listener.stop(grace=LISTENER_END_WAIT_S)
+
     def stop(self, grace: float = 5.0) -> int | None:
-        self.copy_listener.stop(grace=grace)
-        if self.trace_listener is not None:
-            self.trace_listener.stop(grace=grace)
-        status: int | None = self.listener.stop(grace=grace)
-        if self.end_listeners is not None:
-            self.end_listeners()
-        return status
+        self.listener.stop(grace=grace)  # the end of its stdin lets a connected listener pass on its last bytes
+        self._end([self.listener, self.copy_listener,
+                   *([self.trace_listener] if self.trace_listener is not None else [])])
+        return self.listener.poll()  # type: ignore[no-any-return]
 
     def trace_received(self, timeout_s: float) -> bool:
         """Wait until the trace listener ended (the domU's nc closed its connection and every byte reached the
@@ -83,14 +88,14 @@ class ListenerRelay:
         while self.trace_listener.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         ended = self.trace_listener.poll() is not None
-        self.trace_listener.stop(grace=1.0)
+        self._end([self.trace_listener])
         return ended
 
     def copy(self, offered: bool) -> Path | None:
         deadline = time.monotonic() + COPY_WAIT_S
         while offered and self.copy_listener.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)  # the listener ends when the domU's nc has sent the whole copy
-        self.copy_listener.stop(grace=1.0)
+        self._end([self.copy_listener])
         return self.copy_path if offered and self.copy_path.exists() and self.copy_path.stat().st_size else None
 
     def console_text(self) -> str | None:
