@@ -108,7 +108,7 @@ def _decompressed(payload: bytes) -> bytes | None:
 def domu_kernel(vmlinuz: Path) -> Path:
     """The ELF kernel inside ``vmlinuz``, unpacked once and cached; ``vmlinuz`` itself when it holds none we
     read. libxenguest would decompress the bzImage in dom0 at every domain build: in the lab, `xl create` of
-    a PV domU took 5.6 s with Debian's xz-packed vmlinuz and 0.7 s with the ELF (docs/xen.md, "Lab")."""
+    a PV domU took 5.6 s with Debian's xz-packed vmlinuz and 0.7 s with the ELF (docs/environments-xen.md)."""
     image = vmlinuz.read_bytes()
     target = cache_dir() / "xen" / f"vmlinux-{hashlib.sha256(image).hexdigest()[:16]}.elf"
     if not target.exists():
