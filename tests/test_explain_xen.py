@@ -355,7 +355,8 @@ def test_dom0_listeners_nobody_connected_to_are_ended_and_their_pid_files_remove
             time.sleep(0.05)
         assert int(pid_file.read_text()) == listener.pid  # exec: the noted pid is the listener itself
         (tmp_path / "listener-1.pid").write_text(f"{__import__('os').getpid()}\n")  # a pid that is not a busybox
-        subprocess.run(["sh", "-c", LISTENERS_END, "rtvirt-listen-end", str(tmp_path)], check=True, timeout=10)
+        subprocess.run(["sh", "-c", LISTENERS_END, "rtvirt-listen-end", str(tmp_path), str(port), "1"],
+                       check=True, timeout=10)
         assert listener.wait(timeout=10) != 0  # killed, not ended by itself
         assert list(tmp_path.glob("listener-*.pid")) == []
     finally:
