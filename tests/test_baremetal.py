@@ -111,6 +111,11 @@ def test_kops_keeps_every_iteration_of_every_operation(kops_stream: Path) -> Non
     assert medians["sem_switch"] > medians["sem_give"] and medians["msgq_switch"] > medians["msgq_put"]
 
 
+# quiet: every 250 ms interval must count rounds. In a clean-clone run's parallel phase (2026-11-27) two of five
+# counted 0 and 2: the reporter woke 251 ms late, then 130 ms after that with no round counted (``aux``: the time
+# since the last report), so the guest's vCPU had run nothing for a stretch: other tests' guests and FIFO threads
+# held both host CPUs
+@pytest.mark.quiet
 def test_threadmetric_counts_rounds_per_interval(tmp_path: Path) -> None:
     stream = finished(*boot(tmp_path, "threadmetric", {"duration": "1500ms", "report_interval": "250ms"}))
     r = stream.records
