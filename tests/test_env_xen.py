@@ -10,7 +10,9 @@ the assertions check direction and order of magnitude only.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import socket
 import statistics
@@ -613,5 +615,9 @@ def test_a_listener_nobody_connected_to_is_ended_in_dom0_and_a_connected_one_kee
             assert (tmp_path / "stream").read_bytes() == b"the samples"
             assert server.proc is not None
             assert [pid for pid in descendants(server.proc.pid) if process_name(pid) == "busybox"] == []
-        finally:
+        finally:  # a listener left running would outlive its session (sshd does not end it) and the server
+            for pid_file in directory.glob("listener-*.pid"):
+                with contextlib.suppress(ValueError, ProcessLookupError):
+                    if process_name(pid := int(pid_file.read_text())) == "busybox":
+                        os.kill(pid, signal.SIGKILL)
             connection.close()
