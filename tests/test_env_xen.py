@@ -29,7 +29,7 @@ from sshd_server import SshServer, descendants, free_port, process_name
 
 from rtvirt.environments.guest_image import _fetch_kernel, cache_dir
 from rtvirt.environments.xen import XenConfig, XenEnvironment, local_domu_files
-from rtvirt.environments.xen.console import LISTENER, LISTENERS_END
+from rtvirt.environments.xen.console import Dom0Listeners
 from rtvirt.environments.xen.files import domu_kernel
 from rtvirt.environments.xen.lab import LAB_ROOT
 from rtvirt.environments.xen.relays import ListenerRelay
@@ -586,21 +586,11 @@ def test_a_listener_nobody_connected_to_is_ended_in_dom0_and_a_connected_one_kee
     with SshServer() as server:
         connection = SshConnection(server.target()).open()
         try:
-            ports: dict[int, int] = {}
-
-            def listen(port: int, to: Path) -> Any:
-                listener = connection.spawn(["sh", "-c", LISTENER, "rtvirt-listen", str(directory), str(port)],
-                                            stream_to=to)
-                ports[id(listener)] = port
-                return listener
-
-            def end_listeners(listeners: list[Any]) -> None:
-                connection.run(["sh", "-c", LISTENERS_END, "rtvirt-listen-end", str(directory),
-                                *(str(ports[id(listener)]) for listener in listeners)]).check("ending listeners")
-
+            listeners = Dom0Listeners(connection, str(directory))
             stream_port, copy_port = free_port(), free_port()
-            relay = ListenerRelay(listen(stream_port, tmp_path / "stream"), listen(copy_port, tmp_path / "copy"),
-                                  tmp_path / "copy", None, end_listeners)
+            relay = ListenerRelay(listeners.listen(stream_port, tmp_path / "stream"),
+                                  listeners.listen(copy_port, tmp_path / "copy"), tmp_path / "copy", None,
+                                  listeners.end)
             deadline = time.monotonic() + 30
             while not all((directory / f"listener-{port}.pid").exists() for port in (stream_port, copy_port)):
                 assert time.monotonic() < deadline, "the listeners did not start"

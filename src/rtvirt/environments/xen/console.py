@@ -10,6 +10,7 @@ from typing import Any
 
 from ...errors import RunError
 from ..guest_image import EXIT_MARK, READY_MARK, delivery_said
+from .dom0 import XL_TIMEOUT_S
 from .pools import XenPools
 
 CONSOLE_LOG = "/var/log/xen/guest-{name}.log"
@@ -37,6 +38,27 @@ for port in "$@"; do
 done
 exit 0
 """
+
+
+class Dom0Listeners:
+    """The listeners of one domain's directory in dom0: started per port over ``transport`` (a lab's SSH
+    connection or the local dom0's), ended by the pids they noted (LISTENER, LISTENERS_END)."""
+
+    def __init__(self, transport: Any, directory: str) -> None:
+        self._transport = transport
+        self._directory = directory
+        self._ports: dict[int, int] = {}  # id(listener) -> its port
+
+    def listen(self, port: int, to: Path) -> Any:
+        """A listener on ``port`` whose output goes to the local file ``to``."""
+        listener = self._transport.spawn(["sh", "-c", LISTENER, "rtvirt-listen", self._directory, str(port)],
+                                         stream_to=to)
+        self._ports[id(listener)] = port
+        return listener
+
+    def end(self, listeners: list[Any]) -> None:
+        self._transport.run(["sh", "-c", LISTENERS_END, "rtvirt-listen-end", self._directory,
+                             *(str(self._ports[id(listener)]) for listener in listeners)], timeout=XL_TIMEOUT_S)
 
 
 # The stream's way out, in a directory $5 of its own: the agent's stdout to dom0's listener on $port; dom0's

@@ -17,14 +17,13 @@ from .console import (
     ACK_FIFO,
     CONSOLE_LOG,
     COPY_PORT_BASE,
-    LISTENER,
-    LISTENERS_END,
     STREAM_COPY,
     STREAM_DIR,
     STREAM_PORT_BASE,
     STREAM_SCRIPT,
     TRACE_PORT_BASE,
     TRACE_WAIT_S,
+    Dom0Listeners,
     DomUJob,
 )
 from .dom0 import NAME_PREFIX, RUN_DIR
@@ -159,22 +158,12 @@ class XenEnvironment(XenTeardown):
             out.parent.mkdir(parents=True, exist_ok=True)
             trace_port = TRACE_PORT_BASE + self._index
 
-            ports: dict[int, int] = {}  # id(listener) -> its port
-
-            def listen(on: int, to: Path) -> Any:
-                listener = dom0.transport.spawn(["sh", "-c", LISTENER, "rtvirt-listen", directory, str(on)],
-                                                stream_to=to)
-                ports[id(listener)] = on
-                return listener
-
-            def end_listeners(listeners: list[Any]) -> None:
-                dom0.run(["sh", "-c", LISTENERS_END, "rtvirt-listen-end", directory,
-                          *(str(ports[id(listener)]) for listener in listeners)])
-
-            self._relay = ListenerRelay(listen(port, out), listen(copy_port, self.workdir / "stream-copy.rtvs"),
+            listeners = Dom0Listeners(dom0.transport, directory)
+            self._relay = ListenerRelay(listeners.listen(port, out),
+                                        listeners.listen(copy_port, self.workdir / "stream-copy.rtvs"),
                                         self.workdir / "stream-copy.rtvs",
-                                        listen(trace_port, self.workdir / GUEST_TRACE_FILE)
-                                        if trace_files is not None else None, end_listeners)
+                                        listeners.listen(trace_port, self.workdir / GUEST_TRACE_FILE)
+                                        if trace_files is not None else None, listeners.end)
             self._wait_listening(port)
             self._wait_listening(copy_port)
             if trace_files is not None:
