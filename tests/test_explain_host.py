@@ -537,3 +537,53 @@ def test_a_guests_samples_placed_on_the_trace_clock_keep_the_same_windows(record
     same = sum(misplaced.events_around(cpu, start, end) == whole.events_around(cpu, start, end)
                for cpu, start, end in spans)
     assert same < len(spans) / 2, (same, len(spans))
+
+
+def test_a_window_held_open_by_a_stall_keeps_its_trace_although_its_sample_comes_late() -> None:
+    """A thread held off its CPU for 1.5 s (a stalled guest, a starved probe) writes no sample until it runs
+    again, so the largest window's sample reaches the recorder long after the slack; the trace from the
+    CPU's newest sample on is held for it meanwhile (OPEN_NS), and its events read as the whole trace's."""
+    from rtvirt.explain.host import MARGIN_NS
+    from rtvirt.explain.recorder import SLACK_NS
+    from rtvirt.stream import RECORD
+
+    base = 100_000_000_000
+    lines = [f"{'stress':>16}-{77:<7} (  {77:>5}) [{MEASURED:03d}] d..2. {(base + at * 1_000_000) / 1e9:12.6f}: "
+             f"sched_switch: prev_comm=stress prev_pid=77 prev_prio=49 prev_state=S ==> next_comm=swapper/1 "
+             f"next_pid=0 next_prio=120" for at in range(6000)]
+    starts = [at for at in range(5000) if not 2000 < at < 3500]  # a 1 kHz timer, stalled at +2 s for 1.5 s
+    records = np.zeros(len(starts), dtype=RECORD)
+    records["t_ns"] = base + np.array(starts, dtype=np.int64) * 1_000_000
+    stall_ns = 1_500_000_000
+    records["value"] = np.where(np.array(starts) == 2000, stall_ns, 20_000)
+    records["cpu"] = MEASURED
+    assert stall_ns > SLACK_NS + 250_000_000  # its sample comes after the slack (_replay: 250 ms after its end)
+    recorder, kept_text = _replay(lines, records, 1 << 20)
+    assert not recorder.lost, recorder.lost
+    whole = TracefsInstance([MEASURED], ["sched:sched_switch"])
+    whole.texts = {MEASURED: "\n".join(lines)}
+    kept = TracefsInstance([MEASURED], ["sched:sched_switch"])
+    kept.texts = {MEASURED: kept_text}
+    start, end = base + 2_000_000_000 - MARGIN_NS, base + 3_500_000_000 + MARGIN_NS
+    assert kept.events_around(MEASURED, start, end) == whole.events_around(MEASURED, start, end)
+    assert len(kept_text) < 0.5 * len("\n".join(lines))  # what no window needs still went
+
+
+def test_a_cpu_that_stays_silent_holds_the_trace_for_open_ns_only() -> None:
+    """A probe that reports only gaps may rightly stay silent: after its last sample, the trace is held OPEN_NS
+    longer than the slack, not for the rest of the run (30 s here)."""
+    from rtvirt.explain.recorder import OPEN_NS, SLACK_NS
+    from rtvirt.stream import RECORD
+
+    base, seconds = 100_000_000_000, 30
+    lines = [f"{'stress':>16}-{77:<7} (  {77:>5}) [{MEASURED:03d}] d..2. {(base + at * 1_000_000) / 1e9:12.6f}: "
+             f"sched_switch: prev_comm=stress prev_pid=77 prev_prio=49 prev_state=S ==> next_comm=swapper/1 "
+             f"next_pid=0 next_prio=120" for at in range(seconds * 1000)]
+    records = np.zeros(1000, dtype=RECORD)  # one second of samples, then none
+    records["t_ns"] = base + np.arange(1000, dtype=np.int64) * 1_000_000
+    records["value"], records["cpu"] = 20_000, MEASURED
+    silent, _ = _replay(lines, records, 1 << 30)
+    unpinned, _ = _replay(lines, records[:0], 1 << 30)  # no sample at all: only the slack holds trace
+    held, slack = max(silent.peak_bytes().values()), max(unpinned.peak_bytes().values())
+    expected = (OPEN_NS + SLACK_NS) / SLACK_NS
+    assert 0.7 * expected * slack < held < 1.3 * expected * slack, (held, slack)

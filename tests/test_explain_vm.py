@@ -177,8 +177,10 @@ def test_the_flight_recorder_keeps_the_guests_outlier_windows_on_the_hosts_clock
         stream, trace, tids, source = _explained_run(env, tmp_path / "samples.rtvs", config=explain)
     recorder, clock = source.recorder, source.clock_map()
     assert recorder is not None and clock is not None, trace.notes
-    assert recorder.resumes[MEASURED], "the recorder kept the whole trace: nothing was left out"
+    # (first: a window lost, e.g. late, also leaves fewer holes)
     assert not recorder.lost and not any("flight recorder" in note for note in trace.notes), trace.notes
+    assert recorder.resumes[MEASURED], ("the recorder kept the whole trace: nothing was left out", clock,
+                                        sorted(stream.records["value"])[-10:], trace.notes)
     _check_stressor_named_and_aligned(stream, trace, tids, clock)
 
 

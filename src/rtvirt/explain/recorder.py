@@ -11,10 +11,11 @@ larger of p99.9 and the floor, is never below it) and not below the running ``to
 chunk is kept while such a sample's window, with the attribution's margin around it, needs it, including
 the chunks back to a ``sched_switch`` before the window (``TracefsInstance.events_around`` starts there:
 what was running when the window began); the others are discarded once no later sample can need them
-(older than ``SLACK_NS`` plus the margin, and behind a switch). When the kept chunks of a CPU exceed the
-bound, the chunks of the smallest candidate go first, then the oldest unneeded ones; every window that
-lost events that way is remembered and named in the layer's notes. Nothing is guessed: a window whose trace
-is whole is read exactly as the whole trace would have been read.
+(older than ``SLACK_NS`` plus the margin, and behind a switch; and, for up to ``OPEN_NS`` more, older than
+each sampling CPU's newest sample: a window still open while its thread is held off starts there). When the
+kept chunks of a CPU exceed the bound, the chunks of the smallest candidate go first, then the oldest unneeded
+ones; every window that lost events that way is remembered and named in the layer's notes. Nothing is guessed:
+a window whose trace is whole is read exactly as the whole trace would have been read.
 
 Samples and trace need not share a clock or CPU numbers: a :class:`SampleMap` places a sample's window in the
 trace (the host's and a target's samples are stamped on their trace clock, on the CPU they ran on:
@@ -44,11 +45,12 @@ from .tracefs import LocalTracefs, TracefsAccess, TracefsInstance, TracePipe, li
 
 __all__ = ["FlightRecorder", "KeepRule", "LostWindow", "SampleMap", "SameClock", "bound_notes", "listed",
            "run_start_ns", "start_recording", "window_label", "CHUNK_NS",
-           "DRAIN_S", "SLACK_NS", "RING_KB"]
+           "DRAIN_S", "OPEN_NS", "SLACK_NS", "RING_KB"]
 
 CHUNK_NS = 10_000_000  # trace time per chunk: what is kept around a window is rounded out to this
 DRAIN_S = 0.05  # how often the per-CPU pipes are drained and the sample file is read
 SLACK_NS = 1_000_000_000  # how late a sample may reach the file after its window (the agent writes 4x a second)
+OPEN_NS = 10_000_000_000  # how long a window may stay open (its thread held off) beyond SLACK_NS and be kept whole
 RING_KB = 4096  # the kernel's ring per CPU while the recorder drains it (never above the kept bound)
 MAX_NAMED = 20  # outlier windows named one by one in a note
 SWITCH = "sched_switch:"
@@ -160,6 +162,7 @@ class FlightRecorder:
         # whole text must not take what it saw before such a point as still true after it)
         self.resumes: dict[int, list[int]] = {}
         self.max_lag_ns = 0
+        self._newest_start: dict[int, int] = {}  # sample CPU -> its newest sample's start (sample clock)
         self._widening_ns = 0  # the largest placement uncertainty so far (0 on the same clock)
         self.lost: dict[tuple[int, int, int], LostWindow] = {}
         self.problems: list[str] = []
@@ -279,6 +282,10 @@ class FlightRecorder:
         """New samples (stream records, in the file's order): hold those that can become explained outliers."""
         if not records.size:
             return
+        for cpu in np.unique(records["cpu"]).tolist():
+            if self.traced(cpu):
+                newest = int(records["t_ns"][records["cpu"] == cpu].max())
+                self._newest_start[cpu] = max(self._newest_start.get(cpu, newest), newest)
         values = records["value"].astype(np.int64)
         floor = max(self.rule.above_ns, self._top[0] if len(self._top) >= self.rule.top else self.rule.above_ns)
         chosen = np.flatnonzero(values > floor)
@@ -302,7 +309,14 @@ class FlightRecorder:
 
     def settle(self, horizon: int | None) -> None:
         """Keep what the candidates need, discard what no sample starting after ``horizon`` can need (None: the
-        run is over, keep only what they need), hold the bound."""
+        run is over, keep only what they need), hold the bound. A CPU's next window starts after its newest
+        sample but stays open for as long as its thread is held off (a stalled guest's or a starved thread's
+        largest window comes late), so the horizon waits at the oldest of the CPUs' newest samples, for at most
+        OPEN_NS (a CPU whose probe reports only gaps may rightly stay silent)."""
+        if horizon is not None and self._newest_start:
+            open_from = self.placement.to_trace(min(self._newest_start.values()))
+            if open_from is not None:
+                horizon = max(min(horizon, open_from[0] - open_from[1]), horizon - OPEN_NS)
         for state in self._cpus.values():
             self._maintain(state, horizon)
 
