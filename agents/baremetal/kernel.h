@@ -157,12 +157,12 @@ void xen_console_stream(const uint8_t *p, size_t n); /* framed: 00 'RVS' length1
 void xen_console_flush(void);               /* finish an open frame, write held text */
 uint64_t pvh_memory_top(const void *start_info); /* 0 without a memory map */
 void xen_shutdown(void);
-/* Stolen time from vCPU 0's runstate area (Xen system time, ns): a mark is one consistent reading */
+/* Stolen time from vCPU 0's runstate area (ns): a mark is one consistent reading, as of its TSC */
 typedef struct {
-    uint64_t tsc, now_ns, resumed_ns; /* the TSC and Xen system time of the reading; when the vCPU last resumed */
+    uint64_t tsc;                     /* read just before the runstate (no wait between them) */
     uint64_t runnable_ns, offline_ns; /* the runstate's totals */
 } xen_steal_mark;
-bool xen_steal_init(void); /* registers the runstate and time areas; false: not on Xen, or refused */
+bool xen_steal_init(void); /* registers the runstate area; false: not on Xen, or refused */
 bool xen_steal_measured(void);
 void xen_steal_mark_now(xen_steal_mark *mark);
 /* stolen_ns, later_ns: runnable, offline (later: after the window, the next one's) */

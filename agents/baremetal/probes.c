@@ -83,10 +83,10 @@ int gap_run(void) {
             if (++gaps == P.loops) break;
             if (stream_pending() >= GAP_DRAIN_BYTES) {
                 stream_drain();
+                if (steal) xen_steal_mark_now(&before); /* before the window's start: a wait after it is inside */
                 uint64_t after_drain = rdtsc();
                 unobserved += after_drain - now;
                 now = after_drain;
-                if (steal) xen_steal_mark_now(&before);
             }
         } else if (step < min) {
             min = step;

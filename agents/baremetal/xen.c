@@ -12,8 +12,8 @@
 
 enum { HYPERVISOR_vm_assist = 21, HYPERVISOR_vcpu_op = 24, HYPERVISOR_sched_op = 29, HYPERVISOR_event_channel_op = 32,
        HYPERVISOR_hvm_op = 34 };
-enum { VCPUOP_register_runstate_memory_area = 5, VCPUOP_register_vcpu_time_memory_area = 13, VMASST_CMD_enable = 0,
-       VMASST_TYPE_runstate_update_flag = 5, RUNSTATE_runnable = 1, RUNSTATE_offline = 3 };
+enum { VCPUOP_register_runstate_memory_area = 5, VMASST_CMD_enable = 0, VMASST_TYPE_runstate_update_flag = 5,
+       RUNSTATE_runnable = 1, RUNSTATE_offline = 3 };
 enum { HVMOP_get_param = 1, HVM_PARAM_CONSOLE_PFN = 17, HVM_PARAM_CONSOLE_EVTCHN = 18, DOMID_SELF = 0x7FF0 };
 enum { EVTCHNOP_send = 4, SCHEDOP_shutdown = 2, SHUTDOWN_poweroff = 0 };
 enum { XEN_START_MAGIC = 0x336ec578, MEMMAP_RAM = 1 };
@@ -32,15 +32,6 @@ struct vcpu_runstate_info {
     uint64_t time[4];          /* ns spent in running, runnable, blocked, offline */
 };
 _Static_assert(sizeof(struct vcpu_runstate_info) == 48, "Xen's x86-64 layout");
-/* xen.h: Xen system time = system_time + ((tsc - tsc_timestamp) << tsc_shift) * tsc_to_system_mul >> 32 */
-struct vcpu_time_info {
-    uint32_t version, pad0; /* odd while Xen updates the values */
-    uint64_t tsc_timestamp, system_time;
-    uint32_t tsc_to_system_mul;
-    int8_t tsc_shift;
-    uint8_t flags, pad1[2];
-};
-_Static_assert(sizeof(struct vcpu_time_info) == 32, "Xen's layout");
 #define RUNSTATE_UPDATE (1ull << 63)
 struct xen_hvm_param {
     uint16_t domid, pad;
@@ -57,7 +48,6 @@ static char held[TEXT_HELD];
 static size_t held_len;
 static bool after_frame; /* the last thing written was stream bytes: text starts on a new line */
 static _Alignas(64) volatile struct vcpu_runstate_info runstate;
-static _Alignas(64) volatile struct vcpu_time_info vcpu_time;
 static bool steal_on;
 
 /* Hypercall NR with up to three arguments through the page Xen filled (32 bytes per hypercall). Xen may
@@ -228,16 +218,16 @@ void xen_shutdown(void) {
 
 /* ---- stolen time: the vCPU's runstate area ---- */
 
-/* Registers vCPU 0's runstate area and its time area (to read Xen system time, the runstate's clock, without a
- * hypercall). False when this is not Xen or it refuses either: no stolen time is measured then. */
+/* A reading of the runstate whose TSC bracket is longer than this is taken again: Xen may have held the vCPU
+ * off inside it, before or after the copy (a reading is "as of" its first TSC only when nothing waited). */
+enum { MARK_QUIET_NS = 50000 };
+
+/* Registers vCPU 0's runstate area. False when this is not Xen or it refuses: no stolen time is measured then. */
 bool xen_steal_init(void) {
     if (!on_xen) return false;
-    uint64_t area = (uint64_t)(uintptr_t)&vcpu_time;
-    if (hypercall(HYPERVISOR_vcpu_op, VCPUOP_register_vcpu_time_memory_area, 0, (uint64_t)(uintptr_t)&area) != 0)
-        return false;
     /* Xen marks the area while it writes it (we also re-read until the entry time holds still) */
     hypercall(HYPERVISOR_vm_assist, VMASST_CMD_enable, VMASST_TYPE_runstate_update_flag, 0);
-    area = (uint64_t)(uintptr_t)&runstate;
+    uint64_t area = (uint64_t)(uintptr_t)&runstate;
     if (hypercall(HYPERVISOR_vcpu_op, VCPUOP_register_runstate_memory_area, 0, (uint64_t)(uintptr_t)&area) != 0)
         return false;
     steal_on = true;
@@ -246,62 +236,44 @@ bool xen_steal_init(void) {
 
 bool xen_steal_measured(void) { return steal_on; }
 
-/* Xen system time at the TSC reading `tsc` (read together with the time area's values, seqlock style). */
-static uint64_t system_time_at(uint64_t *tsc) {
-    for (;;) {
-        uint32_t version = vcpu_time.version;
-        barrier();
-        uint64_t stamp = vcpu_time.tsc_timestamp, base = vcpu_time.system_time;
-        uint32_t mul = vcpu_time.tsc_to_system_mul;
-        int8_t shift = vcpu_time.tsc_shift;
-        *tsc = rdtsc();
-        barrier();
-        if ((version & 1) || version != vcpu_time.version) continue;
-        uint64_t delta = *tsc > stamp ? *tsc - stamp : 0;
-        delta = shift >= 0 ? delta << shift : delta >> -shift;
-        return base + (uint64_t)(((__uint128_t)delta * mul) >> 32);
-    }
-}
-
-/* The runstate as one consistent copy: Xen rewrites it when it switches the vCPU out and in again, which moves
- * the entry time, so a copy is kept once the entry time (without its update flag) is the same after it. */
+/* The runstate as one consistent copy, as of mark->tsc: Xen rewrites it when it switches the vCPU out and in
+ * again, which moves the entry time, so a copy is kept once the entry time (without its update flag) is the same
+ * after it, and once no wait lies between the TSC read before it and the one after it. */
 void xen_steal_mark_now(xen_steal_mark *mark) {
+    const uint64_t quiet = ns_to_tsc(MARK_QUIET_NS);
     for (;;) {
+        uint64_t tsc = rdtsc();
         uint64_t entry = runstate.state_entry_time;
         barrier();
         uint64_t runnable = runstate.time[RUNSTATE_runnable], offline = runstate.time[RUNSTATE_offline];
         barrier();
-        if (!(entry & RUNSTATE_UPDATE) && runstate.state_entry_time == entry) {
-            mark->runnable_ns = runnable;
-            mark->offline_ns = offline;
-            mark->resumed_ns = entry;
-            break;
-        }
+        if ((entry & RUNSTATE_UPDATE) || runstate.state_entry_time != entry || rdtsc() - tsc > quiet) continue;
+        mark->tsc = tsc;
+        mark->runnable_ns = runnable;
+        mark->offline_ns = offline;
+        return;
     }
-    mark->now_ns = system_time_at(&mark->tsc);
 }
 
-/* What was stolen (runnable, offline) inside the window [start_tsc, end_tsc): the increase from `before` (taken at
- * or before start_tsc) to `after` (taken just after end_tsc). Xen only counts a wait when the vCPU runs again, and
- * within one wait the vCPU is runnable (or offline) last, just before it resumes: the increase is placed there,
- * ending at the last resumption, and what of it lies before start_tsc is not the window's (the oldest part,
- * offline first, is cut). The vCPU ran at end_tsc (it read the TSC): a resumption after it ends a wait that began
- * after the window, of at most the time from end_tsc to the resumption; that much of the increase (the newest,
- * runnable first) is the next window's, returned in later_ns (runnable, offline). */
+/* What was stolen (runnable, offline) inside the window [start_tsc, end_tsc): the increase from `before` (as of
+ * start_tsc or earlier) to `after` (as of its TSC, just after end_tsc), placed on the guest's own TSC alone (Xen
+ * system time mapped onto the TSC through the time area was off by milliseconds now and then under nested TCG,
+ * which gave a budget wait to the gap before it). Any wait between end_tsc and the after mark's reading is time
+ * the guest saw pass there, and it is the next window's (the gap probe's next window starts at end_tsc): that
+ * much of the increase (the newest, runnable first) is returned in later_ns (runnable, offline). Xen counts a
+ * wait only when the vCPU runs again, and within one wait the vCPU is runnable (or offline) last, just before it
+ * resumes, at the latest at end_tsc: what of the rest exceeds the window is from before start_tsc and cut (the
+ * oldest part, offline first). */
 void xen_stolen_in_window(const xen_steal_mark *before, uint64_t start_tsc, uint64_t end_tsc,
                           const xen_steal_mark *after, uint64_t stolen_ns[2], uint64_t later_ns[2]) {
     uint64_t runnable = after->runnable_ns - before->runnable_ns, offline = after->offline_ns - before->offline_ns;
-    uint64_t since_resume = after->now_ns > after->resumed_ns ? ns_to_tsc(after->now_ns - after->resumed_ns) : 0;
-    uint64_t resumed = after->tsc > since_resume ? after->tsc - since_resume : 0, later = 0;
-    if (resumed > end_tsc) {
-        later = tsc_to_ns(resumed - end_tsc);
-        resumed = end_tsc;
-    }
+    uint64_t past = after->tsc > end_tsc ? tsc_to_ns(after->tsc - end_tsc) : 0;
+    uint64_t later = past > MARK_QUIET_NS ? past : 0; /* shorter: the guest's own steps to the mark */
     later_ns[0] = later < runnable ? later : runnable;
     later_ns[1] = later - later_ns[0] < offline ? later - later_ns[0] : offline;
     runnable -= later_ns[0];
     offline -= later_ns[1];
-    uint64_t room = resumed > start_tsc ? tsc_to_ns(resumed - start_tsc) : 0; /* window start to the resumption */
+    uint64_t room = end_tsc > start_tsc ? tsc_to_ns(end_tsc - start_tsc) : 0;
     if (runnable + offline > room) {
         uint64_t cut = runnable + offline - room, off = cut < offline ? cut : offline;
         offline -= off;
