@@ -539,6 +539,13 @@ def test_a_guests_samples_placed_on_the_trace_clock_keep_the_same_windows(record
     assert same < len(spans) / 2, (same, len(spans))
 
 
+def _switch_every_ms(base_ns: int, count: int) -> list[str]:
+    """A synthetic trace of MEASURED: ``count`` sched_switch lines 1 ms apart from ``base_ns``."""
+    return [f"{'stress':>16}-{77:<7} (  {77:>5}) [{MEASURED:03d}] d..2. {(base_ns + at * 1_000_000) / 1e9:12.6f}: "
+            f"sched_switch: prev_comm=stress prev_pid=77 prev_prio=49 prev_state=S ==> next_comm=swapper/1 "
+            f"next_pid=0 next_prio=120" for at in range(count)]
+
+
 def test_a_window_held_open_by_a_stall_keeps_its_trace_although_its_sample_comes_late() -> None:
     """A thread held off its CPU for 1.5 s (a stalled guest, a starved probe) writes no sample until it runs
     again, so the largest window's sample reaches the recorder long after the slack; the trace from the
@@ -548,9 +555,7 @@ def test_a_window_held_open_by_a_stall_keeps_its_trace_although_its_sample_comes
     from rtvirt.stream import RECORD
 
     base = 100_000_000_000
-    lines = [f"{'stress':>16}-{77:<7} (  {77:>5}) [{MEASURED:03d}] d..2. {(base + at * 1_000_000) / 1e9:12.6f}: "
-             f"sched_switch: prev_comm=stress prev_pid=77 prev_prio=49 prev_state=S ==> next_comm=swapper/1 "
-             f"next_pid=0 next_prio=120" for at in range(6000)]
+    lines = _switch_every_ms(base, 6000)
     starts = [at for at in range(5000) if not 2000 < at < 3500]  # a 1 kHz timer, stalled at +2 s for 1.5 s
     records = np.zeros(len(starts), dtype=RECORD)
     records["t_ns"] = base + np.array(starts, dtype=np.int64) * 1_000_000
@@ -576,9 +581,7 @@ def test_a_cpu_that_stays_silent_holds_the_trace_for_open_ns_only() -> None:
     from rtvirt.stream import RECORD
 
     base, seconds = 100_000_000_000, 30
-    lines = [f"{'stress':>16}-{77:<7} (  {77:>5}) [{MEASURED:03d}] d..2. {(base + at * 1_000_000) / 1e9:12.6f}: "
-             f"sched_switch: prev_comm=stress prev_pid=77 prev_prio=49 prev_state=S ==> next_comm=swapper/1 "
-             f"next_pid=0 next_prio=120" for at in range(seconds * 1000)]
+    lines = _switch_every_ms(base, seconds * 1000)
     records = np.zeros(1000, dtype=RECORD)  # one second of samples, then none
     records["t_ns"] = base + np.arange(1000, dtype=np.int64) * 1_000_000
     records["value"], records["cpu"] = 20_000, MEASURED

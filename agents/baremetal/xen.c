@@ -219,7 +219,8 @@ void xen_shutdown(void) {
 /* ---- stolen time: the vCPU's runstate area ---- */
 
 /* A reading of the runstate whose TSC bracket is longer than this is taken again: Xen may have held the vCPU
- * off inside it, before or after the copy (a reading is "as of" its first TSC only when nothing waited). */
+ * off inside it, before or after the copy (a reading is "as of" its first TSC only when nothing waited). Time up
+ * to this long from a window's end to its mark is the guest's own steps there, not a wait. */
 enum { MARK_QUIET_NS = 50000 };
 
 /* Registers vCPU 0's runstate area. False when this is not Xen or it refuses: no stolen time is measured then. */
