@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from rtvirt.environments.guest_image import BUSYBOX, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir
+from rtvirt.environments.guest_image import (
+    BUSYBOX,
+    Cpio,
+    _fetch_kernel,
+    _modules_in_load_order,
+    cache_dir,
+    kernel_elf,
+)
 
 QEMU = shutil.which("qemu-system-x86_64")
 GUEST_MODULES = ("virtio_pci", "9p", "9pnet_virtio")
@@ -84,7 +91,7 @@ def run_guest(tmp_path: Path, body: str, files: dict[str, str], append: str = ""
     # and np.unique(return_inverse=True) sorts through it
     qemu = subprocess.Popen(
         [QEMU, "-accel", "tcg", "-cpu", "Haswell-noTSX,-avx2", "-smp", str(vcpus), "-m", "1536", "-display", "none",
-         "-nodefaults", "-no-reboot", "-serial", f"file:{console}", "-kernel", str(vmlinuz), "-initrd",
+         "-nodefaults", "-no-reboot", "-serial", f"file:{console}", "-kernel", str(kernel_elf(vmlinuz)), "-initrd",
          str(initramfs), "-append", f"console=ttyS0 rdinit=/init quiet panic=-1 {append}".strip(),
          "-virtfs", "local,path=/,mount_tag=host,security_model=none,multidevs=remap,readonly=on",
          "-virtfs", f"local,path={out},mount_tag=out,security_model=none"],

@@ -322,7 +322,7 @@ def _boot_with_a_late_port(tmp_path: Path, wait_for_it: bool, late_s: float = 3.
     initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), (), devices), tmp_path)
     console, out, qmp = tmp_path / "console.log", tmp_path / "samples.rtvs", tmp_path / "qmp.sock"
     qemu = subprocess.Popen([QEMU, "-accel", "tcg", "-m", "256", "-display", "none", "-nodefaults", "-no-reboot",
-                             "-kernel", str(image.kernel), "-initrd", str(initrd), "-append",
+                             "-kernel", str(image.boot_kernel("tcg")), "-initrd", str(initrd), "-append",
                              "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check", "-serial", f"file:{console}",
                              "-qmp", f"unix:{qmp},server=on,wait=off", "-device", "virtio-serial-pci,id=serial"])
     try:

@@ -1,8 +1,10 @@
 """The Xen layer of explanations (explain.xen): xentrace in the lab's dom0 beside a gap probe in an RTDS domU.
 
-One lab boot (module fixture) serves two traced runs: a competing RT domU on the measuring domU's pCPU, and an
-RTDS budget shorter than the work. The reader of xentrace's records and the clock alignment are also checked on
-records built from Xen's trace.h layout. Lab timings are TCG-nested: assertions check causes and proportions.
+One lab boot (module fixture) serves the traced runs: a competing RT domU on the measuring domU's pCPU, an
+RTDS budget shorter than the bare-metal kernel's work (read by two tests), the bare-metal timer probe, a stressor
+inside a Linux domU and a long run kept by the flight recorder. The reader of xentrace's records and the clock
+alignment are also checked on records built from Xen's trace.h layout. Lab timings are TCG-nested: assertions
+check causes and proportions.
 """
 
 from __future__ import annotations
@@ -197,13 +199,26 @@ def test_a_competing_rt_domu_shows_as_runnable_while_it_ran(xen_lab: Any) -> Non
     assert layer.alignment_ns < 1_000_000, layer.notes
 
 
+@pytest.fixture(scope="module")
+def bare_rtds_run(xen_lab: Any) -> tuple[Explanation, Path]:
+    """Our bare-metal kernel's gap probe in an RTDS domU whose budget (4 ms of 10 ms) is shorter than its work,
+    every gap explained by the Xen and guest layers: (the stored explanation, the run's directory). Two tests
+    read it (the Xen layer's budget exhaustions, the guest's stolen time)."""
+    shared, work = xen_lab
+    config = XenConfig(kind="xen", name="explain-bare", guest="baremetal", scheduler="rtds", cpus=[1],
+                       boot_timeout="900s", rtds={"period": f"{PERIOD_US}us", "budget": f"{BUDGET_US}us"})
+    # every gap explained: under host load the largest ones are the outer host's, which Xen cannot see either
+    explanation, _ = _traced_gap_run(shared, config, work / "bare", competitor=False, layers=("xen", "guest"),
+                                     top=1000)
+    return explanation, work / "bare"
+
+
 @pytest.mark.vm
 @pytest.mark.timeout(1500)
-def test_an_rtds_budget_shorter_than_the_work_shows_as_exhaustion_until_replenishment(xen_lab: Any) -> None:
-    shared, work = xen_lab
-    config = XenConfig(kind="xen", name="explain-budget", scheduler="rtds", cpus=[1], boot_timeout="900s",
-                       rtds={"period": f"{PERIOD_US}us", "budget": f"{BUDGET_US}us"})
-    explanation, _ = _traced_gap_run(shared, config, work / "budget", competitor=False)
+def test_an_rtds_budget_shorter_than_the_work_shows_as_exhaustion_until_replenishment(
+        xen_lab: Any, bare_rtds_run: tuple[Explanation, Path]) -> None:
+    shared, _ = xen_lab
+    explanation, _ = bare_rtds_run
     layer = _xen(explanation)
     assert explanation.outliers >= 100, explanation.outliers
     assert _outliers_with(explanation, "budget") >= 0.5, (explanation.summary[:4], layer.notes)
@@ -239,17 +254,13 @@ def test_resume_stops_a_tracer_its_killed_campaign_left_in_dom0(xen_lab: Any) ->
 
 @pytest.mark.vm
 @pytest.mark.timeout(1500)
-def test_the_bare_metal_guest_reads_the_time_xen_stole_from_each_sample(xen_lab: Any) -> None:
+def test_the_bare_metal_guest_reads_the_time_xen_stole_from_each_sample(
+        bare_rtds_run: tuple[Explanation, Path]) -> None:
     """Our bare-metal kernel as the RTDS domU (budget 4 ms of 10 ms): its gap probe reads the vCPU's runstate area
     around every gap, and the stolen time it reports per sample is non-zero where the budget ran out, never more
     than the gap, and the runnable time xentrace saw in the same windows within the Xen layer's stated alignment."""
-    shared, work = xen_lab
-    config = XenConfig(kind="xen", name="explain-bare", guest="baremetal", scheduler="rtds", cpus=[1],
-                       boot_timeout="900s", rtds={"period": f"{PERIOD_US}us", "budget": f"{BUDGET_US}us"})
-    # every gap explained: under host load the largest ones are the outer host's, which Xen cannot see either
-    explanation, _ = _traced_gap_run(shared, config, work / "bare", competitor=False, layers=("xen", "guest"),
-                                     top=1000)
-    stream = read_stream(work / "bare" / "samples.rtvs")
+    explanation, run = bare_rtds_run
+    stream = read_stream(run / "samples.rtvs")
     assert stream.header["stolen"] == "xen-runstate" and stream.end_reason == "complete"
     runnable, offline = stream.stolen_per_sample()
     gaps = stream.records["value"].astype(np.int64)

@@ -48,9 +48,12 @@ snapshot() {{
   echo "qos:$(od -An -td4 /dev/cpu_dma_latency)" >> /tmp/out/$1.txt  # the PM QoS limit (us) tuned holds
   md5sum {SETTINGS} 2>/dev/null | sed 's/^/md5:/' >> /tmp/out/$1.txt
   grep -H '' {SETTINGS} 2>/dev/null | sed 's/^/value:/' >> /tmp/out/$1.txt
-  cat /proc/[0-9]*/stat 2>/dev/null | sed 's/^/stat:/' >> /tmp/out/$1.txt
-  grep -H '^Cpus_allowed_list:' /proc/[0-9]*/status 2>/dev/null | sed 's/^/allowed:/' >> /tmp/out/$1.txt
+  # every task but the driver (the caller): rtvirt's own process, whose flags say it used root's privileges
+  cat /proc/[0-9]*/stat 2>/dev/null | sed "/^$PPID /d; s/^/stat:/" >> /tmp/out/$1.txt
+  grep -H '^Cpus_allowed_list:' /proc/[0-9]*/status 2>/dev/null | grep -v "^/proc/$PPID/" \
+    | sed 's/^/allowed:/' >> /tmp/out/$1.txt
 }}
+if [ "$1" = snapshot ]; then snapshot "$2"; exit; fi  # the driver's call (CYCLES_DRIVER)
 mkdir -p /run/dbus
 dbus-daemon --system --fork
 tuned --daemon
@@ -60,25 +63,58 @@ for i in $(seq 600); do
     | grep -q 'boolean true' && break
   sleep 0.5
 done
-cycle() {{  # TAG PROFILE: tune and restore, with a snapshot before, during and after
-  snapshot before-$1
-  date +%s.%N > /tmp/out/times-$1
-  {RTVIRT_ENV} {sys.executable} -m rtvirt host tune --profile $2 --cpus 1 --json > /tmp/out/tune-$1.json \
-    2> /tmp/out/tune-$1.log
-  echo $? > /tmp/out/tune-$1.rc
-  date +%s.%N >> /tmp/out/times-$1
-  snapshot during-$1
-  {RTVIRT_ENV} {sys.executable} -m rtvirt host restore --json > /tmp/out/restore-$1.json 2> /tmp/out/restore-$1.log
-  echo $? > /tmp/out/restore-$1.rc
-  date +%s.%N >> /tmp/out/times-$1
-  snapshot after-$1
-}}
-cycle guest realtime-virtual-guest
-tuned-adm off
-cycle host realtime-virtual-host
-cycle plain realtime-host
+{RTVIRT_ENV} {sys.executable} /tmp/out/cycles.py {" ".join(":".join(cycle) for cycle in CYCLES)}
 cat /run/rtvirt/ledger.json > /tmp/out/ledger.json
 cp /var/log/tuned/tuned.log /tmp/out/tuned.log
+"""
+# the guest's rtvirt commands in one interpreter, each a whole CLI invocation with its own stdout, stderr and exit
+# status: a Python start with rtvirt's imports takes 15-30 s in this TCG guest, and the cycles made six
+CYCLES_DRIVER = r"""import os, subprocess, sys, time
+from rtvirt.cli import app
+
+
+def snapshot(name):
+    subprocess.run(["/bin/sh", "/tmp/out/script.sh", "snapshot", name], check=True)
+
+
+def rtvirt(args, out, err):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        os.dup2(stdout.fileno(), 1)
+        os.dup2(stderr.fileno(), 2)
+        try:
+            app.main(args, prog_name="rtvirt", standalone_mode=True)
+            status = 0
+        except SystemExit as stop:
+            status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+    return status
+
+
+selection = None
+for cycle in sys.argv[1:]:
+    tag, profile, wanted = cycle.split(":")
+    if wanted == "off" and selection != "off":
+        subprocess.run(["tuned-adm", "off"], check=True)
+    selection = wanted
+    snapshot(f"before-{tag}")
+    times = [time.time()]
+    status = rtvirt(["host", "tune", "--profile", profile, "--cpus", "1", "--json"], f"/tmp/out/tune-{tag}.json",
+                    f"/tmp/out/tune-{tag}.log")
+    open(f"/tmp/out/tune-{tag}.rc", "w").write(f"{status}\n")
+    times.append(time.time())
+    snapshot(f"during-{tag}")
+    status = rtvirt(["host", "restore", "--json"], f"/tmp/out/restore-{tag}.json", f"/tmp/out/restore-{tag}.log")
+    open(f"/tmp/out/restore-{tag}.rc", "w").write(f"{status}\n")
+    times.append(time.time())
+    open(f"/tmp/out/times-{tag}", "w").write("".join(f"{t:.3f}\n" for t in times))
+    snapshot(f"after-{tag}")
 """
 BODY = """mkdir /tuned-etc && cp -a /host/etc/tuned/. /tuned-etc/ && mount -o bind /tuned-etc /host/etc/tuned
 mount -t tmpfs log /host/var/log
@@ -151,6 +187,7 @@ def _met(state: dict[str, object]) -> dict[str, Callable[[], bool]]:
 def test_tuned_profile_applies_covers_and_restores_in_a_guest(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "script.sh").write_text(SCRIPT)
+    (tmp_path / "out" / "cycles.py").write_text(CYCLES_DRIVER)
     out = run_guest(tmp_path, BODY, {}, timeout=1200)
     for tag, profile, selection in CYCLES:
         _check_cycle(out, tag, profile, selection)

@@ -14,11 +14,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import lzma
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,8 @@ from ..fileio import mark_used, prune_cache, write_atomically
 
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
            "GUEST_AGENT_DIR", "guest_port_path", "guest_port_device", "agent_failure", "GuestKind", "guest_field",
-           "guest_description", "delivery_said", "stream_copy_field", "COPY_DISK", "COPY_DISK_BYTES", "beside_job"]
+           "guest_description", "delivery_said", "stream_copy_field", "COPY_DISK", "COPY_DISK_BYTES", "beside_job",
+           "kernel_elf"]
 
 # Guest kernel flavour -> Debian meta-package, and the cache directory its unpacked tree lives in.
 KERNEL_PACKAGES = {"linux": "linux-image-amd64", "linux-rt": "linux-image-rt-amd64"}
@@ -281,6 +284,12 @@ class GuestImage:
     flavour: str = "linux"
     preempt_rt: bool = False  # the kernel's own config says CONFIG_PREEMPT_RT=y
 
+    def boot_kernel(self, accel: str) -> Path:
+        """The kernel file QEMU boots: under TCG its ELF, entered through the PVH entry point, since the bzImage's
+        decompressor is emulated instruction by instruction there (6.8 s to power-off against 2.7 s here);
+        under KVM the bzImage, which decompresses in a tenth of a second and is 8x smaller to send."""
+        return kernel_elf(self.kernel) if accel == "tcg" else self.kernel
+
     def initramfs_with_jobs(self, jobs: bytes, directory: Path) -> Path:
         """A run's initramfs: the cached base followed by its job archive (the kernel unpacks both)."""
         path = directory / "initramfs.cpio"
@@ -298,6 +307,44 @@ def _run(argv: list[str], cwd: Path, what: str) -> None:
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         raise RunError(f"guest image: {what} failed: {tail[0][:300]}")
+
+
+def _bzimage_payload(image: bytes) -> bytes | None:
+    """The compressed kernel inside a bzImage (boot protocol 2.08 or later), None if ``image`` is not one."""
+    if len(image) < 0x250 or image[0x202:0x206] != b"HdrS" or int.from_bytes(image[0x206:0x208], "little") < 0x208:
+        return None
+    start = ((image[0x1F1] or 4) + 1) * 512 + int.from_bytes(image[0x248:0x24C], "little")
+    return image[start:start + int.from_bytes(image[0x24C:0x250], "little")]
+
+
+def _decompressed(payload: bytes) -> bytes | None:
+    try:
+        if payload.startswith(b"\xfd7zXZ\x00"):
+            return lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(payload)
+        if payload.startswith(b"\x1f\x8b"):
+            return zlib.decompressobj(wbits=31).decompress(payload)
+    except (lzma.LZMAError, zlib.error):
+        return None
+    return None  # another compression: whoever boots the bzImage reads it, at its own pace
+
+
+def kernel_elf(vmlinuz: Path) -> Path:
+    """The ELF kernel inside ``vmlinuz``, unpacked once and cached; ``vmlinuz`` itself when it holds none we
+    read. Booting the ELF skips the decompression an emulated CPU pays at every boot (GuestImage.boot_kernel)
+    and that libxenguest would pay in dom0 at every domain build: in the lab, `xl create` of a PV domU took
+    5.6 s with Debian's xz-packed vmlinuz and 0.7 s with the ELF (docs/environments-xen.md)."""
+    image = vmlinuz.read_bytes()
+    target = cache_dir() / f"vmlinux-{hashlib.sha256(image).hexdigest()[:16]}.elf"
+    if not target.exists():
+        payload = _bzimage_payload(image)
+        elf = _decompressed(payload) if payload is not None else None
+        if elf is None or not elf.startswith(b"\x7fELF"):
+            return vmlinuz
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(target, elf)
+        prune_cache(target.parent, "vmlinux-*.elf", target)
+    mark_used(target)
+    return target
 
 
 def _fetch_kernel(cache: Path, flavour: str = "linux") -> tuple[Path, Path]:

@@ -125,7 +125,8 @@ def _boot_once(image: GuestImage, accel: str, workdir: Path, timeout_s: float) -
     console = workdir / f"calibrate-{accel}.log"
     initrd = image.initramfs_with_jobs(job_archive(None), workdir)
     argv = [QEMU, "-accel", accel, "-m", "256", "-smp", "1", "-display", "none", "-nodefaults", "-no-reboot",
-            "-kernel", str(image.kernel), "-initrd", str(initrd), "-append", "console=ttyS0 quiet panic=-1",
+            "-kernel", str(image.boot_kernel(accel)), "-initrd", str(initrd),
+            "-append", "console=ttyS0 quiet panic=-1",
             "-serial", f"file:{console}"]
     started = time.monotonic()
     with Supervisor() as supervisor:
@@ -327,7 +328,7 @@ class QemuEnvironment(Environment):
                    "-display", "none", "-nodefaults", "-no-reboot", "-S",
                    # threads named after their role ("CPU 0/TCG", "worker"): what an explanation names
                    "-name", f"{self.config.label},debug-threads=on",
-                   "-kernel", str(image.kernel), "-initrd", str(initrd),
+                   "-kernel", str(image.boot_kernel(accel)), "-initrd", str(initrd),
                    # no_timer_check: a vCPU starved while booting under TCG fails the IO-APIC timer
                    # check and panics ("IO-APIC + timer doesn't work"), seen here under load
                    "-append", "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check",

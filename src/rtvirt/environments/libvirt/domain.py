@@ -113,6 +113,10 @@ class LibvirtEnvironment(LibvirtTeardown):
                 and self.config.local and os.geteuid() == 0 and _v1_cpu_controller() is not None):
             self._rt = self.shared.get("libvirt:rt-throttling", RtThrottlingLifted)
 
+    def _accel(self) -> str:
+        """QEMU's accelerator behind the chosen domain type (kvm or tcg)."""
+        return "kvm" if self._type["type"] == "kvm" else "tcg"
+
     def _choose_type(self, connection: LibvirtConnection) -> dict[str, str]:
         requested = self.config.domain_type
         if requested != "auto":
@@ -167,7 +171,8 @@ class LibvirtEnvironment(LibvirtTeardown):
                                                self.workdir)
             self._initrd_volume = f"{self._name}.initrd"
             channel = OUTPUT_PORT
-            definition = self._domain_xml(connection.kernel(image.kernel), connection.volume_path(self._initrd_volume),
+            definition = self._domain_xml(connection.kernel(image.boot_kernel(self._accel())),
+                                          connection.volume_path(self._initrd_volume),
                                           out is not None)
         try:
             # defined before its initrd exists, so that reclaim never sees a volume without its domain
@@ -215,8 +220,7 @@ class LibvirtEnvironment(LibvirtTeardown):
             return guest
         self.start()
         vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin else None
-        accel = "kvm" if self._type["type"] == "kvm" else "tcg"
-        self._vm_source = vm_source(self.config.label, vcpu_cpus, accel, config,
+        self._vm_source = vm_source(self.config.label, vcpu_cpus, self._accel(), config,
                                     no_clock="the bare-metal guest takes no part in the clock exchange"
                                     if self.config.guest == "baremetal" else None)
         return [self._vm_source, *guest]

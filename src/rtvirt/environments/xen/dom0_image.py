@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ...errors import RunError
 from ...fileio import mark_used, prune_cache, write_atomically
-from ..guest_image import BUSYBOX, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir
-from .files import A653_TOOL, VIF_HOTPLUG, VIF_SCRIPT, _domu_base, _run, a653_tool, domu_kernel
+from ..guest_image import BUSYBOX, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir, kernel_elf
+from .files import A653_TOOL, VIF_HOTPLUG, VIF_SCRIPT, _domu_base, _run, a653_tool
 
 __all__ = ["DOMU_INITRAMFS", "DOMU_KERNEL", "dom0_image", "hvm_archive"]
 
@@ -28,7 +28,7 @@ DOM0_MODULES = ("xen_evtchn", "xen_privcmd", "xen_gntdev", "xen_gntalloc", "xenf
 DOM0_READY_MARK = "RTVIRT-DOM0-READY"
 DOM0_PATH = "/usr/lib/xen-4.17/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DOM0_LIBRARY_PATH = "/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu"
-DOMU_KERNEL = "/rtvirt/domu/vmlinux"  # its ELF (files.domu_kernel), for PV and PVH domUs
+DOMU_KERNEL = "/rtvirt/domu/vmlinux"  # its ELF (guest_image.kernel_elf), for PV and PVH domUs
 DOMU_INITRAMFS = "/rtvirt/domu/base.cpio"
 
 
@@ -125,7 +125,7 @@ def dom0_image() -> tuple[Path, Path]:
     cache = cache_dir()
     vmlinuz, modules_dir = _fetch_kernel(cache)
     domu = _domu_base(modules_dir)
-    domu_elf = domu_kernel(vmlinuz)
+    domu_elf = kernel_elf(vmlinuz)
     modules = _modules_in_load_order(modules_dir, DOM0_MODULES)
     a653 = a653_tool()
     libraries = _libraries((*TOOLSTACK, str(a653)))

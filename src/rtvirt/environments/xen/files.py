@@ -4,15 +4,13 @@ domUs' kernel and initramfs (the guest image plus the netfront overlay)."""
 from __future__ import annotations
 
 import hashlib
-import lzma
 import subprocess
-import zlib
 from pathlib import Path
 
 from ...agents import XEN_A653, agent_path
 from ...errors import RunError
 from ...fileio import mark_used, prune_cache, write_atomically
-from ..guest_image import GUEST_MODULES, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir, guest_image
+from ..guest_image import GUEST_MODULES, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir, guest_image, kernel_elf
 
 __all__ = ["A653_TOOL", "DOM0_LINK_ADDRESS", "VIF_HOTPLUG", "VIF_SCRIPT", "a653_tool", "local_domu_files"]
 
@@ -86,43 +84,6 @@ def _domu_base(modules_dir: Path, flavour: str = "linux") -> bytes:
     overlay.file("rtvirt/modules", "".join(f"{m.name}\n" for m in modules).encode())
     return image.initramfs.read_bytes() + overlay.to_bytes()
 
-def _bzimage_payload(image: bytes) -> bytes | None:
-    """The compressed kernel inside a bzImage (boot protocol 2.08 or later), None if ``image`` is not one."""
-    if len(image) < 0x250 or image[0x202:0x206] != b"HdrS" or int.from_bytes(image[0x206:0x208], "little") < 0x208:
-        return None
-    start = ((image[0x1F1] or 4) + 1) * 512 + int.from_bytes(image[0x248:0x24C], "little")
-    return image[start:start + int.from_bytes(image[0x24C:0x250], "little")]
-
-
-def _decompressed(payload: bytes) -> bytes | None:
-    try:
-        if payload.startswith(b"\xfd7zXZ\x00"):
-            return lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(payload)
-        if payload.startswith(b"\x1f\x8b"):
-            return zlib.decompressobj(wbits=31).decompress(payload)
-    except (lzma.LZMAError, zlib.error):
-        return None
-    return None  # another compression: libxenguest still reads it, at its own pace
-
-
-def domu_kernel(vmlinuz: Path) -> Path:
-    """The ELF kernel inside ``vmlinuz``, unpacked once and cached; ``vmlinuz`` itself when it holds none we
-    read. libxenguest would decompress the bzImage in dom0 at every domain build: in the lab, `xl create` of
-    a PV domU took 5.6 s with Debian's xz-packed vmlinuz and 0.7 s with the ELF (docs/environments-xen.md)."""
-    image = vmlinuz.read_bytes()
-    target = cache_dir() / "xen" / f"vmlinux-{hashlib.sha256(image).hexdigest()[:16]}.elf"
-    if not target.exists():
-        payload = _bzimage_payload(image)
-        elf = _decompressed(payload) if payload is not None else None
-        if elf is None or not elf.startswith(b"\x7fELF"):
-            return vmlinuz
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(target, elf)
-        prune_cache(target.parent, "vmlinux-*.elf", target)
-    mark_used(target)
-    return target
-
-
 def local_domu_files(flavour: str = "linux", mode: str = "pv") -> tuple[Path, Path]:
     """(kernel, initramfs) of a domU with the flavour's guest kernel (guest_image.KERNEL_PACKAGES): the guest
     image plus the netfront overlay. The kernel is its ELF for PV and PVH, the bzImage for an HVM domU (its
@@ -138,4 +99,4 @@ def local_domu_files(flavour: str = "linux", mode: str = "pv") -> tuple[Path, Pa
         prune_cache(target.parent, f"{prefix}*.cpio", target,  # not another flavour's ("domu-linux-rt-...")
                     lambda old: old.name.removeprefix(prefix).count("-") == 0)
     mark_used(target)
-    return vmlinuz if mode == "hvm" else domu_kernel(vmlinuz), target
+    return vmlinuz if mode == "hvm" else kernel_elf(vmlinuz), target

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import RunError
 from ...procs import Supervisor
-from ..guest_image import Cpio, cache_dir
+from ..guest_image import Cpio, cache_dir, kernel_elf
 from .config import XenLabConfig
 from .dom0_image import DOM0_READY_MARK, dom0_image
 from .files import _run
@@ -165,7 +165,7 @@ class XenLab:
                 "-smp", str(self.config.pcpus), "-m", str(self.config.memory),
                 "-display", "none", "-nodefaults", "-no-reboot", "-serial", f"file:{self.console}",
                 "-kernel", str(self.hypervisor), "-append", xen_command_line,
-                "-initrd", f"{vmlinuz} console=hvc0 rdinit=/init quiet,{initrd}",
+                "-initrd", f"{kernel_elf(vmlinuz)} console=hvc0 rdinit=/init quiet,{initrd}",
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
                 "-device", "virtio-net-pci,netdev=n0"]
         return argv
