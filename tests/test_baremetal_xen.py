@@ -14,7 +14,8 @@ import pytest
 from test_env_xen import _run, lab_campaign  # noqa: F401 - the session's lab campaign fixture (one boot)
 
 from rtvirt.environments.baremetal import FRAME_MAGIC, ConsoleDemux, xen_domain_lines
-from rtvirt.environments.xen import XenConfig
+from rtvirt.environments.base import SharedResources
+from rtvirt.environments.xen import XenConfig, XenEnvironment
 from rtvirt.errors import InputError
 from rtvirt.scenario.loader import parse_scenario
 from rtvirt.stream import read_stream
@@ -59,9 +60,16 @@ def test_a_frame_that_is_not_ours_ends_the_stream_and_keeps_its_prefix(tmp_path:
     assert demux.text().endswith("RTVIRT-EXIT 1\n")
 
 
-def test_the_xen_environment_takes_the_bare_metal_guest_as_a_one_vcpu_pvh_domu() -> None:
+def test_the_xen_environment_takes_the_bare_metal_guest_as_a_one_vcpu_pvh_domu(tmp_path: Path) -> None:
     config = XenConfig(kind="xen", guest="baremetal", mode="pvh")
     assert config.guest == "baremetal"
+    # a disturbing domU beside our kernel is a Linux domU of the configured mode (it was created as PV and then
+    # refused for not being the PVH our kernel needs)
+    with SharedResources() as shared:
+        env = XenEnvironment(XenConfig(kind="xen", guest="baremetal"), shared.supervisor, tmp_path, shared)
+        stressor = env.stressor_guest(1, None)
+        assert isinstance(stressor, XenEnvironment)
+        assert (env._domain_type(), stressor._domain_type(), stressor._flavour()) == ("pvh", "pv", "linux")
     with pytest.raises(ValueError, match="vcpus: the bare-metal guest runs on one vCPU"):
         XenConfig(kind="xen", guest="baremetal", vcpus=2)
     with pytest.raises(ValueError, match="mode: the bare-metal guest boots as a PVH domU"):

@@ -93,7 +93,7 @@ class XenEnvironment(XenTeardown):
         assert self._dom0 is not None
         if boot is None:
             kernel = self._dom0.domu_files(self._flavour(), self._domain_type())[0]
-            boot = [f'type = "{self.config.mode}"', f'kernel = "{kernel}"', f'ramdisk = "{initrd}"',
+            boot = [f'type = "{self._domain_type()}"', f'kernel = "{kernel}"', f'ramdisk = "{initrd}"',
                     'extra = "console=hvc0 rdinit=/init quiet"',
                     f"memory = {self.config.stressor_memory if self._parent else self.config.memory}"]
         lines = [f'name = "{name}"', *boot,

@@ -77,7 +77,9 @@ class XenDomainState(Environment):
         return [",".join(map(str, cpus))]
 
     def _domain_type(self) -> str:
-        return "pvh" if self.config.guest == "baremetal" else self.config.mode
+        """PV, PVH or HVM: our bare-metal kernel boots as PVH only; a disturbing domU beside it is a Linux domU of
+        the configured mode."""
+        return "pvh" if self.config.guest == "baremetal" and self._parent is None else self.config.mode
 
     def _flavour(self) -> str:
         """The guest kernel of this domU: the scenario's for the measuring one, Debian's for disturbing ones."""
