@@ -70,6 +70,10 @@ def test_each_stressor_runs_and_does_work(name: str, tmp_path: Path) -> None:
     assert summary.parts[0].cpu_time_ns and summary.parts[0].cpu_time_ns > 0
 
 
+# quiet: twenty SCHED_OTHER workers must each get some CPU within 800 ms. Beside the parallel phase's TCG guests
+# (many busy sessions, each its own autogroup) the ten mem workers once got 0.13 ms in all and touched nothing;
+# beside 40 busy sessions here, 1 run of 3 did the same
+@pytest.mark.quiet
 def test_mix_is_ten_cpu_plus_ten_mem_workers() -> None:
     summary = run_stressor("mix", {"duration": "800ms", "block": "4MiB"})
     assert [(p.name, p.workers) for p in summary.parts] == [("cpu", 10), ("mem", 10)]
