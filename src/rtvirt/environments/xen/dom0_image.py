@@ -117,7 +117,8 @@ def hvm_archive() -> bytes:
     return buffer.getvalue()
 
 def dom0_image() -> tuple[Path, Path]:
-    """(dom0 kernel, dom0 base initramfs), the initramfs rebuilt when anything it holds changed."""
+    """(dom0 kernel, dom0 base initramfs), the initramfs rebuilt when anything it holds changed. The kernel is
+    the ELF inside Debian's bzImage, for dom0 (Xen loads it without decompressing) and its domUs alike."""
     missing = [path for path in (*TOOLSTACK, *EXTRA_LIBRARIES, str(BUSYBOX)) if not Path(path).exists()]
     if missing:
         raise RunError(f"xen lab: {missing[0]} is missing (scripts/setup.sh installs xen-utils-4.17, "
@@ -125,7 +126,7 @@ def dom0_image() -> tuple[Path, Path]:
     cache = cache_dir()
     vmlinuz, modules_dir = _fetch_kernel(cache)
     domu = _domu_base(modules_dir)
-    domu_elf = kernel_elf(vmlinuz)
+    elf = kernel_elf(vmlinuz)
     modules = _modules_in_load_order(modules_dir, DOM0_MODULES)
     a653 = a653_tool()
     libraries = _libraries((*TOOLSTACK, str(a653)))
@@ -137,7 +138,7 @@ def dom0_image() -> tuple[Path, Path]:
     target = cache / "xen" / f"dom0-{digest.hexdigest()[:16]}.cpio"
     if target.exists():
         mark_used(target)
-        return vmlinuz, target
+        return elf, target
     archive = Cpio()
     directories = {"bin", "sbin", "proc", "sys", "dev", "tmp", "run", "var", "var/log", "var/run", "var/lib",
                    "etc", "etc/ssh", "etc/xen", "etc/xen/scripts", "root", "root/.ssh", "rtvirt",
@@ -155,7 +156,7 @@ def dom0_image() -> tuple[Path, Path]:
     for module in modules:
         archive.file(f"rtvirt/modules.d/{module.name}", module.read_bytes())
     archive.file("rtvirt/modules", "".join(f"{m.name}\n" for m in modules).encode())
-    archive.file(DOMU_KERNEL.lstrip("/"), domu_elf.read_bytes())
+    archive.file(DOMU_KERNEL.lstrip("/"), elf.read_bytes())
     archive.file(DOMU_INITRAMFS.lstrip("/"), domu)
     archive.file(VIF_SCRIPT.lstrip("/"), VIF_HOTPLUG.encode(), executable=True)
     archive.file("etc/xen/xl.conf", b'autoballoon="off"\n')
@@ -165,4 +166,4 @@ def dom0_image() -> tuple[Path, Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(target, archive.to_bytes())
     prune_cache(target.parent, "dom0-*.cpio", target)
-    return vmlinuz, target
+    return elf, target

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import RunError
 from ...procs import Supervisor
-from ..guest_image import Cpio, cache_dir, kernel_elf
+from ..guest_image import Cpio, cache_dir
 from .config import XenLabConfig
 from .dom0_image import DOM0_READY_MARK, dom0_image
 from .files import _run
@@ -123,16 +123,16 @@ class XenLab:
         from ..qemu import choose_accel
 
         self.hypervisor = rt_hypervisor()
-        vmlinuz, base = dom0_image()
+        kernel, base = dom0_image()
         keys = self._keys()
         initrd = self._initrd(base, keys)
-        for path in (vmlinuz, initrd):
+        for path in (kernel, initrd):
             if "," in str(path):
                 raise RunError(f"xen lab: QEMU cannot take a multiboot module path with a comma: {path}")
         self.accel = choose_accel(self.config.accel)
         port = _free_port()
         started = time.monotonic()
-        self._proc = self.supervisor.start(self._qemu_argv(vmlinuz, initrd, port), stdout=subprocess.DEVNULL,
+        self._proc = self.supervisor.start(self._qemu_argv(kernel, initrd, port), stdout=subprocess.DEVNULL,
                                            stderr=subprocess.PIPE)
         (self.directory / QEMU_PID_FILE).write_text(str(self._proc.pid))
         self._await_dom0(started + self.config.boot_timeout / 1e9)
@@ -151,7 +151,7 @@ class XenLab:
             out.write(lab_files.to_bytes())
         return initrd
 
-    def _qemu_argv(self, vmlinuz: Path, initrd: Path, port: int) -> list[str]:
+    def _qemu_argv(self, kernel: Path, initrd: Path, port: int) -> list[str]:
         """QEMU booting Xen (multiboot) with dom0's kernel and initramfs, its sshd forwarded to 127.0.0.1:port."""
         assert self.hypervisor is not None
         kvm = self.accel["accel"] == "kvm"
@@ -165,7 +165,7 @@ class XenLab:
                 "-smp", str(self.config.pcpus), "-m", str(self.config.memory),
                 "-display", "none", "-nodefaults", "-no-reboot", "-serial", f"file:{self.console}",
                 "-kernel", str(self.hypervisor), "-append", xen_command_line,
-                "-initrd", f"{kernel_elf(vmlinuz)} console=hvc0 rdinit=/init quiet,{initrd}",
+                "-initrd", f"{kernel} console=hvc0 rdinit=/init quiet,{initrd}",
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
                 "-device", "virtio-net-pci,netdev=n0"]
         return argv
