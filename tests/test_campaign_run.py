@@ -340,13 +340,15 @@ def test_several_scenarios_run_as_campaigns_of_one_command_and_resume_together(t
                       "--scale", "0.1", timeout=240)
     assert resumed.returncode == 2 and "option --scale" in resumed.stderr  # the campaigns ran at scale 1
     resumed = run_cli("run", "--resume", str(first), str(second), "--out", str(results), "--no-progress", "--json",
-                      timeout=240)
+                      "--no-report", timeout=240)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     documents = json.loads(resumed.stdout)["campaigns"]
     assert [d["scenario"] for d in documents] == ["first", "second"]
     assert [len(d["runs"]) for d in documents] == [3, 3]
     assert {r["status"] for d in documents for r in d["runs"].values()} == {"complete"}
     assert all(json.loads(p.read_text())["finished"] for p in states.values())
+    # --no-report: the runs are stored, no campaign wrote a report
+    assert [d["report"] for d in documents] == [None, None] and not list(results.glob("campaigns/*/report.*"))
 
 
 def test_a_failing_teardown_fails_its_run_keeps_its_samples_and_the_campaign_goes_on(

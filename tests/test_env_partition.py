@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rtvirt.environments import ENVIRONMENTS
+from rtvirt.environments import ENVIRONMENTS, Environment
 from rtvirt.environments.partition import CgroupTree, PartitionConfig, PartitionEnvironment
 from rtvirt.environments.sched import SchedPolicy
 from rtvirt.errors import RunError
@@ -127,7 +127,8 @@ def test_partition_quota_throttles_a_spinning_task(tmp_path: Path) -> None:
 
 def test_registry_and_availability() -> None:
     assert set(ENVIRONMENTS) == {"host", "partition", "qemu", "libvirt", "ssh", "xen"}
-    for cls in ENVIRONMENTS.values():
+    for kind, cls in ENVIRONMENTS.items():  # each line of the registry names its kind's class
+        assert cls.kind == kind and issubclass(cls, Environment)
         assert cls.available() is None or isinstance(cls.available(), str)
 
 

@@ -20,7 +20,8 @@ from rtvirt.explain.clocksync import ClockMap
 from rtvirt.explain.config import ExplainConfig
 from rtvirt.explain.model import CollectContext, LayerTrace
 from rtvirt.explain.tracefs import TEXT_RESOLUTION_NS
-from rtvirt.explain.vm import VmSource, vcpu_owner
+from rtvirt.explain.vcpus import vcpu_owner
+from rtvirt.explain.vm import VmSource
 from rtvirt.procs import Supervisor
 from rtvirt.stream import SampleStream, read_stream
 from rtvirt.stressors import start_stressor
@@ -255,7 +256,8 @@ def test_what_ran_while_a_vcpu_was_off_is_named_by_who_it_is() -> None:
     """vCPU 0 (tid 500) of a VM whose QEMU is pid 400, off from 100.000100 to 100.001700 on pCPU 1: its own
     vCPU 1, a QEMU worker, another VM's vCPU and a host stressor ran there; the idle task is no cause."""
     from rtvirt.explain.tracefs import parse_trace
-    from rtvirt.explain.vm import VmThreads, forget_vcpus, read_events, register_vcpus, vcpu_occupancies
+    from rtvirt.explain.vcpus import forget_vcpus, register_vcpus
+    from rtvirt.explain.vm import VmThreads, read_events, vcpu_occupancies
 
     register_vcpus("stress-vm-1", {0: 900})
     try:

@@ -116,7 +116,10 @@ for cycle in sys.argv[1:]:
     open(f"/tmp/out/times-{tag}", "w").write("".join(f"{t:.3f}\n" for t in times))
     snapshot(f"after-{tag}")
 """
+# tuned's dynamic tuning off: with it, the daemon moves the PM QoS limit between 1000 and 100 us every 10 s as the
+# guest's load changes (virtual-guest's cpu plugin), so a snapshot would catch tuned's mood, not rtvirt's work
 BODY = """mkdir /tuned-etc && cp -a /host/etc/tuned/. /tuned-etc/ && mount -o bind /tuned-etc /host/etc/tuned
+sed -i 's/^dynamic_tuning *=.*/dynamic_tuning = 0/' /tuned-etc/tuned-main.conf
 mount -t tmpfs log /host/var/log
 chroot /host /bin/sh /tmp/out/script.sh"""
 

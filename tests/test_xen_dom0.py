@@ -37,17 +37,20 @@ name = "timer"
 probe = "timer"
 params = { interval = "1ms" }
 
+# our bare-metal kernel as the domU (PVH): what is checked is dom0's side, and it boots in 3 s where a Linux domU
+# took 27 s under nested TCG
 [[environments]]
 kind = "xen"
 name = "rtds"
+guest = "baremetal"
 dom0_vcpus = 1
 scheduler = "rtds"
-# 9 of 10 ms: the domU's Linux boots under its reservation (25 s at 5 of 10 under nested TCG)
 rtds = { period = "10ms", budget = "9ms" }
 
 [[environments]]
 kind = "xen"
 name = "long"
+guest = "baremetal"
 dom0_vcpus = 1
 
 [[disturbances]]

@@ -21,8 +21,9 @@ from rtvirt.procs import Supervisor
 
 SHARE_MODULES = ("9p", "9pnet_virtio")
 MOUNT_BEFORE = "xenstored --pid-file"  # the shares are mounted before dom0's toolstack starts
-# numpy and pyarrow of the host die with SIGILL on qemu64 (the lab's TCG CPU): Haswell-noTSX, PV domUs only
-TCG_CPU_WITH_SHARES = "Haswell-noTSX"
+# numpy and pyarrow of the host die with SIGILL on plain qemu64 (the lab's TCG CPU): they need SSSE3, SSE4.1/4.2 and
+# POPCNT (x86-64-v2); the lab's CPU with those keeps its nested paging (+npt), so PVH domUs run here too
+TCG_CPU_WITH_SHARES = "qemu64,+npt,+ssse3,+sse4.1,+sse4.2,+popcnt"
 
 
 @dataclass(frozen=True)

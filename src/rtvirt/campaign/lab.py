@@ -35,10 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..errors import InputError, RtvirtError
 from ..probes import ProbeSpec
 from ..procs import stops_deferred
-from ..remote.agents import REMOTE_DIR_PATTERN, TargetLink
+from ..remote.agents import TargetLink
 from ..remote.labgrid import PLACE_PATTERN, resolve_place
 from ..remote.probe import DEFAULT_REMOTE_DIR, run_probe_on_target
-from ..remote.target import HOST_PATTERN, SshTarget, SshTargetFields
+from ..remote.target import HOST_PATTERN, REMOTE_DIR_PATTERN, SshTarget, SshTargetFields
 from ..scenario.loader import _error as located_error
 from ..store import new_run, write_measured_run
 

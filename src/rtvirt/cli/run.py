@@ -164,9 +164,11 @@ def _print_result(result: CampaignResult) -> None:
               "given), skipping finished runs")
 @click.option("--progress/--no-progress", default=None, help="progress bars on stderr [default: when stderr is a "
               "terminal]")
+@click.option("--report/--no-report", default=True, help="write each campaign's HTML report (--no-report: store "
+              "the runs only, e.g. in a small dom0; `rtvirt report` writes one later, also on another machine)")
 @click.option("--json", "as_json", is_flag=True, help="print the campaign summary (every run) as JSON")
 def run(scenarios: tuple[str, ...], results: str, scale: float | None, repetitions: int | None, resume: bool,
-        progress: bool | None, as_json: bool) -> None:
+        progress: bool | None, report: bool, as_json: bool) -> None:
     """Run a campaign: a built-in scenario NAME (default: `default`) or a scenario FILE.toml.
 
     Several SCENARIOS run one after the other as separate campaigns (each with its report) that share what is
@@ -182,7 +184,7 @@ def run(scenarios: tuple[str, ...], results: str, scale: float | None, repetitio
         with SharedResources() as shared:
             for parsed, state in campaigns:
                 done.append(run_campaign(parsed, state, store.write_dir, show_progress=progress_wanted(progress),
-                                         shared=shared))
+                                         write_report=report, shared=shared))
                 if done[-1].interrupted:
                     break
     except KeyboardInterrupt:

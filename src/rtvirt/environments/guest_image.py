@@ -29,7 +29,7 @@ from typing import Any, Literal
 from ..agents import AGENTS, BAREMETAL_KERNEL, agent_path
 from ..errors import InputError, RunError
 from ..explain.clocksync import GUEST_CLOCK_SYNC
-from ..explain.guest import GUEST_TRACE_SHELL
+from ..explain.guest_channel import GUEST_TRACE_SHELL
 from ..fileio import mark_used, prune_cache, write_atomically
 
 __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",

@@ -26,9 +26,8 @@ from pydantic import Field, model_validator
 
 from ..errors import RunError
 from ..explain.clocksync import CLOCK_PORT, ClockExchange
-from ..explain.guest import GUEST_TRACE_FILE, GUEST_TRACE_PORT, guest_layer
-from ..explain.sources import vm_source
-from ..explain.vm import VmSource, forget_vcpus, register_vcpus
+from ..explain.guest_channel import GUEST_TRACE_FILE, GUEST_TRACE_PORT
+from ..explain.vcpus import forget_vcpus, register_vcpus
 from ..fileio import write_atomically
 from ..host.checks.base import cpu_list
 from ..host.ledger import process_holder
@@ -61,6 +60,7 @@ from .sched import SchedPolicy, apply_policy, thread_ids
 if TYPE_CHECKING:
     from ..explain.config import ExplainConfig
     from ..explain.model import TraceSource
+    from ..explain.vm import VmSource
 
 __all__ = ["QemuConfig", "QemuEnvironment", "choose_accel", "QEMU"]
 
@@ -278,6 +278,8 @@ class QemuEnvironment(Environment):
         """The VM layer on the vCPUs' host CPUs (explain.vm; the run's guest then also exchanges clock readings
         with the host over an rtvirt.clock port, explain.clocksync) and the guest layer (explain.guest), those
         the scenario asks for."""
+        from ..explain.sources import vm_source  # numpy and the tracer: only for an explained run
+
         guest = self._guest_trace_sources(config)
         if "vm" not in config.layers:
             return guest
@@ -292,6 +294,8 @@ class QemuEnvironment(Environment):
     def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
         """The guest layer (explain.guest): a Linux guest traces its measuring vCPU itself and sends the trace
         to the host after its main job; the bare-metal guest's timer probe times its own interrupts."""
+        from ..explain.guest import guest_layer
+
         sources, self._guest_trace_files = guest_layer(self.config.guest, config, self.workdir, self.config.memory,
                                                        self.config.vcpus, lambda: self._out)
         return sources

@@ -19,15 +19,15 @@ from pydantic import Field, field_validator
 
 from ..errors import InputError, RunError
 from ..params import CpuList
-from ..remote.agents import REMOTE_DIR_PATTERN, RemoteAgent, TargetLink
 from ..remote.connection import STDERR_HEAD_BYTES
-from ..remote.target import SshTargetFields
+from ..remote.target import REMOTE_DIR_PATTERN, SshTargetFields
 from ..sysaudit import audit_system
 from .base import Environment, EnvironmentConfig, Launched, SharedResources
 
 if TYPE_CHECKING:
     from ..explain.config import ExplainConfig
     from ..explain.model import TraceSource
+    from ..remote.agents import RemoteAgent, TargetLink
 
 __all__ = ["SshConfig", "SshEnvironment", "Disturber"]
 
@@ -60,6 +60,8 @@ class SshConfig(EnvironmentConfig, SshTargetFields):
 
 def _link(shared: SharedResources, fields: SshTargetFields, remote_dir: str) -> TargetLink:
     """The campaign's one connection to this target (made on first use)."""
+    from ..remote.agents import TargetLink  # the stream code (numpy): only once a target is reached
+
     target = fields.ssh_target()
     return shared.get(f"ssh:{target.model_dump_json()}:{remote_dir}", lambda: TargetLink(target, remote_dir))
 

@@ -24,17 +24,15 @@ from typing import Any
 
 import numpy as np
 
+from .guest_channel import BEGIN_MARK, END_MARK, GUEST_TRACE_FILE, STATS_MARK
 from .host import HOST_EVENTS, near_windows, occupancies_from_events
 from .model import CollectContext, Layer, LayerTrace, Occupancy
 from .tracefs import TEXT_RESOLUTION_NS, cpu_mask, parse_trace
 
-__all__ = ["GuestTraceSource", "BaremetalGuestSource", "GUEST_TRACE_PORT", "GUEST_TRACE_FILE", "GUEST_TRACE_SHELL",
-           "guest_trace_files", "timerlat_split", "read_guest_trace", "guest_buffer_kb", "TIMERLAT_PHASES",
-           "BAREMETAL_PHASES", "STOLEN_CAUSES", "stolen_occupancies", "stolen_spans", "guest_layer"]
+__all__ = ["GuestTraceSource", "BaremetalGuestSource", "guest_trace_files", "timerlat_split", "read_guest_trace",
+           "guest_buffer_kb", "TIMERLAT_PHASES", "BAREMETAL_PHASES", "STOLEN_CAUSES", "stolen_occupancies",
+           "stolen_spans", "guest_layer"]
 
-GUEST_TRACE_PORT = "rtvirt.trace"
-GUEST_TRACE_FILE = "guest-trace.txt"  # in the run's work directory: what the guest sent
-BEGIN_MARK, END_MARK, STATS_MARK = "RTVIRT-TRACE-BEGIN", "RTVIRT-TRACE-END", "RTVIRT-TRACE-STATS"
 TRACE_LIMIT = 256 << 20  # bytes of a guest's trace the host reads (untrusted text)
 # a guest idle in an outlier's window had nothing else to run: its wake-up (the timer IRQ) reached it late
 GUEST_IDLE = "guest idle: nothing ran in the guest until its timer IRQ arrived"
@@ -42,48 +40,6 @@ GUEST_BUFFER_SHARE = 8  # at most 1/8 of the guest's memory for its trace buffer
 # a guest ships its trace as text after the run, through an emulated port: a bound on what it holds keeps that
 # short (about 3 bytes of text per byte of buffer; the newest events are kept)
 GUEST_BUFFER_MAX_KB = 8192
-
-# /init's part (sourced into its script): ``guest_trace start`` before the jobs, ``guest_trace end`` after the
-# main job. It only acts when the run's job archive holds trace.* files (an explained run), and only reads
-# values rtvirt wrote itself (event names, a hex CPU mask, numbers, an address). The trace goes to the
-# rtvirt.trace port, or where trace.dest says (a Xen domU: dom0's address and a port, over its vif, which the
-# main job brought up). The instance is removed at the end.
-GUEST_TRACE_SHELL = r"""
-guest_trace() {
-  [ -e /rtvirt/jobs/trace.events ] || return 0
-  t=/sys/kernel/tracing/instances/rtvirt-guest
-  if [ "$1" = start ]; then
-    [ -e /sys/kernel/tracing/instances ] || mount -t tracefs nodev /sys/kernel/tracing
-    mkdir "$t" || { echo "rtvirt: no tracefs instance in the guest"; return 0; }
-    echo mono > "$t/trace_clock"
-    cat /rtvirt/jobs/trace.buffer_kb > "$t/buffer_size_kb"
-    cat /rtvirt/jobs/trace.cpumask > "$t/tracing_cpumask"
-    cat /rtvirt/jobs/trace.overwrite > "$t/options/overwrite"
-    echo 1 > "$t/options/record-tgid"
-    for e in $(cat /rtvirt/jobs/trace.events); do echo "$e" >> "$t/set_event" 2>/dev/null; done
-    echo 1 > "$t/tracing_on"
-    return 0
-  fi
-  [ -d "$t" ] || return 0
-  echo 0 > "$t/tracing_on"
-  if [ -e /rtvirt/jobs/trace.dest ]; then
-    read -r trace_host trace_port < /rtvirt/jobs/trace.dest
-    guest_trace_text "$t" | nc -w 60 "$trace_host" "$trace_port"
-  else
-    guest_trace_text "$t" > /dev/virtio-ports/rtvirt.trace
-  fi
-  echo > "$t/set_event"
-  rmdir "$t"
-}
-guest_trace_text() {
-  echo "RTVIRT-TRACE-BEGIN"
-  for c in $(cat /rtvirt/jobs/trace.cpus); do
-    cat "$1/per_cpu/cpu$c/trace"
-    sed "s/^/RTVIRT-TRACE-STATS cpu$c /" "$1/per_cpu/cpu$c/stats"
-  done
-  echo "RTVIRT-TRACE-END"
-}
-"""
 
 
 def guest_buffer_kb(buffer_mb: int, memory_mb: int, vcpus: int) -> int:

@@ -19,7 +19,6 @@ import bisect
 import heapq
 import os
 import re
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,36 +36,15 @@ from .tracefs import (
     body_fields,
     untraced_switch_in,
 )
+from .vcpus import forget_vcpus, register_vcpus, vcpu_owner
 
-__all__ = ["VmSource", "register_vcpus", "forget_vcpus", "vcpu_owner", "read_events"]
+__all__ = ["VmSource", "read_events"]
 
-# vCPU threads of every VM this rtvirt process started (host tid -> "vCPU 0 of stress-vm-0"): a stressor VM's
-# vCPU that takes the measured vCPU's pCPU is named with its VM
-_VCPU_OWNERS: dict[int, str] = {}
-_OWNERS_LOCK = threading.Lock()
 COMM_LIMIT = 32
 KEEP_AROUND_NS = 5_000_000  # occupancies kept this far around an outlier window (the report's timelines)
 # how fast a guest's clock may run against the host's while the run goes (the end exchange measures it only
 # afterwards): over twice the most measured here under TCG (-414 to +382 ppm); kvmclock guests stay far below
 DRIFT_BOUND_PPM = 1000
-
-
-def register_vcpus(vm: str, threads: Mapping[int, int]) -> None:
-    """``threads``: vCPU index -> host thread id of the VM labelled ``vm``."""
-    with _OWNERS_LOCK:
-        for index, tid in threads.items():
-            _VCPU_OWNERS[int(tid)] = f"vCPU {int(index)} of VM {vm[:64]}"
-
-
-def forget_vcpus(threads: Mapping[int, int]) -> None:
-    with _OWNERS_LOCK:
-        for tid in threads.values():
-            _VCPU_OWNERS.pop(int(tid), None)
-
-
-def vcpu_owner(tid: int) -> str | None:
-    with _OWNERS_LOCK:
-        return _VCPU_OWNERS.get(tid)
 
 
 def _printable(text: str) -> str:

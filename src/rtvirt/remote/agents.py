@@ -19,9 +19,8 @@ from ..stream import merge_stream_copy
 from .connection import HostKeyRefused, RemoteProcess, SshConnection, connect
 from .target import SshTarget
 
-__all__ = ["TargetLink", "RemoteAgent", "merge_stream_copy", "REMOTE_DIR_PATTERN"]
+__all__ = ["TargetLink", "RemoteAgent", "merge_stream_copy"]
 
-REMOTE_DIR_PATTERN = r"^/[A-Za-z0-9_./-]{1,200}$"  # absolute; ".." components are refused separately
 # A constant wrapper script: it announces the pid, then becomes the agent. The agent and its arguments
 # are positional parameters ($0, $@), never part of the script.
 _PID_WRAPPER = 'echo "rtvirt-pid $$" >&2; exec "$0" "$@"'

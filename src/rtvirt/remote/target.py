@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import InputError, first_validation_error
 from .labgrid import LABGRID_SCHEME, is_labgrid, resolve_place
 
-__all__ = ["SshTarget", "SshTargetFields", "parse_target"]
+__all__ = ["REMOTE_DIR_PATTERN", "SshTarget", "SshTargetFields", "parse_target"]
+
+REMOTE_DIR_PATTERN = r"^/[A-Za-z0-9_./-]{1,200}$"  # where agents go: absolute; ".." components are refused separately
 
 # host names, ~/.ssh/config aliases, IPv4 and bracket-less IPv6 literals; nothing a shell would care about
 HOST_PATTERN = r"^[A-Za-z0-9_.:%-]{1,253}$"

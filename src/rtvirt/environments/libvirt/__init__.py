@@ -18,11 +18,22 @@ and undefines the domains of a campaign that was killed, and only those.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from ...lazy import lazy_names
 from .config import LibvirtConfig, VcpuSched
-from .connection import DOMAIN_PREFIX, LibvirtConnection
-from .domain import LibvirtEnvironment
-from .host import hugepage_problem, memlock_problem, numa_problem, resctrl_problem
-from .rt_throttling import RtThrottlingLifted
+
+if TYPE_CHECKING:
+    from .connection import DOMAIN_PREFIX, LibvirtConnection
+    from .domain import LibvirtEnvironment
+    from .host import hugepage_problem, memlock_problem, numa_problem, resctrl_problem
+    from .rt_throttling import RtThrottlingLifted
+
+# the configuration at once (a scenario's schema reads it), the rest when asked for
+__getattr__ = lazy_names(__name__, {
+    "DOMAIN_PREFIX": ".connection", "LibvirtConnection": ".connection", "LibvirtEnvironment": ".domain",
+    "hugepage_problem": ".host", "memlock_problem": ".host", "numa_problem": ".host", "resctrl_problem": ".host",
+    "RtThrottlingLifted": ".rt_throttling"})
 
 __all__ = ["DOMAIN_PREFIX", "LibvirtConfig", "LibvirtConnection", "LibvirtEnvironment", "RtThrottlingLifted",
            "VcpuSched", "hugepage_problem", "memlock_problem", "numa_problem", "resctrl_problem"]

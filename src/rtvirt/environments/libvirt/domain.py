@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import RunError
 from ...explain.clocksync import CLOCK_PORT
-from ...explain.guest import GUEST_TRACE_FILE, GUEST_TRACE_PORT, guest_layer
-from ...explain.sources import vm_source
-from ...explain.vm import forget_vcpus, register_vcpus
+from ...explain.guest_channel import GUEST_TRACE_FILE, GUEST_TRACE_PORT
+from ...explain.vcpus import forget_vcpus, register_vcpus
 from ...procs import process_start_time
 from .. import baremetal
 from ..base import Environment, EnvironmentConfig, Launched, SharedResources
@@ -215,6 +214,8 @@ class LibvirtEnvironment(LibvirtTeardown):
     def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
         """The VM layer (explain.vm) of a domain on this host (a remote host's CPUs cannot be traced from here)
         and the guest layer (explain.guest), which comes on a channel of the domain's wherever it runs."""
+        from ...explain.sources import vm_source  # numpy and the tracer: only for an explained run
+
         guest = self._guest_trace_sources(config)
         if not self.config.local or "vm" not in config.layers:
             return guest
@@ -227,6 +228,8 @@ class LibvirtEnvironment(LibvirtTeardown):
 
     def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
         """The guest layer (explain.guest), as in the qemu environment; the trace comes on a channel of its own."""
+        from ...explain.guest import guest_layer
+
         sources, self._guest_trace_files = guest_layer(self.config.guest, config, self.workdir, self.config.memory,
                                                        self.config.vcpus, lambda: self._out)
         return sources

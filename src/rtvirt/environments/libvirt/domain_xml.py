@@ -8,7 +8,7 @@ import socket
 import xml.etree.ElementTree as ET
 
 from ...explain.clocksync import CLOCK_PORT
-from ...explain.guest import GUEST_TRACE_PORT
+from ...explain.guest_channel import GUEST_TRACE_PORT
 from ...procs import process_start_time
 from ..guest_image import COPY_DISK
 from ..qemu import ACK_PORT, OUTPUT_PORT

@@ -13,12 +13,21 @@ carry rtvirt's name prefix so that a killed campaign's leftovers are recognised 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from ...lazy import lazy_names
 from .config import Arinc653Params, CreditParams, RtdsParams, XenConfig, XenLabConfig
-from .dom0 import NAME_PREFIX
-from .domain import XenEnvironment
-from .files import local_domu_files
-from .lab import XenLab
-from .local import is_dom0
+
+if TYPE_CHECKING:
+    from .dom0 import NAME_PREFIX
+    from .domain import XenEnvironment
+    from .files import local_domu_files
+    from .lab import XenLab
+    from .local import is_dom0
+
+# the configuration at once (a scenario's schema reads it), the rest when asked for
+__getattr__ = lazy_names(__name__, {"NAME_PREFIX": ".dom0", "XenEnvironment": ".domain",
+                                    "local_domu_files": ".files", "XenLab": ".lab", "is_dom0": ".local"})
 
 __all__ = ["NAME_PREFIX", "Arinc653Params", "CreditParams", "RtdsParams", "XenConfig", "XenEnvironment",
            "XenLab", "XenLabConfig", "is_dom0", "local_domu_files"]

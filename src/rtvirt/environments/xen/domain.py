@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InputError, RunError
-from ...explain.guest import GUEST_TRACE_FILE, guest_layer
+from ...explain.guest_channel import GUEST_TRACE_FILE
 from .. import baremetal
 from ..base import Environment, EnvironmentConfig, Launched, SharedResources
 from ..guest_image import GUEST_AGENT_DIR, GuestJob, guest_description, guest_image, job_archive
@@ -231,6 +231,7 @@ class XenEnvironment(XenTeardown):
         (explain.guest): a Linux domU traces its measuring vCPU itself and sends the trace to dom0's listener
         after its main job, the bare-metal guest reads its stolen time per sample and times its timer IRQ;
         disturbing domUs add none."""
+        from ...explain.guest import guest_layer
         from ...explain.sources import xen_source
         from ...explain.xen import XenDom0, XenDomains
 
