@@ -122,7 +122,7 @@ def test_resume_does_not_measure_again_a_run_whose_manifest_was_written_before_t
     scenario = tmp_path / "resume.toml"
     scenario.write_text(HOST_SCENARIO.format(duration="300ms", repetitions=1))
     results = tmp_path / "results"
-    assert run_cli("run", str(scenario), "--out", str(results), "--no-progress").returncode == 0
+    assert run_cli("run", "--no-report", str(scenario), "--out", str(results), "--no-progress").returncode == 0
     [state_path] = results.glob("campaigns/*/state.json")
     document = json.loads(state_path.read_text())
     key = next(iter(document["runs"]))
@@ -131,7 +131,7 @@ def test_resume_does_not_measure_again_a_run_whose_manifest_was_written_before_t
     state_path.write_text(json.dumps(document))
     before = sorted(p.name for p in (results / "runs").iterdir())
 
-    resumed = run_cli("run", "--resume", "--out", str(results), "--no-progress")
+    resumed = run_cli("run", "--no-report", "--resume", "--out", str(results), "--no-progress")
     assert resumed.returncode == 0, resumed.stderr
     after = json.loads(state_path.read_text())
     assert after["finished"] is True and after["runs"][key] | {"status": "complete", "run_id": run_id} == \

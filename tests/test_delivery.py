@@ -144,7 +144,7 @@ def test_every_run_that_started_leaves_a_manifest_with_its_reason(tmp_path: Path
     scenario = tmp_path / "fails.toml"
     scenario.write_text(FAILING_SCENARIO)
     results = tmp_path / "results"
-    result = run_cli("run", str(scenario), "--out", str(results), "--no-progress", "--json", timeout=120)
+    result = run_cli("run", "--no-report", str(scenario), "--out", str(results), "--no-progress", "--json", timeout=120)
     summary = json.loads(result.stdout)
     [run] = summary["runs"].values()
     assert run["status"] == "failed" and "timerlat" in run["reason"]
@@ -177,7 +177,7 @@ def test_a_lost_live_stream_is_recovered_from_the_guests_copy(tmp_path: Path) ->
     scenario = _qemu_timer_scenario(tmp_path / "copy.toml", "8s")
     results = tmp_path / "results"
     thief, removed = steal_live_stream(results)
-    run_cli("run", str(scenario), "--out", str(results), "--no-progress", timeout=300, check=True)
+    run_cli("run", "--no-report", str(scenario), "--out", str(results), "--no-progress", timeout=300, check=True)
     thief.join()
     assert removed, "the live stream never grew past its header"
     [manifest] = _manifests(results)
@@ -219,8 +219,8 @@ def test_soak_under_host_load_loses_nothing(tmp_path: Path) -> None:
     results = tmp_path / "results"
     loops = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
-        run_cli("run", str(SOAK), "--repetitions", "2", "--out", str(results), "--no-progress", timeout=900,
-                check=True)
+        run_cli("run", "--no-report", str(SOAK), "--repetitions", "2", "--out", str(results), "--no-progress",
+                timeout=900, check=True)
     finally:
         for loop in loops:
             loop.kill()

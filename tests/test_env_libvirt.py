@@ -232,7 +232,7 @@ def test_fifo_pinned_domain_killed_with_9_is_reclaimed_and_resumed(libvirtd: str
     assert len(stray) == 1 and stray[0].startswith(f"{DOMAIN_PREFIX}lv-")
     assert int(RT_SYSCTL.read_text()) == (-1 if lifts else rt_before)
 
-    resumed = run_cli("run", "--resume", "--out", str(results), "--no-progress", timeout=180)
+    resumed = run_cli("run", "--no-report", "--resume", "--out", str(results), "--no-progress", timeout=180)
     assert resumed.returncode == 0, resumed.stderr[-2000:] + resumed.stdout[-2000:]
     assert f"reclaimed libvirt domain {stray[0]}" in resumed.stdout + resumed.stderr
     assert _our_domains() == [] and int(RT_SYSCTL.read_text()) == rt_before
@@ -285,7 +285,7 @@ def test_other_vm_stress_is_a_second_libvirt_domain(libvirtd: str, tmp_path: Pat
                    '[[disturbances.stressors]]\nstressor = "cpu"\nwhere = "other-vm"\n'
                    '[timeline]\nstart_order = ["stress-first"]\nsettle = "0.5s"\n')
     scenario = _scenario(tmp_path / "vm.toml", "2s", env, disturbance)
-    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
+    result = run_cli("run", "--no-report", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
                      timeout=240)
     assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
     (key, run), = json.loads(result.stdout[result.stdout.index("{"):])["runs"].items()
@@ -312,7 +312,7 @@ def test_a_design_runs_as_a_libvirt_scenario_without_editing(libvirtd: str, tmp_
     scenario = parse_scenario(scenario_file.read_text())
     cputune = (out / "fifo-periodic" / "libvirt-ctl.xml").read_text()
     assert scenario.environments[0].kind == "libvirt" and scenario.environments[0].cputune == cputune
-    result = run_cli("run", str(scenario_file), "--scale", "0.05", "--out", str(tmp_path / "results"),
+    result = run_cli("run", "--no-report", str(scenario_file), "--scale", "0.05", "--out", str(tmp_path / "results"),
                      "--no-progress", "--json", timeout=240)
     assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
     runs = json.loads(result.stdout[result.stdout.index("{"):])["runs"]
@@ -343,8 +343,8 @@ def test_remote_uris_over_a_real_sshd(libvirtd: str, tmp_path: Path) -> None:
         uri = (f"qemu+ssh://{server.user}@127.0.0.1:{server.port}/system?keyfile={server.client_key}"
                "&no_verify=1&no_tty=1")
         env = f'kind = "libvirt"\nname = "lvssh"\nuri = "{uri}"\ndomain_type = "qemu"\ncpus = [{MEASURED}]'
-        result = run_cli("run", str(_scenario(tmp_path / "ssh.toml", "1s", env)), "--out", str(tmp_path / "results"),
-                         "--no-progress", "--json", timeout=240)
+        result = run_cli("run", "--no-report", str(_scenario(tmp_path / "ssh.toml", "1s", env)), "--out",
+                         str(tmp_path / "results"), "--no-progress", "--json", timeout=240)
         assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
         (key, run), = json.loads(result.stdout[result.stdout.index("{"):])["runs"].items()
         assert run["status"] == "complete", run
@@ -564,7 +564,7 @@ def test_the_bare_metal_guest_streams_samples_from_a_libvirt_domain(libvirtd: st
     record back on that console (the pty would lose what libvirt had not read); its domain is gone afterwards."""
     env = 'kind = "libvirt"\nname = "lvbare"\ndomain_type = "qemu"\nguest = "baremetal"'
     scenario = _scenario(tmp_path / "bare.toml", "2s", env)
-    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
+    result = run_cli("run", "--no-report", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
                      timeout=240)
     assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
     (key, run), = json.loads(result.stdout[result.stdout.index("{"):])["runs"].items()
@@ -609,7 +609,7 @@ def test_a_parameter_the_bare_metal_guest_refuses_is_bad_input_in_libvirt(libvir
 def test_a_preempt_rt_guest_boots_in_libvirt_and_its_manifest_says_so(libvirtd: str, tmp_path: Path) -> None:
     env = 'kind = "libvirt"\nname = "lvrt"\ndomain_type = "qemu"\nguest = "linux-rt"'
     scenario = _scenario(tmp_path / "rt.toml", "1s", env)
-    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
+    result = run_cli("run", "--no-report", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
                      timeout=300)
     assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
     (key, run), = json.loads(result.stdout[result.stdout.index("{"):])["runs"].items()
@@ -629,7 +629,7 @@ def test_a_lost_live_stream_is_recovered_from_the_domains_copy_volume(libvirtd: 
     scenario = _scenario(tmp_path / "copy.toml", "8s", 'kind = "libvirt"\nname = "lvcopy"\ndomain_type = "qemu"')
     results = tmp_path / "results"
     thief, removed = steal_live_stream(results)
-    result = run_cli("run", str(scenario), "--out", str(results), "--no-progress", timeout=300)
+    result = run_cli("run", "--no-report", str(scenario), "--out", str(results), "--no-progress", timeout=300)
     thief.join()
     assert result.returncode == 0, result.stderr[-2000:]
     assert removed, "the live stream never grew past its header"

@@ -460,7 +460,7 @@ def test_kill_9_then_resume_reclaims_the_lab_and_finishes_arinc653_and_credit(tm
     while any(str(lab) in line for line in _lab_qemus()) and time.monotonic() < until:
         time.sleep(0.5)
     assert not any(str(lab) in line for line in _lab_qemus()) and lab.exists()
-    resumed = run_cli("run", "--resume", "--out", str(results), "--no-progress", "--json", timeout=600)
+    resumed = run_cli("run", "--no-report", "--resume", "--out", str(results), "--no-progress", "--json", timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:] + resumed.stdout[-3000:]
     assert not lab.exists() and _orphans() == []
     runs = _summary(resumed.stdout)["runs"]

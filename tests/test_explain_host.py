@@ -257,7 +257,7 @@ def test_kill_9_leaves_an_instance_that_resume_removes(tmp_path: Path) -> None:
     proc.wait()
     left = _instances_of(proc.pid)
     assert len(left) == 1  # what --resume has to clean
-    resumed = run_cli("run", "--resume", "--out", str(results), "--no-progress", timeout=180)
+    resumed = run_cli("run", "--no-report", "--resume", "--out", str(results), "--no-progress", timeout=180)
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
     assert _instances_of(proc.pid) == [] and _top_level() == before
     assert f"reclaimed tracefs instance {left[0]}" in resumed.stderr

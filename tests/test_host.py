@@ -390,7 +390,7 @@ def test_deadline_partition_completes_pinned_with_its_reservation(tmp_path: Path
     before = _snapshot(paths)
     scenario = tmp_path / "dl.toml"
     scenario.write_text(DEADLINE_SCENARIO.format(duration="2s", host="", cpu=LAST_CPU))
-    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json")
+    result = run_cli("run", "--no-report", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json")
     assert result.returncode == 0, result.stderr
     [run_dir] = (tmp_path / "results" / "runs").iterdir()
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -472,7 +472,7 @@ def test_kill_9_mid_campaign_then_resume_restores_everything(tmp_path: Path) -> 
         proc.wait()
         assert _snapshot(paths) != before  # the kill left settings changed: the resume has work to do
         assert _rtvirt_cpusets()
-        resumed = run_cli("run", "--resume", "--out", str(results), "--no-progress", timeout=120)
+        resumed = run_cli("run", "--no-report", "--resume", "--out", str(results), "--no-progress", timeout=120)
         assert resumed.returncode == 0, resumed.stderr
         assert "restored" in resumed.stdout + resumed.stderr
     finally:
