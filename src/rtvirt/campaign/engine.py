@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from pydantic import ValidationError
@@ -26,8 +26,6 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from ..environments import ENVIRONMENTS, Environment, Launched, SharedResources
 from ..errors import InputError, RtvirtError, RunError
-from ..explain.session import ExplainSession
-from ..explain.sources import session_for
 from ..explain.tracefs import reclaim_instances
 from ..probes import PROBES
 from ..procs import Supervisor
@@ -43,6 +41,9 @@ from .delivery import delivery_problem, delivery_record, expectation_record
 from .hooks import HookRunner
 from .hosttune import tuned_host
 from .state import FINISHED, CampaignState
+
+if TYPE_CHECKING:
+    from ..explain.session import ExplainSession
 
 __all__ = ["CampaignResult", "run_campaign", "execute_run"]
 
@@ -258,6 +259,8 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
             if env.on_host:
                 params.check_host(env.platform_cpus())  # a v2 partition root took its CPUs from us
             if scenario.explain is not None and scenario.explain.enabled:
+                from ..explain.sources import session_for  # the explanation's layers: for an explained run only
+
                 explaining = session_for(env, scenario.explain)
                 explaining.start(run.stream_path)  # before any stressor: the trace covers the whole run
             if plan.events:
