@@ -38,9 +38,10 @@ __all__ = ["RemoteTracefs"]
 
 # printf writes the value as given; the redirection is the script's own text, the path its argument
 _WRITE = 'printf "%s" "$1" > "$2"'
-# the pipe's reader: the pipe's text on stdout until the channel's stdin ends; on the CPUs $2 when given
-_CAT_PIPE = ('if [ -n "$2" ]; then taskset -c "$2" cat -- "$1" & else cat -- "$1" & fi; reader=$!; '
-             'cat > /dev/null; kill "$reader" 2>/dev/null; wait')
+# the pipe's reader: the pipe's text on stdout until the channel's stdin ends; on the CPUs $2 when given, and so
+# is the sshd process that relays it (this session's own: every event it forwards woke it on a traced CPU too)
+_CAT_PIPE = ('if [ -n "$2" ]; then taskset -p -c "$2" "$PPID" > /dev/null 2>&1; taskset -c "$2" cat -- "$1" & '
+             'else cat -- "$1" & fi; reader=$!; cat > /dev/null; kill "$reader" 2>/dev/null; wait')
 PIPE_QUIET_S = 0.3  # after tracing stopped: the pipe's text has all arrived once none came for this long
 PIPE_SETTLE_S = 10.0  # ... or after this long at most
 _ERRNOS = (("Permission denied", errno.EACCES), ("Operation not permitted", errno.EPERM),
