@@ -22,8 +22,8 @@ from rtvirt.procs import Supervisor
 SHARE_MODULES = ("9p", "9pnet_virtio")
 MOUNT_BEFORE = "xenstored --pid-file"  # the shares are mounted before dom0's toolstack starts
 # numpy and pyarrow of the host die with SIGILL on plain qemu64 (the lab's TCG CPU): they need SSSE3, SSE4.1/4.2 and
-# POPCNT (x86-64-v2); the lab's CPU with those keeps its nested paging (+npt), so PVH domUs run here too
-TCG_CPU_WITH_SHARES = "qemu64,+npt,+ssse3,+sse4.1,+sse4.2,+popcnt"
+# POPCNT (x86-64-v2), added to the lab's own CPU model, which keeps its nested paging (PVH domUs run here too)
+X86_64_V2_FEATURES = ",+ssse3,+sse4.1,+sse4.2,+popcnt"
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class SharingXenLab(XenLab):
         argv = super()._qemu_argv(vmlinuz, initrd, port)
         cpu = argv.index("-cpu") + 1
         if argv[cpu] != "host":
-            argv[cpu] = TCG_CPU_WITH_SHARES
+            argv[cpu] += X86_64_V2_FEATURES
         for share in self.shares:
             # multidevs=remap: files of different host file systems (/proc, /sys) under one share
             # keep distinct inode numbers, else dom0's 9p client takes one for the other
