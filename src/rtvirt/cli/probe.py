@@ -128,8 +128,11 @@ def explain_line(entry: dict[str, Any], run_id: str) -> str:
     if "error" in entry:
         return f"not explained: {entry['error']}"
     top = entry["top_causes"][0] if entry["top_causes"] else None
-    cause = f"; first cause {top['cause']} ({top['share']:.0%})" if top else ""
-    return f"{entry['outliers']} outliers, {entry['explained']} explained{cause}: rtvirt explain {run_id}"
+    cause = f"; first culprit {top['cause']} ({top['share']:.0%})" if top else ""
+    counts = entry.get("headline")
+    split = (f" ({counts['traced']} by a traced layer, {counts['held']} held back by a layer not traced, "
+             f"{counts['unexplained']} unexplained)") if counts else ""
+    return f"{entry['outliers']} outliers, {entry['explained']} explained{split}{cause}: rtvirt explain {run_id}"
 
 
 def explain_session(params: Any, target: Any, threshold: str | None, top: int | None,

@@ -11,15 +11,17 @@ occupancy covers is ``unexplained``, named with what could not be seen. Nothing 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 
 import numpy as np
 
 from .config import DEFAULT_FLOOR_NS, DEFAULT_QUANTILE
-from .model import LAYERS, Explanation, LayerTrace, Occupancy, Part
+from .model import HELD_KINDS, LAYERS, Explanation, LayerTrace, Occupancy, Part, culprit_of
 
-__all__ = ["WINDOW", "choose_threshold", "outlier_windows", "attribute", "unexplained_cause", "summarize_parts"]
+__all__ = ["WINDOW", "choose_threshold", "outlier_windows", "attribute", "unexplained_cause", "summarize_parts",
+           "summarize_runs", "headline", "merged_parts"]
 
 WINDOW = np.dtype([("start_ns", "<i8"), ("end_ns", "<i8"), ("cpu", "<i4"), ("latency_ns", "<i8")])
 MAX_DETAIL = 1000
@@ -91,22 +93,130 @@ def _window_parts(start: int, end: int, candidates: list[Occupancy]) -> list[tup
     return pieces
 
 
+def _share(total: int, latency: int) -> float:
+    return round(total / latency, 6) if latency else 0.0
+
+
 def summarize_parts(parts: Sequence[Part]) -> list[dict[str, object]]:
-    """Share of the explained outliers' latency by cause, largest first."""
-    latency = sum({(part.rank): part.latency_ns for part in parts}.values())
-    totals: dict[tuple[str, str, str], list[int]] = {}
-    for part in parts:
-        entry = totals.setdefault((part.layer, part.kind, part.cause), [0, 0, -1])
-        entry[0] += part.duration_ns
-        if entry[2] != part.rank:  # parts of one outlier are consecutive
-            entry[1], entry[2] = entry[1] + 1, part.rank
-    rows: list[dict[str, object]] = [
-        {"layer": layer, "kind": kind, "cause": cause, "total_ns": total, "outliers": count,
-         "share": round(total / latency, 6) if latency else 0.0}
-        for (layer, kind, cause), (total, count, _) in totals.items()]
+    """Share of one run's explained outliers' latency by culprit (``summarize_runs`` of that run alone)."""
+    return summarize_runs([parts])
+
+
+@dataclasses.dataclass
+class _Tally:
+    total_ns: int = 0
+    outliers: set[tuple[int, int]] = dataclasses.field(default_factory=set)
+
+    def add(self, outlier: tuple[int, int], duration_ns: int) -> None:
+        self.total_ns += duration_ns
+        self.outliers.add(outlier)
+
+
+def summarize_runs(runs: Sequence[Sequence[Part]]) -> list[dict[str, object]]:
+    """Share of the explained outliers' latency by culprit over the parts of one or more runs (pooled: a
+    configuration's repetitions), largest first: one row per culprit (a task, an IRQ, a vCPU, a domain:
+    ``culprit``) with its whole share, its variants (layer, kind and what sets them apart: a phase, a state)
+    beneath, each with its total, share and the outliers it took part in."""
+    keyed = [((run, part.rank), part) for run, parts in enumerate(runs) for part in parts]
+    latency = sum({outlier: part.latency_ns for outlier, part in keyed}.values())
+    culprits: dict[str, _Tally] = {}
+    variants: dict[str, dict[tuple[str, str, str], _Tally]] = {}
+    for outlier, part in keyed:
+        culprit = culprit_of(part)
+        culprits.setdefault(culprit, _Tally()).add(outlier, part.duration_ns)
+        variants.setdefault(culprit, {}).setdefault((part.layer, part.kind, part.variant), _Tally()).add(
+            outlier, part.duration_ns)
+    rows: list[dict[str, object]] = []
+    for culprit, tally in culprits.items():
+        shown = sorted(({"layer": layer, "kind": kind, "variant": variant, "total_ns": each.total_ns,
+                         "outliers": len(each.outliers), "share": _share(each.total_ns, latency)}
+                        for (layer, kind, variant), each in variants[culprit].items()),
+                       key=lambda v: (-int(v["total_ns"]), str(v["variant"])))  # type: ignore[call-overload]
+        rows.append({"culprit": culprit, "cause": culprit, "layer": shown[0]["layer"], "kind": shown[0]["kind"],
+                     "total_ns": tally.total_ns, "outliers": len(tally.outliers),
+                     "share": _share(tally.total_ns, latency), "variants": shown})
     # largest first; equal totals by name, as the report orders its causes
-    rows.sort(key=lambda row: (-int(row["total_ns"]), str(row["cause"])))  # type: ignore[call-overload]
-    return rows
+    return sorted(rows, key=lambda row: (-int(row["total_ns"]), str(row["culprit"])))  # type: ignore[call-overload]
+
+
+def headline(parts: Sequence[Part]) -> dict[str, object]:
+    """How the outliers divide: each goes to what took most of its latency: a traced layer's cause (something
+    ran instead, seen), an outer layer that held the inner one back with nothing traced running instead
+    (``HELD_KINDS``: a stopped vCPU thread, a late interrupt to an idle CPU; counted by culprit), or nothing
+    seen (unexplained)."""
+    shares: dict[tuple[int, int], dict[str, int]] = {}
+    held_by: dict[tuple[int, int], dict[str, int]] = {}
+    for part in parts:
+        outlier = (part.sample_t_ns, part.rank)
+        kind = "unexplained" if part.layer == "unexplained" or part.kind == "uncertain" else \
+            "held" if part.kind in HELD_KINDS else "traced"
+        totals = shares.setdefault(outlier, {"traced": 0, "held": 0, "unexplained": 0})
+        totals[kind] += part.duration_ns
+        if kind == "held":
+            culprits = held_by.setdefault(outlier, {})
+            culprits[culprit_of(part)] = culprits.get(culprit_of(part), 0) + part.duration_ns
+    counts = {"traced": 0, "held": 0, "unexplained": 0}
+    held: dict[str, int] = {}
+    for outlier, totals in shares.items():
+        # ties go to the traced cause, then to the held one: "unexplained" only where nothing else is larger
+        winner = max(("traced", "held", "unexplained"), key=lambda k: (totals[k], -("traced", "held",
+                                                                                     "unexplained").index(k)))
+        counts[winner] += 1
+        if winner == "held":
+            culprits = held_by[outlier]
+            top = max(sorted(culprits), key=lambda c: culprits[c])
+            held[top] = held.get(top, 0) + 1
+    return {"outliers": len(shares), "traced": counts["traced"], "held": counts["held"],
+            "unexplained": counts["unexplained"],
+            "held_by": dict(sorted(held.items(), key=lambda item: (-item[1], item[0])))}
+
+
+def merged_parts(parts: Sequence[Part]) -> list[tuple[Part, int]]:
+    """One outlier's parts with consecutive parts of one cause (layer, kind, cause) joined: (the joined part,
+    how many stored parts it joins). A vCPU preempted again and again by one task reads as one line."""
+    merged: list[tuple[Part, int]] = []
+    for part in parts:
+        if merged:
+            last, count = merged[-1]
+            if (last.layer, last.kind, last.cause) == (part.layer, part.kind, part.cause) and \
+                    last.offset_ns + last.duration_ns == part.offset_ns:
+                merged[-1] = (dataclasses.replace(last, duration_ns=last.duration_ns + part.duration_ns), count + 1)
+                continue
+        merged.append((part, 1))
+    return merged
+
+
+def _certain(layers: Sequence[LayerTrace]) -> list[Occupancy]:
+    """The layers' occupancies, each outer one that is placed less exactly than a layer inside it (the VM's
+    through a clock exchange, Xen's through its alignment, over a guest's own exact trace) cut to where it holds
+    for certain: its core, shrunk by its uncertainty, keeps its name and precedence; each edge, its uncertainty
+    either side, is named as uncertain (it may be the outer occupancy or what the inner layer shows). Without
+    a finer layer inside, an occupancy stays whole: nothing else could claim its edges."""
+    seen = [layer for layer in layers if layer.seen and layer.layer != "unexplained"]
+    found: list[Occupancy] = []
+    for layer in seen:
+        finer = [inner for inner in seen if _LAYER_RANK[inner.layer] > _LAYER_RANK[layer.layer] and
+                 inner.occupancies and inner.alignment_ns < layer.alignment_ns]
+        margin = layer.alignment_ns
+        if not finer or margin <= 0:
+            found += layer.occupancies
+            continue
+        said = f"uncertain ({layer.layer} ±{margin / 1e3:.0f} us)"
+        for occupancy in layer.occupancies:
+            if occupancy.layer == "unexplained":
+                found.append(occupancy)
+                continue
+            start, end = occupancy.start_ns, occupancy.end_ns
+            if end - margin > start + margin:
+                found.append(dataclasses.replace(occupancy, start_ns=start + margin, end_ns=end - margin))
+                edges = [(start - margin, start + margin), (end - margin, end + margin)]
+            else:  # shorter than its uncertainty: all of it is uncertain
+                edges = [(start - margin, end + margin)]
+            found += [dataclasses.replace(occupancy, start_ns=begin, end_ns=stop, kind="uncertain",
+                                          cause=f"{said}: {occupancy.cause}",
+                                          culprit=f"{said}: where it meets the {finer[0].layer} layer", variant="")
+                      for begin, stop in edges]
+    return found
 
 
 def attribute(windows: np.ndarray, layers: Sequence[LayerTrace], *, threshold_ns: int, threshold_rule: str,
@@ -117,7 +227,7 @@ def attribute(windows: np.ndarray, layers: Sequence[LayerTrace], *, threshold_ns
     carries the layer's alignment uncertainty.
     """
     seen = [layer for layer in layers if layer.seen]
-    occupancies = [o for layer in seen for o in layer.occupancies]
+    occupancies = _certain(seen)
     alignment = {layer.layer: layer.alignment_ns for layer in seen}
     starts = np.fromiter((o.start_ns for o in occupancies), np.int64, len(occupancies))
     ends = np.fromiter((o.end_ns for o in occupancies), np.int64, len(occupancies))
@@ -128,14 +238,17 @@ def attribute(windows: np.ndarray, layers: Sequence[LayerTrace], *, threshold_ns
         start, end, cpu, latency = (int(x) for x in window)
         near = np.flatnonzero((starts < end) & (ends > start) & ((cpus == cpu) | (cpus < 0)))
         for left, right, winner in _window_parts(start, end, [occupancies[i] for i in near]):
+            culprit = variant = ""
             if winner is None:
                 layer, kind, cause, detail = "unexplained", "unexplained", nobody, nobody_detail
             else:
                 layer, kind, cause = winner.layer, winner.kind, winner.cause
+                culprit, variant = winner.culprit, winner.variant
                 detail = {**winner.detail, "alignment_ns": alignment.get(winner.layer, 0),
                           "occupied_ns": winner.duration_ns, "occupied_from_ns": winner.start_ns - start}
             parts.append(Part(sample_t_ns=start, latency_ns=latency, cpu=cpu, rank=rank, layer=layer,  # type: ignore[arg-type]
                               kind=kind, cause=cause, offset_ns=left - start, duration_ns=right - left,
-                              detail=json.dumps(detail, separators=(",", ":"))[:MAX_DETAIL]))
+                              detail=json.dumps(detail, separators=(",", ":"))[:MAX_DETAIL],
+                              culprit=culprit[:MAX_CAUSE], variant=variant[:MAX_CAUSE]))
     return Explanation(threshold_ns=threshold_ns, threshold_rule=threshold_rule, outliers=outliers, parts=parts,
                        layers=list(layers), summary=summarize_parts(parts))
