@@ -30,7 +30,8 @@ from ..procs import process_start_time
 
 __all__ = ["TracefsInstance", "TracefsAccess", "LocalTracefs", "TraceEvent", "TracingUnavailable", "parse_trace",
            "body_fields", "line_stamp", "untraced_switch_in", "tracefs_root", "TraceDrain", "TracePipe", "LocalPipe",
-           "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS", "POLICY_NAMES"]
+           "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS", "POLICY_NAMES", "GAP_EVENT",
+           "gap_line", "mark_losses", "bounded"]
 
 MOUNT_POINTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 INSTANCE_PREFIX = "rtvirt-"
@@ -46,6 +47,12 @@ _counter = itertools.count(1)
 _LINE = re.compile(r"^\s*(?P<comm>.{0,16}?)-(?P<pid>\d+)\s+(?:\(\s*(?P<tgid>[-\d]+)\)\s+)?\[(?P<cpu>\d+)\]\s+"
                    r"(?:\S{4,6}\s+)?(?P<sec>\d+)\.(?P<usec>\d{6}):\s+(?P<event>\w+):\s?(?P<body>.*)$")
 _FIELD = re.compile(r"(\w+)=(\S*)")
+# the kernel's own line where a CPU's ring lost events before the next one it printed
+# (trace-cmd report says "CPU:1 [12 EVENTS DROPPED]")
+_LOST = re.compile(r"^\s*CPU:\s*(?P<cpu>\d+) \[(?:LOST (?P<lost>\d+) EVENTS|(?P<dropped>\d+) EVENTS DROPPED)\]")
+# a line rtvirt puts in a trace text where it has a gap (events lost, or trace not kept): the readers forget what
+# they knew of the CPU there (explain.cpuevents), and the walk back to a window's first switch stops there
+GAP_EVENT = "rtvirt_gap"
 
 
 class TracingUnavailable(Exception):
@@ -64,6 +71,12 @@ class TraceEvent(NamedTuple):
     body: str
 
 
+def bounded(text: str, limit: int = 64) -> str:
+    """An untrusted name from a traced system made printable and short."""
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def body_fields(body: str) -> dict[str, str]:
     """The ``key=value`` fields of an event's body (values without spaces: comms need the event's own regex)."""
     return dict(_FIELD.findall(body))
@@ -73,6 +86,33 @@ def line_stamp(line: str) -> int | None:
     """The time stamp of one trace line (None: not an event line)."""
     match = _LINE.match(line)
     return int(match["sec"]) * 1_000_000_000 + int(match["usec"]) * 1000 if match else None
+
+
+def gap_line(cpu: int, ts_ns: int, what: str) -> str:
+    """A trace line marking a gap of ``cpu``'s trace that ends at ``ts_ns`` (``what``: "lost=12", "resume")."""
+    seconds, micros = ts_ns // 1_000_000_000, ts_ns % 1_000_000_000 // 1000
+    return f"           <gap>-0       (-------) [{cpu:03d}] ..... {seconds}.{micros:06d}: {GAP_EVENT}: {what}"
+
+
+def mark_losses(lines: list[str]) -> list[str]:
+    """``lines`` with each ``CPU:N [LOST k EVENTS]`` line turned into a gap marker at the time of the event after
+    it (the kernel prints it before the first event it could still record), so that the loss is read where it
+    happened instead of being bridged."""
+    if not any("CPU:" in line[:12] for line in lines):
+        return lines
+    marked: list[str] = []
+    pending: tuple[int, str] | None = None
+    for line in lines:
+        lost = _LOST.match(line)
+        if lost is not None:
+            pending = (int(lost["cpu"]), lost["lost"] or lost["dropped"])
+            continue
+        stamp = line_stamp(line) if pending is not None else None
+        if pending is not None and stamp is not None:
+            marked.append(gap_line(pending[0], stamp, f"lost={pending[1]}"))
+            pending = None
+        marked.append(line)
+    return marked
 
 
 def untraced_switch_in(since: int, woken_at: int | None, previous: int, until: int) -> tuple[int, str]:
@@ -222,8 +262,9 @@ class TracefsAccess(Protocol):
         """A new instance's name: rtvirt's prefix and its owner, so that reclaim knows a dead owner's."""
         ...
 
-    def policies(self, pids: Collection[int]) -> dict[int, str]:
-        """The scheduling policies of those tasks that still live (a trace has only their priorities)."""
+    def policies(self, pids: Collection[int]) -> dict[int, tuple[str, str]]:
+        """The scheduling policies of those tasks that still live, with their comms (a trace has only their
+        priorities; the comm tells a reused pid from the traced task)."""
         ...
 
     def reclaim(self, root: str) -> list[str]:
@@ -266,12 +307,13 @@ class LocalTracefs:
     def instance_name(self, serial: int) -> str:
         return f"{INSTANCE_PREFIX}{os.getpid()}-{process_start_time(os.getpid())}-{serial}"
 
-    def policies(self, pids: Collection[int]) -> dict[int, str]:
+    def policies(self, pids: Collection[int]) -> dict[int, tuple[str, str]]:
         found = {}
         for pid in pids:
             with contextlib.suppress(OSError):
+                comm = Path(f"/proc/{pid}/comm").read_text(errors="replace").rstrip("\n")
                 if (name := POLICY_NAMES.get(os.sched_getscheduler(pid) & ~os.SCHED_RESET_ON_FORK)) is not None:
-                    found[pid] = name
+                    found[pid] = (name, bounded(comm, 16))
         return found
 
     def reclaim(self, root: str) -> list[str]:
@@ -429,7 +471,7 @@ class TracefsInstance:
     def lines(self, cpu: int) -> list[str]:
         """A CPU's event lines in time order (the header's comment lines dropped), split once."""
         if cpu not in self._split:
-            lines = self.texts.pop(cpu, "").splitlines()
+            lines = mark_losses(self.texts.pop(cpu, "").splitlines())  # (a loss is read where it happened)
             first = next((i for i, line in enumerate(lines) if line and line[0] != "#"), len(lines))
             self._split[cpu] = lines[first:]
         return self._split[cpu]
@@ -445,7 +487,8 @@ class TracefsInstance:
 
         first = bisect.bisect_left(lines, start_ns, key=stamp)
         last = bisect.bisect_right(lines, end_ns, lo=first, key=stamp)
-        while first > 0 and (first == len(lines) or back_to not in lines[first]):  # (a window after the trace)
+        # (not across a gap: what was before it says nothing of what came after)
+        while first > 0 and (first == len(lines) or (back_to not in lines[first] and GAP_EVENT not in lines[first])):
             first -= 1
         return list(parse_trace(lines[first:last]))
 
