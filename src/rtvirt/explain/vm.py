@@ -58,7 +58,8 @@ def _printable(text: str) -> str:
 SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>\d+) prev_prio=(?P<prev_prio>-?\d+) "
                     r"prev_state=(?P<prev_state>\S+) ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>\d+) "
                     r"next_prio=(?P<next_prio>-?\d+)")
-EXIT_REASON = re.compile(r"reason (?P<reason>[A-Z0-9_]+)")
+# VMX prints its exit reasons in capitals (HLT, EPT_VIOLATION), SVM in lower case (hlt, npf, msr, io, intr, vintr)
+EXIT_REASON = re.compile(r"reason (?P<reason>[A-Za-z0-9_]+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,16 +148,20 @@ class VmThreads:
     qemu_pid: int
 
 
-def _cause(pid: int, tgid: int | None, comm: str, threads: VmThreads) -> tuple[str, dict[str, str | int]]:
+def _cause(pid: int, tgid: int | None, comm: str, threads: VmThreads) -> tuple[str, str, dict[str, str | int]]:
+    """The name of a task that ran where the vCPU waited, its culprit (no pid: this VM's vCPU N, a QEMU thread of
+    this VM by name, another VM's vCPU, a host task by comm) and what kind of thread it is."""
     own_vcpu = next((index for index, tid in threads.vcpus.items() if tid == pid), None)
     if own_vcpu is not None:
-        return f"vCPU not running: this VM's vCPU {own_vcpu} ({comm}/{pid}) ran", {"ran": "own-vcpu"}
+        return (f"vCPU not running: this VM's vCPU {own_vcpu} ({comm}/{pid}) ran", f"this VM's vCPU {own_vcpu}",
+                {"ran": "own-vcpu"})
     if tgid == threads.qemu_pid:
-        return f"vCPU not running: QEMU thread {comm}/{pid} of this VM ran", {"ran": "qemu-thread"}
+        return (f"vCPU not running: QEMU thread {comm}/{pid} of this VM ran", f"QEMU thread {comm} of this VM",
+                {"ran": "qemu-thread"})
     other = vcpu_owner(pid)
     if other is not None:
-        return f"vCPU not running: {other} ({comm}/{pid}) ran", {"ran": "other-vm-vcpu", "vm": other}
-    return f"vCPU not running: {comm}/{pid} ran", {"ran": "task"}
+        return f"vCPU not running: {other} ({comm}/{pid}) ran", other, {"ran": "other-vm-vcpu", "vm": other}
+    return f"vCPU not running: {comm}/{pid} ran", f"task {comm}", {"ran": "task"}
 
 
 def _priority(prio: int) -> dict[str, str | int]:
@@ -168,95 +173,183 @@ def _priority(prio: int) -> dict[str, str | int]:
     return {"policy": "normal", "nice": prio - 120}
 
 
+# how a vCPU thread that left its pCPU not runnable is named, by the state it left in (sched_switch's prev_state)
+_OFF_STATES = {
+    "S": ("vcpu-asleep", "vCPU asleep, not woken yet (its thread in state S: the guest idle, or waiting in the VMM)"),
+    "D": ("vcpu-asleep", "vCPU asleep, not woken yet (its thread in state D: host I/O, a page fault)"),
+    "T": ("vcpu-stopped", "vCPU thread stopped (state T: a signal stopped the VMM)"),
+    "t": ("vcpu-stopped", "vCPU thread stopped (state t: a debugger holds it)"),
+}
+MAX_BYSTANDERS = 3
+
+
+@dataclass
+class _Off:
+    """A vCPU thread off its pCPU: since when, in which state, where; when and onto which pCPU it was woken."""
+
+    left: int
+    state: str
+    cpu: int
+    woken: tuple[int, int] | None = None
+    bystanders: list[str] = field(default_factory=list)  # what ran on its pCPU meanwhile (not its cause)
+
+    @property
+    def runnable(self) -> bool:
+        return self.state.startswith("R")
+
+
+class _VcpuTimeline:
+    """The VM trace read in time order: which vCPU thread was off its pCPU when, and what held it (``found``)."""
+
+    def __init__(self, threads: VmThreads) -> None:
+        self.threads = threads
+        self.by_tid = {tid: index for index, tid in threads.vcpus.items()}
+        self.off: dict[int, _Off] = {}  # vCPU tid -> its stretch off its pCPU (absent: running, or not seen)
+        self.seen: set[int] = set()  # vCPU tids seen since the trace (or its CPU's kept trace) began
+        self.current: dict[int, tuple[int, str, int, int]] = {}  # cpu -> (pid, comm, prio, since)
+        self.known_from: dict[int, int] = {}  # cpu -> where its trace (last) began
+        self.last_ts: dict[int, int] = {}  # cpu -> its last event
+        self.tgids: dict[int, int] = {}
+        self.woken: dict[tuple[int, int], int] = {}  # (cpu, pid) -> its last wake-up onto that CPU
+        self.found: list[Occupancy] = []
+
+    def _detail(self, tid: int, cpu: int, state: str, extra: dict[str, str | int]) -> dict[str, str | int]:
+        return {"vcpu": self.by_tid[tid], "host_cpu": cpu, "vcpu_state": state, **extra}
+
+    def ran(self, task: tuple[int, str, int, int], cpu: int, until: int, switch_in: str | None) -> None:
+        """``task`` held ``cpu`` until ``until``: its part while a runnable vCPU waited for that pCPU (preempted,
+        or woken from sleep); a sleeping or stopped vCPU's wait is its own state's, the task only a bystander."""
+        pid, comm, prio, since = task
+        for tid, off in self.off.items():
+            begin = max(since, off.left)
+            if begin >= until:
+                continue
+            woke_at, woke_on = off.woken if off.woken is not None else (until, off.cpu)
+            stretches = [(begin, until, "preempted", off.cpu)] if off.runnable else \
+                [(max(begin, woke_at), until, "woken", woke_on)]
+            if not off.runnable and off.cpu == cpu and pid and begin < woke_at and \
+                    len(off.bystanders) < MAX_BYSTANDERS and comm not in off.bystanders:
+                off.bystanders.append(comm)
+            for start, end, state in ((a, b, c) for a, b, c, on in stretches if b > a and on == cpu):
+                self._waited(tid, task, cpu, start, end, state, switch_in)
+
+    def _waited(self, tid: int, task: tuple[int, str, int, int], cpu: int, start: int, end: int, state: str,
+                switch_in: str | None) -> None:
+        pid, comm, prio, _ = task
+        vcpu = self.by_tid[tid]
+        if pid == 0:  # runnable, and its pCPU idled: not run (throttled, not picked yet)
+            cause = "vCPU runnable, not run while its pCPU idled (throttled, or not yet picked)"
+            self.found.append(Occupancy("vm", start, end, cause, "vcpu-waiting", vcpu,
+                                        self._detail(tid, cpu, state, {}), culprit=cause))
+            return
+        cause, culprit, detail = _cause(pid, self.tgids.get(pid), comm, self.threads)
+        detail.update({"comm": comm, "pid": pid, **_priority(prio), **({"switch_in": switch_in} if switch_in else {})})
+        self.found.append(Occupancy("vm", start, end, cause, "vcpu-preempted", vcpu,
+                                    self._detail(tid, cpu, state, detail), culprit=culprit,
+                                    variant="woken, waiting for its pCPU" if state == "woken" else "preempted"))
+
+    def back(self, tid: int, at: int) -> None:
+        """The vCPU runs again (or what is known of it ends) at ``at``: its time asleep or stopped until it was
+        woken is its state's part."""
+        off = self.off.pop(tid, None)
+        if off is None or off.runnable:
+            return
+        until = min(at, off.woken[0]) if off.woken is not None else at
+        if until <= off.left:
+            return
+        kind, cause = _OFF_STATES.get(off.state[:1], ("vcpu-asleep", f"vCPU asleep, not woken yet (its thread in "
+                                                                     f"state {off.state[:4]})"))
+        detail = self._detail(tid, off.cpu, "stopped" if kind == "vcpu-stopped" else "sleeping",
+                              {"thread_state": off.state[:4]})
+        if off.bystanders:
+            detail["ran_meanwhile"] = ", ".join(off.bystanders)
+        self.found.append(Occupancy("vm", off.left, until, cause, kind, self.by_tid[tid], detail,
+                                    culprit=cause.partition(":")[0] + ")" if ":" in cause else cause))
+
+    def unseen_until(self, tid: int, cpu: int, at: int) -> None:
+        """A vCPU switched in that the trace never saw leave: it was off since that CPU's trace began."""
+        since = self.known_from.get(cpu, at)
+        if at > since:
+            cause = "vCPU not running (since before the kept trace: why is not known)"
+            self.found.append(Occupancy("vm", since, at, cause, "vcpu-waiting", self.by_tid[tid],
+                                        self._detail(tid, cpu, "unknown", {}), culprit=cause))
+
+    def resume(self, event: Resume) -> None:
+        """The trace of a CPU resumes after a stretch that was not kept: what was known of it is forgotten."""
+        self.current.pop(event.cpu, None)
+        for tid in [tid for tid, off in self.off.items() if off.cpu == event.cpu]:
+            self.back(tid, self.last_ts.get(event.cpu, event.ts_ns))
+            self.seen.discard(tid)
+        self.seen -= {tid for tid in self.seen if tid not in self.off}  # (running ones: from their next leaving)
+        for key in [key for key in self.woken if key[0] == event.cpu]:
+            del self.woken[key]
+        self.known_from[event.cpu] = event.ts_ns
+
+    def wakeup(self, event: Wakeup) -> None:
+        self.woken[(event.target_cpu, event.pid)] = event.ts_ns
+        off = self.off.get(event.pid)
+        if off is not None and not off.runnable and off.woken is None:
+            off.woken = (event.ts_ns, event.target_cpu)
+
+    def switch(self, switch: Switch) -> None:
+        cpu = switch.cpu
+        self.known_from.setdefault(cpu, switch.ts_ns)
+        self.last_ts[cpu] = switch.ts_ns
+        if switch.prev_tgid is not None:
+            self.tgids[switch.prev_pid] = switch.prev_tgid
+        before = self.current.get(cpu)
+        leaving = (switch.prev_pid, switch.prev_comm, switch.prev_prio)
+        if before is not None and before[0] != switch.prev_pid and switch.prev_pid != 0:
+            since = before[3]  # the pCPU's previous switch: the only event of it this layer follows
+            start, switch_in = untraced_switch_in(since, self.woken.get((cpu, switch.prev_pid)), since, switch.ts_ns)
+            self.ran(before, cpu, start, None)
+            if switch.prev_pid in self.by_tid:  # a vCPU thread that ran unseen was on from then
+                self.back(switch.prev_pid, start)
+            self.ran((*leaving, start), cpu, switch.ts_ns, switch_in)
+        elif before is not None:
+            self.ran(before, cpu, switch.ts_ns, None)
+        if switch.prev_pid in self.by_tid:
+            self.seen.add(switch.prev_pid)
+            self.off[switch.prev_pid] = _Off(switch.ts_ns, switch.prev_state, cpu)
+        if switch.next_pid in self.by_tid:
+            if switch.next_pid not in self.seen:
+                self.unseen_until(switch.next_pid, cpu, switch.ts_ns)
+            self.seen.add(switch.next_pid)
+            self.back(switch.next_pid, switch.ts_ns)
+        self.current[cpu] = (switch.next_pid, switch.next_comm, switch.next_prio, switch.ts_ns)
+
+    def end(self) -> None:
+        """The trace ends: a vCPU still asleep or stopped was so until its CPU's last event."""
+        for tid, off in list(self.off.items()):
+            self.back(tid, self.last_ts.get(off.cpu, off.left))
+
+
 def vcpu_occupancies(trace: ParsedTrace, threads: VmThreads) -> list[Occupancy]:
-    """An occupancy (on the host clock, ``cpu`` = the vCPU's index) for every task that ran on a vCPU's pCPU
-    while that vCPU's thread was not running (anywhere), this VM's other vCPUs included; ``detail.vcpu_state``
-    says whether the vCPU had been preempted (runnable), was asleep (its guest idle) or had been woken and waited
-    for its pCPU (a traced ``sched_wakeup`` of its thread after it left asleep).
+    """Occupancies (on the host clock, ``cpu`` = the vCPU's index) of each vCPU thread's time off its pCPU: a
+    runnable vCPU (preempted, or woken from sleep) waited while a task held its pCPU ("vCPU not running: X
+    ran", this VM's other vCPUs and QEMU threads named as such) or while that pCPU idled; a vCPU asleep or
+    stopped was held back by its own state until woken ("vCPU asleep, not woken yet", "vCPU thread stopped":
+    what ran on its pCPU meanwhile is only a bystander, in ``detail.ran_meanwhile``). A vCPU switched in that the
+    trace never saw leave was off since its CPU's kept trace began (why is not known).
 
     A task switched out whose switch-in the trace lacks (seen on this development VM: no switch from the idle
     task is ever recorded on one of its CPUs) ran from its wake-up onto that CPU when traced, else from the
     CPU's previous switch; ``detail.switch_in`` says which. Where a CPU's trace resumes after a stretch that was
     not kept, what was known of that CPU (who ran, which vCPU was off there) is forgotten until seen again."""
-    by_tid = {tid: index for index, tid in threads.vcpus.items()}
-    off_since: dict[int, int] = {}  # vCPU tid -> when it left its CPU (absent: running, or not yet seen)
-    off_state: dict[int, str] = {}
-    last_cpu: dict[int, int] = {}
-    current: dict[int, tuple[int, str, int, int]] = {}  # cpu -> (pid, comm, prio, since)
-    tgids: dict[int, int] = {}
-    woken: dict[tuple[int, int], int] = {}  # (cpu, pid) -> its last wake-up onto that CPU
-    vcpu_woken: dict[int, tuple[int, int]] = {}  # vCPU tid -> (when, onto which pCPU) it was woken since it
-    # left asleep (absent: not woken yet)
-    found: list[Occupancy] = []
-
-    def ran(task: tuple[int, str, int, int], cpu: int, until: int, switch_in: str | None) -> None:
-        """The task ``task`` held ``cpu`` until ``until``: its part while a vCPU of that pCPU was off, cut where a
-        sleeping vCPU was woken (from then on it waited for the pCPU)."""
-        pid, comm, prio, since = task
-        if pid == 0:
-            return
-        for tid, left in off_since.items():
-            start = max(since, left)
-            if start >= until:
-                continue
-            if off_state[tid].startswith("R"):
-                stretches = [(start, until, "preempted", last_cpu[tid])]
-            else:  # asleep on the pCPU it left, then (woken) waiting on the one it was woken onto
-                woke_at, woke_on = vcpu_woken.get(tid, (until, last_cpu[tid]))
-                wake = min(max(woke_at, start), until)
-                stretches = [(start, wake, "sleeping", last_cpu[tid]), (wake, until, "woken", woke_on)]
-            held = [(begin, end, state) for begin, end, state, waits_on in stretches if end > begin and waits_on == cpu]
-            if not held:  # it waited on another pCPU: this task did not hold it off
-                continue
-            cause, detail = _cause(pid, tgids.get(pid), comm, threads)
-            detail.update({"comm": comm, "pid": pid, "host_cpu": cpu, "vcpu": by_tid[tid], **_priority(prio),
-                           **({"switch_in": switch_in} if switch_in else {})})
-            for begin, end, state in held:
-                found.append(Occupancy("vm", begin, end, cause, "vcpu-preempted", by_tid[tid],
-                                       {**detail, "vcpu_state": state}))
-
+    timeline = _VcpuTimeline(threads)
     resumes = sorted(Resume(ts, cpu) for cpu, times in trace.resumes.items() for ts in times)
     # (a resume point comes before the events at its time)
-    timeline: Iterator[Resume | Switch | Wakeup] = heapq.merge(resumes, trace.switches, trace.wakeups,
-                                                               key=lambda e: e.ts_ns)
-    for event in timeline:
+    events: Iterator[Resume | Switch | Wakeup] = heapq.merge(resumes, trace.switches, trace.wakeups,
+                                                            key=lambda e: e.ts_ns)
+    for event in events:
         if isinstance(event, Resume):
-            current.pop(event.cpu, None)
-            for tid in [tid for tid in off_since if last_cpu[tid] == event.cpu]:
-                del off_since[tid]
-                vcpu_woken.pop(tid, None)
-            for key in [key for key in woken if key[0] == event.cpu]:
-                del woken[key]
-            continue
-        if isinstance(event, Wakeup):
-            woken[(event.target_cpu, event.pid)] = event.ts_ns
-            if event.pid in off_since and not off_state[event.pid].startswith("R"):
-                vcpu_woken.setdefault(event.pid, (event.ts_ns, event.target_cpu))
-            continue
-        switch = event
-        if switch.prev_tgid is not None:
-            tgids[switch.prev_pid] = switch.prev_tgid
-        before = current.get(switch.cpu)
-        leaving = (switch.prev_pid, switch.prev_comm, switch.prev_prio)
-        switch_in = None
-        if before is not None and before[0] != switch.prev_pid and switch.prev_pid != 0:
-            since = before[3]  # the pCPU's previous switch: the only event of it this layer follows
-            start, switch_in = untraced_switch_in(since, woken.get((switch.cpu, switch.prev_pid)), since,
-                                                  switch.ts_ns)
-            ran(before, switch.cpu, start, None)
-            off_since.pop(switch.prev_pid, None)  # a vCPU thread that ran unseen was on from then
-            ran((*leaving, start), switch.cpu, switch.ts_ns, switch_in)
-        elif before is not None:
-            ran(before, switch.cpu, switch.ts_ns, None)
-        if switch.prev_pid in by_tid:
-            off_since[switch.prev_pid] = switch.ts_ns
-            off_state[switch.prev_pid] = switch.prev_state
-            last_cpu[switch.prev_pid] = switch.cpu
-            vcpu_woken.pop(switch.prev_pid, None)
-        if switch.next_pid in by_tid:
-            off_since.pop(switch.next_pid, None)
-        current[switch.cpu] = (switch.next_pid, switch.next_comm, switch.next_prio, switch.ts_ns)
-    return found
+            timeline.resume(event)
+        elif isinstance(event, Wakeup):
+            timeline.wakeup(event)
+        else:
+            timeline.switch(event)
+    timeline.end()
+    return sorted(timeline.found, key=lambda o: (o.cpu, o.start_ns))
 
 
 def exit_occupancies(events: list[KvmEvent], threads: VmThreads, resumes: Mapping[int, list[int]]
@@ -282,7 +375,8 @@ def exit_occupancies(events: list[KvmEvent], threads: VmThreads, resumes: Mappin
             index = by_tid[event.pid]
             reason = start.reason or "unknown"
             found.append(Occupancy("vm", start.ts_ns, event.ts_ns, f"VM exit {reason}", "vm-exit", index,
-                                   {"reason": reason, "host_cpu": start.cpu, "vcpu": index}))
+                                   {"reason": reason, "host_cpu": start.cpu, "vcpu": index},
+                                   culprit=f"VM exit {reason}"))
     return found
 
 
@@ -414,8 +508,16 @@ class VmSource:
                          "not represent real hardware")
         if self._trace.unreadable:
             notes.append(f"{self._trace.unreadable} sched_switch lines of the VM trace were not understood")
-        # the text trace's microseconds add to the exchange's bound
-        return LayerTrace("vm", True, None, occupancies, clock.uncertainty_ns + TEXT_RESOLUTION_NS, dropped,
+        # the text trace's microseconds add to the exchange's bound; with no end exchange (a watchdog, Ctrl-C) the
+        # guest's clock may have drifted by up to DRIFT_BOUND_PPM since the start, at the farthest window
+        drift = 0
+        if clock.start_only and context.windows.size:
+            farthest = max(abs(int(context.windows["start_ns"].min()) - clock.guest_0),
+                           abs(int(context.windows["end_ns"].max()) - clock.guest_0))
+            drift = farthest * DRIFT_BOUND_PPM // 1_000_000
+            notes.append(f"its placement allows {drift / 1e3:.0f} us for the guest clock's drift since the start "
+                         f"exchange ({DRIFT_BOUND_PPM} ppm at most)")
+        return LayerTrace("vm", True, None, occupancies, clock.uncertainty_ns + drift + TEXT_RESOLUTION_NS, dropped,
                           notes)
 
 

@@ -18,6 +18,7 @@ through the matched pairs is the mapping, and its largest residual is the stated
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +50,9 @@ MAX_OCCUPANCIES = 20_000
 LIMIT_S = 7200.0  # xentrace ends by itself after this (-T), should nothing stop it
 # `echo $$` then exec: the pid file names the xentrace process itself, for stop() and a later reclaim
 PIDFILE_SCRIPT = 'echo $$ > "$1"; shift; exec "$@"'
+# what the outer-hypervisor note reads of the machine Xen runs on (explain.outer.inside_vm)
+SYSTEM_FILES = ("/sys/hypervisor/type", "/sys/class/dmi/id/sys_vendor", "/sys/class/dmi/id/product_name",
+                "/proc/cpuinfo")
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,23 @@ class XenTraceSource:
         self._process: Any = None
         self._failure: str | None = None
         self._stopped = False
+        self._system: dict[str, str] = {}
+
+    def _read_dom0(self, paths: Sequence[str]) -> dict[str, str]:
+        """Files dom0 can read, as it reads them (a file it cannot read is left out)."""
+        found = {}
+        for path in paths:
+            done = self.transport.run(["cat", "--", path])
+            if done.returncode == 0:
+                found[path] = str(done.stdout)
+        return found
+
+    def read_system(self, path: str) -> str:
+        """A system file of the machine Xen runs on as dom0 read it at the start (``SYSTEM_FILES``): whether Xen
+        itself runs in a VM is the firmware's to say (dom0's CPU flags show Xen, the traced hypervisor)."""
+        if path not in self._system:
+            raise OSError(f"{path} was not read in dom0")
+        return self._system[path]
 
     def follow(self, samples: Path) -> None:
         """The run's sample file, written while it goes: the flight recorder scores its segments by it."""
@@ -155,6 +176,7 @@ class XenTraceSource:
             self.transport, self.cpu_khz = dom0.transport, dom0.cpu_khz
             self.memory_bytes = (self.buffer_mb << 20) * max(1, dom0.pcpus)
             self.transport.run(["mkdir", "-p", TRACE_DIR]).check("xen trace: dom0 mkdir")
+            self._system = self._read_dom0(SYSTEM_FILES)
             if self.keep is not None and self.samples is not None:
                 self.recorder = SegmentRecorder(
                     lambda stem: self._start_tracer(stem, self.segment_s, None), self._end_tracer, self._fetch,
@@ -484,12 +506,14 @@ def _parts(trace: Trace, domains: XenDomains, vcpu: int, pcpu: int, begin: int, 
            exhausted: list[tuple[int, int | None, dict[str, int]]], alignment: Alignment) -> list[Occupancy]:
     """One state of a not-running stretch as occupancies: who ran on the pCPU meanwhile, budget or window."""
     base: dict[str, str | int] = {"domain": domains.measuring or 0, "vcpu": vcpu, "pcpu": pcpu, "runstate": state}
-    if state == "blocked":
-        return [Occupancy("xen", alignment.to_ns(begin), alignment.to_ns(end), "vCPU blocked (waiting for Xen to "
-                          "wake it)", "runstate", vcpu, base)]
+    if state == "blocked":  # Xen did not run it, and nothing it ran instead took its place: held back
+        cause = "vCPU blocked (waiting for Xen to wake it)"
+        return [Occupancy("xen", alignment.to_ns(begin), alignment.to_ns(end), cause, "xen-held", vcpu, base,
+                          culprit=cause)]
     if state == "offline":
-        return [Occupancy("xen", alignment.to_ns(begin), alignment.to_ns(end), "vCPU offline (paused or down)",
-                          "runstate", vcpu, base)]
+        cause = "vCPU offline (paused or down)"
+        return [Occupancy("xen", alignment.to_ns(begin), alignment.to_ns(end), cause, "xen-held", vcpu, base,
+                          culprit=cause)]
     cuts = sorted({begin, end, *(t for ex in exhausted for t in (ex[0], ex[1] or end) if begin < t < end),
                    *(tsc for tsc, _, _ in _runs_on(trace, pcpu, begin, end))})
     out: list[Occupancy] = []
@@ -503,14 +527,19 @@ def _parts(trace: Trace, domains: XenDomains, vcpu: int, pcpu: int, begin: int, 
             if replenished is not None:
                 detail["replenished_ns"] = replenished
             cause, kind = "RTDS budget exhausted (until its replenishment)", "budget"
+            culprit, variant = cause, ""
         elif domains.scheduler == "arinc653":
             cause, kind = "ARINC 653 window closed" + (f": {_label(ran, domains)} ran" if ran != IDLE_DOMAIN else ""), \
                 "window"
+            culprit, variant = "ARINC 653 window closed", _label(ran, domains) if ran != IDLE_DOMAIN else ""
         elif ran == IDLE_DOMAIN:
-            cause, kind = "runnable: its pCPU idled (Xen had not scheduled it yet)", "runstate"
+            cause, kind = "runnable: its pCPU idled (Xen had not scheduled it yet)", "xen-held"
+            culprit, variant = cause, ""
         else:
             cause, kind = f"runnable: {_label(ran, domains)} ran", "runstate"
-        out.append(Occupancy("xen", alignment.to_ns(left), alignment.to_ns(right), cause, kind, vcpu, detail))
+            culprit, variant = _label(ran, domains), "the measuring vCPU runnable"
+        out.append(Occupancy("xen", alignment.to_ns(left), alignment.to_ns(right), cause, kind, vcpu, detail,
+                             culprit=culprit, variant=variant))
     return _merged(out)
 
 
@@ -536,8 +565,7 @@ def _merged(parts: list[Occupancy]) -> list[Occupancy]:
         if out and out[-1].cause == part.cause and out[-1].end_ns == part.start_ns and \
                 out[-1].detail.get("exhausted_ns") == part.detail.get("exhausted_ns"):
             previous = out[-1]
-            out[-1] = Occupancy(previous.layer, previous.start_ns, part.end_ns, previous.cause, previous.kind,
-                                previous.cpu, previous.detail)
+            out[-1] = dataclasses.replace(previous, end_ns=part.end_ns)
         elif part.end_ns > part.start_ns:
             out.append(part)
     return out
