@@ -5,6 +5,8 @@ Ctrl-C, kill -9 + --resume; bad input exits 2 naming what was wrong."""
 from __future__ import annotations
 
 import bisect
+import contextlib
+import ctypes
 import json
 import os
 import re
@@ -12,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -595,3 +598,78 @@ def test_a_cpu_that_stays_silent_holds_the_trace_for_open_ns_only() -> None:
     held, slack = max(silent.peak_bytes().values()), max(unpinned.peak_bytes().values())
     expected = (OPEN_NS + SLACK_NS) / SLACK_NS
     assert 0.7 * expected * slack < held < 1.3 * expected * slack, (held, slack)
+
+
+# ---- sample times of the probes that stamp with the cycle counter (review finding 2) ----------------------------
+
+class _Timex(ctypes.Structure):
+    """struct timex (adjtimex(2)), as far as its frequency is concerned; the kernel's padding after it."""
+
+    _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long), ("freq", ctypes.c_long),
+                ("maxerror", ctypes.c_long), ("esterror", ctypes.c_long), ("status", ctypes.c_int),
+                ("constant", ctypes.c_long), ("precision", ctypes.c_long), ("tolerance", ctypes.c_long),
+                ("time_sec", ctypes.c_long), ("time_usec", ctypes.c_long), ("tick", ctypes.c_long),
+                ("ppsfreq", ctypes.c_long), ("jitter", ctypes.c_long), ("shift", ctypes.c_int),
+                ("stabil", ctypes.c_long), ("jitcnt", ctypes.c_long), ("calcnt", ctypes.c_long),
+                ("errcnt", ctypes.c_long), ("stbcnt", ctypes.c_long), ("tai", ctypes.c_int),
+                ("padding", ctypes.c_int * 11)]
+
+
+ADJ_FREQUENCY = 0x0002
+
+
+@contextlib.contextmanager
+def _slewed(ppm: int) -> Iterator[None]:
+    """CLOCK_MONOTONIC (and the wall clock) run ``ppm`` fast against the cycle counter and CLOCK_MONOTONIC_RAW,
+    as NTP or PTP slews a disciplined host's clock (up to 500 ppm), through the kernel's own frequency setting;
+    restored on the way out (the wall clock keeps the few ms it gained)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    saved = _Timex()
+    assert libc.adjtimex(ctypes.byref(saved)) >= 0, os.strerror(ctypes.get_errno())
+    slewed = _Timex(modes=ADJ_FREQUENCY, freq=saved.freq + ppm * 65536)
+    assert libc.adjtimex(ctypes.byref(slewed)) >= 0, os.strerror(ctypes.get_errno())
+    try:
+        yield
+    finally:
+        libc.adjtimex(ctypes.byref(_Timex(modes=ADJ_FREQUENCY, freq=saved.freq)))
+
+
+def _fit(entries: np.ndarray, starts: np.ndarray, ends: np.ndarray, long: np.ndarray, shift: int) -> float:
+    """The share of interrupt entries that, moved by ``shift``, fall inside a long sample window."""
+    moved = entries + shift
+    at = np.searchsorted(starts, moved, side="right") - 1
+    inside = (at >= 0) & (moved <= ends[np.clip(at, 0, None)]) & long[np.clip(at, 0, None)]
+    return float(inside.mean()) if inside.size else 0.0
+
+
+def test_cycle_counter_stamped_samples_stay_on_the_trace_clock_while_ntp_slews_it(tmp_path: Path) -> None:
+    """gap --work times a busy-work unit with the cycle counter, whose rate was measured against
+    CLOCK_MONOTONIC_RAW, and stamped its samples from one CLOCK_MONOTONIC reading at the start: while NTP slews
+    CLOCK_MONOTONIC (the trace clock) by 200 ppm, a sample 8 s into the run was placed 1.6 ms off, and its
+    window held none of the interrupts that lengthened it. Each work unit an interrupt lengthened must hold
+    that interrupt's entry, early and late in the run, within the trace's microsecond."""
+    from rtvirt.probes import PROBES
+    from rtvirt.probes.runner import run_probe
+
+    spec = PROBES["gap"]
+    instance = TracefsInstance([MEASURED], ["irq_vectors:local_timer_entry", "irq:irq_handler_entry"],
+                               buffer_kb=16384, overwrite=False)
+    with _slewed(200):
+        instance.start()
+        try:
+            stream = run_probe(spec, spec.params(duration="8s", affinity=[MEASURED], work=True), tmp_path / "g.rtvs")
+        finally:
+            instance.stop()
+    records = stream.records
+    order = np.argsort(records["t_ns"], kind="stable")
+    starts = records["t_ns"].astype(np.int64)[order]
+    ends = starts + records["value"].astype(np.int64)[order]
+    long = (ends - starts) > np.median(ends - starts) + 3000  # lengthened by more than an interrupt's 3 us
+    entries = np.array(sorted(e.ts_ns for e in parse_trace(instance.lines(MEASURED))), dtype=np.int64)
+    span = starts[-1] - starts[0]
+    for low, high in ((0.0, 0.2), (0.8, 1.0)):
+        chosen = entries[(entries >= starts[0] + low * span) & (entries < starts[0] + high * span)]
+        assert chosen.size >= 100, chosen.size
+        on_time = _fit(chosen, starts, ends, long, 0)
+        assert on_time >= 0.8, (low, on_time, max(_fit(chosen, starts, ends, long, shift)
+                                                  for shift in range(-3_000_000, 3_000_001, 100_000)))
