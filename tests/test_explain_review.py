@@ -486,3 +486,74 @@ def test_consecutive_parts_of_one_cause_are_listed_as_one(tmp_path: Path) -> Non
     assert [(p["cause"], p["duration_ns"], p.get("pieces", 1)) for p in merged] == [
         (cause, 900, 9), ("guest task x/1 SCHED_OTHER nice 0", 100, 1)]
     assert len(explanation_document(explanation, {}, "run", None, merge=False)["worst"][0]["parts"]) == 10
+
+
+# ---- 11: the outer-hypervisor note describes the measured machine ---------------------------------------------
+
+class _System:
+    """A measured machine's files as a source reads them through its connection (dom0's, a target's); /proc/stat
+    shows ``steal`` ticks per CPU, the next reading the ``later`` ones."""
+
+    def __init__(self, files: dict[str, str], steal: dict[int, int], later: dict[int, int]) -> None:
+        self.files, self.readings = files, [steal, later]
+
+    def __call__(self, path: str) -> str:
+        if path == "/proc/stat":
+            steal = self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+            cpus = "".join(f"cpu{cpu} 1 0 1 1 0 0 0 {ticks} 0 0\n" for cpu, ticks in sorted(steal.items()))
+            return f"cpu  2 0 2 2 0 0 0 {sum(steal.values())} 0 0\n{cpus}"
+        if path not in self.files:
+            raise OSError(path)
+        return self.files[path]
+
+
+class _Source:
+    """A layer that saw nothing in the windows, on a machine whose files are ``read_system``'s."""
+
+    def __init__(self, layer: str, read_system: _System, cpus: tuple[int, ...] = ()) -> None:
+        self.layer, self.read_system, self.cpus = layer, read_system, cpus
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def collect(self, context: CollectContext) -> LayerTrace:
+        return LayerTrace(self.layer, seen=True)  # type: ignore[arg-type]
+
+
+def _unexplained_after(source: _Source) -> tuple[str, list[str]]:
+    from rtvirt.explain.config import ExplainConfig
+    from rtvirt.explain.sources import session_for_sources
+
+    session = session_for_sources(ExplainConfig(), [source], "test")  # type: ignore[list-item]
+    session.start()
+    session.stop()
+    traces = session._traces(windows((ns(0), ns(100))), {}, ())
+    parts = attribute(windows((ns(0), ns(100))), traces, threshold_ns=0, threshold_rule="set", outliers=1).parts
+    return parts[0].cause, [note for trace in traces for note in trace.notes]
+
+
+def test_11_dom0_on_a_bare_metal_xen_host_is_no_outer_hypervisor() -> None:
+    """rtvirt in dom0 (Xen's where = "dom0") reads dom0's files: its CPU flags show a hypervisor, Xen itself,
+    the one traced. On a machine whose firmware is a real one, no note says the machine runs in a VM."""
+    dom0 = _System({"/proc/cpuinfo": "flags\t\t: fpu vme hypervisor\n", "/sys/hypervisor/type": "xen\n",
+                    "/sys/class/dmi/id/sys_vendor": "Dell Inc.\n", "/sys/class/dmi/id/product_name": "PowerEdge\n"},
+                   {0: 0, 1: 0}, {0: 50, 1: 50})
+    cause, notes = _unexplained_after(_Source("xen", dom0))
+    assert cause == "unexplained" and not any("inside a VM" in note for note in notes), (cause, notes)
+    # the same dom0 in a nested lab (QEMU's firmware): Xen itself runs in a VM, and says so
+    dom0.files["/sys/class/dmi/id/sys_vendor"] = "QEMU\n"
+    _, notes = _unexplained_after(_Source("xen", dom0))
+    assert any("inside a VM itself (its firmware reports a virtual machine (QEMU" in note for note in notes), notes
+
+
+def test_11_steal_counts_for_the_measured_cpus_only() -> None:
+    """The machine's steal rose on CPU 0 (not measured) while CPU 1 (measured) lost nothing: the unexplained time
+    of CPU 1 is not the outer hypervisor's."""
+    host = _System({"/proc/cpuinfo": "flags\t\t: fpu vme hypervisor\n"}, {0: 0, 1: 7}, {0: 40, 1: 7})
+    cause, notes = _unexplained_after(_Source("host", host, cpus=(1,)))
+    assert cause == "unexplained", (cause, notes)
+    assert any("did not rise" in note for note in notes), notes
+    host = _System({"/proc/cpuinfo": "flags\t\t: fpu vme hypervisor\n"}, {0: 0, 1: 7}, {0: 40, 1: 9})
+    cause, notes = _unexplained_after(_Source("host", host, cpus=(1,)))
+    assert cause == "unexplained (outer hypervisor invisible)" and any("CPU 1 +20 ms" in n for n in notes), notes
