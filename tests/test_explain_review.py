@@ -557,3 +557,25 @@ def test_11_steal_counts_for_the_measured_cpus_only() -> None:
     host = _System({"/proc/cpuinfo": "flags\t\t: fpu vme hypervisor\n"}, {0: 0, 1: 7}, {0: 40, 1: 9})
     cause, notes = _unexplained_after(_Source("host", host, cpus=(1,)))
     assert cause == "unexplained (outer hypervisor invisible)" and any("CPU 1 +20 ms" in n for n in notes), notes
+
+
+# ---- 12: an unpinned thread is read where it waited -------------------------------------------------------------
+
+def test_12_an_unpinned_thread_is_read_on_the_cpu_its_timer_fired_on_until_it_was_woken() -> None:
+    """The probe's thread slept on CPU 0, where a FIFO stressor then held the CPU with interrupts arriving late;
+    it was woken there at +800 and pushed to the idle CPU 1, where it ran at +805 (its sample says CPU 1). Read
+    on CPU 1 alone, the window was idle; the stressor on CPU 0 held it."""
+    from rtvirt.explain.host import HostSource
+
+    late = [entry.replace("[001]", "[000]") for entry in timer_irq(800, "rtvirt-stress", STRESS, 803, now_us=800.2)]
+    on_0 = [switch(-20, STRESSOR, "S", PROBE, cpu=0), switch(0, PROBE, "S", STRESSOR, cpu=0), *late,
+            switch(2000, STRESSOR, "S", IDLE, cpu=0)]
+    on_1 = [switch(-100, KWORKER, "S", IDLE), switch(805, IDLE, "R", PROBE), switch(900, PROBE, "S", IDLE)]
+    source = HostSource((0, CPU), flight_recorder=False)
+    source.instance.texts = {0: "\n".join(on_0), CPU: "\n".join(on_1)}
+    spans = windows((ns(100), ns(806)))
+    trace = source.collect(CollectContext(header={"probe": "timer"}, windows=spans, agent_pids=(AGENT,)))
+    parts = attribute(spans, [trace], threshold_ns=0, threshold_rule="set", outliers=1).parts
+    found = shares(parts)
+    assert sum(d for cause, d in found.items() if "rtvirt-stress" in cause) >= 690_000, found
+    assert not any(cause.startswith("idle") and d > 10_000 for cause, d in found.items()), found

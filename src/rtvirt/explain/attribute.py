@@ -219,12 +219,23 @@ def _certain(layers: Sequence[LayerTrace]) -> list[Occupancy]:
     return found
 
 
+def _segments(layers: Sequence[LayerTrace]) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """Where a window's thread waited, when a layer saw it move ((window start, cpu) -> [(from, cpu)...]): an
+    unpinned timer thread waits on the CPU its timer fires on until it is woken, then where it runs."""
+    found: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for layer in layers:
+        for start, cpu, at, moved_to in layer.moves:
+            found.setdefault((int(start), int(cpu)), []).append((int(at), int(moved_to)))
+    return {key: sorted(moves) for key, moves in found.items()}
+
+
 def attribute(windows: np.ndarray, layers: Sequence[LayerTrace], *, threshold_ns: int, threshold_rule: str,
               outliers: int) -> Explanation:
     """The parts of each window (``WINDOW`` rows, largest first) from the layers' occupancies.
 
-    An occupancy counts for a window on its CPU (or any CPU when it is tied to none); its part's detail
-    carries the layer's alignment uncertainty.
+    An occupancy counts for a window on its CPU (or any CPU when it is tied to none), or, where a layer saw the
+    window's thread wait on another CPU for a stretch (``LayerTrace.moves``), on that CPU for that stretch (the
+    part's detail says which: ``waited_on_cpu``); its part's detail carries the layer's alignment uncertainty.
     """
     seen = [layer for layer in layers if layer.seen]
     occupancies = _certain(seen)
@@ -233,22 +244,32 @@ def attribute(windows: np.ndarray, layers: Sequence[LayerTrace], *, threshold_ns
     ends = np.fromiter((o.end_ns for o in occupancies), np.int64, len(occupancies))
     cpus = np.fromiter((o.cpu for o in occupancies), np.int64, len(occupancies))
     nobody, nobody_detail = unexplained_cause(layers)
+    moved = _segments(seen)
     parts: list[Part] = []
     for rank, window in enumerate(windows.tolist(), 1):
         start, end, cpu, latency = (int(x) for x in window)
-        near = np.flatnonzero((starts < end) & (ends > start) & ((cpus == cpu) | (cpus < 0)))
-        for left, right, winner in _window_parts(start, end, [occupancies[i] for i in near]):
-            culprit = variant = ""
-            if winner is None:
-                layer, kind, cause, detail = "unexplained", "unexplained", nobody, nobody_detail
-            else:
-                layer, kind, cause = winner.layer, winner.kind, winner.cause
-                culprit, variant = winner.culprit, winner.variant
-                detail = {**winner.detail, "alignment_ns": alignment.get(winner.layer, 0),
-                          "occupied_ns": winner.duration_ns, "occupied_from_ns": winner.start_ns - start}
-            parts.append(Part(sample_t_ns=start, latency_ns=latency, cpu=cpu, rank=rank, layer=layer,  # type: ignore[arg-type]
-                              kind=kind, cause=cause, offset_ns=left - start, duration_ns=right - left,
-                              detail=json.dumps(detail, separators=(",", ":"))[:MAX_DETAIL],
-                              culprit=culprit[:MAX_CAUSE], variant=variant[:MAX_CAUSE]))
+        stretches = [(start, cpu)]
+        for at, on in moved.get((start, cpu), []):
+            if at <= start:
+                stretches[0] = (start, on)
+            elif at < end:
+                stretches.append((at, on))
+        for (left_at, on), (right_at, _) in zip(stretches, [*stretches[1:], (end, cpu)], strict=True):
+            near = np.flatnonzero((starts < right_at) & (ends > left_at) & ((cpus == on) | (cpus < 0)))
+            for left, right, winner in _window_parts(left_at, right_at, [occupancies[i] for i in near]):
+                culprit = variant = ""
+                if winner is None:
+                    layer, kind, cause, detail = "unexplained", "unexplained", nobody, nobody_detail
+                else:
+                    layer, kind, cause = winner.layer, winner.kind, winner.cause
+                    culprit, variant = winner.culprit, winner.variant
+                    detail = {**winner.detail, "alignment_ns": alignment.get(winner.layer, 0),
+                              "occupied_ns": winner.duration_ns, "occupied_from_ns": winner.start_ns - start}
+                if on != cpu:
+                    detail = {**detail, "waited_on_cpu": on}
+                parts.append(Part(sample_t_ns=start, latency_ns=latency, cpu=cpu, rank=rank, layer=layer,  # type: ignore[arg-type]
+                                  kind=kind, cause=cause, offset_ns=left - start, duration_ns=right - left,
+                                  detail=json.dumps(detail, separators=(",", ":"))[:MAX_DETAIL],
+                                  culprit=culprit[:MAX_CAUSE], variant=variant[:MAX_CAUSE]))
     return Explanation(threshold_ns=threshold_ns, threshold_rule=threshold_rule, outliers=outliers, parts=parts,
                        layers=list(layers), summary=summarize_parts(parts))

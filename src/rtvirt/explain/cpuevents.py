@@ -290,6 +290,13 @@ class _CpuReader:
             if opened.detail.get("hrtimer") == pointer:
                 self._emit(self.timers.pop(context), ts)
 
+    def finish(self, until: int | None) -> None:
+        """The events end: the task current since its last switch held the CPU until ``until`` (the end of what
+        was read, when the trace goes on past it) or the CPU's last event."""
+        end = max(self.last_ts or 0, until or 0)
+        if self.task is not None and end > self.task.start:
+            self._task_ran(self.task, end, self.task.prio)
+
     # ---- gaps --------------------------------------------------------------------------------------------------
 
     def _gap(self, ts: int, body: str) -> None:
@@ -321,14 +328,15 @@ _HANDLERS: dict[str, Callable[[_CpuReader, int, str], None]] = {
 
 def occupancies_from_events(events: Iterable[TraceEvent], agent_pids: Sequence[int],
                             policies: dict[int, tuple[str, str]] | None = None, layer: Layer = "host",
-                            agents_by_comm: bool = False) -> list[Occupancy]:
+                            agents_by_comm: bool = False, until: int | None = None) -> list[Occupancy]:
     """Intervals of what held each CPU: tasks (the measuring agent's named as such), IRQs, softirqs, vectors,
     timer callbacks, and the stretches the trace cannot name (``unexplained``: a switch or events lost).
 
     ``events`` of any CPUs, each CPU's in time order. A thread belongs to the agent when its pid or tgid is in
     ``agent_pids`` (tgids come from the trace's tgid column: every thread that ran shows it), or, with
     ``agents_by_comm``, when it is named like the agent. ``policies``: pid -> (policy, comm) asked of the
-    kernel at the end of the run."""
+    kernel at the end of the run. The task current at the end held its CPU until ``until`` (the end of a stretch
+    read from a longer trace), else until the CPU's last event."""
     by_cpu: dict[int, list[TraceEvent]] = {}
     tgids: dict[int, int] = {}
     for event in events:
@@ -341,6 +349,7 @@ def occupancies_from_events(events: Iterable[TraceEvent], agent_pids: Sequence[i
         reader = _CpuReader(cpu, layer, agents, policies or {})
         for event in cpu_events:
             reader.read(event)
+        reader.finish(until)
         occupancies += reader.found
     occupancies.sort(key=lambda o: (o.cpu, o.start_ns))
     return occupancies

@@ -25,7 +25,7 @@ from .cpuevents import occupancies_from_events, switched_pids
 from .model import CollectContext, Layer, LayerTrace, Occupancy
 from .outer import StealReading, StealSeries, idle_exit_latency, read_local
 from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes, start_recording
-from .timerpath import agent_bound, timer_path
+from .timerpath import agent_bound, thread_moves, timer_path
 from .tracefs import TEXT_RESOLUTION_NS, TracefsAccess, TracefsInstance, TracingUnavailable, line_stamp
 
 __all__ = ["HostSource", "HOST_EVENTS", "FOLLOW_EVENTS", "MARGIN_NS", "near_windows"]
@@ -120,25 +120,35 @@ class HostSource:
             return LayerTrace("host", seen=False, why_not=self.why_not)
         read = self._read_cost()  # (before the windows' lines are taken from the texts)
         occupancies = []
-        for cpu, start, end in _spans(context.windows, MARGIN_NS):
+        # an unpinned thread may sleep on one traced CPU and run on another: every traced CPU around every window
+        spans = _spans(context.windows, MARGIN_NS) if len(self.cpus) == 1 else \
+            _spans(np.concatenate([_on(context.windows, cpu) for cpu in self.cpus]), MARGIN_NS)
+        for cpu, start, end in spans:
             if cpu in self.cpus:
                 events = self.instance.events_around(cpu, start, end)
-                occupancies += occupancies_from_events(events, context.agent_pids, self.policies)
+                last = self.instance.last_stamp(cpu)  # a task current at the span's end held on while traced
+                occupancies += occupancies_from_events(events, context.agent_pids, self.policies,
+                                                       until=min(end, last) if last is not None else None)
         notes = list(self.instance.problems)
         if self.instance.missing_events:
             notes.append(f"events not on this kernel: {', '.join(self.instance.missing_events)}")
         bound, dropped = bound_notes(self.recorder, self.instance.dropped_events, context, self.keep_kb)
         notes += bound
         probe = str(context.header.get("probe") or "")
-        kept = agent_bound(near_windows(occupancies, context.windows), context.windows, probe)
+        kept = agent_bound(occupancies if len(self.cpus) > 1 else near_windows(occupancies, context.windows),
+                           context.windows, probe)
+        moves = thread_moves(kept, context.windows) if probe == "timer" and len(self.cpus) > 1 else []
         if probe == "timer":
-            kept += timer_path(kept, context.windows, self._steal_around, self.idle)
+            kept += timer_path(kept, context.windows, self._steal_around, self.idle, moves)
         note, cost = cost_note(*read, len(self.cpus), self.event_ns,
                                wake_up_path(set(self.instance.wanted) - set(self.instance.missing_events)),
                                probe == "timer")
         notes.append(note)
+        if moves:
+            notes.append(f"{len(moves) // 2} outliers' threads slept on another CPU than they ran on (an unpinned "
+                         "run): each is read where its timer fired until it was woken, then where it ran")
         return LayerTrace("host", seen=True, occupancies=kept, alignment_ns=TEXT_RESOLUTION_NS,
-                          dropped_events=dropped, notes=notes, cost=cost)
+                          dropped_events=dropped, notes=notes, cost=cost, moves=moves)
 
     def _read_cost(self) -> tuple[int, float, int]:
         """The events and bytes of trace this run recorded and the seconds they span."""
@@ -155,6 +165,13 @@ class HostSource:
                 first = min(filter(None, (first, stamps[0])), default=None)
                 last = max(filter(None, (last, stamps[1])), default=None)
         return lines, ((last or 0) - (first or 0)) / 1e9, size
+
+
+def _on(windows: np.ndarray, cpu: int) -> np.ndarray:
+    """The windows as if taken on ``cpu`` (to read every traced CPU around them)."""
+    copy = windows.copy()
+    copy["cpu"] = cpu
+    return copy
 
 
 def _spans(windows: np.ndarray, margin_ns: int) -> list[tuple[int, int, int]]:

@@ -71,6 +71,8 @@ class LayerTrace:
     notes: list[str] = field(default_factory=list)  # what the user should know ("host steal rose by 3.1 ms")
     # what tracing cost the run (explain.cost: events, seconds, events_per_s_per_cpu, text_bytes, event_ns, ...)
     cost: dict[str, float] = field(default_factory=dict)
+    # where an outlier's thread waited on another CPU than its sample's: [window start, window cpu, from, cpu]
+    moves: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from .model import Occupancy
 from .outer import StealReading
 from .tracefs import TEXT_RESOLUTION_NS
 
-__all__ = ["timer_path", "agent_bound", "BEFORE_INTERRUPT", "AHEAD_OF_RT", "LATE_TO_IDLE", "STOLEN",
+__all__ = ["timer_path", "thread_moves", "agent_bound", "BEFORE_INTERRUPT", "AHEAD_OF_RT", "LATE_TO_IDLE", "STOLEN",
            "AGENT_RETURN_MIN_NS"]
 
 BEFORE_INTERRUPT = "before the timer interrupt"
@@ -151,32 +151,67 @@ def _after_wake_up(occupancy: Occupancy, begin: int, end: int) -> Occupancy | No
     return None
 
 
+def thread_moves(occupancies: list[Occupancy], windows: np.ndarray) -> list[list[int]]:
+    """Where each window's thread slept, when that is not the CPU it ran on (an unpinned run): its timer fired
+    there, so the window is read there until its callback woke the thread, then where it ran (the layer's
+    ``moves``). The thread is the measuring thread switched in on the window's CPU at its end; where it slept is
+    where it last left a CPU before the window."""
+    agents = sorted((o for o in occupancies if o.kind == "agent"), key=lambda o: o.end_ns)
+    moves = []
+    for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
+                               strict=True):
+        ran = [o for o in agents if o.cpu == cpu and o.start_ns <= end < o.end_ns + TEXT_RESOLUTION_NS]
+        if not ran:
+            continue
+        thread = max(ran, key=lambda o: o.start_ns).detail.get("pid")
+        before = [o for o in agents if o.detail.get("pid") == thread and o.end_ns <= start + TEXT_RESOLUTION_NS]
+        paths = {on: _wake_up([o for o in occupancies if o.cpu == on and o.start_ns < end and o.end_ns > start],
+                              start, end) for on in {o.cpu for o in occupancies}}
+        woken = {on: path for on, path in paths.items() if path is not None and path.woken is not None}
+        if before:
+            slept_on = before[-1].cpu
+        elif cpu not in woken and woken:  # its timer fired elsewhere: the first to expire at or after its time
+            slept_on = min(woken, key=lambda on: woken[on].delivery_ns or 0)
+        else:
+            continue
+        if slept_on != cpu and slept_on in woken:
+            moves += [[start, cpu, start, slept_on], [start, cpu, woken[slept_on].woken or start, cpu]]
+    return moves
+
+
 def timer_path(occupancies: list[Occupancy], windows: np.ndarray, steal: Steal | None = None,
-               idle: dict[int, tuple[str, int]] | None = None) -> list[Occupancy]:
-    """The marks of each timer-probe window (``WINDOW`` rows) on its CPU, named along its wake-up's path: the
-    stretches of task and idle occupancies before the interrupt and after the wake-up that no nested occupancy
-    covers. They are added to the occupancies: being later to start, each wins over the task or idle it names."""
+               idle: dict[int, tuple[str, int]] | None = None, moves: Sequence[Sequence[int]] = ()
+               ) -> list[Occupancy]:
+    """The marks of each timer-probe window (``WINDOW`` rows) along its wake-up's path: the stretches of task and
+    idle occupancies before the interrupt (on the CPU the thread slept on: ``moves``, else its own) and after
+    the wake-up (on the CPU it ran on) that no nested occupancy covers. They are added to the occupancies: being
+    later to start, each wins over the task or idle it names."""
     by_cpu: dict[int, list[Occupancy]] = {}
     for occupancy in occupancies:
         by_cpu.setdefault(occupancy.cpu, []).append(occupancy)
+    slept = {(int(start), int(cpu)): int(on) for start, cpu, at, on in moves if at == start}
     marks: dict[tuple[int, int, int, str], Occupancy] = {}
     for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
                                strict=True):
-        near = [o for o in by_cpu.get(int(cpu), []) if o.start_ns < end and o.end_ns > start - TEXT_RESOLUTION_NS]
-        nested = [o for o in near if o.kind in NESTED]
-        path = _wake_up(near, start, end)
+        fired = slept.get((start, cpu), cpu)
+        near = {on: [o for o in by_cpu.get(on, []) if o.start_ns < end and o.end_ns > start - TEXT_RESOLUTION_NS]
+                for on in {fired, cpu}}
+        nested = {on: [o for o in found if o.kind in NESTED] for on, found in near.items()}
+        path = _wake_up(near[fired], start, end)
         if path is None:
             continue
-        reading = steal(int(cpu), start, end) if steal is not None else None
-        for occupancy in near:
+        reading = steal(fired, start, end) if steal is not None else None
+        for occupancy in near[fired]:
+            if occupancy.kind in ("task", "idle-exit"):
+                for begin, stop in _uncovered(occupancy, start, path.arrival, nested[fired]):
+                    mark = _before_interrupt(occupancy, begin, stop, path, reading, (idle or {}).get(fired), start)
+                    marks[(mark.cpu, begin, stop, mark.cause)] = mark
+        if path.woken is None:
+            continue
+        for occupancy in near[cpu]:
             if occupancy.kind not in ("task", "idle-exit"):
                 continue
-            for begin, stop in _uncovered(occupancy, start, path.arrival, nested):
-                mark = _before_interrupt(occupancy, begin, stop, path, reading, (idle or {}).get(int(cpu)), start)
-                marks[(mark.cpu, begin, stop, mark.cause)] = mark
-            if path.woken is None:
-                continue
-            for begin, stop in _uncovered(occupancy, path.woken, end, nested):
+            for begin, stop in _uncovered(occupancy, path.woken, end, nested[cpu]):
                 after = _after_wake_up(occupancy, begin, stop)
                 if after is not None:
                     marks[(after.cpu, begin, stop, after.cause)] = after

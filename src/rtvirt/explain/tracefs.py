@@ -476,6 +476,11 @@ class TracefsInstance:
             self._split[cpu] = lines[first:]
         return self._split[cpu]
 
+    def last_stamp(self, cpu: int) -> int | None:
+        """The time of a CPU's last traced line (None: it has none)."""
+        lines = self.lines(cpu)
+        return next((stamp for line in reversed(lines) if (stamp := line_stamp(line)) is not None), None)
+
     def events_around(self, cpu: int, start_ns: int, end_ns: int, back_to: str = "sched_switch:") -> list[TraceEvent]:
         """The events of ``cpu`` in [start_ns, end_ns], from the last line holding ``back_to`` before
         ``start_ns`` (what was running when it began) on: only these lines are parsed, found by bisection,
