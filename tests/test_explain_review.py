@@ -579,3 +579,46 @@ def test_12_an_unpinned_thread_is_read_on_the_cpu_its_timer_fired_on_until_it_wa
     found = shares(parts)
     assert sum(d for cause, d in found.items() if "rtvirt-stress" in cause) >= 690_000, found
     assert not any(cause.startswith("idle") and d > 10_000 for cause, d in found.items()), found
+
+
+# ---- 16: the Xen alignment does not confirm an offset a periodic schedule makes ambiguous -----------------------
+
+def _periodic_run(jitter: bool) -> tuple[Any, np.ndarray]:
+    """An RTDS-like vCPU (domain 5): in each 10 ms period it runs 4 ms and waits 6 ms for its budget; a gap
+    probe's gaps are those waits, on a sample clock equal to the TSC / 2.4 GHz. ``jitter``: each wait a
+    different length (the periods are then told apart)."""
+    from rtvirt.explain.xentrace import Trace
+
+    rng = np.random.default_rng(3)
+    trace = Trace()
+    gaps = []
+    for period in range(300):
+        begin = period * 10_000_000
+        wait = 6_000_000 - (int(rng.integers(0, 1_500_000)) if jitter else 0)
+        running, waiting = begin, begin + 10_000_000 - wait
+        trace.runstates.setdefault((5, 0), []).extend([(running * 12 // 5, "running", 0),
+                                                      (waiting * 12 // 5, "runnable", 0)])
+        trace.running.setdefault(0, []).extend([(running * 12 // 5, 5, 0), (waiting * 12 // 5, 0x7FFF, 0)])
+        gaps.append((waiting, begin + 10_000_000))
+    trace.first_tsc, trace.last_tsc, trace.records = 0, 3_000_000_000 * 12 // 5, 600
+    samples = np.zeros(len(gaps), dtype=[("start_ns", "<i8"), ("end_ns", "<i8"), ("cpu", "<i2")])
+    samples["start_ns"], samples["end_ns"] = zip(*gaps, strict=True)
+    return trace, samples
+
+
+def test_16_an_alignment_a_periodic_schedule_makes_ambiguous_is_not_stated_as_exact() -> None:
+    """Every wait looks like the next: offsets whole periods apart put as many gaps around a wait. The
+    alignment used to pick one and state its residual (microseconds); it is now refused as ambiguous, and a run
+    whose waits differ is still aligned where it belongs."""
+    from rtvirt.explain.xen import XenDomains, explain_trace
+
+    trace, samples = _periodic_run(jitter=False)
+    outliers = np.zeros(10, dtype=WINDOW)
+    outliers["start_ns"], outliers["end_ns"] = samples["start_ns"][100:110], samples["end_ns"][100:110]
+    outliers["latency_ns"] = outliers["end_ns"] - outliers["start_ns"]
+    layer = explain_trace([trace], XenDomains(measuring=5), outliers, 2_400_000, samples=samples)
+    assert not layer.seen and "ambiguous" in (layer.why_not or ""), (layer.why_not, layer.notes)
+    trace, samples = _periodic_run(jitter=True)
+    outliers["start_ns"], outliers["end_ns"] = samples["start_ns"][100:110], samples["end_ns"][100:110]
+    layer = explain_trace([trace], XenDomains(measuring=5), outliers, 2_400_000, samples=samples)
+    assert layer.seen and layer.alignment_ns < 1000, (layer.why_not, layer.notes)

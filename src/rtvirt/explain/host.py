@@ -9,8 +9,8 @@ means the interrupt came late: a layer not traced held it back, whose steal this
 run goes, explain.outer), what kept it after the wake-up. The run's own cost is stated (explain.cost).
 
 The default events leave out what is on every wake-up's path and names nothing the report shows
-(``sched_wakeup``, ``hrtimer_expire_exit``: docs/explain.md, Cost); an unpinned run adds the wake-ups and
-migrations that tell which CPU its thread waited on (``FOLLOW_EVENTS``).
+(``sched_wakeup``, ``hrtimer_expire_exit``: docs/explain.md, Cost). An unpinned run's thread may sleep on one
+traced CPU and run on another: each window is then read where it waited (explain.timerpath.thread_moves).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes, start_reco
 from .timerpath import agent_bound, thread_moves, timer_path
 from .tracefs import TEXT_RESOLUTION_NS, TracefsAccess, TracefsInstance, TracingUnavailable, line_stamp
 
-__all__ = ["HostSource", "HOST_EVENTS", "FOLLOW_EVENTS", "MARGIN_NS", "near_windows"]
+__all__ = ["HostSource", "HOST_EVENTS", "MARGIN_NS", "near_windows"]
 
 HOST_EVENTS = (
     "sched:sched_switch",
@@ -40,8 +40,8 @@ HOST_EVENTS = (
     "irq_vectors:irq_work_entry", "irq_vectors:irq_work_exit",
     "timer:hrtimer_expire_entry",
 )
-# where an unpinned thread was woken onto and moved to (real-time wake-ups only: the others are not recorded)
-FOLLOW_EVENTS = ("sched:sched_wakeup", "sched:sched_migrate_task")
+# real-time wake-ups only, where a caller traces them (the default does not: the timer path reads the thread's
+# own timer callback)
 WAKEUP_FILTER = {"sched:sched_wakeup": "prio < 100"}
 MARGIN_NS = 1_000_000  # occupancies kept this far around each window (the report's timelines)
 

@@ -45,6 +45,8 @@ MATCH_CANDIDATES = 12  # the largest windows proposing an alignment
 MATCH_BINS = 20  # the most proposed offsets (EDGE_NS wide) tried
 MIN_WAIT_NS = 100_000  # shorter waits do not take part in the alignment
 EDGE_NS = 300_000  # a wait and its window share an edge within this (nested TCG: the guest sees time late)
+RIVAL_SHARE = 0.9  # another offset matching this share of the best one's windows makes the alignment ambiguous
+CONTRADICTED_SHARE = 0.1  # sample ends placed where the vCPU did not run that make an alignment wrong
 CONTEXT_NS = 5_000_000  # occupancies kept this far around a window (the report's timelines)
 MAX_OCCUPANCIES = 20_000
 LIMIT_S = 7200.0  # xentrace ends by itself after this (-T), should nothing stop it
@@ -317,12 +319,15 @@ def stretches(trace: Trace, vcpu: tuple[int, int]) -> list[Stretch]:
 
 @dataclass(frozen=True, slots=True)
 class Alignment:
-    """sample_ns = slope * tsc + offset, within uncertainty_ns (the largest residual of the matched pairs)."""
+    """sample_ns = slope * tsc + offset, within uncertainty_ns (the largest residual of the matched pairs);
+    ``rival``: another offset (ns) that put almost as many windows around a wait (a periodic schedule aliases),
+    and how many (0: none)."""
 
     slope: float
     offset: float
     uncertainty_ns: int
     matched: int
+    rival: tuple[float, int] = (0.0, 0)
 
     def to_ns(self, tsc: int) -> int:
         return int(round(self.slope * tsc + self.offset))
@@ -350,16 +355,15 @@ def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_ti
         return None
     bins = np.floor(offsets / EDGE_NS)
     values, counts = np.unique(bins, return_counts=True)
-    best: tuple[int, float, float] | None = None
+    tried: list[tuple[int, float]] = []
     for bin_value in values[np.argsort(-counts)[:MATCH_BINS]]:
         candidate = float(np.median(offsets[bins == bin_value]))
-        matched = len(np.unique(_contained(starts, ends, first * ns_per_tick + candidate,
-                                           last * ns_per_tick + candidate)[0]))
-        if best is None or matched > best[0]:
-            best = (matched, ns_per_tick, candidate)
+        tried.append((len(np.unique(_contained(starts, ends, first * ns_per_tick + candidate,
+                                                last * ns_per_tick + candidate)[0])), candidate))
+    best = max(tried, default=None, key=lambda t: t[0])
     if best is None or best[0] < 3:
         return None
-    _, slope, offset = best
+    slope, offset = ns_per_tick, best[1]
 
     def shared_edges() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(window, TSC of the shared edge, its sample-clock time, residual) of each wait inside a window."""
@@ -380,7 +384,14 @@ def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_ti
     close = residuals <= 5 * np.median(residuals) + 5_000 if len(residuals) else residuals > 0
     if len(np.unique(windows_at[close])) < 3:
         return None
-    return Alignment(slope, offset, int(np.ceil(residuals[close].max())), len(np.unique(windows_at[close])))
+    uncertainty = int(np.ceil(residuals[close].max()))
+    # the fit only confirms the offset it was given: another, well apart, that matched nearly as many windows
+    # (RTDS's period makes every wait look like the next) leaves the choice between them unproven
+    rivals = [(matched, candidate) for matched, candidate in tried
+              if abs(candidate - best[1]) > max(2 * EDGE_NS, 4 * uncertainty) and matched >= RIVAL_SHARE * best[0]]
+    rival = max(rivals, key=lambda r: r[0], default=(0, 0.0))
+    return Alignment(slope, offset, uncertainty, len(np.unique(windows_at[close])),
+                     (rival[1] - best[1], rival[0]))
 
 
 def _contained(starts: np.ndarray, ends: np.ndarray, first: np.ndarray,
@@ -433,6 +444,19 @@ def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndar
                           why_not="Xen's clock could not be aligned with the domU's: fewer than three outlier windows "
                                   "hold a wait of the measuring vCPU that starts or ends with them (Xen did not hold "
                                   "the vCPU back in these windows, or the trace missed them)")
+    if alignment.rival[1]:
+        return LayerTrace("xen", seen=False, dropped_events=lost, notes=notes,
+                          why_not=f"Xen's clock could not be aligned with the domU's unambiguously: offsets "
+                                  f"{abs(alignment.rival[0]) / 1e6:.1f} ms apart put {alignment.matched} and "
+                                  f"{alignment.rival[1]} windows around a wait of the measuring vCPU (a periodic "
+                                  "schedule makes each wait look like the next)")
+    checked, contradicted = _contradicted(alignment, every, samples if samples is not None and len(samples)
+                                          else windows)
+    if contradicted > max(2, CONTRADICTED_SHARE * checked):
+        return LayerTrace("xen", seen=False, dropped_events=lost, notes=notes,
+                          why_not=f"Xen's clock could not be aligned with the domU's: the alignment found puts "
+                                  f"{contradicted} of {checked} sample ends where the measuring vCPU was not "
+                                  "running (its thread stamps each sample while it runs)")
     used = basis if samples is not None and len(samples) else "outlier windows"
     notes.append(f"aligned by {alignment.matched} {used} holding a "
                  f"wait of the measuring vCPU "
@@ -444,6 +468,24 @@ def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndar
     occupancies = _occupancies(traces, domains, by_vcpu, windows, alignment)
     return LayerTrace("xen", seen=True, occupancies=occupancies, alignment_ns=alignment.uncertainty_ns,
                       dropped_events=lost, notes=notes)
+
+
+def _contradicted(alignment: Alignment, stretches_: Sequence[Stretch], windows: np.ndarray) -> tuple[int, int]:
+    """(windows checked, windows whose end the alignment puts inside a stretch where the measuring vCPU did not
+    run, by more than its uncertainty): a sample ends when its thread runs, so none should be."""
+    if not stretches_ or windows.size == 0:
+        return 0, 0
+    margin = alignment.uncertainty_ns + EDGE_NS
+    begins = np.array([alignment.to_ns(s.start) for s in stretches_], dtype=np.int64)
+    finishes = np.array([alignment.to_ns(s.end) for s in stretches_], dtype=np.int64)
+    order = np.argsort(begins)
+    begins, finishes = begins[order], finishes[order]
+    ends = windows["end_ns"].astype(np.int64)
+    covered = (ends >= begins[0]) & (ends <= finishes.max())
+    at = np.searchsorted(begins, ends, side="right") - 1
+    inside = (at >= 0) & (ends > begins[np.clip(at, 0, None)] + margin) & \
+        (ends < finishes[np.clip(at, 0, None)] - margin)
+    return int(covered.sum()), int((inside & covered).sum())
 
 
 def _outside(traces: Sequence[Trace], windows: np.ndarray, alignment: Alignment, run_start: int) -> list[str]:
