@@ -23,7 +23,7 @@ import numpy as np
 from .cost import cost_note, measure_event_cost, wake_up_path
 from .cpuevents import occupancies_from_events, switched_pids
 from .model import CollectContext, Layer, LayerTrace, Occupancy
-from .outer import StealReading, StealSeries, idle_exit_latency, read_local
+from .outer import StealReading, StealSeries, idle_exit_latency, read_local, stolen_stretches
 from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes, start_recording
 from .timerpath import agent_bound, thread_moves, timer_path
 from .tracefs import TEXT_RESOLUTION_NS, TracefsAccess, TracefsInstance, TracingUnavailable, line_stamp
@@ -123,9 +123,11 @@ class HostSource:
         # an unpinned thread may sleep on one traced CPU and run on another: every traced CPU around every window
         spans = _spans(context.windows, MARGIN_NS) if len(self.cpus) == 1 else \
             _spans(np.concatenate([_on(context.windows, cpu) for cpu in self.cpus]), MARGIN_NS)
+        times: dict[int, list[int]] = {}
         for cpu, start, end in spans:
             if cpu in self.cpus:
                 events = self.instance.events_around(cpu, start, end)
+                times.setdefault(cpu, []).extend(event.ts_ns for event in events)
                 last = self.instance.last_stamp(cpu)  # a task current at the span's end held on while traced
                 occupancies += occupancies_from_events(events, context.agent_pids, self.policies,
                                                        until=min(end, last) if last is not None else None)
@@ -140,6 +142,9 @@ class HostSource:
         moves = thread_moves(kept, context.windows) if probe == "timer" and len(self.cpus) > 1 else []
         if probe == "timer":
             kept += timer_path(kept, context.windows, self._steal_around, self.idle, moves)
+        if self.steal is not None:  # (last: where nothing was traced, nothing traced outranks it)
+            kept += stolen_stretches({cpu: np.array(sorted(found), np.int64) for cpu, found in times.items()},
+                                     context.windows, self._steal_around)
         note, cost = cost_note(*read, len(self.cpus), self.event_ns,
                                wake_up_path(set(self.instance.wanted) - set(self.instance.missing_events)),
                                probe == "timer")

@@ -149,13 +149,18 @@ def _alignment(path: Path, events: list[TraceEvent], switch_ins: dict[int, np.nd
                          f"({windows['start_ns'].min() / 1e9:.6f} s to {windows['end_ns'].max() / 1e9:.6f} s on the "
                          "sample clock): record it while the run runs, where its samples are taken, on the mono "
                          "clock (trace-cmd record -C mono)")
-    distances = []
+    distances, after = [], 0
     for start, end, cpu in covered:
         times = switch_ins.get(cpu, np.empty(0, np.int64))
         inside = times[(times >= start) & (times <= end + TEXT_RESOLUTION_NS)]
-        if inside.size:
+        # on a clock running late, each window's own switch-in lies just after its end (and one of the period
+        # before may fall inside a long window): the switch-in nearest to the end says which
+        near = times[(times >= end - (end - start)) & (times <= end + (end - start))]
+        if near.size and int(near[np.argmin(np.abs(near - end))]) > end + TEXT_RESOLUTION_NS:
+            after += 1
+        elif inside.size:
             distances.append(max(end - int(inside.max()), 0))
-    if len(distances) * 2 < len(covered):
+    if len(distances) * 2 < len(covered) or after * 2 > len(covered):
         raise InputError(f"--trace {path}: the measuring thread ({', '.join(AGENT_COMMS)} or timerlat/N) is switched "
                          f"in at the end of {len(distances)} of the {len(covered)} outliers the trace covers: it is "
                          f"not on the run's sample clock ({what}) or does not trace sched:sched_switch on the "
@@ -222,18 +227,18 @@ def explain_with_trace(run: Any, path: Path, config: ExplainConfig) -> Explanati
     else the guest): other layers the run already has keep their occupancies and are attributed again."""
     events, what = read_trace_file(path)
     windows, outliers, rule, threshold = _run_windows(run, config)
-    occupancies = occupancies_from_events(events, (), agents_by_comm=True)
+    occupancies = near_windows(occupancies_from_events(events, (), agents_by_comm=True), windows)
     alignment, covered, beyond = _alignment(path, events, _agent_switch_ins(occupancies), windows, what)
     layer = run_layer(run.manifest)
     occupancies = agent_bound(occupancies, windows, str(run.manifest.get("probe") or ""))
     if run.manifest.get("probe") == "timer":
         occupancies += timer_path(occupancies, windows)
-    occupancies += noise_occupancies(events, layer)
+    occupancies += near_windows(noise_occupancies(events, layer), windows)
     if layer != "host":
         occupancies = [dataclasses.replace(o, layer=layer) if o.layer != "unexplained" else o for o in occupancies]
     others, marks, stale = _stale(read_explanation(run.path), windows, layer)
     notes = [f"imported from {bounded(path.name, 120)} ({what}): it covers {covered} of the {len(windows)} "
              "explained outliers", *([beyond] if beyond else []), *stale]
-    imported = LayerTrace(layer, seen=True, occupancies=near_windows(occupancies, windows) + marks,
+    imported = LayerTrace(layer, seen=True, occupancies=occupancies + marks,
                           alignment_ns=alignment, notes=notes)
     return attribute(windows, [imported, *others], threshold_ns=threshold, threshold_rule=rule, outliers=outliers)

@@ -19,13 +19,21 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["read_local", "cpu_steal_ns", "StealSeries", "StealReading", "idle_exit_latency", "inside_vm",
-           "outer_hypervisor_note", "STEAL_SAMPLE_S", "VM_VENDORS"]
+import numpy as np
 
+from .model import Layer, Occupancy
+
+__all__ = ["read_local", "cpu_steal_ns", "StealSeries", "StealReading", "idle_exit_latency", "inside_vm",
+           "outer_hypervisor_note", "stolen_stretches", "STOLEN", "STEAL_SAMPLE_S", "VM_VENDORS"]
+
+STOLEN = "the outer hypervisor took the CPU"
+# steal counts in ticks (10 ms): a stretch with no event of at least this, around which the CPU's steal rose by at
+# least half of it, is read as the outer hypervisor's
+STOLEN_MIN_NS = 2_000_000
 STEAL_SAMPLE_S = 0.02  # how often this machine's per-CPU steal is read while a run goes (its ticks are 10 ms)
 MAX_READINGS = 500_000  # readings kept (only changes are kept: hours of a run that is stolen from often)
 # DMI system vendors and products of virtual machines (as their firmware reports them), lower case
@@ -62,8 +70,8 @@ class StealReading:
     to_ns: int
 
     def text(self, cpu: int) -> str:
-        return (f"steal +{self.steal_ns / 1e6:.0f} ms on CPU {cpu} between the readings "
-                f"{(self.to_ns - self.from_ns) / 1e6:.0f} ms apart around it")
+        return (f"steal +{self.steal_ns / 1e6:.0f} ms on CPU {cpu} over the {(self.to_ns - self.from_ns) / 1e6:.0f} "
+                "ms around it")
 
 
 @dataclass
@@ -127,8 +135,9 @@ class StealSeries:
             self.values.setdefault(cpu, []).append(value)
 
     def around(self, cpu: int, start_ns: int, end_ns: int) -> StealReading | None:
-        """The rise of ``cpu``'s steal from the last reading at or before ``start_ns`` to the first at or after
-        ``end_ns`` (None: no readings bracket the window)."""
+        """The rise of ``cpu``'s steal over [start_ns, end_ns], bracketed by the readings around each end where
+        the counter changed near it (a change lies between two readings STEAL_SAMPLE_S apart), else exact
+        there (None: the readings do not reach over the window)."""
         values = self.values.get(cpu)
         if not values:
             return None
@@ -136,7 +145,14 @@ class StealSeries:
         after = bisect.bisect_left(self.times, end_ns)
         if before < 0 or after >= len(self.times):
             return None
-        return StealReading(values[after] - values[before], self.times[before], self.times[after])
+        # kept readings: where the counter changed, and the last reading before each change; between two kept
+        # readings of one value, it held that value throughout
+        steady_from = before + 1 < len(values) and values[before + 1] == values[before]
+        steady_to = after > 0 and values[after - 1] == values[after]
+        low = values[before]
+        high = values[after - 1] if steady_to and after > before else values[after]
+        return StealReading(high - low, start_ns if steady_from else self.times[before],
+                            end_ns if steady_to else self.times[after])
 
 
 def idle_exit_latency(cpu: int, read: Callable[[str], str] = read_local) -> tuple[str, int] | None:
@@ -198,3 +214,32 @@ def outer_hypervisor_note(steal_before: dict[int, int] | None, steal_after: dict
     each = ", ".join(f"CPU {cpu} +{amount / 1e6:.0f} ms" for cpu, amount in sorted(stolen.items()))
     return (f"the measured machine runs inside a VM itself ({why}): time stolen by the outer hypervisor is "
             f"invisible; the steal counter of its measured CPUs rose during the run ({each})", True)
+
+
+def stolen_stretches(times: Mapping[int, np.ndarray], windows: np.ndarray,
+                     steal: Callable[[int, int, int], StealReading | None], layer: Layer = "host") -> list[Occupancy]:
+    """Where in each window the outer hypervisor took the CPU, as far as can be said: a stretch in which the
+    CPU's trace holds no event (``times``: each CPU's event times, sorted) of at least STOLEN_MIN_NS, around
+    which its steal rose by at least half of it; the longest such stretches first, as far as the steal goes.
+    Nothing the kernel did is seen there (not even its tick), so no traced occupancy can name it."""
+    found = []
+    for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
+                               strict=True):
+        reading = steal(int(cpu), int(start), int(end))
+        stamps = times.get(int(cpu))
+        if reading is None or stamps is None or reading.steal_ns < STOLEN_MIN_NS // 2:
+            continue
+        inside = stamps[(stamps > start) & (stamps < end)]
+        edges = np.concatenate([[start], inside, [end]])
+        gaps = sorted(((int(b - a), int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)
+                       if b - a >= STOLEN_MIN_NS), reverse=True)
+        left = 2 * reading.steal_ns  # a tick's worth of rounding either way
+        for length, begin, stop in gaps:
+            if length > left:
+                break
+            left -= length
+            found.append(Occupancy(layer, begin, stop, f"{STOLEN} (no event for {length / 1e6:.1f} ms; "
+                                   f"{reading.text(int(cpu))})", "stolen", int(cpu),
+                                   {"steal_ns": reading.steal_ns, "steal_span_ns": reading.to_ns - reading.from_ns},
+                                   culprit=STOLEN))
+    return found

@@ -32,16 +32,12 @@ from .model import Occupancy
 from .outer import StealReading
 from .tracefs import TEXT_RESOLUTION_NS
 
-__all__ = ["timer_path", "thread_moves", "agent_bound", "BEFORE_INTERRUPT", "AHEAD_OF_RT", "LATE_TO_IDLE", "STOLEN",
+__all__ = ["timer_path", "thread_moves", "agent_bound", "BEFORE_INTERRUPT", "AHEAD_OF_RT", "LATE_TO_IDLE",
            "AGENT_RETURN_MIN_NS"]
 
 BEFORE_INTERRUPT = "before the timer interrupt"
 AHEAD_OF_RT = "kept the CPU after the real-time thread was woken"
 LATE_TO_IDLE = "timer interrupt late to an idle CPU"
-STOLEN = "timer interrupt late: the outer hypervisor took the CPU"
-# steal counts in ticks (10 ms): a rise of at least half a late interrupt's delay, of at least this delay, is read
-# as the outer hypervisor having held the interrupt back
-STOLEN_MIN_NS = 2_000_000
 NESTED = frozenset({"irq", "softirq", "irq-vector", "timer"})
 # the measuring thread's way from its switch-in back to its clock read (kernel return path, vDSO read) is its own
 # time; what lies beyond a few times its typical length, with no event, is not explained (measured per run)
@@ -51,6 +47,27 @@ TYPICAL_WINDOWS = 20
 NORMAL_POLICIES = ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE")
 
 Steal = Callable[[int, int, int], StealReading | None]
+
+
+class _Index:
+    """Occupancies by CPU, to find those overlapping a stretch without a pass over all of them per window."""
+
+    def __init__(self, occupancies: Sequence[Occupancy]) -> None:
+        by_cpu: dict[int, list[Occupancy]] = {}
+        for occupancy in occupancies:
+            by_cpu.setdefault(occupancy.cpu, []).append(occupancy)
+        self.lists = {cpu: sorted(found, key=lambda o: o.start_ns) for cpu, found in by_cpu.items()}
+        self.starts = {cpu: np.array([o.start_ns for o in found], np.int64) for cpu, found in self.lists.items()}
+        self.ends = {cpu: np.array([o.end_ns for o in found], np.int64) for cpu, found in self.lists.items()}
+
+    def overlapping(self, cpu: int, low: int, high: int) -> list[Occupancy]:
+        """The occupancies of ``cpu`` that overlap [low, high)."""
+        if cpu not in self.lists:
+            return []
+        last = int(np.searchsorted(self.starts[cpu], high))
+        hits = np.flatnonzero(self.ends[cpu][:last] > low)
+        found = self.lists[cpu]
+        return [found[index] for index in hits.tolist()]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,11 +121,6 @@ def _marked(occupancy: Occupancy, begin: int, end: int, cause: str, kind: str, v
                                detail={**occupancy.detail, **detail})
 
 
-def _stolen(steal: StealReading | None, delay_ns: int) -> bool:
-    """Whether the CPU's steal around a window shows the outer hypervisor took (most of) the interrupt's delay."""
-    return steal is not None and delay_ns >= STOLEN_MIN_NS and 2 * steal.steal_ns >= delay_ns
-
-
 def _before_interrupt(occupancy: Occupancy, begin: int, end: int, path: _Path, steal: StealReading | None,
                       idle: tuple[str, int] | None, window_start: int) -> Occupancy:
     """A stretch before the timer interrupt entered, named by who was current."""
@@ -118,11 +130,6 @@ def _before_interrupt(occupancy: Occupancy, begin: int, end: int, path: _Path, s
     if steal is not None:
         detail.update(steal_ns=steal.steal_ns, steal_span_ns=steal.to_ns - steal.from_ns)
     stole = f"; {steal.text(occupancy.cpu)}" if steal is not None and steal.steal_ns > 0 else ""
-    if _stolen(steal, path.arrival - window_start):
-        # the outer hypervisor took the CPU then (its steal rose by as much): not the task current meanwhile
-        current = "the CPU idle" if occupancy.kind == "idle-exit" else f"{occupancy.cause} current"
-        return _marked(occupancy, begin, end, f"{STOLEN} ({steal.text(occupancy.cpu)}; "  # type: ignore[union-attr]
-                       f"{current})", "irq-late", "", detail, culprit=STOLEN)
     if occupancy.kind != "idle-exit":
         return _marked(occupancy, begin, end, f"{BEFORE_INTERRUPT}: {occupancy.cause}{stole}", "timer-late",
                        BEFORE_INTERRUPT, detail)
@@ -157,6 +164,7 @@ def thread_moves(occupancies: list[Occupancy], windows: np.ndarray) -> list[list
     ``moves``). The thread is the measuring thread switched in on the window's CPU at its end; where it slept is
     where it last left a CPU before the window."""
     agents = sorted((o for o in occupancies if o.kind == "agent"), key=lambda o: o.end_ns)
+    index = _Index(occupancies)
     moves = []
     for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
                                strict=True):
@@ -165,8 +173,7 @@ def thread_moves(occupancies: list[Occupancy], windows: np.ndarray) -> list[list
             continue
         thread = max(ran, key=lambda o: o.start_ns).detail.get("pid")
         before = [o for o in agents if o.detail.get("pid") == thread and o.end_ns <= start + TEXT_RESOLUTION_NS]
-        paths = {on: _wake_up([o for o in occupancies if o.cpu == on and o.start_ns < end and o.end_ns > start],
-                              start, end) for on in {o.cpu for o in occupancies}}
+        paths = {on: _wake_up(index.overlapping(on, start, end), start, end) for on in index.lists}
         woken = {on: path for on, path in paths.items() if path is not None and path.woken is not None}
         if before:
             slept_on = before[-1].cpu
@@ -186,16 +193,13 @@ def timer_path(occupancies: list[Occupancy], windows: np.ndarray, steal: Steal |
     idle occupancies before the interrupt (on the CPU the thread slept on: ``moves``, else its own) and after
     the wake-up (on the CPU it ran on) that no nested occupancy covers. They are added to the occupancies: being
     later to start, each wins over the task or idle it names."""
-    by_cpu: dict[int, list[Occupancy]] = {}
-    for occupancy in occupancies:
-        by_cpu.setdefault(occupancy.cpu, []).append(occupancy)
+    index = _Index(occupancies)
     slept = {(int(start), int(cpu)): int(on) for start, cpu, at, on in moves if at == start}
     marks: dict[tuple[int, int, int, str], Occupancy] = {}
     for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
                                strict=True):
         fired = slept.get((start, cpu), cpu)
-        near = {on: [o for o in by_cpu.get(on, []) if o.start_ns < end and o.end_ns > start - TEXT_RESOLUTION_NS]
-                for on in {fired, cpu}}
+        near = {on: index.overlapping(on, start - TEXT_RESOLUTION_NS, end) for on in {fired, cpu}}
         nested = {on: [o for o in found if o.kind in NESTED] for on, found in near.items()}
         path = _wake_up(near[fired], start, end)
         if path is None:
@@ -231,15 +235,13 @@ def agent_bound(occupancies: list[Occupancy], windows: np.ndarray, probe: str) -
         return [o if o.kind != "agent" else unexplained(o.start_ns, o.end_ns, "no event while the measuring agent "
                                                         "was current", o.cpu, {"pid": o.detail.get("pid", 0)})
                 for o in occupancies]
-    nested: dict[int, list[Occupancy]] = {}
-    for occupancy in occupancies:
-        if occupancy.kind in NESTED:
-            nested.setdefault(occupancy.cpu, []).append(occupancy)
+    nested = _Index([o for o in occupancies if o.kind in NESTED])
     typical = _typical_return(agents, nested, windows)
     bound = max(AGENT_RETURN_MIN_NS, AGENT_RETURN_FACTOR * typical) if typical is not None else AGENT_RETURN_MIN_NS
     cut: list[Occupancy] = []
     for occupancy in occupancies:
-        end = _after_own(occupancy, bound, nested.get(occupancy.cpu, [])) if occupancy.kind == "agent" else None
+        end = _after_own(occupancy, bound, nested.overlapping(occupancy.cpu, occupancy.start_ns, occupancy.end_ns)) \
+            if occupancy.kind == "agent" and occupancy.duration_ns > bound else None
         if end is None:
             cut.append(occupancy)
             continue
@@ -264,17 +266,16 @@ def _after_own(agent: Occupancy, bound: int, nested: list[Occupancy]) -> int | N
     return None
 
 
-def _typical_return(agents: Sequence[Occupancy], nested: dict[int, list[Occupancy]], windows: np.ndarray
-                    ) -> int | None:
+def _typical_return(agents: Sequence[Occupancy], nested: _Index, windows: np.ndarray) -> int | None:
     """The median over the windows of the agent's own time from its last switch-in before the window's end to
     that end (nested occupancies' time left out); None for fewer than ``TYPICAL_WINDOWS`` windows."""
     spans = []
+    measured = _Index(agents)
     for end, cpu in zip(windows["end_ns"].tolist(), windows["cpu"].tolist(), strict=True):
-        inside = [o for o in agents if o.cpu == cpu and o.start_ns <= end < o.end_ns + TEXT_RESOLUTION_NS]
+        inside = measured.overlapping(cpu, end - TEXT_RESOLUTION_NS, end + 1)
         if not inside:
             continue
         begin = max(o.start_ns for o in inside)
-        taken = sum(max(0, min(o.end_ns, end) - max(o.start_ns, begin)) for o in nested.get(cpu, [])
-                    if o.start_ns < end and o.end_ns > begin)
+        taken = sum(min(o.end_ns, end) - max(o.start_ns, begin) for o in nested.overlapping(cpu, begin, end))
         spans.append(max(0, end - begin - taken))
     return int(np.median(spans)) if len(spans) >= TYPICAL_WINDOWS else None
