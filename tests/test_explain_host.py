@@ -684,7 +684,7 @@ run_timeout = "60s"
 
 [workload]
 probe = "timer"
-params = {{ interval = "1013us", priority = 80, affinity = [{cpu}] }}
+params = {{ interval = "1013us", priority = 80 }}
 
 [[environments]]
 kind = "host"
@@ -698,7 +698,8 @@ name = "same-core"
 [[disturbances.stressors]]
 stressor = "cpu"
 where = "same-core"
-params = {{ priority = 90, slice = "1ms", period = "5ms", workers = 2 }}
+workers = 2
+params = {{ priority = 90, slice = "1ms", period = "5ms" }}
 
 [explain]
 threshold = "300us"
@@ -733,7 +734,8 @@ def test_one_culprit_is_one_line_over_a_configurations_runs_and_workers(tmp_path
     sql = run_cli("sql", "SELECT culprit, sum(duration_ns) AS total, count(DISTINCT run_id) AS runs, "
                   "count(DISTINCT variant) AS variants FROM explain_parts GROUP BY culprit ORDER BY total DESC",
                   "--results", str(results), "--format", "json", check=True)
-    by_culprit = {entry["culprit"]: entry for entry in json.loads(sql.stdout)}
+    table = json.loads(sql.stdout)
+    by_culprit = {row[0]: dict(zip(table["columns"], row, strict=True)) for row in table["rows"]}
     assert by_culprit[stressor]["total"] == row["total_ns"] and by_culprit[stressor]["runs"] == 2, by_culprit
     assert sum(variant["total_ns"] for variant in row["variants"]) == row["total_ns"]
     assert abs(sum(variant["share"] for variant in row["variants"]) - row["share"]) < 1e-3
