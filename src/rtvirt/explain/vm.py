@@ -29,6 +29,7 @@ from .clocksync import ClockExchange, ClockMap
 from .model import CollectContext, Layer, LayerTrace, Occupancy
 from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes, start_recording
 from .tracefs import (
+    GAP_EVENT,
     TEXT_RESOLUTION_NS,
     TraceEvent,
     TracefsInstance,
@@ -113,7 +114,8 @@ class ParsedTrace:
 
 def read_events(events: Iterable[TraceEvent]) -> ParsedTrace:
     """sched_switch, sched_wakeup and kvm_exit/kvm_entry events (explain.tracefs), in time order across CPUs (a
-    vCPU thread that is not pinned moves between them)."""
+    vCPU thread that is not pinned moves between them); where the kernel lost events (a gap marker), what was
+    known of that CPU is forgotten (a resume point)."""
     parsed = ParsedTrace()
     for event in sorted(events, key=lambda e: e.ts_ns):
         if event.event == "sched_switch":
@@ -129,6 +131,8 @@ def read_events(events: Iterable[TraceEvent]) -> ParsedTrace:
             fields = body_fields(event.body)
             if fields.get("pid", "").isdigit() and fields.get("target_cpu", "").isdigit():
                 parsed.wakeups.append(Wakeup(event.ts_ns, int(fields["pid"]), int(fields["target_cpu"])))
+        elif event.event == GAP_EVENT:  # the kernel lost events here (its ring overran): nothing known across
+            parsed.resumes.setdefault(event.cpu, []).append(event.ts_ns)
         elif event.event in ("kvm_exit", "kvm_entry"):
             reason = EXIT_REASON.search(event.body)
             parsed.kvm.append(KvmEvent(event.ts_ns, event.cpu, event.pid, event.event == "kvm_entry",
@@ -467,8 +471,9 @@ class VmSource:
             instance, self._instance = self._instance, None
             instance.stop()
             self._trace = read_events(instance.events())
-            if self.recorder is not None:
-                self._trace.resumes = self.recorder.resumes
+            if self.recorder is not None:  # (and where its kept trace resumes after a stretch it did not keep)
+                for cpu, times in self.recorder.resumes.items():
+                    self._trace.resumes[cpu] = sorted({*self._trace.resumes.get(cpu, []), *times})
             self._dropped = instance.dropped_events
             self._problems += instance.problems
         forget_vcpus(self._vcpus)
