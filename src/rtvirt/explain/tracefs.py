@@ -429,6 +429,17 @@ class TracefsInstance:
             self._remove()
             raise
 
+    def set_filter(self, event: str, expression: str) -> None:
+        """A kernel-side filter for one of the instance's events while it traces (a filter it cannot take is
+        left off, and the layer's problems say so: tracing goes on with the event unfiltered)."""
+        if self.path is None or event not in self.wanted or event in self.missing_events:
+            return
+        try:
+            self.access.write(str(self.path / "events" / event.replace(":", "/") / "filter"), expression)
+            self.filters[event] = expression
+        except OSError as exc:
+            self.problems.append(f"the filter of {event} was not taken: {exc.strerror or exc}")
+
     def stop(self) -> None:
         if self.path is None:
             return

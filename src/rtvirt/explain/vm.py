@@ -444,7 +444,9 @@ class VmSource:
         events += ["kvm:kvm_exit", "kvm:kvm_entry"] if self.accel == "kvm" else []
         recording = self.keep is not None and self.samples is not None
         # drained every DRAIN_S by the recorder: the kernel's ring only bridges its pauses
-        ring_kb = min(RING_KB, self.buffer_mb * 1024) if recording else self.buffer_mb * 1024
+        # (four times the host layer's: every switch and wake-up of every thread on the pCPUs, QEMU's many among
+        # them, while the recorder's thread may be starved on a loaded machine)
+        ring_kb = min(4 * RING_KB, self.buffer_mb * 1024) if recording else self.buffer_mb * 1024
         instance = TracefsInstance(self.host_cpus, events, buffer_kb=ring_kb)
         try:
             instance.start()
@@ -463,6 +465,11 @@ class VmSource:
         """The VM is placed (its vCPU threads exist, it has not run yet): remember who is who."""
         self._qemu_pid, self._vcpus, self._exchange = qemu_pid, dict(vcpus), exchange
         register_vcpus(self.vm, vcpus)
+        if self._instance is not None and vcpus:
+            # the wake-ups that matter: the vCPU threads' own, and real-time tasks' (whose switch-in from idle
+            # may be missing); the others, most of them, are not recorded at all
+            own = " || ".join(f"pid == {int(tid)}" for tid in vcpus.values())
+            self._instance.set_filter("sched:sched_wakeup", f"prio < 100 || {own}")
 
     def stop(self) -> None:
         if self._exchange is not None:
