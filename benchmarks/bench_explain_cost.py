@@ -65,8 +65,9 @@ def verdict(low: float, high: float) -> str:
 
 
 def run_once(cpu: int, priority: int, interval_ns: int, duration_ns: int, work: Path,
-             explain: bool) -> tuple[np.ndarray, float, int]:
-    """One probe run: its values, the seconds the explanation took after it, and the events dropped."""
+             explain: bool) -> tuple[np.ndarray, float, int, dict[str, float]]:
+    """One probe run: its values, the seconds the explanation took after it, the events dropped and what the
+    run's explanation says tracing cost it (events per second, one event's cost measured before the run)."""
     spec = PROBES["timer"]
     params = spec.params(affinity=[cpu], priority=priority, interval=f"{interval_ns}ns", duration=f"{duration_ns}ns")
     config = ExplainConfig.model_validate({})
@@ -83,7 +84,7 @@ def run_once(cpu: int, priority: int, interval_ns: int, duration_ns: int, work: 
             session.stop()
     if stream.total_dropped:
         sys.exit(f"the timer probe dropped {stream.total_dropped} samples")
-    took, dropped = 0.0, 0
+    took, dropped, cost = 0.0, 0, {}
     if session is not None:
         started = time.monotonic()
         explanation = session.explain(stream, pids)
@@ -91,8 +92,8 @@ def run_once(cpu: int, priority: int, interval_ns: int, duration_ns: int, work: 
         host = explanation.layers[0]
         if not host.seen:
             sys.exit(f"host tracing is not available here: {host.why_not}")
-        dropped = host.dropped_events
-    return stream.records["value"].astype(np.int64), took, dropped
+        dropped, cost = host.dropped_events, host.cost
+    return stream.records["value"].astype(np.int64), took, dropped, cost
 
 
 def main() -> None:
@@ -105,10 +106,12 @@ def main() -> None:
     args = parser.parse_args()
     duration_ns, interval_ns = parse_duration(args.duration, "s"), parse_duration(args.interval, "us")
     off, on, took, dropped = [], [], [], 0
+    costs: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="rtvirt-bench-") as work:
         for pair in range(args.pairs):
             off.append(run_once(args.cpu, args.priority, interval_ns, duration_ns, Path(work), False)[0])
-            values, seconds, lost = run_once(args.cpu, args.priority, interval_ns, duration_ns, Path(work), True)
+            values, seconds, lost, cost = run_once(args.cpu, args.priority, interval_ns, duration_ns, Path(work), True)
+            costs.append(cost)
             on.append(values)
             took.append(seconds)
             dropped += lost
@@ -128,6 +131,13 @@ def main() -> None:
           f"{max(pair_means):.3f}), p99 median {np.median(pair_p99s):.3f} (range {min(pair_p99s):.3f}-"
           f"{max(pair_p99s):.3f})")
     print(f"explanation after each run: median {np.median(took):.2f} s, max {max(took):.2f} s")
+    rates = [c["events_per_s_per_cpu"] for c in costs if "events_per_s_per_cpu" in c]
+    events = [c["event_ns"] for c in costs if "event_ns" in c]
+    path = [c["wake_up_ns"] for c in costs if "wake_up_ns" in c]
+    if rates:
+        print(f"what the explanations say tracing cost: {np.median(rates):,.0f} events/s on the traced CPU"
+              + (f", one event {np.median(events):.0f} ns (measured before each run), about {np.median(path):.0f} ns "
+                 "per wake-up" if events and path else ""))
     rng = np.random.default_rng(0)
     # the goal is on the mean and the p99; the median, which the outer hypervisor's rare stalls barely move, shows
     # the cost of the typical wake-up where those stalls leave the mean unresolved
