@@ -439,7 +439,6 @@ def test_a_qemu_guest_stopped_from_outside_is_held_back_by_the_vm_layer_not_its_
     (98.7 %): the vCPU thread off its pCPU while the pCPU idled gave no VM part. The time of each stop, placed on
     the guest's clock, is the VM layer's: the vCPU thread stopped (its state T), counted as held back by a layer
     not traced, apart from traced causes; nothing inside the guest takes it."""
-    from rtvirt.explain.attribute import headline
     from rtvirt.explain.session import ExplainSession
 
     config = QemuConfig(kind="qemu", name="stopped", cpus=(MEASURED,), emulator_cpus=(EMULATOR,), accel="tcg",
@@ -487,12 +486,14 @@ def test_a_qemu_guest_stopped_from_outside_is_held_back_by_the_vm_layer_not_its_
         if covered < 0.8 * (high - low):  # (the stop fell outside every explained window)
             continue
         checked += 1
-        own = sum(overlap for overlap, part in inside if part.culprit == stopped)
+        own = sum(overlap for overlap, part in inside if part.cause.startswith("vCPU thread stopped (state T"))
         held += own >= 0.5 * covered
         stopped_ns += own
         guest_ns += sum(overlap for overlap, part in inside if part.layer == "guest")
-    summary = [(row["culprit"], row["share"]) for row in explanation.summary[:5]]
+    summary = [(row["cause"], row["share"]) for row in explanation.summary[:5]]
     assert checked >= 0.8 * len(stops) and held >= 0.8 * checked, (held, checked, len(stops), summary)
     assert guest_ns <= 0.1 * stopped_ns, (guest_ns, stopped_ns, summary)
+    from rtvirt.explain.attribute import headline
+
     counts = headline(explanation.parts)
     assert counts["held_by"].get(stopped, 0) >= 0.5 * checked, (counts, summary)

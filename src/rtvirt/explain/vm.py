@@ -16,6 +16,7 @@ exchange's uncertainty and by how far the guest's clock may have drifted since (
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import os
 import re
@@ -506,8 +507,7 @@ class VmSource:
         for occupancy in found:
             start, end = clock.to_guest(occupancy.start_ns), clock.to_guest(occupancy.end_ns)
             if keep(start, end, occupancy.cpu):
-                occupancies.append(Occupancy("vm", start, end, occupancy.cause, occupancy.kind, occupancy.cpu,
-                                             occupancy.detail))
+                occupancies.append(dataclasses.replace(occupancy, start_ns=start, end_ns=end))
         notes = list(clock.notes) + self._problems
         bound, dropped = bound_notes(self.recorder, self._dropped, context, self.buffer_mb * 1024, "vCPU")
         notes += bound
