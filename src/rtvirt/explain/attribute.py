@@ -187,35 +187,66 @@ def merged_parts(parts: Sequence[Part]) -> list[tuple[Part, int]]:
 
 
 def _certain(layers: Sequence[LayerTrace]) -> list[Occupancy]:
-    """The layers' occupancies, each outer one that is placed less exactly than a layer inside it (the VM's
+    """The layers' occupancies, where an outer layer is placed less exactly than a layer inside it (the VM's
     through a clock exchange, Xen's through its alignment, over a guest's own exact trace) cut to where it holds
-    for certain: its core, shrunk by its uncertainty, keeps its name and precedence; each edge, its uncertainty
-    either side, is named as uncertain (it may be the outer occupancy or what the inner layer shows). Without
-    a finer layer inside, an occupancy stays whole: nothing else could claim its edges."""
+    for certain. Where the outer layer's occupancies of a CPU begin or end (the edges of their union: inside it,
+    one of them holds the CPU whatever the placement) its uncertainty either side is uncertain: it may be the
+    outer layer or what the inner one shows; the rest keeps its names and precedence. Without a finer layer
+    inside, an occupancy stays whole: nothing else could claim its edges."""
     seen = [layer for layer in layers if layer.seen and layer.layer != "unexplained"]
     found: list[Occupancy] = []
     for layer in seen:
         finer = [inner for inner in seen if _LAYER_RANK[inner.layer] > _LAYER_RANK[layer.layer] and
                  inner.occupancies and inner.alignment_ns < layer.alignment_ns]
-        margin = layer.alignment_ns
-        if not finer or margin <= 0:
+        if not finer or layer.alignment_ns <= 0:
             found += layer.occupancies
             continue
-        said = f"uncertain ({layer.layer} ±{margin / 1e3:.0f} us)"
+        by_cpu: dict[int, list[Occupancy]] = {}
         for occupancy in layer.occupancies:
             if occupancy.layer == "unexplained":
                 found.append(occupancy)
-                continue
-            start, end = occupancy.start_ns, occupancy.end_ns
-            if end - margin > start + margin:
-                found.append(dataclasses.replace(occupancy, start_ns=start + margin, end_ns=end - margin))
-                edges = [(start - margin, start + margin), (end - margin, end + margin)]
-            else:  # shorter than its uncertainty: all of it is uncertain
-                edges = [(start - margin, end + margin)]
-            found += [dataclasses.replace(occupancy, start_ns=begin, end_ns=stop, kind="uncertain",
-                                          cause=f"{said}: {occupancy.cause}",
-                                          culprit=f"{said}: where it meets the {finer[0].layer} layer", variant="")
-                      for begin, stop in edges]
+            else:
+                by_cpu.setdefault(occupancy.cpu, []).append(occupancy)
+        for occupancies in by_cpu.values():
+            found += _within_certainty(occupancies, layer.layer, layer.alignment_ns, finer[0].layer)
+    return found
+
+
+def _within_certainty(occupancies: list[Occupancy], layer: str, margin: int, inner: str) -> list[Occupancy]:
+    """One CPU's occupancies of an outer layer: each union of them shrunk by ``margin`` at both ends; the ends
+    (those that overlap joined: a vCPU off and on again within the uncertainty) named uncertain with what the
+    layer saw there (the causes that took most of it)."""
+    occupancies = sorted(occupancies, key=lambda o: o.start_ns)
+    unions: list[tuple[int, int]] = []
+    for occupancy in occupancies:
+        if unions and occupancy.start_ns <= unions[-1][1]:
+            unions[-1] = (unions[-1][0], max(unions[-1][1], occupancy.end_ns))
+        else:
+            unions.append((occupancy.start_ns, occupancy.end_ns))
+    cores = [(begin + margin, end - margin) for begin, end in unions if end - begin > 2 * margin]
+    edges: list[tuple[int, int]] = []
+    for low, high in sorted(edge for begin, end in unions for edge in (
+            [(begin - margin, begin + margin), (end - margin, end + margin)] if end - begin > 2 * margin else
+            [(begin - margin, end + margin)])):
+        if edges and low <= edges[-1][1]:
+            edges[-1] = (edges[-1][0], max(edges[-1][1], high))
+        else:
+            edges.append((low, high))
+    found = [dataclasses.replace(o, start_ns=max(o.start_ns, low), end_ns=min(o.end_ns, high))
+             for low, high in cores for o in occupancies if min(o.end_ns, high) > max(o.start_ns, low)]
+    said = f"uncertain ({layer} ±{margin / 1e3:.0f} us)"
+    for low, high in edges:
+        time: dict[str, int] = {}
+        for o in occupancies:
+            if o.start_ns < high and o.end_ns > low:
+                time[o.cause] = time.get(o.cause, 0) + min(o.end_ns, high) - max(o.start_ns, low)
+        causes = sorted(time, key=lambda cause: -time[cause])
+        more = f" and {len(causes) - 1} more" if len(causes) > 1 else ""
+        first = next(o for o in occupancies if o.cause == causes[0])
+        found.append(dataclasses.replace(
+            first, start_ns=low, end_ns=high, kind="uncertain", cause=f"{said}: {causes[0]}{more}",
+            culprit=f"{said}: where it meets the {inner} layer", variant="",
+            detail={**first.detail, "seen_there": "; ".join(causes[:5])[:MAX_DETAIL]}))
     return found
 
 

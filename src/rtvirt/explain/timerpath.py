@@ -45,6 +45,7 @@ AGENT_RETURN_MIN_NS = 20_000  # here: median 3.1 us, 99 % within 5.5 us (2,000 w
 AGENT_RETURN_FACTOR = 3
 TYPICAL_WINDOWS = 20
 NORMAL_POLICIES = ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE")
+IDLE_TO_SWITCH_NS = 100_000  # idle after a wake-up longer than this did not run the woken thread when it could
 
 Steal = Callable[[int, int, int], StealReading | None]
 
@@ -150,9 +151,10 @@ def _after_wake_up(occupancy: Occupancy, begin: int, end: int) -> Occupancy | No
     """A stretch after the measuring thread was woken, before it ran: a normal task that kept the CPU (a kernel
     without full preemption, the fair server, an outer hypervisor taking the CPU while it was current: the trace
     shows that it happened, not why) or an idle CPU that did not run it."""
-    if occupancy.kind == "idle-exit":
-        return _marked(occupancy, begin, end, "idle after the real-time thread was woken (it was not run: RT "
-                       "throttling, a frozen cgroup?)", "idle-exit", "after the real-time thread was woken", {})
+    if occupancy.kind == "idle-exit":  # (the idle task's own way to the switch takes microseconds)
+        why = " (it was not run: RT throttling, a frozen cgroup?)" if end - begin >= IDLE_TO_SWITCH_NS else ""
+        return _marked(occupancy, begin, end, f"idle after the real-time thread was woken{why}", "idle-exit",
+                       "after the real-time thread was woken", {})
     if occupancy.kind == "task" and occupancy.detail.get("policy") in NORMAL_POLICIES:
         return _marked(occupancy, begin, end, f"{occupancy.cause} ({AHEAD_OF_RT})", "task", AHEAD_OF_RT, {})
     return None
