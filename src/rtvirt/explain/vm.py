@@ -16,6 +16,7 @@ exchange's uncertainty and by how far the guest's clock may have drifted since (
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import heapq
 import os
@@ -47,6 +48,8 @@ KEEP_AROUND_NS = 5_000_000  # occupancies kept this far around an outlier window
 # how fast a guest's clock may run against the host's while the run goes (the end exchange measures it only
 # afterwards): over twice the most measured here under TCG (-414 to +382 ppm); kvmclock guests stay far below
 DRIFT_BOUND_PPM = 1000
+MAX_FILTERED_THREADS = 64  # QEMU threads named in the wake-up filter (a kernel filter has a bounded length)
+WAKEUP_RING_KB = 1024  # per CPU, for the vCPU threads' own wake-ups (a few thousand a second at most)
 
 
 def _printable(text: str) -> str:
@@ -151,6 +154,7 @@ class VmThreads:
     vm: str
     vcpus: Mapping[int, int]
     qemu_pid: int
+    vmm_threads: frozenset[int] = frozenset()  # its QEMU's other threads, as far as known (tgid says the rest)
 
 
 def _cause(pid: int, tgid: int | None, comm: str, threads: VmThreads) -> tuple[str, str, dict[str, str | int]]:
@@ -216,6 +220,9 @@ class _VcpuTimeline:
         self.last_ts: dict[int, int] = {}  # cpu -> its last event
         self.tgids: dict[int, int] = {}
         self.woken: dict[tuple[int, int], int] = {}  # (cpu, pid) -> its last wake-up onto that CPU
+        # cpu -> {tid: since} of this VM's own QEMU threads (not its vCPUs) runnable there and not running: the
+        # main loop or an I/O thread that would wake a sleeping vCPU, itself kept waiting for the pCPU
+        self.vmm_waiting: dict[int, dict[int, int]] = {}
         self.found: list[Occupancy] = []
 
     def _detail(self, tid: int, cpu: int, state: str, extra: dict[str, str | int]) -> dict[str, str | int]:
@@ -232,9 +239,14 @@ class _VcpuTimeline:
             woke_at, woke_on = off.woken if off.woken is not None else (until, off.cpu)
             stretches = [(begin, until, "preempted", off.cpu)] if off.runnable else \
                 [(max(begin, woke_at), until, "woken", woke_on)]
-            if not off.runnable and off.cpu == cpu and pid and begin < woke_at and \
-                    len(off.bystanders) < MAX_BYSTANDERS and comm not in off.bystanders:
-                off.bystanders.append(comm)
+            if not off.runnable and off.cpu == cpu and pid and begin < woke_at:
+                if len(off.bystanders) < MAX_BYSTANDERS and comm not in off.bystanders:
+                    off.bystanders.append(comm)
+                # asleep, but the VMM's thread that would wake it waited for this pCPU meanwhile: the task held
+                # the vCPU's wake-up back
+                waited = min(self.vmm_waiting.get(cpu, {}).values(), default=None)
+                if waited is not None and max(begin, waited) < min(until, woke_at):
+                    stretches.append((max(begin, waited), min(until, woke_at), "asleep, its VMM waiting", cpu))
             for start, end, state in ((a, b, c) for a, b, c, on in stretches if b > a and on == cpu):
                 self._waited(tid, task, cpu, start, end, state, switch_in)
 
@@ -249,9 +261,10 @@ class _VcpuTimeline:
             return
         cause, culprit, detail = _cause(pid, self.tgids.get(pid), comm, self.threads)
         detail.update({"comm": comm, "pid": pid, **_priority(prio), **({"switch_in": switch_in} if switch_in else {})})
+        variant = {"woken": "woken, waiting for its pCPU", "preempted": "preempted"}.get(
+            state, "asleep: the VMM thread to wake it waited for its pCPU")
         self.found.append(Occupancy("vm", start, end, cause, "vcpu-preempted", vcpu,
-                                    self._detail(tid, cpu, state, detail), culprit=culprit,
-                                    variant="woken, waiting for its pCPU" if state == "woken" else "preempted"))
+                                    self._detail(tid, cpu, state, detail), culprit=culprit, variant=variant))
 
     def back(self, tid: int, at: int) -> None:
         """The vCPU runs again (or what is known of it ends) at ``at``: its time asleep or stopped until it was
@@ -288,10 +301,17 @@ class _VcpuTimeline:
         self.seen -= {tid for tid in self.seen if tid not in self.off}  # (running ones: from their next leaving)
         for key in [key for key in self.woken if key[0] == event.cpu]:
             del self.woken[key]
+        self.vmm_waiting.pop(event.cpu, None)
         self.known_from[event.cpu] = event.ts_ns
+
+    def _vmm_thread(self, pid: int) -> bool:
+        return pid not in self.by_tid and (self.tgids.get(pid) == self.threads.qemu_pid or
+                                           pid in self.threads.vmm_threads)
 
     def wakeup(self, event: Wakeup) -> None:
         self.woken[(event.target_cpu, event.pid)] = event.ts_ns
+        if self._vmm_thread(event.pid):
+            self.vmm_waiting.setdefault(event.target_cpu, {}).setdefault(event.pid, event.ts_ns)
         off = self.off.get(event.pid)
         if off is not None and not off.runnable and off.woken is None:
             off.woken = (event.ts_ns, event.target_cpu)
@@ -313,6 +333,10 @@ class _VcpuTimeline:
             self.ran((*leaving, start), cpu, switch.ts_ns, switch_in)
         elif before is not None:
             self.ran(before, cpu, switch.ts_ns, None)
+        waiting = self.vmm_waiting.setdefault(cpu, {})
+        waiting.pop(switch.next_pid, None)
+        if self._vmm_thread(switch.prev_pid) and switch.prev_state.startswith("R"):
+            waiting.setdefault(switch.prev_pid, switch.ts_ns)
         if switch.prev_pid in self.by_tid:
             self.seen.add(switch.prev_pid)
             self.off[switch.prev_pid] = _Off(switch.ts_ns, switch.prev_state, cpu)
@@ -426,12 +450,17 @@ class VmSource:
         self.samples: Path | None = None
         self.recorder: FlightRecorder | None = None
         self._instance: TracefsInstance | None = None
+        # the vCPU threads' wake-ups on every CPU (a vCPU is woken where its waker runs: QEMU's main loop, an
+        # I/O thread, on CPUs the main instance does not trace), from the moment the threads are known
+        self._wakeups: TracefsInstance | None = None
+        self._wake_recorder: FlightRecorder | None = None
         self._why_not: str | None = None
         self._trace = ParsedTrace()
         self._dropped = 0
         self._problems: list[str] = []
         self._qemu_pid = 0
         self._vcpus: dict[int, int] = {}
+        self._vmm_tids: set[int] = set()
         self._exchange: ClockExchange | None = None
 
     def follow(self, samples: Path) -> None:
@@ -466,19 +495,51 @@ class VmSource:
         """The VM is placed (its vCPU threads exist, it has not run yet): remember who is who."""
         self._qemu_pid, self._vcpus, self._exchange = qemu_pid, dict(vcpus), exchange
         register_vcpus(self.vm, vcpus)
+        # QEMU's own threads now (its main loop and I/O threads; workers come and go, and are known by tgid):
+        # the main loop wakes a halted vCPU under TCG, so a vCPU asleep while it waits for its pCPU is held back
+        # by what holds that pCPU
+        with contextlib.suppress(OSError, ValueError):
+            self._vmm_tids = {int(task) for task in os.listdir(f"/proc/{int(qemu_pid)}/task")} - set(vcpus.values())
         if self._instance is not None and vcpus:
-            # the wake-ups that matter: the vCPU threads' own, and real-time tasks' (whose switch-in from idle
-            # may be missing); the others, most of them, are not recorded at all
+            # the wake-ups that matter: the vCPU threads' and QEMU's own, and real-time tasks' (whose switch-in
+            # from idle may be missing); the others, most of them, are not recorded at all
             own = " || ".join(f"pid == {int(tid)}" for tid in vcpus.values())
-            self._instance.set_filter("sched:sched_wakeup", f"prio < 100 || {own}")
+            vmm = "".join(f" || pid == {tid}" for tid in sorted(self._vmm_tids)[:MAX_FILTERED_THREADS])
+            self._instance.set_filter("sched:sched_wakeup", f"prio < 100 || {own}{vmm}")
+            self._trace_wakeups(own)
+
+    def _trace_wakeups(self, own: str) -> None:
+        """The vCPU threads' own wake-ups, on every CPU this process may use and the vCPUs' (only those: the
+        kernel filters the rest out), so that a sleeping vCPU's wait is told from its wait for its pCPU."""
+        cpus = tuple(sorted(set(os.sched_getaffinity(0)) | set(self.host_cpus)))
+        recording = self.recorder is not None and self.samples is not None and self.keep is not None
+        instance = TracefsInstance(cpus, ["sched:sched_wakeup"], buffer_kb=WAKEUP_RING_KB,
+                                   filters={"sched:sched_wakeup": own})
+        try:
+            instance.start()
+        except TracingUnavailable as exc:
+            self._problems.append(f"the vCPU threads' wake-ups on other CPUs are not traced: {exc}")
+            return
+        self._wakeups = instance
+        if recording:
+            assert instance.path is not None and self.samples is not None and self.keep is not None
+            self._wake_recorder = start_recording(instance, FlightRecorder(
+                instance.path, cpus, self.samples, self.keep, bound_bytes=WAKEUP_RING_KB << 10,
+                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self)))
 
     def stop(self) -> None:
         if self._exchange is not None:
             self._exchange.close()
+        woken: list[TraceEvent] = []
+        if self._wakeups is not None:
+            wakeups, self._wakeups = self._wakeups, None
+            wakeups.stop()
+            woken = [event for event in wakeups.events() if event.event == "sched_wakeup"]
+            self._problems += wakeups.problems
         if self._instance is not None:
             instance, self._instance = self._instance, None
             instance.stop()
-            self._trace = read_events(instance.events())
+            self._trace = read_events([*instance.events(), *woken])
             if self.recorder is not None:  # (and where its kept trace resumes after a stretch it did not keep)
                 for cpu, times in self.recorder.resumes.items():
                     self._trace.resumes[cpu] = sorted({*self._trace.resumes.get(cpu, []), *times})
@@ -499,7 +560,7 @@ class VmSource:
             problem = self.no_clock or (self._exchange.problem if self._exchange is not None else None)
             return LayerTrace("vm", False, "the guest's clock could not be aligned with the host's: "
                               + (problem or "no clock exchange took place"))
-        threads = VmThreads(self.vm, self._vcpus, self._qemu_pid)
+        threads = VmThreads(self.vm, self._vcpus, self._qemu_pid, frozenset(self._vmm_tids))
         found = vcpu_occupancies(self._trace, threads) + exit_occupancies(self._trace.kvm, threads,
                                                                           self._trace.resumes)
         keep = _near_windows(context.windows)
