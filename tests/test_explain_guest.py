@@ -144,8 +144,10 @@ def _inside_stressor_is_named(tmp_path: Path, environment: str, layers: str) -> 
     # threshold at the slice's length, a quick guest had only 13 outliers, 7 the stressor's; its slices are not
     # checked against 3 ms: under TCG the guest's clock runs on while its vCPU thread waits on the host)
     assert held >= 10
-    # `rtvirt explain --json` carries the same summary
-    assert any(row["cause"] == worker for row in shown["summary"])
+    # `rtvirt explain --json` carries the same summary, the worker pooled under its culprit (no pid)
+    culprit = next(part.culprit for part in explanation.parts if part.cause == worker)
+    assert culprit == "guest task rtvirt-stress SCHED_FIFO/RR 50" and \
+        any(row["culprit"] == culprit for row in shown["summary"]), shown["summary"][:3]
 
 
 def test_timerlat_split_cuts_each_window_at_its_irq_latency() -> None:

@@ -622,3 +622,16 @@ def test_16_an_alignment_a_periodic_schedule_makes_ambiguous_is_not_stated_as_ex
     outliers["start_ns"], outliers["end_ns"] = samples["start_ns"][100:110], samples["end_ns"][100:110]
     layer = explain_trace([trace], XenDomains(measuring=5), outliers, 2_400_000, samples=samples)
     assert layer.seen and layer.alignment_ns < 1000, (layer.why_not, layer.notes)
+
+
+# ---- found while staging: a PREEMPT_RT kernel's trace lines ---------------------------------------------------
+
+def test_a_preempt_rt_kernels_lines_with_seven_flag_characters_are_read() -> None:
+    """Debian's PREEMPT_RT guest kernel prints seven flag characters ("d...2..": its preempt-lazy and
+    migrate-disable depths): none of its lines parsed, so a linux-rt guest's layer had no trace at all, only
+    timerlat's phases."""
+    lines = ["            init-1       (      1) [000] d...2..     4.867160: sched_switch: prev_comm=init prev_pid=1 "
+             "prev_prio=120 prev_state=R+ ==> next_comm=ktimers/0 next_pid=15 next_prio=98",
+             "          <idle>-0       (-------) [000] d.h2.1.     4.868000: local_timer_entry: vector=236"]
+    assert [(e.ts_ns, e.pid, e.event) for e in parse_trace(lines)] == [(4_867_160_000, 1, "sched_switch"),
+                                                                       (4_868_000_000, 0, "local_timer_entry")]

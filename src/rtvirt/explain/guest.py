@@ -220,7 +220,8 @@ class GuestTraceSource:
             split = [dataclasses.replace(o, variant="no guest trace kept for it", cause=f"{o.cause} (no guest trace "
                                          "kept for it)") if (o.detail.get("sample_t_ns"), o.cpu) in outside else o
                      for o in split]
-            occupancies += [piece for phase in split for piece in _uncovered(phase, occupancies)]
+            traced = [o for o in occupancies if o.layer != "unexplained"]  # (the phases name what they leave)
+            occupancies += [piece for phase in split for piece in _uncovered(phase, traced)]
             notes.append(f"timerlat {_split_note('IRQ handler', split)}")
         if why is not None and not split:
             return LayerTrace("guest", seen=False, why_not=why)

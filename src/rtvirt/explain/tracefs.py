@@ -42,10 +42,11 @@ DEFAULT_BUFFER_KB = 64 * 1024  # per traced CPU
 PIPE_READ = 1 << 20  # bytes per read of a trace_pipe
 _counter = itertools.count(1)
 
-# "<comm>-<pid> (<tgid>) [<cpu>] <flags> <sec>.<usec>: <event>: <body>"; a comm is at most 15 characters of
+# "<comm>-<pid> (<tgid>) [<cpu>] <flags> <sec>.<usec>: <event>: <body>" (the flags are 4-6 characters, 7 on a
+# PREEMPT_RT kernel: "d...2.."); a comm is at most 15 characters of
 # anything (even "-1 [000]"): the shortest comm after which the whole line matches is the one the kernel wrote
 _LINE = re.compile(r"^\s*(?P<comm>.{0,16}?)-(?P<pid>\d+)\s+(?:\(\s*(?P<tgid>[-\d]+)\)\s+)?\[(?P<cpu>\d+)\]\s+"
-                   r"(?:\S{4,6}\s+)?(?P<sec>\d+)\.(?P<usec>\d{6}):\s+(?P<event>\w+):\s?(?P<body>.*)$")
+                   r"(?:\S{4,8}\s+)?(?P<sec>\d+)\.(?P<usec>\d{6}):\s+(?P<event>\w+):\s?(?P<body>.*)$")
 _FIELD = re.compile(r"(\w+)=(\S*)")
 # the kernel's own line where a CPU's ring lost events before the next one it printed
 # (trace-cmd report says "CPU:1 [12 EVENTS DROPPED]")
