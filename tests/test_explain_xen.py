@@ -193,7 +193,9 @@ def test_a_competing_rt_domu_shows_as_runnable_while_it_ran(xen_lab: Any) -> Non
     assert explanation.outliers >= 50, explanation.outliers  # the competitor takes ~3 ms of every 10 ms
     assert _outliers_with(explanation, "runstate", cause) >= 0.5, (explanation.summary[:4], layer.notes)
     xen_rows = [row for row in explanation.summary if row["layer"] == "xen"]
-    assert xen_rows[0]["cause"] == cause, xen_rows[:3]  # the largest Xen cause
+    # the largest Xen culprit: the competitor, its variant the measuring vCPU's runnable wait
+    assert xen_rows[0]["culprit"] == f"domU {competitor}", xen_rows[:3]
+    assert xen_rows[0]["variants"][0]["variant"] == "the measuring vCPU runnable", xen_rows[0]
     # Its budget is its whole period: Xen depletes it only after charging one slice past the budget (a budget
     # timer late under TCG; seen once in a 3 s run, a 10.5 ms slice, replenished 1.8 ms later), while the
     # competitor's budget runs out every period; its depletions are not the measuring vCPU's.
