@@ -5,8 +5,10 @@ measured, that time adds to the latency it measures (benchmarks/bench_explain_co
 tracing off and on in alternating runs). A run states its own share: how many events it recorded per second, and,
 measured on this machine as the host layer starts (before the agent), what one event costs the traced CPU: a
 thread on that CPU times a system call with ``raw_syscalls:sys_enter`` traced by an instance of its own and
-without (the quickest of several batches each way: interrupts only lengthen a batch). On a timer wake-up's path
-the default events record a known number of events (``WAKE_UP_PATH``), which gives the estimate per wake-up.
+without (the quickest of several batches each way: interrupts only lengthen a batch). That is a warm loop's
+cost, a lower bound: on a wake-up's path, out of idle, the same events cost several times as much (the
+benchmark measures it). On a timer wake-up's path the default events record a known number of events
+(``WAKE_UP_PATH``), which gives the lower bound per wake-up.
 """
 
 from __future__ import annotations
@@ -81,10 +83,11 @@ def cost_note(events: int, seconds: float, text_bytes: int, cpus: int, event_ns:
             f"{text_bytes / 1e6:.1f} MB of trace text)")
     if event_ns is not None:
         numbers["event_ns"] = event_ns
-        note += f"; one event costs the traced CPU about {event_ns} ns here (measured before the run)"
+        note += (f"; one event costs the traced CPU at least {event_ns} ns here (measured before the run, in a "
+                 "warm loop: on a wake-up's path, its caches cold, more)")
         if timer_probe and on_path:
             numbers.update(wake_up_events=len(on_path), wake_up_ns=len(on_path) * event_ns)
-            note += (f"; a timer wake-up's path records {len(on_path)} ({', '.join(on_path)}): about "
+            note += (f"; a timer wake-up's path records {len(on_path)} ({', '.join(on_path)}): at least "
                      f"{len(on_path) * event_ns / 1e3:.1f} us added to each wake-up")
     else:
         note += "; the cost of one event was not measured (a target's, or tracefs refused the measurement)"
