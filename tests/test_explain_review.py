@@ -488,6 +488,55 @@ def test_consecutive_parts_of_one_cause_are_listed_as_one(tmp_path: Path) -> Non
     assert len(explanation_document(explanation, {}, "run", None, merge=False)["worst"][0]["parts"]) == 10
 
 
+def test_a_hog_interrupted_by_every_tick_is_one_line_with_its_interruptions_counted() -> None:
+    """A FIFO hog holding the CPU for half a second printed ~400 lines, one per tick between its pieces: the
+    listing joins its pieces across brief interruptions and counts those; an interruption of 100 us or more
+    stays a line of its own, and the summary still gives every interruption its share."""
+    from rtvirt.explain.attribute import merged_parts
+    from rtvirt.explain.document import explanation_document
+    from rtvirt.explain.model import Explanation
+
+    hog = "task rtvirt-stress/7 SCHED_FIFO 99"
+
+    def part(offset: int, kind: str, cause: str, duration: int) -> Part:
+        return Part(1, 50_000_000, 1, 1, "host", kind, cause, offset, duration, "{}")
+
+    parts = [part(0, "irq-vector", "irq vector local_timer", 1_000),
+             part(1_000, "timer", "timer hrtimer_wakeup", 9_000)]
+    offset = 10_000
+    for tick in range(12):
+        parts.append(part(offset, "task", hog, 3_990_000))
+        offset += 3_990_000
+        duration = 150_000 if tick == 8 else 10_000
+        parts.append(part(offset, "irq-vector", "irq vector local_timer", duration))
+        offset += duration
+    parts.append(part(offset, "agent", "measuring agent on the CPU", 10_000))
+    document = explanation_document(Explanation(0, "set", 1, parts, [], []), {}, "run", None)
+    listed = [(p["cause"], p.get("pieces", 1), [(i["cause"], i["count"]) for i in p.get("interruptions", [])])
+              for p in document["worst"][0]["parts"]]
+    assert listed == [("irq vector local_timer", 1, []), ("timer hrtimer_wakeup", 1, []),
+                      (hog, 9, [("irq vector local_timer", 8)]), ("irq vector local_timer", 1, []),
+                      (hog, 3, [("irq vector local_timer", 2)]), ("irq vector local_timer", 1, []),
+                      ("measuring agent on the CPU", 1, [])]
+    assert document["worst"][0]["parts"][2]["duration_ns"] == 9 * 3_990_000
+    ticks = next(row for row in document["summary"] if row["culprit"] == "irq vector local_timer")
+    assert ticks["total_ns"] == 1_000 + 11 * 10_000 + 150_000
+
+    # parts that do not adjoin (a stored explanation with a hole between them) are never joined
+    apart = [part(0, "task", hog, 1_000), part(1_000, "irq-vector", "irq vector local_timer", 1_000),
+             part(5_000, "task", hog, 1_000)]
+    assert len(merged_parts(apart)) == 3
+    assert [line.pieces for line in merged_parts([*apart[:2], part(2_000, "task", hog, 1_000)])] == [2]
+    # brief parts after a line that does not resume are lines of their own, adjoining ones of one cause joined
+    tail = [part(0, "stolen", "the outer hypervisor took the CPU", 9_000),
+            part(9_000, "irq-vector", "irq vector local_timer", 1_000),
+            part(10_000, "timer", "timer hrtimer_wakeup", 1_000), part(11_000, "timer", "timer hrtimer_wakeup", 2_000),
+            part(13_000, "timer", "timer tick_nohz_handler", 1_000), part(14_000, "task", hog, 1_000)]
+    assert [(line.part.cause, line.pieces, line.part.duration_ns) for line in merged_parts(tail)] == [
+        ("the outer hypervisor took the CPU", 1, 9_000), ("irq vector local_timer", 1, 1_000),
+        ("timer hrtimer_wakeup", 2, 3_000), ("timer tick_nohz_handler", 1, 1_000), (hog, 1, 1_000)]
+
+
 # ---- 11: the outer-hypervisor note describes the measured machine ---------------------------------------------
 
 class _System:

@@ -54,6 +54,20 @@ def explained_document(run: Any, top: int | None, threshold_ns: int | None, merg
     return explanation_document(explanation, run.manifest, str(run.path), top, threshold_ns, merge)
 
 
+def _pieces_text(part: dict[str, Any]) -> str:
+    """What a joined line of the listing joins: its pieces, and the brief interruptions between them."""
+    if part.get("pieces", 1) == 1:
+        return ""
+    interruptions = part.get("interruptions") or []
+    if not interruptions:
+        return f"  ({part['pieces']} pieces)"
+    count = sum(item["count"] for item in interruptions)
+    named = ", ".join(f"{item['cause']} x{item['count']}" for item in interruptions[:3])
+    more = f", {len(interruptions) - 3} more" if len(interruptions) > 3 else ""
+    return (f"  ({part['pieces']} pieces; between them {count} brief interruption{'s' if count > 1 else ''}, "
+            f"{_us(sum(item['duration_ns'] for item in interruptions))}: {named}{more})")
+
+
 def _print_text(document: dict[str, Any]) -> None:
     echo = click.echo
     echo(f"run {document['run_id']} ({document['probe']}): threshold {_us(document['threshold_ns'])} "
@@ -68,9 +82,8 @@ def _print_text(document: dict[str, Any]) -> None:
         echo(f"\n#{outlier['rank']}: {_us(outlier['latency_ns'])}{at} on CPU {outlier['cpu']}")
         for part in outlier["parts"]:
             share = part["duration_ns"] / outlier["latency_ns"] if outlier["latency_ns"] else 0.0
-            pieces = f"  ({part['pieces']} pieces)" if part.get("pieces", 1) > 1 else ""
             echo(f"  +{_us(part['offset_ns']):>12}  {_us(part['duration_ns']):>12}  {share:6.1%}  "
-                 f"{part['layer']:<11} {part['cause']}{pieces}")
+                 f"{part['layer']:<11} {part['cause']}{_pieces_text(part)}")
     echo("\nshare of outlier latency by culprit (its variants beneath):")
     for row in document["summary"]:
         echo(f"  {row['share']:7.1%}  {_us(row['total_ns']):>12}  {row['layer']:<11} {row['culprit']}  "
@@ -110,8 +123,8 @@ def _import_trace(run: Any, trace_file: Path, threshold_ns: int | None, top: int
 @click.option("--threshold", default=None, metavar="TIME", help="only outliers above this (bare numbers in us; "
               "not below the stored threshold)")
 @click.option("--json", "as_json", is_flag=True, help="print the stored numbers as JSON")
-@click.option("--unmerged", is_flag=True, help="list each outlier's parts as stored, without joining consecutive "
-              "parts of one cause")
+@click.option("--unmerged", is_flag=True, help="list each outlier's parts as stored, without joining the runs of "
+              "one cause (consecutive, or between brief interruptions)")
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="join this trace with RUN and store the result as its explanation: a trace-cmd .dat or a text "
               "trace (tracefs format, rtla timerlat's saved trace) on the run's sample clock (docs/explain.md)")

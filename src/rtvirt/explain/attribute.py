@@ -21,7 +21,7 @@ from .config import DEFAULT_FLOOR_NS, DEFAULT_QUANTILE
 from .model import HELD_KINDS, LAYERS, Explanation, LayerTrace, Occupancy, Part, culprit_of
 
 __all__ = ["WINDOW", "choose_threshold", "outlier_windows", "attribute", "unexplained_cause", "summarize_parts",
-           "summarize_runs", "headline", "merged_parts"]
+           "summarize_runs", "headline", "MergedPart", "merged_parts"]
 
 WINDOW = np.dtype([("start_ns", "<i8"), ("end_ns", "<i8"), ("cpu", "<i4"), ("latency_ns", "<i8")])
 MAX_DETAIL = 1000
@@ -171,18 +171,75 @@ def headline(parts: Sequence[Part]) -> dict[str, object]:
             "held_by": dict(sorted(held.items(), key=lambda item: (-item[1], item[0])))}
 
 
-def merged_parts(parts: Sequence[Part]) -> list[tuple[Part, int]]:
-    """One outlier's parts with consecutive parts of one cause (layer, kind, cause) joined: (the joined part,
-    how many stored parts it joins). A vCPU preempted again and again by one task reads as one line."""
-    merged: list[tuple[Part, int]] = []
+# parts short enough to read as an interruption of what runs around them (an interrupt, a softirq, a timer
+# callback, a VM exit, in the host or the guest) rather than as a cause of their own; a longer one breaks the run
+# it falls in. ("guest-irq" is left out: it is also the timerlat phase "guest timer IRQ latency", a part of the
+# window's own measurement, not an interruption of anything.)
+_BRIEF_KINDS = frozenset({"irq", "irq-vector", "softirq", "timer", "vm-exit", "guest-irq-vector", "guest-softirq",
+                          "guest-timer"})
+BRIEF_NS = 100_000
+
+
+@dataclasses.dataclass(slots=True)
+class MergedPart:
+    """One line of an outlier's listing: ``part`` with the time of the ``pieces`` parts of its cause it joins
+    (its offset the first's), and the brief parts between them it passed over (``interruptions``: cause ->
+    [count, ns])."""
+
+    part: Part
+    pieces: int = 1
+    interruptions: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+
+
+def _cause_key(part: Part) -> tuple[str, str, str]:
+    return part.layer, part.kind, part.cause
+
+
+def merged_parts(parts: Sequence[Part]) -> list[MergedPart]:
+    """One outlier's parts (in window order) with the runs of one cause (layer, kind, cause) joined: adjoining
+    parts, and parts separated by nothing but brief interruptions (interrupts, softirqs, timer callbacks, VM
+    exits, each under ``BRIEF_NS``), which the joined line counts instead of listing. A vCPU preempted again
+    and again by one task, or a FIFO hog interrupted by every tick for half a second, reads as one line; the
+    summary still gives every interruption its share. Parts that do not adjoin (a gap between them) are never
+    joined."""
+    merged: list[MergedPart] = []
+    between: list[Part] = []  # brief parts since the last line, adjoining, not yet known to interrupt it
+    reached = 0  # the end (offset) of the last part taken into ``merged`` or ``between``
+
+    def append(part: Part) -> None:  # a line of its own, or the next piece of the line before it
+        last = merged[-1] if merged else None
+        if last is not None and _cause_key(last.part) == _cause_key(part):
+            last.part = dataclasses.replace(last.part, duration_ns=last.part.duration_ns + part.duration_ns)
+            last.pieces += 1
+        else:
+            merged.append(MergedPart(part))
+
+    def flush() -> None:  # the brief parts did not interrupt a run after all: lines of their own
+        for brief in between:
+            append(brief)
+        between.clear()
+
     for part in parts:
-        if merged:
-            last, count = merged[-1]
-            if (last.layer, last.kind, last.cause) == (part.layer, part.kind, part.cause) and \
-                    last.offset_ns + last.duration_ns == part.offset_ns:
-                merged[-1] = (dataclasses.replace(last, duration_ns=last.duration_ns + part.duration_ns), count + 1)
-                continue
-        merged.append((part, 1))
+        adjoins = bool(merged) and part.offset_ns == reached
+        line = merged[-1] if adjoins else None
+        if line is not None and between and _cause_key(line.part) == _cause_key(part):
+            for brief in between:
+                counted = line.interruptions.setdefault(brief.cause, [0, 0])
+                counted[0] += 1
+                counted[1] += brief.duration_ns
+            between.clear()
+            append(part)
+        elif line is not None and line.part.kind not in _BRIEF_KINDS and part.kind in _BRIEF_KINDS and \
+                part.duration_ns < BRIEF_NS:
+            between.append(part)
+        else:
+            flush()
+            if adjoins:
+                append(part)
+            else:
+                merged.append(MergedPart(part))
+        reached = part.offset_ns + part.duration_ns
+    flush()
     return merged
 
 
