@@ -116,6 +116,10 @@ def check_model(model: Model) -> Iterator[tuple[Loc, str]]:
     sched = hv.scheduler
     if sched == "arinc653" and hv.arinc653 is None:
         yield ("hypervisor", "arinc653"), "the arinc653 scheduler needs [hypervisor.arinc653] major_frame"
+    if hv.enforcement.tick and sched != "deadline":
+        yield ("hypervisor", "enforcement", "tick"), "only the deadline scheduler has an enforcement tick"
+    if hv.enforcement.tick and hv.enforcement.phase >= hv.enforcement.tick:
+        yield ("hypervisor", "enforcement", "phase"), "the phase must be shorter than the tick"
     seen_vms: set[str] = set()
     owned: dict[int, Loc] = {}
     event_tasks: dict[str, Loc] = {}
