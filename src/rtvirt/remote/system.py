@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..params import parse_cpulist
-from ..sysaudit import MAX_VALUE
+from ..sysaudit import KERNEL_CONFIG_LIMIT, MAX_VALUE
 from .connection import SshConnection
 
 __all__ = ["RemoteSystem"]
@@ -51,6 +51,14 @@ class RemoteSystem:
         if result.returncode not in (0, 1):  # 127: not installed
             return None
         return result.stdout.strip()[:64] or None
+
+    def kernel_config(self, release: str) -> tuple[str | None, str | None]:
+        for path, argv in ((f"/boot/config-{release}", ["head", "-c", str(KERNEL_CONFIG_LIMIT), "--"]),
+                           ("/proc/config.gz", ["gzip", "-dc", "--"])):
+            result = self.connection.run([*argv, path], timeout=60, limit=KERNEL_CONFIG_LIMIT)
+            if result.returncode == 0 and result.stdout:
+                return result.stdout[:KERNEL_CONFIG_LIMIT], path
+        return None, None
 
     def cpus(self) -> list[int]:
         online = self.read_many(["/sys/devices/system/cpu/online"], 256)["/sys/devices/system/cpu/online"]
