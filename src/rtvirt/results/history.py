@@ -39,8 +39,11 @@ _EXACT_LIMIT = 200_000  # exceedances summed exactly up to here; a normal approx
 
 @dataclass(frozen=True)
 class TailTest:
+    """``tail``: "upper" counts the samples above the baseline's quantile at ``level`` (times: larger is worse),
+    "lower" those below its quantile at 1 - ``level`` (rounds: fewer is worse); values in the runs' unit."""
+
     level: float
-    threshold_ns: int
+    threshold_ns: float
     baseline_samples: int
     baseline_above: int
     samples: int
@@ -51,6 +54,7 @@ class TailTest:
     min_ratio: float
     baseline_max_ns: int
     max_ns: int
+    tail: str = "upper"
 
     @property
     def regression(self) -> bool:
@@ -61,14 +65,7 @@ class TailTest:
                 "regression": self.regression}
 
 
-def _quantile(histogram: Histogram, level: float) -> int:
-    import numpy as np
-
-    rank = max(1, math.ceil(level * histogram.n))
-    return int(histogram.values[int(np.searchsorted(histogram.cumulative, rank))])
-
-
-def _above(histogram: Histogram, threshold: int) -> int:
+def _above(histogram: Histogram, threshold: float) -> int:
     import numpy as np
 
     at_or_below = int(np.searchsorted(histogram.values, threshold, side="right"))
@@ -95,17 +92,27 @@ def binomial_upper_tail(successes: int, trials: int, p: float) -> float:
     return min(1.0, math.exp(top) * float(np.exp(terms - top).sum()))
 
 
+def _mirrored(histogram: Histogram) -> Histogram:
+    """The histogram of the negated values: its upper tail is the original's lower tail."""
+    from ..stats import Histogram
+
+    return Histogram(-histogram.values[::-1], histogram.counts[::-1])
+
+
 def tail_test(baseline: Histogram, other: Histogram, *, level: float = 0.999, alpha: float = 1e-3,
-              min_ratio: float = 2.0) -> TailTest:
+              min_ratio: float = 2.0, lower: bool = False) -> TailTest:
+    """The tail test; ``lower``: of the lower tail (a throughput, where fewer is worse). The threshold is the
+    baseline's quantile by the one definition of rtvirt.stats (its p99.9 is the one `rtvirt stats` prints)."""
     if baseline.n == 0 or other.n == 0:
         raise ValueError("a run without samples has no tail to compare")
-    threshold = _quantile(baseline, level)
-    base_above, above = _above(baseline, threshold), _above(other, threshold)
+    tested, against = (_mirrored(baseline), _mirrored(other)) if lower else (baseline, other)
+    threshold = tested.quantile(level)
+    base_above, above = _above(tested, threshold), _above(against, threshold)
     base_rate, rate = base_above / baseline.n, above / other.n
     ratio = rate / base_rate if base_rate else (math.inf if rate else 1.0)
     p_value = binomial_upper_tail(above, base_above + above, other.n / (baseline.n + other.n))
-    return TailTest(level, threshold, baseline.n, base_above, other.n, above, ratio, p_value, alpha, min_ratio,
-                    int(baseline.values[-1]), int(other.values[-1]))
+    return TailTest(level, -threshold if lower else threshold, baseline.n, base_above, other.n, above, ratio, p_value,
+                    alpha, min_ratio, int(baseline.values[-1]), int(other.values[-1]), "lower" if lower else "upper")
 
 
 @dataclass
