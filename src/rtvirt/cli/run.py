@@ -81,7 +81,8 @@ def _print_reasons(result: CampaignResult) -> None:
 def _document(result: CampaignResult) -> dict[str, Any]:
     return {"campaign_id": result.state.campaign_id, "scenario": result.state.scenario,
             "interrupted": result.interrupted, "report": str(result.report) if result.report else None,
-            "runs": {key: {"status": o.status, "reason": o.reason, "run_id": o.run_id, "summary": _overall(o) or None}
+            "runs": {key: {"status": o.status, "reason": o.reason, "run_id": o.run_id, "summary": _overall(o) or None,
+                           **(run_quantity(o.manifest).as_dict() if _overall(o) and o.manifest else {})}
                      for key, o in result.outcomes.items()},
             "warnings": _warnings(result)}
 
