@@ -167,3 +167,19 @@ def test_verdicts_and_isolation_keep_to_their_quantity(tmp_path: Path) -> None:
     assert row.median_increase_pct == pytest.approx(
         (by_label["threadmetric: spin"].summary.median_ns / by_label["threadmetric: solo"].summary.median_ns - 1)
         * 100)
+
+
+def test_cpu_numbers_are_compared_only_within_one_place() -> None:
+    """A guest's vCPU 0 is no host CPU: a VM run against a host run (the virtualisation question) is comparable
+    whatever their CPU numbers; two host runs on different CPUs are not."""
+    from rtvirt.identity import measurement_differences, run_identity
+
+    def manifest(environment: str, cpus: list[int], threads: int = 1) -> dict[str, Any]:
+        return {"source": "measured", "probe": "timer", "value_field": "latency_ns", "environment": environment,
+                "config": f"{environment} / solo", "environment_detail": {"kind": environment},
+                "params": {"interval": "1ms", "threads": threads, "affinity": cpus, "duration": "10s"}}
+
+    host, guest = run_identity(manifest("host", [1])), run_identity(manifest("qemu", [0]))
+    assert measurement_differences(host, guest) == []
+    assert measurement_differences(host, run_identity(manifest("host", [0]))) == ["CPUs 1 vs 0"]
+    assert measurement_differences(host, run_identity(manifest("qemu", [0], threads=2))) == ["threads 1 vs 2"]

@@ -25,6 +25,10 @@ __all__ = ["run_identity", "identity_key", "measurement_differences", "setting_d
 
 # parameters that say how long a run went on, not what it measured; rt is folded into priority, mlock, dma_latency
 EXTENT_PARAMS = frozenset({"duration", "loops", "iterations", "rt"})
+# CPU numbers count in the system the probe ran in: a guest's vCPU 0 is no host CPU 0, so they are compared
+# only between runs in one place (same environment and target)
+CPU_PARAMS = frozenset({"affinity", "sender_cpu"})
+_PLACE = ("environment", "kind", "target")
 _NAMES = {"affinity": "CPUs", "sender_cpu": "sender CPU"}
 
 
@@ -109,8 +113,17 @@ def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def measurement_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """What makes the measurements of two identities differ ([]: comparable), e.g. ``threads 1 vs 2``."""
-    return _differences(a["measurement"], b["measurement"])
+    """What makes the measurements of two identities differ ([]: comparable), e.g. ``threads 1 vs 2``; CPU
+    numbers only between runs in one place (a VM's vCPU 0 against the host's CPU 1 is what a VM-against-bare-
+    metal comparison is about)."""
+    if all(a["setting"].get(key) == b["setting"].get(key) for key in _PLACE):
+        return _differences(a["measurement"], b["measurement"])
+
+    def placeless(identity: dict[str, Any]) -> dict[str, Any]:
+        measurement = identity["measurement"]
+        return {**measurement, "params": {k: v for k, v in measurement["params"].items() if k not in CPU_PARAMS}}
+
+    return _differences(placeless(a), placeless(b))
 
 
 def setting_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
