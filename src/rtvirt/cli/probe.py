@@ -77,7 +77,8 @@ def _make_command(spec: ProbeSpec) -> click.Command:
         manifest = write_measured_run(run, stream, name=spec.name, params=params.model_dump(mode="json"),
                                       group_by=spec.group_by, extra=extra or None)
         if as_json:
-            print_json({k: manifest[k] for k in ("run_id", "probe", "status", "end_reason", "dropped", "summary")}
+            print_json({k: manifest[k] for k in ("run_id", "probe", "status", "end_reason", "dropped", "summary",
+                                                 "quantity", "unit")}
                        | {"path": str(run.path)})
         else:
             summaries = summarize_stream(stream, spec.group_by)
