@@ -43,13 +43,18 @@ class Quantity:
 
     def axis(self, note: str = "") -> str:
         """A plot axis' label: ``latency (µs, log)``, ``rounds per interval (log)``."""
-        inside = ", ".join(part for part in ("" if self.unit in self.name else self.shown_unit, note) if part)
+        inside = ", ".join(part for part in ("" if self._named_unit else self.shown_unit, note) if part)
         return f"{self.name} ({inside})" if inside else self.name
 
     @property
     def title(self) -> str:
         """What a table of these values is headed with, e.g. ``latency (µs)``, ``rounds per interval``."""
-        return self.name if self.unit in self.name else f"{self.name} ({self.shown_unit})"
+        return self.name if self._named_unit else f"{self.name} ({self.shown_unit})"
+
+    @property
+    def _named_unit(self) -> bool:
+        """The name says the unit already (``rounds per interval``)."""
+        return self.unit in self.name.split()
 
     def show(self, value: float | None, grouped: bool = False) -> str:
         """A value as tables show it: a time in µs to the ns, a count to three decimals where a statistic of

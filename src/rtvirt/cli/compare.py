@@ -107,7 +107,7 @@ def compare(runs: tuple[str, ...], results: str, top: int, level: float, alpha: 
 def _comparable(base_run: StoredRun, other: StoredRun, anyway: bool, gate: bool | None) -> list[str]:
     """What makes the two runs' measurements differ ([]: comparable); exit 2 when they do and the user did not
     ask to compare them anyway, or asks for the gate on them, and always for values in different units."""
-    if base_run.quantity != other.quantity:
+    if base_run.quantity.unit != other.quantity.unit:
         raise InputError(f"{base_run.run_id} holds {base_run.quantity.title}, {other.run_id} "
                          f"{other.quantity.title}: values in different units are not compared")
     differences = measurement_differences(base_run.identity, other.identity)

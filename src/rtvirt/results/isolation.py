@@ -57,7 +57,7 @@ def isolation(run: StoredRun, baseline: StoredRun) -> IsolationRow:
     for stored, summary in ((run, a), (baseline, b)):
         if summary.samples == 0:
             raise InputError(f"{stored.path}: run has no samples to compare")
-    if run.quantity != baseline.quantity:
+    if run.quantity.unit != baseline.quantity.unit:
         raise InputError(f"{run.run_id} holds {run.quantity.title}, {baseline.run_id} {baseline.quantity.title}: "
                          "values in different units are not compared")
     return isolation_of(run.label, a, baseline.label, b, run.quantity)
