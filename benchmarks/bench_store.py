@@ -47,7 +47,7 @@ def fill(url: str, env: dict[str, str], runs: int) -> None:
     import psycopg
 
     from rtvirt.stores.postgres import TABLE, SharedStore
-    from rtvirt.stores.provenance import COLUMNS
+    from rtvirt.stores.provenance import COLUMNS, run_row
 
     store = SharedStore(url)
     store.check()  # creates the table
@@ -63,12 +63,10 @@ def fill(url: str, env: dict[str, str], runs: int) -> None:
                 created = f"2026-{1 + i * 12 // runs:02d}-01T00:00:00.{i:06d}+00:00"
                 top = float(20_000 + rng.integers(0, 30_000))
                 manifest = {"run_id": f"r{i:07d}", "name": config, "config": config, "created": created,
-                            "source": "measured", "status": "complete",
-                            "system": {"hostname": machine, "kernel": kernel},
-                            "summary": {"all": {"samples": 1_000_000, "max_ns": top}}}
-                row = {"run_id": f"r{i:07d}", "created": created, "name": config, "source": "measured",
-                       "status": "complete", "config": config, "machine": machine, "kernel": kernel,
-                       "samples": 1_000_000, "max_ns": top, "p9999_ns": top * 0.8}
+                            "source": "measured", "status": "complete", "probe": "timer",
+                            "value_field": "latency_ns", "system": {"hostname": machine, "kernel": kernel},
+                            "summary": {"all": {"samples": 1_000_000, "max_ns": top, "p9999_ns": top * 0.8}}}
+                row = run_row(manifest)  # the columns as a delivery computes them (unit, identity, ...)
                 copy.write_row([row.get(n) for n in COLUMNS] + [f"runs/r{i:07d}", "x", json.dumps(manifest)])
         connection.commit()
         cursor.execute("ANALYZE " + TABLE)

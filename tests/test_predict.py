@@ -136,9 +136,12 @@ def test_bandwidth_partition_and_deadline_reservation_measured_simulated_analyse
     run_cli("report", str(results), "--format", "markdown", "--out", str(markdown), check=True)
     text = markdown.read_text()
     assert "Predicted next to measured" in text and "constant-bandwidth server" in text
-    # rtvirt compare reads a simulated run like a measured one: the measurement against its prediction
+    # rtvirt compare reads a simulated run like a measured one: the measurement against its prediction, which
+    # holds response times (not the probe's gaps): compared only when asked to, never as a regression gate
     simulated, measured = dl["runs"]["simulated"][0], dl["runs"]["measured"][0]
-    compared = run_cli("compare", "--results", str(results), simulated, measured, "--json", check=True)
+    refused = run_cli("compare", "--results", str(results), simulated, measured)
+    assert refused.returncode == 2 and "not comparable: probe sim vs gap" in refused.stderr, refused.stderr
+    compared = run_cli("compare", "--results", str(results), simulated, measured, "--anyway", "--json", check=True)
     row = json.loads(compared.stdout)["isolation"]
     assert row["baseline"] == "dl / solo (simulated)" and row["baseline_wcet_ns"] == dl["simulated"]["max_ns"]
 

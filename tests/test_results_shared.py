@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -176,12 +177,13 @@ def test_a_store_lost_mid_campaign_keeps_the_runs_in_the_spool_and_push_delivers
         assert sorted(r[0] for r in rows) == sorted(written) and {r[1] for r in rows} == {"complete"}
 
 
-def _lab_run(results: Path, kernel: str, values: np.ndarray) -> str:
+def _lab_run(results: Path, kernel: str, values: np.ndarray, **manifest: Any) -> str:
     system = {"hostname": "board-7", "kernel": kernel, "preemption": "PREEMPT_RT", "cmdline": "isolcpus=1",
               "virtualization": {"dmi": "Acme RT-board"}}
-    manifest = synthetic_run(results, "lab", values, config="kvm/solo", scenario="lab", system=system,
-                             environment_detail={"kind": "qemu", "qemu": "7.2.0"})
-    return str(manifest["run_id"])
+    written = synthetic_run(results, "lab", values, **{"config": "kvm/solo", "scenario": "lab", "system": system,
+                                                        "environment_detail": {"kind": "qemu", "qemu": "7.2.0"},
+                                                        **manifest})
+    return str(written["run_id"])
 
 
 @pytest.fixture(params=["local", "shared"])
@@ -255,6 +257,64 @@ def test_compare_flags_an_injected_tail_regression_and_not_a_rerun(store: tuple[
     assert document["tail"]["p_value"] < 1e-6 and "tail regression" in flagged.stderr
     # a comparison of two configurations (isolation) reports the test but gates only when asked
     assert _cli("compare", rerun, worse, "--results", spec, "--no-gate", env=env).returncode == 0
+
+
+def test_compare_and_trend_take_comparable_runs_only(store: tuple[str, Path, dict[str, str]]) -> None:
+    """One label, two measurements (1 thread on CPU 1; 2 threads on CPUs 0-1): `compare RUN` takes its baseline
+    from the comparable runs even with another run between them, exits 3 only on comparable runs, and `trend`
+    keeps the two apart."""
+    spec, write_to, env = store
+    rng = np.random.default_rng(11)
+    one_thread = {"params": {"interval": "1ms", "threads": 1, "affinity": [1], "priority": 99}}
+    two_threads = {"params": {"interval": "1ms", "threads": 2, "affinity": [0, 1], "priority": 99}}
+
+    def draw() -> np.ndarray:
+        return (8_000 + rng.gamma(2.0, 1_500.0, 50_000)).astype(np.int64)
+
+    regressed = draw()
+    regressed[rng.choice(regressed.size, 400, replace=False)] += 50_000
+    base = _lab_run(write_to, "6.6.30-rt30", draw(), **one_thread)
+    between = _lab_run(write_to, "6.6.30-rt30", draw(), **two_threads)
+    worse = _lab_run(write_to, "6.6.30-rt30", regressed, **one_thread)
+    _deliver(spec, env)
+    flagged = _cli("compare", worse, "--results", spec, "--json", env=env)
+    assert flagged.returncode == 3, flagged.stderr  # the gate: a comparable run of the same configuration
+    assert json.loads(flagged.stdout)["baseline_run"] == base
+    refused = _cli("compare", between, worse, "--results", spec, env=env)
+    assert refused.returncode == 2 and "threads 2 vs 1; CPUs 0-1 vs 1" in refused.stderr, refused.stderr
+    anyway = _cli("compare", between, worse, "--results", spec, "--anyway", "--json", env=env)
+    assert anyway.returncode == 0, anyway.stderr  # the same regression, but no gate between incomparable runs
+    assert json.loads(anyway.stdout)["tail"]["regression"] is True and json.loads(anyway.stdout)["gated"] is False
+    assert _cli("compare", between, "--results", spec, env=env).returncode == 2  # nothing earlier to compare with
+    identities = _sql("SELECT run_id, identity FROM runs", spec, env)
+    assert len({key for _, key in identities}) == 2 and dict(identities)[base] == dict(identities)[worse]
+    series = json.loads(_cli("trend", "kvm/solo", "--results", spec, "--json", env=env).stdout)["machines"]
+    assert {name: [p["run_id"] for p in points] for name, points in series.items()} == {
+        "board-7 (threads 1, CPUs 1)": [base, worse], "board-7 (threads 2, CPUs 0-1)": [between]}
+
+
+def test_an_older_stores_catalog_gains_units_and_identity(server: PgServer, tmp_path: Path) -> None:
+    """A catalog created before units and identities: the first command adds the columns, fills them from the
+    manifests, and empties the *_ns columns that held Thread-Metric's rounds."""
+    url = server.url(data=tmp_path / "shared", spool=str(tmp_path / "spool"))
+    env = server.env()
+    rounds = synthetic_run(tmp_path / "spool", "tm", np.arange(20_000, 21_000), config="guest / solo",
+                           probe="threadmetric", value_field="rounds", params={"report_interval": "5s"})
+    latency = _lab_run(tmp_path / "spool", "6.6.30-rt30", np.arange(1_000, 3_000))
+    assert _cli("push", "--results", url, env=env).returncode == 0
+    database = url.split("/")[3].split("?")[0]
+    old = [f"DROP COLUMN {name}" for name in ("quantity", "unit", "identity", "min_value", "median_value",
+                                               "mean_value", "p99_value", "p999_value", "p9999_value", "max_value")]
+    psql = [str(next(Path("/usr/lib/postgresql").glob("*/bin/psql"))), "-h", "127.0.0.1", "-p", str(server.port),
+            "-U", "rtvirt", "-d", database, "-qc"]
+    subprocess.run([*psql, f"ALTER TABLE rtvirt_runs {', '.join(old)}; DROP INDEX IF EXISTS rtvirt_runs_identity; "
+                    f"UPDATE rtvirt_runs SET median_ns = 20499.5 WHERE run_id = '{rounds['run_id']}'"],
+                   env=env, check=True, capture_output=True, timeout=60)
+    rows = _sql("SELECT run_id, unit, median_ns, median_value, identity IS NOT NULL FROM runs ORDER BY created",
+                url, env)
+    assert rows == [[rounds["run_id"], "rounds", None, 20499.5, True], [latency, "ns", 1999.5, 1999.5, True]]
+    compared = _cli("compare", latency, rounds["run_id"], "--results", url, env=env)
+    assert compared.returncode == 2 and "different units" in compared.stderr, compared.stderr
 
 
 def test_binomial_tail_is_the_exact_sum() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from rtvirt.scenario import builtin_scenarios, load_scenario, parse_scenario
 from rtvirt.scenario.matrix import PlannedRun, expand
 from rtvirt.scenario.schema import Scenario
 from rtvirt.scenario.studies import differences
-from rtvirt.store import load_run
+from rtvirt.store import list_runs, load_run
 from rtvirt.stream import read_stream
 from rtvirt.sysaudit import audit_system
 
@@ -293,19 +294,43 @@ def _stressor_stats(results: Path, run_id: str) -> dict[str, int]:
     return {name: value for (_, name), value in stream.stats.items()}
 
 
+@dataclass
+class Campaign:
+    """One campaign as a user runs it: its results, the summary it printed, every run's manifest (by plan key),
+    and its report in Markdown and JSON."""
+
+    results: Path
+    summary: str
+    manifests: dict[str, dict[str, Any]]
+    markdown: str
+    document: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def guest_isolation(tmp_path_factory: pytest.TempPathFactory) -> Campaign:
+    """`rtvirt run guest-isolation --scale 0.01 --repetitions 1` (21 runs of bare-metal guests under TCG, about a
+    minute here), once for every test that reads it."""
+    results = tmp_path_factory.mktemp("guest-isolation") / "results"
+    done = run_cli("run", "guest-isolation", "--scale", "0.01", "--repetitions", "1", "--out", str(results),
+                   "--no-progress", timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    manifests = {run.manifest["campaign"]["key"]: run.manifest for run in list_runs(results)}
+    markdown = write_report(results, results / "report.md", "markdown").read_text()
+    document = json.loads(write_report(results, results / "report.json", "json").read_text())
+    return Campaign(results, done.stdout, manifests, markdown, document)
+
+
 @pytest.mark.vm
-def test_the_whole_guest_isolation_study_at_a_small_scale(tmp_path: Path) -> None:
+def test_the_whole_guest_isolation_study_at_a_small_scale(guest_isolation: Campaign) -> None:
     """Every run of the built-in (all workloads x disturbances x start orders, and the stress-on-off run) at
     0.01 with one repetition, bare-metal measuring and stressor guests: each study table in its layout."""
-    results = tmp_path / "results"
-    runs, report = _whole_study("guest-isolation", 0.01, results)
-    assert len(runs) == 21
-    manifests = {key: load_run(results / "runs" / r["run_id"]).manifest for key, r in runs.items()}
+    results, manifests, report = guest_isolation.results, guest_isolation.manifests, guest_isolation.markdown
+    assert len(manifests) == 21 and {m["status"] for m in manifests.values()} == {"complete"}
     assert all(m["environment_detail"]["guest"] == "baremetal" for m in manifests.values())
     # the stressor guests ran our kernel's programs: spinning, and stores over 1.5 x the L2 CPUID reports
-    spin = _stressor_stats(results, runs["kops/guest/spin-same-core/stress-first/r1"]["run_id"])
+    spin = _stressor_stats(results, manifests["kops/guest/spin-same-core/stress-first/r1"]["run_id"])
     assert spin["spins"] >= spin["spins_per_ms"] > 0
-    cache = _stressor_stats(results, runs["qsort/guest/cache-other-core/stress-first/r1"]["run_id"])
+    cache = _stressor_stats(results, manifests["qsort/guest/cache-other-core/stress-first/r1"]["run_id"])
     assert cache["cache_level"] == 2 and cache["buffer_bytes"] == (cache["cache_bytes"] * 3 // 2 + 7) // 8 * 8
     assert cache["passes"] >= 1
     # the stressor guest of the 30-minute run waited paused until minute 10 (x 0.01) and stopped at minute 20
@@ -353,6 +378,80 @@ def test_the_whole_guest_isolation_study_at_a_small_scale(tmp_path: Path) -> Non
     change = (during / before - 1) * 100
     assert abs(_number(on_off[0][4].removesuffix(" %")) - change) < 0.1  # shown rounded
     assert on_off[0][9].startswith("same direction" if change < 0 else "opposite direction")
+
+
+def _workload(label: str) -> str:
+    """The guest-isolation workload of a configuration label (its run group: start-order and 30min are
+    Thread-Metric's)."""
+    group = label.split(":")[0]
+    return "threadmetric" if group in ("start-order", "30min") else group
+
+
+@pytest.mark.vm
+def test_the_guest_isolation_report_keeps_each_workload_to_its_unit_and_its_solo_run(
+        guest_isolation: Campaign) -> None:
+    """No table or verdict of the report mixes workloads or units: Thread-Metric in rounds, qsort, basicmath and
+    kops in durations (µs), each against its own solo run; no verdict (latency classes) for any of them."""
+    document, manifests = guest_isolation.document, guest_isolation.manifests
+    units = {c["label"]: (c["quantity"], c["unit"]) for c in document["configurations"]}
+    assert {units[label] for label in units if _workload(label) == "threadmetric"} == {("rounds per interval",
+                                                                                        "rounds")}
+    assert {units[label] for label in units if _workload(label) != "threadmetric"} == {("duration", "ns")}
+    assert all(c["verdicts"] == [] and not c["judged"] for c in document["configurations"])
+    verdicts = next(t for t in document["tables"] if t["title"].startswith("Verdicts"))
+    assert {cell for row in verdicts["rows"] for cell in row[1:]} == {"-"}
+    assert all(s["classes"] is None for s in document["served"])
+    statistics = {t["title"]: t for t in document["tables"] if t["title"].startswith("Statistics per configuration")}
+    assert set(statistics) == {"Statistics per configuration: duration (µs)",
+                               "Statistics per configuration: rounds per interval"}
+    for title, table in statistics.items():
+        rounds = {_workload(row[0]) == "threadmetric" for row in table["rows"]}
+        assert rounds == {title.endswith("rounds per interval")}, title
+    for row in statistics["Statistics per configuration: rounds per interval"]["rows"]:
+        # the rounds as counted (thousands per interval), not divided by 1000
+        run = next(m for m in manifests.values() if m["config"] == row[0].removesuffix(" (partial)"))
+        if len([m for m in manifests.values() if m["config"] == run["config"]]) == 1:
+            assert _number(row[4]) == pytest.approx(run["summary"]["all"]["median_ns"]) and _number(row[4]) > 1000
+    # isolation: every configuration against the solo run of its own workload (the 30-minute run: Thread-Metric's)
+    isolation = [t for t in document["tables"] if t["title"].startswith("Isolation against the baseline")]
+    baselines = {t["title"].removeprefix("Isolation against the baseline ").split(": ")[0]: t for t in isolation}
+    expected_baselines = {"kops", "qsort", "basicmath", "start-order"}
+    assert set(baselines) == expected_baselines
+    for baseline, table in baselines.items():
+        assert table["title"].endswith("rounds per interval" if baseline == "start-order" else "duration (µs)")
+        assert {_workload(row[0]) for row in table["rows"]} == {_workload(baseline + ":")}, table["rows"]
+    assert {(r["label"], r["baseline"]) for r in document["isolation"]} == {
+        (label, f"{'start-order' if _workload(label) == 'threadmetric' else label.split(':')[0]}: guest / solo")
+        for label in units if not label.endswith("/ solo")}
+    qsort = next(r for r in document["isolation"] if r["label"] == "qsort: guest / cache-other-core")
+    solo = next(c for c in document["configurations"] if c["label"] == "qsort: guest / solo")["summary"]
+    spun = next(c for c in document["configurations"] if c["label"] == qsort["label"])["summary"]
+    assert qsort["median_increase_pct"] == pytest.approx((spun["median_ns"] / solo["median_ns"] - 1) * 100)
+    assert qsort["unit"] == "ns" and abs(qsort["median_increase_pct"]) < 1000  # a duration against a duration
+    # the same in Markdown, and the figures' tables of outliers keep to one unit each
+    markdown = guest_isolation.markdown
+    assert "Statistics per configuration (µs)" not in markdown and "## Outliers (largest samples of each run): " \
+        "rounds per interval" in markdown
+    outliers = _table(markdown, "Outliers (largest samples of each run): rounds per interval")
+    assert {_workload(row[0]) for row in outliers} == {"threadmetric"} and {row[6] for row in outliers} == {"-"}
+
+
+@pytest.mark.vm
+def test_the_guest_isolation_campaign_summary_gives_each_run_its_unit(guest_isolation: Campaign) -> None:
+    rows = {}
+    for line in guest_isolation.summary.splitlines():
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        if len(cells) == 7 and cells[0] in guest_isolation.manifests:
+            rows[cells[0]] = cells
+    assert set(rows) == set(guest_isolation.manifests)
+    header = next(line for line in guest_isolation.summary.splitlines() if "median" in line)
+    assert " us" not in header and "unit" in header
+    for key, cells in rows.items():
+        summary = guest_isolation.manifests[key]["summary"]["all"]
+        if key.startswith(("start-order", "30min")):
+            assert cells[6] == "rounds" and _number(cells[3]) == summary["median_ns"], cells
+        else:
+            assert cells[6] == "µs" and _number(cells[3]) == pytest.approx(summary["median_ns"] / 1000, abs=1e-3)
 
 
 @pytest.mark.vm

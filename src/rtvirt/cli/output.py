@@ -49,23 +49,18 @@ def us(ns: float) -> str:
 
 
 def summary_table(title: str, summaries: dict[str, Summary], value_field: str = "latency_ns") -> Table:
-    """Statistics in microseconds; a value that is a count (e.g. threadmetric's ``rounds``) stays as is."""
-    is_time = value_field.endswith("_ns")
-    unit = "us" if is_time else value_field
+    """Statistics in the values' unit (rtvirt.quantity): times in µs, counts (threadmetric's rounds) as counted."""
+    from ..quantity import quantity_of
 
-    def show(value: float) -> str:
-        if is_time or math.isnan(value):
-            return us(value)
-        return f"{value:.6g}"
-
+    quantity = quantity_of(value_field)
     table = Table(title=title, title_justify="left")
     table.add_column("group")
     for column in ("samples", "dropped", "min", "median", "mean", "p99", "p99.9", "p99.99", "max", "stdev", "jitter"):
-        table.add_column(column if column in ("samples", "dropped") else f"{column} {unit}", justify="right")
+        table.add_column(column if column in ("samples", "dropped") else f"{column} {quantity.shown_unit}",
+                         justify="right")
     for group, s in summaries.items():
-        table.add_row(group, str(s.samples), str(s.dropped), show(s.min_ns), show(s.median_ns), show(s.mean_ns),
-                      show(s.p99_ns), show(s.p999_ns), show(s.p9999_ns), show(s.max_ns), show(s.stdev_ns),
-                      show(s.max_jitter_ns))
+        table.add_row(group, str(s.samples), str(s.dropped), *(quantity.show(value) for value in (
+            s.min_ns, s.median_ns, s.mean_ns, s.p99_ns, s.p999_ns, s.p9999_ns, s.max_ns, s.stdev_ns, s.max_jitter_ns)))
     return table
 
 

@@ -13,6 +13,7 @@ from ..errors import InputError, RunError
 from ..params import build_params, click_options
 from ..probes import PROBES, ProbeSpec
 from ..probes.runner import Progress, run_probe
+from ..quantity import quantity_of
 from ..stats import summarize_stream
 from ..store import RunDir, new_run, write_measured_run
 from .output import console, err_console, print_json, progress_wanted, summary_table
@@ -58,9 +59,11 @@ def _make_command(spec: ProbeSpec) -> click.Command:
         run = new_run(store_for_writing(results).write_dir, spec.name)
         bar, task = _progress_display(progress_wanted(progress), spec.name)
 
+        quantity = quantity_of(spec.value_field)
+
         def show(p: Progress) -> None:
             assert bar is not None
-            peak = "-" if p.running_max is None else f"{p.running_max / 1000:.1f} us"
+            peak = "-" if p.running_max is None else f"{quantity.show(p.running_max)} {quantity.shown_unit}"
             bar.update(task, total=p.duration_s, completed=p.elapsed_s if p.duration_s else None,
                        status=f"{p.samples} samples, max {peak}")
 
@@ -74,7 +77,8 @@ def _make_command(spec: ProbeSpec) -> click.Command:
         manifest = write_measured_run(run, stream, name=spec.name, params=params.model_dump(mode="json"),
                                       group_by=spec.group_by, extra=extra or None)
         if as_json:
-            print_json({k: manifest[k] for k in ("run_id", "probe", "status", "end_reason", "dropped", "summary")}
+            print_json({k: manifest[k] for k in ("run_id", "probe", "status", "end_reason", "dropped", "summary",
+                                                 "quantity", "unit")}
                        | {"path": str(run.path)})
         else:
             summaries = summarize_stream(stream, spec.group_by)

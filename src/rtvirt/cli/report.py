@@ -22,8 +22,9 @@ _SUFFIX = {"html": ".html", "markdown": ".md", "json": ".json"}
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="file to write [default: RESULTS/report.html|.md|.json; for a store URL: ./report.html|…]")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="html", show_default=True)
-@click.option("--baseline", help="configuration label to compare against [default: one named baseline/solo/bare, "
-              "else the first]")
+@click.option("--baseline", help="configuration label the configurations of its measurement (same probe, workload, "
+              "parameters) are compared against [default: per measurement, one named baseline/solo/bare, else the "
+              "first]")
 @click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=DEFAULT_MARGIN, show_default=True,
               help="safety margin: share of each requirement budget kept for the rest of the end-to-end path")
 @click.option("--classes", "classes_file", type=click.Path(dir_okay=False, path_type=Path),

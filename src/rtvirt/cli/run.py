@@ -19,9 +19,10 @@ from ..campaign.engine import CampaignResult, RunOutcome
 from ..campaign.state import FINISHED
 from ..environments import ENVIRONMENTS, SharedResources
 from ..errors import InputError, RtvirtError
+from ..quantity import run_quantity
 from ..scenario import Scenario, load_scenario, parse_scenario
 from ..store import load_run
-from .output import console, err_console, print_json, progress_wanted, us
+from .output import console, err_console, print_json, progress_wanted
 from .resultopts import results_option, store_for_writing
 
 if TYPE_CHECKING:
@@ -48,19 +49,18 @@ def _overall(outcome: RunOutcome) -> dict[str, Any]:
 
 
 def _summary_table(result: CampaignResult) -> Table:
+    """One row per run, its statistics in its own unit (a campaign may mix latencies, durations and rounds)."""
     table = Table(title=f"campaign {result.state.campaign_id}", title_justify="left")
-    for column in ("run", "status", "samples", "median us", "p99 us", "max us"):
-        table.add_column(column, justify="right" if column.endswith(("us", "samples")) else "left",
+    for column in ("run", "status", "samples", "median", "p99", "max", "unit"):
+        table.add_column(column, justify="right" if column in ("samples", "median", "p99", "max") else "left",
                          no_wrap=column == "run")
     for key, outcome in result.outcomes.items():
         summary = _overall(outcome)
-
-        def cell(name: str, summary: dict[str, Any] = summary) -> str:
-            value = summary.get(name)
-            return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else us(value)
-
-        table.add_row(key, outcome.status, str(summary.get("samples", "-")), cell("median_ns"), cell("p99_ns"),
-                      cell("max_ns"))
+        quantity = run_quantity(outcome.manifest or {})
+        cells = [quantity.show(value if isinstance(value, int | float) else None)
+                 for value in (summary.get("median_ns"), summary.get("p99_ns"), summary.get("max_ns"))]
+        table.add_row(key, outcome.status, str(summary.get("samples", "-")), *cells,
+                      quantity.shown_unit if summary.get("samples") else "-")
     return table
 
 
@@ -81,7 +81,8 @@ def _print_reasons(result: CampaignResult) -> None:
 def _document(result: CampaignResult) -> dict[str, Any]:
     return {"campaign_id": result.state.campaign_id, "scenario": result.state.scenario,
             "interrupted": result.interrupted, "report": str(result.report) if result.report else None,
-            "runs": {key: {"status": o.status, "reason": o.reason, "run_id": o.run_id, "summary": _overall(o) or None}
+            "runs": {key: {"status": o.status, "reason": o.reason, "run_id": o.run_id, "summary": _overall(o) or None,
+                           **(run_quantity(o.manifest).as_dict() if _overall(o) and o.manifest else {})}
                      for key, o in result.outcomes.items()},
             "warnings": _warnings(result)}
 

@@ -10,8 +10,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..errors import InputError
-from ..results.history import METRICS
-from .output import console, print_json, us
+from ..results.history import METRICS, metric_name
+from .output import console, print_json
 from .resultopts import reading_store, results_option
 
 __all__ = ["trend"]
@@ -26,8 +26,9 @@ def _short(value: str | None) -> str:
 @click.command()
 @click.argument("config")
 @results_option("results store")
-@click.option("--metric", type=click.Choice(METRICS), default="max_ns", show_default=True,
-              help="what is followed: a statistic, or the strictest requirement class met (class)")
+@click.option("--metric", type=click.Choice([*METRICS, *(f"{m}_ns" for m in METRICS if m != "class")]),
+              default="max", show_default=True, help="what is followed: a statistic in the runs' unit, or the "
+              "strictest requirement class met (class; latencies only); max_ns ... are the old names of max ...")
 @click.option("--machine", help="only this machine [default: every machine, each its own series]")
 @click.option("--classes", "classes_file", type=click.Path(dir_okay=False, path_type=Path),
               help="TOML file of requirement classes for --metric class [default: the built-in classes]")
@@ -40,6 +41,7 @@ def trend(config: str, results: str, metric: str, machine: str | None, classes_f
     from ..results.history import trend as history
     from ..results.verdicts import load_classes
 
+    metric = metric_name(metric)
     classes = load_classes(classes_file) if metric == "class" else None
     store = reading_store(results)
     found = history(store, config, metric, machine, classes=classes)
@@ -56,13 +58,14 @@ def trend(config: str, results: str, metric: str, machine: str | None, classes_f
     if as_json:
         print_json(found.as_dict())
         return
+    shown = found.quantity
     for name, points in found.machines.items():
         table = Table(title=f"{escape(config)} on {escape(name)}: {metric}", title_justify="left")
-        for column in ("created", "run", metric.removesuffix("_ns") + (" µs" if metric != "class" else ""),
+        for column in ("created", "run", metric + (f" {shown.shown_unit}" if metric != "class" else ""),
                        "status", "changed"):
             table.add_column(column)
         for p in points:
-            value = "-" if p.value is None else p.value if isinstance(p.value, str) else us(p.value)
+            value = "-" if p.value is None else p.value if isinstance(p.value, str) else shown.show(p.value)
             change = "; ".join(f"{column}: {_short(before)} → {_short(after)}"
                                for column, (before, after) in p.changes.items())
             table.add_row(p.created[:19], p.run_id, value, p.status or "-",

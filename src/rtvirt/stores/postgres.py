@@ -138,6 +138,7 @@ class SharedStore:
         found = self._connection.execute("SELECT to_regclass(%s)", (TABLE,)).fetchone()
         self._connection.commit()
         if found is not None and found[0] is not None:
+            self._upgrade()
             return  # an existing store: readers need no right to create anything
         with self._connection.transaction():
             self._connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
@@ -145,9 +146,49 @@ class SharedStore:
                 "CREATE TABLE IF NOT EXISTS {} (run_id text PRIMARY KEY, {}, files text NOT NULL, "
                 "manifest_sha256 text NOT NULL, manifest jsonb NOT NULL, "
                 "delivered timestamptz NOT NULL DEFAULT now())").format(sql.Identifier(TABLE), columns))
-            self._connection.execute(sql.SQL(
-                "CREATE INDEX IF NOT EXISTS {} ON {} ((coalesce(config, name)), machine, created)").format(
-                sql.Identifier(f"{TABLE}_history"), sql.Identifier(TABLE)))
+            self._indexes()
+
+    def _indexes(self) -> None:
+        from psycopg import sql
+
+        self._connection.execute(sql.SQL(
+            "CREATE INDEX IF NOT EXISTS {} ON {} ((coalesce(config, name)), machine, created)").format(
+            sql.Identifier(f"{TABLE}_history"), sql.Identifier(TABLE)))
+        self._connection.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (identity, machine, created)").format(
+            sql.Identifier(f"{TABLE}_identity"), sql.Identifier(TABLE)))
+
+    def _upgrade(self) -> None:
+        """Bring a catalog an older rtvirt created up to COLUMNS: the columns it lacks (units, identity, the
+        statistics in the run's unit) are added and every row's columns recomputed from its manifest (which
+        also empties the *_ns columns of runs whose values are not times). Once, by the first writer or reader
+        allowed to alter the table; others wait for it on the schema lock."""
+        from psycopg import sql
+
+        def missing() -> list[str]:
+            present = {row[0] for row in self._connection.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+                "AND NOT attisdropped", (TABLE,)).fetchall()}
+            return [name for name in COLUMNS if name not in present]
+
+        if not missing():
+            self._connection.commit()
+            return
+        with self._connection.transaction():
+            self._connection.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            lacking = missing()  # another process may have upgraded it while this one waited
+            for name in lacking:
+                self._connection.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
+                    sql.Identifier(TABLE), sql.Identifier(name), sql.SQL(COLUMNS[name])))
+            if lacking:
+                assignments = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(name))
+                                                 for name in COLUMNS if name != "run_id")
+                update = sql.SQL("UPDATE {} SET {} WHERE run_id = %s").format(sql.Identifier(TABLE), assignments)
+                rows = [run_row(json.loads(manifest)) for (manifest,) in
+                        self._connection.execute(f"SELECT manifest::text FROM {TABLE}").fetchall()]
+                with self._connection.cursor() as cursor:
+                    cursor.executemany(update, [[*(v for k, v in row.items() if k != "run_id"), row["run_id"]]
+                                                for row in rows])
+                self._indexes()
 
     @contextlib.contextmanager
     def _cursor(self) -> Iterator[Any]:
@@ -181,15 +222,18 @@ class SharedStore:
             found = cursor.fetchone()
         return None if found is None else StoredRun(self.data / found[0], json.loads(found[1]))
 
-    def rows(self, *, config: str | None = None, machine: str | None = None) -> list[dict[str, Any]]:
+    def rows(self, *, config: str | None = None, machine: str | None = None,
+             identity: str | None = None) -> list[dict[str, Any]]:
         names = list(COLUMNS)
-        # only the filters given: a plan that uses the (configuration, machine, created) index
+        # only the filters given: a plan that uses the (configuration, machine, created) or (identity, machine,
+        # created) index
         where = [clause for clause, value in (("coalesce(config, name) = %(config)s", config),
+                                              ("identity = %(identity)s", identity),
                                               ("machine = %(machine)s", machine)) if value is not None]
         with self._cursor() as cursor:
             cursor.execute(f"SELECT {', '.join(names)} FROM {TABLE} "
                            + (f"WHERE {' AND '.join(where)} " if where else "") + "ORDER BY created, run_id",
-                           {"config": config, "machine": machine})
+                           {"config": config, "machine": machine, "identity": identity})
             return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     def runs_table(self, manifests: bool = True) -> Any:

@@ -205,7 +205,7 @@ def _outlier_row(c: Configuration, meta: dict[str, Any], base_top: Outlier | Non
 
 def _increase_row(c: Configuration, meta: dict[str, Any], base: Configuration) -> list[str]:
     """Mean and median increase and WCET ratio of a disturbed configuration against its solo baseline."""
-    row = isolation_of(c.label, c.summary, base.label, base.summary)
+    row = isolation_of(c.label, c.summary, base.label, base.summary, c.quantity)
     return [meta["workload"], meta["disturbance"], meta["order"],
             _pct(row.mean_increase_pct), _pct(row.median_increase_pct),
             _num(row.wcet_ns / 1e3), _num(row.baseline_wcet_ns / 1e3),
