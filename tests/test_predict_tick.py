@@ -16,7 +16,7 @@ from simcases import build
 
 from rtvirt.predict import PredictSpec
 from rtvirt.predict.derive import derive_model
-from rtvirt.predict.tick import EnforcementTick, enforcement_tick, tick_phase
+from rtvirt.predict.tick import EnforcementTick, MeasuredPhase, enforcement_tick, tick_phase
 from rtvirt.scenario.loader import parse_scenario
 from rtvirt.sim import simulate
 from rtvirt.sysaudit import audit_system
@@ -60,22 +60,51 @@ def test_the_tick_phase_is_read_back_from_a_reservations_holes(phase_ms: float) 
     gaps = simulate(model).gaps
     offset = 1_234_567_890_123  # a measurement's clock starts anywhere
     starts = [start + offset for start in gaps["start_ns"].to_pylist()]
-    phase = tick_phase(starts, gaps["gap_ns"].to_pylist(), 4_000_000, 10_000_000, min_hole_ns=3_500_000)
-    assert phase == pytest.approx(phase_ms * 1e6, abs=1_000)
+    measured = tick_phase(starts, gaps["gap_ns"].to_pylist(), 4_000_000, 10_000_000, min_hole_ns=3_500_000)
+    assert measured is not None and measured.lattice_share == 1
+    assert measured.phase_ns == pytest.approx(phase_ms * 1e6, abs=1_000)
+    assert measured.resume_jitter_ns == 0  # the model resumes on time
+    # a reservation whose periods restarted elsewhere after 2 s (it fell behind), the ticks where they were: the
+    # phase of the periods most holes ended on
+    later = simulate(build({"scheduler": "deadline", "enforcement": {"tick": "4ms", "phase": "1.5ms"}},
+                           [{"name": "g", "vcpu": [{"runtime": "3ms", "period": "10ms"}],
+                             "gap": {"threshold": "10us"}}], duration="1s")).gaps
+    restart = 2_004_000_000 + round(phase_ms * 1e6) - 1_500_000  # its ticks on the first part's, its periods 2-7 ms off
+    both_starts = starts + [offset + restart + start for start in later["start_ns"].to_pylist()]
+    restarted = tick_phase(both_starts, gaps["gap_ns"].to_pylist() + later["gap_ns"].to_pylist(), 4_000_000,
+                           10_000_000, min_hole_ns=3_500_000)
+    assert restarted is not None and 0.6 <= restarted.lattice_share <= 0.8, restarted
+    assert restarted.phase_ns == pytest.approx(phase_ms * 1e6, abs=1_000)
     # holes that do not line up with a tick (an outer hypervisor's, say) give no phase
     assert tick_phase([offset + 7_777 * k * k for k in range(50)], [5_000_000] * 50, 4_000_000, 10_000_000,
                       min_hole_ns=3_500_000) is None
+
+
+def test_the_resumptions_spread_is_read_back_and_keeps_the_phase() -> None:
+    """A replenished reservation resumes after a wake-up latency that varies (here 40 us); the estimate takes the
+    period's start at the earliest usual resumption and the spread to the latest, and the phase stays where the
+    ticks are."""
+    model = build({"scheduler": "deadline", "enforcement": {"tick": "4ms", "phase": "2.6ms",
+                                                             "resume_jitter": "40us"}},
+                  [{"name": "g", "vcpu": [{"runtime": "3ms", "period": "10ms"}], "gap": {"threshold": "10us"}}],
+                  duration="4s")
+    gaps = simulate(model).gaps
+    measured = tick_phase(gaps["start_ns"].to_pylist(), gaps["gap_ns"].to_pylist(), 4_000_000, 10_000_000,
+                          min_hole_ns=3_500_000)
+    assert measured is not None
+    assert measured.phase_ns == pytest.approx(2_600_000, abs=5_000)
+    assert measured.resume_jitter_ns == pytest.approx(36_000, abs=6_000)
 
 
 def test_a_deadline_reservation_is_derived_with_the_kernels_tick_and_phase() -> None:
     scenario = parse_scenario('name = "t"\nduration = "1s"\n[workload]\nprobe = "gap"\n[[environments]]\n'
                               'kind = "partition"\ncpus = "1"\n'
                               'sched = { policy = "deadline", runtime = "3ms", period = "10ms" }\n[predict]\n')
-    tick = EnforcementTick(4_000_000, 250, phase_ns=2_100_000, phase_from="measured in run-x")
+    tick = EnforcementTick(4_000_000, 250, MeasuredPhase(2_100_000, 30_000, 1.0), phase_from="measured in run-x")
     derived = derive_model(scenario.environments[0], scenario.probe_workloads()[0], [], 1_000_000_000,
                            PredictSpec.model_validate({}), tick=tick)
     enforcement = derived.model.hypervisor.enforcement
-    assert (enforcement.tick, enforcement.phase) == (4_000_000, 2_100_000)
+    assert (enforcement.tick, enforcement.phase, enforcement.resume_jitter) == (4_000_000, 2_100_000, 30_000)
     assert any("4 ms scheduler tick (HZ 250" in line and "2.100 ms" in line and "run-x" in line
                for line in derived.mapping), derived.mapping
     exact = derive_model(scenario.environments[0], scenario.probe_workloads()[0], [], 1_000_000_000,

@@ -8,19 +8,22 @@
 //
 // With an enforcement tick (a kernel without HRTICK_DL), the runtime is checked only at the tick, when the
 // server blocks or when it is preempted: a running server overruns up to the next tick and carries the overrun
-// as a negative runtime into its replenishment.
+// as a negative runtime into its replenishment. A replenished server resumes after a wake-up latency drawn
+// from [0, resume_jitter]: where its runtime runs out just at a tick, that latency decides the next holes.
 #include "schedulers.h"
 
 namespace rtv {
 
 struct Deadline final : HvScheduler {
-    Time slice, tick, phase;
+    Time slice, tick, phase, jitter;
+    Rng rng;
     int64_t counter = 0;
     std::vector<bool> throttled;
     std::vector<Time> replenish_at, turn_end;
     std::vector<int> order, background;
     explicit Deadline(const Config& cfg)
-        : slice(cfg.fair_slice), tick(cfg.enforcement_tick), phase(cfg.enforcement_phase) {}
+        : slice(cfg.fair_slice), tick(cfg.enforcement_tick), phase(cfg.enforcement_phase), jitter(cfg.resume_jitter),
+          rng(cfg.seed ^ 0xD1B54A32D192ED03ULL) {}
 
     static bool is_server(const VCpu& v) { return v.spec.runtime > 0; }
     static Time rel_deadline(const VCpu& v) { return v.spec.deadline > 0 ? v.spec.deadline : v.spec.period; }
@@ -131,16 +134,23 @@ struct Deadline final : HvScheduler {
         for (VCpu& v : sim.vcpus) {
             size_t i = static_cast<size_t>(v.index);
             if (!throttled[i] || replenish_at[i] > to) continue;
+            if (v.q <= 0 || v.dl <= to) {  // the replenishment timer fired: a period's runtime
+                while (v.q <= 0) {  // an overrun costs whole periods
+                    v.dl += v.spec.period;
+                    v.q += v.spec.runtime;
+                }
+                if (v.dl <= to) {  // fell behind: start a fresh period
+                    v.dl = to + rel_deadline(v);
+                    v.q = v.spec.runtime;
+                }
+                Time latency = jitter > 0 ? rng.uniform(0, jitter) : 0;
+                if (latency > 0) {  // replenished, running again once woken
+                    replenish_at[i] = to + latency;
+                    continue;
+                }
+            }
             throttled[i] = false;
             replenish_at[i] = NEVER;
-            while (v.q <= 0) {  // an overrun costs whole periods
-                v.dl += v.spec.period;
-                v.q += v.spec.runtime;
-            }
-            if (v.dl <= to) {  // fell behind: start a fresh period
-                v.dl = to + rel_deadline(v);
-                v.q = v.spec.runtime;
-            }
         }
     }
 };

@@ -60,6 +60,8 @@ class Enforcement(_Strict):
                                           "HRTICK_DL), so a server overruns up to the next tick and pays the "
                                           "overrun back; 0 = enforced exactly")
     phase: Ms = Field(0, ge=0, description="time of the first tick; servers start their first period at 0")
+    resume_jitter: Ms = Field(0, ge=0, description="a replenished server resumes after a wake-up latency drawn "
+                                                   "uniformly from [0, resume_jitter]")
 
 
 class Hypervisor(_Strict):

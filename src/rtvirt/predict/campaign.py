@@ -123,9 +123,9 @@ def _measured_tick(spec: PredictSpec, environment: Any, plans: list[Any], config
         field = run.manifest.get("value_field") or "duration_ns"
         samples = run.samples(["t_ns", field]).to_pydict()
         runtime, length = period
-        phase = tick_phase(samples["t_ns"], samples[field], tick.tick_ns, length,
-                           min_hole_ns=max(1, (length - runtime) // 2))
-        return tick if phase is None else replace(tick, phase_ns=phase, phase_from=f"measured in {run.run_id}")
+        measured = tick_phase(samples["t_ns"], samples[field], tick.tick_ns, length,
+                              min_hole_ns=max(1, (length - runtime) // 2))
+        return tick if measured is None else replace(tick, measured=measured, phase_from=f"measured in {run.run_id}")
     return None
 
 

@@ -84,7 +84,9 @@ def _deadline_enforcement(tick: EnforcementTick | None) -> tuple[dict[str, Any],
     if tick is None:
         return {}, [], ["SCHED_DEADLINE runtimes modelled as enforced exactly: the measured kernel's tick is "
                         "not known (HZ not in its audit) or HRTICK_DL is on"]
-    return ({"enforcement": {"tick": f"{tick.tick_ns}ns", "phase": f"{tick.phase_ns or 0}ns"}},
+    phase = tick.measured
+    return ({"enforcement": {"tick": f"{tick.tick_ns}ns", "phase": f"{phase.phase_ns if phase else 0}ns",
+                             "resume_jitter": f"{phase.resume_jitter_ns if phase else 0}ns"}},
             [f"SCHED_DEADLINE {tick.describe()}"], [])
 
 
