@@ -51,7 +51,7 @@ class RunStore(Protocol):
         and machine."""
         ...
 
-    def deliver(self) -> Delivery: ...
+    def deliver(self, keep: bool = False) -> Delivery: ...
 
 
 class LocalStore:
@@ -81,7 +81,7 @@ class LocalStore:
         return [row for row in rows if (config is None or configuration(row) == config)
                 and (machine is None or row["machine"] == machine)]
 
-    def deliver(self) -> Delivery:
+    def deliver(self, keep: bool = False) -> Delivery:
         return Delivery()
 
 

@@ -1,0 +1,66 @@
+"""A finished run as the live page shows it: the report's statistics, its verdict per requirement class and the
+summary of its explanation, from its manifest (a results directory, a spool) or from its catalog row (a shared
+store: the row's statistics and the ``explain`` entry of its manifest, fetched alone)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..results.history import row_summary
+from ..results.verdicts import RequirementClass, judge
+from ..summary import Summary
+
+__all__ = ["STAT_FIELDS", "result_of_manifest", "result_of_row"]
+
+# the report's statistics, in its order (the page names them)
+STAT_FIELDS = ("samples", "min_ns", "median_ns", "mean_ns", "p99_ns", "p999_ns", "p9999_ns", "max_ns",
+               "max_jitter_ns", "dropped")
+_MAX_TEXT = 300  # characters of a cause or reason shown
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)[:_MAX_TEXT]
+
+
+def _verdicts(summary: Summary | None, classes: list[RequirementClass]) -> list[list[str]]:
+    """[class, outcome] per requirement class, the strictest (smallest budgets) first."""
+    if summary is None or not summary.samples:
+        return []
+    verdicts = sorted(judge(summary, classes), key=lambda v: (v.latency_budget_ns, v.jitter_budget_ns))
+    return [[verdict.requirement, verdict.outcome] for verdict in verdicts]
+
+
+def _explanation(entry: Any) -> dict[str, Any] | None:
+    """The manifest's ``explain`` summary: threshold, outliers explained, the three largest causes."""
+    if not isinstance(entry, dict):
+        return None
+    if entry.get("error"):
+        return {"error": _text(entry["error"])}
+    causes = [{"layer": _text(c.get("layer")), "cause": _text(c.get("cause")), "share": c.get("share")}
+              for c in entry.get("top_causes") or [] if isinstance(c, dict)]
+    return {"threshold_ns": entry.get("threshold_ns"), "outliers": entry.get("outliers"),
+            "explained": entry.get("explained"), "top_causes": causes[:3]}
+
+
+def result_of_manifest(manifest: dict[str, Any], classes: list[RequirementClass]) -> dict[str, Any]:
+    overall = (manifest.get("summary") or {}).get("all") or {}
+    try:
+        summary: Summary | None = Summary.from_json(overall)
+    except ValueError:  # a failed run (no samples), or a summary this version does not read
+        summary = None
+    campaign = manifest["campaign"] if isinstance(manifest.get("campaign"), dict) else {}
+    return {"status": _text(manifest.get("status")), "value_field": _text(manifest.get("value_field")),
+            "stats": {name: overall.get(name) for name in STAT_FIELDS} if summary is not None else None,
+            "verdicts": _verdicts(summary, classes), "explain": _explanation(manifest.get("explain")),
+            "reason": _text(campaign.get("reason"))}
+
+
+def result_of_row(row: dict[str, Any], explain: Any, classes: list[RequirementClass]) -> dict[str, Any]:
+    """From a catalog row (rtvirt.stores.provenance.COLUMNS; jitter is max - min there) and its manifest's
+    ``explain`` entry."""
+    stats = {name: row.get(name) for name in STAT_FIELDS if name in row}
+    if row.get("max_ns") is not None and row.get("min_ns") is not None:
+        stats["max_jitter_ns"] = float(row["max_ns"]) - float(row["min_ns"])
+    return {"status": _text(row.get("status")), "value_field": _text(row.get("value_field")),
+            "stats": stats if row.get("samples") else None, "verdicts": _verdicts(row_summary(row), classes),
+            "explain": _explanation(explain), "reason": None}
