@@ -26,7 +26,7 @@ PROMETHEUS_BUCKETS_NS = tuple(int(m * 10**e) for e in range(3, 8) for m in (1, 2
 # the page's histogram: 20 bins a decade from 100 ns to 1 s (the last bin holds everything above)
 PAGE_EDGES_NS = np.unique(np.round(np.logspace(2, 9, 7 * 20 + 1)).astype(np.int64))
 MAX_WINDOWS = 3600  # time windows kept (1 s each until a run passes an hour, then 2 s, 4 s, ...)
-STEP_RECORDS = 1 << 18  # records read per step (8 MiB)
+STEP_RECORDS = 1 << 15  # records read per step (1 MiB)
 OPEN_WINDOWS = 2  # the newest windows still taking samples (several threads' records interleave)
 
 

@@ -136,6 +136,8 @@ class Live:
         return self._configurations[1]
 
     def metrics(self) -> bytes:
+        """The exposition as of the scrape: the source catches up first (a scrape is never a refresh late)."""
+        self.source.refresh()
         return generate_latest(self.registry)
 
     def close(self) -> None:
