@@ -189,6 +189,13 @@ def test_prometheus_scrapes_a_running_campaign_and_counts_what_the_run_stored(tm
         assert [s["metric"]["rtvirt_run_status"] for s in status] == ["complete"]
         progress = _query(api, "rtvirt_campaign_runs")
         assert {s["metric"]["state"]: float(s["value"][1]) for s in progress}["done"] == 1
+        # every query of the example Grafana dashboard runs on what was scraped, and each finds series
+        dashboard = json.loads((Path(__file__).parents[1] / "examples" / "grafana" / "rtvirt-live.json").read_text())
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                expression = target["expr"].replace("$machine", ".*").replace("$configuration", ".*") \
+                    .replace("$__rate_interval", "1m")
+                assert _query(api, expression), (panel["title"], expression)
     finally:
         prometheus.terminate()
         prometheus.wait(timeout=30)

@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from ..errors import InputError
 from .output import err_console
-from .resultopts import DURATION
+from .resultopts import DURATION, DURATION_US
 
 if TYPE_CHECKING:
     from ..live.server import LiveSource
@@ -27,18 +27,6 @@ __all__ = ["serve", "serving_options", "serving_beside"]
 
 DEFAULT_LISTEN = "127.0.0.1:8340"
 READY_WAIT_S = 30.0
-
-
-class _Microseconds(click.ParamType):
-    name = "DURATION"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        from ..units import parse_duration
-
-        try:
-            return parse_duration(value, "us")
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
 
 
 def serving_options(command: Any) -> Any:
@@ -78,7 +66,7 @@ def _source(results: str, threshold_ns: int, classes_file: Path | None) -> LiveS
 @serving_options
 @click.option("--for", "duration_ns", type=DURATION, default=None,
               help="stop after this long (bare numbers in s) [default: until Ctrl-C]")
-@click.option("--threshold", "threshold_ns", type=_Microseconds(), default="100us", show_default=True,
+@click.option("--threshold", "threshold_ns", type=DURATION_US, default="100us", show_default=True,
               help="outliers are counted above this (bare numbers in us)")
 @click.option("--classes", "classes_file", type=click.Path(dir_okay=False, path_type=Path),
               help="TOML file of requirement classes for the verdicts [default: the built-in classes]")

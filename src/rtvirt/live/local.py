@@ -128,7 +128,7 @@ class LocalSource:
             except ValueError as exc:
                 self.errors.append(f"campaign {str(state.document.get('campaign_id'))[:100]}: {exc}"[:300])
                 continue
-            record["idle_s"] = self._idle_s(state, record)
+            record["idle_s"] = None if record["finished"] else self._idle_s(state, record)
             for run in record["runs"]:
                 self._add_run_detail(run)
             shown.append(record)
@@ -154,7 +154,7 @@ class LocalSource:
             with contextlib.suppress(OSError):  # not written yet
                 latest = max(latest, (self.results / "runs" / str(running["run_id"]) / "samples.rtvs")
                              .stat().st_mtime_ns)
-        return max(0.0, (time.time_ns() - latest) / 1e9)
+        return float(max(0, (time.time_ns() - latest) // 10**9))
 
     def snapshot(self) -> dict[str, Any]:
         return {"source": self.label, "generated": dt.datetime.now(dt.UTC).isoformat(),

@@ -43,6 +43,7 @@ MAX_STREAMS = 32  # open pages at once
 KEEPALIVE_S = 15.0
 COOKIE = "rtvirt_live"
 MAX_QUERY = 500  # characters of a configuration name asked for
+VOLATILE = ("generated", "built_s")  # a document's time stamps: a change of these alone is not sent
 POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
           "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
@@ -90,7 +91,8 @@ class Live:
         self.listen = listen
         self.refresh_s = refresh_s
         self.allowed_hosts: set[str] = set()
-        self.latest = _json({"source": source.label, "machines": [], "starting": True})
+        self.latest = _json({"source": source.label, "machines": []})
+        self._content = b""
         self.version = 0
         self.streams = 0
         self._changed = asyncio.Event()
@@ -112,14 +114,20 @@ class Live:
         document["built_s"] = round(time.perf_counter() - started, 4)
         return document
 
+    async def refresh(self) -> None:
+        """A new document; open pages are sent it only when more than its time stamps changed."""
+        document = await self.call(self._build)
+        content = _json({key: value for key, value in document.items() if key not in VOLATILE})
+        self.latest = _json(document)
+        if content != self._content:
+            self._content, self.version = content, self.version + 1
+            self._changed.set()
+            self._changed = asyncio.Event()
+
     async def refresh_forever(self) -> None:
         while True:
             started = time.monotonic()
-            body = _json(await self.call(self._build))
-            if body != self.latest:
-                self.latest, self.version = body, self.version + 1
-                self._changed.set()
-                self._changed = asyncio.Event()
+            await self.refresh()
             await asyncio.sleep(max(0.05, self.refresh_s - (time.monotonic() - started)))
 
     async def next_change(self, timeout: float) -> None:
@@ -278,6 +286,7 @@ async def _serve(live: Live, duration_s: float | None, announce: Callable[[str],
     server = tornado.httpserver.HTTPServer(_application(live), max_header_size=16 * 1024, max_body_size=1024,
                                            idle_connection_timeout=60)
     server.add_sockets(sockets)
+    await live.refresh()  # the first page already shows what is there
     refresher = asyncio.create_task(live.refresh_forever())
     announce(live.listen.url(port))
     try:

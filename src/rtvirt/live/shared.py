@@ -61,7 +61,7 @@ class StoreSource:
         for document, age_s in self.store.fetch(CAMPAIGN_LIST, {"finished": SHOWN_FINISHED,
                                                                 "stale_s": STALE_UNFINISHED_S}):
             record = json.loads(document)
-            record["idle_s"] = float(age_s)
+            record["idle_s"] = None if record.get("finished") else float(int(age_s))
             records.append(record)
         run_ids = [run["run_id"] for record in records for run in record.get("runs") or []
                    if run.get("run_id") and run.get("status") not in ("running", "planned")]
@@ -78,8 +78,15 @@ class StoreSource:
     def snapshot(self) -> dict[str, Any]:
         local = {record["campaign_id"]: record for record in self.local.campaigns()}
         machines: dict[str, list[dict[str, Any]]] = {}
-        for record in self._published:  # this machine's own campaigns in detail, from its spool
-            shown = local.pop(record["campaign_id"], record)
+        for record in self._published:
+            shown = local.pop(record["campaign_id"], None)
+            if shown is None:
+                shown = record
+            else:  # this machine's own campaign: in detail from its spool, with the runs delivered from it since
+                delivered = {run["key"]: run.get("result") for run in record.get("runs") or []}
+                for run in shown["runs"]:
+                    if "result" not in run and delivered.get(run["key"]) is not None:
+                        run["result"] = delivered[run["key"]]
             machines.setdefault(str(record.get("machine")), []).append(shown)
         for record in local.values():  # running here but not (yet) published: the store was away
             machines.setdefault(self.machine, []).insert(0, record)

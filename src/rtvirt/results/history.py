@@ -19,8 +19,8 @@ from ..stores.provenance import CHANGE_COLUMNS, configuration, run_row
 
 if TYPE_CHECKING:  # numpy only for the tail test: `rtvirt trend` starts without it
     from ..stats import Histogram
-    from ..summary import Summary
     from ..stores import RunStore
+    from ..summary import Summary
 
 __all__ = ["TailTest", "tail_test", "Trend", "trend", "trend_of", "histories", "previous_run_row", "row_summary",
            "METRICS"]

@@ -187,13 +187,13 @@ function campaignCard(campaign) {
 function render(doc) {
   const campaigns = doc.machines.reduce((n, machine) => n + machine.campaigns.length, 0);
   const when = doc.generated ? new Date(doc.generated).toLocaleTimeString() : "-";
-  document.getElementById("status").textContent = doc.starting ? `${doc.source}: reading…` :
-    `${doc.source} · ${campaigns} campaign(s) on ${doc.machines.length} machine(s) · updated ${when}`;
+  document.getElementById("status").textContent =
+    `${doc.source} · ${campaigns} campaign(s) on ${doc.machines.length} machine(s) · last change ${when}`;
   document.getElementById("errors").replaceChildren(...(doc.errors || []).map(text => el("li", {}, text)));
   document.getElementById("machines").replaceChildren(...doc.machines.map(machine =>
     el("div", {class: "machine", "data-machine": machine.machine}, el("h2", {}, machine.machine),
       ...(machine.campaigns.length ? machine.campaigns.map(campaignCard) : [el("p", {class: "muted"}, "no campaign")]))));
-  if (!doc.machines.length && !doc.starting) {
+  if (!doc.machines.length) {
     document.getElementById("machines").append(el("p", {class: "muted"}, "No campaign yet: this page shows one as soon as it starts."));
   }
 }
