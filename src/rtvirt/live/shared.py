@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from typing import Any
 
 from ..results.verdicts import RequirementClass
@@ -32,6 +33,7 @@ RUN_RESULTS = f"SELECT {', '.join(COLUMNS)}, manifest->'explain' FROM {TABLE} WH
 CONFIGURATIONS = (f"SELECT coalesce(config, name) AS configuration, count(*) FROM {TABLE} GROUP BY 1 ORDER BY 1 "
                   "LIMIT %s")
 MAX_CONFIGURATIONS = 10_000
+FULL_EVERY_S = 10.0
 
 
 class StoreSource:
@@ -45,18 +47,26 @@ class StoreSource:
         self.local = LocalSource(store.write_dir, machine, threshold_ns, classes)
         self._published: list[dict[str, Any]] = []
         self._has_campaigns = False
+        self._signature: tuple[Any, ...] | None = None
+        self._queried = 0.0
         self.errors: list[str] = []
 
     def refresh(self) -> None:
+        """This machine's spool every time; the store's campaigns when one was published since the last look (a
+        run's delivery is followed by its campaign's next publication), and every FULL_EVERY_S regardless."""
         self.local.refresh()
-        self._published = self._published_campaigns()
-
-    def _published_campaigns(self) -> list[dict[str, Any]]:
         if not self._has_campaigns:  # a store no campaign has published into yet
             found = self.store.fetch("SELECT to_regclass(%s)", (CAMPAIGNS,))
             self._has_campaigns = bool(found and found[0][0])
             if not self._has_campaigns:
-                return []
+                return
+        signature = self.store.fetch(f"SELECT max(updated), count(*) FROM {CAMPAIGNS}")[0]
+        if signature != self._signature or time.monotonic() - self._queried > FULL_EVERY_S:
+            self._published = self.published_campaigns()
+            self._signature, self._queried = signature, time.monotonic()
+
+    def published_campaigns(self) -> list[dict[str, Any]]:
+        """Each machine's latest campaigns from the store, with their finished runs' results (the full query)."""
         records = []
         for document, age_s in self.store.fetch(CAMPAIGN_LIST, {"finished": SHOWN_FINISHED,
                                                                 "stale_s": STALE_UNFINISHED_S}):
