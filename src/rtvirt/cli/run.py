@@ -142,6 +142,14 @@ def _bring_kinds(scenarios: list[Scenario]) -> None:
     importlib.invalidate_caches()  # a module installed just now (libvirt-python) is found by this process
 
 
+def _measured_cpus(scenarios: list[Scenario]) -> set[int]:
+    """The host CPUs the campaigns' pinned environments measure on (their ``cpus``, else the default one)."""
+    from ..environments.base import default_measured_cpu
+
+    return {cpu for scenario in scenarios for env in scenario.environments if getattr(env, "pin", True)
+            for cpu in (getattr(env, "cpus", None) or (default_measured_cpu(),))}
+
+
 def _live_delivery(store: RunStore, campaigns: list[tuple[Scenario, CampaignState]]) -> Any:
     """On a shared store: each campaign publishes its progress whenever it saves its state, and each run is
     delivered as it ends (its spool copy stays for the campaign's report). Returns the run-end hook, or None."""
@@ -220,7 +228,8 @@ def run(scenarios: tuple[str, ...], results: str, scale: float | None, repetitio
     campaigns = _campaigns(scenarios, store.write_dir, scale, repetitions, resume, as_json)
     _bring_kinds([parsed for parsed, _ in campaigns])
     if serving:
-        click.get_current_context().with_resource(serving_beside(results, listen, token_file))
+        click.get_current_context().with_resource(serving_beside(results, listen, token_file,
+                                                                 _measured_cpus([p for p, _ in campaigns])))
     on_run_end = _live_delivery(store, campaigns)
     resume_hint = f"continue with rtvirt run --resume {' '.join(scenarios) + ' ' if len(campaigns) > 1 else ''}" \
                   f"--out {results}"

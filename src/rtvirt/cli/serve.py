@@ -100,16 +100,21 @@ def serve(results: str, listen: str, token_file: Path | None, duration_ns: int |
         err_console.print("stopped")
 
 
-def _lower_priority() -> None:
-    os.nice(10)
-
-
 @contextlib.contextmanager
-def serving_beside(results: str, listen: str, token_file: Path | None) -> Iterator[str]:
+def serving_beside(results: str, listen: str, token_file: Path | None,
+                   measured_cpus: set[int] | frozenset[int] = frozenset()) -> Iterator[str]:
     """`rtvirt serve` as a child of `rtvirt run --serve`: started before the campaign (it waits until the page
-    listens, so a bad address stops the command before anything is measured), at nice 10 so it never competes
-    with the measurement's helpers, and stopped with the command (and by the kernel should the command die).
-    The store's URL reaches it through RTVIRT_RESULTS, never its command line. Yields the page's address."""
+    listens, so a bad address stops the command before anything is measured), at nice 10 and off the CPUs the
+    campaign measures on (where another CPU is left), and stopped with the command (and by the kernel should the
+    command die). The store's URL reaches it through RTVIRT_RESULTS, never its command line. Yields the page's
+    address."""
+    elsewhere = set(os.sched_getaffinity(0)) - set(measured_cpus)
+
+    def keep_off_the_measurement() -> None:
+        os.nice(10)
+        if elsewhere:
+            os.sched_setaffinity(0, elsewhere)
+
     from ..errors import RunError
     from ..procs import Supervisor
 
@@ -119,7 +124,7 @@ def serving_beside(results: str, listen: str, token_file: Path | None) -> Iterat
         if token_file is not None:
             argv += ["--token-file", str(token_file)]
         child = supervisor.start(argv, stdout=None, stderr=None, env={**os.environ, "RTVIRT_RESULTS": results},
-                                 before_exec=_lower_priority)
+                                 before_exec=keep_off_the_measurement)
         deadline = time.monotonic() + READY_WAIT_S
         while not ready.exists():
             if child.poll() is not None:

@@ -179,9 +179,21 @@ function campaignCard(campaign) {
     `${campaign.running ? 1 : 0} running, ${campaign.runs_left} left · ${state}`));
   const running = campaign.runs.find(run => run.key === campaign.running);
   if (running) card.append(runningPanel(running));
-  const table = runsTable(campaign);
+  const table = reused(`table ${campaign.campaign_id}`, campaign.runs.filter(run => run.key !== campaign.running),
+    () => runsTable(campaign));
   if (table) card.append(el("h4", {}, "finished runs"), table);
   return card;
+}
+
+// Parts whose data did not change keep their nodes: a page open for hours redraws only what moved (the running
+// run, once a second), not every campaign's tables.
+let built = new Map(), building = new Map();
+function reused(name, data, make) {
+  const key = JSON.stringify(data);
+  const known = built.get(name);
+  const entry = known && known.key === key ? known : {key, node: make()};
+  building.set(name, entry);
+  return entry.node;
 }
 
 function render(doc) {
@@ -192,7 +204,9 @@ function render(doc) {
   document.getElementById("errors").replaceChildren(...(doc.errors || []).map(text => el("li", {}, text)));
   document.getElementById("machines").replaceChildren(...doc.machines.map(machine =>
     el("div", {class: "machine", "data-machine": machine.machine}, el("h2", {}, machine.machine),
-      ...(machine.campaigns.length ? machine.campaigns.map(campaignCard) : [el("p", {class: "muted"}, "no campaign")]))));
+      ...(machine.campaigns.length ? machine.campaigns.map(c => reused(`campaign ${c.campaign_id}`, c,
+        () => campaignCard(c))) : [el("p", {class: "muted"}, "no campaign")]))));
+  [built, building] = [building, new Map()];  // what this document did not show is forgotten
   if (!doc.machines.length) {
     document.getElementById("machines").append(el("p", {class: "muted"}, "No campaign yet: this page shows one as soon as it starts."));
   }
