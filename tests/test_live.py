@@ -344,3 +344,28 @@ def test_the_follower_stays_bounded_over_an_8_hour_stream(tmp_path: Path) -> Non
     assert peak < 4 << 20, peak
     view = follower.page_view()
     assert len(view["window_max_ns"]) <= 600 and sum(bin_[2] for bin_ in view["histogram"]) == values.size
+
+
+def test_progress_counts_the_planned_runs_and_the_time_left(tmp_path: Path) -> None:
+    """A campaign's record from its state: runs done (failed among them), running and left, from the scenario the
+    state keeps; time left is the runs not done, less what the running one has had."""
+    import datetime as dt
+
+    from rtvirt.live.progress import campaign_record
+
+    text = _scenario(tmp_path, "progress", duration="10s", repetitions=4).read_text()
+    now = dt.datetime(2026, 11, 29, 12, 0, 4, tzinfo=dt.UTC)
+    state = {"campaign_id": "c", "scenario": "live-progress", "scenario_text": text, "source": "p.toml",
+             "scale": 0.5, "finished": False, "repetitions": None,
+             "runs": {"host/solo/-/r1": {"status": "complete", "run_id": "20261129T115900Z-a"},
+                      "host/solo/-/r2": {"status": "failed", "run_id": "20261129T115910Z-b", "reason": HOSTILE},
+                      "host/solo/-/r3": {"status": "running", "run_id": "20261129T120001Z-c"}}}
+    record = campaign_record(state, "board", now)
+    assert (record["runs_total"], record["runs_done"], record["runs_failed"], record["running"],
+            record["runs_left"]) == (4, 2, 1, "host/solo/-/r3", 1)
+    assert record["seconds_left"] == 5.0 + 2.0  # r4's 5 s (scale 0.5), r3's 5 s less the 3 s it has run
+    assert [r["status"] for r in record["runs"]] == ["complete", "failed", "running", "planned"]
+    assert record["runs"][1]["reason"] == HOSTILE and record["machine"] == "board"
+    assert campaign_record({**state, "repetitions": 2}, "board", now)["runs_total"] == 2  # run --repetitions
+    with pytest.raises(ValueError):
+        campaign_record({**state, "scenario_text": "name = 3"}, "board", now)

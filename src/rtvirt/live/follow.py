@@ -4,8 +4,9 @@ it grows, folded into a few bounded aggregates, without writing anything or talk
 How it is read: a :class:`~rtvirt.stream.StreamReader` that keeps nothing (``keep=False``) is polled once a
 second by the server; each poll reads only the bytes appended since the last one, ``STEP_RECORDS`` records at a
 time and at most ``STEPS_PER_POLL`` steps (a page opened 8 hours into a run catches up 16 MiB a second rather than
-reading 900 MB at once beside the measurement), from the page cache the recorder just wrote into. What is kept does not grow with the run: counts per histogram bucket, the maximum, counters, and one entry
-per time window (``MAX_WINDOWS`` at most: past that, neighbouring windows merge in pairs).
+reading 900 MB at once beside the measurement), from the page cache the recorder just wrote into. What is kept
+does not grow with the run: counts per histogram bucket, the maximum, counters, and one entry per time window
+(``MAX_WINDOWS`` at most: past that, neighbouring windows merge in pairs).
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ from typing import Any
 
 __all__ = ["PlannedRun", "planned_runs", "campaign_record", "run_started"]
 
-DONE = ("complete", "failed", "skipped")  # what campaign.state calls finished: --resume redoes none of them
+# a run with a state entry is done unless it is one of these (or was never started: "planned"); whatever status a
+# run may end with (campaign.state.FINISHED: complete, failed, skipped, ...) counts as done without a list here
+NOT_DONE = ("planned", "running", "interrupted")
 
 
 @dataclass(frozen=True)
@@ -89,12 +91,12 @@ def campaign_record(document: dict[str, Any], machine: str, now: dt.datetime | N
             started = run_started(entry.get("run_id"))
             spent_ns = (now - started).total_seconds() * 1e9 if started else 0.0
             left_ns += max(0, int(plan.duration_ns - spent_ns))
-        elif status not in DONE:
+        elif status in NOT_DONE:
             left_ns += plan.duration_ns
         runs.append({"key": plan.key, "config": plan.config, "environment": plan.environment, "status": status,
                      "run_id": entry.get("run_id"), "reason": entry.get("reason") or None,
                      "duration_s": plan.duration_ns / 1e9, "marks": [[t / 1e9, action] for t, action in plan.marks]})
-    done = sum(1 for run in runs if run["status"] in DONE)
+    done = sum(1 for run in runs if run["status"] not in NOT_DONE)
     return {"campaign_id": str(document.get("campaign_id")), "scenario": str(document.get("scenario")),
             "machine": machine, "finished": bool(document.get("finished")),
             "updated": str(document.get("updated") or now.isoformat()),
