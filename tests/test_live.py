@@ -240,6 +240,8 @@ def test_addresses_and_tokens(tmp_path: Path) -> None:
     too_short = run_cli("serve", str(tmp_path), "--listen", "0.0.0.0:0", "--token-file", str(short))
     assert too_short.returncode == 2 and "--token-file" in too_short.stderr
     assert run_cli("serve", str(tmp_path), "--listen", "nohost:99999").returncode == 2
+    announced = run_cli("serve", str(tmp_path), "--listen", "127.0.0.1:0", "--json", "--for", "0.5")
+    assert announced.returncode == 0 and json.loads(announced.stdout)["url"].startswith("http://127.0.0.1:")
     token = "s3cret-token-0123456789"
     server, url = start_serve(str(tmp_path), env={**os.environ, "RTVIRT_SERVE_TOKEN": token})
     try:

@@ -17,7 +17,7 @@ import click
 from rich.markup import escape
 
 from ..errors import InputError
-from .output import err_console
+from .output import err_console, print_json
 from .resultopts import DURATION, DURATION_US
 
 if TYPE_CHECKING:
@@ -70,10 +70,12 @@ def _source(results: str, threshold_ns: int, classes_file: Path | None) -> LiveS
               help="outliers are counted above this (bare numbers in us)")
 @click.option("--classes", "classes_file", type=click.Path(dir_okay=False, path_type=Path),
               help="TOML file of requirement classes for the verdicts [default: the built-in classes]")
+@click.option("--json", "as_json", is_flag=True, help="once listening, print the page's and /metrics' addresses as "
+              "one JSON document on stdout (for scripts: with --listen HOST:0, the port chosen)")
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), hidden=True,
               help="write the page's address here once listening (rtvirt run --serve waits for it)")
 def serve(results: str, listen: str, token_file: Path | None, duration_ns: int | None, threshold_ns: int,
-          classes_file: Path | None, ready_file: Path | None) -> None:
+          classes_file: Path | None, as_json: bool, ready_file: Path | None) -> None:
     """Serve the live view of RESULTS (a results directory, or a shared store's URL; env RTVIRT_RESULTS): each
     campaign's progress, the running run's latency as its samples arrive, each finished run's statistics,
     verdicts and explanation, every machine's campaigns of a shared store side by side, and /metrics for
@@ -88,6 +90,9 @@ def serve(results: str, listen: str, token_file: Path | None, duration_ns: int |
         err_console.print(f"serving {escape(url)} ({escape(source.label)}, read-only): the page, and {escape(url)}"
                           f"metrics for Prometheus; {'stops after the --for time' if duration_ns else 'Ctrl-C stops'}",
                           highlight=False, soft_wrap=True)
+        if as_json:
+            print_json({"url": url, "metrics": f"{url}metrics", "source": source.label})
+            sys.stdout.flush()
         if ready_file is not None:
             from ..fileio import write_atomically
 
