@@ -34,6 +34,14 @@ STALE_UNFINISHED_S = 2 * 86_400.0  # an unfinished campaign untouched this long 
 
 @dataclass
 class _State:
+    path: Path
+    mtime_ns: int
+    finished: bool
+    document: dict[str, Any] | None  # kept for the campaigns shown only (a results directory may hold thousands)
+
+
+@dataclass(frozen=True)
+class _Shown:
     mtime_ns: int
     document: dict[str, Any]
 
@@ -51,22 +59,21 @@ class LocalSource:
         self._manifests: dict[str, dict[str, Any]] = {}
         self._stored: dict[str, RunMetrics] = {}  # finished runs' metrics, by run id
         self._followers: dict[str, RunFollower] = {}
-        self._shown: list[_State] = []
+        self._shown: list[_Shown] = []
         self.errors: list[str] = []
 
     # -- reading ---------------------------------------------------------------------------------------------
     def _read_states(self) -> None:
-        """Re-read the state files that changed since the last refresh (atomic rewrites: whole or old)."""
+        """Re-read the state files that changed since the last refresh (atomic rewrites: whole or old); keep the
+        documents of the campaigns shown."""
         seen: dict[Path, _State] = {}
         for path in (self.results / "campaigns").glob("*/state.json"):
             try:
                 mtime = path.stat().st_mtime_ns
                 known = self._states.get(path)
                 if known is None or known.mtime_ns != mtime:
-                    document = json.loads(path.read_text())
-                    if not isinstance(document, dict):
-                        raise ValueError("not a JSON object")
-                    known = _State(mtime, document)
+                    document = self._parse(path)
+                    known = _State(path, mtime, bool(document.get("finished")), document)
             except (OSError, ValueError) as exc:
                 self.errors.append(f"{path}: unreadable ({str(exc)[:200]})")
                 continue
@@ -74,10 +81,25 @@ class LocalSource:
         self._states = seen
         now = time.time_ns()
         latest = sorted(seen.values(), key=lambda s: s.mtime_ns, reverse=True)
-        unfinished = [s for s in latest if not s.document.get("finished")
-                      and now - s.mtime_ns < STALE_UNFINISHED_S * 1e9]
-        finished = [s for s in latest if s.document.get("finished")][:SHOWN_FINISHED]
-        self._shown = sorted(unfinished + finished, key=lambda s: s.mtime_ns, reverse=True)
+        unfinished = [s for s in latest if not s.finished and now - s.mtime_ns < STALE_UNFINISHED_S * 1e9]
+        finished = [s for s in latest if s.finished][:SHOWN_FINISHED]
+        shown = sorted(unfinished + finished, key=lambda s: s.mtime_ns, reverse=True)
+        for state in latest:
+            if state not in shown:
+                state.document = None
+            elif state.document is None:  # shown again (a newer one was removed): read once more
+                try:
+                    state.document = self._parse(state.path)
+                except (OSError, ValueError) as exc:
+                    self.errors.append(f"{state.path}: unreadable ({str(exc)[:200]})")
+        self._shown = [_Shown(state.mtime_ns, state.document) for state in shown if state.document is not None]
+
+    @staticmethod
+    def _parse(path: Path) -> dict[str, Any]:
+        document = json.loads(path.read_text())
+        if not isinstance(document, dict):
+            raise ValueError("not a JSON object")
+        return document
 
     def _manifest(self, run_id: str) -> dict[str, Any] | None:
         if run_id not in self._manifests:
@@ -146,7 +168,7 @@ class LocalSource:
             if manifest is not None:
                 run["result"] = result_of_manifest(manifest, self.classes)
 
-    def _idle_s(self, state: _State, record: dict[str, Any]) -> float:
+    def _idle_s(self, state: _Shown, record: dict[str, Any]) -> float:
         """Seconds since the campaign last wrote its state or its running run's stream."""
         latest = state.mtime_ns
         running = next((r for r in record["runs"] if r["key"] == record["running"]), None)
