@@ -126,7 +126,8 @@ class LiveCollector:
             overruns.add_metric(labels, run.overruns)
             elapsed.add_metric(labels, run.elapsed_s)
             planned.add_metric(labels, run.planned_s)
-            status.add_metric(labels, {state: state == run.status for state in RUN_STATES})
+            status.add_metric(labels, {state: state == run.status  # a status of a newer campaign shows as itself
+                                       for state in dict.fromkeys((*RUN_STATES, run.status))})
             if not run.timed:
                 continue
             cumulative = np.cumsum(run.buckets)

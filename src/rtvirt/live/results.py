@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..results.history import row_summary
+from ..results.report import format_us
 from ..results.verdicts import RequirementClass, judge
 from ..summary import Summary
 
@@ -42,6 +43,14 @@ def _explanation(entry: Any) -> dict[str, Any] | None:
             "explained": entry.get("explained"), "top_causes": causes[:3]}
 
 
+def _shown(stats: dict[str, Any] | None) -> dict[str, str] | None:
+    """The statistics as the report writes them (µs to 3 decimals, thousands separated; counts as they are)."""
+    if stats is None:
+        return None
+    return {name: str(value) if name in ("samples", "dropped") or value is None else format_us(value)
+            for name, value in stats.items()}
+
+
 def result_of_manifest(manifest: dict[str, Any], classes: list[RequirementClass]) -> dict[str, Any]:
     overall = (manifest.get("summary") or {}).get("all") or {}
     try:
@@ -49,10 +58,10 @@ def result_of_manifest(manifest: dict[str, Any], classes: list[RequirementClass]
     except ValueError:  # a failed run (no samples), or a summary this version does not read
         summary = None
     campaign = manifest["campaign"] if isinstance(manifest.get("campaign"), dict) else {}
+    stats = {name: overall.get(name) for name in STAT_FIELDS} if summary is not None else None
     return {"status": _text(manifest.get("status")), "value_field": _text(manifest.get("value_field")),
-            "stats": {name: overall.get(name) for name in STAT_FIELDS} if summary is not None else None,
-            "verdicts": _verdicts(summary, classes), "explain": _explanation(manifest.get("explain")),
-            "reason": _text(campaign.get("reason"))}
+            "stats": stats, "shown": _shown(stats), "verdicts": _verdicts(summary, classes),
+            "explain": _explanation(manifest.get("explain")), "reason": _text(campaign.get("reason"))}
 
 
 def result_of_row(row: dict[str, Any], explain: Any, classes: list[RequirementClass]) -> dict[str, Any]:
@@ -61,6 +70,7 @@ def result_of_row(row: dict[str, Any], explain: Any, classes: list[RequirementCl
     stats = {name: row.get(name) for name in STAT_FIELDS if name in row}
     if row.get("max_ns") is not None and row.get("min_ns") is not None:
         stats["max_jitter_ns"] = float(row["max_ns"]) - float(row["min_ns"])
+    shown = stats if row.get("samples") else None
     return {"status": _text(row.get("status")), "value_field": _text(row.get("value_field")),
-            "stats": stats if row.get("samples") else None, "verdicts": _verdicts(row_summary(row), classes),
+            "stats": shown, "shown": _shown(shown), "verdicts": _verdicts(row_summary(row), classes),
             "explain": _explanation(explain), "reason": None}

@@ -25,8 +25,10 @@ function svg(tag, attributes, text) {
 }
 
 function us(ns) {
+  // the running run's figures (a finished run's statistics come written by the server, as the report writes them)
   if (ns === null || ns === undefined) return "-";
-  return (ns / 1000).toLocaleString("en", {minimumFractionDigits: 3, maximumFractionDigits: 3});
+  const [whole, fraction] = (ns / 1000).toFixed(3).split(".");
+  return `${whole.replace(/\B(?=(\d{3})+(?!\d))/g, ",")}.${fraction}`;
 }
 
 function span(seconds) {
@@ -34,11 +36,6 @@ function span(seconds) {
   if (seconds >= 3600) return `${Math.floor(seconds / 3600)} h ${String(Math.floor(seconds % 3600 / 60)).padStart(2, "0")} min`;
   if (seconds >= 60) return `${Math.floor(seconds / 60)} min ${String(seconds % 60).padStart(2, "0")} s`;
   return `${seconds} s`;
-}
-
-function statValue(name, value) {
-  if (name === "samples" || name === "dropped") return value === null || value === undefined ? "-" : String(value);
-  return us(value);
 }
 
 // --- a running run: its numbers so far, its histogram and its timeline ----------------------------------------
@@ -141,11 +138,11 @@ function runsTable(campaign) {
     el("th", {}, "verdict"), el("th", {}, "outliers explained"));
   const rows = finished.map(run => {
     const result = run.result || {};
-    const stats = result.stats || {};
+    const shown = result.shown || {};  // the server writes the statistics as the report does
     const status = result.status && result.status !== run.status ? `${run.status} (${result.status})` : run.status;
     return el("tr", {"data-run-key": run.key, "data-run-id": run.run_id || ""},
       el("td", {}, run.key), el("td", {title: run.reason || result.reason || ""}, status),
-      ...STATS.map(([name]) => el("td", {"data-stat": name}, statValue(name, stats[name]))),
+      ...STATS.map(([name]) => el("td", {"data-stat": name}, shown[name] || "-")),
       verdictCell(result.verdicts || []),
       el("td", {class: "text"}, explanation(result.explain)));
   });
