@@ -268,6 +268,8 @@ def test_addresses_and_tokens(tmp_path: Path) -> None:
             urllib.request.urlopen(post, timeout=30)
         assert written.value.code == 405
         assert _get(f"{url}../../etc/passwd")[0] == 404 and _get(f"{url}static/index.html")[0] == 404
+        assert json.loads(_get(f"{url}api/trend?config=x")[2])["machines"] == {}  # nothing stored yet
+        assert _get(f"{url}api/trend?config=x&metric=bogus")[0] == 400 and _get(f"{url}api/trend")[0] == 400
     finally:
         stop(server)
 

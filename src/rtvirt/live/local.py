@@ -16,7 +16,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..results.verdicts import RequirementClass
@@ -24,6 +24,9 @@ from .follow import RunFollower
 from .metrics import LINGER_S, CampaignMetrics, RunMetrics, followed_metrics, stored_metrics
 from .progress import campaign_record
 from .results import result_of_manifest
+
+if TYPE_CHECKING:
+    from ..stores import RunStore
 
 __all__ = ["LocalSource", "SHOWN_FINISHED", "MAX_FOLLOWERS"]
 
@@ -230,13 +233,12 @@ class LocalSource:
             return None
 
     # -- history ---------------------------------------------------------------------------------------------
-    def rows(self, config: str | None = None) -> list[dict[str, Any]]:
-        """Catalog rows of this directory's runs (of ``config``), oldest first."""
+    @property
+    def store(self) -> RunStore:
+        """This directory as a results store (history questions: rtvirt.results.history)."""
         from ..stores import LocalStore
 
-        if not (self.results / "runs").is_dir():
-            return []
-        return LocalStore(self.results).rows(config=config)
+        return LocalStore(self.results)
 
     def configurations(self) -> list[tuple[str, int]]:
         """Every configuration of this directory's runs and how many runs it has."""
@@ -244,7 +246,9 @@ class LocalSource:
 
         from ..stores.provenance import configuration
 
-        return sorted(Counter(configuration(row) for row in self.rows()).items())
+        if not (self.results / "runs").is_dir():
+            return []
+        return sorted(Counter(configuration(row) for row in self.store.rows()).items())
 
     def close(self) -> None:
         for follower in self._followers.values():

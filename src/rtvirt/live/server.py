@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import tornado.httpserver
 import tornado.iostream
@@ -32,10 +32,13 @@ import tornado.web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ..errors import InputError, RtvirtError
-from ..results.history import METRICS, trend_of
+from ..results.history import METRICS, trend
 from ..results.verdicts import RequirementClass
 from .access import Listen
 from .metrics import CampaignMetrics, LiveCollector, RunMetrics
+
+if TYPE_CHECKING:
+    from ..stores import RunStore
 
 __all__ = ["LiveSource", "serve", "MAX_STREAMS"]
 
@@ -60,7 +63,8 @@ class LiveSource(Protocol):
 
     def metrics(self) -> tuple[list[RunMetrics], list[CampaignMetrics]]: ...
 
-    def rows(self, config: str | None = None) -> list[dict[str, Any]]: ...
+    @property
+    def store(self) -> RunStore: ...
 
     def configurations(self) -> list[tuple[str, int]]: ...
 
@@ -135,7 +139,10 @@ class Live:
             await asyncio.wait_for(self._changed.wait(), timeout)
 
     def trend(self, config: str, metric: str) -> bytes:
-        found = trend_of(self.source.rows(config), config, metric, classes=self.source.classes)
+        try:
+            found = trend(self.source.store, config, metric, classes=self.source.classes)
+        except InputError:  # nothing stored yet (a results directory without runs/)
+            return _json({"configuration": config, "metric": metric, "machines": {}})
         return _json(found.as_dict())
 
     def configurations(self) -> bytes:
@@ -243,11 +250,15 @@ class _Events(_Handler):
 class _Trend(_Handler):
     async def get(self) -> None:
         config = self.get_query_argument("config", "")[:MAX_QUERY]
-        metric = self.get_query_argument("metric", "max_ns")
-        if not config or metric not in METRICS:
-            raise tornado.web.HTTPError(400, reason=f"config=NAME and metric one of {', '.join(METRICS)}")
+        metric = self.get_query_argument("metric", "max_ns")[:MAX_QUERY]
+        if not config:
+            raise tornado.web.HTTPError(400, reason="config=NAME wanted")
+        try:
+            body = await self.live.call(self.live.trend, config, metric)
+        except ValueError:  # the history's own check of the metric's name
+            raise tornado.web.HTTPError(400, reason=f"metric one of {', '.join(METRICS)}") from None
         self.set_header("Content-Type", "application/json")
-        self.finish(await self.live.call(self.live.trend, config, metric))
+        self.finish(body)
 
 
 class _Configurations(_Handler):

@@ -108,9 +108,6 @@ class StoreSource:
         """This machine's campaigns (from its spool): every machine serves its own to Prometheus."""
         return self.local.metrics()
 
-    def rows(self, config: str | None = None) -> list[dict[str, Any]]:
-        return self.store.rows(config=config)
-
     def configurations(self) -> list[tuple[str, int]]:
         return [(str(name), int(count)) for name, count in self.store.fetch(CONFIGURATIONS, (MAX_CONFIGURATIONS,))]
 
