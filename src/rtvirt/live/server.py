@@ -32,7 +32,7 @@ import tornado.web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ..errors import InputError, RtvirtError
-from ..results.history import METRICS, trend
+from ..results.history import METRICS, trend, trend_of
 from ..results.verdicts import RequirementClass
 from .access import Listen
 from .metrics import CampaignMetrics, LiveCollector, RunMetrics
@@ -142,7 +142,7 @@ class Live:
         try:
             found = trend(self.source.store, config, metric, classes=self.source.classes)
         except InputError:  # nothing stored yet (a results directory without runs/)
-            return _json({"configuration": config, "metric": metric, "machines": {}})
+            found = trend_of([], config, metric)  # ValueError for a metric that is none
         return _json(found.as_dict())
 
     def configurations(self) -> bytes:
