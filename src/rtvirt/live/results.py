@@ -4,12 +4,12 @@ store: the row's statistics and the ``explain`` entry of its manifest, fetched a
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from ..results.history import row_summary
 from ..results.report import format_us
 from ..results.verdicts import RequirementClass, judge
-from ..summary import Summary
+from ..summary import SUMMARY_FIELDS, Summary
 
 __all__ = ["STAT_FIELDS", "result_of_manifest", "result_of_row"]
 
@@ -64,6 +64,17 @@ def result_of_manifest(manifest: dict[str, Any], classes: list[RequirementClass]
             "explain": _explanation(manifest.get("explain")), "reason": _text(campaign.get("reason"))}
 
 
+def _row_summary(row: dict[str, Any]) -> Summary | None:
+    """What a verdict reads of a catalog row: samples, the worst case and the jitter (max - min, as the summary
+    defines it), NaN for the rest; None without both extremes as times (``*_ns``)."""
+    if row.get("max_ns") is None or row.get("min_ns") is None:
+        return None
+    values: dict[str, Any] = dict.fromkeys(SUMMARY_FIELDS, math.nan)
+    values |= {"samples": int(row.get("samples") or 0), "dropped": int(row.get("dropped") or 0),
+               "max_ns": float(row["max_ns"]), "max_jitter_ns": float(row["max_ns"]) - float(row["min_ns"])}
+    return Summary(**values)
+
+
 def result_of_row(row: dict[str, Any], explain: Any, classes: list[RequirementClass]) -> dict[str, Any]:
     """From a catalog row (rtvirt.stores.provenance.COLUMNS; jitter is max - min there) and its manifest's
     ``explain`` entry."""
@@ -72,5 +83,5 @@ def result_of_row(row: dict[str, Any], explain: Any, classes: list[RequirementCl
         stats["max_jitter_ns"] = float(row["max_ns"]) - float(row["min_ns"])
     shown = stats if row.get("samples") else None
     return {"status": _text(row.get("status")), "value_field": _text(row.get("value_field")),
-            "stats": shown, "shown": _shown(shown), "verdicts": _verdicts(row_summary(row), classes),
+            "stats": shown, "shown": _shown(shown), "verdicts": _verdicts(_row_summary(row), classes),
             "explain": _explanation(explain), "reason": None}

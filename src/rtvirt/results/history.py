@@ -20,10 +20,8 @@ from ..stores.provenance import CHANGE_COLUMNS, configuration, run_row
 if TYPE_CHECKING:  # numpy only for the tail test: `rtvirt trend` starts without it
     from ..stats import Histogram
     from ..stores import RunStore
-    from ..summary import Summary
 
-__all__ = ["TailTest", "tail_test", "Trend", "trend", "trend_of", "histories", "previous_run_row", "row_summary",
-           "METRICS"]
+__all__ = ["TailTest", "tail_test", "Trend", "trend", "trend_of", "histories", "previous_run_row", "METRICS"]
 
 METRICS = ("max_ns", "p9999_ns", "p999_ns", "p99_ns", "median_ns", "mean_ns", "class")
 _EXACT_LIMIT = 200_000  # exceedances summed exactly up to here; a normal approximation beyond
@@ -120,26 +118,16 @@ class Trend:
                 "machines": {machine: [asdict(p) for p in points] for machine, points in self.machines.items()}}
 
 
-def row_summary(row: dict[str, Any]) -> Summary | None:
-    """What a verdict reads of a catalog row (samples, worst case, jitter = max - min; the rest NaN), or None
-    for a row without both extremes."""
-    from ..summary import Summary
+def _strictest_class(row: dict[str, Any], classes: list[Any], margin: float) -> str | None:
+    from ..stats import Summary
+    from .verdicts import judge
 
     if row.get("max_ns") is None or row.get("min_ns") is None:
         return None
     values: dict[str, Any] = {name: math.nan for name in Summary.__dataclass_fields__}
     values |= {"samples": int(row.get("samples") or 0), "dropped": int(row.get("dropped") or 0),
                "max_ns": float(row["max_ns"]), "max_jitter_ns": float(row["max_ns"]) - float(row["min_ns"])}
-    return Summary(**values)
-
-
-def _strictest_class(row: dict[str, Any], classes: list[Any], margin: float) -> str | None:
-    from .verdicts import judge
-
-    summary = row_summary(row)
-    if summary is None:
-        return None
-    met = [v for v in judge(summary, classes, margin) if v.outcome == "meets"]
+    met = [v for v in judge(Summary(**values), classes, margin) if v.outcome == "meets"]
     return min(met, key=lambda v: v.latency_budget_ns).requirement if met else "none"
 
 
