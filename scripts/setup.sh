@@ -4,7 +4,7 @@
 #
 #   scripts/setup.sh            what the main job (`make run`: host, partition, QEMU guest) needs
 #   scripts/setup.sh all        everything (`make test`): every environment kind, reference tools, report tests
-#   scripts/setup.sh KIND...    the main job's set plus a kind's: libvirt, xen, arm, tools, report, store
+#   scripts/setup.sh KIND...    the main job's set plus a kind's: libvirt, xen, arm, tools, report, store, live
 #                               (rtvirt runs `scripts/setup.sh KIND` itself on a kind's first use)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,9 @@ XEN=(
 STORE=(
   postgresql                                      # shared results stores (the tests run their own server)
 )
+LIVE=(
+  prometheus                                      # the live view's /metrics scraped by a real Prometheus in tests
+)
 ARM=(
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents for Arm targets
   qemu-user-static                                # runs the aarch64 agents in tests
@@ -45,8 +48,9 @@ TESTS=(
   tuned                                           # tests/test_host_tuned.py: a real tuned daemon in a throwaway guest
 )
 # Installed with no service started and none enabled for the next boot: tuned's daemon would retune this whole
-# machine (the test runs it only inside its guest, which sees this file system read-only over 9p).
-NEVER_START=(tuned)
+# machine (the test runs it only inside its guest, which sees this file system read-only over 9p); Prometheus (and
+# the node exporter it recommends) would scrape this machine for good: the tests start their own, on 127.0.0.1.
+NEVER_START=(tuned prometheus prometheus-node-exporter)
 
 parts=("$@")
 ((${#parts[@]})) || parts=(main)
@@ -55,7 +59,8 @@ PIP_EXTRAS=()
 for part in "${parts[@]}"; do
   case $part in
     main) ;;
-    all) DEB_PACKAGES+=("${LIBVIRT[@]}" "${XEN[@]}" "${ARM[@]}" "${TOOLS[@]}" "${REPORT[@]}" "${STORE[@]}" "${TESTS[@]}")
+    all) DEB_PACKAGES+=("${LIBVIRT[@]}" "${XEN[@]}" "${ARM[@]}" "${TOOLS[@]}" "${REPORT[@]}" "${STORE[@]}" "${LIVE[@]}"
+                        "${TESTS[@]}")
          PIP_EXTRAS+=(test libvirt) ;;
     libvirt) DEB_PACKAGES+=("${LIBVIRT[@]}"); PIP_EXTRAS+=(libvirt) ;;
     xen) DEB_PACKAGES+=("${XEN[@]}") ;;
@@ -63,7 +68,8 @@ for part in "${parts[@]}"; do
     tools) DEB_PACKAGES+=("${TOOLS[@]}") ;;
     report) DEB_PACKAGES+=("${REPORT[@]}") ;;
     store) DEB_PACKAGES+=("${STORE[@]}") ;;
-    *) echo "setup: unknown part '$part' (main, all, libvirt, xen, arm, tools, report, store)" >&2; exit 2 ;;
+    live) DEB_PACKAGES+=("${LIVE[@]}") ;;
+    *) echo "setup: unknown part '$part' (main, all, libvirt, xen, arm, tools, report, store, live)" >&2; exit 2 ;;
   esac
 done
 
@@ -99,10 +105,11 @@ if ((${#missing[@]})); then
         trap 'rm -f /usr/sbin/policy-rc.d' EXIT
       fi
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${unstarted[@]}" >/dev/null
-      for pkg in "${unstarted[@]}"; do  # nor at the next boot (its package enables the unit; no init script)
+      for pkg in "${NEVER_START[@]}"; do  # nor at the next boot (a package enables its unit), recommended ones too
         if command -v systemctl >/dev/null; then systemctl disable "$pkg.service" >/dev/null 2>&1 || true; fi
         if pgrep -x "$pkg" >/dev/null; then
-          echo "setup: $pkg runs after its installation: stop it (it retunes this machine)" >&2; exit 1
+          echo "setup: $pkg runs after its installation: stop it (rtvirt needs its files, never its service)" >&2
+          exit 1
         fi
       done
     fi

@@ -35,6 +35,8 @@ COMMANDS = {
                             "layer by layer, and the share of outlier latency by cause."),
     "trend": CommandEntry("trend", "trend", "A metric of one configuration over time per machine, changes marked."),
     "push": CommandEntry("push", "push", "Deliver the runs spooled while a shared store was away."),
+    "serve": CommandEntry("serve", "serve", "Serve the live view of running campaigns: a page that updates as they "
+                          "run, and /metrics for Prometheus."),
     "sql": CommandEntry("sql", "sql", "Run STATEMENT against the catalog of a results directory."),
     "import": CommandEntry("importer", "import_command", "Import FILES of FORMAT as runs."),
     "stress": CommandEntry("stress", "stress", "Load the machine in a known way (our own stressors, or stress-ng)."),

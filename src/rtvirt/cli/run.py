@@ -24,6 +24,7 @@ from ..scenario import Scenario, load_scenario, parse_scenario
 from ..store import load_run
 from .output import console, err_console, print_json, progress_wanted
 from .resultopts import results_option, store_for_writing
+from .serve import serving_beside, serving_options
 
 if TYPE_CHECKING:
     from ..stores import RunStore
@@ -142,6 +143,47 @@ def _bring_kinds(scenarios: list[Scenario]) -> None:
     importlib.invalidate_caches()  # a module installed just now (libvirt-python) is found by this process
 
 
+def _measured_cpus(scenarios: list[Scenario]) -> set[int]:
+    """The host CPUs the campaigns' pinned environments measure on (their ``cpus``, else the default one)."""
+    from ..environments.base import default_measured_cpu
+
+    return {cpu for scenario in scenarios for env in scenario.environments if getattr(env, "pin", True)
+            for cpu in (getattr(env, "cpus", None) or (default_measured_cpu(),))}
+
+
+def _live_delivery(store: RunStore, campaigns: list[tuple[Scenario, CampaignState]]) -> Any:
+    """On a shared store: each campaign publishes its progress whenever it saves its state, and each run is
+    delivered as it ends (its spool copy stays for the campaign's report). Returns the run-end hook, or None."""
+    if not store.shared:
+        return None
+    import socket
+
+    from ..live.publish import campaign_publisher
+
+    def warn(message: str) -> None:
+        err_console.print(f"[yellow]warning:[/] {escape(message)}")
+
+    publish = campaign_publisher(store, socket.gethostname(), warn)  # type: ignore[arg-type]
+    for _, state in campaigns:
+        state.on_save = publish
+    unreachable: list[str] = []
+
+    def deliver(outcome: RunOutcome) -> None:
+        try:
+            delivery = store.deliver(keep=True)
+            problem, delivered = delivery.error or "", bool(delivery.delivered)
+        except RtvirtError as exc:
+            problem, delivered = str(exc), False
+        if problem and not unreachable:  # said once; every run stays spooled and is delivered later
+            unreachable.append(problem)
+            warn(f"{problem}: runs stay in the spool {store.write_dir} and are delivered when the store answers "
+                 "again (at the next run's end, the command's end, or `rtvirt push`)")
+        elif delivered:
+            unreachable.clear()
+
+    return deliver
+
+
 def _print_result(result: CampaignResult) -> None:
     console.print(_summary_table(result))
     _print_reasons(result)
@@ -168,16 +210,28 @@ def _print_result(result: CampaignResult) -> None:
 @click.option("--report/--no-report", default=True, help="write each campaign's HTML report (--no-report: store "
               "the runs only, e.g. in a small dom0; `rtvirt report` writes one later, also on another machine)")
 @click.option("--json", "as_json", is_flag=True, help="print the campaign summary (every run) as JSON")
+@click.option("--serve", "serving", is_flag=True, help="serve the live view while the campaigns run (as `rtvirt "
+              "serve`: the page and /metrics, at --listen; docs/live.md)")
+@serving_options
 def run(scenarios: tuple[str, ...], results: str, scale: float | None, repetitions: int | None, resume: bool,
-        progress: bool | None, report: bool, as_json: bool) -> None:
+        progress: bool | None, report: bool, as_json: bool, serving: bool, listen: str,
+        token_file: Path | None) -> None:
     """Run a campaign: a built-in scenario NAME (default: `default`) or a scenario FILE.toml.
 
     Several SCENARIOS run one after the other as separate campaigns (each with its report) that share what is
     expensive to set up: one Xen lab boot, one SSH connection per target (each libvirt domain has a connection of
     its own)."""
+    if serving:
+        from ..live.access import access
+
+        access(listen, token_file)  # a bad address or token stops the command before the store is touched
     store = store_for_writing(results)
     campaigns = _campaigns(scenarios, store.write_dir, scale, repetitions, resume, as_json)
     _bring_kinds([parsed for parsed, _ in campaigns])
+    if serving:
+        click.get_current_context().with_resource(serving_beside(results, listen, token_file,
+                                                                 _measured_cpus([p for p, _ in campaigns])))
+    on_run_end = _live_delivery(store, campaigns)
     resume_hint = f"continue with rtvirt run --resume {' '.join(scenarios) + ' ' if len(campaigns) > 1 else ''}" \
                   f"--out {results}"
     done: list[CampaignResult] = []
@@ -185,7 +239,7 @@ def run(scenarios: tuple[str, ...], results: str, scale: float | None, repetitio
         with SharedResources() as shared:
             for parsed, state in campaigns:
                 done.append(run_campaign(parsed, state, store.write_dir, show_progress=progress_wanted(progress),
-                                         write_report=report, shared=shared))
+                                         write_report=report, shared=shared, on_run_end=on_run_end))
                 if done[-1].interrupted:
                     break
     except KeyboardInterrupt:

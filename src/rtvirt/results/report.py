@@ -27,7 +27,7 @@ from .studies.tables import published, study_tables
 if TYPE_CHECKING:
     from ..stores import RunStore
 
-__all__ = ["render", "report_model", "write_report", "FORMATS"]
+__all__ = ["render", "report_model", "write_report", "FORMATS", "CSS", "format_us"]
 
 FORMATS = ("html", "markdown", "json")
 _MAX_SETTING = 300  # characters of one system setting shown
@@ -36,6 +36,9 @@ _Table = tuple[str, list[str], list[list[str]]]  # title, header, rows
 
 def _us(ns: float | None) -> str:
     return "-" if ns is None or (isinstance(ns, float) and math.isnan(ns)) else f"{ns / 1000:,.3f}"
+
+
+format_us = _us  # the report's µs figures, as the live page shows them too
 
 
 def _pct(value: float) -> str:
@@ -286,7 +289,7 @@ def report_model(data: ReportData) -> dict[str, Any]:
 
 # --- HTML --------------------------------------------------------------------------------------------------
 
-_CSS = """
+CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.85em}
 th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}
@@ -330,7 +333,7 @@ def _html(data: ReportData, model: dict[str, Any]) -> str:
     from . import figures  # matplotlib takes 0.5 s to import: only the HTML report pays for it
 
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>rtvirt report</title>"
-             f"<style>{_CSS}</style></head><body>",
+             f"<style>{CSS}</style></head><body>",
              f"<h1>rtvirt report</h1><p>Results: {escape(data.source)} · generated "
              f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} · {len(data.configurations)} "
              f"configuration(s)</p>"]

@@ -52,7 +52,7 @@ class RunStore(Protocol):
         label, machine and identity (comparable runs: rtvirt.identity)."""
         ...
 
-    def deliver(self) -> Delivery: ...
+    def deliver(self, keep: bool = False) -> Delivery: ...
 
 
 class LocalStore:
@@ -84,7 +84,7 @@ class LocalStore:
                 and (machine is None or row["machine"] == machine)
                 and (identity is None or row["identity"] == identity)]
 
-    def deliver(self) -> Delivery:
+    def deliver(self, keep: bool = False) -> Delivery:
         return Delivery()
 
 

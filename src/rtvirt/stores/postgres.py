@@ -7,8 +7,10 @@ Credentials come from libpq's usual places (PGPASSWORD, ~/.pgpass, a service fil
 in the URL works but is never shown, logged or recorded. Writers write runs into a local spool (an ordinary
 results directory) and deliver each finished run: its directory is copied under DATA/incoming and renamed
 into DATA/runs (atomic), then its row is inserted in one transaction; readers see only committed rows, so a
-run is visible complete or not at all. The run id is the primary key: a retried delivery adds nothing.
-Design and measurements: docs/results-store.md.
+run is visible complete or not at all. The run id is the primary key: a retried delivery adds nothing. A
+campaign delivers each run as it ends (:meth:`SharedStore.deliver` with ``keep``) and publishes its progress into a
+second table, ``rtvirt_campaigns`` (one row per campaign), that the live view reads (docs/live.md).
+Design and measurements: docs/shared-store.md.
 """
 
 from __future__ import annotations
@@ -34,10 +36,14 @@ from .provenance import COLUMNS, content_sha256, run_row
 if TYPE_CHECKING:
     from ..store import StoredRun
 
-__all__ = ["SharedStore", "StoreUnavailable", "redact_url", "SCHEMES"]
+__all__ = ["SharedStore", "StoreUnavailable", "redact_url", "SCHEMES", "TABLE", "CAMPAIGNS"]
 
 SCHEMES = ("postgresql", "postgres")
 TABLE = "rtvirt_runs"
+CAMPAIGNS = "rtvirt_campaigns"  # one row per campaign: its live progress (rtvirt.live.progress)
+# in a spool run directory: this run is in the store already (delivered as it ended); the copy stays until the
+# command ends because the campaign's report is written from the spool
+DELIVERED_MARK = ".delivered"
 _SCHEMA_LOCK = 0x72747669  # pg_advisory_xact_lock key: first writers create the table one at a time
 _CONNECT_TIMEOUT_S = 5
 _AUTH_WORDS = ("password authentication failed", "no password supplied", "authentication failed",
@@ -65,8 +71,9 @@ def redact_url(url: str) -> str:
 class SharedStore:
     shared = True
 
-    def __init__(self, url: str, spool: Path | None = None) -> None:
+    def __init__(self, url: str, spool: Path | None = None, read_only: bool = False) -> None:
         self.label = redact_url(url)
+        self.read_only = read_only  # every transaction read-only (the live view's server)
         parts = urlsplit(url)
         if parts.scheme not in SCHEMES:
             raise InputError(f"results store {self.label}: not a postgresql:// URL")
@@ -87,6 +94,8 @@ class SharedStore:
         self.write_dir = Path(spool or spool_option or os.environ.get("RTVIRT_SPOOL") or
                               cache / "rtvirt" / "spool" / key)
         self._connection: Any = None
+        self._campaigns_ready = False
+        self._delivered_live: set[str] = set()  # runs this process delivered as they ended
 
     # -- connection -------------------------------------------------------------------------------------------
     def _scrub(self, text: object) -> str:
@@ -115,6 +124,7 @@ class SharedStore:
             self.close()
             raise InputError(f"results store {self.label}: cannot create its catalog ({self._scrub(exc)})") \
                 from None
+        self._connection.read_only = self.read_only
         return self._connection
 
     def close(self) -> None:
@@ -294,9 +304,13 @@ class SharedStore:
             raise InputError(f"run {run.run_id}: the store {self.label} holds another run with this id")
         return False
 
-    def deliver(self) -> Delivery:
+    def deliver(self, keep: bool = False) -> Delivery:
         """Deliver every finished run of the spool (one with a manifest), oldest first; delivered runs leave the
-        spool. Safe to repeat and to run on several machines at once."""
+        spool. Safe to repeat and to run on several machines at once.
+
+        ``keep``: a campaign delivering each run as it ends (so a machine that dies later loses none of them):
+        the delivered runs' spool copies stay, marked, because the campaign's report is written from the spool;
+        the delivery at the command's end removes them."""
         from ..store import list_runs
 
         delivery = Delivery()
@@ -306,12 +320,50 @@ class SharedStore:
             fcntl.flock(lock, fcntl.LOCK_EX)  # two commands of one machine deliver its spool in turn
             pending = list_runs(self.write_dir)
             for index, run in enumerate(pending):
+                if (run.path / DELIVERED_MARK).exists():  # delivered as its run ended: only the copy is left
+                    if not keep:
+                        (delivery.delivered if run.run_id in self._delivered_live else delivery.already).append(
+                            run.run_id)
+                        shutil.rmtree(run.path, ignore_errors=True)
+                    continue
                 try:
                     inserted = self._insert(run, self._place_files(run))
                 except StoreUnavailable as exc:
                     delivery.error = str(exc)
-                    delivery.kept = [r.run_id for r in pending[index:]]
+                    delivery.kept = [r.run_id for r in pending[index:] if not (r.path / DELIVERED_MARK).exists()]
                     return delivery
                 (delivery.delivered if inserted else delivery.already).append(run.run_id)
-                shutil.rmtree(run.path, ignore_errors=True)
+                if keep:
+                    (run.path / DELIVERED_MARK).touch()
+                    self._delivered_live.add(run.run_id)
+                else:
+                    shutil.rmtree(run.path, ignore_errors=True)
         return delivery
+
+    # -- live view: campaigns' progress, and the page's own queries ---------------------------------------------
+    def publish_campaign(self, record: dict[str, Any]) -> None:
+        """Insert or replace one campaign's row (``record``: rtvirt.live.progress.campaign_record)."""
+        from psycopg.types.json import Jsonb
+
+        with self._cursor() as cursor:
+            if not self._campaigns_ready:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                cursor.execute(
+                    f"CREATE TABLE IF NOT EXISTS {CAMPAIGNS} (campaign_id text PRIMARY KEY, machine text NOT NULL, "
+                    "scenario text, finished boolean NOT NULL, updated timestamptz NOT NULL, document jsonb NOT NULL)")
+                cursor.execute(f"CREATE INDEX IF NOT EXISTS {CAMPAIGNS}_recent ON {CAMPAIGNS} (machine, updated)")
+                self._campaigns_ready = True
+            cursor.execute(
+                f"INSERT INTO {CAMPAIGNS} (campaign_id, machine, scenario, finished, updated, document) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (campaign_id) DO UPDATE SET machine = EXCLUDED.machine, "
+                "scenario = EXCLUDED.scenario, finished = EXCLUDED.finished, updated = EXCLUDED.updated, "
+                "document = EXCLUDED.document",
+                (record["campaign_id"], record["machine"], record["scenario"], record["finished"],
+                 record["updated"], Jsonb(record)))
+
+    def fetch(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """The rows of one read-only statement on the catalog (the live view pushes its questions here rather
+        than fetching every row); values reach SQL as parameters only."""
+        with self._cursor() as cursor:
+            cursor.execute(statement, params)
+            return list(cursor.fetchall())
