@@ -376,3 +376,28 @@ def test_progress_counts_the_planned_runs_and_the_time_left(tmp_path: Path) -> N
     assert campaign_record({**state, "repetitions": 2}, "board", now)["runs_total"] == 2  # run --repetitions
     with pytest.raises(ValueError):
         campaign_record({**state, "scenario_text": "name = 3"}, "board", now)
+
+
+def test_a_finished_runs_statistics_show_in_its_own_unit(tmp_path: Path) -> None:
+    """A Thread-Metric run's rounds are not microseconds and no latency class judges them, on the page of a
+    results directory (its manifest) and of a shared store (its catalog row) alike."""
+    from rtvirt.live.results import result_of_manifest, result_of_row
+    from rtvirt.results.verdicts import load_classes
+    from rtvirt.stores.provenance import run_row
+
+    results = tmp_path / "results"
+    run_cli("probe", "threadmetric", "-D", "2s", "--report-interval", "100ms", "--results", str(results), "--json",
+            check=True)
+    run_cli("probe", "timer", "-D", "1s", "--results", str(results), "--json", check=True)
+    classes = load_classes()
+    for path in results.glob("runs/*/manifest.json"):
+        manifest = json.loads(path.read_text())
+        overall = manifest["summary"]["all"]
+        for result in (result_of_manifest(manifest, classes), result_of_row(run_row(manifest), None, classes)):
+            if manifest["probe"] == "threadmetric":
+                assert (result["quantity"], result["unit"]) == ("rounds per interval", "rounds")
+                assert result["verdicts"] == []
+                assert float(result["shown"]["median_ns"].replace(",", "")) == overall["median_ns"]  # not / 1000
+            else:
+                assert result["unit"] == "µs" and result["verdicts"]
+                assert result["shown"]["max_ns"] == f"{overall['max_ns'] / 1000:,.3f}"

@@ -27,7 +27,7 @@ from .studies.tables import published, study_tables
 if TYPE_CHECKING:
     from ..stores import RunStore
 
-__all__ = ["render", "report_model", "write_report", "FORMATS", "CSS", "format_us"]
+__all__ = ["render", "report_model", "write_report", "FORMATS", "CSS"]
 
 FORMATS = ("html", "markdown", "json")
 _MAX_SETTING = 300  # characters of one system setting shown
@@ -38,7 +38,6 @@ def _us(ns: float | None) -> str:
     return "-" if ns is None or (isinstance(ns, float) and math.isnan(ns)) else f"{ns / 1000:,.3f}"
 
 
-format_us = _us  # the report's µs figures, as the live page shows them too
 
 
 def _pct(value: float) -> str:

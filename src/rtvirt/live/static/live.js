@@ -133,8 +133,8 @@ function verdictCell(verdicts) {
 function runsTable(campaign) {
   const finished = campaign.runs.filter(run => run.result || !["planned", "running"].includes(run.status));
   if (!finished.length) return null;
-  const head = el("tr", {}, el("th", {}, "run"), el("th", {}, "status"),
-    ...STATS.map(([name, label]) => el("th", {}, name === "samples" ? label : `${label} (µs)`)),
+  const head = el("tr", {}, el("th", {}, "run"), el("th", {}, "status"), el("th", {}, "unit"),
+    ...STATS.map(([, label]) => el("th", {}, label)),
     el("th", {}, "verdict"), el("th", {}, "outliers explained"));
   const rows = finished.map(run => {
     const result = run.result || {};
@@ -142,6 +142,7 @@ function runsTable(campaign) {
     const status = result.status && result.status !== run.status ? `${run.status} (${result.status})` : run.status;
     return el("tr", {"data-run-key": run.key, "data-run-id": run.run_id || ""},
       el("td", {}, run.key), el("td", {title: run.reason || result.reason || ""}, status),
+      el("td", {"data-stat": "unit", title: result.quantity || ""}, result.unit || "-"),
       ...STATS.map(([name]) => el("td", {"data-stat": name}, shown[name] || "-")),
       verdictCell(result.verdicts || []),
       el("td", {class: "text"}, explanation(result.explain)));
@@ -222,12 +223,14 @@ async function showTrend(event) {
   const parts = [];
   for (const [machine, points] of Object.entries(trend.machines)) {
     const rows = points.map(p => el("tr", {"data-run-id": p.run_id}, el("td", {}, p.created.slice(0, 19)),
-      el("td", {}, p.run_id), el("td", {}, typeof p.value === "number" ? us(p.value) : (p.value || "-")),
+      el("td", {}, p.run_id),
+      el("td", {}, typeof p.value === "number" ? (trend.unit === "ns" ? us(p.value) : String(p.value)) : (p.value || "-")),
       el("td", {}, p.status || "-"),
       el("td", {class: "text"}, Object.entries(p.changes).map(([k, [a, b]]) => `${k}: ${a} → ${b}`).join("; "))));
     parts.push(el("h3", {}, `${trend.configuration} on ${machine}`),
       el("div", {class: "scroll"}, el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "created"),
-        el("th", {}, "run"), el("th", {}, metric === "class" ? "class" : `${metric.replace("_ns", "")} (µs)`),
+        el("th", {}, "run"), el("th", {}, metric === "class" ? "class" :
+          `${metric.replace("_ns", "")} (${trend.unit === "ns" ? "µs" : trend.unit})`),
         el("th", {}, "status"), el("th", {}, "changed"))), el("tbody", {}, ...rows))));
   }
   target.replaceChildren(...(parts.length ? parts : [el("p", {class: "muted"}, "no run of this configuration")]));
