@@ -199,6 +199,9 @@ class SharedStore:
                     cursor.executemany(update, [[*(v for k, v in row.items() if k != "run_id"), row["run_id"]]
                                                 for row in rows])
                 self._indexes()
+        # the query of missing() opened the transaction the block above ran in (as a savepoint): end it, so the
+        # connection can be made read-only (the live view's) and its later work starts afresh
+        self._connection.commit()
 
     @contextlib.contextmanager
     def _cursor(self) -> Iterator[Any]:
