@@ -32,13 +32,16 @@ __all__ = ["LAB_AGENT_DIR", "LAB_FAILED_MARK", "LAB_READY_MARK", "ROOT_PACKAGES"
 
 
 IMAGE_DIR = "kvm-lab"
-ROOT_PACKAGES = ("libvirt-daemon", "libvirt-daemon-driver-qemu", "openssh-server", "iproute2", "procps")
+ROOT_PACKAGES = ("libvirt-daemon", "libvirt-daemon-driver-qemu", "libvirt-clients", "openssh-server", "iproute2",
+                 "procps", "mount")
 # the archive's suites the root is made from, as this machine's own sources name them (bookworm)
 SUITES = ("{codename}", "{codename}-updates")
 SECURITY = "{codename}-security"
 MIRROR = "http://deb.debian.org/debian"
 SECURITY_MIRROR = "http://deb.debian.org/debian-security"
-EXCLUDED = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*")
+# docs, and the 32-bit emulator: libvirtd probes every qemu-system-* it finds at start (seconds each under TCG)
+EXCLUDED = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*",
+            "/usr/bin/qemu-system-i386")
 FREE_SPACE = 1536 << 20  # room in the root for libvirt's volumes (kernels, initramfs, stream copies) and logs
 BUILD_TIMEOUT_S = 1800
 LAB_READY_MARK = "RTVIRT-KVM-LAB-READY"
@@ -85,8 +88,9 @@ ip route add default via 10.0.2.2
 /usr/sbin/sshd -f /etc/rtvirt-lab/sshd_config -E /var/log/sshd.log || fail "sshd did not start"
 LIBVIRT_LOG_OUTPUTS="3:file:/var/log/virtlogd.log" virtlogd -d || fail "virtlogd did not start"
 LIBVIRT_LOG_OUTPUTS="3:file:/var/log/libvirtd.log" libvirtd -d || fail "libvirtd did not start"
-n=0; until [ -S /run/libvirt/libvirt-sock ] || [ $n -gt 600 ]; do n=$((n+1)); sleep 0.1; done
-[ -S /run/libvirt/libvirt-sock ] || fail "libvirtd made no socket: $(tail -c 300 /var/log/libvirtd.log)"
+# virsh answers once libvirtd's drivers are up (the QEMU driver probes QEMU's capabilities first)
+n=0; until virsh -q -c qemu:///system version >/dev/null 2>&1 || [ $n -gt 300 ]; do n=$((n+1)); sleep 0.5; done
+virsh -q -c qemu:///system version >/dev/null 2>&1 || fail "libvirtd does not serve: $(grep error /var/log/libvirtd.log | tail -n 2)"
 echo "{LAB_READY_MARK} $(cat /proc/uptime)"
 while :; do sleep 3600; done
 """
@@ -108,6 +112,7 @@ SetEnv PATH={LAB_AGENT_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 
 # QEMU runs as root (the lab has no libvirt-qemu user: libvirt-daemon-system, which makes it, pulls in systemd)
 # and without AppArmor or DAC relabelling: the lab is a throwaway machine that runs only rtvirt's domains
+QEMU_USER, QEMU_ID = "libvirt-qemu", 64055  # Debian's
 QEMU_CONF = """user = "root"
 group = "root"
 dynamic_ownership = 0
@@ -209,6 +214,11 @@ def _customise(root: Path) -> None:
     (root / "etc" / "libvirt").mkdir(parents=True, exist_ok=True)
     (root / "etc" / "libvirt" / "qemu.conf").write_text(QEMU_CONF)
     (root / "etc" / "hostname").write_text("rtvirt-kvm-lab\n")
+    # libvirtd resolves its built-in QEMU user and group before it reads qemu.conf
+    with (root / "etc" / "passwd").open("a") as passwd:
+        passwd.write(f"{QEMU_USER}:x:{QEMU_ID}:{QEMU_ID}::/var/lib/libvirt:/usr/sbin/nologin\n")
+    with (root / "etc" / "group").open("a") as group:
+        group.write(f"{QEMU_USER}:x:{QEMU_ID}:\nkvm:x:{QEMU_ID + 1}:\n")
     (root / "var" / "lib" / "libvirt" / "images").mkdir(parents=True, exist_ok=True)
     init = root / LAB_INIT.lstrip("/")
     init.parent.mkdir(parents=True, exist_ok=True)
