@@ -123,11 +123,20 @@ class KvmLab(LabMachine):
 
 
 def open_kvm_lab(config: KvmLabConfig, shared: SharedResources) -> KvmLab:
-    """The campaign's boot of the lab ``config`` describes, made on first use."""
+    """The campaign's boot of the lab ``config`` describes, made on first use. A boot that failed is not tried
+    again by every later run of the campaign: each of them fails with its reason at once."""
+    failed: dict[str, str] = shared.get(f"{config.key()}:failed", dict)
+    if "why" in failed:
+        raise RunError(failed["why"])
+
     def boot() -> KvmLab:
         lab = KvmLab(config, shared.supervisor)
         try:
             lab.boot()
+        except RunError as exc:
+            failed["why"] = str(exc)
+            lab.close()
+            raise
         except BaseException:
             lab.close()
             raise
