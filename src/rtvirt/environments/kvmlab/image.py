@@ -90,7 +90,8 @@ LIBVIRT_LOG_OUTPUTS="3:file:/var/log/virtlogd.log" virtlogd -d || fail "virtlogd
 LIBVIRT_LOG_OUTPUTS="3:file:/var/log/libvirtd.log" libvirtd -d || fail "libvirtd did not start"
 # virsh answers once libvirtd's drivers are up (the QEMU driver probes QEMU's capabilities first)
 n=0; until virsh -q -c qemu:///system version >/dev/null 2>&1 || [ $n -gt 300 ]; do n=$((n+1)); sleep 0.5; done
-virsh -q -c qemu:///system version >/dev/null 2>&1 || fail "libvirtd does not serve: $(grep error /var/log/libvirtd.log | tail -n 2)"
+virsh -q -c qemu:///system version >/dev/null 2>&1 ||
+  fail "libvirtd does not serve: $(grep error /var/log/libvirtd.log | tail -n 2)"
 echo "{LAB_READY_MARK} $(cat /proc/uptime)"
 while :; do sleep 3600; done
 """

@@ -123,6 +123,14 @@ class LibvirtEnvironment(LibvirtTeardown):
         """QEMU's accelerator behind the chosen domain type (kvm or tcg)."""
         return "kvm" if self._type["type"] == "kvm" else "tcg"
 
+    def _cpu_behind(self) -> str:
+        """What really executes the guest's instructions: in a KVM lab under TCG, TCG (its KVM is nested in an
+        emulated CPU), so the guest boots the kernel's ELF as under TCG (a bzImage's decompressor is emulated
+        instruction by instruction); otherwise the domain's own accelerator."""
+        if self._lab is not None and self._lab.accel.get("accel") == "tcg":
+            return "tcg"
+        return self._accel()
+
     def _choose_type(self, connection: LibvirtConnection) -> dict[str, str]:
         requested = self.config.domain_type
         if requested != "auto":
@@ -178,7 +186,7 @@ class LibvirtEnvironment(LibvirtTeardown):
                                                self.workdir)
             self._initrd_volume = f"{self._name}.initrd"
             channel = OUTPUT_PORT
-            definition = self._domain_xml(connection.kernel(image.boot_kernel(self._accel())),
+            definition = self._domain_xml(connection.kernel(image.boot_kernel(self._cpu_behind())),
                                           connection.volume_path(self._initrd_volume),
                                           out is not None)
         try:
@@ -276,7 +284,7 @@ class LibvirtEnvironment(LibvirtTeardown):
 
     def describe(self) -> dict[str, Any]:
         boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
-        lab = {"kvm_lab": self._lab.facts} if self._lab is not None else {}
+        lab = {"kvm_lab": self._lab.facts, "uri": self.uri} if self._lab is not None else {}
         return {**super().describe(), **lab, "domain": self._name or None, "domain_type": self._type.get("type"),
                 "domain_type_reason": self._type.get("reason"), **self._versions, "boot_seconds": boot_s,
                 **guest_description(self.config.guest, self._image),
