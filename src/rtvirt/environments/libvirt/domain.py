@@ -279,7 +279,9 @@ class LibvirtEnvironment(LibvirtTeardown):
         config = LibvirtConfig.model_validate({
             "kind": "libvirt", "name": f"stress-vm-{index}", **where,
             "domain_type": self._type.get("type", self.config.domain_type),
-            "pin": host_cpus is not None, "cpus": host_cpus})
+            "pin": host_cpus is not None, "cpus": host_cpus, "guest": guest,
+            # as large as the measured guest: a load the study ran in it (64 MB blocks) must fit in them too
+            "memory": self.config.memory})
         return LibvirtEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
 
     def describe(self) -> dict[str, Any]:
