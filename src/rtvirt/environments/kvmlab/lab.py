@@ -8,7 +8,6 @@ environment that drives a remote KVM host uses; ``libvirt_uri`` reaches its libv
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -116,10 +115,6 @@ class KvmLab(LabMachine):
         if at >= 0:
             return "the lab's kernel panicked: " + text[at:].splitlines()[0][:300]
         return None
-
-    def run(self, argv: list[str], timeout: float = 60.0) -> str:
-        """``argv`` in the lab (an argument vector, never a shell line); its stdout, RunError if it failed."""
-        return self.connection.run(argv, timeout=timeout).check(f"kvm lab: {shlex.join(argv)[:80]}").stdout
 
 
 def open_kvm_lab(config: KvmLabConfig, shared: SharedResources) -> KvmLab:
