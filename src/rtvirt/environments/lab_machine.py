@@ -30,7 +30,7 @@ from .guest_image import cache_dir
 if TYPE_CHECKING:
     from ..remote import SshConnection, SshTarget
 
-__all__ = ["LabKeys", "LabMachine", "free_port", "reclaim_labs", "run_step"]
+__all__ = ["LabKeys", "LabMachine", "free_port", "reclaim_labs", "run_step", "sshd_config"]
 
 
 OWNER_FILE = "owner.pid"
@@ -56,6 +56,26 @@ def _keypair(path: Path, comment: str) -> str:
     except (OSError, subprocess.SubprocessError) as exc:
         raise RunError(f"lab: ssh-keygen failed ({exc}); apt-get install openssh-client") from None
     return path.with_suffix(".pub").read_text().strip()
+
+
+def sshd_config(environment: str) -> str:
+    """The configuration of a lab's sshd: root by key only, the lab's own host key, many sessions at once (a
+    campaign's runs each open channels), and ``environment`` (``NAME=value ...``) set for every command."""
+    return f"""Port 22
+HostKey /etc/ssh/ssh_host_ed25519_key
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+AuthorizedKeysFile /root/.ssh/authorized_keys
+PidFile /run/sshd.pid
+MaxSessions 64
+MaxStartups 64
+SetEnv {environment}
+"""
 
 
 def run_step(argv: list[str], cwd: Path, what: str, timeout: float, env: dict[str, str] | None = None) -> str:

@@ -24,7 +24,7 @@ from ...agents import AGENTS, agent_path
 from ...errors import RunError
 from ...fileio import mark_used, prune_cache, write_atomically
 from ..guest_image import BUSYBOX, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir
-from ..lab_machine import run_step
+from ..lab_machine import run_step, sshd_config
 from .arch import LabArch
 
 __all__ = ["LAB_AGENT_DIR", "LAB_FAILED_MARK", "LAB_READY_MARK", "ROOT_PACKAGES", "boot_initramfs", "lab_files",
@@ -96,20 +96,7 @@ echo "{LAB_READY_MARK} $(cat /proc/uptime)"
 while :; do sleep 3600; done
 """
 
-SSHD_CONFIG = f"""Port 22
-HostKey /etc/ssh/ssh_host_ed25519_key
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-UseDNS no
-AuthorizedKeysFile /root/.ssh/authorized_keys
-PidFile /run/sshd.pid
-MaxSessions 64
-MaxStartups 64
-SetEnv PATH={LAB_AGENT_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-"""
+SSHD_CONFIG = sshd_config(f"PATH={LAB_AGENT_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 
 # QEMU runs as root (the lab has no libvirt-qemu user: libvirt-daemon-system, which makes it, pulls in systemd)
 # and without AppArmor or DAC relabelling: the lab is a throwaway machine that runs only rtvirt's domains
