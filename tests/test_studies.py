@@ -64,11 +64,11 @@ def _number(cell: str) -> float:
     return float(cell.replace(",", ""))
 
 
-def _whole_study(name: str, scale: float, results: Path) -> tuple[dict[str, Any], str]:
+def _whole_study(name: str, scale: float, results: Path, timeout: float = 900) -> tuple[dict[str, Any], str]:
     """`rtvirt run NAME --scale SCALE --repetitions 1`, as a user starts it: every run complete; returns the
     runs of the campaign summary and the Markdown report."""
     done = run_cli("run", name, "--scale", str(scale), "--repetitions", "1", "--out", str(results), "--json",
-                   "--no-progress", timeout=900)
+                   "--no-progress", timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     runs: dict[str, Any] = json.loads(done.stdout)["runs"]
     assert {r["status"] for r in runs.values()} == {"complete"}, runs
@@ -254,12 +254,14 @@ def test_differences_name_the_changed_field() -> None:
 # --- small-scale runs, real guests -----------------------------------------------------------------------
 
 @pytest.mark.vm
+@pytest.mark.timeout(1800)
 def test_the_whole_interrupt_latency_study_at_a_small_scale(tmp_path: Path) -> None:
     """Every configuration of the built-in once at 0.02 (2.1 s runs): native, the RT VM alone, beside two more
     VMs (bare-metal guests spinning) and with the extra interrupt source, through both stand-ins for the
-    paper's interrupt source (the cross-CPU wake-up in a Linux guest, the timer in the bare-metal guest)."""
+    paper's interrupt source (the cross-CPU wake-up in a Linux guest, the timer in the bare-metal guest), in
+    QEMU here and as libvirt domains in the KVM lab (one lab boot)."""
     results = tmp_path / "results"
-    runs, report = _whole_study("interrupt-latency", 0.02, results)
+    runs, report = _whole_study("interrupt-latency", 0.02, results, timeout=1500)
     assert len(runs) == 11
     status = {row[0]: row[1] for row in _table(report, "Study interrupt-latency")}
     assert status["this campaign"].startswith("the study's configuration")
