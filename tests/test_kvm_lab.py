@@ -79,8 +79,8 @@ def kvm_lab_campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, di
     if not _CAMPAIGN:
         work = tmp_path_factory.mktemp("kvm-lab")
         (work / "study.toml").write_text(_study_subset())
-        result = run_cli("run", "--no-report", str(work / "study.toml"), "--out", str(work / "results"), "--no-progress", "--json",
-                         timeout=2400)
+        result = run_cli("run", "--no-report", str(work / "study.toml"), "--out", str(work / "results"),
+                         "--no-progress", "--json", timeout=2400)
         assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
         _CAMPAIGN.update(results=work / "results", summary=_summary(result.stdout))
     return _CAMPAIGN["results"], _CAMPAIGN["summary"]
