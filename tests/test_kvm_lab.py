@@ -51,10 +51,17 @@ def _summary(output: str) -> dict[str, Any]:
     return json.loads(output[output.index("{"):])  # type: ignore[no-any-return]
 
 
-def _lab_dirs(owner: int | None = None) -> list[Path]:
+def _owner(lab: Path) -> str | None:
+    """The pid that owns ``lab`` (None: its directory went meanwhile, another test's lab closing)."""
+    try:
+        return (lab / "owner.pid").read_text()
+    except FileNotFoundError:
+        return None
+
+
+def _lab_dirs(owner: int) -> list[Path]:
     root = cache_dir() / LAB_ROOT
-    labs = sorted(root.glob("lab-*")) if root.exists() else []
-    return [lab for lab in labs if owner is None or (lab / "owner.pid").read_text() == str(owner)]
+    return [lab for lab in sorted(root.glob("lab-*")) if _owner(lab) == str(owner)] if root.exists() else []
 
 
 def _lab_qemus(lab: Path) -> list[int]:
@@ -117,8 +124,6 @@ def test_linux_preempt_rt_and_bare_metal_guests_run_under_the_labs_kvm(
         facts.append(json.dumps(lab, sort_keys=True))
     assert _manifest(kvm_lab_campaign, "guests/kvm-linux-rt/solo/-/r1")["environment_detail"]["preempt_rt"] is True
     assert len(set(facts)) == 1  # one lab boot for the campaign
-    assert _lab_dirs(None) == [] or all(Path(f"/proc/{(lab / 'owner.pid').read_text()}").exists()
-                                        for lab in _lab_dirs(None))
 
 
 @pytest.mark.vm
@@ -157,7 +162,11 @@ def test_ctrl_c_leaves_no_lab_and_keeps_the_streamed_samples(tmp_path: Path) -> 
     (lab,) = _lab_dirs(proc.pid)
     assert _lab_qemus(lab)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:  # the bare-metal guest writes out what it holds, the domain and the lab go: minutes under nested TCG
+        _, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"rtvirt did not end within 600 s of Ctrl-C: {proc.communicate()[1][-3000:]}")
     assert proc.returncode == 130, err[-2000:]
     assert not lab.exists() and _lab_qemus(lab) == []
     state = json.loads(next(results.glob("campaigns/*/state.json")).read_text())
@@ -189,16 +198,15 @@ def test_kill_9_then_resume_reclaims_the_lab_and_a_lab_that_dies_fails_its_run_n
     assert _lab_qemus(lab) == [] and lab.exists()
     resumed = subprocess.Popen([*RTVIRT, "run", "--no-report", "--resume", "--out", str(results), "--no-progress",
                                 "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # the resumed campaign reclaims the dead lab, boots its own and finishes the first run; once the second
-    # streams, its lab dies under it (its QEMU killed)
+    # the resumed campaign reclaims the dead lab, boots its own and finishes the first run; once the second has
+    # started, its lab dies under it (its QEMU killed)
     deadline = time.monotonic() + 900
     while True:
         assert resumed.poll() is None and time.monotonic() < deadline, resumed.communicate()[1][-3000:]
         labs = _lab_dirs(resumed.pid)
-        runs = [p for p in results.glob("runs/*second*/samples.rtvs") if p.stat().st_size > 2_000]
-        if labs and runs:
+        if labs and any(results.glob("runs/*second_solo*")):
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
     assert not lab.exists()
     (second_lab,) = labs
     for pid in _lab_qemus(second_lab):
