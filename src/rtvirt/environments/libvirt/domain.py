@@ -146,6 +146,14 @@ class LibvirtEnvironment(LibvirtTeardown):
         return {"type": "qemu", "reason": "the remote host offers no KVM"}
 
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        try:
+            return self._launch(agent, args, out)
+        except RunError as exc:
+            if self._lab is not None and not self._lab.alive():  # what failed is the lab under it
+                raise RunError(f"the KVM lab stopped: {self._lab.why_stopped()} ({exc})") from None
+            raise
+
+    def _launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         libvirt = _libvirt()
         self.start()
         self._out = out
