@@ -171,6 +171,7 @@ def test_ctrl_c_leaves_no_lab_and_keeps_the_streamed_samples(tmp_path: Path) -> 
     assert not lab.exists() and _lab_qemus(lab) == []
     state = json.loads(next(results.glob("campaigns/*/state.json")).read_text())
     (entry,) = state["runs"].values()
+    assert (results / "runs" / entry["run_id"] / "manifest.json").exists(), (entry, err[-3000:])
     manifest = load_run(results / "runs" / entry["run_id"]).manifest
     assert manifest["campaign"]["outcome"] == "interrupted" and manifest["summary"]["all"]["samples"] > 100
 
