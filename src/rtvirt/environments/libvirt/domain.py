@@ -108,6 +108,18 @@ class LibvirtEnvironment(LibvirtTeardown):
     def start(self) -> None:
         if self.config.host == "lab" and not self.kvm_lab().alive():
             raise RunError(f"the KVM lab stopped: {self.kvm_lab().why_stopped()}")
+        try:
+            self._start()
+        except RunError as exc:
+            raise self._lab_failure(exc) from None
+
+    def _lab_failure(self, exc: RunError) -> RunError:
+        """``exc``, or, when the KVM lab died under it (what failed was the lab), an error that says so."""
+        if self._lab is not None and not self._lab.alive():
+            return RunError(f"the KVM lab stopped: {self._lab.why_stopped()} ({exc})")
+        return exc
+
+    def _start(self) -> None:
         connection = self._conn()
         if not self._versions:
             with contextlib.suppress(Exception):
@@ -149,9 +161,7 @@ class LibvirtEnvironment(LibvirtTeardown):
         try:
             return self._launch(agent, args, out)
         except RunError as exc:
-            if self._lab is not None and not self._lab.alive():  # what failed is the lab under it
-                raise RunError(f"the KVM lab stopped: {self._lab.why_stopped()} ({exc})") from None
-            raise
+            raise self._lab_failure(exc) from None
 
     def _launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         libvirt = _libvirt()
