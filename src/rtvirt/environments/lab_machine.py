@@ -224,6 +224,16 @@ class LabMachine:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None and self.failure() is None
 
+    def died(self, grace: float = 3.0) -> bool:
+        """Whether the lab is dead or dies within ``grace`` seconds: asked when something in it just failed (a
+        killed QEMU closes its sockets before it is reaped, and under load the two can be far apart)."""
+        deadline = time.monotonic() + grace
+        while self.alive():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
     def why_stopped(self) -> str:
         """Why a lab that is not alive stopped: its failure, QEMU's exit, or the console's last lines."""
         failure = self.failure()

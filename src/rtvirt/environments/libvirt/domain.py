@@ -115,7 +115,7 @@ class LibvirtEnvironment(LibvirtTeardown):
 
     def _lab_failure(self, exc: RunError) -> RunError:
         """``exc``, or, when the KVM lab died under it (what failed was the lab), an error that says so."""
-        if self._lab is not None and not self._lab.alive():
+        if self._lab is not None and self._lab.died():
             return RunError(f"the KVM lab stopped: {self._lab.why_stopped()} ({exc})")
         return exc
 
