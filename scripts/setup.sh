@@ -4,7 +4,7 @@
 #
 #   scripts/setup.sh            what the main job (`make run`: host, partition, QEMU guest) needs
 #   scripts/setup.sh all        everything (`make test`): every environment kind, reference tools, report tests
-#   scripts/setup.sh KIND...    the main job's set plus a kind's: libvirt, xen, arm, tools, report, store, live
+#   scripts/setup.sh KIND...    the main job's set plus a kind's: libvirt, xen, kvm, arm, tools, report, store, live
 #                               (rtvirt runs `scripts/setup.sh KIND` itself on a kind's first use)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,11 @@ XEN=(
   libxen-dev                                      # rtvirt-a653: sets ARINC 653 schedules (xl has no command)
   qemu-system-xen seabios                         # HVM domUs in the Xen lab: device model, BIOS
   openssh-server openssh-client                   # the Xen lab's dom0 sshd and its keys
+)
+KVM=(
+  mmdebstrap e2fsprogs                            # the KVM lab's Debian root (QEMU, libvirtd, sshd) and its ext4 image
+  openssh-client                                  # the KVM lab's keys
+  libvirt-dev pkg-config                          # libvirt-python, which drives the lab's libvirtd
 )
 STORE=(
   postgresql                                      # shared results stores (the tests run their own server)
@@ -59,17 +64,18 @@ PIP_EXTRAS=()
 for part in "${parts[@]}"; do
   case $part in
     main) ;;
-    all) DEB_PACKAGES+=("${LIBVIRT[@]}" "${XEN[@]}" "${ARM[@]}" "${TOOLS[@]}" "${REPORT[@]}" "${STORE[@]}" "${LIVE[@]}"
-                        "${TESTS[@]}")
+    all) DEB_PACKAGES+=("${LIBVIRT[@]}" "${XEN[@]}" "${KVM[@]}" "${ARM[@]}" "${TOOLS[@]}" "${REPORT[@]}" "${STORE[@]}"
+                        "${LIVE[@]}" "${TESTS[@]}")
          PIP_EXTRAS+=(test libvirt) ;;
     libvirt) DEB_PACKAGES+=("${LIBVIRT[@]}"); PIP_EXTRAS+=(libvirt) ;;
     xen) DEB_PACKAGES+=("${XEN[@]}") ;;
+    kvm) DEB_PACKAGES+=("${KVM[@]}"); PIP_EXTRAS+=(libvirt) ;;
     arm) DEB_PACKAGES+=("${ARM[@]}") ;;
     tools) DEB_PACKAGES+=("${TOOLS[@]}") ;;
     report) DEB_PACKAGES+=("${REPORT[@]}") ;;
     store) DEB_PACKAGES+=("${STORE[@]}") ;;
     live) DEB_PACKAGES+=("${LIVE[@]}") ;;
-    *) echo "setup: unknown part '$part' (main, all, libvirt, xen, arm, tools, report, store, live)" >&2; exit 2 ;;
+    *) echo "setup: unknown part '$part' (main, all, libvirt, xen, kvm, arm, tools, report, store, live)" >&2; exit 2 ;;
   esac
 done
 

@@ -65,11 +65,11 @@ def _number(cell: str) -> float:
     return float(cell.replace(",", ""))
 
 
-def _whole_study(name: str, scale: float, results: Path) -> tuple[dict[str, Any], str]:
+def _whole_study(name: str, scale: float, results: Path, timeout: float = 900) -> tuple[dict[str, Any], str]:
     """`rtvirt run NAME --scale SCALE --repetitions 1`, as a user starts it: every run complete; returns the
     runs of the campaign summary and the Markdown report."""
     done = run_cli("run", name, "--scale", str(scale), "--repetitions", "1", "--out", str(results), "--json",
-                   "--no-progress", timeout=900)
+                   "--no-progress", timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     runs: dict[str, Any] = json.loads(done.stdout)["runs"]
     assert {r["status"] for r in runs.values()} == {"complete"}, runs
@@ -111,12 +111,15 @@ def test_cots_profiles_and_interrupt_latency_configurations() -> None:
         env, disturbance = cots.environments[plan.environment], cots.disturbances[plan.disturbance]
         profiles.setdefault(plan.group, set()).add((env.kind, env.pin, disturbance.name))
         assert plan.duration_ns == 8 * 3600 * 10**9
-    # the baseline and each hypervisor (QEMU/KVM, Xen) with and without affinity, no load / load inside
+    # the baseline and each hypervisor (QEMU/KVM, libvirt/KVM, Xen) with and without affinity, no load / load inside
     for group, pin, load in (("TP1", False, "no-load"), ("TP2", True, "no-load"), ("TP3", False, "load"),
                              ("TP4", True, "load")):
-        assert profiles[group] == {(kind, pin, load) for kind in ("host", "qemu", "xen")}
-    assert profiles["TP5"] == {("qemu", False, "load-in-2-vms"), ("xen", False, "load-in-2-vms")}
-    assert profiles["TP6"] == {("qemu", True, "load-in-2-vms"), ("xen", True, "load-in-2-vms")}
+        assert profiles[group] == {(kind, pin, load) for kind in ("host", "qemu", "libvirt", "xen")}
+    assert profiles["TP5"] == {(kind, False, "load-in-2-vms") for kind in ("qemu", "libvirt", "xen")}
+    assert profiles["TP6"] == {(kind, True, "load-in-2-vms") for kind in ("qemu", "libvirt", "xen")}
+    # the KVM profiles run under a real KVM: the KVM lab here, one machine for them all, large enough for TP6
+    kvm = [e for e in cots.environments if e.kind == "libvirt"]
+    assert {(e.host, e.lab.memory) for e in kvm} == {("lab", 4608)} and all(e.memory == 1024 for e in kvm)
     xen = [e for e in cots.environments if e.kind == "xen"]
     # the load's blocks fit (the bare-metal guest runs no load inside)
     assert all(e.memory >= 10 * 64 for e in xen if e.guest != "baremetal")
@@ -128,11 +131,11 @@ def test_cots_profiles_and_interrupt_latency_configurations() -> None:
     guests: dict[str, set[tuple[str, str]]] = {}
     for plan in expand(cots):
         env = cots.environments[plan.environment]
-        if env.kind in ("qemu", "xen") and env.pin:
+        if env.kind in ("qemu", "libvirt", "xen") and env.pin:
             guests.setdefault(plan.group, set()).add((env.kind, env.guest))
-    every = {(kind, guest) for kind in ("qemu", "xen") for guest in ("linux", "linux-rt", "baremetal")}
+    every = {(kind, guest) for kind in ("qemu", "libvirt", "xen") for guest in ("linux", "linux-rt", "baremetal")}
     assert guests["TP2"] == guests["TP6"] == every
-    assert guests["TP4"] == every - {("qemu", "baremetal"), ("xen", "baremetal")}
+    assert guests["TP4"] == every - {(kind, "baremetal") for kind in ("qemu", "libvirt", "xen")}
     load = next(d for d in cots.disturbances if d.name == "load").stressors[0]
     # 10 sqrt + 10 malloc/free workers, inside the system under test (the RT VM itself in TP3/TP4)
     assert (load.stressor, load.workers, load.params, load.where) == ("mix", 10, {"block": "64MiB"}, "inside")
@@ -147,7 +150,8 @@ def test_cots_profiles_and_interrupt_latency_configurations() -> None:
     stand_ins = {f"{group}: {env} / {d}" for group, env in (("virtualised", "vm"),
                                                              ("virtualised-baremetal", "vm-baremetal"))
                  for d in ("alone", "two-more-vms", "extra-interrupt-source")}
-    assert configs == {"native: native / alone"} | stand_ins
+    kvm = {f"kvm-baremetal: kvm-baremetal / {d}" for d in ("alone", "two-more-vms")}
+    assert configs == {"native: native / alone"} | stand_ins | kvm
     assert next(e for e in interrupt.environments if e.label == "vm-baremetal").guest == "baremetal"
     # every published row names configurations the built-in runs
     assert {key for r in published()["interrupt-latency"]["rows"] for key in r["ours"]} == \
@@ -188,7 +192,7 @@ def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
     assert "guest (qemu, pinned, 1 vCPU, baremetal guest)" in shown.output
     as_json = CliRunner().invoke(app, ["scenarios", "cots-hypervisor", "--json"])
     document = json.loads(as_json.output)
-    assert document["study"] == "cots-hypervisor" and document["runs"] == 26
+    assert document["study"] == "cots-hypervisor" and document["runs"] == 37
     assert [g["name"] for g in document["groups"]] == ["TP1", "TP2", "TP3", "TP4", "TP5", "TP6"]
     tp4 = {run["environment"]: run for run in document["groups"][3]["runs"]}
     assert tp4["qemu-pinned"]["placement"] == "qemu, pinned, 1 vCPU, linux guest"
@@ -217,7 +221,7 @@ def test_bare_metal_stressor_guests_refuse_what_they_cannot_run(tmp_path: Path) 
             (text.replace(spin, spin.replace('"cpu"', '"mem"'), 1), "disturbances[1].stressors[0]",
              "runs the cpu and cache stressors, not mem"),
             (text.replace(spin, spin + "workers = 2\n", 1), "disturbances[1].stressors[0]", "one worker"),
-            (xen, "disturbances[1].stressors[0].guest", "'guest' applies to QEMU disturbing guests")):
+            (xen, "disturbances[1].stressors[0].guest", "'guest' applies to QEMU and libvirt disturbing guests")):
         assert changed != text
         path = tmp_path / "bad.toml"
         path.write_text(changed)
@@ -250,29 +254,31 @@ def test_differences_name_the_changed_field() -> None:
 # --- small-scale runs, real guests -----------------------------------------------------------------------
 
 @pytest.mark.vm
+@pytest.mark.timeout(1800)
 def test_the_whole_interrupt_latency_study_at_a_small_scale(tmp_path: Path) -> None:
     """Every configuration of the built-in once at 0.02 (2.1 s runs): native, the RT VM alone, beside two more
     VMs (bare-metal guests spinning) and with the extra interrupt source, through both stand-ins for the
-    paper's interrupt source (the cross-CPU wake-up in a Linux guest, the timer in the bare-metal guest)."""
+    paper's interrupt source (the cross-CPU wake-up in a Linux guest, the timer in the bare-metal guest), in
+    QEMU here and as libvirt domains in the KVM lab (one lab boot)."""
     results = tmp_path / "results"
-    runs, report = _whole_study("interrupt-latency", 0.02, results)
-    assert len(runs) == 7
+    runs, report = _whole_study("interrupt-latency", 0.02, results, timeout=1500)
+    assert len(runs) == 9
     status = {row[0]: row[1] for row in _table(report, "Study interrupt-latency")}
     assert status["this campaign"].startswith("the study's configuration")
     assert status["duration"] == "scaled: 0.02 of the study's durations"
     assert status["repetitions"] == "1 per configuration, fewer than the study's 3"
     table = _table(report, "Interrupt-latency study")
-    assert [row[0] for row in table] == ["native"] + [f"virtualised, {c}" for c in ("alone", "alone", "two more VMs",
-                                                                                     "two more VMs",
-                                                                                     "extra interrupt source",
-                                                                                     "extra interrupt source")]
+    # the QEMU stand-ins and the KVM lab's bare-metal guest for each of the paper's rows; the extra source on QEMU
+    assert [row[0] for row in table] == ["native"] + [f"virtualised, {c}" for c in ["alone"] * 3 + ["two more VMs"] * 3
+                                                      + ["extra interrupt source"] * 2]
     rows = {(row[0], row[1]): row for row in table}
     native = rows[("native", "native: native / alone")]
     assert native[5:8] == ["2.28", "2.50", "3.03"]  # as the paper's table prints them
     for row in table:  # every configuration ran: min <= avg <= max, and a reading against the paper
         assert _number(row[2]) <= _number(row[3]) <= _number(row[4]), row
         assert "x the paper" in row[8], row
-    for label in ("virtualised: vm / alone", "virtualised-baremetal: vm-baremetal / alone"):
+    for label in ("virtualised: vm / alone", "virtualised-baremetal: vm-baremetal / alone",
+                  "kvm-baremetal: kvm-baremetal / alone"):
         alone = rows[("virtualised, alone", label)]
         assert alone[5:8] == ["4.67", "5.53", "11.78"]
         reading = re.search(r"avg: (same|opposite) direction \(ours ([+-][\d,]+) %, paper \+121 %\); "
@@ -496,8 +502,9 @@ def test_cots_profiles_with_the_load_inside_the_vm(tmp_path: Path) -> None:
     stats = {key: row for key, row in rows.items() if row[2] != "not run"}
     assert set(stats) == {("baseline-free", "TP1"), ("qemu-pinned", "TP2"), ("qemu-pinned", "TP4"),
                           ("qemu-pinned", "TP6"), ("qemu-baremetal-pinned", "TP2"), ("qemu-baremetal-pinned", "TP6")}
-    # the study's other 20 profiles are listed as not run, not left out
-    assert len(rows) == 26 and ("xen-rt-pinned", "TP6") in rows and rows[("xen-rt-pinned", "TP6")][3:] == ["-"] * 9
+    # the study's other 31 profiles are listed as not run, not left out
+    assert len(rows) == 37 and ("xen-rt-pinned", "TP6") in rows and ("kvm-rt-pinned", "TP6") in rows
+    assert rows[("xen-rt-pinned", "TP6")][3:] == ["-"] * 9
     for key in keys[4:]:  # our own kernel measured, beside two Linux stressor guests in TP6
         detail = manifests[key]["environment_detail"]
         assert (detail["guest"], detail["guest_kernel"]) == ("baremetal", "rtvirt-baremetal"), detail

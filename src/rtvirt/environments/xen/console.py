@@ -198,7 +198,7 @@ class XenConsole(XenPools):
 
     def check(self) -> str | None:
         if self._dom0 is not None and self._dom0.lab is not None and not self._dom0.lab.alive():
-            return f"the Xen lab stopped: {self._dom0.lab.panic() or self._dom0.lab.console_tail()}"
+            return f"the Xen lab stopped: {self._dom0.lab.why_stopped()}"
         if self._process is None:
             return None
         if not self.booted and time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
