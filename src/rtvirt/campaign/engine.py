@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from ..consoles import make_console
 from ..environments import ENVIRONMENTS, Environment, Launched, SharedResources
 from ..errors import InputError, RtvirtError, RunError
 from ..explain.tracefs import reclaim_instances
@@ -437,7 +438,7 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
     ``reclaim=False``: the caller already cleaned the platforms (a lab cleans all its targets before any
     campaign starts, since two targets may be one machine). ``shared``: the caller's, kept open after this
     campaign (several campaigns on one Xen lab boot); by default the campaign's own, closed at its end."""
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     plans = expand(scenario, state.scale)
     if scenario.predict is not None:  # a bad explicit model is bad input: refused before measuring
         from ..predict.campaign import check_predict

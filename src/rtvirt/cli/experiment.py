@@ -11,7 +11,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from ..errors import InputError
+from ..errors import EXIT_INTERRUPTED, InputError
 from .output import console, err_console, print_json, progress_wanted
 
 __all__ = ["experiment"]
@@ -83,7 +83,7 @@ def experiment(spec: str | None, results: Path, workers: int | None, cluster: st
         except KeyboardInterrupt:
             lib.finish_run(run, plan, False, where)
             err_console.print(f"interrupted: every finished chunk is kept in {run.path}; continue with --resume")
-            raise SystemExit(130) from None
+            raise SystemExit(EXIT_INTERRUPTED) from None
         finally:
             if bar is not None:
                 bar[0].stop()

@@ -6,16 +6,15 @@ import contextlib
 from typing import Any
 
 import click
-from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
-from ..errors import InputError, RunError
+from ..errors import InputError, Interrupted, RunError
 from ..params import build_params, click_options
 from ..probes import PROBES, ProbeSpec
 from ..probes.runner import Progress, run_probe
 from ..stats import summarize_stream
 from ..store import RunDir, new_run, write_measured_run
-from .output import console, err_console, print_json, progress_wanted, summary_table
+from .output import console, err_console, print_json, progress_bar, summary_table
 from .resultopts import results_option, store_for_writing
 from .targetopts import pop_target, target_options
 
@@ -27,14 +26,9 @@ def probe() -> None:
     """Run one measurement probe; every sample is kept in the results store."""
 
 
-def _progress_display(enabled: bool, name: str) -> tuple[RichProgress | None, Any]:
-    if not enabled:
-        return None, None
-    bar = RichProgress(
-        TextColumn(f"[bold]{name}"), BarColumn(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-        TextColumn("{task.fields[status]}"), console=err_console, transient=True,
-    )
-    return bar, bar.add_task(name, total=None, status="")
+def _progress_display(option: bool | None, name: str) -> tuple[RichProgress | None, Any]:
+    bar = progress_bar(name, option)
+    return (None, None) if bar is None else (bar, bar.add_task(name, total=None, status=""))
 
 
 def _make_command(spec: ProbeSpec) -> click.Command:
@@ -56,7 +50,7 @@ def _make_command(spec: ProbeSpec) -> click.Command:
         target = pop_target(values)
         params = build_params(spec.params, values)
         run = new_run(store_for_writing(results).write_dir, spec.name)
-        bar, task = _progress_display(progress_wanted(progress), spec.name)
+        bar, task = _progress_display(progress, spec.name)
 
         def show(p: Progress) -> None:
             assert bar is not None
@@ -89,6 +83,8 @@ def _make_command(spec: ProbeSpec) -> click.Command:
                               f"{extra['target']['recovered']}", markup=False, highlight=False)
         if stream.error:
             raise RunError(f"{stream.error} (the samples taken are kept in {run.path})")
+        if manifest.get("end_reason") == "signal":  # the same status as an interrupted run or experiment
+            raise Interrupted(f"interrupted (Ctrl-C or SIGTERM): the samples taken are kept in {run.path}")
 
     return command
 

@@ -26,7 +26,7 @@ from .studies.tables import published, study_tables
 if TYPE_CHECKING:
     from ..stores import RunStore
 
-__all__ = ["render", "report_model", "write_report", "FORMATS"]
+__all__ = ["collect", "render", "report_model", "write_report", "FORMATS"]
 
 FORMATS = ("html", "markdown", "json")
 _MAX_SETTING = 300  # characters of one system setting shown
