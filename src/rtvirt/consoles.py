@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # rich is imported where a console is made, not when this module is
-    from rich.console import Console, ConsoleRenderable, RichCast
+    from rich.console import Console, ConsoleRenderable
 
 __all__ = ["make_console"]
 
@@ -31,8 +31,7 @@ def make_console(stderr: bool = False, *, force_terminal: bool = False) -> Conso
     from rich.console import Console, RenderHook
 
     class WholeTitles(RenderHook):
-        def process_renderables(self, renderables: list[ConsoleRenderable | RichCast]) -> list[
-                ConsoleRenderable | RichCast]:
+        def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
             _unwrap_titles(renderables)
             return renderables
 
