@@ -9,6 +9,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import subprocess
 import sys
 from importlib.metadata import version
@@ -355,3 +356,18 @@ def test_run_ids_and_paths_stay_on_one_line_off_a_terminal(tmp_path: Path) -> No
     column = _piped("stats", str(samples), "--column", "latency_ns")
     assert column.returncode == 0, column.stderr
     assert column.stdout.splitlines()[0].strip() == str(samples)
+
+
+def test_the_command_probe_explain_suggests_runs_as_printed(tmp_path: Path) -> None:
+    """`probe --explain --results DIR` ends with the command that shows the explanation; it used to leave out
+    --results, so the command failed (exit 2) as printed."""
+    results = tmp_path / "elsewhere"
+    probe = _piped("probe", "timer", "-D", "1s", "-a", str(max(os.sched_getaffinity(0))), "--explain", "--results",
+                   str(results))
+    assert probe.returncode == 0, probe.stderr
+    line = next(line for line in probe.stdout.splitlines() if ": rtvirt explain " in line)
+    suggested = shlex.split(line.split(": rtvirt ", 1)[1])
+    assert suggested[-2:] == ["--results", str(results)]
+    shown = _piped(*suggested)
+    assert shown.returncode == 0, shown.stderr
+    assert "threshold" in shown.stdout

@@ -14,7 +14,7 @@ from ..probes import PROBES, ProbeSpec
 from ..probes.runner import Progress, run_probe
 from ..stats import summarize_stream
 from ..store import RunDir, new_run, write_measured_run
-from .output import console, err_console, print_json, progress_bar, summary_table
+from .output import console, err_console, plural, print_json, progress_bar, summary_table
 from .resultopts import results_option, store_for_writing
 from .targetopts import pop_target, target_options
 
@@ -77,7 +77,7 @@ def _make_command(spec: ProbeSpec) -> click.Command:
                 f"{manifest['end_reason']})[/]"
             console.print(f"run {run.run_id} written to {run.path}{state}")
             if "explain" in extra:
-                console.print(explain_line(extra["explain"], run.run_id), markup=False, highlight=False)
+                console.print(explain_line(extra["explain"], run.run_id, results), markup=False, highlight=False)
         if extra.get("target", {}).get("connection") == "lost":
             err_console.print(f"the connection to {target.label} was lost mid-run: the samples received are kept; "
                               f"{extra['target']['recovered']}", markup=False, highlight=False)
@@ -119,13 +119,24 @@ def _measure_and_explain(spec: ProbeSpec, params: Any, run: RunDir, target: Any,
     return stream
 
 
-def explain_line(entry: dict[str, Any], run_id: str) -> str:
-    """One line on the stored explanation (or why there is none)."""
+def explain_line(entry: dict[str, Any], run_id: str, results: str = "results") -> str:
+    """One line on the stored explanation (or why there is none), ending with the command that shows it: with
+    the ``--results`` the probe wrote to, unless that is the default or RTVIRT_RESULTS, which explain reads too."""
+    import os
+    import shlex
+
     if "error" in entry:
         return f"not explained: {entry['error']}"
     top = entry["top_causes"][0] if entry["top_causes"] else None
     cause = f"; first cause {top['cause']} ({top['share']:.0%})" if top else ""
-    return f"{entry['outliers']} outliers, {entry['explained']} explained{cause}: rtvirt explain {run_id}"
+    shown = results
+    if "://" in results:  # a store's URL as every message shows it: the password is never printed
+        from ..stores.postgres import redact_url
+
+        shown = redact_url(results)
+    where = "" if results in ("results", os.environ.get("RTVIRT_RESULTS")) else f" --results {shlex.quote(shown)}"
+    return f"{plural(entry['outliers'], 'outlier')}, {entry['explained']} explained{cause}: " \
+           f"rtvirt explain {run_id}{where}"
 
 
 def explain_session(params: Any, target: Any, threshold: str | None, top: int | None,
