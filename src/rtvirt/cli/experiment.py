@@ -12,7 +12,7 @@ import click
 from rich.table import Table
 
 from ..errors import EXIT_INTERRUPTED, InputError
-from .output import console, err_console, print_json, progress_wanted
+from .output import console, err_console, print_json, progress_console, progress_wanted
 
 __all__ = ["experiment"]
 
@@ -111,7 +111,7 @@ def _bar(points: int) -> tuple[Any, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     bar = Progress(TextColumn("design points"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[systems]}"
-                   " systems"), TimeRemainingColumn(), console=err_console)
+                   " systems"), TimeRemainingColumn(), console=progress_console())
     task = bar.add_task("points", total=points, systems=0)
     bar.start()
 

@@ -18,6 +18,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from ..stats import Summary
 
 __all__ = ["console", "err_console", "summary_table", "print_json", "print_error", "usage_error_line",
-           "progress_wanted", "progress_bar", "plural", "us"]
+           "progress_wanted", "progress_bar", "progress_console", "plural", "us"]
 
 console = make_console()
 err_console = make_console(stderr=True)
@@ -44,12 +45,16 @@ def progress_bar(label: str, option: bool | None, *, status: bool = True) -> Pro
     the command's status line. ``--progress`` draws it on a stderr that is not a terminal too."""
     if not progress_wanted(option):
         return None
-    shown = err_console if sys.stderr.isatty() else make_console(stderr=True, force_terminal=True)
     columns = [TextColumn(f"[bold]{escape(label)}"), BarColumn(), TimeElapsedColumn(), TextColumn("elapsed,"),
                TimeRemainingColumn(), TextColumn("left")]
     if status:
         columns.append(TextColumn("{task.fields[status]}"))
-    return Progress(*columns, console=shown, transient=True)
+    return Progress(*columns, console=progress_console(), transient=True)
+
+
+def progress_console() -> Console:
+    """Where a wanted bar is drawn: stderr, as a terminal even when it is not one (``--progress`` forced it)."""
+    return err_console if sys.stderr.isatty() else make_console(stderr=True, force_terminal=True)
 
 
 def print_error(message: str) -> None:
