@@ -4,18 +4,15 @@ nothing."""
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import os
 import re
 import shlex
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_runs import Memo, session_memo
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -209,7 +206,8 @@ def _joined(body: list[str], start: int) -> tuple[str, int]:
 
 def commands_of(doc: str, first_line: int, body: list[str]) -> list[Command]:
     """The commands of a fenced block. With ``$ `` prompts it is a transcript: each prompt's command and the lines
-    up to the next prompt (its output); without, every line starting with ``rtvirt `` is a command."""
+    up to the next prompt (its output); without, every line starting with ``rtvirt `` (or ``export ``, which sets
+    the environment of the commands after it) is a command."""
     transcript = any(line.startswith("$ ") for line in body)
     found: list[Command] = []
     index = 0
@@ -225,7 +223,7 @@ def commands_of(doc: str, first_line: int, body: list[str]) -> list[Command]:
             _exit_from_output(command)
             found.append(command)
             continue
-        if not transcript and line.startswith("rtvirt "):
+        if not transcript and line.startswith(("rtvirt ", "export ")):
             text, end = _joined(body, index)
             command = Command(doc, first_line + index, text)
             comment = _EXIT_COMMENT.search(text.partition("#")[2]) if "#" in text else None
@@ -308,34 +306,9 @@ def all_blocks() -> list[Block]:
 # --- fixtures (here, not in the test module: tests/conftest.py puts the users of a test module's session fixture
 # on one xdist worker, and these cases should spread) ------------------------------------------------------------
 
-class Memo:
-    """Built-in campaigns several docs run, once per session for all xdist workers (a lock and a directory in the
-    workers' common temporary directory): their results directory and output."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-
-    def get(self, key: str, make: Callable[[Path], None]) -> Path:
-        place = self.root / hashlib.sha256(key.encode()).hexdigest()[:16]
-        with (self.root / f"{place.name}.lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not (place / "done").exists():
-                shutil.rmtree(place, ignore_errors=True)
-                place.mkdir()
-                make(place)
-                (place / "done").write_text(key)
-        return place
-
-
-
 @pytest.fixture(scope="session", name="memo")
 def memo_fixture(tmp_path_factory: pytest.TempPathFactory) -> Memo:
-    # the directory xdist's workers share (each worker's basetemp is one level below it)
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent
-    return Memo(shared / "docs-examples-memo")
+    return session_memo(tmp_path_factory)
 
 
 @pytest.fixture(scope="session", name="pg_server")

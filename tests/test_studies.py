@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from conftest import run_cli
+from shared_runs import campaign_argv, session_memo, shared_campaign
 from test_env_xen import lab_campaign, lab_cots_campaign  # noqa: F401 - the session's Xen lab campaign: one lab boot for all
 
 from rtvirt.campaign import execute_run
@@ -64,13 +66,16 @@ def _number(cell: str) -> float:
     return float(cell.replace(",", ""))
 
 
-def _whole_study(name: str, scale: float, results: Path) -> tuple[dict[str, Any], str]:
-    """`rtvirt run NAME --scale SCALE --repetitions 1`, as a user starts it: every run complete; returns the
-    runs of the campaign summary and the Markdown report."""
-    done = run_cli("run", name, "--scale", str(scale), "--repetitions", "1", "--out", str(results), "--json",
-                   "--no-progress", timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
-    runs: dict[str, Any] = json.loads(done.stdout)["runs"]
+def _whole_study(name: str, scale: float, results: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
+        dict[str, Any], str]:
+    """`rtvirt run NAME --scale SCALE --repetitions 1`, as a user starts it (README.md and docs/studies.md show
+    this very command line, and tests/test_docs_examples.py runs it: once for the session, tests/shared_runs.py),
+    copied to ``results``: every run complete; returns the campaign's runs and the Markdown report."""
+    ran = shared_campaign(session_memo(tmp_path_factory), campaign_argv([name], scale, 1), timeout=900)
+    assert ran.status == 0, ran.output[-6000:]
+    shutil.copytree(ran.results, results)
+    (state,) = results.glob("campaigns/*/state.json")
+    runs: dict[str, Any] = json.loads(state.read_text())["runs"]
     assert {r["status"] for r in runs.values()} == {"complete"}, runs
     return runs, write_report(results, results / "report.md", "markdown").read_text()
 
@@ -249,12 +254,13 @@ def test_differences_name_the_changed_field() -> None:
 # --- small-scale runs, real guests -----------------------------------------------------------------------
 
 @pytest.mark.vm
-def test_the_whole_interrupt_latency_study_at_a_small_scale(tmp_path: Path) -> None:
+def test_the_whole_interrupt_latency_study_at_a_small_scale(tmp_path: Path,
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
     """Every configuration of the built-in once at 0.02 (2.1 s runs): native, the RT VM alone, beside two more
     VMs (bare-metal guests spinning) and with the extra interrupt source, through both stand-ins for the
     paper's interrupt source (the cross-CPU wake-up in a Linux guest, the timer in the bare-metal guest)."""
     results = tmp_path / "results"
-    runs, report = _whole_study("interrupt-latency", 0.02, results)
+    runs, report = _whole_study("interrupt-latency", 0.02, results, tmp_path_factory)
     assert len(runs) == 7
     status = {row[0]: row[1] for row in _table(report, "Study interrupt-latency")}
     assert status["this campaign"].startswith("the study's configuration")
@@ -294,11 +300,12 @@ def _stressor_stats(results: Path, run_id: str) -> dict[str, int]:
 
 
 @pytest.mark.vm
-def test_the_whole_guest_isolation_study_at_a_small_scale(tmp_path: Path) -> None:
+def test_the_whole_guest_isolation_study_at_a_small_scale(tmp_path: Path,
+                                                         tmp_path_factory: pytest.TempPathFactory) -> None:
     """Every run of the built-in (all workloads x disturbances x start orders, and the stress-on-off run) at
     0.01 with one repetition, bare-metal measuring and stressor guests: each study table in its layout."""
     results = tmp_path / "results"
-    runs, report = _whole_study("guest-isolation", 0.01, results)
+    runs, report = _whole_study("guest-isolation", 0.01, results, tmp_path_factory)
     assert len(runs) == 21
     manifests = {key: load_run(results / "runs" / r["run_id"]).manifest for key, r in runs.items()}
     assert all(m["environment_detail"]["guest"] == "baremetal" for m in manifests.values())
