@@ -58,8 +58,10 @@ def progress_console() -> Console:
 
 
 def print_error(message: str) -> None:
-    """An error: one line on stderr, however long (exit status is the caller's)."""
-    err_console.print(f"[bold red]rtvirt:[/] {escape(message)}", soft_wrap=True)
+    """An error: one line on stderr, however long (exit status is the caller's); a message of several lines (a
+    tool's stderr quoted in it) is joined with " | "."""
+    line = " | ".join(part.strip() for part in message.splitlines() if part.strip())
+    err_console.print(f"[bold red]rtvirt:[/] {escape(line)}", soft_wrap=True)
 
 
 def usage_error_line(exc: click.ClickException) -> str:
