@@ -29,10 +29,7 @@ NEEDS = {
     "host-tuning": "tunes this machine (host tune/restore, [host] tune): tests/test_host_tuned.py does it in the "
                    "quiet phase",
     "dask-cluster": "needs an existing Dask cluster at the reader's address (tests/test_experiment_dask.py starts one)",
-    "trace-cmd": "needs a trace recorded with trace-cmd, which cannot enable ftrace on this machine "
-                 "(tests/test_explain_import.py imports traces recorded from tracefs)",
     "benchmark": "a figure of a benchmark's own store or files (benchmarks/), not an example to run",
-    "hardware": "needs hardware this machine lacks (docs say so beside it)",
 }
 
 
