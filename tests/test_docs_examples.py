@@ -401,7 +401,7 @@ class Session:
             return
         head, rest = split_shell(text)
         rest = re.sub(r';\s*echo "exit \$\?"', "", rest)  # the doc's way of showing the status, compared below
-        tokens = shrink(shlex.split(head), self)
+        tokens = shrink([self._expand(token) for token in shlex.split(head)], self)
         self._main_job_results(tokens)
         if "--resume" in tokens:
             self.interrupt([t for t in tokens if t != "--resume"])
@@ -430,6 +430,11 @@ class Session:
                                    cwd=self.dir, timeout=60)
             output = piped.stdout + piped.stderr
         return subprocess.CompletedProcess(line, ran.status, output)
+
+    def _expand(self, token: str) -> str:
+        """``$NAME`` / ``${NAME}`` of an earlier export, as bash would (the token is quoted again to run)."""
+        return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?",
+                      lambda m: self.env.get(m.group(1), m.group(0)), token)
 
     def _main_job_results(self, tokens: list[str]) -> None:
         """A command that reads the results directory ``results`` no example of this case made reads the main
