@@ -385,6 +385,8 @@ class Session:
         make_lines: tuple[str, ...] = ()
         if text.strip() == "make run":
             text, make_lines = _makefile_run()
+        if text.startswith("rtvirt "):  # before its placeholders name runs of the results it may be given
+            self._main_job_results(shlex.split(split_shell(text)[0]))
         text = self.resolve(text)
         if text.startswith("export "):
             name, _, value = text[7:].partition("=")
@@ -402,7 +404,6 @@ class Session:
         head, rest = split_shell(text)
         rest = re.sub(r';\s*echo "exit \$\?"', "", rest)  # the doc's way of showing the status, compared below
         tokens = shrink([self._expand(token) for token in shlex.split(head)], self)
-        self._main_job_results(tokens)
         if "--resume" in tokens:
             self.interrupt([t for t in tokens if t != "--resume"])
         line = f"{shlex.join(tokens)} {rest}".strip()
@@ -439,7 +440,7 @@ class Session:
     def _main_job_results(self, tokens: list[str]) -> None:
         """A command that reads the results directory ``results`` no example of this case made reads the main
         job's (``make run``'s, README): the docs write `rtvirt sql ... --results results` for the reader's own."""
-        if tokens[1] not in READERS or "RTVIRT_RESULTS" in self.env:
+        if len(tokens) < 2 or tokens[1] not in READERS or "RTVIRT_RESULTS" in self.env:
             return
         given = _option(tokens, ("--results",))
         if given is None and tokens[1] in ("stats", "report"):
