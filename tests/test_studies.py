@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from conftest import run_cli
+from shared_runs import campaign_argv, session_memo, shared_campaign
 from test_env_xen import lab_campaign, lab_cots_campaign  # noqa: F401 - the session's Xen lab campaign: one lab boot for all
 
 from rtvirt.campaign import execute_run
@@ -65,13 +67,16 @@ def _number(cell: str) -> float:
     return float(cell.replace(",", ""))
 
 
-def _whole_study(name: str, scale: float, results: Path, timeout: float = 900) -> tuple[dict[str, Any], str]:
-    """`rtvirt run NAME --scale SCALE --repetitions 1`, as a user starts it: every run complete; returns the
-    runs of the campaign summary and the Markdown report."""
-    done = run_cli("run", name, "--scale", str(scale), "--repetitions", "1", "--out", str(results), "--json",
-                   "--no-progress", timeout=timeout)
-    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
-    runs: dict[str, Any] = json.loads(done.stdout)["runs"]
+def _whole_study(name: str, scale: float, results: Path, tmp_path_factory: pytest.TempPathFactory,
+                 timeout: float = 900) -> tuple[dict[str, Any], str]:
+    """`rtvirt run NAME --scale SCALE --repetitions 1`, as a user starts it (README.md and docs/studies.md show
+    this very command line, and tests/test_docs_examples.py runs it: once for the session, tests/shared_runs.py),
+    copied to ``results``: every run complete; returns the campaign's runs and the Markdown report."""
+    ran = shared_campaign(session_memo(tmp_path_factory), campaign_argv([name], scale, 1), timeout=timeout)
+    assert ran.status == 0, ran.output[-6000:]
+    shutil.copytree(ran.results, results)
+    (state,) = results.glob("campaigns/*/state.json")
+    runs: dict[str, Any] = json.loads(state.read_text())["runs"]
     assert {r["status"] for r in runs.values()} == {"complete"}, runs
     return runs, write_report(results, results / "report.md", "markdown").read_text()
 
@@ -255,13 +260,14 @@ def test_differences_name_the_changed_field() -> None:
 
 @pytest.mark.vm
 @pytest.mark.timeout(1800)
-def test_the_whole_interrupt_latency_study_at_a_small_scale(tmp_path: Path) -> None:
+def test_the_whole_interrupt_latency_study_at_a_small_scale(tmp_path: Path,
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
     """Every configuration of the built-in once at 0.02 (2.1 s runs): native, the RT VM alone, beside two more
     VMs (bare-metal guests spinning) and with the extra interrupt source, through both stand-ins for the
     paper's interrupt source (the cross-CPU wake-up in a Linux guest, the timer in the bare-metal guest), in
     QEMU here and as libvirt domains in the KVM lab (one lab boot)."""
     results = tmp_path / "results"
-    runs, report = _whole_study("interrupt-latency", 0.02, results, timeout=1500)
+    runs, report = _whole_study("interrupt-latency", 0.02, results, tmp_path_factory, timeout=1500)
     assert len(runs) == 9
     status = {row[0]: row[1] for row in _table(report, "Study interrupt-latency")}
     assert status["this campaign"].startswith("the study's configuration")
@@ -315,15 +321,16 @@ class Campaign:
 @pytest.fixture(scope="module")
 def guest_isolation(tmp_path_factory: pytest.TempPathFactory) -> Campaign:
     """`rtvirt run guest-isolation --scale 0.01 --repetitions 1` (21 runs of bare-metal guests under TCG, about a
-    minute here), once for every test that reads it."""
+    minute here), once for the session (tests/shared_runs.py: the README's and docs/studies.md's command line,
+    which tests/test_docs_examples.py runs too), copied here for every test that reads it."""
+    ran = shared_campaign(session_memo(tmp_path_factory), campaign_argv(["guest-isolation"], 0.01, 1), timeout=900)
+    assert ran.status == 0, ran.output[-6000:]
     results = tmp_path_factory.mktemp("guest-isolation") / "results"
-    done = run_cli("run", "guest-isolation", "--scale", "0.01", "--repetitions", "1", "--out", str(results),
-                   "--no-progress", timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    shutil.copytree(ran.results, results)
     manifests = {run.manifest["campaign"]["key"]: run.manifest for run in list_runs(results)}
     markdown = write_report(results, results / "report.md", "markdown").read_text()
     document = json.loads(write_report(results, results / "report.json", "json").read_text())
-    return Campaign(results, done.stdout, manifests, markdown, document)
+    return Campaign(results, ran.output, manifests, markdown, document)
 
 
 @pytest.mark.vm

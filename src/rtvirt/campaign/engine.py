@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from ..consoles import make_console
 from ..environments import ENVIRONMENTS, Environment, Launched, SharedResources
 from ..errors import InputError, RtvirtError, RunError
 from ..explain.tracefs import reclaim_instances
@@ -440,7 +441,7 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
     campaign (several campaigns on one Xen lab boot); by default the campaign's own, closed at its end.
     ``on_run_end``: called with each run's outcome once its manifest and the state are written, before the
     next run starts (a shared store delivers the run there)."""
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     plans = expand(scenario, state.scale)
     if scenario.predict is not None:  # a bad explicit model is bad input: refused before measuring
         from ..predict.campaign import check_predict

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ..errors import InputError
-from .output import print_json
+from .output import plural, print_json
 from .resultopts import reading_store, results_option
 
 __all__ = ["explain"]
@@ -61,7 +61,7 @@ def _print_text(document: dict[str, Any]) -> None:
     echo("\nshare of outlier latency by cause:")
     for row in document["summary"]:
         echo(f"  {row['share']:7.1%}  {_us(row['total_ns']):>12}  {row['layer']:<11} {row['cause']}  "
-             f"({row['outliers']} outliers)")
+             f"({plural(row['outliers'], 'outlier')})")
 
 
 def _import_trace(run: Any, trace_file: Path, threshold_ns: int | None, top: int | None) -> None:

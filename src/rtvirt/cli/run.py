@@ -18,11 +18,11 @@ from ..campaign import CampaignState, find_resumable, run_campaign
 from ..campaign.engine import CampaignResult, RunOutcome
 from ..campaign.state import FINISHED
 from ..environments import ENVIRONMENTS, SharedResources
-from ..errors import InputError, RtvirtError
+from ..errors import EXIT_INTERRUPTED, InputError, RtvirtError
 from ..quantity import run_quantity
 from ..scenario import Scenario, load_scenario, parse_scenario
 from ..store import load_run
-from .output import console, err_console, print_json, progress_wanted
+from .output import console, err_console, plural, print_json, progress_wanted
 from .resultopts import results_option, store_for_writing
 from .serve import serving_beside, serving_options
 
@@ -76,7 +76,9 @@ def _warnings(result: CampaignResult) -> list[str]:
 def _print_reasons(result: CampaignResult) -> None:
     for key, outcome in result.outcomes.items():
         if outcome.status != "complete" and outcome.reason:
-            console.print(f"{key}: {outcome.status}: {escape(outcome.reason)}", highlight=False)
+            reason = outcome.reason.removeprefix(outcome.status).strip()  # "interrupted (Ctrl-C ...)": said once
+            console.print(f"{key}: {outcome.status}{' ' if reason.startswith('(') else ': '}{escape(reason)}",
+                          highlight=False)
 
 
 def _document(result: CampaignResult) -> dict[str, Any]:
@@ -105,7 +107,7 @@ def _campaigns(names: tuple[str, ...], results: Path, scale: float | None, repet
                                  "--repetitions out or give the same value")
             if not as_json:
                 finished = sum(1 for r in state.runs.values() if r.get("status") in FINISHED)
-                console.print(f"resuming campaign {state.campaign_id}: {finished} runs already finished",
+                console.print(f"resuming campaign {state.campaign_id}: {plural(finished, 'run')} already finished",
                               highlight=False)
         chosen = [(parse_scenario(state.scenario_text, state.source), state) for state in states]
     else:
@@ -238,13 +240,14 @@ def run(scenarios: tuple[str, ...], results: str, scale: float | None, repetitio
     try:
         with SharedResources() as shared:
             for parsed, state in campaigns:
-                done.append(run_campaign(parsed, state, store.write_dir, show_progress=progress_wanted(progress),
-                                         write_report=report, shared=shared, on_run_end=on_run_end))
+                done.append(run_campaign(parsed, state, store.write_dir, console=err_console,
+                                         show_progress=progress_wanted(progress), write_report=report, shared=shared,
+                                         on_run_end=on_run_end))
                 if done[-1].interrupted:
                     break
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted[/]: {resume_hint}")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     for result in done:
         _fill_in_finished_runs(result, store)
     if as_json:  # one campaign: its document, as before; several: a list of them
@@ -254,6 +257,6 @@ def run(scenarios: tuple[str, ...], results: str, scale: float | None, repetitio
             _print_result(result)
     if any(result.interrupted for result in done):
         err_console.print(f"[yellow]interrupted[/]: {resume_hint}")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     if any(o.status == "failed" for result in done for o in result.outcomes.values()):
         sys.exit(1)

@@ -43,8 +43,8 @@ def _windows_table(source: str, window: int | None) -> Table | None:
 
     runs = resolve_runs(source) if Path(source).is_dir() or Path(source).name == "manifest.json" else []
     table = Table(title="over time (cumulative marks, then per-window maxima)", title_justify="left")
-    for column in ("run", "from (s)", "to (s)", "samples", "unit", "median", "p99", "max"):
-        table.add_column(column, justify="right")
+    for column in ("run", "part", "from (s)", "to (s)", "samples", "unit", "median", "p99", "max"):
+        table.add_column(column, justify="left" if column in ("run", "part", "unit") else "right")
     for run in runs:
         if not run.has_samples:
             continue
@@ -53,12 +53,13 @@ def _windows_table(source: str, window: int | None) -> Table | None:
         digest = read_digest(run.path, run.run_id)
         stored = digest is not None and digest.has_profile and window in (None, digest.window_ns)
         profile = digest.profile() if digest is not None and stored else time_profile(run, window)
-        for end, s in profile.marks:
-            table.add_row(run.run_id, "0", f"{end / 1e9:.1f}", str(s.samples), unit, shown(s.median_ns),
-                          shown(s.p99_ns), shown(s.max_ns))
+        for share, (end, s) in zip(("1/8", "2/8", "4/8", "8/8"), profile.marks, strict=False):
+            table.add_row(run.run_id, f"first {share}", "0.000", f"{end / 1e9:.3f}", str(s.samples), unit,
+                          shown(s.median_ns), shown(s.p99_ns), shown(s.max_ns))
         for w in profile.windows:
-            table.add_row(run.run_id, f"{w.start_ns / 1e9:.1f}", f"{(w.start_ns + profile.window_ns) / 1e9:.1f}",
-                          str(w.count), unit, "", "", shown(w.max_ns))
+            table.add_row(run.run_id, "window", f"{w.start_ns / 1e9:.3f}",
+                          f"{(w.start_ns + profile.window_ns) / 1e9:.3f}", str(w.count), unit, "-", "-",
+                          shown(w.max_ns))
     return table if table.row_count else None
 
 

@@ -4,6 +4,7 @@ hypervisor or scenario marked (the long-term view of a latency farm)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.markup import escape
@@ -11,7 +12,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..results.history import METRICS, metric_name
-from .output import console, print_json
+from .output import console, err_console, print_json
 from .resultopts import reading_store, results_option
 
 __all__ = ["trend"]
@@ -21,6 +22,23 @@ def _short(value: str | None) -> str:
     """Hashes by their first 12 digits, as git shows commits."""
     text = str(value)
     return text[:12] if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
+
+
+def _known_configurations(store: Any, config: str) -> str:
+    """What CONFIG could have been: the closest label (`host/solo` for `host / solo`) and the labels there are."""
+    import difflib
+
+    from ..results.history import configuration
+
+    known = sorted({configuration(row) for row in store.rows()})
+    if not known:
+        return " (it holds no runs)"
+    squeezed = {label.replace(" ", ""): label for label in known}
+    close = [squeezed[config.replace(" ", "")]] if config.replace(" ", "") in squeezed else \
+        difflib.get_close_matches(config, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    listed = ", ".join(known[:12]) + (f", ... ({len(known)} in all)" if len(known) > 12 else "")
+    return f"{hint} (configurations: {listed})"
 
 
 @click.command()
@@ -47,7 +65,8 @@ def trend(config: str, results: str, metric: str, machine: str | None, classes_f
     found = history(store, config, metric, machine, classes=classes)
     if not found.machines:
         raise InputError(f"{config}: no runs of this configuration"
-                         + (f" on machine {machine!r}" if machine else "") + f" in {store.label}")
+                         + (f" on machine {machine!r}" if machine else "") + f" in {store.label}"
+                         + _known_configurations(store, config))
     if plot is not None:
         if metric == "class":
             raise InputError("option --plot: draws statistics; --metric class is a table only")
@@ -55,6 +74,7 @@ def trend(config: str, results: str, metric: str, machine: str | None, classes_f
         from ..results.figures import trend_chart
 
         write_atomically(plot, trend_chart(found))
+        err_console.print(f"plot written to {plot}", markup=False)
     if as_json:
         print_json(found.as_dict())
         return

@@ -66,8 +66,8 @@ def _where(loc: Loc, lines: dict[Loc, int]) -> str:
 
 def _fail(source: str, problems: list[tuple[Loc, str]], lines: dict[Loc, int]) -> InputError:
     shown = [f"{field_path(loc)}{_where(loc, lines)}: {message}" for loc, message in problems[:5]]
-    more = f"\n  ... and {len(problems) - 5} more" if len(problems) > 5 else ""
-    return InputError(f"model {source}: " + "\n  ".join(shown) + more)
+    more = f"; ... and {len(problems) - 5} more" if len(problems) > 5 else ""
+    return InputError(f"model {source}: " + "; ".join(shown) + more)  # one line, as every error (docs/output.md)
 
 
 def model_from_dict(data: dict[str, Any], source: str = "<model>", text: str = "") -> Model:

@@ -88,7 +88,7 @@ def box_violin(labels: list[str], summaries: list[Summary], histograms: list[His
     box_axes.bxp(stats, showmeans=True, showfliers=True)
     _log(box_axes, "y")
     box_axes.set_ylabel(quantity.axis("log"))
-    box_axes.set_title("Box plot (Tukey whiskers; dot = max)")
+    box_axes.set_title("Box plot (Tukey whiskers; triangle = mean, circle = max)")
     violins = []
     for h in histograms:
         low, high = max(float(h.values[0]), 1.0), max(float(h.values[-1]), 2.0)
@@ -263,8 +263,9 @@ def cause_bars(configurations: list[tuple[str, list[CauseShare]]], shown: int) -
     if any(share.cause not in colours for _, causes in configurations for share in causes):
         handles.append(plt.Rectangle((0, 0), 1, 1, color="lightgrey"))
         named = [*named, "other"]
-    axes.legend(handles, [_short(cause, 48) for cause in named], fontsize="small", loc="upper center",
-                bbox_to_anchor=(0.5, -0.3 if len(configurations) < 4 else -0.12), ncol=2, frameon=False)
+    # one cause a line, long enough for a task with its pid and policy (the causes table has them whole)
+    axes.legend(handles, [_short(cause, 110) for cause in named], fontsize="small", loc="upper center",
+                bbox_to_anchor=(0.5, -0.3 if len(configurations) < 4 else -0.12), ncol=1, frameon=False)
     return _png_fitted(figure)
 
 

@@ -289,8 +289,8 @@ def report_model(data: ReportData) -> dict[str, Any]:
 # --- HTML --------------------------------------------------------------------------------------------------
 
 CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.85em}
+body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:min(96vw,1500px);color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.8em}
 th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}
 th:first-child,td:first-child{text-align:left}
 th{background:#f0f0f0}
