@@ -46,12 +46,13 @@ def host_sources(cpus: tuple[int, ...], config: ExplainConfig, access: TracefsAc
 
 
 def vm_source(vm: str, host_cpus: tuple[int, ...] | None, accel: str, config: ExplainConfig,
-              no_clock: str | None = None) -> VmSource:
-    """The VM layer of a QEMU guest or libvirt domain on this host (explain.vm), bounded as the scenario says."""
+              no_clock: str | None = None, access: TracefsAccess | None = None) -> VmSource:
+    """The VM layer of a QEMU guest or libvirt domain on this host, or on a KVM host through ``access``
+    (explain.vm), bounded as the scenario says."""
     from .vm import VmSource
 
     return VmSource(vm, host_cpus, accel, config.buffer_mb, no_clock,
-                    keep=_keep_rule(config))
+                    keep=_keep_rule(config), access=access)
 
 
 def xen_source(open_dom0: Callable[[], XenDom0], domains: Callable[[], XenDomains], workdir: Path,

@@ -16,7 +16,10 @@ over asyncssh. Commands are argument vectors on both: nothing is ever handed to 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +27,7 @@ from typing import Protocol, runtime_checkable
 
 from ..errors import RunError
 
-__all__ = ["OUTPUT_LIMIT", "HostProcess", "HostTransport", "RemoteResult", "file_digest", "install"]
+__all__ = ["OUTPUT_LIMIT", "HostProcess", "HostTransport", "RemoteResult", "controller_id", "file_digest", "install"]
 
 OUTPUT_LIMIT = 1 << 20  # bytes of a command's stdout/stderr kept by run()
 
@@ -109,3 +112,14 @@ def install(transport: HostTransport, local: Path, remote: str, mode: int = 0o64
     transport.run(["mkdir", "-p", remote.rsplit("/", 1)[0] or "/"]).check(f"creating the directory of {remote}")
     transport.put(local, remote, mode)
     return True
+
+
+def controller_id() -> str:
+    """This machine, in 8 hex digits (its machine-id, else its hostname): what rtvirt's leftovers on another machine
+    (tracefs instances, QEMU directories) carry besides their owner's pid, so that a later rtvirt here removes a
+    killed one's, never another controller's."""
+    with contextlib.suppress(OSError):
+        machine = Path("/etc/machine-id").read_text().strip()
+        if re.fullmatch(r"[0-9a-f]{32}", machine):
+            return machine[:8]
+    return hashlib.sha256(os.uname().nodename.encode()).hexdigest()[:8]
