@@ -28,7 +28,7 @@ KVM_CALIBRATION_TIMEOUT_S = 20.0
 TCG_WARNING = ("the QEMU guest ran under TCG (software emulation, KVM does not accelerate here): its timings "
                "do not represent real hardware")
 # one round trip: can this login open /dev/kvm, and which QEMU is there (the first line of its --version)
-_KVM_PROBE = ('[ -r /dev/kvm ] && [ -w /dev/kvm ] && echo kvm=yes || echo kvm=no; '
+_KVM_PROBE = ('[ -c /dev/kvm ] && [ -r /dev/kvm ] && [ -w /dev/kvm ] && echo kvm=yes || echo kvm=no; '
               'if command -v "$1" > /dev/null; then "$1" --version | head -n 1; else echo qemu=missing; fi')
 
 

@@ -435,8 +435,9 @@ class QemuEnvironment(Environment):
             "vcpu_threads": {str(i): {"tid": t, "host_cpu": host_cpus[i % len(host_cpus)] if self.config.pin
                                       else None} for i, t in vcpu_threads.items()},
             "emulator_threads": len(emulator), "emulator_cpus": list(self.emulator_cpus()),
-            "iothreads": {name: {"tid": tid, "host_cpus": list(self.iothread_cpus()) if self.config.pin else None}
-                          for name, tid in iothreads.items()},
+            "iothread_threads": {name: {"tid": tid,
+                                        "host_cpus": list(self.iothread_cpus()) if self.config.pin else None}
+                                 for name, tid in iothreads.items()},
             "vcpu_sched": self.config.vcpu_sched.describe(),
             **({"exclusive_cpuset": self._vcpu_cpuset[1].notes} if self._vcpu_cpuset else {}),
         }
