@@ -6,7 +6,6 @@ every other run is kept."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -314,15 +314,17 @@ class VmSource:
     (``attach``). ``no_clock`` says why a guest cannot take part in the clock exchange (its layer is then not
     seen). ``keep``: which samples the flight recorder keeps the trace for, once told the samples file
     (``follow``); None: one buffer of ``buffer_mb`` per pCPU read at the end. ``access``: the tracefs of the
-    host QEMU runs on (default: this machine's; a KVM host's over SSH: explain.remote)."""
+    host QEMU runs on (default: this machine's; a KVM host's over SSH: explain.remote). ``exits``: trace KVM's
+    exits here too (default: under KVM; False where the KVM layer, explain.kvm, traces them)."""
 
     layer: Layer = "vm"
 
     def __init__(self, vm: str, host_cpus: tuple[int, ...] | None, accel: str, buffer_mb: int = 64,
                  no_clock: str | None = None, keep: KeepRule | None = None,
-                 access: TracefsAccess | None = None) -> None:
+                 access: TracefsAccess | None = None, exits: bool | None = None) -> None:
         self.vm = vm
         self.access = access
+        self.exits = accel == "kvm" if exits is None else exits
         self.no_clock = no_clock
         self.host_cpus = host_cpus or tuple(sorted(os.sched_getaffinity(0)))
         self.accel = accel
@@ -347,7 +349,7 @@ class VmSource:
         if self._instance is not None or self._why_not is not None:
             return
         events = ["sched:sched_switch", "sched:sched_wakeup"]
-        events += ["kvm:kvm_exit", "kvm:kvm_entry"] if self.accel == "kvm" else []
+        events += ["kvm:kvm_exit", "kvm:kvm_entry"] if self.exits else []
         recording = self.keep is not None and self.samples is not None
         # drained every DRAIN_S by the recorder: the kernel's ring only bridges its pauses
         ring_kb = min(RING_KB, self.buffer_mb * 1024) if recording else self.buffer_mb * 1024

@@ -22,8 +22,12 @@ from .transport import file_digest, install
 __all__ = ["TargetLink", "RemoteAgent", "merge_stream_copy"]
 
 # A constant wrapper script: it announces the pid, then becomes the agent. The agent and its arguments
-# are positional parameters ($0, $@), never part of the script.
-_PID_WRAPPER = 'echo "rtvirt-pid $$" >&2; exec "$0" "$@"'
+# are positional parameters ($0, $@), never part of the script. The session's sshd may have been kept off some CPUs
+# (a tracer's pipe readers, a remote QEMU's output copies: explain.remote, environments.qemu.where), and the agent
+# would inherit that: it gets every online CPU back first (its own --affinity/--cpus then place it).
+_PID_WRAPPER = ('echo "rtvirt-pid $$" >&2; '
+                'if command -v taskset > /dev/null 2>&1 && cpus=$(cat /sys/devices/system/cpu/online 2> /dev/null); '
+                'then taskset -p -c "$cpus" $$ > /dev/null 2>&1; fi; exec "$0" "$@"')
 _PID_LINE = re.compile(rb"(?m)^rtvirt-pid (\d{1,10})\n")  # a login shell may print before it
 
 

@@ -50,6 +50,7 @@ from .where import LocalQemuHost, QemuHost, QemuProcess, RemoteQemuHost, Workspa
 
 if TYPE_CHECKING:
     from ...explain.config import ExplainConfig
+    from ...explain.kvm import KvmSource
     from ...explain.model import TraceSource
     from ...explain.vm import VmSource
     from ...procs import Supervisor
@@ -154,6 +155,7 @@ class QemuEnvironment(Environment):
         self._guest_trace_files: dict[str, bytes] | None = None  # an explained Linux guest traces itself
         self._out: Path | None = None
         self._vm_source: VmSource | None = None  # the VM layer of an explained run (trace_sources)
+        self._kvm_source: KvmSource | None = None  # its KVM layer, under KVM
         self._vcpu_threads: dict[int, int] = {}
         self._stressors: list[Any] = []  # same-core/other-core stressors on a KVM host over SSH
 
@@ -223,21 +225,28 @@ class QemuEnvironment(Environment):
             self._accel = self.where.accel(self.config.accel)
 
     def trace_sources(self, config: ExplainConfig) -> list[Any]:
-        """The VM layer on the vCPUs' host CPUs (explain.vm; the run's guest then also exchanges clock readings
-        with the host over an rtvirt.clock port, explain.clocksync) and the guest layer (explain.guest), those
-        the scenario asks for; on a KVM host over SSH, its tracefs through the connection."""
-        from ...explain.sources import vm_source  # numpy and the tracer: only for an explained run
+        """The VM layer on the vCPUs' host CPUs (explain.vm), under KVM the KVM layer there (explain.kvm), and the
+        guest layer (explain.guest), those the scenario asks for; on a KVM host over SSH, its tracefs through the
+        connection. With a VM or KVM layer the run's guest also exchanges clock readings with the KVM host over
+        an rtvirt.clock port (explain.clocksync)."""
+        from ...explain.sources import kvm_source, vm_source  # numpy and the tracer: only for an explained run
 
-        guest = self._guest_trace_sources(config)
-        if "vm" not in config.layers:
-            return guest
+        sources: list[Any] = []
         self.start()
         assert self._accel is not None
-        vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin else None
-        self._vm_source = vm_source(self.config.label, vcpu_cpus or self.where.online_cpus(), self._accel["accel"],
-                                    config, no_clock="the bare-metal guest takes no part in the clock exchange"
-                                    if self.config.guest == "baremetal" else None, access=self._tracefs())
-        return [self._vm_source, *guest]
+        vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin \
+            else self.where.online_cpus()
+        no_clock = "the bare-metal guest takes no part in the clock exchange" if self.config.guest == "baremetal" \
+            else None
+        kvm = "kvm" in config.layers and self._accel["accel"] == "kvm"
+        if "vm" in config.layers:
+            self._vm_source = vm_source(self.config.label, vcpu_cpus, self._accel["accel"], config, no_clock,
+                                        access=self._tracefs(), exits=False if kvm else None)
+            sources.append(self._vm_source)
+        if kvm:
+            self._kvm_source = kvm_source(self.config.label, vcpu_cpus, config, no_clock, access=self._tracefs())
+            sources.append(self._kvm_source)
+        return [*sources, *self._guest_trace_sources(config)]
 
     def _tracefs(self) -> Any:
         """The KVM host's tracefs: None here (this machine's), else through the campaign's connection."""
@@ -262,7 +271,7 @@ class QemuEnvironment(Environment):
         self._out = out
         assert self._accel is not None
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._workspace = self.where.workspace(self.workdir)
+        self._workspace = self.where.workspace(self.workdir, self.emulator_cpus() if self.config.pin else ())
         if self.config.guest == "baremetal":
             return self._launch_baremetal(agent, args, out)
         image = self._image = guest_image(self.config.guest)
@@ -274,7 +283,7 @@ class QemuEnvironment(Environment):
             if self.config.stream_copy:
                 argv.append(f"--tee=/dev/{COPY_DISK}")
                 devices.append(COPY_DISK)
-            if self._vm_source is not None:
+            if self._vm_source is not None or self._kvm_source is not None:
                 devices.append(guest_port_device(CLOCK_PORT))
         trace_files = self._guest_trace_files if out is not None else None  # no stream, no run to explain
         if trace_files is not None:
@@ -303,13 +312,24 @@ class QemuEnvironment(Environment):
         common = self._common_command(self.config.vcpus)
         assert self._options is not None
         return [*common,
-                "-kernel", self._workspace.stage(image.boot_kernel(self._accel["accel"])),
+                "-kernel", self._workspace.stage(image.boot_kernel(self._cpu_behind())),
                 "-initrd", self._workspace.initramfs(image.initramfs, jobs, self.workdir),
                 # no_timer_check: a vCPU starved while booting under TCG fails the IO-APIC timer
                 # check and panics ("IO-APIC + timer doesn't work"), seen here under load
                 "-append", " ".join(["console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check",
                                      *self._options.kernel_args]),
                 "-device", "virtio-serial-pci"]
+
+    def _cpu_behind(self) -> str:
+        """What really runs the guest's instructions, for the kernel file it boots (GuestImage.boot_kernel): TCG
+        under TCG, and under KVM on a KVM host whose own CPU is virtual (a KVM nested in another hypervisor, the
+        KVM lab's under TCG: its bzImage decompressor took a minute there, the ELF's PVH entry skips it)."""
+        assert self._accel is not None
+        if self._accel["accel"] == "tcg" or "hypervisor" in self.where.settings().get("cpu_virtualization", ()):
+            self._realtime["kernel_file"] = "ELF (PVH entry)"
+            return "tcg"
+        self._realtime["kernel_file"] = "bzImage"
+        return "kvm"
 
     def _ports(self, out: Path | None, traced: bool) -> list[str]:
         """The stream's port, the confirmation's, the clock's and the guest trace's; the stream copy's disk."""
@@ -323,7 +343,7 @@ class QemuEnvironment(Environment):
                    "-device", f"virtserialport,chardev=rtvirtout,name={OUTPUT_PORT}",
                    "-chardev", f"socket,id=rtvirtack,path={ack},server=on,wait=off",
                    "-device", f"virtserialport,chardev=rtvirtack,name={ACK_PORT}"]
-        if self._vm_source is not None:
+        if self._vm_source is not None or self._kvm_source is not None:
             option, self._clock = self._workspace.clock("rtvirtclock")
             command += ["-chardev", option, "-device", f"virtserialport,chardev=rtvirtclock,name={CLOCK_PORT}"]
         if traced:
@@ -401,8 +421,9 @@ class QemuEnvironment(Environment):
             register_vcpus(self.config.label, vcpu_threads)
             if self._clock is not None:
                 self._clock.start()  # before the guest runs: its first clock line waits for it
-            if self._vm_source is not None:
-                self._vm_source.attach(self._proc.pid, vcpu_threads, self._clock)
+            for source in (self._vm_source, self._kvm_source):
+                if source is not None:
+                    source.attach(self._proc.pid, vcpu_threads, self._clock)
             monitor.cmd("cont")
             if self.config.pin and self.config.vcpu_sched.policy == "deadline":
                 for tid in vcpu_threads.values():
@@ -615,6 +636,8 @@ class QemuEnvironment(Environment):
         if self._ack is not None:
             self._ack.close()
             self._ack = None
+        if self._clock is not None:
+            self._clock.close()  # (the VM layer closes it as soon as the agent ended)
         forget_vcpus(self._vcpu_threads)
         if self._vcpu_cpuset is not None:
             (cgroups, exclusive), self._vcpu_cpuset = self._vcpu_cpuset, None

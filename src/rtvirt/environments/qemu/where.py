@@ -67,8 +67,13 @@ kill "$watch" 2> /dev/null
 exit "$status"
 """
 _PID_LINE = re.compile(rb"(?m)^rtvirt-pid (\d{1,10})\n")
-# pin threads $2... to CPUs $1 (taskset's list form)
-_PIN = 'cpus=$1; shift; for t; do taskset -p -c "$cpus" "$t" > /dev/null || exit 1; done'
+# pin threads $2... to CPUs $1 (taskset's list form); a thread that ended meanwhile (a QEMU worker) is no error
+_PIN = ('cpus=$1; shift; for t; do err=$(taskset -p -c "$cpus" "$t" 2>&1 > /dev/null) || [ ! -e "/proc/$t" ] || '
+        '{ echo "$err" >&2; exit 1; }; done')
+# copy the FIFO $1 to stdout; with CPUs $2, on those only, and so is the sshd relaying it (this session's, which
+# handles every channel of the connection): none of them may take a vCPU's pCPU while the guest streams
+_FOLLOW = ('if [ -n "$2" ]; then taskset -p -c "$2" "$PPID" > /dev/null 2>&1; exec taskset -c "$2" cat -- "$1"; fi; '
+           'exec cat -- "$1"')
 # the written part of a sparse disk the guest fills from its start: its allocated blocks (du), one more for luck
 _DISK_PREFIX = 'kib=$(du -k -- "$1" | cut -f1); dd if="$1" bs=1024 count=$((kib + 4)) status=none'
 DRAIN_S = 10.0  # after QEMU ended: time the copies of its outputs get to deliver what they hold
@@ -204,7 +209,9 @@ class QemuHost(ABC):
 
     # ---- one QEMU ----
     @abstractmethod
-    def workspace(self, workdir: Path) -> Workspace: ...
+    def workspace(self, workdir: Path, helper_cpus: tuple[int, ...] = ()) -> Workspace:
+        """A new QEMU's workspace; ``helper_cpus``: where the helpers that serve it there run (not on a vCPU's
+        pCPU; empty: anywhere)."""
 
     @abstractmethod
     def start(self, argv: list[str], workspace: Workspace) -> QemuProcess: ...
@@ -308,7 +315,7 @@ class LocalQemuHost(QemuHost):
     def online_cpus(self) -> tuple[int, ...]:
         return tuple(sorted(os.sched_getaffinity(0)))
 
-    def workspace(self, workdir: Path) -> Workspace:
+    def workspace(self, workdir: Path, helper_cpus: tuple[int, ...] = ()) -> Workspace:
         return LocalWorkspace()
 
     def start(self, argv: list[str], workspace: Workspace) -> QemuProcess:
@@ -320,7 +327,8 @@ class LocalQemuHost(QemuHost):
 
     def pin(self, tids: list[int], cpus: tuple[int, ...]) -> None:
         for tid in tids:
-            os.sched_setaffinity(tid, set(cpus))
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile (a QEMU worker)
+                os.sched_setaffinity(tid, set(cpus))
 
     def set_policy(self, tids: list[int], policy: SchedPolicy) -> None:
         for tid in tids:
@@ -341,8 +349,9 @@ class RemoteWorkspace(Workspace):
     """``<remote_dir>/qemu/<controller>-<pid>-<start>-<n>/`` on the KVM host: FIFOs, sockets, the run's initramfs,
     the stream copy's disk and QEMU's pid."""
 
-    def __init__(self, host: RemoteQemuHost) -> None:
+    def __init__(self, host: RemoteQemuHost, helper_cpus: tuple[int, ...]) -> None:
         self.host = host
+        self.helper_cpus = ",".join(map(str, helper_cpus))
         self.transport = host.transport
         self.directory = f"{host.qemu_root}/{host.owner}-{next(_serial)}"
         self.transport.run(["mkdir", "-p", self.directory]).check(f"qemu on {host.label}: mkdir {self.directory}")
@@ -365,7 +374,8 @@ class RemoteWorkspace(Workspace):
         self.transport.run(["mkfifo", "-m", "600", f"{stem}.in", f"{stem}.out"]).check(
             f"qemu on {self.host.label}: mkfifo {stem}")
         local.parent.mkdir(parents=True, exist_ok=True)
-        self._followers.append(self.transport.spawn(["cat", "--", f"{stem}.out"], local))
+        self._followers.append(self.transport.spawn(["sh", "-c", _FOLLOW, "rtvirt-follow", f"{stem}.out",
+                                                     self.helper_cpus], local))
         return f"pipe,id={chardev},path={stem}"
 
     def socket(self, name: str) -> tuple[str, str]:
@@ -457,8 +467,8 @@ class RemoteQemuHost(QemuHost):
             self._online = tuple(self.system().cpus())
         return self._online
 
-    def workspace(self, workdir: Path) -> Workspace:
-        return RemoteWorkspace(self)
+    def workspace(self, workdir: Path, helper_cpus: tuple[int, ...] = ()) -> Workspace:
+        return RemoteWorkspace(self, helper_cpus)
 
     def start(self, argv: list[str], workspace: Workspace) -> QemuProcess:
         assert isinstance(workspace, RemoteWorkspace)
