@@ -207,6 +207,7 @@ layers = ["vm", "kvm"]
         "modules"]["kvm"]
     assert detail["realtime"]["guest_cpu"]["tsc_deadline"] is True  # KVM's LAPIC has one; TCG's CPU has none
     assert detail["realtime"]["kernel_file"] == "bzImage"
+    assert isinstance(detail["realtime"]["tsc"]["vcpu0"]["offset"], int)  # KVM's debugfs, as trace-cmd reads it
     assert manifest["explain"]["layers"] == {"vm": "seen", "kvm": "seen"}, manifest["explain"]
 
     explained = json.loads(run_cli("explain", str(run_dir), "--json", check=True).stdout)
@@ -223,6 +224,8 @@ layers = ["vm", "kvm"]
     assert all(row["count"] >= row["timed"] > 0 for row in exits.values() if row["timed"])
     assert exits["hlt"]["reason"] == "HLT" and exits["npf"]["reason"] == "EPT_VIOLATION"
     assert any("counted by the KVM host's kernel" in note for note in kvm_layer["notes"])  # its hist trigger
+    assert any(note.startswith("KVM's tsc-offset (guest TSC = host TSC + offset): vcpu0: ")
+               for note in kvm_layer["notes"])
 
     text = run_cli("explain", str(run_dir), check=True).stdout
     assert "VM exits by reason" in text and "HLT (hlt)" in text and "rtvirt-stress/" in text

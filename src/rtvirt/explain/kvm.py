@@ -348,6 +348,7 @@ class KvmSource:
         self._problems: list[str] = []
         self._vcpus: dict[int, int] = {}
         self._exchange: Any = None
+        self._tsc_note: str | None = None
 
     def follow(self, samples: Path) -> None:
         """The file the guest's samples reach on this host while the run goes (before ``start``)."""
@@ -389,6 +390,15 @@ class KvmSource:
     def attach(self, qemu_pid: int, vcpus: Mapping[int, int], exchange: Any) -> None:
         """The VM is placed (its vCPU threads exist, it has not run yet): remember who is who."""
         self._vcpus, self._exchange = dict(vcpus), exchange
+
+    def note_tsc(self, offsets: Mapping[str, Any]) -> None:
+        """KVM's TSC offset (and scaling) of each vCPU, for the notes: with it, a guest TSC reading maps onto the
+        host's TSC exactly, as trace-cmd aligns host and guest traces; our guests' samples are on their
+        CLOCK_MONOTONIC, which the clock exchange maps instead."""
+        said = [f"{vcpu}: {value['offset']:+d}" + (f" x{value['scaling_ratio']}" if value.get("scaling_ratio") else "")
+                for vcpu, value in offsets.items() if isinstance(value, dict)]
+        self._tsc_note = ("KVM's tsc-offset (guest TSC = host TSC + offset): " + ", ".join(said) if said else
+                          f"KVM's tsc-offset not read: {offsets.get('unavailable', 'unknown')}")
 
     def stop(self) -> None:
         if self._instance is None:
@@ -437,7 +447,7 @@ class KvmSource:
             if keep(start, end, occupancy.cpu):
                 occupancies.append(Occupancy("kvm", start, end, occupancy.cause, occupancy.kind, occupancy.cpu,
                                              occupancy.detail))
-        notes = list(clock.notes) + self._problems
+        notes = list(clock.notes) + self._problems + ([self._tsc_note] if self._tsc_note else [])
         bound, dropped = bound_notes(self.recorder, self._dropped, context, self.buffer_mb * 1024, "vCPU")
         notes += bound
         timed = sum(row["timed"] for row in statistics)

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from ..errors import InputError, first_validation_error
 from .labgrid import LABGRID_SCHEME, is_labgrid, resolve_place
 
-__all__ = ["REMOTE_DIR_PATTERN", "SshOptions", "SshTarget", "SshTargetFields", "parse_target"]
+__all__ = ["REMOTE_DIR_PATTERN", "RemoteDir", "SshOptions", "SshTarget", "SshTargetFields", "parse_target"]
 
 REMOTE_DIR_PATTERN = r"^/[A-Za-z0-9_./-]{1,200}$"  # where agents go: absolute; ".." components are refused separately
+
+
+def _no_parent_components(value: str) -> str:
+    if ".." in value.split("/"):
+        raise ValueError("remote_dir must not contain '..'")
+    return value
+
+
+# a directory on another machine for rtvirt's files (agents, images, stream copies): absolute, no ".."
+RemoteDir = Annotated[str, StringConstraints(pattern=REMOTE_DIR_PATTERN), AfterValidator(_no_parent_components)]
 
 # host names, ~/.ssh/config aliases, IPv4 and bracket-less IPv6 literals; nothing a shell would care about
 HOST_PATTERN = r"^[A-Za-z0-9_.:%-]{1,253}$"

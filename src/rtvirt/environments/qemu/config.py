@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ...errors import InputError
 from ...params import CpuList
-from ...remote.target import REMOTE_DIR_PATTERN, SshOptions
+from ...remote.target import RemoteDir, SshOptions
 from ...units import duration_field
 from ..base import EnvironmentConfig
 from ..guest_image import GuestKind, guest_field, stream_copy_field
@@ -42,7 +42,7 @@ class QemuConfig(EnvironmentConfig):
     ssh: SshOptions = Field(default_factory=SshOptions,  # type: ignore[arg-type]
                             description="how to reach a KVM host over SSH (identity_file, known_hosts, ssh_config, "
                                         "proxy_jump, connect_timeout)")
-    remote_dir: str = Field("/var/tmp/rtvirt", pattern=REMOTE_DIR_PATTERN,
+    remote_dir: RemoteDir = Field("/var/tmp/rtvirt",
                             description="directory on a KVM host for the guest images (cached by content) and each "
                                         "QEMU's sockets and disk")
     # KVM's real-time settings (docs/environments-kvm.md: what the guides prescribe)
@@ -81,13 +81,6 @@ class QemuConfig(EnvironmentConfig):
                 parse_target(value, option="host")
             except InputError as exc:
                 raise ValueError(str(exc).removeprefix("option host: ")) from None
-        return value
-
-    @field_validator("remote_dir")
-    @classmethod
-    def _no_parent_components(cls, value: str) -> str:
-        if ".." in value.split("/"):
-            raise ValueError("remote_dir must not contain '..'")
         return value
 
     @property

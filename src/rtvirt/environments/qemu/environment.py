@@ -423,6 +423,10 @@ class QemuEnvironment(Environment):
                 if source is not None:
                     source.attach(self._proc.pid, vcpu_threads, self._clock)
             monitor.cmd("cont")
+            if self._accel and self._accel["accel"] == "kvm":
+                self._realtime["tsc"] = self.where.tsc_offsets(self._proc.pid)
+                if self._kvm_source is not None:
+                    self._kvm_source.note_tsc(self._realtime["tsc"])
             if self.config.pin and self.config.vcpu_sched.policy == "deadline":
                 for tid in vcpu_threads.values():
                     _apply_once_moved(tid, self.config.vcpu_sched)

@@ -76,6 +76,13 @@ _FOLLOW = ('if [ -n "$2" ]; then taskset -p -c "$2" "$PPID" > /dev/null 2>&1; ex
            'exec cat -- "$1"')
 # the written part of a sparse disk the guest fills from its start: its allocated blocks (du), one more for luck
 _DISK_PREFIX = 'kib=$(du -k -- "$1" | cut -f1); dd if="$1" bs=1024 count=$((kib + 4)) status=none'
+# KVM's TSC offset and scaling of each vCPU of QEMU $1 (debugfs: what trace-cmd aligns a guest's TSC with the host's by)
+_TSC = ('for d in /sys/kernel/debug/kvm/"$1"-*/vcpu*; do [ -r "$d/tsc-offset" ] || continue; '
+        'echo "${d##*/} $(cat "$d/tsc-offset") $(cat "$d/tsc-scaling-ratio" 2> /dev/null || echo -)"; done')
+# the sockets of a remote QEMU: a unix socket's path must fit sun_path (OpenSSH's forwarding takes 107 bytes, a
+# pytest directory's remote_dir made one of 108), so they live in a short directory of their own
+SOCKET_DIR_TEMPLATE = "/tmp/rtvirt-sock.XXXXXXXX"
+_SOCKET_DIR = re.compile(r"^/tmp/rtvirt-sock\.[A-Za-z0-9]{8}$")
 DRAIN_S = 10.0  # after QEMU ended: time the copies of its outputs get to deliver what they hold
 _serial = itertools.count(1)
 
@@ -233,6 +240,18 @@ class QemuHost(ABC):
         """Remove what a killed rtvirt left there (QEMUs, their directories); say what went."""
         return []
 
+    def tsc_offsets(self, pid: int) -> dict[str, Any]:
+        """vCPU -> KVM's TSC offset (guest TSC = host TSC x ratio + offset) and scaling ratio, from debugfs; or why
+        they cannot be read."""
+        said = self.transport.run(["sh", "-c", _TSC, "rtvirt-tsc", str(pid)], timeout=30).stdout
+        found: dict[str, Any] = {}
+        for line in said.splitlines()[:256]:
+            fields = line.split()
+            if len(fields) == 3 and fields[0].startswith("vcpu") and fields[1].lstrip("-").isdigit():
+                found[fields[0][:12]] = {"offset": int(fields[1]), "scaling_ratio": None if fields[2] == "-"
+                                         else fields[2][:24]}
+        return found or {"unavailable": "KVM's debugfs is not mounted or not readable on the KVM host"}
+
 
 def _ticks(stat: str) -> int:
     fields = stat.rsplit(")", 1)[1].split()
@@ -346,8 +365,8 @@ class LocalQemuHost(QemuHost):
 
 
 class RemoteWorkspace(Workspace):
-    """``<remote_dir>/qemu/<controller>-<pid>-<start>-<n>/`` on the KVM host: FIFOs, sockets, the run's initramfs,
-    the stream copy's disk and QEMU's pid."""
+    """``<remote_dir>/qemu/<controller>-<pid>-<start>-<n>/`` on the KVM host: FIFOs, the run's initramfs, the
+    stream copy's disk, QEMU's pid, and (in ``sockets``) the path of its sockets' short directory."""
 
     def __init__(self, host: RemoteQemuHost, helper_cpus: tuple[int, ...]) -> None:
         self.host = host
@@ -355,6 +374,12 @@ class RemoteWorkspace(Workspace):
         self.transport = host.transport
         self.directory = f"{host.qemu_root}/{host.owner}-{next(_serial)}"
         self.transport.run(["mkdir", "-p", self.directory]).check(f"qemu on {host.label}: mkdir {self.directory}")
+        self.sockets = self.transport.run(["mktemp", "-d", SOCKET_DIR_TEMPLATE]).check(
+            f"qemu on {host.label}: mktemp").stdout.strip()
+        if not _SOCKET_DIR.match(self.sockets):
+            raise RunError(f"qemu on {host.label}: mktemp made {self.sockets[:100]!r}")
+        self.transport.run(["sh", "-c", 'printf "%s\\n" "$1" > "$2"', "rtvirt-sockets", self.sockets,
+                            f"{self.directory}/sockets"]).check(f"qemu on {host.label}: noting its sockets")
         self._followers: list[HostProcess] = []
 
     def stage(self, local: Path) -> str:
@@ -379,7 +404,7 @@ class RemoteWorkspace(Workspace):
         return f"pipe,id={chardev},path={stem}"
 
     def socket(self, name: str) -> tuple[str, str]:
-        remote = f"{self.directory}/{name}.sock"
+        remote = f"{self.sockets}/{name}.sock"
         return remote, self.transport.forward_unix(remote)
 
     def clock(self, chardev: str) -> tuple[str, Any]:
@@ -417,7 +442,7 @@ class RemoteWorkspace(Workspace):
             follower.stop(grace=2.0)
         self._followers.clear()
         with contextlib.suppress(RunError):
-            self.host.reconnected().run(["rm", "-rf", "--", self.directory], timeout=60)
+            self.host.reconnected().run(["rm", "-rf", "--", self.directory, self.sockets], timeout=60)
 
 
 class RemoteQemuHost(QemuHost):
@@ -524,6 +549,9 @@ class RemoteQemuHost(QemuHost):
             if match is None or process_start_time(int(match[1])) == match[2]:
                 continue  # another controller's, or its rtvirt lives
             directory = f"{self.qemu_root}/{name}"
+            sockets = self.transport.run(["cat", f"{directory}/sockets"], timeout=30).stdout.strip()
+            if _SOCKET_DIR.match(sockets):
+                self.transport.run(["rm", "-rf", "--", sockets], timeout=60)
             pid = self.transport.run(["cat", f"{directory}/qemu.pid"], timeout=30).stdout.strip()
             if pid.isdigit():
                 command = self.transport.run(["cat", f"/proc/{pid}/cmdline"], timeout=30).stdout
