@@ -2,9 +2,9 @@
 KVM host reached over SSH (the KVM lab is one).
 
 One module per concern, in a line that only points down: ``config`` (the scenario's fields) and ``accel`` (KVM or
-TCG, and why) at the bottom; ``realtime`` (KVM's real-time settings as QEMU arguments); ``where`` (the machine
-QEMU runs on: files, outputs, sockets, QEMU's life, thread placement, here or over a transport); ``environment``
-(the lifecycle: boot paused, place, run, tear down).
+TCG, and why) at the bottom; ``realtime`` (KVM's real-time settings as QEMU arguments); ``deadline`` (the exclusive
+cpuset of pinned SCHED_DEADLINE vCPUs); ``where`` (the machine QEMU runs on: files, outputs, sockets, QEMU's life,
+thread placement, here or over a transport); ``environment`` (the lifecycle: boot paused, place, run, tear down).
 """
 
 from __future__ import annotations

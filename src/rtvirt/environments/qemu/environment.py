@@ -11,7 +11,6 @@ got (realtime.py), and only then let the guest run.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import time
 from collections.abc import Iterable
@@ -22,8 +21,6 @@ from ...errors import InputError, RunError
 from ...explain.clocksync import CLOCK_PORT
 from ...explain.guest_channel import GUEST_TRACE_FILE, GUEST_TRACE_PORT
 from ...explain.vcpus import forget_vcpus, register_vcpus
-from ...host.checks.base import cpu_list
-from ...host.ledger import process_holder
 from .. import baremetal
 from ..base import Environment, Launched, SharedResources
 from ..guest_image import (
@@ -42,9 +39,9 @@ from ..guest_image import (
     guest_port_path,
     job_archive,
 )
-from ..sched import SchedPolicy, apply_policy
 from .accel import QEMU, TCG_WARNING, read_console
 from .config import LAB_HOST, QemuConfig
+from .deadline import DeadlineCpuset, apply_once_moved
 from .realtime import RealtimeOptions, cpu_readback, realtime_options
 from .where import LocalQemuHost, QemuHost, QemuProcess, RemoteQemuHost, Workspace
 
@@ -61,21 +58,8 @@ __all__ = ["ACK_PORT", "OUTPUT_PORT", "QemuEnvironment", "default_emulator_cpus"
 OUTPUT_PORT = "rtvirt.out"
 ACK_PORT = "rtvirt.ack"  # host to guest: the end-of-stream confirmation the agent waits for
 ACK_CONNECT_TIMEOUT_S = 5.0
+REMOTE_CPU_READ_S = 1.0  # how often the vCPUs' CPU time is read on a KVM host over SSH
 QMP_CONNECT_TIMEOUT_S = 90.0  # QEMU loads the kernel and initramfs before QMP answers: seen past 30 s at load 18
-
-
-def _apply_once_moved(tid: int, policy: SchedPolicy, timeout_s: float = 5.0) -> None:
-    """SCHED_DEADLINE for a vCPU thread just moved into its exclusive cpuset: the kernel checks the root domain of
-    the CPU the thread last ran on, so the policy is refused (EPERM) until the thread has run on its new CPU."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            apply_policy(tid, policy)
-            return
-        except RunError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
 
 
 def default_emulator_cpus(vcpu_cpus: Iterable[int], online: Iterable[int]) -> tuple[int, ...]:
@@ -141,7 +125,7 @@ class QemuEnvironment(Environment):
         self._placement: dict[str, Any] = {}
         self._realtime: dict[str, Any] = {}  # KVM's real-time settings as applied and read back
         self._options: RealtimeOptions | None = None
-        self._vcpu_cpuset: tuple[list[Any], Any] | None = None  # ([Cgroup], Exclusive): pinned deadline vCPUs
+        self._vcpu_cpuset: DeadlineCpuset | None = None  # pinned SCHED_DEADLINE vCPUs' exclusive cpuset
         self._qmp: str | None = None  # the path here that reaches QEMU's QMP
         self._ack_path: str | None = None
         self._clock: Any = None  # the clock exchange's host half, started once QEMU is placed
@@ -149,6 +133,7 @@ class QemuEnvironment(Environment):
         self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
         self._vcpu_cpu_s: float | None = None
         self._boot_cpu_s: float | None = None  # the vCPUs' CPU time when the guest said it had booted
+        self._cpu_read_at = 0.0
         self._ack: socket.socket | None = None  # the confirmation's connection to the guest's ack port
         self._copy_path = self.workdir / "stream-copy.img"
         self._copy_disk = False
@@ -429,7 +414,7 @@ class QemuEnvironment(Environment):
                     self._kvm_source.note_tsc(self._realtime["tsc"])
             if self.config.pin and self.config.vcpu_sched.policy == "deadline":
                 for tid in vcpu_threads.values():
-                    _apply_once_moved(tid, self.config.vcpu_sched)
+                    apply_once_moved(tid, self.config.vcpu_sched)
         except OSError as exc:
             raise RunError(f"qemu: QMP failed ({exc}): {self._stderr_tail()}") from None
         finally:
@@ -444,8 +429,9 @@ class QemuEnvironment(Environment):
                     if t not in vcpu_threads.values() and t not in iothreads.values()]
         partitioned = self.config.pin and self.config.vcpu_sched.policy == "deadline"
         if partitioned:
-            self._vcpu_partition(sorted({host_cpus[i % len(host_cpus)] for i in vcpu_threads}),
-                                 list(vcpu_threads.values()))
+            self._vcpu_cpuset = DeadlineCpuset(self.config.label)
+            self._vcpu_cpuset.partition(sorted({host_cpus[i % len(host_cpus)] for i in vcpu_threads}),
+                                        list(vcpu_threads.values()), self._proc.pid, self.emulator_cpus())
         for index, tid in vcpu_threads.items():
             if self.config.pin:
                 self.where.pin([tid], (host_cpus[index % len(host_cpus)],))
@@ -462,13 +448,17 @@ class QemuEnvironment(Environment):
                                         "host_cpus": list(self.iothread_cpus()) if self.config.pin else None}
                                  for name, tid in iothreads.items()},
             "vcpu_sched": self.config.vcpu_sched.describe(),
-            **({"exclusive_cpuset": self._vcpu_cpuset[1].notes} if self._vcpu_cpuset else {}),
+            **({"exclusive_cpuset": self._vcpu_cpuset.notes} if self._vcpu_cpuset else {}),
         }
 
     def after_launch(self, launched: Launched) -> None:
         # the vCPU threads' CPU time so far (read while QEMU lives): how busy the guest kept its vCPUs
         if self._proc is None or self._proc.pid is None or self._proc.poll() is not None:
             return
+        if not self.where.here:  # a command on the KVM host each time: once a second is enough
+            if time.monotonic() - self._cpu_read_at < REMOTE_CPU_READ_S:
+                return
+            self._cpu_read_at = time.monotonic()
         tids = [int(entry["tid"]) for entry in self._placement.get("vcpu_threads", {}).values()]
         seconds = self.where.cpu_seconds(self._proc.pid, tids)
         if seconds is None:  # QEMU has ended: keep the last reading
@@ -570,54 +560,6 @@ class QemuEnvironment(Environment):
         return [TCG_WARNING.replace("KVM does not accelerate here", f"on {self._where.label}: "
                                     f"{self._accel.get('reason', '')}"[:300])]
 
-    def _vcpu_partition(self, cpus: list[int], vcpu_threads: list[int]) -> None:
-        """Pinned SCHED_DEADLINE vCPUs: their host CPUs become an exclusive cpuset, a root domain of their own
-        (the kernel admits a pinned deadline thread only then), and the vCPU threads move into it, one by one.
-
-        cgroup v1: a cpuset of the vCPUs' CPUs, exclusive, with the root's load balancing off. cgroup v2 moves
-        threads only within a threaded subtree, and (before Linux 6.7) a partition root's parent must be one too:
-        QEMU's process goes into a partition root of its emulator and vCPU CPUs, its vCPU threads into a threaded
-        partition root below it, and the emulator threads keep the rest."""
-        from ..cgroups import CgroupTree, Exclusive
-
-        tree = CgroupTree()
-        holder = process_holder(f"qemu-{secrets.token_hex(3)}")
-        name = f"rtvirt-{os.getpid()}-{secrets.token_hex(3)}"
-        exclusive = Exclusive(tree, holder)
-        self._vcpu_cpuset = ([], exclusive)
-        if tree.version == 1:
-            vcpus = tree.create(f"{name}-vcpus", tuple(cpus), None, 0)
-            self._vcpu_cpuset[0].append(vcpus)
-        else:
-            assert self._proc is not None and self._proc.pid is not None
-            emulator = self.emulator_cpus()
-            host = tree.host_cpus()
-            if set(emulator) & set(cpus) or not set(host) - set(emulator) - set(cpus):
-                raise RunError(
-                    f"{self.config.label}: pinned SCHED_DEADLINE vCPUs on cgroup v2 need a partition of QEMU's CPUs "
-                    f"(vCPUs {cpu_list(cpus)}, emulator_cpus {cpu_list(emulator)}, which must differ) that leaves "
-                    f"the host CPUs of its own (host: {cpu_list(host)}); choose cpus and emulator_cpus so, "
-                    "or use pin = false")
-            owned = tuple(sorted({*emulator, *cpus}))
-            process = tree.create(f"{name}-qemu", owned, None, 0, holder=holder)
-            self._vcpu_cpuset[0].append(process)
-            exclusive.apply(process, owned)
-            exclusive.notes["process_partition"] = exclusive.notes.pop("partition")
-            try:
-                process.join(self._proc.pid)
-            except OSError as exc:
-                raise RunError(f"{self.config.label}: cannot move QEMU into {process.directories[0]}: "
-                               f"{exc.strerror}") from None
-            vcpus = tree.create_threaded(process, "vcpus", tuple(cpus))
-            self._vcpu_cpuset[0].append(vcpus)
-        exclusive.apply(vcpus, tuple(cpus))
-        try:
-            for tid in vcpu_threads:
-                vcpus.join_thread(tid)
-        except OSError as exc:
-            raise RunError(f"{self.config.label}: cannot move the vCPU threads into {vcpus.directories[0]}: "
-                           f"{exc.strerror}") from None
-
     @classmethod
     def reclaim(cls, config: Any, shared: Any) -> list[str]:
         """The vCPU cpusets of a killed rtvirt, and the host settings it left changed (root load balancing); on a
@@ -642,12 +584,8 @@ class QemuEnvironment(Environment):
             self._clock.close()  # (the VM layer closes it as soon as the agent ended)
         forget_vcpus(self._vcpu_threads)
         if self._vcpu_cpuset is not None:
-            (cgroups, exclusive), self._vcpu_cpuset = self._vcpu_cpuset, None
-            try:
-                for cgroup in reversed(cgroups):  # a v2 vCPU cgroup lies inside the process's
-                    cgroup.remove()
-            finally:
-                exclusive.undo()
+            cpuset, self._vcpu_cpuset = self._vcpu_cpuset, None
+            cpuset.remove()
         for stressor in self._stressors:  # normally stopped by the run already
             if stressor.running:
                 stressor.stop()
