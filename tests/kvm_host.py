@@ -172,7 +172,11 @@ class NestedKvmHost:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> NestedKvmHost:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
