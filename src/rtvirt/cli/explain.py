@@ -26,6 +26,19 @@ def _layer_line(layer: dict[str, Any]) -> str:
             f"{layer['dropped_events']} events dropped by the buffer bound)")
 
 
+def _exit_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The KVM layer's exits by reason, as ``perf kvm stat`` shows them: count, time, mean and longest."""
+    if not rows:
+        return []
+    lines = ["VM exits by reason (count; time, mean and longest of those traced whole):"]
+    for row in rows:
+        timed = (f"{row['total_ns'] / 1e6:10.1f} ms  mean {_us(row['mean_ns'] or 0):>10}  "
+                 f"max {_us(row['max_ns'] or 0):>10}  ({row['timed']} timed)") if row["timed"] else "not timed"
+        lines.append(f"  vCPU {row['vcpu']} {row['reason'] + ' (' + row['raw_reason'] + ')':<34} "
+                     f"{row['count']:>9}  {timed}")
+    return lines
+
+
 def explained_document(run: Any, top: int | None, threshold_ns: int | None) -> dict[str, Any]:
     """What ``--json`` prints, also the text's source: the stored numbers, narrowed to ``threshold_ns`` and
     the ``top`` largest outliers when asked (the report's JSON carries the same document)."""
@@ -51,6 +64,8 @@ def _print_text(document: dict[str, Any]) -> None:
         echo(f"  {_layer_line(layer)}")
         for note in layer["notes"]:
             echo(f"    note: {note}")
+        for line in _exit_lines(layer.get("tables", {}).get("kvm_exits", [])):
+            echo(f"    {line}")
     for outlier in document["worst"]:
         at = f" at +{outlier['at_s']:.6f} s" if outlier["at_s"] is not None else ""
         echo(f"\n#{outlier['rank']}: {_us(outlier['latency_ns'])}{at} on CPU {outlier['cpu']}")

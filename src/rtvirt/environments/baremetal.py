@@ -87,11 +87,12 @@ def command_line(agent: str, args: list[str]) -> str:
     return line
 
 
-def qemu_devices(console: Path, out: Path | None) -> list[str]:
-    """QEMU arguments for the guest's console, stream channel and exit device."""
-    devices = ["-serial", f"file:{console}", "-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=4"]
+def qemu_devices(out: str | None) -> list[str]:
+    """QEMU arguments for the guest's exit device and stream channel (``out``: the chardev option of the stream's
+    way to the host, its id ``rtvirtout``; None: no channel). The console is the caller's (COM1)."""
+    devices = ["-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=4"]
     if out is not None:  # port 0 without multiport: the guest's driver needs nothing else
-        devices += ["-device", "virtio-serial-pci,max_ports=1", "-chardev", f"file,id=rtvirtout,path={out}",
+        devices += ["-device", "virtio-serial-pci,max_ports=1", "-chardev", out,
                     "-device", "virtconsole,chardev=rtvirtout"]
     return devices
 
@@ -113,16 +114,17 @@ def guest_error(console: str) -> tuple[int, str] | None:
     return (1 if status is None else status), message
 
 
-def request_stop(proc: subprocess.Popen[Any], qmp_socket: Path, timeout_s: float = STOP_TIMEOUT_S) -> None:
+def request_stop(proc: Any, qmp_socket: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
     """Stop a running guest as SIGTERM stops an agent: an NMI (QMP inject-nmi) makes it write out every
-    sample it holds and end its stream with reason 'signal'; we wait for it to leave the VM."""
+    sample it holds and end its stream with reason 'signal'; we wait for it to leave the VM. ``proc``: QEMU
+    wherever it runs (poll and wait), ``qmp_socket``: a path here that reaches its QMP."""
     from qemu.qmp.legacy import QEMUMonitorProtocol
 
-    if proc.poll() is not None or not qmp_socket.exists():
+    if proc.poll() is not None:
         return
     from qemu.qmp import QMPError
 
-    monitor = QEMUMonitorProtocol(str(qmp_socket))
+    monitor = QEMUMonitorProtocol(qmp_socket)
     try:
         monitor.connect()
         monitor.cmd("inject-nmi")
@@ -160,10 +162,10 @@ class DebugExitProcess:
     """QEMU running the bare-metal guest, seen as the agent: its status is the guest's.
 
     isa-debug-exit ends QEMU with ``(status << 1) | 1``; any other end (a triple fault under -no-reboot,
-    QEMU's own error) is a failure.
+    QEMU's own error) is a failure. ``proc``: QEMU here (a Popen) or wherever it runs (poll/returncode/wait).
     """
 
-    def __init__(self, proc: subprocess.Popen[Any], console: Path) -> None:
+    def __init__(self, proc: Any, console: Path) -> None:
         self._proc = proc
         self._console = console
 

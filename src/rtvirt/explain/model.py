@@ -16,9 +16,10 @@ import numpy as np
 
 __all__ = ["LAYERS", "Layer", "Occupancy", "LayerTrace", "Part", "Explanation", "CollectContext", "TraceSource"]
 
-Layer = Literal["host", "vm", "xen", "guest", "unexplained"]
-# outermost first: while an outer layer held the CPU nothing inside it ran, so it takes precedence
-LAYERS: tuple[Layer, ...] = ("host", "xen", "vm", "guest", "unexplained")
+Layer = Literal["host", "vm", "kvm", "xen", "guest", "unexplained"]
+# outermost first: while an outer layer held the CPU nothing inside it ran, so it takes precedence (kvm inside vm:
+# while the vCPU's thread was off its pCPU, whoever ran is the cause; while it was on, KVM's exit handling)
+LAYERS: tuple[Layer, ...] = ("host", "xen", "vm", "kvm", "guest", "unexplained")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,8 @@ class LayerTrace:
     alignment_ns: int = 0  # uncertainty of the mapping from the source's clock to the sample clock
     dropped_events: int = 0  # events the bounded buffer lost (a run states it; never silent)
     notes: list[str] = field(default_factory=list)  # what the user should know ("host steal rose by 3.1 ms")
+    # tables a layer reports beside its occupancies, by name (the KVM layer's "kvm_exits": perf kvm stat's rows)
+    tables: dict[str, list[dict[str, object]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes, start_reco
 from .tracefs import (
     TEXT_RESOLUTION_NS,
     TraceEvent,
+    TracefsAccess,
     TracefsInstance,
     TracingUnavailable,
     body_fields,
@@ -312,13 +313,18 @@ class VmSource:
     unpinned, every CPU rtvirt may use), told its vCPU threads and clock exchange once QEMU placed them
     (``attach``). ``no_clock`` says why a guest cannot take part in the clock exchange (its layer is then not
     seen). ``keep``: which samples the flight recorder keeps the trace for, once told the samples file
-    (``follow``); None: one buffer of ``buffer_mb`` per pCPU read at the end."""
+    (``follow``); None: one buffer of ``buffer_mb`` per pCPU read at the end. ``access``: the tracefs of the
+    host QEMU runs on (default: this machine's; a KVM host's over SSH: explain.remote). ``exits``: trace KVM's
+    exits here too (default: under KVM; False where the KVM layer, explain.kvm, traces them)."""
 
     layer: Layer = "vm"
 
     def __init__(self, vm: str, host_cpus: tuple[int, ...] | None, accel: str, buffer_mb: int = 64,
-                 no_clock: str | None = None, keep: KeepRule | None = None) -> None:
+                 no_clock: str | None = None, keep: KeepRule | None = None,
+                 access: TracefsAccess | None = None, exits: bool | None = None) -> None:
         self.vm = vm
+        self.access = access
+        self.exits = accel == "kvm" if exits is None else exits
         self.no_clock = no_clock
         self.host_cpus = host_cpus or tuple(sorted(os.sched_getaffinity(0)))
         self.accel = accel
@@ -343,11 +349,11 @@ class VmSource:
         if self._instance is not None or self._why_not is not None:
             return
         events = ["sched:sched_switch", "sched:sched_wakeup"]
-        events += ["kvm:kvm_exit", "kvm:kvm_entry"] if self.accel == "kvm" else []
+        events += ["kvm:kvm_exit", "kvm:kvm_entry"] if self.exits else []
         recording = self.keep is not None and self.samples is not None
         # drained every DRAIN_S by the recorder: the kernel's ring only bridges its pauses
         ring_kb = min(RING_KB, self.buffer_mb * 1024) if recording else self.buffer_mb * 1024
-        instance = TracefsInstance(self.host_cpus, events, buffer_kb=ring_kb)
+        instance = TracefsInstance(self.host_cpus, events, buffer_kb=ring_kb, access=self.access)
         try:
             instance.start()
         except TracingUnavailable as exc:
@@ -359,7 +365,7 @@ class VmSource:
             assert instance.path is not None and self.samples is not None and self.keep is not None
             self.recorder = start_recording(instance, FlightRecorder(
                 instance.path, self.host_cpus, self.samples, self.keep, bound_bytes=self.buffer_mb << 20,
-                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self)))
+                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self), access=self.access))
 
     def attach(self, qemu_pid: int, vcpus: Mapping[int, int], exchange: ClockExchange | None) -> None:
         """The VM is placed (its vCPU threads exist, it has not run yet): remember who is who."""

@@ -1,20 +1,21 @@
-"""The system audit's view of a target: files and commands read over the connection, few round trips."""
+"""The system audit's view of a machine behind a transport (an SSH target, a KVM host): files and commands read
+over it, few round trips."""
 
 from __future__ import annotations
 
 from ..params import parse_cpulist
 from ..sysaudit import KERNEL_CONFIG_LIMIT, MAX_VALUE
-from .connection import SshConnection
+from .transport import HostTransport
 
 __all__ = ["RemoteSystem"]
 
 
 class RemoteSystem:
-    """:class:`rtvirt.sysaudit.SystemView` of an SSH target (``audit_system(RemoteSystem(conn))``)."""
+    """:class:`rtvirt.sysaudit.SystemView` of a machine behind ``connection`` (``audit_system(RemoteSystem(conn))``)."""
 
-    def __init__(self, connection: SshConnection) -> None:
+    def __init__(self, connection: HostTransport) -> None:
         self.connection = connection
-        self.label = connection.target.label
+        self.label = connection.label
 
     def read_many(self, paths: list[str], limit: int = MAX_VALUE) -> dict[str, str | None]:
         """One ``head -v -c`` for all files: each file's bytes follow a ``==> path <==`` line it prints.

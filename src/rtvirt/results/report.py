@@ -34,6 +34,11 @@ _MAX_SETTING = 300  # characters of one system setting shown
 _Table = tuple[str, list[str], list[list[str]]]  # title, header, rows
 
 
+def _number(value: object) -> float | None:
+    """A number stored in an explanation's JSON (None: not known)."""
+    return float(value) if isinstance(value, int | float) else None
+
+
 def _us(ns: float | None) -> str:
     return "-" if ns is None or (isinstance(ns, float) and math.isnan(ns)) else f"{ns / 1000:,.3f}"
 
@@ -232,6 +237,11 @@ def explanation_tables(data: ReportData) -> list[_Table]:
             coverage.append([view.run.run_id, c.label, explanation.threshold_rule, str(explanation.outliers),
                              str(len({part.rank for part in explanation.parts})), seen, unseen,
                              str(sum(layer.dropped_events for layer in explanation.layers)), _plain(notes)])
+    exits = [[view.run.run_id, c.label, str(row["vcpu"]), f"{row['reason']} ({row['raw_reason']})",
+              str(row["count"]), str(row["timed"]), _us(_number(row["total_ns"])), _us(_number(row["mean_ns"])),
+              _us(_number(row["max_ns"]))]
+             for c in data.configurations for view in c.runs if view.explanation is not None
+             for layer in view.explanation.layers for row in layer.tables.get("kvm_exits", [])]
     return [
         (f"Outlier causes per configuration: share of the explained outliers' latency (largest {CAUSES_SHOWN})",
          ["configuration", "layer", "cause", "outliers", "time (µs)", "share"], causes),
@@ -240,6 +250,9 @@ def explanation_tables(data: ReportData) -> list[_Table]:
         ("What each explanation could see", ["run", "configuration", "threshold", "outliers", "explained",
                                             "layers seen (alignment)", "not seen", "dropped events", "notes"],
          coverage),
+        *([("VM exits by reason (perf kvm stat; time over the exits the trace holds whole)",
+            ["run", "configuration", "vCPU", "reason", "exits", "timed", "time (µs)", "mean (µs)", "max (µs)"],
+            exits)] if exits else []),
     ]
 
 
