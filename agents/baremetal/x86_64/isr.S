@@ -1,4 +1,4 @@
-/* Interrupt stubs. Every stub first reads the TSC into isr_entry_tsc (the "first instruction of the
+/* Interrupt stubs. Every stub first reads the TSC into isr_entry_cycles (the "first instruction of the
  * handler" of the timer probe: two pushes precede it), then saves the general registers and calls
  * isr_dispatch(frame), which returns the frame to resume: the same one, or another thread's (a
  * preemption). Threads of the tiny kernel are switched only here, so a thread's saved state is
@@ -15,7 +15,7 @@ isr_stub_\vector:
     rdtsc
     shlq $32, %rdx
     orq %rdx, %rax
-    movq %rax, isr_entry_tsc(%rip)
+    movq %rax, isr_entry_cycles(%rip)
     popq %rdx
     popq %rax
 .if \has_error == 0
