@@ -32,6 +32,7 @@ STORE=(
 ARM=(
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents for Arm targets
   qemu-user-static                                # runs the aarch64 agents in tests
+  qemu-system-arm                                 # the aarch64 bare-metal guest (qemu arch = "aarch64")
 )
 TOOLS=(
   rt-tests stress-ng jitterdebugger               # reference tools (benchmarks, importers) and the stress-ng engine

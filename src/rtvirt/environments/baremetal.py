@@ -1,16 +1,19 @@
 """The bare-metal guest (``guest = "baremetal"``): rtvirt's own kernel (agents/baremetal, docs/baremetal.md).
 
-Booted directly by the hypervisor (QEMU ``-kernel``: multiboot; Xen: a PVH domU); the probe and its options travel on
-the kernel command line exactly as the Linux agent's argv; the sample stream leaves through a virtio-console
-(the guest's own legacy virtio-pci driver; its fallbacks, QEMU's debug console and COM2, are for
-platforms without one), the console text (READY/EXIT marks, errors) through COM1, and the guest ends
-the VM through QEMU's isa-debug-exit device with its status. Under Xen PVH there is no UART and no virtio:
-text and stream share the domain's PV console, the stream in frames (ConsoleDemux splits dom0's log).
+Booted directly by the hypervisor (QEMU ``-kernel``: multiboot on x86_64, an arm64 Image on aarch64; Xen: a PVH
+domU); the probe and its options travel on the kernel command line exactly as the Linux agent's argv; the sample
+stream leaves through a virtio-console (the guest's own driver: legacy virtio-pci on x86_64, virtio-mmio on
+aarch64; its x86 fallbacks, QEMU's debug console and COM2, are for platforms without one), the console text
+(READY/EXIT marks, errors) through the first UART (COM1, the PL011), and the guest ends the VM with its status
+(x86: QEMU's isa-debug-exit device; aarch64: PSCI SYSTEM_OFF, the status on the console's EXIT line). An explained
+run adds a second virtio-console for the clock exchange (explain.clocksync). Under Xen PVH there is no UART and
+no virtio: text and stream share the domain's PV console, the stream in frames (ConsoleDemux splits dom0's log).
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 import threading
 import time
@@ -21,9 +24,9 @@ from ..agents import BAREMETAL_KERNEL, agent_path
 from ..errors import InputError, RunError
 from .guest_image import EXIT_MARK
 
-__all__ = ["kernel_path", "command_line", "qemu_devices", "DebugExitProcess", "guest_error", "failure_exception",
-           "request_stop", "unsupported", "stressor_unsupported", "DEBUG_EXIT_PORT",
-           "ConsoleDemux", "XenConsoleRelay", "xen_domain_lines", "xen_request_stop"]
+__all__ = ["kernel_path", "command_line", "qemu_command", "qemu_binary", "QEMU_BINARIES", "GuestProcess",
+           "guest_error", "failure_exception", "request_stop", "unsupported", "stressor_unsupported", "DEBUG_EXIT_PORT",
+           "ConsoleDemux", "XenConsoleRelay", "xen_domain_lines", "xen_request_stop", "emulated_machine"]
 
 DEBUG_EXIT_PORT = 0xF4
 MAX_COMMAND_LINE = 1023  # the guest's buffer (agents/baremetal/main.c)
@@ -31,8 +34,27 @@ ERROR_PREFIX = "rtvirt-baremetal: "
 STOP_TIMEOUT_S = 10.0  # time a stopped guest gets to write out what it holds
 
 
-def kernel_path() -> Path:
-    return agent_path(BAREMETAL_KERNEL)
+def kernel_path(arch: str = "x86_64") -> Path:
+    return agent_path(BAREMETAL_KERNEL, arch)
+
+
+# The QEMU that boots the guest of each architecture (Debian: qemu-system-x86, qemu-system-arm).
+QEMU_BINARIES = {"x86_64": "qemu-system-x86_64", "aarch64": "qemu-system-aarch64"}
+# aarch64: QEMU's virt board with the study's CPU (a Raspberry Pi 4's Cortex-A72); its power button (the stop
+# request) reaches the guest through a PL061 GPIO line only without ACPI
+ARM_CPU = "cortex-a72"
+
+
+def qemu_binary(arch: str) -> str:
+    return QEMU_BINARIES[arch]
+
+
+def _installed_qemu(arch: str) -> str:
+    binary = qemu_binary(arch)
+    if shutil.which(binary) is None:
+        package = "qemu-system-arm (scripts/setup.sh arm)" if arch == "aarch64" else "qemu-system-x86"
+        raise RunError(f"{binary} is not installed: apt-get install {package}")
+    return binary
 
 
 # Stressor programs of the guest (agents/baremetal/stress.c), and the stressor agent's options they take
@@ -87,13 +109,41 @@ def command_line(agent: str, args: list[str]) -> str:
     return line
 
 
-def qemu_devices(console: Path, out: Path | None) -> list[str]:
-    """QEMU arguments for the guest's console, stream channel and exit device."""
-    devices = ["-serial", f"file:{console}", "-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=4"]
-    if out is not None:  # port 0 without multiport: the guest's driver needs nothing else
-        devices += ["-device", "virtio-serial-pci,max_ports=1", "-chardev", f"file,id=rtvirtout,path={out}",
-                    "-device", "virtconsole,chardev=rtvirtout"]
-    return devices
+def qemu_command(arch: str, accel: str, *, memory: int, name: str, command_line: str, qmp_socket: Path,
+                 console: Path, out: Path, clock_socket: Path | None, gic_version: int = 2) -> list[str]:
+    """QEMU's argv for the guest (started paused: the caller places its vCPU over QMP): the machine, the kernel
+    and its command line, the console, the stream's virtio-console writing to ``out``, the exit device (x86), and
+    with ``clock_socket`` a second virtio-console on that socket for the clock exchange. The guest takes the
+    consoles in this order (x86: PCI slots in command-line order; aarch64: virtio-mmio transports from the
+    highest address down, where QEMU puts the first -device)."""
+    kvm = accel == "kvm"
+    if arch == "aarch64":
+        machine = ["-machine", f"virt,gic-version={gic_version},acpi=off", "-accel", accel,
+                   "-cpu", "host" if kvm else ARM_CPU]
+        bus_device, exit_device = "virtio-serial-device", []
+    else:
+        machine = ["-accel", accel, "-cpu", "host" if kvm else "max"]
+        bus_device = "virtio-serial-pci"
+        exit_device = ["-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=4"]
+    consoles = [f"file,id=rtvirtout,path={out}"]
+    if clock_socket is not None:
+        consoles.append(f"socket,id=rtvirtclock,path={clock_socket},server=on,wait=off")
+    devices = []
+    for chardev in consoles:  # port 0 of a bus without multiport: the guest's driver needs nothing else
+        devices += ["-device", f"{bus_device},max_ports=1", "-chardev", chardev,
+                    "-device", f"virtconsole,chardev={chardev.split('id=')[1].split(',')[0]}"]
+    return [_installed_qemu(arch), *machine, "-smp", "1", "-m", str(memory), "-display", "none", "-nodefaults",
+            "-no-reboot", "-S", "-name", f"{name},debug-threads=on", "-kernel", str(kernel_path(arch)),
+            "-append", command_line, "-qmp", f"unix:{qmp_socket},server=on,wait=off", "-serial", f"file:{console}",
+            *exit_device, *devices]
+
+
+def emulated_machine(arch: str, accel: str, gic_version: int = 2) -> str | None:
+    """What QEMU emulated for the guest, for the manifest: None where nothing of the CPU was (KVM on x86)."""
+    if arch == "aarch64":
+        cpu = "the host's CPU (KVM)" if accel == "kvm" else f"an emulated {ARM_CPU} (TCG)"
+        return f"QEMU's virt board with a GICv{gic_version}, the generic timer and {cpu}"
+    return None if accel == "kvm" else "an x86_64 CPU emulated by TCG (-cpu max)"
 
 
 def guest_error(console: str) -> tuple[int, str] | None:
@@ -113,9 +163,11 @@ def guest_error(console: str) -> tuple[int, str] | None:
     return (1 if status is None else status), message
 
 
-def request_stop(proc: subprocess.Popen[Any], qmp_socket: Path, timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """Stop a running guest as SIGTERM stops an agent: an NMI (QMP inject-nmi) makes it write out every
-    sample it holds and end its stream with reason 'signal'; we wait for it to leave the VM."""
+def request_stop(proc: subprocess.Popen[Any], qmp_socket: Path, timeout_s: float = STOP_TIMEOUT_S,
+                 arch: str = "x86_64") -> None:
+    """Stop a running guest as SIGTERM stops an agent: a stop request (x86: an NMI, QMP inject-nmi; aarch64: the
+    power button, QMP system_powerdown) makes it write out every sample it holds and end its stream with reason
+    'signal'; we wait for it to leave the VM."""
     from qemu.qmp.legacy import QEMUMonitorProtocol
 
     if proc.poll() is not None or not qmp_socket.exists():
@@ -125,7 +177,7 @@ def request_stop(proc: subprocess.Popen[Any], qmp_socket: Path, timeout_s: float
     monitor = QEMUMonitorProtocol(str(qmp_socket))
     try:
         monitor.connect()
-        monitor.cmd("inject-nmi")
+        monitor.cmd("system_powerdown" if arch == "aarch64" else "inject-nmi")
     except (OSError, EOFError, QMPError):
         return  # QEMU is going anyway: the caller stops it
     finally:
@@ -156,22 +208,26 @@ def unsupported(probe: str, params: dict[str, Any]) -> str | None:
     return None
 
 
-class DebugExitProcess:
+class GuestProcess:
     """QEMU running the bare-metal guest, seen as the agent: its status is the guest's.
 
-    isa-debug-exit ends QEMU with ``(status << 1) | 1``; any other end (a triple fault under -no-reboot,
-    QEMU's own error) is a failure.
+    x86: isa-debug-exit ends QEMU with ``(status << 1) | 1``; any other end (a triple fault under -no-reboot,
+    QEMU's own error) is a failure. aarch64: PSCI SYSTEM_OFF ends QEMU with 0 and the status is the console's
+    EXIT line (none: a failure).
     """
 
-    def __init__(self, proc: subprocess.Popen[Any], console: Path) -> None:
+    def __init__(self, proc: subprocess.Popen[Any], console: Path, exit_device: bool = True) -> None:
         self._proc = proc
         self._console = console
+        self._exit_device = exit_device
 
     @property
     def returncode(self) -> int | None:
         code = self._proc.returncode
         if code is None:
             return None
+        if not self._exit_device:
+            return (guest_error(self._console_text()) or (0, ""))[0] if code == 0 else code
         return code >> 1 if code > 0 and code & 1 else (code or 1)
 
     def poll(self) -> int | None:
@@ -184,13 +240,15 @@ class DebugExitProcess:
         assert code is not None
         return code
 
-    def error_tail(self) -> str:
+    def _console_text(self) -> str:
         try:
             with self._console.open("rb") as f:
-                text = f.read(1 << 16).decode("utf-8", errors="replace")
+                return f.read(1 << 16).decode("utf-8", errors="replace")
         except OSError:
             return ""
-        failure = guest_error(text)
+
+    def error_tail(self) -> str:
+        failure = guest_error(self._console_text())
         return failure[1] if failure else ""
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
+from ..agents import native_arch
 from ..errors import RunError
 from ..explain.clocksync import CLOCK_PORT, ClockExchange
 from ..explain.guest_channel import GUEST_TRACE_FILE, GUEST_TRACE_PORT
@@ -87,11 +88,20 @@ class QemuConfig(EnvironmentConfig):
                                               description="time the guest may take to boot (bare numbers in s)")
     guest: GuestKind = guest_field()
     stream_copy: bool = stream_copy_field()
+    # the guest's architecture (docs/baremetal.md): aarch64 is QEMU's virt board, emulated unless the host is one
+    arch: Literal["x86_64", "aarch64"] = Field("x86_64", description="the guest's CPU architecture")
+    gic_version: Literal[2, 3] = Field(2, description="aarch64: the virt board's GIC (2: the study's GIC-400)")
 
     @model_validator(mode="after")
     def _baremetal_has_one_vcpu(self) -> QemuConfig:
         if self.guest == "baremetal" and self.vcpus != 1:
             raise ValueError("vcpus: the bare-metal guest runs on one vCPU (vcpus = 1)")
+        if self.arch != "x86_64" and self.guest != "baremetal":
+            raise ValueError(f"arch: an {self.arch} guest is the bare-metal one for now (guest = 'baremetal'); "
+                             "the Linux guest images are x86_64")
+        if self.arch != native_arch() and self.accel == "kvm":
+            raise ValueError(f"accel: KVM runs {native_arch()} guests here; an {self.arch} guest is emulated "
+                             "(accel = 'tcg' or 'auto')")
         return self
 
 
@@ -109,9 +119,9 @@ def _apply_once_moved(tid: int, policy: SchedPolicy, timeout_s: float = 5.0) -> 
             time.sleep(0.01)
 
 
-def _qemu_version() -> str:
+def _qemu_version(binary: str = QEMU) -> str:
     try:
-        out = subprocess.run([QEMU, "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.splitlines()[0][:200] if out else "unknown"
@@ -140,12 +150,15 @@ def _boot_once(image: GuestImage, accel: str, workdir: Path, timeout_s: float) -
     return None
 
 
-def choose_accel(requested: str = "auto") -> dict[str, Any]:
+def choose_accel(requested: str = "auto", arch: str | None = None) -> dict[str, Any]:
     """Which accelerator to use, and why: a calibration boot under KVM decides (cached per host setup).
 
     /dev/kvm can exist where KVM only emulates (nested without hardware support): a guest that does not
-    come up under KVM within the calibration timeout means TCG is the faster choice.
+    come up under KVM within the calibration timeout means TCG is the faster choice. A guest of another
+    architecture than the host's is always emulated.
     """
+    if arch is not None and arch != native_arch():
+        return {"accel": "tcg", "reason": f"an {arch} guest on an {native_arch()} host is emulated"}
     override = os.environ.get("RTVIRT_ACCEL")
     if override in ("kvm", "tcg"):
         requested = override
@@ -272,7 +285,7 @@ class QemuEnvironment(Environment):
 
     def start(self) -> None:
         if self._accel is None:
-            self._accel = choose_accel(self.config.accel)
+            self._accel = choose_accel(self.config.accel, self.config.arch)
 
     def trace_sources(self, config: ExplainConfig) -> list[Any]:
         """The VM layer on the vCPUs' host CPUs (explain.vm; the run's guest then also exchanges clock readings
@@ -286,9 +299,7 @@ class QemuEnvironment(Environment):
         self.start()
         assert self._accel is not None
         vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin else None
-        self._vm_source = vm_source(self.config.label, vcpu_cpus, self._accel["accel"], config,
-                                    no_clock="the bare-metal guest takes no part in the clock exchange"
-                                    if self.config.guest == "baremetal" else None)
+        self._vm_source = vm_source(self.config.label, vcpu_cpus, self._accel["accel"], config)
         return [self._vm_source, *guest]
 
     def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
@@ -377,24 +388,25 @@ class QemuEnvironment(Environment):
         return "sent"
 
     def _launch_baremetal(self, agent: str, args: list[str], out: Path | None) -> Launched:
-        """Our own kernel: the probe's argv is its command line, the stream leaves by the debug console."""
+        """Our own kernel: the probe's argv is its command line, the stream leaves by a virtio console (an
+        explained run's clock exchange by a second one)."""
         assert self._accel is not None
         command_line = baremetal.command_line(agent, args)
         self._socket_dir = Path(tempfile.mkdtemp(prefix="rtvirt-qmp-"))
         qmp_socket = self._socket_dir / "qmp.sock"
-        accel = self._accel["accel"]
         # the guest needs a stream channel even as a disturbing guest (out None): its statistics go here
         channel = out if out is not None else self.workdir / "stressor.rtvs"
         channel.parent.mkdir(parents=True, exist_ok=True)
-        command = [QEMU, "-accel", accel, "-cpu", "host" if accel == "kvm" else "max",
-                   "-smp", "1", "-m", str(self.config.memory), "-display", "none", "-nodefaults", "-no-reboot", "-S",
-                   "-name", f"{self.config.label},debug-threads=on",
-                   "-kernel", str(baremetal.kernel_path()), "-append", command_line,
-                   "-qmp", f"unix:{qmp_socket},server=on,wait=off", *baremetal.qemu_devices(self._console, channel)]
+        clock = self._socket_dir / "clock.sock" if self._vm_source is not None and out is not None else None
+        command = baremetal.qemu_command(self.config.arch, self._accel["accel"], memory=self.config.memory,
+                                         name=self.config.label, command_line=command_line, qmp_socket=qmp_socket,
+                                         console=self._console, out=channel, clock_socket=clock,
+                                         gic_version=self.config.gic_version)
         self._proc = self.supervisor.start(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._launched_at = time.monotonic()
         self._place_and_continue(qmp_socket)
-        return Launched(baremetal.DebugExitProcess(self._proc, self._console), out)
+        exit_device = self.config.arch == "x86_64"
+        return Launched(baremetal.GuestProcess(self._proc, self._console, exit_device), out)
 
     def _place_and_continue(self, qmp_socket: Path) -> None:
         from qemu.qmp import ConnectError
@@ -451,8 +463,8 @@ class QemuEnvironment(Environment):
             monitor.close()
 
     def _clock_exchange(self) -> ClockExchange | None:
-        """The host side of the guest's rtvirt.clock port, connected before the guest runs (a Linux guest
-        with a stream only: the ports come with it)."""
+        """The host side of the guest's rtvirt.clock port, connected before the guest runs (a guest with a
+        stream only: the ports come with it; the bare-metal guest's is a second virtio console)."""
         assert self._socket_dir is not None
         path = self._socket_dir / "clock.sock"
         if not path.exists():
@@ -534,7 +546,10 @@ class QemuEnvironment(Environment):
     def describe(self) -> dict[str, Any]:
         boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
         return {**super().describe(), "acceleration": (self._accel or {}).get("accel"),
-                "acceleration_reason": (self._accel or {}).get("reason"), "qemu": _qemu_version(),
+                "acceleration_reason": (self._accel or {}).get("reason"),
+                "qemu": _qemu_version(baremetal.qemu_binary(self.config.arch)), "arch": self.config.arch,
+                "emulated": baremetal.emulated_machine(self.config.arch, (self._accel or {}).get("accel", "tcg"),
+                                                       self.config.gic_version),
                 "boot_seconds": boot_s, **guest_description(self.config.guest, self._image), **self._placement,
                 "vcpu_cpu_seconds": self._vcpu_cpu_s, "jobs_beside": [" ".join(job.argv) for job in self._beside],
                 "vcpu_cpu_seconds_after_boot": None if self._vcpu_cpu_s is None or self._boot_cpu_s is None
@@ -609,7 +624,7 @@ class QemuEnvironment(Environment):
     def close(self) -> None:
         if self._proc is not None:
             if self.config.guest == "baremetal" and self._socket_dir is not None:
-                baremetal.request_stop(self._proc, self._socket_dir / "qmp.sock")
+                baremetal.request_stop(self._proc, self._socket_dir / "qmp.sock", arch=self.config.arch)
             self.supervisor.stop(self._proc, grace=5.0)
             self._proc = None
         if self._ack is not None:
