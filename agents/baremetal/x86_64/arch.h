@@ -55,7 +55,10 @@ static inline void irq_enable(void) { __asm__ volatile("sti" ::: "memory"); }
 static inline void idle_wait_and_enable(void) { __asm__ volatile("sti; hlt" ::: "memory"); }
 static inline void cpu_relax(void) { __asm__ volatile("pause" ::: "memory"); }
 enum { SWITCH_VECTOR = 34 };
-static inline void switch_trap(void) { __asm__ volatile("int %0" ::"i"(SWITCH_VECTOR) : "memory"); }
+/* What `int $34` does, done by a function (isr.S): an interrupt frame, then the vector's stub. KVM's instruction
+ * emulator cannot run `int` in long mode, and a KVM that emulates the guest (a nested host without hardware
+ * virtualization) stops the VM there. */
+void switch_trap(void);
 
 /* x86 keeps stores in order and loads in order (TSO): only the compiler must not reorder */
 #define barrier() __asm__ volatile("" ::: "memory")

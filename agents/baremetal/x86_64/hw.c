@@ -97,26 +97,68 @@ static uint64_t hypervisor_tsc_hz(const char **source) {
     return 0;
 }
 
-/* PIT channel 2 counting down 10 ms with the speaker gate as the reference. */
+/* ---- the TSC's rate against the PIT (1.193182 MHz): channel 2, gated on, counting down from 0xFFFF ---- */
+
+enum { PIT_HZ = 1193182, PIT_WINDOW_TICKS = 47727 /* 40 ms */ };
+
+static uint16_t pit_count(void) {
+    outb(0x43, 0x80); /* latch channel 2 */
+    uint8_t lo = inb(0x42), hi = inb(0x42);
+    return (uint16_t)(lo | hi << 8);
+}
+
+/* A (TSC, PIT count) pair: the tightest bracket of five reads, the TSC at its middle. A vCPU held off between
+ * two pairs costs nothing (both clocks ran on); only a wait inside a bracket would, and the tightest has none. */
+static void pit_pair(uint64_t *tsc, uint16_t *count) {
+    uint64_t tightest = UINT64_MAX;
+    for (int i = 0; i < 5; i++) {
+        uint64_t before = cycles();
+        uint16_t c = pit_count();
+        uint64_t after = cycles();
+        if (after - before < tightest) {
+            tightest = after - before;
+            *tsc = before + (after - before) / 2;
+            *count = c;
+        }
+    }
+}
+
+/* 40 ms of PIT ticks between two pairs; 0 without a PIT (Xen PVH: the count never moves) or when the count
+ * wrapped (the vCPU held off past the 55 ms the 16-bit count lasts: the count alone cannot tell). */
 static uint64_t pit_tsc_hz(void) {
-    const uint32_t pit_hz = 1193182, ticks = pit_hz / 100;
     uint8_t gate = inb(0x61);
     outb(0x61, (uint8_t)((gate & ~0x02) | 0x01)); /* gate on, speaker off */
     outb(0x43, 0xB0);                               /* channel 2, lo/hi, mode 0 */
-    outb(0x42, (uint8_t)(ticks & 0xff));
-    outb(0x42, (uint8_t)(ticks >> 8));
-    uint64_t start = cycles();
-    uint64_t spins = 0;
-    while (!(inb(0x61) & 0x20))
-        if (++spins > 100000000ull) return 0; /* no PIT (Xen PVH) */
-    uint64_t elapsed = cycles() - start;
+    outb(0x42, 0xFF);
+    outb(0x42, 0xFF);
+    uint64_t t0, t1;
+    uint16_t c0, c1;
+    pit_pair(&t0, &c0);
+    for (uint16_t last = c0, now, still = 0; (uint16_t)(c0 - (now = pit_count())) < PIT_WINDOW_TICKS;) {
+        if (now != last) {
+            last = now;
+            still = 0;
+        } else if (++still > 10000) { /* a count that stands still: no PIT */
+            outb(0x61, gate);
+            return 0;
+        }
+    }
+    pit_pair(&t1, &c1);
+    bool wrapped = inb(0x61) & 0x20; /* mode 0's output rises at the count's end: it passed 0 (held off long) */
     outb(0x61, gate);
-    return elapsed * 100;
+    if (wrapped || c1 >= c0 || (uint16_t)(c0 - c1) < PIT_WINDOW_TICKS) return 0;
+    return (uint64_t)((__uint128_t)(t1 - t0) * PIT_HZ / (uint16_t)(c0 - c1));
 }
+
+uint64_t kvm_tsc_hz(void); /* kvm.c */
 
 static void tsc_init(void) {
     const char *source = "none";
     uint64_t hz = hypervisor_tsc_hz(&source);
+    if (!hz) {
+        uint64_t scale = kvm_tsc_hz();
+        if (plausible(scale)) { hz = scale; source = "kvmclock"; }
+    }
     uint32_t r[4];
     if (!hz) {
         cpuid(0, 0, r);
@@ -126,24 +168,9 @@ static void tsc_init(void) {
             if (plausible(found)) { hz = found; source = "cpuid-15h"; }
         }
     }
-    /* The PIT: a vCPU descheduled inside the 10 ms window skews one measurement, so take the median of
-     * three plausible ones (up to ten tries; a host under load here failed single measurements). */
-    uint64_t found[3];
-    int n = 0;
-    for (int tries = 0; !hz && n < 3 && tries < 10; tries++) {
+    for (int tries = 0; !hz && tries < 3; tries++) {
         uint64_t measured = pit_tsc_hz();
-        if (!measured) break; /* no PIT at all */
-        if (plausible(measured)) found[n++] = measured;
-    }
-    if (!hz && n) {
-        for (int i = 1; i < n; i++)
-            for (int j = i; j > 0 && found[j] < found[j - 1]; j--) {
-                uint64_t swap = found[j];
-                found[j] = found[j - 1];
-                found[j - 1] = swap;
-            }
-        hz = found[n / 2];
-        source = "pit";
+        if (plausible(measured)) { hz = measured; source = "pit"; }
     }
     if (!plausible(hz)) run_error("cannot determine the TSC frequency (no hypervisor leaf, CPUID 15h or PIT)");
     clock_init(hz, source);

@@ -64,6 +64,20 @@ STUB 34, 0
 STUB 35, 0
 STUB 255, 0
 
+/* switch_trap(): the frame `int $34` would push (ss, rsp, rflags, cs, rip), interrupts off, then its stub; the
+ * stub's iretq returns here as `ret` would. rax and rdx are the caller's to lose (a call clobbers them). */
+    .global switch_trap
+switch_trap:
+    popq %rax          /* the return address: rsp is the caller's again */
+    movq %rsp, %rdx
+    pushq $0x10
+    pushq %rdx
+    pushfq
+    cli
+    pushq $0x08
+    pushq %rax
+    jmp isr_stub_34
+
 isr_common:
     pushq %rax
     pushq %rbx
