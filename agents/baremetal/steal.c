@@ -29,18 +29,23 @@ void steal_init(void) {
 
 const char *steal_source(void) { return source; }
 
+/* A bracket this long is taken as quiet anyway after MARK_TRIES readings (the tightest of them): a vCPU that is slow
+ * to run the few instructions of a reading (a KVM that emulates the guest) must not loop here for ever. */
+enum { MARK_TRIES = 64 };
+
 void steal_mark_now(steal_mark *mark) {
     const uint64_t quiet = ns_to_cycles(MARK_QUIET_NS);
-    for (;;) {
+    uint64_t tightest = UINT64_MAX;
+    for (int tries = 0; tries < MARK_TRIES || tightest == UINT64_MAX; tries++) {
         uint64_t at = cycles(), runnable, offline = 0;
         bool consistent = true;
         if (from_xen) consistent = xen_runstate_read(&runnable, &offline);
         else runnable = pv_steal_ns();
-        if (!consistent || cycles() - at > quiet) continue;
-        mark->at = at;
-        mark->runnable_ns = runnable;
-        mark->offline_ns = offline;
-        return;
+        uint64_t bracket = cycles() - at;
+        if (!consistent || bracket >= tightest) continue;
+        tightest = bracket;
+        *mark = (steal_mark){at, runnable, offline};
+        if (bracket <= quiet) return;
     }
 }
 

@@ -125,13 +125,13 @@ def qemu_command(arch: str, accel: str, *, memory: int, name: str, command_line:
         machine = ["-accel", accel, "-cpu", "host" if kvm else "max"]
         bus_device = "virtio-serial-pci"
         exit_device = ["-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=4"]
-    consoles = [f"file,id=rtvirtout,path={out}"]
+    consoles = {"rtvirtout": f"file,id=rtvirtout,path={out}"}
     if clock_socket is not None:
-        consoles.append(f"socket,id=rtvirtclock,path={clock_socket},server=on,wait=off")
+        consoles["rtvirtclock"] = f"socket,id=rtvirtclock,path={clock_socket},server=on,wait=off"
     devices = []
-    for chardev in consoles:  # port 0 of a bus without multiport: the guest's driver needs nothing else
-        devices += ["-device", f"{bus_device},max_ports=1", "-chardev", chardev,
-                    "-device", f"virtconsole,chardev={chardev.split('id=')[1].split(',')[0]}"]
+    for name, chardev in consoles.items():  # port 0 of its own bus, no multiport: the guest's driver needs no more
+        devices += ["-device", f"{bus_device},max_ports=1,id={name}-bus", "-chardev", chardev,
+                    "-device", f"virtconsole,chardev={name},bus={name}-bus.0"]
     return [_installed_qemu(arch), *machine, "-smp", "1", "-m", str(memory), "-display", "none", "-nodefaults",
             "-no-reboot", "-S", "-name", f"{name},debug-threads=on", "-kernel", str(kernel_path(arch)),
             "-append", command_line, "-qmp", f"unix:{qmp_socket},server=on,wait=off", "-serial", f"file:{console}",
