@@ -78,6 +78,14 @@ if [[ " ${DEB_PACKAGES[*]} " == *" libxen-dev "* && $(id -u) -eq 0 && ! -e $DEB_
   apt-get update -qq
 fi
 
+# The arm part fetches Debian's arm64 packages (kernel, busybox, Xen: tests/armkvm, the ARM labs) with
+# `apt-get download PKG:arm64`, which needs arm64 among dpkg's architectures; nothing arm64 gets installed.
+if [[ " ${parts[*]} " =~ \ (arm|all)\  && $(id -u) -eq 0 ]] && command -v dpkg >/dev/null \
+    && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  dpkg --add-architecture arm64
+  apt-get update -qq
+fi
+
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
