@@ -84,8 +84,9 @@ const char *fallback_channel(void (**write)(const uint8_t *p, size_t n), uint64_
 /* Paravirtual stolen time of the hypervisor (KVM steal time), one consistent total (ns); false: none */
 bool pv_steal_init(const char **source);
 uint64_t pv_steal_ns(void);
-/* A stop may be pending where interrupts are off (the gap probe's spin): take it if so (true: stop). */
-bool stop_pending(void);
+/* The arch's stop request seen where interrupts are off (the gap probe's spin; Arm: the power button waiting
+ * in the GIC); x86's NMI sets stop_requested itself. */
+bool arch_stop_pending(void);
 
 /* ---- interrupts and the kernel's events (the arch's handlers report them to sched.c) ---- */
 enum kernel_event { EV_NONE, EV_TIMER, EV_KOPS, EV_STOP };
@@ -94,6 +95,9 @@ enum kernel_event { EV_NONE, EV_TIMER, EV_KOPS, EV_STOP };
 extern volatile bool stop_requested;
 extern volatile uint64_t isr_entry_cycles; /* the counter read at the first instructions of the last interrupt */
 extern void (*kops_ipi_hook)(void);        /* what EV_KOPS runs (the kops probe's timestamps) */
+/* Whether a stop was requested, by an interrupt or by what is polled (the arch's, Xen's console input): probes
+ * that spin or never block ask it in their loops; the idle thread asks it too (and stops the run). */
+bool stop_pending(void);
 void kernel_event(enum kernel_event event); /* from the arch's handler, interrupts off */
 void *sched_switch(void *frame);            /* then: the frame to resume (another thread's: a preemption) */
 /* a fault: the run fails, saying "<what> <number> (code <code>) at <at> in thread <name>" */
@@ -170,6 +174,7 @@ long xen_hypercall(unsigned nr, uint64_t a1, uint64_t a2, uint64_t a3); /* the a
 void xen_map_shared(uint64_t paddr);        /* the arch maps a page Xen shares as ordinary memory */
 bool xen_console_init(void);                /* true when the PV console is there */
 bool xen_console(void);
+bool xen_console_stop_requested(void);      /* a ^C on the console's input: the host's stop (no NMI on Arm) */
 void xen_console_text(const char *s, size_t n);
 void xen_console_stream(const uint8_t *p, size_t n); /* framed: 00 'RVS' length16 bytes */
 void xen_console_flush(void);               /* finish an open frame, write held text */
@@ -243,7 +248,7 @@ int threadmetric_run(void);
 int workload_run(void);
 /* stress.c: the stressor programs (cpu, cache) of a disturbing bare-metal guest */
 extern const probe_desc stress_cpu_desc, stress_cache_desc;
-extern uint64_t stress_level, stress_buffer;
+extern uint64_t stress_level, stress_buffer, stress_slice_ns, stress_period_ns;
 int stress_cpu_run(void);
 int stress_cache_run(void);
 

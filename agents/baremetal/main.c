@@ -50,6 +50,8 @@ static const option OPTIONS[] = {
     {"report-interval", OPT_NS, &P.report_interval_ns, 1000000, 3600000000000ull, "threadmetric"},
     {"kernel", OPT_STR, &P.kernel, 0, 0, "workload"},
     {"size", OPT_U64, &P.size, 1024, 1ull << 32, "workload"},
+    {"slice", OPT_NS, &stress_slice_ns, 0, 10000000000ull, "cpu"},
+    {"period", OPT_NS, &stress_period_ns, 0, 10000000000ull, "cpu"},
     {"level", OPT_U64, &stress_level, 0, 4, "cache"},
     {"buffer", OPT_U64, &stress_buffer, 0, 1ull << 32, "cache"},
 };
@@ -198,6 +200,9 @@ static void parse_command_line(char *line, bool skip_first_word) {
         usage_error("priority", "kops needs at least 2 (the partner thread runs one above), or 0");
     if (!strcmp(probe->desc->name, "threadmetric") && P.priority < 6)
         usage_error("priority", "threadmetric needs at least 6 (its five threads take the priorities below it)");
+    if (!strcmp(probe->desc->name, "cpu") && (!stress_slice_ns != !stress_period_ns || (stress_period_ns &&
+                                                                                      stress_slice_ns >= stress_period_ns)))
+        usage_error("slice", "--slice and --period go together, the slice shorter than the period");
     if (!strcmp(probe->desc->name, "workload") && strcmp(P.kernel, "qsort") && strcmp(P.kernel, "basicmath") &&
         strcmp(P.kernel, "bitcount"))
         usage_error("kernel", "choose qsort, basicmath or bitcount");

@@ -234,7 +234,7 @@ int kops_run(void) {
     uint64_t done = 0;
     for (size_t o = 0; o < sizeof measured / sizeof measured[0]; o++) {
         for (uint64_t i = 0; i < P.iterations; i++) {
-            if (cycles() >= deadline || stop_requested) goto out;
+            if (cycles() >= deadline || stop_pending()) goto out;
             kops_once(measured[o]);
             if (stream_pending() >= 16384) stream_drain(); /* between iterations: never inside one */
             done++;
@@ -290,7 +290,7 @@ int threadmetric_run(void) {
     uint64_t next = cycles() + period, last = next - period, before = 0;
     int status = 0;
     for (uint64_t n = 0; !P.loops || n < P.loops; n++) {
-        if (next > deadline) break;
+        if (next > deadline || stop_pending()) break; /* the chain never idles: a polled stop is seen here */
         sleep_until(next);
         uint64_t now = cycles(), rounds = tm_count[0];
         stream_sample(cycles_to_ns(next), (int64_t)(rounds - before), cycles_to_ns(now - last), 0, 0);

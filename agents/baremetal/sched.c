@@ -35,6 +35,11 @@ static void (*stop_handler)(void); /* stream_stop, registered by main.c */
 
 void on_stop_request(void (*handler)(void)) { stop_handler = handler; }
 
+bool stop_pending(void) {
+    if (!stop_requested && (arch_stop_pending() || xen_console_stop_requested())) stop_requested = true;
+    return stop_requested;
+}
+
 static thread *pick(void) {
     thread *best = NULL;
     for (int i = 0; i < nthreads; i++) {
@@ -154,6 +159,7 @@ _Noreturn void sched_run(void) {
     k_yield();
     for (;;) {
         if (idle_work) idle_work();
+        if (!stop_requested && stop_pending() && stop_handler) stop_handler(); /* a polled stop: ends the run */
         /* no wake-up is lost between the check and the wait: it ends the wait even while masked */
         irq_disable();
         if (pick() == current) idle_wait_and_enable();

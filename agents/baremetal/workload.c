@@ -23,7 +23,7 @@ int workload_run(void) {
     for (size_t i = 0; i < words; i++) input[i] = (uint32_t)xorshift(&seed);
     volatile double sink = 0;
     for (uint64_t n = 0; !P.loops || n < P.loops; n++) {
-        if (cycles() >= deadline) break;
+        if (cycles() >= deadline || stop_pending()) break;
         memcpy(scratch, input, words * sizeof(uint32_t));
         uint64_t t0 = cycles();
         switch (kernel) {

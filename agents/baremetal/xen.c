@@ -74,6 +74,22 @@ bool xen_console_init(void) {
 
 bool xen_console(void) { return cons != NULL; }
 
+/* The host asks the domain to stop by writing ^C (0x03) to its console (dom0: the console's pty, which
+ * xenconsoled copies into the ring's input half): Xen on Arm gives a domU no NMI to take. Polled (the idle thread,
+ * spinning probes); what else comes in is read and dropped. */
+bool xen_console_stop_requested(void) {
+    if (!cons) return false;
+    uint32_t at = cons->in_cons, prod = cons->in_prod;
+    if (at == prod) return false;
+    rmb();
+    bool stop = false;
+    for (; at != prod; at++) stop |= cons->in[at & (sizeof cons->in - 1)] == 0x03;
+    mb();
+    cons->in_cons = at;
+    notify();
+    return stop;
+}
+
 /* Publish n bytes in the ring, waiting for xenconsoled to make room; *left counts down as they become
  * visible (an interrupted write resumes from there). Interrupts stay enabled. */
 static void ring_put(const uint8_t *p, size_t n, size_t *left) {

@@ -44,6 +44,7 @@ static inline void switch_trap(void) { __asm__ volatile("svc #0" ::: "memory"); 
 /* ordering towards another CPU (the host's device model, Xen's console daemon): inner-shareable barriers */
 #define wmb() __asm__ volatile("dmb ishst" ::: "memory")
 #define rmb() __asm__ volatile("dmb ishld" ::: "memory")
+#define mb() __asm__ volatile("dmb ish" ::: "memory")
 
 static inline uint32_t mmio_read32(uintptr_t addr) {
     uint32_t v;

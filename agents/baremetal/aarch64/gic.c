@@ -138,11 +138,8 @@ static void power_key_init(void) {
 
 /* Where interrupts are off (the gap probe's spin) a pressed button waits in the GIC: look (ISR_EL1 says an IRQ is
  * pending; the CPU interface says which) without taking it; interrupts on again take it (EV_STOP). */
-bool stop_pending(void) {
-    if (stop_requested) return true;
-    if (!power_irq || !(sysreg_read(isr_el1) & (1u << 7))) return false;
-    if (gic_pending() == power_irq) stop_requested = true;
-    return stop_requested;
+bool arch_stop_pending(void) {
+    return power_irq && (sysreg_read(isr_el1) & (1u << 7)) && gic_pending() == power_irq;
 }
 
 /* ---- the virtual timer ---- */

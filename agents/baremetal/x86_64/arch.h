@@ -64,5 +64,6 @@ void switch_trap(void);
 #define barrier() __asm__ volatile("" ::: "memory")
 #define wmb() barrier()
 #define rmb() barrier()
+#define mb() __asm__ volatile("mfence" ::: "memory")
 
 #endif

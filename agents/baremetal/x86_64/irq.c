@@ -36,7 +36,7 @@ static void lapic_self_ipi(uint8_t vector) {
 
 void kops_self_ipi(void) { lapic_self_ipi(KOPS_IPI_VECTOR); }
 
-bool stop_pending(void) { return stop_requested; } /* the NMI sets it even with interrupts off */
+bool arch_stop_pending(void) { return false; } /* the NMI sets stop_requested even with interrupts off */
 
 void interrupts_init(void) {
     for (int i = 0; i < 37; i++) {

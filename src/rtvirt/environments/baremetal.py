@@ -58,9 +58,9 @@ def _installed_qemu(arch: str) -> str:
 
 
 # Stressor programs of the guest (agents/baremetal/stress.c), and the stressor agent's options they take
-# only at the value they honour (one CPU: one worker; always busy: no duty cycle).
+# only at the value they honour (one CPU: one worker).
 BAREMETAL_STRESSORS = ("cpu", "cache")
-_STRESSOR_FIXED = {"workers": "1", "slice": "0", "period": "0"}
+_STRESSOR_FIXED = {"workers": "1"}
 
 
 def stressor_unsupported(stressor: str, params: dict[str, Any], workers: int) -> str | None:
@@ -69,8 +69,6 @@ def stressor_unsupported(stressor: str, params: dict[str, Any], workers: int) ->
         return f"a bare-metal disturbing guest runs the {' and '.join(BAREMETAL_STRESSORS)} stressors, not {stressor}"
     if workers != 1:
         return "workers: a bare-metal disturbing guest has one CPU and one worker"
-    if stressor == "cpu" and (params.get("slice") or params.get("period")):
-        return "slice/period: a bare-metal disturbing guest spins all the time (no duty cycle)"
     return None
 
 
@@ -85,7 +83,7 @@ def _stressor_args(args: list[str]) -> list[str]:
         if name in _STRESSOR_FIXED:
             if value != _STRESSOR_FIXED[name]:
                 raise InputError(f"guest 'baremetal': option --{name} can only be {_STRESSOR_FIXED[name]} "
-                                 "in a bare-metal disturbing guest (one CPU, always busy)")
+                                 "in a bare-metal disturbing guest (one CPU)")
             continue
         kept.append(arg)
     return kept
