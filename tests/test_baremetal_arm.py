@@ -36,12 +36,16 @@ CPU = CPUS[-1]
 MS = 1_000_000
 
 
+def aarch64(gic: int = 2) -> QemuConfig:
+    return QemuConfig(kind="qemu", cpus=(CPU,), accel="tcg", guest="baremetal", arch="aarch64", gic_version=gic,
+                      vcpu_sched=SchedPolicy(policy="other"))
+
+
 def boot(tmp_path: Path, probe: str, params: dict[str, Any] | None = None, *, gic: int = 2,
          agent: str = "rtvirt-probe", args: list[str] | None = None) -> tuple[QemuEnvironment, Path, int]:
     """One run of the aarch64 guest through the qemu environment: (env, stream, guest status)."""
     argv = args if args is not None else agent_args(PROBES[probe].params(affinity=(0,), **(params or {})))
-    config = QemuConfig(kind="qemu", cpus=(CPU,), accel="tcg", guest="baremetal", arch="aarch64", gic_version=gic,
-                        vcpu_sched=SchedPolicy(policy="other"))
+    config = aarch64(gic)
     out = tmp_path / f"{probe}.rtvs"
     with Supervisor() as supervisor:
         env = QemuEnvironment(config, supervisor, tmp_path / f"vm-{probe}")
@@ -111,10 +115,8 @@ def test_threadmetric_and_the_workload_kernels(tmp_path: Path) -> None:
 def test_stressor_programs_run_until_stopped(tmp_path: Path, program: str, stats: set[str]) -> None:
     """A disturbing guest's program runs until the host presses the board's power button."""
     out = tmp_path / "stressor.rtvs"
-    config = QemuConfig(kind="qemu", cpus=(CPU,), accel="tcg", guest="baremetal", arch="aarch64",
-                        vcpu_sched=SchedPolicy(policy="other"))
     with Supervisor() as supervisor:
-        env = QemuEnvironment(config, supervisor, tmp_path / "vm")
+        env = QemuEnvironment(aarch64(), supervisor, tmp_path / "vm")
         try:
             launched = env.launch("rtvirt-stress", [program, "--workers=1"], out)
             reader = StreamReader(out)
@@ -140,10 +142,8 @@ def test_the_power_button_stops_a_run_with_every_sample_written(tmp_path: Path, 
     interrupts off: it sees the pending button in the GIC and stops, its statistics written."""
     params: dict[str, Any] = {"duration": 0, **({"interval": "1ms"} if probe == "timer" else {"threshold": "50us"})}
     out = tmp_path / "samples.rtvs"
-    config = QemuConfig(kind="qemu", cpus=(CPU,), accel="tcg", guest="baremetal", arch="aarch64",
-                        vcpu_sched=SchedPolicy(policy="other"))
     with Supervisor() as supervisor:
-        env = QemuEnvironment(config, supervisor, tmp_path / "vm")
+        env = QemuEnvironment(aarch64(), supervisor, tmp_path / "vm")
         try:
             launched = env.launch("rtvirt-probe", [probe, *agent_args(PROBES[probe].params(**params))], out)
             reader, seen = StreamReader(out), 0

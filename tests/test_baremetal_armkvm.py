@@ -8,9 +8,6 @@ each carrying the stolen time KVM counted in it, which the explanation names."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,26 +17,10 @@ import pytest
 from rtvirt.stream import SampleStream, read_stream
 
 sys.path.insert(0, str(Path(__file__).parent / "arm64host"))
-from harness import Job, run_kvm, stolen_share_of_holes  # noqa: E402
+from harness import Job, needs_arm64_host, run_kvm, stolen_share_of_holes  # noqa: E402
 
 MS = 1_000_000
-
-
-def _arm64_packages() -> bool:
-    try:
-        return "arm64" in subprocess.run(["dpkg", "--print-foreign-architectures"], capture_output=True, text=True,
-                                         check=True).stdout.split()
-    except (OSError, subprocess.CalledProcessError):
-        return False
-
-
-pytestmark = [pytest.mark.vm, pytest.mark.slow, pytest.mark.quiet,  # timings on a host CPU of its own
-              pytest.mark.skipif(shutil.which("qemu-system-aarch64") is None or shutil.which("aarch64-linux-gnu-gcc")
-                                 is None, reason="needs qemu-system-arm and gcc-aarch64-linux-gnu (scripts/setup.sh arm)"),
-              pytest.mark.skipif(not _arm64_packages(), reason="Debian's arm64 packages cannot be fetched: "
-                                 "dpkg --add-architecture arm64 (scripts/setup.sh arm does it)"),
-              pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or os.geteuid() != 0,
-                                 reason="needs two CPUs (the board's CPU 1 gets one alone) and root for SCHED_FIFO")]
+pytestmark = needs_arm64_host("aarch64-linux-gnu-gcc")
 
 JOBS = [Job("timer", "timer --duration=1000000000 --interval=1000000"),
         Job("gap-beside-fifo", "gap --duration=3000000000 --threshold=300000", hog="1 90 2000 10000 600"),

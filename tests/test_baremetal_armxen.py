@@ -9,9 +9,6 @@ runstate area per sample, and stops on a ^C from dom0 (Xen on Arm has no NMI to 
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,26 +19,10 @@ from rtvirt.environments.baremetal import ConsoleDemux
 from rtvirt.stream import SampleStream, read_stream
 
 sys.path.insert(0, str(Path(__file__).parent / "arm64host"))
-from harness import XenJob, run_xen, stolen_share_of_holes  # noqa: E402
+from harness import XenJob, needs_arm64_host, run_xen, stolen_share_of_holes  # noqa: E402
 
 MS = 1_000_000
-
-
-def _arm64_packages() -> bool:
-    try:
-        return "arm64" in subprocess.run(["dpkg", "--print-foreign-architectures"], capture_output=True, text=True,
-                                         check=True).stdout.split()
-    except (OSError, subprocess.CalledProcessError):
-        return False
-
-
-pytestmark = [pytest.mark.vm, pytest.mark.slow, pytest.mark.quiet,  # timings on a host CPU of its own
-              pytest.mark.skipif(shutil.which("qemu-system-aarch64") is None,
-                                 reason="needs qemu-system-arm (scripts/setup.sh arm)"),
-              pytest.mark.skipif(not _arm64_packages(), reason="Debian's arm64 packages cannot be fetched: "
-                                 "dpkg --add-architecture arm64 (scripts/setup.sh arm does it)"),
-              pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or os.geteuid() != 0,
-                                 reason="needs two CPUs (the board's CPU 1 gets one alone) and root for SCHED_FIFO")]
+pytestmark = needs_arm64_host()
 
 JOBS = [XenJob("timer", "timer --duration=1000000000 --interval=1000000"),
         XenJob("gap-beside-domain", "gap --duration=3000000000 --threshold=300000",

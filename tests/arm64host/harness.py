@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from rtvirt.agents import agent_path
 from rtvirt.environments.guest_image import Cpio, cache_dir
 
@@ -51,6 +53,28 @@ TOOLSTACK = (f"{XEN_BIN}/xl", f"{XEN_BIN}/xenstored", f"{XEN_BIN}/xenconsoled", 
              f"{XEN_BIN}/libxl-save-helper", "/usr/bin/xenstore-read")
 LIBRARY_DIRS = ("/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
 DOM0_MODULES = ("xen-evtchn", "xen-privcmd", "xen-gntdev", "xen-gntalloc", "xenfs")
+
+
+def arm64_packages() -> bool:
+    """Whether Debian's arm64 packages can be fetched here (arm64 among dpkg's architectures)."""
+    try:
+        return "arm64" in subprocess.run(["dpkg", "--print-foreign-architectures"], capture_output=True, text=True,
+                                         check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return False
+
+
+def needs_arm64_host(*tools: str) -> list[pytest.MarkDecorator]:
+    """The marks of a test module that boots the arm64 host: slow, quiet (timings on a host CPU of its own), and
+    skipped, saying why, where ``tools`` (beside qemu-system-aarch64), Debian's arm64 packages, a second CPU or
+    root (SCHED_FIFO) are missing."""
+    missing = [tool for tool in ("qemu-system-aarch64", *tools) if shutil.which(tool) is None]
+    return [pytest.mark.vm, pytest.mark.slow, pytest.mark.quiet,
+            pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)} (scripts/setup.sh arm)"),
+            pytest.mark.skipif(not arm64_packages(), reason="Debian's arm64 packages cannot be fetched: "
+                               "dpkg --add-architecture arm64 (scripts/setup.sh arm does it)"),
+            pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or os.geteuid() != 0,
+                               reason="needs two CPUs (the board's CPU 1 gets one alone) and root for SCHED_FIFO")]
 
 
 def _work() -> Path:
