@@ -99,10 +99,16 @@ def test_kops_times_sgis_switches_and_timers(tmp_path: Path) -> None:
     assert medians["irq_entry"] > 0 and medians["sem_switch"] > medians["sem_give"], medians
 
 
-def test_threadmetric_and_the_workload_kernels(tmp_path: Path) -> None:
+# quiet: every 250 ms interval must count rounds; beside the suite's other guests one woke 1.2 s late with 0 rounds
+# (as tests/test_baremetal.py's x86 one)
+@pytest.mark.quiet
+def test_threadmetric_counts_rounds_per_interval(tmp_path: Path) -> None:
     stream = finished(*boot(tmp_path, "threadmetric", {"duration": "1200ms", "report_interval": "250ms"}))
     assert 3 <= stream.records.size <= 5 and np.all(stream.records["value"] > 0)
     assert stream.stats[(0, "counter_spread")] <= 1
+
+
+def test_the_workload_kernels(tmp_path: Path) -> None:
     for kernel in ("qsort", "basicmath", "bitcount"):  # basicmath: the FP unit, enabled for the workload only
         stream = finished(*boot(tmp_path / kernel, "workload", {"duration": "20s", "loops": 3, "kernel": kernel,
                                                                 "size": 65536}))
