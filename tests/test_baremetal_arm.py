@@ -182,16 +182,33 @@ guest = "baremetal"
 arch = "aarch64"
 gic_version = 3
 cpus = [{cpu}]
+
+[[disturbances]]
+name = "solo"
+
+[[disturbances]]
+name = "beside-a72"
+[[disturbances.stressors]]
+stressor = "cpu"
+where = "other-vm"
+guest = "baremetal"
+params = {{ slice = "5ms", period = "20ms" }}
 """
 
 
 def test_a_campaign_runs_the_aarch64_guest_and_says_what_was_emulated(tmp_path: Path) -> None:
     scenario = tmp_path / "arm.toml"
     scenario.write_text(ARM_SCENARIO.format(cpu=CPU))
-    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-report")
+    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-report", timeout=300)
     assert result.returncode == 0, result.stderr
-    manifest = json.loads(next((tmp_path / "results" / "runs").glob("*/manifest.json")).read_text())
-    assert manifest["status"] == "complete"
+    manifests = {m.parent: json.loads(m.read_text()) for m in (tmp_path / "results" / "runs").glob("*/manifest.json")}
+    assert len(manifests) == 2 and all(m["status"] == "complete" for m in manifests.values())
+    # the disturbing guest is an aarch64 bare-metal one too, its cpu program on a duty cycle
+    beside = next(run for run, m in manifests.items() if "beside-a72" in run.name)
+    stressor = read_stream(next(beside.glob("work/**/stressor.rtvs")))
+    assert stressor.header["host"]["machine"] == "aarch64" and stressor.header["probe"] == "cpu"
+    assert stressor.header["params"]["slice"] == 5 * MS and stressor.header["params"]["period"] == 20 * MS
+    manifest = next(m for run, m in manifests.items() if run != beside)
     detail = manifest["environment_detail"]
     assert detail["arch"] == "aarch64" and detail["acceleration"] == "tcg"
     assert detail["acceleration_reason"] == "an aarch64 guest on an x86_64 host is emulated"

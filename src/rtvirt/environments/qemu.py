@@ -220,8 +220,11 @@ def qemu_stressor_guest(env: Environment, index: int, host_cpus: tuple[int, ...]
     qemu), placed on ``host_cpus`` (None: unpinned), running ``guest``."""
     # as large as the measured guest: a load the study ran in it (64 MB blocks) must fit in them too
     memory = getattr(env.config, "memory", None)
+    # a bare-metal stressor guest is of the measured guest's architecture (an aarch64 study's competing domains)
+    board = ({"arch": env.config.arch, "gic_version": env.config.gic_version}
+             if guest == "baremetal" and isinstance(env.config, QemuConfig) else {})
     config = QemuConfig.model_validate({"kind": "qemu", "name": f"stress-vm-{index}",
-                                        "pin": host_cpus is not None, "cpus": host_cpus, "guest": guest,
+                                        "pin": host_cpus is not None, "cpus": host_cpus, "guest": guest, **board,
                                         **({"memory": memory} if isinstance(memory, int) else {})})
     return QemuEnvironment(config, env.supervisor, env.workdir / f"stress-vm-{index}", env.shared)
 
