@@ -19,7 +19,7 @@ from rtvirt.environments.baremetal import ConsoleDemux
 from rtvirt.stream import SampleStream, read_stream
 
 sys.path.insert(0, str(Path(__file__).parent / "arm64host"))
-from harness import XenJob, needs_arm64_host, run_xen, stolen_share_of_holes  # noqa: E402
+from harness import XenJob, assert_injected_holes, needs_arm64_host, run_xen  # noqa: E402
 
 MS = 1_000_000
 pytestmark = needs_arm64_host()
@@ -71,17 +71,8 @@ def test_a_xen_domu_keeps_the_timers_1khz_grid(domains: dict[str, tuple[Path, st
 def test_a_competing_domain_comes_back_as_holes_named_stolen_by_xen(domains: dict[str, tuple[Path, str]]) -> None:
     stream = _read(domains, "gap-beside-domain")
     assert stream.end_reason == "complete"
-    r = stream.records
-    holes = r[r["value"] >= 1 * MS]
-    assert holes.size >= 75, f"expected ~150 holes of 5 ms in 3 s, saw {holes.size}"
-    assert abs(np.median(holes["value"]) - 5 * MS) <= 0.1 * 5 * MS, np.median(holes["value"])
-    assert abs(np.median(np.diff(holes["t_ns"].astype(np.int64))) - 20 * MS) <= 0.1 * 20 * MS
-    runnable, offline = stream.stolen_per_sample()
-    assert not offline.any() and np.all(runnable <= r["value"])  # never more than its window
-    # the explanation, from the guest's layer alone: most of each hole is time stolen by Xen (the rest: the outer
-    # machine holding the board's CPU, which no layer inside sees)
-    shares = stolen_share_of_holes(domains["gap-beside-domain"][0])
-    assert len(shares) == holes.size and np.median(shares) >= 0.9, np.percentile(shares, [10, 50, 90])
+    # its 5 ms of every 20 ms: Xen's runstate area counts them runnable, the explanation names them (97 % measured)
+    assert_injected_holes(domains["gap-beside-domain"][0], 5 * MS, 20 * MS, stolen_share=0.9)
 
 
 def test_a_ctrl_c_from_dom0_stops_the_domu_with_every_sample_written(domains: dict[str, tuple[Path, str]]) -> None:
