@@ -93,7 +93,7 @@ class QemuConfig(EnvironmentConfig):
     gic_version: Literal[2, 3] = Field(2, description="aarch64: the virt board's GIC (2: the study's GIC-400)")
 
     @model_validator(mode="after")
-    def _baremetal_has_one_vcpu(self) -> QemuConfig:
+    def _guest_can_boot(self) -> QemuConfig:
         if self.guest == "baremetal" and self.vcpus != 1:
             raise ValueError("vcpus: the bare-metal guest runs on one vCPU (vcpus = 1)")
         if self.arch != "x86_64" and self.guest != "baremetal":
