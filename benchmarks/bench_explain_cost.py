@@ -62,10 +62,10 @@ def ratio_interval(on: list[np.ndarray], off: list[np.ndarray], statistic: str,
     return float(low), float(high)
 
 
-def verdict(low: float, high: float) -> str:
-    if high <= GOAL:
+def verdict(low: float, high: float, goal: float = GOAL) -> str:
+    if high <= goal:
         return "met"
-    if low > GOAL:
+    if low > goal:
         return "NOT met"
     return "not resolved: the interval spans the goal (more pairs, or a quieter host)"
 

@@ -5,8 +5,9 @@ sweep of runtime/period (quota/period) pairs
 (bandwidth partitions with a SCHED_OTHER probe, and two with the default FIFO-99 probe, which cgroup v1's RT
 group throttling limits instead); `rtvirt run` measures each point and, with the scenario's
 [predict] table, simulates and analyses the derived model of each. Per point it prints the measured and
-simulated rate and mean length of the scheduler's holes (gaps at least half the model's median gap), their
-ratios, and the analysed bound next to the measured maximum.
+simulated rate, mean and median length of the scheduler's holes (gaps at least half the model's median gap),
+their ratios, and the analysed bound next to the measured maximum. One SCHED_DEADLINE point is pinned (an
+exclusive cpuset), where the kernel's tick enforcement shows most (docs/predictions.md).
 
     .venv/bin/python benchmarks/bench_predict.py [--duration 2s] [--results DIR]
     .venv/bin/python benchmarks/bench_predict.py --xen [--duration 4s]
@@ -27,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 DEADLINE_POINTS = [("2ms", "10ms"), ("5ms", "10ms"), ("6ms", "20ms"), ("10ms", "50ms")]
+PINNED_DEADLINE_POINTS = [("3ms", "10ms")]  # an exclusive cpuset of CPU 1 (the partition's default for deadline)
 BANDWIDTH_POINTS = [("5ms", "10ms"), ("10ms", "20ms"), ("20ms", "50ms"), ("50ms", "100ms")]
 RT_GROUP_POINTS = [("10ms", "20ms"), ("20ms", "50ms")]  # FIFO probe: cgroup v1 RT group throttling
 RTDS_POINTS = [("4ms", "10ms"), ("10ms", "20ms"), ("4ms", "40ms"), ("20ms", "50ms")]  # budget, period
@@ -37,6 +39,9 @@ def scenario_text(duration: str) -> str:
              '[workload]\nprobe = "gap"\nparams = { threshold = "20us" }\n']
     for runtime, period in DEADLINE_POINTS:
         lines.append(f'[[environments]]\nkind = "partition"\nname = "dl-{runtime}-{period}"\npin = false\n'
+                     f'sched = {{ policy = "deadline", runtime = "{runtime}", period = "{period}" }}\n')
+    for runtime, period in PINNED_DEADLINE_POINTS:
+        lines.append(f'[[environments]]\nkind = "partition"\nname = "dl-pinned-{runtime}-{period}"\ncpus = "1"\n'
                      f'sched = {{ policy = "deadline", runtime = "{runtime}", period = "{period}" }}\n')
     for quota, period in BANDWIDTH_POINTS:
         lines.append(f'[[environments]]\nkind = "partition"\nname = "bw-{quota}-{period}"\ncpus = "1"\n'
@@ -80,18 +85,25 @@ def main() -> None:
     run_campaign(scenario, state, results, console=Console(stderr=True), show_progress=False, write_report=False)
     rows = predictions(list_runs(results))
     print(f"results: {results}")
-    print(f"{'point':22} {'sim/s':>7} {'meas/s':>7} {'rate':>6} {'sim mean ms':>12} {'meas mean ms':>13} "
-          f"{'len':>6} {'bound ms':>9} {'meas max ms':>12}")
+    print(f"{'point':27} {'sim/s':>6} {'meas/s':>6} {'rate':>5} {'sim mean':>8} {'meas mean':>9} {'len':>5} "
+          f"{'sim med':>8} {'meas med':>8} {'med':>6} {'bound':>7} {'meas max':>8}   (ms)")
     for p in sorted(rows, key=lambda r: r.config):
         sim, meas = p.simulated, p.measured
         if meas is None:
-            print(f"{p.config:22} not measured")
+            print(f"{p.config:27} not measured")
             continue
-        rate = (meas.long_gap_rate or 0) / sim.long_gap_rate if sim.long_gap_rate else float("nan")
-        length = (meas.long_gap_mean_ns or 0) / sim.long_gap_mean_ns if sim.long_gap_mean_ns else float("nan")
-        print(f"{p.config:22} {sim.long_gap_rate or 0:7.1f} {meas.long_gap_rate or 0:7.1f} {rate:6.2f} "
-              f"{(sim.long_gap_mean_ns or 0) / 1e6:12.3f} {(meas.long_gap_mean_ns or 0) / 1e6:13.3f} {length:6.2f} "
-              f"{(p.bound_ns or 0) / 1e6:9.3f} {(meas.max_ns or 0) / 1e6:12.3f}")
+        # a median marked * is not stable: its long gaps split about evenly between two lengths
+        median = "".join(("*" if d.long_gap_median_stable is False else "") for d in (sim, meas))
+        print(f"{p.config:27} {sim.long_gap_rate or 0:6.1f} {meas.long_gap_rate or 0:6.1f} "
+              f"{_ratio(meas.long_gap_rate, sim.long_gap_rate):5.2f} {(sim.long_gap_mean_ns or 0) / 1e6:8.3f} "
+              f"{(meas.long_gap_mean_ns or 0) / 1e6:9.3f} {_ratio(meas.long_gap_mean_ns, sim.long_gap_mean_ns):5.2f} "
+              f"{(sim.long_gap_median_ns or 0) / 1e6:8.3f} {(meas.long_gap_median_ns or 0) / 1e6:8.3f} "
+              f"{_ratio(meas.long_gap_median_ns, sim.long_gap_median_ns):5.2f}{median:1} "
+              f"{(p.bound_ns or 0) / 1e6:7.3f} {(meas.max_ns or 0) / 1e6:8.3f}")
+
+
+def _ratio(measured: float | None, simulated: float | None) -> float:
+    return (measured or 0) / simulated if simulated else float("nan")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 #
 #   scripts/setup.sh            what the main job (`make run`: host, partition, QEMU guest) needs
 #   scripts/setup.sh all        everything (`make test`): every environment kind, reference tools, report tests
-#   scripts/setup.sh KIND...    the main job's set plus a kind's: libvirt, xen, arm, tools, report, store
+#   scripts/setup.sh KIND...    the main job's set plus a kind's: libvirt, xen, kvm, arm, tools, report, store, live
 #                               (rtvirt runs `scripts/setup.sh KIND` itself on a kind's first use)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,12 +26,21 @@ XEN=(
   qemu-system-xen seabios                         # HVM domUs in the Xen lab: device model, BIOS
   openssh-server openssh-client                   # the Xen lab's dom0 sshd and its keys
 )
+KVM=(
+  mmdebstrap e2fsprogs                            # the KVM lab's Debian root (QEMU, libvirtd, sshd) and its ext4 image
+  openssh-client                                  # the KVM lab's keys
+  libvirt-dev pkg-config                          # libvirt-python, which drives the lab's libvirtd
+)
 STORE=(
   postgresql                                      # shared results stores (the tests run their own server)
+)
+LIVE=(
+  prometheus                                      # the live view's /metrics scraped by a real Prometheus in tests
 )
 ARM=(
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents for Arm targets
   qemu-user-static                                # runs the aarch64 agents in tests
+  qemu-system-arm                                 # the aarch64 bare-metal guest (qemu arch = "aarch64")
 )
 TOOLS=(
   rt-tests stress-ng jitterdebugger               # reference tools (benchmarks, importers) and the stress-ng engine
@@ -45,8 +54,9 @@ TESTS=(
   tuned                                           # tests/test_host_tuned.py: a real tuned daemon in a throwaway guest
 )
 # Installed with no service started and none enabled for the next boot: tuned's daemon would retune this whole
-# machine (the test runs it only inside its guest, which sees this file system read-only over 9p).
-NEVER_START=(tuned)
+# machine (the test runs it only inside its guest, which sees this file system read-only over 9p); Prometheus (and
+# the node exporter it recommends) would scrape this machine for good: the tests start their own, on 127.0.0.1.
+NEVER_START=(tuned prometheus prometheus-node-exporter)
 
 parts=("$@")
 ((${#parts[@]})) || parts=(main)
@@ -55,15 +65,18 @@ PIP_EXTRAS=()
 for part in "${parts[@]}"; do
   case $part in
     main) ;;
-    all) DEB_PACKAGES+=("${LIBVIRT[@]}" "${XEN[@]}" "${ARM[@]}" "${TOOLS[@]}" "${REPORT[@]}" "${STORE[@]}" "${TESTS[@]}")
+    all) DEB_PACKAGES+=("${LIBVIRT[@]}" "${XEN[@]}" "${KVM[@]}" "${ARM[@]}" "${TOOLS[@]}" "${REPORT[@]}" "${STORE[@]}"
+                        "${LIVE[@]}" "${TESTS[@]}")
          PIP_EXTRAS+=(test libvirt) ;;
     libvirt) DEB_PACKAGES+=("${LIBVIRT[@]}"); PIP_EXTRAS+=(libvirt) ;;
     xen) DEB_PACKAGES+=("${XEN[@]}") ;;
+    kvm) DEB_PACKAGES+=("${KVM[@]}"); PIP_EXTRAS+=(libvirt) ;;
     arm) DEB_PACKAGES+=("${ARM[@]}") ;;
     tools) DEB_PACKAGES+=("${TOOLS[@]}") ;;
     report) DEB_PACKAGES+=("${REPORT[@]}") ;;
     store) DEB_PACKAGES+=("${STORE[@]}") ;;
-    *) echo "setup: unknown part '$part' (main, all, libvirt, xen, arm, tools, report, store)" >&2; exit 2 ;;
+    live) DEB_PACKAGES+=("${LIVE[@]}") ;;
+    *) echo "setup: unknown part '$part' (main, all, libvirt, xen, kvm, arm, tools, report, store, live)" >&2; exit 2 ;;
   esac
 done
 
@@ -74,6 +87,14 @@ if [[ " ${DEB_PACKAGES[*]} " == *" libxen-dev "* && $(id -u) -eq 0 && ! -e $DEB_
     && grep -qs '^VERSION_CODENAME=bookworm' /etc/os-release; then
   printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\nSigned-By: %s\n' \
     /usr/share/keyrings/debian-archive-keyring.gpg >"$DEB_SRC"
+  apt-get update -qq
+fi
+
+# The arm part fetches Debian's arm64 packages (kernel, busybox, Xen: tests/armkvm, the ARM labs) with
+# `apt-get download PKG:arm64`, which needs arm64 among dpkg's architectures; nothing arm64 gets installed.
+if [[ " ${parts[*]} " =~ \ (arm|all)\  && $(id -u) -eq 0 ]] && command -v dpkg >/dev/null \
+    && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  dpkg --add-architecture arm64
   apt-get update -qq
 fi
 
@@ -99,10 +120,11 @@ if ((${#missing[@]})); then
         trap 'rm -f /usr/sbin/policy-rc.d' EXIT
       fi
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${unstarted[@]}" >/dev/null
-      for pkg in "${unstarted[@]}"; do  # nor at the next boot (its package enables the unit; no init script)
+      for pkg in "${NEVER_START[@]}"; do  # nor at the next boot (a package enables its unit), recommended ones too
         if command -v systemctl >/dev/null; then systemctl disable "$pkg.service" >/dev/null 2>&1 || true; fi
         if pgrep -x "$pkg" >/dev/null; then
-          echo "setup: $pkg runs after its installation: stop it (it retunes this machine)" >&2; exit 1
+          echo "setup: $pkg runs after its installation: stop it (rtvirt needs its files, never its service)" >&2
+          exit 1
         fi
       done
     fi

@@ -86,6 +86,10 @@ struct Config {
     Time quantum = 0, context_switch = 0, vm_switch = 0, interrupt_delay = 0;
     Time credit_slice = 30000000, credit_accounting = 10000000, credit_rate_limit = 1000000;
     Time fair_slice = 4000000, major_frame = 0;
+    // Budgets checked only at a periodic tick (Linux SCHED_DEADLINE without HRTICK_DL): ticks at
+    // enforcement_phase + k * enforcement_tick; 0 = budgets are enforced exactly. A replenished reservation
+    // resumes after a wake-up latency drawn uniformly from [0, resume_jitter].
+    Time enforcement_tick = 0, enforcement_phase = 0, resume_jitter = 0;
     std::vector<int> guest;  // per VM
     std::vector<VCpuSpec> vcpus;
     std::vector<TaskSpec> tasks;

@@ -35,6 +35,9 @@ Config to_config(const py::dict& d) {
     c.credit_rate_limit = get<Time>(d, "credit_rate_limit", c.credit_rate_limit);
     c.fair_slice = get<Time>(d, "fair_slice", c.fair_slice);
     c.major_frame = get<Time>(d, "major_frame", 0);
+    c.enforcement_tick = get<Time>(d, "enforcement_tick", 0);
+    c.enforcement_phase = get<Time>(d, "enforcement_phase", 0);
+    c.resume_jitter = get<Time>(d, "resume_jitter", 0);
     c.gantt_from = get<Time>(d, "gantt_from", 0);
     c.gantt_to = get<Time>(d, "gantt_to", 0);
     for (auto name : d["guest"].cast<py::list>()) c.guest.push_back(guest_index(name.cast<std::string>()));

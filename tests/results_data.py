@@ -42,4 +42,5 @@ def synthetic_run(results: Path, name: str, values: np.ndarray, *, period_ns: in
     run = new_run(results, name)
     t = np.arange(values.size, dtype=np.int64) * period_ns + 10 * SEC
     document = {"name": name, "source": "measured", "probe": "timer", "value_field": "latency_ns", **manifest}
-    return write_run(run, samples_table(t, values, cpu), document, group_by="cpu")
+    return write_run(run, samples_table(t, values, cpu, value_field=document["value_field"]), document,
+                     group_by="cpu")

@@ -260,10 +260,10 @@ def test_without_virtio_the_stream_takes_the_debug_console_or_com2(tmp_path: Pat
     argv = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", "128", "-display", "none", "-nodefaults",
             "-no-reboot", "-kernel", str(baremetal.kernel_path()), "-append", "kops --iterations=20",
             "-serial", f"file:{console}", *[d.format(out=out) for d in devices],
-            *baremetal.qemu_devices(console, None)[2:]]
+            *baremetal.qemu_devices("x86_64", None)]
     with Supervisor() as supervisor:
         proc = supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        assert baremetal.DebugExitProcess(proc, console).wait(timeout=120) == 0, console.read_text()[-1000:]
+        assert baremetal.GuestProcess(proc, console).wait(timeout=120) == 0, console.read_text()[-1000:]
     stream = read_stream(out)
     assert stream.header["guest"]["channel"] == channel and stream.end_reason == "complete"
     assert stream.records.size == 20 * len(stream.header["kinds"]) and stream.corrupt is None

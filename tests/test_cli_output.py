@@ -9,6 +9,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import subprocess
 import sys
 from importlib.metadata import version
@@ -238,3 +239,135 @@ def test_resumed_campaign_summary_covers_runs_finished_before(tmp_path: Path) ->
     assert table.returncode == 0, table.stderr + table.stdout
     row = next(line for line in table.stdout.splitlines() if keys[0] in line)
     assert f" {samples} " in row and " - " not in row
+
+
+# --- output for scripts (issue 39): one JSON document, nothing wrapped, one-line errors, consistent exit codes --
+
+def test_forced_progress_draws_the_probe_bar_on_a_piped_stderr_elapsed_then_left(tmp_path: Path) -> None:
+    forced = _piped("probe", "timer", "-D", "1s", "--no-rt", "--progress", "--results", str(tmp_path))
+    assert forced.returncode == 0, forced.stderr
+    drawn = forced.stderr.replace("\r", "\n")
+    # `--progress` forces the bar (it used to write one newline): elapsed labelled so, then what is left
+    assert re.search(r"\d:\d\d:\d\d\S*\s+elapsed,\s+\S*\d:\d\d:\d\d\S*\s+left", COLOUR_ANY.sub("", drawn)), drawn
+    assert "run " in forced.stdout and "elapsed" not in forced.stdout
+
+
+COLOUR_ANY = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_report_out_dash_is_one_json_document_on_stdout_and_no_file(model: Path, tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    made = _piped("sim", str(model), "--results", str(results))
+    assert made.returncode == 0, made.stderr
+    report = subprocess.run([sys.executable, "-m", "rtvirt", "report", str(results), "--format", "json", "--out",
+                             "-"], capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    document = json.loads(report.stdout)  # the whole of stdout: one document, nothing else there
+    assert document["configurations"]
+    assert not (tmp_path / "-").exists() and not (results / "report.json").exists()
+
+
+def _one_error_line(result: subprocess.CompletedProcess[str], names: str) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"rtvirt: {names}: "), lines[0]
+    return lines[0]
+
+
+def test_every_usage_error_is_one_line_naming_the_option_with_exit_2(tmp_path: Path) -> None:
+    line = _one_error_line(_piped("probe", "timer", "-D", "3sec"), "option -D/--duration")
+    assert "'3sec' is not a time" in line
+    _one_error_line(_piped("probe", "timer", "--bogus"), "option --bogus")
+    assert "did you mean --duration" in _one_error_line(_piped("probe", "timer", "--durat", "1"), "option --durat")
+    _one_error_line(_piped("probe", "timer", "-D"), "option -D")
+    _one_error_line(_piped("host", "tune"), "option --profile")
+    _one_error_line(_piped("stats"), "argument SOURCES")
+    _one_error_line(_piped("run", "--scale", "x"), "option --scale")
+    _one_error_line(_piped("--bogus"), "option --bogus")
+    assert _piped("nosuch").stderr.startswith("rtvirt: no such command 'nosuch'")
+    # a rule between two options names both, never 'options'
+    line = _one_error_line(_piped("stress", "cpu", "--slice", "20ms", "--period", "10ms"), "options --slice, --period")
+    assert "--slice must be shorter than --period" in line
+    # a choice's metavar lists the choices, not N
+    assert "--engine cyclictest|timerlat" in _piped("probe", "timer", "--help").stdout
+
+
+def test_a_misspelled_required_key_is_named_with_its_line_and_what_it_should_be(tmp_path: Path) -> None:
+    scenario = tmp_path / "typo-key.toml"
+    scenario.write_text('name = "typo"\nduraton = "2s"\n[workload]\nprobe = "timer"\n[[environments]]\n'
+                        'kind = "host"\n')
+    line = _one_error_line(_piped("scenarios", str(scenario)), f"{scenario}:2")
+    assert "field 'duraton'" in line and "did you mean 'duration'" in line
+
+
+def test_push_to_an_unreachable_store_exits_1_even_with_nothing_spooled(tmp_path: Path) -> None:
+    url = f"postgresql://u:pw@127.0.0.1:1/db?data={tmp_path / 'lab'}&spool={tmp_path / 'spool'}"
+    pushed = _piped("push", "--results", url)
+    assert pushed.returncode == 1, pushed.stderr
+    assert "unreachable" in pushed.stderr and "pw" not in pushed.stderr
+
+
+LONG_KEYS = """\
+name = "a-scenario-whose-run-ids-are-long"
+duration = "300ms"
+repetitions = 1
+run_timeout = "60s"
+
+[workload]
+probe = "timer"
+params = { interval = "1ms", rt = false }
+
+[[environments]]
+kind = "host"
+name = "a-host-environment-with-a-long-name"
+
+[[disturbances]]
+name = "a-disturbance-whose-name-is-long-too"
+
+[predict]
+duration = "300ms"
+"""
+
+
+def test_run_ids_and_paths_stay_on_one_line_off_a_terminal(tmp_path: Path) -> None:
+    """Piped output keeps every run id and path whole: the campaign's lines on stderr (a file), the predicted
+    runs, `stats RUN | cat` (a title wider than its table) and `stats FILE --column`."""
+    scenario = tmp_path / "long.toml"
+    scenario.write_text(LONG_KEYS)
+    results = tmp_path / "results"
+    with (tmp_path / "stderr.txt").open("w") as stderr:
+        ran = subprocess.run([sys.executable, "-m", "rtvirt", "run", str(scenario), "--out", str(results),
+                              "--no-progress"], stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300,
+                             env=_env())
+    messages = (tmp_path / "stderr.txt").read_text()
+    assert ran.returncode == 0, messages + ran.stdout
+    (run_dir,) = [p for p in results.glob("runs/*") if json.loads((p / "manifest.json").read_text())
+                  .get("source") == "measured"]
+    run_id = run_dir.name
+    assert len(run_id) > 80
+    key = "a-host-environment-with-a-long-name/a-disturbance-whose-name-is-long-too/-/r1"
+    assert any(line == f"complete {key}" for line in messages.splitlines()), messages
+    predicted = next(line for line in (messages + ran.stdout).splitlines() if line.startswith("predicted "))
+    simulated, analysed = re.findall(r"\d{8}T\d{6}Z-\S+-[0-9a-f]{4}", predicted)
+    assert (results / "runs" / simulated.rstrip(",")).is_dir() and (results / "runs" / analysed).is_dir()
+    stats = _piped("stats", str(run_dir))
+    assert stats.stdout.splitlines()[0].strip() == run_id
+    samples = run_dir / "samples.parquet"
+    column = _piped("stats", str(samples), "--column", "latency_ns")
+    assert column.returncode == 0, column.stderr
+    assert column.stdout.splitlines()[0].strip() == str(samples)
+
+
+def test_the_command_probe_explain_suggests_runs_as_printed(tmp_path: Path) -> None:
+    """`probe --explain --results DIR` ends with the command that shows the explanation; it used to leave out
+    --results, so the command failed (exit 2) as printed."""
+    results = tmp_path / "elsewhere"
+    probe = _piped("probe", "timer", "-D", "1s", "-a", str(max(os.sched_getaffinity(0))), "--explain", "--results",
+                   str(results))
+    assert probe.returncode == 0, probe.stderr
+    line = next(line for line in probe.stdout.splitlines() if ": rtvirt explain " in line)
+    suggested = shlex.split(line.split(": rtvirt ", 1)[1])
+    assert suggested[-2:] == ["--results", str(results)]
+    shown = _piped(*suggested)
+    assert shown.returncode == 0, shown.stderr
+    assert "threshold" in shown.stdout

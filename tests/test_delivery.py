@@ -283,12 +283,12 @@ def test_the_devices_init_waits_for_are_plain_paths_under_dev(device: str) -> No
 def test_a_dom0_too_slow_to_answer_a_status_read_is_asked_again_with_more_patience(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from rtvirt.environments.xen import dom0 as dom0_module
-    from rtvirt.environments.xen.local import _LocalTransport
     from rtvirt.procs import Supervisor
+    from rtvirt.remote.local import LocalTransport
 
     monkeypatch.setattr(dom0_module, "PATIENT_FIRST_S", 0.5)
     with Supervisor() as supervisor:
-        dom0 = dom0_module.Dom0(_LocalTransport(supervisor), None, "", "")
+        dom0 = dom0_module.Dom0(LocalTransport(supervisor, "dom0"), None, "", "")
         dom0._patience = dom0_module.PATIENT_FIRST_S
         assert dom0.patient_run(["sleep", "2"]) is None  # a loaded dom0: no answer within 0.5 s, not a failure
         assert dom0.slow_answers == 1 and dom0._patience == 1.0

@@ -23,6 +23,7 @@ from conftest import RTVIRT, run_cli
 from sshd_server import REMOTE_BIN, SshServer, descendants, our_agents_running, process_name
 
 from rtvirt.stream import StreamReader
+from rtvirt.sysaudit import audit_system
 
 # one worker for the file and tests/test_target_labgrid.py: their targets are this machine, and the tests check
 # machine-wide that no agent runs from /var/tmp/rtvirt and which stream copies are left there
@@ -71,6 +72,8 @@ def test_probe_timer_over_ssh(server: SshServer, results_dir: Path) -> None:
     assert audit["kernel"] == os.uname().release  # the target is this machine behind sshd
     for key in ("preemption", "isolcpus", "governors", "idle_states", "virtualization"):
         assert key in audit
+    # the kernel's HZ read over the connection (its config, gzip'd or in /boot) is this machine's own
+    assert audit["scheduler_tick"]["hz"] == audit_system()["scheduler_tick"]["hz"] is not None
     assert manifest["target"]["connection"] == "kept" and manifest["target"]["leftovers"] == []
     assert our_agents_running() == []
 

@@ -258,3 +258,23 @@ def test_report_and_list_show_experiments(tmp_path: Path) -> None:
     assert section["where"] and all(s.startswith("shared: ") for s in section["where"])
     assert run_cli("report", str(tmp_path / "r"), "--out", str(tmp_path / "r.html")).returncode == 0
     assert "<h2>Experiments</h2>" in (tmp_path / "r.html").read_text()
+
+
+def test_findings_call_a_lead_insignificant_only_against_schedulers_whose_intervals_overlap() -> None:
+    """At U 0.3: fifo-periodic 10/10 [0.72, 1], deadline 9/10 (overlapping) and rtds 3/10 [0.11, 0.60] (not): the
+    sentence names deadline as within the interval and never rtds (it used to say "within each other's 95 % CI"
+    of the lead over rtds too). At U 0.4 nothing overlaps the lead: no tie is claimed."""
+    from rtvirt.experiment.summary import summarize
+
+    axes = {"analysis": "fp-rta", "vms": 4, "tasks_per_vm": 5, "pcpus": 1, "utilizations": "uunifast-discard",
+            "periods": "uni-moderate", "deadlines": "implicit", "guest_scheduler": "fp", "server_period": 0.25,
+            "spare": 0.5}
+    accepted = {(0, 0.3): {"fifo-periodic": 10, "deadline": 9, "rtds": 3},
+                (1, 0.4): {"fifo-periodic": 10, "deadline": 2, "rtds": 0}}
+    rows = [{**axes, "point": point, "target_utilization": u, "question": "shared", "scheduler": scheduler,
+             "accepted": index < count, "utilization": u, "bandwidth": None, "overhead": None, "sim_misses": None,
+             "sim_worst_ratio": None}
+            for (point, u), by in accepted.items() for scheduler, count in by.items() for index in range(10)]
+    sentences = summarize(rows)["where"]
+    assert sentences == ["shared: fifo-periodic accepts most at U 0.3 (not significantly more than deadline: their "
+                         "95 % CIs overlap)", "shared: fifo-periodic accepts most at U 0.4"], sentences

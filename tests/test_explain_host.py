@@ -235,7 +235,7 @@ def test_ctrl_c_leaves_tracefs_as_found_and_keeps_the_explained_samples(tmp_path
               60, "the probe's samples")
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr
+    assert proc.returncode == 130, stderr
     assert _instances_of(proc.pid) == [] and _top_level() == before
     run = json.loads(stdout)
     assert run["end_reason"] == "signal"

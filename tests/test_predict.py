@@ -117,9 +117,10 @@ def test_bandwidth_partition_and_deadline_reservation_measured_simulated_analyse
         assert row["measured"]["max_ns"] is not None and row["measured"]["samples"] > 0
         assert row["bound_ns"] >= row["simulated"]["max_ns"]
     dl = rows["dl / solo"]
-    # The model: a 14 ms hole every 20 ms. The kernel enforces the runtime at the tick, so a hole can be a
-    # tick longer or shorter, but rate and mean length must agree.
-    assert dl["simulated"]["long_gap_mean_ns"] == 14_000_000
+    # The model: a 14 ms hole every 20 ms, give or take the kernel's enforcement tick, which the model carries
+    # (test_predict_tick.py checks it where it matters): rate and mean length must agree.
+    assert any("scheduler tick" in line for line in dl["mapping"]), dl["mapping"]
+    assert 12_000_000 <= dl["simulated"]["long_gap_mean_ns"] <= 16_000_000
     assert 0.8 <= dl["measured"]["long_gap_rate_per_s"] / dl["simulated"]["long_gap_rate_per_s"] <= 1.2
     assert 0.85 <= dl["measured"]["long_gap_mean_ns"] / dl["simulated"]["long_gap_mean_ns"] <= 1.3
     bw = rows["bw / solo"]
@@ -135,11 +136,14 @@ def test_bandwidth_partition_and_deadline_reservation_measured_simulated_analyse
     run_cli("report", str(results), "--format", "markdown", "--out", str(markdown), check=True)
     text = markdown.read_text()
     assert "Predicted next to measured" in text and "constant-bandwidth server" in text
-    # rtvirt compare reads a simulated run like a measured one: the measurement against its prediction
+    # rtvirt compare reads a simulated run like a measured one: the measurement against its prediction, which
+    # holds response times (not the probe's gaps): compared only when asked to, never as a regression gate
     simulated, measured = dl["runs"]["simulated"][0], dl["runs"]["measured"][0]
-    compared = run_cli("compare", "--results", str(results), simulated, measured, "--json", check=True)
+    refused = run_cli("compare", "--results", str(results), simulated, measured)
+    assert refused.returncode == 2 and "not comparable: probe sim vs gap" in refused.stderr, refused.stderr
+    compared = run_cli("compare", "--results", str(results), simulated, measured, "--anyway", "--json", check=True)
     row = json.loads(compared.stdout)["isolation"]
-    assert row["baseline"] == "dl / solo (simulated)" and row["baseline_wcet_ns"] == 14_000_000
+    assert row["baseline"] == "dl / solo (simulated)" and row["baseline_wcet_ns"] == dl["simulated"]["max_ns"]
 
 
 def test_bad_predict_table_exits_2_naming_the_field(tmp_path: Path) -> None:

@@ -103,12 +103,15 @@ def test_verdicts_follow_the_margin() -> None:
     assert loose["high-voltage distribution"] == "meets"
 
 
+# headless, offline, no first-run or background work (tests/live_page.py keeps a page open with these too)
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync")
+
+
 def _chromium(url: str, screenshot: Path) -> str:
     with tempfile.TemporaryDirectory() as profile:
-        result = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                                 "--disable-sync", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
-                                 "--window-size=1280,2400", f"--screenshot={screenshot}", url],
+        result = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr",
+                                 "--v=0", "--window-size=1280,2400", f"--screenshot={screenshot}", url],
                                 capture_output=True, text=True, timeout=90)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stderr

@@ -65,7 +65,7 @@ def test_real_probe_run_stats_match_numpy(results: Path) -> None:
     # The same file read as a foreign Parquet file (no stored histogram) gives the same numbers.
     foreign = run_cli("stats", str(run.path / "samples.parquet"), "--column", "latency_ns", "--json", check=True)
     assert json.loads(foreign.stdout)[str(run.path / "samples.parquet")]["all"] == pytest.approx(
-        summarize(values).as_dict() | {"dropped": 0}, nan_ok=True)
+        summarize(values).as_dict() | {"dropped": 0, "quantity": "latency", "unit": "ns"}, nan_ok=True)
 
 
 def test_catalog_sql(results: Path) -> None:

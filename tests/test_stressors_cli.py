@@ -61,7 +61,7 @@ def test_sigterm_stops_cleanly_prints_summary_and_leaves_no_child() -> None:
     cli.send_signal(signal.SIGTERM)
     out, err = cli.communicate(timeout=15)
     assert time.monotonic() - started < 6
-    assert cli.returncode == 0, err
+    assert cli.returncode == 130, err  # cut short before its -D: interrupted, like a probe or a campaign
     summary = json.loads(out)
     assert summary["end"] == "signal"
     assert summary["workers"] == 20

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from conftest import run_cli
+from shared_runs import campaign_argv, session_memo, shared_campaign
 from test_env_xen import lab_campaign, lab_cots_campaign  # noqa: F401 - the session's Xen lab campaign: one lab boot for all
 
 from rtvirt.campaign import execute_run
@@ -21,7 +24,7 @@ from rtvirt.scenario import builtin_scenarios, load_scenario, parse_scenario
 from rtvirt.scenario.matrix import PlannedRun, expand
 from rtvirt.scenario.schema import Scenario
 from rtvirt.scenario.studies import differences
-from rtvirt.store import load_run
+from rtvirt.store import list_runs, load_run
 from rtvirt.stream import read_stream
 from rtvirt.sysaudit import audit_system
 
@@ -64,13 +67,16 @@ def _number(cell: str) -> float:
     return float(cell.replace(",", ""))
 
 
-def _whole_study(name: str, scale: float, results: Path) -> tuple[dict[str, Any], str]:
-    """`rtvirt run NAME --scale SCALE --repetitions 1`, as a user starts it: every run complete; returns the
-    runs of the campaign summary and the Markdown report."""
-    done = run_cli("run", name, "--scale", str(scale), "--repetitions", "1", "--out", str(results), "--json",
-                   "--no-progress", timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
-    runs: dict[str, Any] = json.loads(done.stdout)["runs"]
+def _whole_study(name: str, scale: float, results: Path, tmp_path_factory: pytest.TempPathFactory,
+                 timeout: float = 900) -> tuple[dict[str, Any], str]:
+    """`rtvirt run NAME --scale SCALE --repetitions 1`, as a user starts it (README.md and docs/studies.md show
+    this very command line, and tests/test_docs_examples.py runs it: once for the session, tests/shared_runs.py),
+    copied to ``results``: every run complete; returns the campaign's runs and the Markdown report."""
+    ran = shared_campaign(session_memo(tmp_path_factory), campaign_argv([name], scale, 1), timeout=timeout)
+    assert ran.status == 0, ran.output[-6000:]
+    shutil.copytree(ran.results, results)
+    (state,) = results.glob("campaigns/*/state.json")
+    runs: dict[str, Any] = json.loads(state.read_text())["runs"]
     assert {r["status"] for r in runs.values()} == {"complete"}, runs
     return runs, write_report(results, results / "report.md", "markdown").read_text()
 
@@ -110,12 +116,15 @@ def test_cots_profiles_and_interrupt_latency_configurations() -> None:
         env, disturbance = cots.environments[plan.environment], cots.disturbances[plan.disturbance]
         profiles.setdefault(plan.group, set()).add((env.kind, env.pin, disturbance.name))
         assert plan.duration_ns == 8 * 3600 * 10**9
-    # the baseline and each hypervisor (QEMU/KVM, Xen) with and without affinity, no load / load inside
+    # the baseline and each hypervisor (QEMU/KVM, libvirt/KVM, Xen) with and without affinity, no load / load inside
     for group, pin, load in (("TP1", False, "no-load"), ("TP2", True, "no-load"), ("TP3", False, "load"),
                              ("TP4", True, "load")):
-        assert profiles[group] == {(kind, pin, load) for kind in ("host", "qemu", "xen")}
-    assert profiles["TP5"] == {("qemu", False, "load-in-2-vms"), ("xen", False, "load-in-2-vms")}
-    assert profiles["TP6"] == {("qemu", True, "load-in-2-vms"), ("xen", True, "load-in-2-vms")}
+        assert profiles[group] == {(kind, pin, load) for kind in ("host", "qemu", "libvirt", "xen")}
+    assert profiles["TP5"] == {(kind, False, "load-in-2-vms") for kind in ("qemu", "libvirt", "xen")}
+    assert profiles["TP6"] == {(kind, True, "load-in-2-vms") for kind in ("qemu", "libvirt", "xen")}
+    # the KVM profiles run under a real KVM: the KVM lab here, one machine for them all, large enough for TP6
+    kvm = [e for e in cots.environments if e.kind == "libvirt"]
+    assert {(e.host, e.lab.memory) for e in kvm} == {("lab", 4608)} and all(e.memory == 1024 for e in kvm)
     xen = [e for e in cots.environments if e.kind == "xen"]
     # the load's blocks fit (the bare-metal guest runs no load inside)
     assert all(e.memory >= 10 * 64 for e in xen if e.guest != "baremetal")
@@ -127,11 +136,11 @@ def test_cots_profiles_and_interrupt_latency_configurations() -> None:
     guests: dict[str, set[tuple[str, str]]] = {}
     for plan in expand(cots):
         env = cots.environments[plan.environment]
-        if env.kind in ("qemu", "xen") and env.pin:
+        if env.kind in ("qemu", "libvirt", "xen") and env.pin:
             guests.setdefault(plan.group, set()).add((env.kind, env.guest))
-    every = {(kind, guest) for kind in ("qemu", "xen") for guest in ("linux", "linux-rt", "baremetal")}
+    every = {(kind, guest) for kind in ("qemu", "libvirt", "xen") for guest in ("linux", "linux-rt", "baremetal")}
     assert guests["TP2"] == guests["TP6"] == every
-    assert guests["TP4"] == every - {("qemu", "baremetal"), ("xen", "baremetal")}
+    assert guests["TP4"] == every - {(kind, "baremetal") for kind in ("qemu", "libvirt", "xen")}
     load = next(d for d in cots.disturbances if d.name == "load").stressors[0]
     # 10 sqrt + 10 malloc/free workers, inside the system under test (the RT VM itself in TP3/TP4)
     assert (load.stressor, load.workers, load.params, load.where) == ("mix", 10, {"block": "64MiB"}, "inside")
@@ -146,7 +155,8 @@ def test_cots_profiles_and_interrupt_latency_configurations() -> None:
     stand_ins = {f"{group}: {env} / {d}" for group, env in (("virtualised", "vm"),
                                                              ("virtualised-baremetal", "vm-baremetal"))
                  for d in ("alone", "two-more-vms", "extra-interrupt-source")}
-    assert configs == {"native: native / alone"} | stand_ins
+    kvm = {f"kvm-baremetal: kvm-baremetal / {d}" for d in ("alone", "two-more-vms")}
+    assert configs == {"native: native / alone"} | stand_ins | kvm
     assert next(e for e in interrupt.environments if e.label == "vm-baremetal").guest == "baremetal"
     # every published row names configurations the built-in runs
     assert {key for r in published()["interrupt-latency"]["rows"] for key in r["ours"]} == \
@@ -187,7 +197,7 @@ def test_scenarios_command_shows_the_matrix_and_json(tmp_path: Path) -> None:
     assert "guest (qemu, pinned, 1 vCPU, baremetal guest)" in shown.output
     as_json = CliRunner().invoke(app, ["scenarios", "cots-hypervisor", "--json"])
     document = json.loads(as_json.output)
-    assert document["study"] == "cots-hypervisor" and document["runs"] == 26
+    assert document["study"] == "cots-hypervisor" and document["runs"] == 37
     assert [g["name"] for g in document["groups"]] == ["TP1", "TP2", "TP3", "TP4", "TP5", "TP6"]
     tp4 = {run["environment"]: run for run in document["groups"][3]["runs"]}
     assert tp4["qemu-pinned"]["placement"] == "qemu, pinned, 1 vCPU, linux guest"
@@ -216,7 +226,7 @@ def test_bare_metal_stressor_guests_refuse_what_they_cannot_run(tmp_path: Path) 
             (text.replace(spin, spin.replace('"cpu"', '"mem"'), 1), "disturbances[1].stressors[0]",
              "runs the cpu and cache stressors, not mem"),
             (text.replace(spin, spin + "workers = 2\n", 1), "disturbances[1].stressors[0]", "one worker"),
-            (xen, "disturbances[1].stressors[0].guest", "'guest' applies to QEMU disturbing guests")):
+            (xen, "disturbances[1].stressors[0].guest", "'guest' applies to QEMU and libvirt disturbing guests")):
         assert changed != text
         path = tmp_path / "bad.toml"
         path.write_text(changed)
@@ -249,29 +259,32 @@ def test_differences_name_the_changed_field() -> None:
 # --- small-scale runs, real guests -----------------------------------------------------------------------
 
 @pytest.mark.vm
-def test_the_whole_interrupt_latency_study_at_a_small_scale(tmp_path: Path) -> None:
+@pytest.mark.timeout(1800)
+def test_the_whole_interrupt_latency_study_at_a_small_scale(tmp_path: Path,
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
     """Every configuration of the built-in once at 0.02 (2.1 s runs): native, the RT VM alone, beside two more
     VMs (bare-metal guests spinning) and with the extra interrupt source, through both stand-ins for the
-    paper's interrupt source (the cross-CPU wake-up in a Linux guest, the timer in the bare-metal guest)."""
+    paper's interrupt source (the cross-CPU wake-up in a Linux guest, the timer in the bare-metal guest), in
+    QEMU here and as libvirt domains in the KVM lab (one lab boot)."""
     results = tmp_path / "results"
-    runs, report = _whole_study("interrupt-latency", 0.02, results)
-    assert len(runs) == 7
+    runs, report = _whole_study("interrupt-latency", 0.02, results, tmp_path_factory, timeout=1500)
+    assert len(runs) == 9
     status = {row[0]: row[1] for row in _table(report, "Study interrupt-latency")}
     assert status["this campaign"].startswith("the study's configuration")
     assert status["duration"] == "scaled: 0.02 of the study's durations"
     assert status["repetitions"] == "1 per configuration, fewer than the study's 3"
     table = _table(report, "Interrupt-latency study")
-    assert [row[0] for row in table] == ["native"] + [f"virtualised, {c}" for c in ("alone", "alone", "two more VMs",
-                                                                                     "two more VMs",
-                                                                                     "extra interrupt source",
-                                                                                     "extra interrupt source")]
+    # the QEMU stand-ins and the KVM lab's bare-metal guest for each of the paper's rows; the extra source on QEMU
+    assert [row[0] for row in table] == ["native"] + [f"virtualised, {c}" for c in ["alone"] * 3 + ["two more VMs"] * 3
+                                                      + ["extra interrupt source"] * 2]
     rows = {(row[0], row[1]): row for row in table}
     native = rows[("native", "native: native / alone")]
     assert native[5:8] == ["2.28", "2.50", "3.03"]  # as the paper's table prints them
     for row in table:  # every configuration ran: min <= avg <= max, and a reading against the paper
         assert _number(row[2]) <= _number(row[3]) <= _number(row[4]), row
         assert "x the paper" in row[8], row
-    for label in ("virtualised: vm / alone", "virtualised-baremetal: vm-baremetal / alone"):
+    for label in ("virtualised: vm / alone", "virtualised-baremetal: vm-baremetal / alone",
+                  "kvm-baremetal: kvm-baremetal / alone"):
         alone = rows[("virtualised, alone", label)]
         assert alone[5:8] == ["4.67", "5.53", "11.78"]
         reading = re.search(r"avg: (same|opposite) direction \(ours ([+-][\d,]+) %, paper \+121 %\); "
@@ -293,19 +306,44 @@ def _stressor_stats(results: Path, run_id: str) -> dict[str, int]:
     return {name: value for (_, name), value in stream.stats.items()}
 
 
+@dataclass
+class Campaign:
+    """One campaign as a user runs it: its results, the summary it printed, every run's manifest (by plan key),
+    and its report in Markdown and JSON."""
+
+    results: Path
+    summary: str
+    manifests: dict[str, dict[str, Any]]
+    markdown: str
+    document: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def guest_isolation(tmp_path_factory: pytest.TempPathFactory) -> Campaign:
+    """`rtvirt run guest-isolation --scale 0.01 --repetitions 1` (21 runs of bare-metal guests under TCG, about a
+    minute here), once for the session (tests/shared_runs.py: the README's and docs/studies.md's command line,
+    which tests/test_docs_examples.py runs too), copied here for every test that reads it."""
+    ran = shared_campaign(session_memo(tmp_path_factory), campaign_argv(["guest-isolation"], 0.01, 1), timeout=900)
+    assert ran.status == 0, ran.output[-6000:]
+    results = tmp_path_factory.mktemp("guest-isolation") / "results"
+    shutil.copytree(ran.results, results)
+    manifests = {run.manifest["campaign"]["key"]: run.manifest for run in list_runs(results)}
+    markdown = write_report(results, results / "report.md", "markdown").read_text()
+    document = json.loads(write_report(results, results / "report.json", "json").read_text())
+    return Campaign(results, ran.output, manifests, markdown, document)
+
+
 @pytest.mark.vm
-def test_the_whole_guest_isolation_study_at_a_small_scale(tmp_path: Path) -> None:
+def test_the_whole_guest_isolation_study_at_a_small_scale(guest_isolation: Campaign) -> None:
     """Every run of the built-in (all workloads x disturbances x start orders, and the stress-on-off run) at
     0.01 with one repetition, bare-metal measuring and stressor guests: each study table in its layout."""
-    results = tmp_path / "results"
-    runs, report = _whole_study("guest-isolation", 0.01, results)
-    assert len(runs) == 21
-    manifests = {key: load_run(results / "runs" / r["run_id"]).manifest for key, r in runs.items()}
+    results, manifests, report = guest_isolation.results, guest_isolation.manifests, guest_isolation.markdown
+    assert len(manifests) == 21 and {m["status"] for m in manifests.values()} == {"complete"}
     assert all(m["environment_detail"]["guest"] == "baremetal" for m in manifests.values())
     # the stressor guests ran our kernel's programs: spinning, and stores over 1.5 x the L2 CPUID reports
-    spin = _stressor_stats(results, runs["kops/guest/spin-same-core/stress-first/r1"]["run_id"])
+    spin = _stressor_stats(results, manifests["kops/guest/spin-same-core/stress-first/r1"]["run_id"])
     assert spin["spins"] >= spin["spins_per_ms"] > 0
-    cache = _stressor_stats(results, runs["qsort/guest/cache-other-core/stress-first/r1"]["run_id"])
+    cache = _stressor_stats(results, manifests["qsort/guest/cache-other-core/stress-first/r1"]["run_id"])
     assert cache["cache_level"] == 2 and cache["buffer_bytes"] == (cache["cache_bytes"] * 3 // 2 + 7) // 8 * 8
     assert cache["passes"] >= 1
     # the stressor guest of the 30-minute run waited paused until minute 10 (x 0.01) and stopped at minute 20
@@ -355,6 +393,80 @@ def test_the_whole_guest_isolation_study_at_a_small_scale(tmp_path: Path) -> Non
     assert on_off[0][9].startswith("same direction" if change < 0 else "opposite direction")
 
 
+def _workload(label: str) -> str:
+    """The guest-isolation workload of a configuration label (its run group: start-order and 30min are
+    Thread-Metric's)."""
+    group = label.split(":")[0]
+    return "threadmetric" if group in ("start-order", "30min") else group
+
+
+@pytest.mark.vm
+def test_the_guest_isolation_report_keeps_each_workload_to_its_unit_and_its_solo_run(
+        guest_isolation: Campaign) -> None:
+    """No table or verdict of the report mixes workloads or units: Thread-Metric in rounds, qsort, basicmath and
+    kops in durations (µs), each against its own solo run; no verdict (latency classes) for any of them."""
+    document, manifests = guest_isolation.document, guest_isolation.manifests
+    units = {c["label"]: (c["quantity"], c["unit"]) for c in document["configurations"]}
+    assert {units[label] for label in units if _workload(label) == "threadmetric"} == {("rounds per interval",
+                                                                                        "rounds")}
+    assert {units[label] for label in units if _workload(label) != "threadmetric"} == {("duration", "ns")}
+    assert all(c["verdicts"] == [] and not c["judged"] for c in document["configurations"])
+    verdicts = next(t for t in document["tables"] if t["title"].startswith("Verdicts"))
+    assert {cell for row in verdicts["rows"] for cell in row[1:]} == {"-"}
+    assert all(s["classes"] is None for s in document["served"])
+    statistics = {t["title"]: t for t in document["tables"] if t["title"].startswith("Statistics per configuration")}
+    assert set(statistics) == {"Statistics per configuration: duration (µs)",
+                               "Statistics per configuration: rounds per interval"}
+    for title, table in statistics.items():
+        rounds = {_workload(row[0]) == "threadmetric" for row in table["rows"]}
+        assert rounds == {title.endswith("rounds per interval")}, title
+    for row in statistics["Statistics per configuration: rounds per interval"]["rows"]:
+        # the rounds as counted (thousands per interval), not divided by 1000
+        run = next(m for m in manifests.values() if m["config"] == row[0].removesuffix(" (partial)"))
+        if len([m for m in manifests.values() if m["config"] == run["config"]]) == 1:
+            assert _number(row[4]) == pytest.approx(run["summary"]["all"]["median_ns"]) and _number(row[4]) > 1000
+    # isolation: every configuration against the solo run of its own workload (the 30-minute run: Thread-Metric's)
+    isolation = [t for t in document["tables"] if t["title"].startswith("Isolation against the baseline")]
+    baselines = {t["title"].removeprefix("Isolation against the baseline ").split(": ")[0]: t for t in isolation}
+    expected_baselines = {"kops", "qsort", "basicmath", "start-order"}
+    assert set(baselines) == expected_baselines
+    for baseline, table in baselines.items():
+        assert table["title"].endswith("rounds per interval" if baseline == "start-order" else "duration (µs)")
+        assert {_workload(row[0]) for row in table["rows"]} == {_workload(baseline + ":")}, table["rows"]
+    assert {(r["label"], r["baseline"]) for r in document["isolation"]} == {
+        (label, f"{'start-order' if _workload(label) == 'threadmetric' else label.split(':')[0]}: guest / solo")
+        for label in units if not label.endswith("/ solo")}
+    qsort = next(r for r in document["isolation"] if r["label"] == "qsort: guest / cache-other-core")
+    solo = next(c for c in document["configurations"] if c["label"] == "qsort: guest / solo")["summary"]
+    spun = next(c for c in document["configurations"] if c["label"] == qsort["label"])["summary"]
+    assert qsort["median_increase_pct"] == pytest.approx((spun["median_ns"] / solo["median_ns"] - 1) * 100)
+    assert qsort["unit"] == "ns" and abs(qsort["median_increase_pct"]) < 1000  # a duration against a duration
+    # the same in Markdown, and the figures' tables of outliers keep to one unit each
+    markdown = guest_isolation.markdown
+    assert "Statistics per configuration (µs)" not in markdown and "## Outliers (largest samples of each run): " \
+        "rounds per interval" in markdown
+    outliers = _table(markdown, "Outliers (largest samples of each run): rounds per interval")
+    assert {_workload(row[0]) for row in outliers} == {"threadmetric"} and {row[6] for row in outliers} == {"-"}
+
+
+@pytest.mark.vm
+def test_the_guest_isolation_campaign_summary_gives_each_run_its_unit(guest_isolation: Campaign) -> None:
+    rows = {}
+    for line in guest_isolation.summary.splitlines():
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        if len(cells) == 7 and cells[0] in guest_isolation.manifests:
+            rows[cells[0]] = cells
+    assert set(rows) == set(guest_isolation.manifests)
+    header = next(line for line in guest_isolation.summary.splitlines() if "median" in line)
+    assert " us" not in header and "unit" in header
+    for key, cells in rows.items():
+        summary = guest_isolation.manifests[key]["summary"]["all"]
+        if key.startswith(("start-order", "30min")):
+            assert cells[6] == "rounds" and _number(cells[3]) == summary["median_ns"], cells
+        else:
+            assert cells[6] == "µs" and _number(cells[3]) == pytest.approx(summary["median_ns"] / 1000, abs=1e-3)
+
+
 @pytest.mark.vm
 def test_modified_study_scenario_runs_and_says_so(tmp_path: Path) -> None:
     """One field changed (Thread-Metric's interval): the run and its study table still come out, and the report
@@ -397,8 +509,9 @@ def test_cots_profiles_with_the_load_inside_the_vm(tmp_path: Path) -> None:
     stats = {key: row for key, row in rows.items() if row[2] != "not run"}
     assert set(stats) == {("baseline-free", "TP1"), ("qemu-pinned", "TP2"), ("qemu-pinned", "TP4"),
                           ("qemu-pinned", "TP6"), ("qemu-baremetal-pinned", "TP2"), ("qemu-baremetal-pinned", "TP6")}
-    # the study's other 20 profiles are listed as not run, not left out
-    assert len(rows) == 26 and ("xen-rt-pinned", "TP6") in rows and rows[("xen-rt-pinned", "TP6")][3:] == ["-"] * 9
+    # the study's other 31 profiles are listed as not run, not left out
+    assert len(rows) == 37 and ("xen-rt-pinned", "TP6") in rows and ("kvm-rt-pinned", "TP6") in rows
+    assert rows[("xen-rt-pinned", "TP6")][3:] == ["-"] * 9
     for key in keys[4:]:  # our own kernel measured, beside two Linux stressor guests in TP6
         detail = manifests[key]["environment_detail"]
         assert (detail["guest"], detail["guest_kernel"]) == ("baremetal", "rtvirt-baremetal"), detail

@@ -18,7 +18,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .summary import Summary
+from .quantity import run_quantity
+from .summary import Statistics, Summary
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -164,6 +165,7 @@ def write_digest(run_dir: Path, document: dict[str, Any], table: pa.Table | None
     if groups is None:  # the store gives the statistics of every histogram (store.write_digest): no samples
         groups = {"all": summarize_histogram(None, dropped)}
     digest: dict[str, Any] = {"digest_version": DIGEST_VERSION, "run_id": document["run_id"],
+                              **run_quantity(document).as_dict(),
                               "groups": {k: s.as_json() for k, s in groups.items()}, "profile": None}
     value_field = document.get("value_field")
     if table is not None and table.num_rows and histogram is not None and "t_ns" in table.column_names:
@@ -197,8 +199,8 @@ def write_digest(run_dir: Path, document: dict[str, Any], table: pa.Table | None
     write_atomically(Path(run_dir) / DIGEST_FILE, json.dumps(digest, allow_nan=False, separators=(",", ":")))
 
 
-def _run_summaries(run_dir: Path) -> tuple[str, str, dict[str, Summary]] | None:
-    """(created, run id, summaries) of one run directory from its digest, or None."""
+def _run_summaries(run_dir: Path) -> tuple[str, str, Statistics] | None:
+    """(created, run id, statistics) of one run directory from its digest, or None."""
     try:
         manifest = json.loads((run_dir / "manifest.json").read_bytes())
     except (OSError, ValueError):
@@ -207,11 +209,13 @@ def _run_summaries(run_dir: Path) -> tuple[str, str, dict[str, Summary]] | None:
     if not isinstance(run_id, str) or not 0 < len(run_id) <= 200:
         return None
     digest = read_digest(run_dir, run_id, over_time=False)
-    return None if digest is None else (str(manifest.get("created", "")), run_id, digest.groups())
+    if digest is None:
+        return None
+    return str(manifest.get("created", "")), run_id, Statistics(run_quantity(manifest), digest.groups())
 
 
-def stored_summaries(spec: str) -> dict[str, dict[str, Summary]] | None:
-    """{run id: {group: summary}} of a run directory, its manifest.json or samples.parquet, or every run of a
+def stored_summaries(spec: str) -> dict[str, Statistics] | None:
+    """{run id: statistics} of a run directory, its manifest.json or samples.parquet, or every run of a
     results directory, read from the runs' digests alone (no numpy, pyarrow or pydantic); None when a run has
     no usable digest or ``spec`` is something else (the caller then takes the general path, which also
     validates and reports bad input)."""
@@ -227,4 +231,5 @@ def stored_summaries(spec: str) -> dict[str, dict[str, Summary]] | None:
     if not runs or any(run is None for run in runs):
         return None
     # in creation order, as rtvirt.store.list_runs gives them
-    return {run_id: groups for _, run_id, groups in sorted((r for r in runs if r is not None), key=lambda r: r[0])}
+    return {run_id: statistics for _, run_id, statistics in sorted((r for r in runs if r is not None),
+                                                                    key=lambda r: r[0])}

@@ -6,6 +6,8 @@
   - ``PrivilegeError``: the run needs a privilege it does not have, e.g. SCHED_FIFO (exit 2).
   - ``RunError``: a measurement, VM or simulation failed while running (exit 1).
 - ``VerdictFailed`` is not an error: a run completed but missed its requirement (exit 3).
+- ``Interrupted``: Ctrl-C or SIGTERM stopped the work; what was done is kept (exit 130, as a shell reports
+  SIGINT).
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ __all__ = [
     "EXIT_USAGE",
     "EXIT_VERDICT",
     "EXIT_PARTIAL",
+    "EXIT_INTERRUPTED",
     "RtvirtError",
     "InputError",
     "PrivilegeError",
     "RunError",
     "CommandTimeout",
     "VerdictFailed",
+    "Interrupted",
     "first_validation_error",
     "stop_as_interrupt",
 ]
@@ -36,6 +40,7 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_VERDICT = 3
 EXIT_PARTIAL = 4  # some of the work could not be done, the rest was (host tune/restore: an item failed)
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: 128 + SIGINT, as a shell reports it
 
 
 class RtvirtError(Exception):
@@ -60,6 +65,12 @@ class CommandTimeout(RunError):
 
 class VerdictFailed(RtvirtError):
     exit_code = EXIT_VERDICT
+
+
+class Interrupted(RtvirtError):
+    """Ctrl-C or SIGTERM ended the work early; the message says what was kept."""
+
+    exit_code = EXIT_INTERRUPTED
 
 
 def first_validation_error(exc: ValidationError, top_level: str = "(top level)") -> tuple[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import click
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, model_validator
@@ -125,7 +125,7 @@ def click_options(model: type[Params], *, exclude: tuple[str, ...] = ()) -> Call
         for name, info in reversed(list(model.model_fields.items())):
             if name in exclude:
                 continue
-            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            extra = _cli_extra(model, name)
             default = info.default
             help_text = info.description or ""
             if extra.get("flag"):
@@ -133,12 +133,21 @@ def click_options(model: type[Params], *, exclude: tuple[str, ...] = ()) -> Call
                                       help=f"{help_text} [default: {'on' if default else 'off'}]")
             else:
                 option = click.option(*_option_names(name, extra), name, default=None, type=str,
-                                      metavar=str(extra.get("metavar", "N")),
+                                      metavar=_metavar(info, extra),
                                       help=f"{help_text} [default: {_show_default(info)}]")
             func = option(func)
         return func
 
     return decorate
+
+
+def _metavar(info: FieldInfo, extra: dict[str, Any]) -> str:
+    """What the option takes: the field's own metavar, its choices (``cyclictest|timerlat``), else N."""
+    if "metavar" in extra:
+        return str(extra["metavar"])
+    if get_origin(info.annotation) is Literal:
+        return "|".join(str(choice) for choice in get_args(info.annotation))
+    return "N"
 
 
 def _show_default(info: FieldInfo) -> str:
@@ -153,15 +162,27 @@ def _show_default(info: FieldInfo) -> str:
 
 
 def build_params(model: type[ModelT], values: dict[str, Any]) -> ModelT:
-    """Validate CLI values; an invalid one raises click.BadParameter naming the option."""
+    """Validate CLI values; an invalid one raises InputError naming the option (for a rule between options, the
+    options its message names)."""
     given = {k: v for k, v in values.items() if v is not None and k in model.model_fields}
     try:
         return model(**given)
     except ValidationError as exc:
         error = exc.errors()[0]
-        field = str(error["loc"][0]) if error["loc"] else ""
-        info = model.model_fields.get(field)
-        extra = info.json_schema_extra if info and isinstance(info.json_schema_extra, dict) else {}
-        names = "/".join(_option_names(field, extra)) if field else "options"
         message = error["msg"].removeprefix("Value error, ")
-        raise click.BadParameter(message, param_hint=f"'{names}'") from None
+        field = str(error["loc"][0]) if error["loc"] else ""
+        if field in model.model_fields:
+            named = [field]
+        else:  # a model-level rule (--slice shorter than --period): the options it speaks of
+            spelled = {"--" + name.replace("_", "-"): name for name in model.model_fields}
+            named = [spelled[option] for option in dict.fromkeys(re.findall(r"--[a-z][a-z-]*", message))
+                     if option in spelled]
+        if not named:
+            raise InputError(f"options: {message}") from None
+        options = ", ".join("/".join(_option_names(name, _cli_extra(model, name))) for name in named)
+        raise InputError(f"option{'s' if len(named) > 1 else ''} {options}: {message}") from None
+
+
+def _cli_extra(model: type[Params], name: str) -> dict[str, Any]:
+    extra = model.model_fields[name].json_schema_extra
+    return extra if isinstance(extra, dict) else {}

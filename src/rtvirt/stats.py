@@ -24,7 +24,7 @@ from .stream import SampleStream
 from .summary import SUMMARY_FIELDS, Summary
 
 __all__ = ["Summary", "Histogram", "HistogramBuilder", "summarize", "summarize_histogram", "summarize_stream",
-           "SUMMARY_FIELDS"]
+           "SUMMARY_FIELDS", "quantile"]
 
 # Dense counting bins: at least this many, at most this many (beyond: the tail is sorted).
 _DENSE_MIN = 1 << 16
@@ -98,6 +98,13 @@ class Histogram:
             return float(lower)
         upper = self.kth(below + 1)
         return lower + (upper - lower) * (position - below)
+
+
+def quantile(samples: np.ndarray, q: float) -> float:
+    """The q-quantile of integer samples by the one definition of every quantile rtvirt prints or acts on (the
+    p99.9 `rtvirt stats` prints is the threshold `rtvirt explain` takes): numpy's linear interpolation between
+    the order statistics around (n − 1)·q, exact (from the samples' histogram)."""
+    return Histogram.of(np.asarray(samples)).quantile(q)
 
 
 def _distinct_counts(samples: np.ndarray) -> Histogram:

@@ -29,6 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import __version__
 from .errors import InputError, first_validation_error
 from .fileio import write_atomically
+from .identity import run_identity
+from .quantity import Quantity, run_quantity
 from .stats import Histogram, HistogramBuilder, Summary, summarize_histogram, summarize_stream
 from .stream import SampleStream
 
@@ -91,6 +93,8 @@ class Manifest(BaseModel):
     source: Literal["measured", "simulated", "imported", "analysis"]
     probe: str | None = None
     value_field: str | None = None
+    quantity: str | None = None  # what the values measure and their unit (rtvirt.quantity, from value_field)
+    unit: str | None = None
     status: Literal["complete", "partial", "failed"] = "complete"  # failed: no sample reached the host
     params: dict[str, Any] = {}
     summary: dict[str, dict[str, float | int | None]] = {}
@@ -99,6 +103,7 @@ class Manifest(BaseModel):
     scenario: str | None = None
     environment: str | None = None
     config: str | None = None
+    identity: dict[str, Any] | None = None  # what makes runs comparable (rtvirt.identity, from the fields above)
     repetition: int | None = None
     timeline: list[TimelineEvent] = []
     system: dict[str, Any] = {}
@@ -259,6 +264,9 @@ def write_run(run: RunDir, table: pa.Table | None, manifest: dict[str, Any], *,
     document = {"manifest_version": MANIFEST_VERSION, "run_id": run.run_id,
                 "created": dt.datetime.now(dt.UTC).isoformat(), "status": "complete", "dropped": 0,
                 "rtvirt_version": __version__, **manifest}
+    if document.get("value_field"):
+        document |= run_quantity(document).as_dict()
+    document["identity"] = run_identity(document)
     if table is not None:
         value_field = document.get("value_field")
         if not value_field or value_field not in table.column_names:
@@ -365,6 +373,16 @@ class StoredRun:
     @property
     def value_field(self) -> str | None:
         return self.manifest.get("value_field")
+
+    @property
+    def quantity(self) -> Quantity:
+        """What the run's values measure, and their unit."""
+        return run_quantity(self.manifest)
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What makes the run comparable with another (rtvirt.identity), from its manifest."""
+        return run_identity(self.manifest)
 
     @property
     def partial(self) -> bool:

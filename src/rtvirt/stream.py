@@ -172,8 +172,9 @@ class StreamReader:
         self._offset = 16 + length + (-(16 + length) % 8)
         return True
 
-    def poll(self, final: bool = False) -> np.ndarray:
-        """Read the records appended since the last call; returns the new data records."""
+    def poll(self, final: bool = False, limit: int | None = None) -> np.ndarray:
+        """Read the records appended since the last call (at most ``limit`` of them: a follower that joins a long
+        run late reads it in bounded steps); returns the new data records."""
         f = self._open()
         if f is None:
             if final:
@@ -184,7 +185,7 @@ class StreamReader:
         if self.corrupt is not None:
             return np.empty(0, RECORD)
         f.seek(self._offset)
-        data = f.read()
+        data = f.read() if limit is None else f.read(limit * RECORD.itemsize)
         usable = len(data) - len(data) % RECORD.itemsize
         records = self._valid_prefix(np.frombuffer(data[:usable], dtype=RECORD))
         self._offset += records.size * RECORD.itemsize

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["Summary", "SUMMARY_FIELDS"]
+from .quantity import Quantity
+
+__all__ = ["Summary", "SUMMARY_FIELDS", "Statistics"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +63,15 @@ class Summary:
 
 
 SUMMARY_FIELDS = tuple(Summary.__dataclass_fields__)
+
+
+class Statistics(NamedTuple):
+    """A run's (or file's) summaries per group and ``all``, with what their values are: the ``*_ns`` fields hold
+    values in ``quantity.unit`` (ns for times, rounds for Thread-Metric)."""
+
+    quantity: Quantity
+    groups: dict[str, Summary]
+
+    def as_json(self) -> dict[str, dict[str, Any]]:
+        """``{group: summary fields + quantity, unit}``: each summary says what its values are."""
+        return {group: {**s.as_dict(), **self.quantity.as_dict()} for group, s in self.groups.items()}

@@ -6,6 +6,7 @@ bounded in length, and an unreadable file is recorded as None rather than failin
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import shutil
@@ -16,6 +17,10 @@ from typing import Any, Protocol
 __all__ = ["audit_system", "LocalSystem", "SystemView", "MAX_VALUE"]
 
 MAX_VALUE = 512
+KERNEL_CONFIG_LIMIT = 1 << 20
+# The kernel's default for SCHED_DEADLINE's high-resolution enforcement (kernel/sched/features.h:
+# SCHED_FEAT(HRTICK_DL, false)): budgets are checked at the tick unless someone switched it on in debugfs.
+HRTICK_DL_DEFAULT = False
 
 
 class LocalSystem:
@@ -41,6 +46,16 @@ class LocalSystem:
     def cpus(self) -> list[int]:
         return sorted(os.sched_getaffinity(0))
 
+    def kernel_config(self, release: str) -> tuple[str | None, str | None]:
+        for path in (f"/boot/config-{release}", "/proc/config.gz"):
+            try:
+                opener = gzip.open if path.endswith(".gz") else open
+                with opener(path, "rb") as f:
+                    return f.read(KERNEL_CONFIG_LIMIT).decode(errors="replace"), path
+            except (OSError, EOFError):
+                continue
+        return None, None
+
 
 class SystemView(Protocol):
     """What the audit needs from a system: the local one, or a target behind a connection
@@ -55,6 +70,11 @@ class SystemView(Protocol):
     def detect_virt(self, kind: str) -> str | None: ...
 
     def cpus(self) -> list[int]: ...
+
+    def kernel_config(self, release: str) -> tuple[str | None, str | None]:
+        """The running kernel's build configuration and where it was read (/boot/config-RELEASE or
+        /proc/config.gz), (None, None) where neither is there."""
+        ...
 
 
 def _read(path: str | Path, limit: int = MAX_VALUE) -> str | None:
@@ -118,7 +138,22 @@ _FILES = ["/proc/cmdline", "/proc/sys/kernel/hostname", "/proc/sys/kernel/osrele
           "/sys/devices/system/cpu/nohz_full", "/sys/devices/system/cpu/smt/active",
           "/sys/devices/system/clocksource/clocksource0/current_clocksource",
           "/sys/kernel/mm/transparent_hugepage/enabled", "/proc/sys/kernel/sched_rt_runtime_us",
-          "/sys/hypervisor/type", "/sys/class/dmi/id/sys_vendor", "/sys/class/dmi/id/product_name"]
+          "/sys/hypervisor/type", "/sys/class/dmi/id/sys_vendor", "/sys/class/dmi/id/product_name",
+          "/sys/kernel/debug/sched/features"]
+
+
+def _scheduler_tick(system: SystemView, release: str, features: str | None) -> dict[str, Any]:
+    """The tick that enforces SCHED_DEADLINE runtimes and cgroup bandwidth where no high-resolution tick
+    does: HZ from the kernel's configuration, HRTICK_DL from sched/features (or the kernel's default)."""
+    config, source = system.kernel_config(release) if release and "/" not in release else (None, None)
+    found = re.search(r"^CONFIG_HZ=(\d+)$", config or "", re.M)
+    hz = int(found.group(1)) if found and 0 < int(found.group(1)) <= 10_000 else None
+    words = set((features or "").split())
+    hrtick = True if "HRTICK_DL" in words else False if "NO_HRTICK_DL" in words else None
+    return {"hz": hz, "hz_source": source if hz else None,
+            "hrtick_dl": HRTICK_DL_DEFAULT if hrtick is None else hrtick,
+            "hrtick_dl_source": "sched/features" if hrtick is not None
+            else "the kernel's default (sched/features not readable)"}
 
 
 def audit_system(system: SystemView | None = None) -> dict[str, Any]:
@@ -153,6 +188,8 @@ def audit_system(system: SystemView | None = None) -> dict[str, Any]:
         "irq_affinity": _irq_affinity(system),
         "virtualization": _virtualization(system, files),
         "rt_throttling_us": (files["/proc/sys/kernel/sched_rt_runtime_us"] or "")[:32] or None,
+        "scheduler_tick": _scheduler_tick(system, (files["/proc/sys/kernel/osrelease"] or "").strip(),
+                                          files["/sys/kernel/debug/sched/features"]),
     }
     audit["warnings"] = _warnings(audit, system.label)
     return audit

@@ -12,7 +12,9 @@ with guest tasks:
    over-subscribed) or below the already designed higher-priority vCPUs (fixed-priority schedulers,
    priorities deadline-monotonic); the candidate with the smallest bandwidth Q/P wins;
 3. gives vCPUs without deadlines (background load) what the pCPU has left (with extratime on RTDS);
-4. analyses the whole designed model (chains included): that verdict is the one reported.
+4. analyses the whole designed model (chains included): that verdict is the one reported;
+5. when that proves nothing and the model itself runs this scheduler, its own vCPU parameters are analysed as a
+   whole (the analysis of ``rtvirt analyze``): a configuration proven so is the design (noted as the model's own).
 
 A design is therefore proven by the same analysis as ``rtvirt analyze``, and the designed model can be
 written out and simulated (``rtvirt sim``) to check the prediction.
@@ -21,7 +23,7 @@ written out and simulated (``rtvirt sim``) to check the prediction.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..model.schema import Arinc653Params, Model, VCpu, Vm, Window
@@ -233,13 +235,37 @@ def design_model(model: Model, label: str) -> Design:
     if label not in DESIGNABLE:
         raise ValueError(f"unknown scheduler {label!r}")
     first = _design(model, label, 1.0)
-    if first.schedulable or not model.chain:
+    if first.schedulable:
         return first
-    for scale in (0.8, 0.6, 0.4):
+    for scale in (0.8, 0.6, 0.4) if model.chain else ():
         attempt = _design(model, label, scale)
         if attempt.schedulable:
             return attempt
-    return first
+    return _as_given(model, label) or first
+
+
+def _as_given(model: Model, label: str) -> Design | None:
+    """The model's own vCPU parameters, when the model runs ``label``'s scheduler and the whole-model analysis
+    proves them: a design too. The search sees one vCPU at a time (chains cut into stages with a share of their
+    deadline), so it can miss what the whole model's analysis proves, e.g. the phased-chain bounds of PSEDF's
+    event chains (docs/analysis.md); ``rtvirt analyze`` and ``rtvirt design`` then agree on the model itself."""
+    scheduler, server = DESIGNABLE[label]
+    if model.hypervisor.scheduler != scheduler or (server != "none" and model.hypervisor.server != server):
+        return None
+    given: dict[tuple[str, int], tuple[int, int, int]] = {}
+    for slot in _slots(model):
+        vcpu = slot.vm.vcpu[slot.index]
+        budget = vcpu.slice or vcpu.budget or vcpu.runtime
+        if slot.realtime and budget and vcpu.period:
+            given[(slot.vm.name, slot.index)] = (int(budget), int(vcpu.period), vcpu.priority)
+    if not given:
+        return None
+    design = configure_model(model, label, given)
+    if not design.schedulable:
+        return None
+    note = "the model's own: no smaller budget proven one vCPU at a time"
+    design.vcpus = [replace(v, note=note) if (v.vm, v.vcpu) in given else v for v in design.vcpus]
+    return design
 
 
 def _design(model: Model, label: str, chain_scale: float) -> Design:

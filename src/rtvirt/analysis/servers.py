@@ -45,6 +45,7 @@ from .supply import (
     DelayedSupply,
     ExplicitDeadlinePeriodic,
     LeftoverSupply,
+    OverrunSupply,
     PeriodicResource,
     Supply,
     WindowSupply,
@@ -305,10 +306,14 @@ def _per_cpu(model: Model, on_cpu: list[_Placed], demand: TaskDemand) -> list[Vc
     if sched == "deadline":
         reserved = [item for item in on_cpu if item.vcpu.runtime]
         others = [item for item in on_cpu if not item.vcpu.runtime]
+        tick = model.hypervisor.enforcement.tick  # runtimes checked at the tick: an overrun of up to a tick
+
+        def reservation(v: VCpu, budget: int) -> Supply:
+            supply = ExplicitDeadlinePeriodic(v.period or 0, budget, v.deadline or v.period or 0)
+            return OverrunSupply(supply, tick) if tick else supply
+
         out = _edf_servers(model, reserved,
-                           lambda v: (v.runtime or 0, v.deadline or v.period or 0, v.period or 0, False),
-                           lambda v, budget: ExplicitDeadlinePeriodic(v.period or 0, budget,
-                                                                      v.deadline or v.period or 0))
+                           lambda v: (v.runtime or 0, v.deadline or v.period or 0, v.period or 0, False), reservation)
         if len(others) == 1:
             servers = tuple(Task(str(item.ref), item.vcpu.runtime or 0, item.vcpu.period or 0,
                                  item.vcpu.deadline or item.vcpu.period or 0,

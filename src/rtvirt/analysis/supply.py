@@ -39,7 +39,7 @@ from typing import Any
 from .taskset import Task, ceil_div
 
 __all__ = ["Supply", "Dedicated", "ExplicitDeadlinePeriodic", "PeriodicResource", "WindowSupply", "DelayedSupply",
-           "LeftoverSupply"]
+           "OverrunSupply", "LeftoverSupply"]
 
 
 class Supply(ABC):
@@ -227,6 +227,33 @@ class DelayedSupply(Supply):
 
     def describe(self) -> dict[str, Any]:
         return {**self.inner.describe(), "initial_wait_ns": self.wait}
+
+
+@dataclass(frozen=True)
+class OverrunSupply(Supply):
+    """A budget enforced only at a periodic tick (SCHED_DEADLINE without HRTICK_DL): the server may run up to
+    ``overrun`` past its budget and pays that back in later periods, so a window can start just after an overrun
+    and owe it: sbf(t) >= inner.sbf(t) - overrun."""
+
+    inner: Supply
+    overrun: int
+
+    def sbf(self, t: int) -> int:
+        return max(0, self.inner.sbf(t) - self.overrun)
+
+    def time_for(self, work: int) -> int:
+        return 0 if work <= 0 else self.inner.time_for(work + self.overrun)
+
+    @property
+    def rate(self) -> Fraction:
+        return self.inner.rate
+
+    @property
+    def delay(self) -> Fraction:
+        return self.inner.delay + Fraction(self.overrun) / self.inner.rate if self.inner.rate > 0 else Fraction(10**18)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "overrun_ns": self.overrun}
 
 
 @dataclass(frozen=True)

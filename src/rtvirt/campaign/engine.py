@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from ..consoles import make_console
 from ..environments import ENVIRONMENTS, Environment, Launched, SharedResources
 from ..errors import InputError, RtvirtError, RunError
 from ..explain.tracefs import reclaim_instances
@@ -431,13 +432,16 @@ def _reclaim(scenario: Scenario, availability: dict[int, str | None], shared: Sh
 
 def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, console: Console | None = None,
                  show_progress: bool = True, write_report: bool = True, reclaim: bool = True,
-                 shared: SharedResources | None = None) -> CampaignResult:
+                 shared: SharedResources | None = None,
+                 on_run_end: Callable[[RunOutcome], None] | None = None) -> CampaignResult:
     """Run every unfinished run of ``state``'s campaign; returns what happened to each.
 
     ``reclaim=False``: the caller already cleaned the platforms (a lab cleans all its targets before any
     campaign starts, since two targets may be one machine). ``shared``: the caller's, kept open after this
-    campaign (several campaigns on one Xen lab boot); by default the campaign's own, closed at its end."""
-    console = console or Console(stderr=True)
+    campaign (several campaigns on one Xen lab boot); by default the campaign's own, closed at its end.
+    ``on_run_end``: called with each run's outcome once its manifest and the state are written, before the
+    next run starts (a shared store delivers the run there)."""
+    console = console or make_console(stderr=True)
     plans = expand(scenario, state.scale)
     if scenario.predict is not None:  # a bad explicit model is bad input: refused before measuring
         from ..predict.campaign import check_predict
@@ -457,7 +461,8 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
         campaign_values = {"key": scenario.name}
         hooks.run("before_campaign", campaign_values)
         try:
-            _run_plans(scenario, state, results, plans, availability, system, progress, hooks, shared, result)
+            _run_plans(scenario, state, results, plans, availability, system, progress, hooks, shared, result,
+                       on_run_end)
         finally:
             for record in hooks.run("after_campaign", campaign_values):
                 if record["status"] != 0:
@@ -479,7 +484,8 @@ def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, con
 
 def _run_plans(scenario: Scenario, state: CampaignState, results: Path, plans: list[PlannedRun],
                availability: dict[int, str | None], system: dict[str, Any], progress: Progress,
-               hooks: HookRunner, shared: SharedResources, result: CampaignResult) -> None:
+               hooks: HookRunner, shared: SharedResources, result: CampaignResult,
+               on_run_end: Callable[[RunOutcome], None] | None = None) -> None:
     """Every unfinished run of the matrix in turn (the body of :func:`run_campaign`)."""
     expected_s = sum(p.duration_ns for p in plans if not state.is_finished(p.key)) / 1e9
     matrix: TaskID = progress.add_task(f"campaign {scenario.name}", total=max(expected_s, 1e-9), status="")
@@ -523,6 +529,8 @@ def _run_plans(scenario: Scenario, state: CampaignState, results: Path, plans: l
         progress.console.print(f"[{colour}]{outcome.status}[/] {plan.key}"
                                + (f": {outcome.reason}" if outcome.reason else ""), markup=True,
                                highlight=False)
+        if on_run_end is not None:
+            on_run_end(outcome)
         if outcome.status == "interrupted":
             result.interrupted = True
             return

@@ -30,15 +30,14 @@ from ..procs import die_with_parent, process_state
 
 def run_target_campaign(results: Path, state_path: Path) -> dict[str, Any]:
     """Run the campaign whose state is ``state_path``; what became of it, as the lab reports it."""
-    from rich.console import Console
-
+    from ..consoles import make_console
     from ..scenario import parse_scenario
     from . import CampaignState, run_campaign
 
     try:
         state = CampaignState.load(state_path)
         scenario = parse_scenario(state.scenario_text, state.source)
-        result = run_campaign(scenario, state, results, console=Console(stderr=True, highlight=False),
+        result = run_campaign(scenario, state, results, console=make_console(stderr=True),
                               show_progress=False, write_report=False, reclaim=False)
     except KeyboardInterrupt:
         return {"interrupted": True}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ class CampaignState:
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     finished: bool = False
     repetitions: int | None = None  # `rtvirt run --repetitions`: instead of the scenario's (None: the scenario's)
+    # told every document written (a shared store publishes it for the live view); never raises
+    on_save: Callable[[dict[str, Any]], None] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def create(cls, results: Path, scenario: str, text: str, source: str, scale: float) -> CampaignState:
@@ -64,6 +67,8 @@ class CampaignState:
             write_atomically(self.path, json.dumps(document, indent=2))
         except OSError as exc:
             raise RunError(f"{self.path}: cannot write the campaign state ({exc.strerror})") from None
+        if self.on_save is not None:
+            self.on_save(document)
 
     def record(self, key: str, **entry: Any) -> None:
         self.runs[key] = {**self.runs.get(key, {}), **entry}

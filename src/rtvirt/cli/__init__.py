@@ -1,18 +1,19 @@
 """The ``rtvirt`` command: a thin skin over the library. Each subcommand lives in its own module, registered in
 COMMANDS and imported only when it runs (``rtvirt --help``, ``--version`` and shell completion of command names
-import nothing heavy); errors map to exit codes (2 bad input, 1 failure, 3 verdict failed)."""
+import nothing heavy); errors map to exit codes (2 bad input, 1 failure, 3 verdict failed, 4 host items failed,
+130 interrupted), each error one line on stderr."""
 
 from __future__ import annotations
 
 import signal
 import sys
 from importlib import import_module
-from typing import NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import click
 
 from .. import __version__
-from ..errors import EXIT_USAGE, RtvirtError, stop_as_interrupt
+from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, RtvirtError, stop_as_interrupt
 
 __all__ = ["main", "app", "COMMANDS", "CommandEntry"]
 
@@ -35,6 +36,8 @@ COMMANDS = {
                             "layer by layer, and the share of outlier latency by cause."),
     "trend": CommandEntry("trend", "trend", "A metric of one configuration over time per machine, changes marked."),
     "push": CommandEntry("push", "push", "Deliver the runs spooled while a shared store was away."),
+    "serve": CommandEntry("serve", "serve", "Serve the live view of running campaigns: a page that updates as they "
+                          "run, and /metrics for Prometheus."),
     "sql": CommandEntry("sql", "sql", "Run STATEMENT against the catalog of a results directory."),
     "import": CommandEntry("importer", "import_command", "Import FILES of FORMAT as runs."),
     "stress": CommandEntry("stress", "stress", "Load the machine in a known way (our own stressors, or stress-ng)."),
@@ -63,6 +66,13 @@ class _LazyGroup(click.Group):
             return None
         return getattr(import_module(f".{entry.module}", __name__), entry.attribute)
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:  # `rtvirt --bogus`: before any subcommand
+            _exit_with(exc)
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
             formatter.write_dl([(name, entry.summary) for name, entry in COMMANDS.items()])
@@ -82,6 +92,21 @@ class _LazyGroup(click.Group):
 
             print_error(str(exc))
             ctx.exit(exc.exit_code)
+        except click.ClickException as exc:  # a subcommand's options or arguments, as click parsed them
+            _exit_with(exc)
+        except KeyboardInterrupt:  # a command without its own handling: the same status as those with it
+            from .output import print_error
+
+            print_error("interrupted (Ctrl-C or SIGTERM)")
+            ctx.exit(EXIT_INTERRUPTED)
+
+
+def _exit_with(exc: click.ClickException) -> NoReturn:
+    """Every error is one line, ``rtvirt: option ...: ...`` (docs/output.md): click's usage text too."""
+    from .output import print_error, usage_error_line
+
+    print_error(usage_error_line(exc))
+    raise click.exceptions.Exit(exc.exit_code)
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["--help"], "max_content_width": 110})
@@ -94,7 +119,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, stop_as_interrupt)
     try:
         app.main(prog_name="rtvirt", standalone_mode=True)
-    except KeyboardInterrupt:  # pragma: no cover - click turns it into Abort already
-        sys.exit(130)
+    except KeyboardInterrupt:  # pragma: no cover - an interrupt between the command's end and the exit
+        sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
         sys.exit(EXIT_USAGE)

@@ -11,8 +11,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from ..errors import InputError
-from .output import console, err_console, print_json, progress_wanted
+from ..errors import EXIT_INTERRUPTED, InputError
+from .output import console, err_console, print_json, progress_console, progress_wanted
 
 __all__ = ["experiment"]
 
@@ -83,7 +83,7 @@ def experiment(spec: str | None, results: Path, workers: int | None, cluster: st
         except KeyboardInterrupt:
             lib.finish_run(run, plan, False, where)
             err_console.print(f"interrupted: every finished chunk is kept in {run.path}; continue with --resume")
-            raise SystemExit(130) from None
+            raise SystemExit(EXIT_INTERRUPTED) from None
         finally:
             if bar is not None:
                 bar[0].stop()
@@ -111,7 +111,7 @@ def _bar(points: int) -> tuple[Any, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     bar = Progress(TextColumn("design points"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[systems]}"
-                   " systems"), TimeRemainingColumn(), console=err_console)
+                   " systems"), TimeRemainingColumn(), console=progress_console())
     task = bar.add_task("points", total=points, systems=0)
     bar.start()
 

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ..errors import InputError
-from .output import print_json
+from .output import plural, print_json
 from .resultopts import reading_store, results_option
 
 __all__ = ["explain"]
@@ -32,9 +32,22 @@ def headline_text(document: dict[str, Any]) -> str:
     counts = document["headline"]
     held = ", ".join(f"{culprit}: {count}" for culprit, count in counts["held_by"].items())
     of = f" (the {document['explained']} largest explained)" if document["explained"] < document["outliers"] else ""
-    return (f"{document['outliers']} outliers{of}: {counts['traced']} explained by a traced layer, {counts['held']} "
-            f"held back by a layer not traced" + (f" ({held})" if held else "") +
+    return (f"{plural(document['outliers'], 'outlier')}{of}: {counts['traced']} explained by a traced layer, "
+            f"{counts['held']} held back by a layer not traced" + (f" ({held})" if held else "") +
             f", {counts['unexplained']} unexplained")
+
+
+def _exit_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The KVM layer's exits by reason, as ``perf kvm stat`` shows them: count, time, mean and longest."""
+    if not rows:
+        return []
+    lines = ["VM exits by reason (count; time, mean and longest of those traced whole):"]
+    for row in rows:
+        timed = (f"{row['total_ns'] / 1e6:10.1f} ms  mean {_us(row['mean_ns'] or 0):>10}  "
+                 f"max {_us(row['max_ns'] or 0):>10}  ({row['timed']} timed)") if row["timed"] else "not timed"
+        lines.append(f"  vCPU {row['vcpu']} {row['reason'] + ' (' + row['raw_reason'] + ')':<34} "
+                     f"{row['count']:>9}  {timed}")
+    return lines
 
 
 def explained_document(run: Any, top: int | None, threshold_ns: int | None, merge: bool = True) -> dict[str, Any]:
@@ -77,6 +90,8 @@ def _print_text(document: dict[str, Any]) -> None:
         echo(f"  {_layer_line(layer)}")
         for note in layer["notes"]:
             echo(f"    note: {note}")
+        for line in _exit_lines(layer.get("tables", {}).get("kvm_exits", [])):
+            echo(f"    {line}")
     for outlier in document["worst"]:
         at = f" at +{outlier['at_s']:.6f} s" if outlier["at_s"] is not None else ""
         echo(f"\n#{outlier['rank']}: {_us(outlier['latency_ns'])}{at} on CPU {outlier['cpu']}")
@@ -87,12 +102,12 @@ def _print_text(document: dict[str, Any]) -> None:
     echo("\nshare of outlier latency by culprit (its variants beneath):")
     for row in document["summary"]:
         echo(f"  {row['share']:7.1%}  {_us(row['total_ns']):>12}  {row['layer']:<11} {row['culprit']}  "
-             f"({row['outliers']} outliers)")
+             f"({plural(row['outliers'], 'outlier')})")
         variants = row.get("variants") or []
         if len(variants) > 1 or (variants and variants[0]["variant"]):
             for variant in variants:
                 echo(f"  {'':7}  {variant['share']:12.1%}  {variant['layer']:<11}   "
-                     f"{variant['variant'] or '(as such)'}  ({variant['outliers']} outliers)")
+                     f"{variant['variant'] or '(as such)'}  ({plural(variant['outliers'], 'outlier')})")
 
 
 def _import_trace(run: Any, trace_file: Path, threshold_ns: int | None, top: int | None) -> None:

@@ -12,7 +12,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from ..errors import InputError, RunError, first_validation_error
+from ..errors import EXIT_INTERRUPTED, InputError, RunError, first_validation_error
 from ..probes import PROBES
 from .output import console, err_console, print_json
 from .resultopts import results_option, store_for_writing
@@ -140,7 +140,7 @@ def _scenario_lab(inventory: Any, title: str, scenario: str, scale: float | None
     if any(o.interrupted for o in outcomes):
         err_console.print(f"[yellow]interrupted[/]: continue with rtvirt lab INVENTORY --scenario {scenario} "
                           f"--resume --results {results}")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     if not any(o.run_ids for o in outcomes):
         raise RunError("no target could be measured: " + "; ".join(f"{o.name}: {o.reason[:200]}" for o in outcomes))
     if any(o.status != "complete" for o in outcomes):

@@ -6,16 +6,16 @@ import contextlib
 from typing import Any
 
 import click
-from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
-from ..errors import InputError, RunError
+from ..errors import InputError, Interrupted, RunError
 from ..params import build_params, click_options
 from ..probes import PROBES, ProbeSpec
 from ..probes.runner import Progress, run_probe
+from ..quantity import quantity_of
 from ..stats import summarize_stream
 from ..store import RunDir, new_run, write_measured_run
-from .output import console, err_console, print_json, progress_wanted, summary_table
+from .output import console, err_console, plural, print_json, progress_bar, summary_table
 from .resultopts import results_option, store_for_writing
 from .targetopts import pop_target, target_options
 
@@ -27,14 +27,9 @@ def probe() -> None:
     """Run one measurement probe; every sample is kept in the results store."""
 
 
-def _progress_display(enabled: bool, name: str) -> tuple[RichProgress | None, Any]:
-    if not enabled:
-        return None, None
-    bar = RichProgress(
-        TextColumn(f"[bold]{name}"), BarColumn(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-        TextColumn("{task.fields[status]}"), console=err_console, transient=True,
-    )
-    return bar, bar.add_task(name, total=None, status="")
+def _progress_display(option: bool | None, name: str) -> tuple[RichProgress | None, Any]:
+    bar = progress_bar(name, option)
+    return (None, None) if bar is None else (bar, bar.add_task(name, total=None, status=""))
 
 
 def _make_command(spec: ProbeSpec) -> click.Command:
@@ -56,11 +51,13 @@ def _make_command(spec: ProbeSpec) -> click.Command:
         target = pop_target(values)
         params = build_params(spec.params, values)
         run = new_run(store_for_writing(results).write_dir, spec.name)
-        bar, task = _progress_display(progress_wanted(progress), spec.name)
+        bar, task = _progress_display(progress, spec.name)
+
+        quantity = quantity_of(spec.value_field)
 
         def show(p: Progress) -> None:
             assert bar is not None
-            peak = "-" if p.running_max is None else f"{p.running_max / 1000:.1f} us"
+            peak = "-" if p.running_max is None else f"{quantity.show(p.running_max)} {quantity.shown_unit}"
             bar.update(task, total=p.duration_s, completed=p.elapsed_s if p.duration_s else None,
                        status=f"{p.samples} samples, max {peak}")
 
@@ -74,7 +71,8 @@ def _make_command(spec: ProbeSpec) -> click.Command:
         manifest = write_measured_run(run, stream, name=spec.name, params=params.model_dump(mode="json"),
                                       group_by=spec.group_by, extra=extra or None)
         if as_json:
-            print_json({k: manifest[k] for k in ("run_id", "probe", "status", "end_reason", "dropped", "summary")}
+            print_json({k: manifest[k] for k in ("run_id", "probe", "status", "end_reason", "dropped", "summary",
+                                                 "quantity", "unit")}
                        | {"path": str(run.path)})
         else:
             summaries = summarize_stream(stream, spec.group_by)
@@ -83,12 +81,17 @@ def _make_command(spec: ProbeSpec) -> click.Command:
                 f"{manifest['end_reason']})[/]"
             console.print(f"run {run.run_id} written to {run.path}{state}")
             if "explain" in extra:
-                console.print(explain_line(extra["explain"], run.run_id), markup=False, highlight=False)
+                console.print(explain_line(extra["explain"], run.run_id, results), markup=False, highlight=False)
         if extra.get("target", {}).get("connection") == "lost":
             err_console.print(f"the connection to {target.label} was lost mid-run: the samples received are kept; "
                               f"{extra['target']['recovered']}", markup=False, highlight=False)
         if stream.error:
             raise RunError(f"{stream.error} (the samples taken are kept in {run.path})")
+        # the same status as an interrupted run or experiment; a target's agent also ends by a signal when its SSH
+        # session is cut, which is a lost connection (said above; the run is kept, partial), not an interruption
+        lost = extra.get("target", {}).get("connection") == "lost"
+        if manifest.get("end_reason") == "signal" and not lost:
+            raise Interrupted(f"interrupted (Ctrl-C or SIGTERM): the samples taken are kept in {run.path}")
 
     return command
 
@@ -123,8 +126,12 @@ def _measure_and_explain(spec: ProbeSpec, params: Any, run: RunDir, target: Any,
     return stream
 
 
-def explain_line(entry: dict[str, Any], run_id: str) -> str:
-    """One line on the stored explanation (or why there is none)."""
+def explain_line(entry: dict[str, Any], run_id: str, results: str = "results") -> str:
+    """One line on the stored explanation (or why there is none), ending with the command that shows it: with
+    the ``--results`` the probe wrote to, unless that is the default or RTVIRT_RESULTS, which explain reads too."""
+    import os
+    import shlex
+
     if "error" in entry:
         return f"not explained: {entry['error']}"
     top = entry["top_causes"][0] if entry["top_causes"] else None
@@ -132,7 +139,14 @@ def explain_line(entry: dict[str, Any], run_id: str) -> str:
     counts = entry.get("headline")
     split = (f" ({counts['traced']} by a traced layer, {counts['held']} held back by a layer not traced, "
              f"{counts['unexplained']} unexplained)") if counts else ""
-    return f"{entry['outliers']} outliers, {entry['explained']} explained{split}{cause}: rtvirt explain {run_id}"
+    shown = results
+    if "://" in results:  # a store's URL as every message shows it: the password is never printed
+        from ..stores.postgres import redact_url
+
+        shown = redact_url(results)
+    where = "" if results in ("results", os.environ.get("RTVIRT_RESULTS")) else f" --results {shlex.quote(shown)}"
+    return f"{plural(entry['outliers'], 'outlier')}, {entry['explained']} explained{split}{cause}: " \
+           f"rtvirt explain {run_id}{where}"
 
 
 def explain_session(params: Any, target: Any, threshold: str | None, top: int | None,

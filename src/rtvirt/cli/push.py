@@ -18,9 +18,15 @@ __all__ = ["push"]
 def push(results: str, as_json: bool) -> None:
     """Deliver every finished run of the spool of the shared store --results names; safe to repeat (a run
     already there is not added again). Exits 1 when the store cannot be reached (the runs stay spooled)."""
+    from ..stores.postgres import StoreUnavailable
+
     store = reading_store(results)
     if not store.shared:
         raise InputError(f"option --results: {results} is a results directory; push delivers to a shared store")
+    try:  # unreachable is exit 1 whether or not the spool holds anything (a CI step retries on it)
+        store.check()  # type: ignore[attr-defined]
+    except StoreUnavailable as exc:
+        raise RunError(f"{exc}; the spool {store.write_dir} keeps its runs for the next push") from None
     delivery = store.deliver()
     if as_json:
         print_json(delivery.as_dict())

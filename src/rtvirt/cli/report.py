@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
 import click
 
-from ..results.report import FORMATS, write_report
+from ..results.report import FORMATS, collect, render, write_report
 from ..results.verdicts import DEFAULT_MARGIN
 from .output import console, print_json
 from .resultopts import DURATION
@@ -19,11 +20,13 @@ _SUFFIX = {"html": ".html", "markdown": ".md", "json": ".json"}
 
 @click.command()
 @click.argument("results", metavar="RESULTS", envvar="RTVIRT_RESULTS")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
-              help="file to write [default: RESULTS/report.html|.md|.json; for a store URL: ./report.html|…]")
+@click.option("--out", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              help="file to write, - for stdout (nothing else is printed there) [default: "
+              "RESULTS/report.html|.md|.json; for a store URL: ./report.html|…]")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="html", show_default=True)
-@click.option("--baseline", help="configuration label to compare against [default: one named baseline/solo/bare, "
-              "else the first]")
+@click.option("--baseline", help="configuration label the configurations of its measurement (same probe, workload, "
+              "parameters) are compared against [default: per measurement, one named baseline/solo/bare, else the "
+              "first]")
 @click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=DEFAULT_MARGIN, show_default=True,
               help="safety margin: share of each requirement budget kept for the rest of the end-to-end path")
 @click.option("--classes", "classes_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -44,8 +47,12 @@ def report(results: str, out: Path | None, fmt: Literal["html", "markdown", "jso
         target = out or Path(f"report{_SUFFIX[fmt]}")
     else:
         source, target = Path(results), out or Path(results) / f"report{_SUFFIX[fmt]}"
-    write_report(source, target, fmt, baseline=baseline, classes_file=classes_file, margin=margin, top=top,
-                 window_ns=window)
+    options: dict[str, Any] = {"baseline": baseline, "classes_file": classes_file, "margin": margin, "top": top,
+                               "window_ns": window}
+    if str(out) == "-":  # the report itself on stdout, for a pipe (`--format json --out - | jq ...`)
+        sys.stdout.write(render(collect(source, **options), fmt))
+        return
+    write_report(source, target, fmt, **options)
     if as_json:
         print_json({"report": str(target), "format": fmt})
     else:

@@ -15,22 +15,29 @@ from .output import err_console
 if TYPE_CHECKING:
     from ..stores import Delivery, RunStore
 
-__all__ = ["DURATION", "results_option", "reading_store", "writing_store", "store_for_writing", "report_delivery"]
+__all__ = ["DURATION", "DURATION_US", "results_option", "reading_store", "writing_store", "store_for_writing",
+           "report_delivery"]
 
 
 class _Duration(click.ParamType):
+    """A duration in ns; bare numbers in ``unit``."""
+
     name = "DURATION"
+
+    def __init__(self, unit: str = "s") -> None:
+        self.unit = unit
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         from ..units import parse_duration  # pydantic: only when a duration is given (fast `rtvirt stats`)
 
         try:
-            return parse_duration(value, "s")
+            return parse_duration(value, self.unit)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
 
 DURATION = _Duration()
+DURATION_US = _Duration("us")  # bare numbers in microseconds
 
 
 def results_option(help_text: str, *names: str) -> Any:

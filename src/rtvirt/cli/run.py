@@ -18,11 +18,13 @@ from ..campaign import CampaignState, find_resumable, run_campaign
 from ..campaign.engine import CampaignResult, RunOutcome
 from ..campaign.state import FINISHED
 from ..environments import ENVIRONMENTS, SharedResources
-from ..errors import InputError, RtvirtError
+from ..errors import EXIT_INTERRUPTED, InputError, RtvirtError
+from ..quantity import run_quantity
 from ..scenario import Scenario, load_scenario, parse_scenario
 from ..store import load_run
-from .output import console, err_console, print_json, progress_wanted, us
+from .output import console, err_console, plural, print_json, progress_wanted
 from .resultopts import results_option, store_for_writing
+from .serve import serving_beside, serving_options
 
 if TYPE_CHECKING:
     from ..stores import RunStore
@@ -48,19 +50,18 @@ def _overall(outcome: RunOutcome) -> dict[str, Any]:
 
 
 def _summary_table(result: CampaignResult) -> Table:
+    """One row per run, its statistics in its own unit (a campaign may mix latencies, durations and rounds)."""
     table = Table(title=f"campaign {result.state.campaign_id}", title_justify="left")
-    for column in ("run", "status", "samples", "median us", "p99 us", "max us"):
-        table.add_column(column, justify="right" if column.endswith(("us", "samples")) else "left",
+    for column in ("run", "status", "samples", "median", "p99", "max", "unit"):
+        table.add_column(column, justify="right" if column in ("samples", "median", "p99", "max") else "left",
                          no_wrap=column == "run")
     for key, outcome in result.outcomes.items():
         summary = _overall(outcome)
-
-        def cell(name: str, summary: dict[str, Any] = summary) -> str:
-            value = summary.get(name)
-            return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else us(value)
-
-        table.add_row(key, outcome.status, str(summary.get("samples", "-")), cell("median_ns"), cell("p99_ns"),
-                      cell("max_ns"))
+        quantity = run_quantity(outcome.manifest or {})
+        cells = [quantity.show(value if isinstance(value, int | float) else None)
+                 for value in (summary.get("median_ns"), summary.get("p99_ns"), summary.get("max_ns"))]
+        table.add_row(key, outcome.status, str(summary.get("samples", "-")), *cells,
+                      quantity.shown_unit if summary.get("samples") else "-")
     return table
 
 
@@ -75,13 +76,16 @@ def _warnings(result: CampaignResult) -> list[str]:
 def _print_reasons(result: CampaignResult) -> None:
     for key, outcome in result.outcomes.items():
         if outcome.status != "complete" and outcome.reason:
-            console.print(f"{key}: {outcome.status}: {escape(outcome.reason)}", highlight=False)
+            reason = outcome.reason.removeprefix(outcome.status).strip()  # "interrupted (Ctrl-C ...)": said once
+            console.print(f"{key}: {outcome.status}{' ' if reason.startswith('(') else ': '}{escape(reason)}",
+                          highlight=False)
 
 
 def _document(result: CampaignResult) -> dict[str, Any]:
     return {"campaign_id": result.state.campaign_id, "scenario": result.state.scenario,
             "interrupted": result.interrupted, "report": str(result.report) if result.report else None,
-            "runs": {key: {"status": o.status, "reason": o.reason, "run_id": o.run_id, "summary": _overall(o) or None}
+            "runs": {key: {"status": o.status, "reason": o.reason, "run_id": o.run_id, "summary": _overall(o) or None,
+                           **(run_quantity(o.manifest).as_dict() if _overall(o) and o.manifest else {})}
                      for key, o in result.outcomes.items()},
             "warnings": _warnings(result)}
 
@@ -103,7 +107,7 @@ def _campaigns(names: tuple[str, ...], results: Path, scale: float | None, repet
                                  "--repetitions out or give the same value")
             if not as_json:
                 finished = sum(1 for r in state.runs.values() if r.get("status") in FINISHED)
-                console.print(f"resuming campaign {state.campaign_id}: {finished} runs already finished",
+                console.print(f"resuming campaign {state.campaign_id}: {plural(finished, 'run')} already finished",
                               highlight=False)
         chosen = [(parse_scenario(state.scenario_text, state.source), state) for state in states]
     else:
@@ -141,6 +145,47 @@ def _bring_kinds(scenarios: list[Scenario]) -> None:
     importlib.invalidate_caches()  # a module installed just now (libvirt-python) is found by this process
 
 
+def _measured_cpus(scenarios: list[Scenario]) -> set[int]:
+    """The host CPUs the campaigns' pinned environments measure on (their ``cpus``, else the default one)."""
+    from ..environments.base import default_measured_cpu
+
+    return {cpu for scenario in scenarios for env in scenario.environments if getattr(env, "pin", True)
+            for cpu in (getattr(env, "cpus", None) or (default_measured_cpu(),))}
+
+
+def _live_delivery(store: RunStore, campaigns: list[tuple[Scenario, CampaignState]]) -> Any:
+    """On a shared store: each campaign publishes its progress whenever it saves its state, and each run is
+    delivered as it ends (its spool copy stays for the campaign's report). Returns the run-end hook, or None."""
+    if not store.shared:
+        return None
+    import socket
+
+    from ..live.publish import campaign_publisher
+
+    def warn(message: str) -> None:
+        err_console.print(f"[yellow]warning:[/] {escape(message)}")
+
+    publish = campaign_publisher(store, socket.gethostname(), warn)  # type: ignore[arg-type]
+    for _, state in campaigns:
+        state.on_save = publish
+    unreachable: list[str] = []
+
+    def deliver(outcome: RunOutcome) -> None:
+        try:
+            delivery = store.deliver(keep=True)
+            problem, delivered = delivery.error or "", bool(delivery.delivered)
+        except RtvirtError as exc:
+            problem, delivered = str(exc), False
+        if problem and not unreachable:  # said once; every run stays spooled and is delivered later
+            unreachable.append(problem)
+            warn(f"{problem}: runs stay in the spool {store.write_dir} and are delivered when the store answers "
+                 "again (at the next run's end, the command's end, or `rtvirt push`)")
+        elif delivered:
+            unreachable.clear()
+
+    return deliver
+
+
 def _print_result(result: CampaignResult) -> None:
     console.print(_summary_table(result))
     _print_reasons(result)
@@ -167,29 +212,42 @@ def _print_result(result: CampaignResult) -> None:
 @click.option("--report/--no-report", default=True, help="write each campaign's HTML report (--no-report: store "
               "the runs only, e.g. in a small dom0; `rtvirt report` writes one later, also on another machine)")
 @click.option("--json", "as_json", is_flag=True, help="print the campaign summary (every run) as JSON")
+@click.option("--serve", "serving", is_flag=True, help="serve the live view while the campaigns run (as `rtvirt "
+              "serve`: the page and /metrics, at --listen; docs/live.md)")
+@serving_options
 def run(scenarios: tuple[str, ...], results: str, scale: float | None, repetitions: int | None, resume: bool,
-        progress: bool | None, report: bool, as_json: bool) -> None:
+        progress: bool | None, report: bool, as_json: bool, serving: bool, listen: str,
+        token_file: Path | None) -> None:
     """Run a campaign: a built-in scenario NAME (default: `default`) or a scenario FILE.toml.
 
     Several SCENARIOS run one after the other as separate campaigns (each with its report) that share what is
     expensive to set up: one Xen lab boot, one SSH connection per target (each libvirt domain has a connection of
     its own)."""
+    if serving:
+        from ..live.access import access
+
+        access(listen, token_file)  # a bad address or token stops the command before the store is touched
     store = store_for_writing(results)
     campaigns = _campaigns(scenarios, store.write_dir, scale, repetitions, resume, as_json)
     _bring_kinds([parsed for parsed, _ in campaigns])
+    if serving:
+        click.get_current_context().with_resource(serving_beside(results, listen, token_file,
+                                                                 _measured_cpus([p for p, _ in campaigns])))
+    on_run_end = _live_delivery(store, campaigns)
     resume_hint = f"continue with rtvirt run --resume {' '.join(scenarios) + ' ' if len(campaigns) > 1 else ''}" \
                   f"--out {results}"
     done: list[CampaignResult] = []
     try:
         with SharedResources() as shared:
             for parsed, state in campaigns:
-                done.append(run_campaign(parsed, state, store.write_dir, show_progress=progress_wanted(progress),
-                                         write_report=report, shared=shared))
+                done.append(run_campaign(parsed, state, store.write_dir, console=err_console,
+                                         show_progress=progress_wanted(progress), write_report=report, shared=shared,
+                                         on_run_end=on_run_end))
                 if done[-1].interrupted:
                     break
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted[/]: {resume_hint}")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     for result in done:
         _fill_in_finished_runs(result, store)
     if as_json:  # one campaign: its document, as before; several: a list of them
@@ -199,6 +257,6 @@ def run(scenarios: tuple[str, ...], results: str, scale: float | None, repetitio
             _print_result(result)
     if any(result.interrupted for result in done):
         err_console.print(f"[yellow]interrupted[/]: {resume_hint}")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     if any(o.status == "failed" for result in done for o in result.outcomes.values()):
         sys.exit(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -146,8 +147,8 @@ def sim(model_path: Path, duration: str | None, seed: int | None, results: str, 
         for column in ("value", "misses", "worst chain us", "worst task us", "run"):
             table.add_column(column)
         for doc in documents:
-            worst_chain = max((c["max_response_ns"] or 0 for c in doc["chains"].values()), default=0)
-            worst_task = max((t["max_response_ns"] or 0 for t in doc["tasks"].values()), default=0)
+            worst_chain = max((c["max_response_ns"] or 0 for c in doc["chains"].values()), default=math.nan)
+            worst_task = max((t["max_response_ns"] or 0 for t in doc["tasks"].values()), default=math.nan)
             table.add_row(str(doc["sweep"][key]), str(doc["misses"]), us(worst_chain), us(worst_task), doc["run_id"])
         console.print(table)
     if gantt is not None and key is None and not as_json:

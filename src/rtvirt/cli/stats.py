@@ -8,8 +8,9 @@ import click
 from rich.table import Table
 
 from ..digest import read_digest, stored_summaries
-from ..summary import Summary
-from .output import console, print_json, us
+from ..quantity import Quantity
+from ..summary import Statistics
+from .output import console, print_json
 from .resultopts import DURATION, reading_store
 
 __all__ = ["stats"]
@@ -22,14 +23,16 @@ _ROWS = (("samples", "samples"), ("dropped", "dropped"), ("min", "min_ns"), ("lo
          ("max", "max_ns"), ("max jitter", "max_jitter_ns"))
 
 
-def _table(title: str, summaries: dict[str, Summary]) -> Table:
+def _table(title: str, statistics: Statistics) -> Table:
+    """One run's statistics in its unit: a latency's in µs, Thread-Metric's in rounds."""
+    quantity = statistics.quantity
     table = Table(title=title, title_justify="left")
-    table.add_column("statistic (µs)")
-    for group in summaries:
+    table.add_column(f"statistic ({quantity.shown_unit})")
+    for group in statistics.groups:
         table.add_column(group, justify="right")
     for name, field in _ROWS:
-        cells = [str(getattr(s, field)) if field in ("samples", "dropped") else us(getattr(s, field))
-                 for s in summaries.values()]
+        cells = [str(getattr(s, field)) if field in ("samples", "dropped") else quantity.show(getattr(s, field))
+                 for s in statistics.groups.values()]
         table.add_row(name, *cells)
     return table
 
@@ -40,24 +43,27 @@ def _windows_table(source: str, window: int | None) -> Table | None:
 
     runs = resolve_runs(source) if Path(source).is_dir() or Path(source).name == "manifest.json" else []
     table = Table(title="over time (cumulative marks, then per-window maxima)", title_justify="left")
-    for column in ("run", "from (s)", "to (s)", "samples", "median µs", "p99 µs", "max µs"):
-        table.add_column(column, justify="right")
+    for column in ("run", "part", "from (s)", "to (s)", "samples", "unit", "median", "p99", "max"):
+        table.add_column(column, justify="left" if column in ("run", "part", "unit") else "right")
     for run in runs:
         if not run.has_samples:
             continue
+        quantity: Quantity = run.quantity
+        shown, unit = quantity.show, quantity.shown_unit
         digest = read_digest(run.path, run.run_id)
         stored = digest is not None and digest.has_profile and window in (None, digest.window_ns)
         profile = digest.profile() if digest is not None and stored else time_profile(run, window)
-        for end, s in profile.marks:
-            table.add_row(run.run_id, "0", f"{end / 1e9:.1f}", str(s.samples), us(s.median_ns), us(s.p99_ns),
-                          us(s.max_ns))
+        for share, (end, s) in zip(("1/8", "2/8", "4/8", "8/8"), profile.marks, strict=False):
+            table.add_row(run.run_id, f"first {share}", "0.000", f"{end / 1e9:.3f}", str(s.samples), unit,
+                          shown(s.median_ns), shown(s.p99_ns), shown(s.max_ns))
         for w in profile.windows:
-            table.add_row(run.run_id, f"{w.start_ns / 1e9:.1f}", f"{(w.start_ns + profile.window_ns) / 1e9:.1f}",
-                          str(w.count), "", "", us(w.max_ns))
+            table.add_row(run.run_id, "window", f"{w.start_ns / 1e9:.3f}",
+                          f"{(w.start_ns + profile.window_ns) / 1e9:.3f}", str(w.count), unit, "-", "-",
+                          shown(w.max_ns))
     return table if table.row_count else None
 
 
-def _summaries(source: str, column: str | None) -> dict[str, dict[str, Summary]]:
+def _summaries(source: str, column: str | None) -> dict[str, Statistics]:
     # a stored run's digest holds its statistics: no numpy, pyarrow or pass over the samples
     stored = stored_summaries(source) if column is None else None
     if stored is None:
@@ -81,18 +87,18 @@ def stats(sources: tuple[str, ...], column: str | None, over_time: bool, window:
     SOURCES are run directories, results directories (every run), shared stores' URLs (every run),
     manifest.json files, .rtvs sample streams or Parquet files with an integer latency column in ns.
     """
-    collected: dict[str, dict[str, Summary]] = {}
+    collected: dict[str, Statistics] = {}
     for source in sources:
         if "://" in source:  # a shared store: every run in it
-            collected |= {name: groups for run in reading_store(source).list_runs() if not run.failed
-                          for name, groups in _summaries(str(run.path), column).items()}
+            collected |= {name: found for run in reading_store(source).list_runs() if not run.failed
+                          for name, found in _summaries(str(run.path), column).items()}
         else:
             collected |= _summaries(source, column)
     if as_json:
-        print_json({name: {group: s.as_dict() for group, s in groups.items()} for name, groups in collected.items()})
+        print_json({name: statistics.as_json() for name, statistics in collected.items()})
         return
-    for name, groups in collected.items():
-        console.print(_table(name, groups))
+    for name, statistics in collected.items():
+        console.print(_table(name, statistics))
     if over_time:
         for source in sources:
             table = _windows_table(source, window)

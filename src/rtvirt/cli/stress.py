@@ -6,13 +6,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from ..errors import Interrupted
 from ..params import build_params, click_options
 from ..stressors import ENGINES, STRESSORS, StressorSpec, StressProgress, StressSummary, follow_stressor, run_stressor
 from ..units import format_duration
-from .output import console, err_console, print_json, progress_wanted
+from .output import console, print_json, progress_bar
 from .targetopts import pop_target, target_options
 
 if TYPE_CHECKING:  # asyncssh and the remote package load only when a target is used
@@ -59,10 +59,8 @@ def _make_command(spec: StressorSpec) -> click.Command:
     def command(engine: str, as_json: bool, progress: bool | None, **values: Any) -> None:
         target = pop_target(values)
         params = build_params(spec.params, values)
-        show_bar = progress_wanted(progress)
-        if show_bar:
-            bar = Progress(TextColumn(f"[bold]stress {spec.name}"), BarColumn(), TimeElapsedColumn(),
-                           TextColumn("left"), TimeRemainingColumn(), console=err_console, transient=True)
+        bar = progress_bar(f"stress {spec.name}", progress, status=False)
+        if bar is not None:
             task = bar.add_task(spec.name, total=None)
 
             def show(p: StressProgress) -> None:
@@ -76,6 +74,8 @@ def _make_command(spec: StressorSpec) -> click.Command:
             print_json(summary.model_dump(mode="json"))
         else:
             console.print(_summary_table(summary))
+        if summary.end == "signal" and params.duration:  # cut short; with -D 0 a signal is the planned end
+            raise Interrupted("interrupted (Ctrl-C or SIGTERM) before the end of --duration")
 
     return command
 

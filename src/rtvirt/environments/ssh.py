@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from ..errors import InputError, RunError
 from ..params import CpuList
 from ..remote.connection import STDERR_HEAD_BYTES
-from ..remote.target import REMOTE_DIR_PATTERN, SshTargetFields
+from ..remote.target import RemoteDir, SshTargetFields
 from ..sysaudit import audit_system
 from .base import Environment, EnvironmentConfig, Launched, SharedResources
 
@@ -42,7 +42,7 @@ class SshConfig(EnvironmentConfig, SshTargetFields):
     kind: Literal["ssh"] = "ssh"
     cpus: CpuList | None = Field(None, description="target CPUs the measured workload runs on "
                                                    "(default: the target's last online CPU)")
-    remote_dir: str = Field("/var/tmp/rtvirt", pattern=REMOTE_DIR_PATTERN,
+    remote_dir: RemoteDir = Field("/var/tmp/rtvirt",
                             description="directory on the target for our agents and stream copies "
                                         "(/var/tmp survives a reboot on most systems, /tmp often does not)")
     reconnect_timeout: float = Field(60.0, gt=0, le=3600,
@@ -50,12 +50,6 @@ class SshConfig(EnvironmentConfig, SshTargetFields):
     disturbers: list[Disturber] = Field([], max_length=64,
                                         description="targets for 'other-vm' stressors, used in turn")
 
-    @field_validator("remote_dir")
-    @classmethod
-    def _no_parent_components(cls, value: str) -> str:
-        if ".." in value.split("/"):
-            raise ValueError("remote_dir must not contain '..'")
-        return value
 
 
 def _link(shared: SharedResources, fields: SshTargetFields, remote_dir: str) -> TargetLink:

@@ -129,7 +129,7 @@ def _where(dominance: list[dict[str, Any]], curves: list[dict[str, Any]]) -> lis
     for d in sorted(dominance, key=lambda d: (d["question"], axes[d["point"]], d["target_utilization"])):
         last = runs[-1][-1] if runs else None
         if last is not None and last["question"] == d["question"] and axes[last["point"]] == axes[d["point"]] \
-                and last["best"] == d["best"] and bool(last["within_ci"]) == bool(d["within_ci"]):
+                and last["best"] == d["best"] and last["within_ci"] == d["within_ci"]:
             runs[-1].append(d)
         else:
             runs.append([d])
@@ -137,7 +137,8 @@ def _where(dominance: list[dict[str, Any]], curves: list[dict[str, Any]]) -> lis
     for run in runs:
         low, high = run[0]["target_utilization"], run[-1]["target_utilization"]
         span = f"U {low:g}" if low == high else f"U {low:g}-{high:g}"
-        tie = " (not significantly: within each other's 95 % CI)" if run[0]["within_ci"] else ""
+        others = [name for name in run[0]["within_ci"] if name != run[0]["best"]]
+        tie = f" (not significantly more than {', '.join(others)}: their 95 % CIs overlap)" if others else ""
         if run[0]["best"] == "none":
             sentences.append(f"{run[0]['question']}: no scheduler's analysis accepts a system at {span}")
         else:

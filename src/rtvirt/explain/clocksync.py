@@ -20,8 +20,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-__all__ = ["CLOCK_PORT", "ClockExchange", "ClockMap", "GUEST_CLOCK_SYNC"]
+if TYPE_CHECKING:
+    from ..remote.transport import HostProcess, HostTransport
+
+__all__ = ["CLOCK_PORT", "ClockExchange", "ClockMap", "GUEST_CLOCK_SYNC", "HOST_CLOCK_SYNC", "ScriptedClockExchange",
+           "clock_map"]
 
 CLOCK_PORT = "rtvirt.clock"
 PINGS = 32  # round trips per exchange: the shortest one counts
@@ -150,19 +155,93 @@ class ClockExchange:
             self._thread.join(timeout=2)
 
     def clock_map(self) -> ClockMap | None:
-        """The map from what was exchanged (start and end: offset and rate; start only: offset), None if none."""
-        starts = [p for p in self.points if p.phase == "start"]
-        ends = [p for p in self.points if p.phase == "end"]
-        if not starts:
-            return None
-        first = starts[0]
-        if not ends:
-            return ClockMap(first.host_ns, first.guest_ns, 1.0, first.half_rtt_ns,
-                            ("guest clock aligned at its start only (no end exchange): its drift is not known",),
-                            start_only=True)
-        last = ends[-1]
-        rate = (last.guest_ns - first.guest_ns) / max(1, last.host_ns - first.host_ns)
-        drift_ppm = (rate - 1.0) * 1e6
-        return ClockMap(first.host_ns, first.guest_ns, rate, max(first.half_rtt_ns, last.half_rtt_ns),
-                        (f"guest clock aligned at start and end (+-{first.half_rtt_ns / 1000:.0f} us, "
-                         f"+-{last.half_rtt_ns / 1000:.0f} us); it ran {drift_ppm:+.0f} ppm against the host's",))
+        return clock_map(self.points)
+
+
+def clock_map(points: list[SyncPoint]) -> ClockMap | None:
+    """The map from what was exchanged (start and end: offset and rate; start only: offset), None if none."""
+    starts = [p for p in points if p.phase == "start"]
+    ends = [p for p in points if p.phase == "end"]
+    if not starts:
+        return None
+    first = starts[0]
+    if not ends:
+        return ClockMap(first.host_ns, first.guest_ns, 1.0, first.half_rtt_ns,
+                        ("guest clock aligned at its start only (no end exchange): its drift is not known",),
+                        start_only=True)
+    last = ends[-1]
+    rate = (last.guest_ns - first.guest_ns) / max(1, last.host_ns - first.host_ns)
+    drift_ppm = (rate - 1.0) * 1e6
+    return ClockMap(first.host_ns, first.guest_ns, rate, max(first.half_rtt_ns, last.half_rtt_ns),
+                    (f"guest clock aligned at start and end (+-{first.half_rtt_ns / 1000:.0f} us, "
+                     f"+-{last.half_rtt_ns / 1000:.0f} us); it ran {drift_ppm:+.0f} ppm against the host's",))
+
+
+# The host's half on a KVM host reached over a transport (ScriptedClockExchange): QEMU's clock port is a chardev
+# pipe there ($1.in to the guest, $1.out from it), and this constant script answers the guest's RTVIRT-CLOCK
+# lines, stamping each ping with the KVM host's own CLOCK_MONOTONIC the way the guest stamps its reply (the "now
+# at" line of /proc/timer_list, read by builtins). The stamps are the KVM host's, so the map is to its clock, on
+# which its trace is; each round trip is one line on stdout for rtvirt to pick the shortest of.
+HOST_CLOCK_SYNC = r"""exec 3> "$1.in" 4< "$1.out"
+while read -r word phase <&4; do
+  [ "$word" = RTVIRT-CLOCK ] || continue
+  seq=0
+  while [ "$seq" -lt "$2" ]; do
+    { read -r x; read -r x; read -r sent; } < /proc/timer_list
+    echo "P $seq" >&3
+    read -r reply <&4 || exit 0
+    { read -r x; read -r x; read -r received; } < /proc/timer_list
+    echo "X $phase $seq $sent | $reply | $received"
+    seq=$((seq + 1))
+  done
+  echo "D 0" >&3
+done
+"""
+_ROUND_TRIP = re.compile(rb"X (\S{1,16}) (\d{1,6}) now at (\d{1,20}) nsecs \| R (\d{1,6}) now at (\d{1,20}) nsecs \| "
+                         rb"now at (\d{1,20}) nsecs")
+
+
+class ScriptedClockExchange:
+    """The exchange with the host's half run on the KVM host itself (HOST_CLOCK_SYNC over ``transport``): the
+    same points, problem and map as :class:`ClockExchange`, on the KVM host's clock."""
+
+    def __init__(self, transport: HostTransport, stem: str) -> None:
+        self.transport = transport
+        self.stem = stem
+        self.points: list[SyncPoint] = []
+        self.problem: str | None = None
+        self._best: dict[str, SyncPoint] = {}
+        self._pending = b""
+        self._process: HostProcess | None = None
+
+    def start(self) -> None:
+        self._process = self.transport.spawn(["sh", "-c", HOST_CLOCK_SYNC, "rtvirt-clock", self.stem, str(PINGS)],
+                                             None, on_data=self._arrived)
+
+    def _arrived(self, data: bytes) -> None:
+        """Lines of the script (on the connection's event loop: nothing here blocks)."""
+        self._pending += data
+        *lines, self._pending = self._pending.split(b"\n")
+        self._pending = self._pending[-LINE_LIMIT:]
+        for line in lines:
+            match = _ROUND_TRIP.fullmatch(line.strip()[:3 * LINE_LIMIT])
+            if match is None or match.group(2) != match.group(4):
+                if line.strip():
+                    self.problem = "a clock exchange line from the KVM host was not understood"
+                continue
+            phase = match.group(1).decode("ascii", errors="replace")
+            sent, guest, received = int(match.group(3)), int(match.group(5)), int(match.group(6))
+            point = SyncPoint(phase, (sent + received) // 2, guest, (received - sent) // 2)
+            best = self._best.get(phase)
+            if best is None or point.half_rtt_ns < best.half_rtt_ns:
+                self._best[phase] = point
+            if int(match.group(2)) == PINGS - 1:  # the exchange's last round trip: its best point counts
+                self.points.append(self._best.pop(phase))
+
+    def close(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            process.stop(grace=2.0)
+
+    def clock_map(self) -> ClockMap | None:
+        return clock_map(self.points)

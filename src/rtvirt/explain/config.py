@@ -10,8 +10,8 @@ from ..units import duration_field
 
 __all__ = ["ExplainConfig", "TracedLayer", "TRACED_LAYERS", "DEFAULT_FLOOR_NS", "DEFAULT_QUANTILE", "DEFAULT_TOP"]
 
-TracedLayer = Literal["host", "vm", "xen", "guest"]
-TRACED_LAYERS: tuple[TracedLayer, ...] = ("host", "vm", "xen", "guest")
+TracedLayer = Literal["host", "vm", "kvm", "xen", "guest"]
+TRACED_LAYERS: tuple[TracedLayer, ...] = ("host", "vm", "kvm", "xen", "guest")
 DEFAULT_FLOOR_NS = 20_000
 DEFAULT_QUANTILE = 99.9
 DEFAULT_TOP = 100

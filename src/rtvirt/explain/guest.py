@@ -33,8 +33,8 @@ from .timerpath import agent_bound, timer_path
 from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, cpu_mask, mark_losses, parse_trace
 
 __all__ = ["GuestTraceSource", "BaremetalGuestSource", "guest_trace_files", "timerlat_split", "read_guest_trace",
-           "guest_buffer_kb", "TIMERLAT_PHASES", "BAREMETAL_PHASES", "STOLEN_CAUSES", "stolen_occupancies",
-           "stolen_spans", "guest_layer"]
+           "guest_buffer_kb", "TIMERLAT_PHASES", "BAREMETAL_PHASES", "STOLEN_CAUSES", "stolen_causes",
+           "stolen_occupancies", "stolen_spans", "guest_layer"]
 
 TRACE_LIMIT = 256 << 20  # bytes of a guest's trace the host reads (untrusted text)
 # a guest idle in an outlier's window had nothing else to run: its wake-up (the timer IRQ) reached it late
@@ -266,10 +266,10 @@ class BaremetalGuestSource:
     """The guest layer of rtvirt's bare-metal guest (docs/baremetal.md). Its timer probe stamps each sample
     with the TSC at the timer interrupt's entry (``aux``), so each outlier's window splits into the time
     before the interrupt was entered (the vCPU not running, or the interrupt delivered late: the outer
-    layers say which) and its own kernel's time from that entry to the measuring thread. Under Xen its timer
-    and gap probes also read the vCPU's runstate area around each sample: the time Xen stole inside the
-    window (runnable, offline) follows the sample in the stream (``SampleStream.stolen``). Nothing else runs
-    in that guest, so no trace is needed."""
+    layers say which) and its own kernel's time from that entry to the measuring thread. Under Xen and KVM its
+    timer and gap probes also read the hypervisor's stolen-time totals around each sample (Xen's runstate area,
+    KVM's steal time): the time stolen inside the window (runnable, offline) follows the sample in the stream
+    (``SampleStream.stolen``). Nothing else runs in that guest, so no trace is needed."""
 
     layer: Layer = "guest"
 
@@ -302,16 +302,39 @@ class BaremetalGuestSource:
         stolen: list[Occupancy] = []
         if stolen_measured:
             runnable, offline = stream.stolen_per_sample()
+            source = str(context.header.get("stolen"))
             stolen = stolen_occupancies(context.windows, t_ns, records["value"].astype(np.int64), runnable, offline,
-                                        aux if timed else None, cpus)
-            notes.append(_stolen_note(stolen, len(context.windows)))
+                                        aux if timed else None, cpus, stolen_causes(source))
+            notes.append(_stolen_note(stolen, len(context.windows), source))
         tsc = context.header.get("cycles_hz")
         resolution = int(1e9 / float(tsc)) + 1 if isinstance(tsc, (int, float)) and tsc > 0 else 1
         return LayerTrace("guest", seen=True, occupancies=split + stolen, alignment_ns=resolution, notes=notes)
 
 
-STOLEN_CAUSES = {"runnable": "stolen by Xen: vCPU runnable, not running (the guest's runstate area)",
-                 "offline": "stolen by Xen: vCPU offline (the guest's runstate area)"}
+# By the stream header's "stolen" source (docs/sample-stream.md): who stole the time, where the guest read it (for
+# the cause), the same for the layer's note, and the parts' detail.source
+_STOLEN_BY = {"xen-runstate": ("Xen", "the guest's runstate area", "its runstate area", "runstate area"),
+              "kvm-steal-time": ("the host", "KVM's steal time, read by the guest", "KVM's steal-time area",
+                                 "KVM steal time"),
+              "kvm-pv-time": ("the host", "KVM's stolen time on Arm, read by the guest",
+                              "KVM's stolen-time structure (Arm PV time)", "KVM PV time")}
+
+
+def _stolen_by(source: str) -> tuple[str, str, str, str]:
+    name = source[:40]
+    return _STOLEN_BY.get(source, ("the hypervisor", f"{name!r}, read by the guest", repr(name), name))
+
+
+def stolen_causes(source: str) -> dict[str, str]:
+    """The causes of a sample's stolen parts (runnable, offline, and ``source``: the parts' detail), naming who
+    stole it and from what the guest read it; the numbers stay in the parts' durations, so that the summary adds
+    them up across outliers."""
+    who, where, _, detail = _stolen_by(source)
+    return {"runnable": f"stolen by {who}: vCPU runnable, not running ({where})",
+            "offline": f"stolen by {who}: vCPU offline ({where})", "source": detail}
+
+
+STOLEN_CAUSES = stolen_causes("xen-runstate")
 
 
 def stolen_spans(t_ns: np.ndarray, latency_ns: np.ndarray, runnable_ns: np.ndarray, offline_ns: np.ndarray,
@@ -328,10 +351,12 @@ def stolen_spans(t_ns: np.ndarray, latency_ns: np.ndarray, runnable_ns: np.ndarr
 
 
 def stolen_occupancies(windows: np.ndarray, t_ns: np.ndarray, latency_ns: np.ndarray, runnable_ns: np.ndarray,
-                       offline_ns: np.ndarray, irq_ns: np.ndarray | None, cpus: np.ndarray) -> list[Occupancy]:
-    """The time Xen stole inside each outlier window, as the guest read it from its runstate area (per sample,
-    aligned with ``t_ns``), where the guest placed it (``stolen_spans``): offline time first, then runnable (the
-    vCPU is runnable last, until it runs); what does not fit before the resumption runs on to the window's end."""
+                       offline_ns: np.ndarray, irq_ns: np.ndarray | None, cpus: np.ndarray,
+                       causes: dict[str, str] = STOLEN_CAUSES) -> list[Occupancy]:
+    """The time the hypervisor stole inside each outlier window, as the guest read it (Xen's runstate area, KVM's
+    steal time; per sample, aligned with ``t_ns``, on ``cpus``), where the guest placed it (``stolen_spans``):
+    offline time first, then runnable (the vCPU is runnable last, until it runs); what does not fit before the
+    resumption runs on to the window's end."""
     begins, _ = stolen_spans(t_ns, latency_ns, runnable_ns, offline_ns, irq_ns)
     found = []
     for index, start, end, cpu in _window_samples(windows, t_ns, cpus):
@@ -340,22 +365,23 @@ def stolen_occupancies(windows: np.ndarray, t_ns: np.ndarray, latency_ns: np.nda
             continue
         begin = int(begins[index])
         detail: dict[str, str | int] = {"sample_t_ns": int(start), "runnable_ns": runnable, "offline_ns": offline,
-                                        "source": "runstate area"}
+                                        "source": causes["source"]}
         for state, amount in (("offline", offline), ("runnable", runnable)):
             stop = min(begin + amount, end)
             if stop > begin:
-                found.append(Occupancy("guest", begin, stop, STOLEN_CAUSES[state], "stolen", int(cpu),
+                found.append(Occupancy("guest", begin, stop, causes[state], "stolen", int(cpu),
                                        {**detail, "runstate": state}))
             begin = stop
     return found
 
 
-def _stolen_note(stolen: list[Occupancy], windows: int) -> str:
+def _stolen_note(stolen: list[Occupancy], windows: int, source: str) -> str:
     outliers = len({o.detail["sample_t_ns"] for o in stolen})
     runnable = sum(o.duration_ns for o in stolen if o.detail["runstate"] == "runnable")
     offline = sum(o.duration_ns for o in stolen if o.detail["runstate"] == "offline")
-    return (f"stolen time read by the guest from its runstate area: {outliers} of {windows} outliers lost time to "
-            f"Xen, runnable {runnable / 1e3:.0f} us, offline {offline / 1e3:.0f} us in their windows")
+    who, _, where, _ = _stolen_by(source)
+    return (f"stolen time read by the guest from {where}: {outliers} of {windows} outliers lost time to "
+            f"{who}, runnable {runnable / 1e3:.0f} us, offline {offline / 1e3:.0f} us in their windows")
 
 
 def _split_note(first: str, split: list[Occupancy]) -> str:

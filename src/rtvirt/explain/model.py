@@ -17,9 +17,10 @@ import numpy as np
 __all__ = ["LAYERS", "Layer", "Occupancy", "LayerTrace", "Part", "Explanation", "CollectContext", "TraceSource",
            "HELD_KINDS", "culprit_of"]
 
-Layer = Literal["host", "vm", "xen", "guest", "unexplained"]
-# outermost first: while an outer layer held the CPU nothing inside it ran, so it takes precedence
-LAYERS: tuple[Layer, ...] = ("host", "xen", "vm", "guest", "unexplained")
+Layer = Literal["host", "vm", "kvm", "xen", "guest", "unexplained"]
+# outermost first: while an outer layer held the CPU nothing inside it ran, so it takes precedence (kvm inside vm:
+# while the vCPU's thread was off its pCPU, whoever ran is the cause; while it was on, KVM's exit handling)
+LAYERS: tuple[Layer, ...] = ("host", "xen", "vm", "kvm", "guest", "unexplained")
 # kinds of an outer layer that did not run the inner one, with nothing traced running instead: a vCPU thread
 # stopped, asleep or runnable on an idle pCPU, a timer interrupt that came late to an idle CPU, time the
 # guest's runstate area says Xen took, a vCPU Xen kept blocked. The headline counts the outliers they
@@ -73,6 +74,8 @@ class LayerTrace:
     cost: dict[str, float] = field(default_factory=dict)
     # where an outlier's thread waited on another CPU than its sample's: [window start, window cpu, from, cpu]
     moves: list[list[int]] = field(default_factory=list)
+    # tables a layer reports beside its occupancies, by name (the KVM layer's "kvm_exits": perf kvm stat's rows)
+    tables: dict[str, list[dict[str, object]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import re
 import tempfile
@@ -32,6 +31,7 @@ from ..errors import RtvirtError
 from ..params import parse_cpulist
 from ..procs import process_start_time
 from ..remote.connection import RemoteProcess, SshConnection
+from ..remote.transport import controller_id
 from .tracefs import INSTANCE_PREFIX, MOUNT_POINTS, POLICY_NAMES, TracingUnavailable, bounded
 
 __all__ = ["RemoteTracefs"]
@@ -47,15 +47,6 @@ PIPE_SETTLE_S = 10.0  # ... or after this long at most
 _ERRNOS = (("Permission denied", errno.EACCES), ("Operation not permitted", errno.EPERM),
            ("No such file", errno.ENOENT), ("busy", errno.EBUSY), ("Invalid argument", errno.EINVAL))
 TRACE_READ_TIMEOUT_S = 300.0
-
-
-def _controller() -> str:
-    """This machine, in 8 hex digits (its machine-id, else its hostname), so that instances are told apart."""
-    with contextlib.suppress(OSError):
-        machine = Path("/etc/machine-id").read_text().strip()
-        if re.fullmatch(r"[0-9a-f]{32}", machine):
-            return machine[:8]
-    return hashlib.sha256(os.uname().nodename.encode()).hexdigest()[:8]
 
 
 class RemotePipe:
@@ -110,7 +101,7 @@ class RemoteTracefs:
         self.connection = connection
         self.where = f" on target {label}"
         self._owner = f"{os.getpid()}-{process_start_time(os.getpid())}"
-        self._name = re.compile(rf"^{INSTANCE_PREFIX}(\d+)-(\d+)-\d+-{_controller()}$")
+        self._name = re.compile(rf"^{INSTANCE_PREFIX}(\d+)-(\d+)-\d+-{controller_id()}$")
         self._cpus_and_taskset: tuple[tuple[int, ...], bool] | None = None  # the target's online CPUs, taskset
 
     def _run(self, argv: list[str], what: str) -> str:
@@ -158,7 +149,7 @@ class RemoteTracefs:
         self._run(["rmdir", "--", path], f"removing {path}")
 
     def instance_name(self, serial: int) -> str:
-        return f"{INSTANCE_PREFIX}{self._owner}-{serial}-{_controller()}"
+        return f"{INSTANCE_PREFIX}{self._owner}-{serial}-{controller_id()}"
 
     def reclaim(self, root: str) -> list[str]:
         try:

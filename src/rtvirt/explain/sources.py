@@ -18,16 +18,18 @@ from .tracefs import TracefsAccess
 
 if TYPE_CHECKING:
     from ..environments.base import Environment
+    from .kvm import KvmSource
     from .recorder import KeepRule
     from .vm import VmSource
     from .xen import XenDom0, XenDomains, XenTraceSource
 
-__all__ = ["SOURCES", "session_for", "session_for_sources", "host_sources", "vm_source", "xen_source"]
+__all__ = ["SOURCES", "session_for", "session_for_sources", "host_sources", "kvm_source", "vm_source", "xen_source"]
 
 # layer -> what its source traces (docs/explain.md has each one's method and limits)
 SOURCES: dict[Layer, str] = {
     "host": "host tracefs on the measured CPUs: tasks, IRQs, softirqs, IRQ vectors, timers (explain.host)",
     "vm": "the vCPU threads on their pCPUs, KVM exits by reason (explain.vm)",
+    "kvm": "KVM on the vCPUs' pCPUs: exits by reason, halts and their timer, interrupt injection (explain.kvm)",
     "xen": "xentrace's scheduler class in dom0: runstates, RTDS budgets, ARINC 653 windows (explain.xen)",
     "guest": "the guest's own tracer: timerlat's IRQ/thread split, the guest's tasks and IRQs (explain.guest)",
 }
@@ -46,12 +48,22 @@ def host_sources(cpus: tuple[int, ...], config: ExplainConfig, access: TracefsAc
 
 
 def vm_source(vm: str, host_cpus: tuple[int, ...] | None, accel: str, config: ExplainConfig,
-              no_clock: str | None = None) -> VmSource:
-    """The VM layer of a QEMU guest or libvirt domain on this host (explain.vm), bounded as the scenario says."""
+              no_clock: str | None = None, access: TracefsAccess | None = None,
+              exits: bool | None = None) -> VmSource:
+    """The VM layer of a QEMU guest or libvirt domain on this host, or on a KVM host through ``access``
+    (explain.vm), bounded as the scenario says."""
     from .vm import VmSource
 
     return VmSource(vm, host_cpus, accel, config.buffer_mb, no_clock,
-                    keep=_keep_rule(config))
+                    keep=_keep_rule(config), access=access, exits=exits)
+
+
+def kvm_source(vm: str, host_cpus: tuple[int, ...], config: ExplainConfig, no_clock: str | None = None,
+               access: TracefsAccess | None = None) -> KvmSource:
+    """The KVM layer of a QEMU guest under KVM, on this host or on a KVM host through ``access`` (explain.kvm)."""
+    from .kvm import KvmSource
+
+    return KvmSource(vm, host_cpus, "kvm", config.buffer_mb, no_clock, keep=_keep_rule(config), access=access)
 
 
 def xen_source(open_dom0: Callable[[], XenDom0], domains: Callable[[], XenDomains], workdir: Path,

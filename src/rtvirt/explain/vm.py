@@ -34,6 +34,7 @@ from .tracefs import (
     GAP_EVENT,
     TEXT_RESOLUTION_NS,
     TraceEvent,
+    TracefsAccess,
     TracefsInstance,
     TracingUnavailable,
     body_fields,
@@ -430,18 +431,37 @@ class _GuestPlacement:
         return clock.to_host(sample_ns), clock.uncertainty_ns + drift + TEXT_RESOLUTION_NS
 
 
+def drift_allowance(clock: ClockMap, windows: np.ndarray) -> tuple[int, list[str]]:
+    """What a layer placed through the guest's clock exchange adds to its alignment for drift, with the note that
+    says so: with no end exchange (a watchdog, Ctrl-C) the guest's clock may have drifted by up to
+    DRIFT_BOUND_PPM since the start, at the farthest window. (The VM and KVM layers share the exchange, so they
+    share this: neither is placed more exactly than the other.)"""
+    if not clock.start_only or not windows.size:
+        return 0, []
+    farthest = max(abs(int(windows["start_ns"].min()) - clock.guest_0),
+                   abs(int(windows["end_ns"].max()) - clock.guest_0))
+    drift = farthest * DRIFT_BOUND_PPM // 1_000_000
+    return drift, [f"its placement allows {drift / 1e3:.0f} us for the guest clock's drift since the start exchange "
+                   f"({DRIFT_BOUND_PPM} ppm at most)"]
+
+
 class VmSource:
     """The VM layer of one QEMU guest or libvirt domain: armed before launch on the vCPUs' host CPUs (``None``:
     unpinned, every CPU rtvirt may use), told its vCPU threads and clock exchange once QEMU placed them
     (``attach``). ``no_clock`` says why a guest cannot take part in the clock exchange (its layer is then not
     seen). ``keep``: which samples the flight recorder keeps the trace for, once told the samples file
-    (``follow``); None: one buffer of ``buffer_mb`` per pCPU read at the end."""
+    (``follow``); None: one buffer of ``buffer_mb`` per pCPU read at the end. ``access``: the tracefs of the
+    host QEMU runs on (default: this machine's; a KVM host's over SSH: explain.remote). ``exits``: trace KVM's
+    exits here too (default: under KVM; False where the KVM layer, explain.kvm, traces them)."""
 
     layer: Layer = "vm"
 
     def __init__(self, vm: str, host_cpus: tuple[int, ...] | None, accel: str, buffer_mb: int = 64,
-                 no_clock: str | None = None, keep: KeepRule | None = None) -> None:
+                 no_clock: str | None = None, keep: KeepRule | None = None,
+                 access: TracefsAccess | None = None, exits: bool | None = None) -> None:
         self.vm = vm
+        self.access = access
+        self.exits = accel == "kvm" if exits is None else exits
         self.no_clock = no_clock
         self.host_cpus = host_cpus or tuple(sorted(os.sched_getaffinity(0)))
         self.accel = accel
@@ -471,13 +491,13 @@ class VmSource:
         if self._instance is not None or self._why_not is not None:
             return
         events = ["sched:sched_switch", "sched:sched_wakeup"]
-        events += ["kvm:kvm_exit", "kvm:kvm_entry"] if self.accel == "kvm" else []
+        events += ["kvm:kvm_exit", "kvm:kvm_entry"] if self.exits else []
         recording = self.keep is not None and self.samples is not None
         # drained every DRAIN_S by the recorder: the kernel's ring only bridges its pauses
         # (four times the host layer's: every switch and wake-up of every thread on the pCPUs, QEMU's many among
         # them, while the recorder's thread may be starved on a loaded machine)
         ring_kb = min(4 * RING_KB, self.buffer_mb * 1024) if recording else self.buffer_mb * 1024
-        instance = TracefsInstance(self.host_cpus, events, buffer_kb=ring_kb)
+        instance = TracefsInstance(self.host_cpus, events, buffer_kb=ring_kb, access=self.access)
         try:
             instance.start()
         except TracingUnavailable as exc:
@@ -489,7 +509,7 @@ class VmSource:
             assert instance.path is not None and self.samples is not None and self.keep is not None
             self.recorder = start_recording(instance, FlightRecorder(
                 instance.path, self.host_cpus, self.samples, self.keep, bound_bytes=self.buffer_mb << 20,
-                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self)))
+                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self), access=self.access))
 
     def attach(self, qemu_pid: int, vcpus: Mapping[int, int], exchange: ClockExchange | None) -> None:
         """The VM is placed (its vCPU threads exist, it has not run yet): remember who is who."""
@@ -498,15 +518,19 @@ class VmSource:
         # QEMU's own threads now (its main loop and I/O threads; workers come and go, and are known by tgid):
         # the main loop wakes a halted vCPU under TCG, so a vCPU asleep while it waits for its pCPU is held back
         # by what holds that pCPU
-        with contextlib.suppress(OSError, ValueError):
-            self._vmm_tids = {int(task) for task in os.listdir(f"/proc/{int(qemu_pid)}/task")} - set(vcpus.values())
+        here = self.access is None or self.access.here  # (a KVM host's QEMU is not this machine's /proc)
+        if here:
+            with contextlib.suppress(OSError, ValueError):
+                self._vmm_tids = {int(task) for task in os.listdir(f"/proc/{int(qemu_pid)}/task")} - \
+                    set(vcpus.values())
         if self._instance is not None and vcpus:
             # the wake-ups that matter: the vCPU threads' and QEMU's own, and real-time tasks' (whose switch-in
             # from idle may be missing); the others, most of them, are not recorded at all
             own = " || ".join(f"pid == {int(tid)}" for tid in vcpus.values())
             vmm = "".join(f" || pid == {tid}" for tid in sorted(self._vmm_tids)[:MAX_FILTERED_THREADS])
             self._instance.set_filter("sched:sched_wakeup", f"prio < 100 || {own}{vmm}")
-            self._trace_wakeups(own)
+            if here:  # (on a KVM host over SSH the main instance's pCPUs are all that is traced of them)
+                self._trace_wakeups(own)
 
     def _trace_wakeups(self, own: str) -> None:
         """The vCPU threads' own wake-ups, on every CPU this process may use and the vCPUs' (only those: the
@@ -581,17 +605,9 @@ class VmSource:
                          "not represent real hardware")
         if self._trace.unreadable:
             notes.append(f"{self._trace.unreadable} sched_switch lines of the VM trace were not understood")
-        # the text trace's microseconds add to the exchange's bound; with no end exchange (a watchdog, Ctrl-C) the
-        # guest's clock may have drifted by up to DRIFT_BOUND_PPM since the start, at the farthest window
-        drift = 0
-        if clock.start_only and context.windows.size:
-            farthest = max(abs(int(context.windows["start_ns"].min()) - clock.guest_0),
-                           abs(int(context.windows["end_ns"].max()) - clock.guest_0))
-            drift = farthest * DRIFT_BOUND_PPM // 1_000_000
-            notes.append(f"its placement allows {drift / 1e3:.0f} us for the guest clock's drift since the start "
-                         f"exchange ({DRIFT_BOUND_PPM} ppm at most)")
+        drift, said = drift_allowance(clock, context.windows)
         return LayerTrace("vm", True, None, occupancies, clock.uncertainty_ns + drift + TEXT_RESOLUTION_NS, dropped,
-                          notes)
+                          notes + said)
 
 
 def _near_windows(windows: np.ndarray) -> Callable[[int, int, int], bool]:

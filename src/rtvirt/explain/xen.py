@@ -24,11 +24,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .model import CollectContext, Layer, LayerTrace, Occupancy
+
+if TYPE_CHECKING:
+    from ..remote.transport import HostTransport
 from .recorder import KeepRule, listed, run_start_ns, window_label
 from .xensegments import SEGMENT_S, Segment, SegmentRecorder
 from .xentrace import IDLE_DOMAIN, TRC_SCHED, Trace, TraceError, read_trace
@@ -61,7 +64,7 @@ SYSTEM_FILES = ("/sys/hypervisor/type", "/sys/class/dmi/id/sys_vendor", "/sys/cl
 class XenDom0:
     """The dom0 to trace in: its transport (run/spawn/get argument vectors), Xen's TSC rate, the pCPUs traced."""
 
-    transport: Any
+    transport: HostTransport
     cpu_khz: int | None
     pcpus: int
 
@@ -613,7 +616,7 @@ def _merged(parts: list[Occupancy]) -> list[Occupancy]:
     return out
 
 
-def reclaim_xentrace(transport: Any) -> list[str]:
+def reclaim_xentrace(transport: HostTransport) -> list[str]:
     """After a killed campaign: stop the xentrace processes rtvirt's pid files name in dom0 (a tracer stopped by
     SIGINT switches Xen's tracing off) and remove their files."""
     listed = transport.run(["sh", "-c", 'for f in "$1"/' + TRACE_PREFIX + '*.pid; do [ -e "$f" ] && echo "$f"; '

@@ -55,7 +55,8 @@ def parse(path: Path, options: ImportOptions) -> Imported:
         outside = thread.cycles - int(counts.sum())
         if outside > 0:
             values, counts = np.append(values, thread.max * scale), np.append(counts, outside)
-            warnings.append(f"thread {number}: {outside} samples outside the histogram are counted at its maximum")
+            warnings.append(f"thread {number}: {outside} sample{'s' if outside != 1 else ''} outside the histogram "
+                            f"{'are' if outside != 1 else 'is'} counted at its maximum")
         present = counts > 0
         if present.any():
             h = Histogram.merged([Histogram(values[present], counts[present])])

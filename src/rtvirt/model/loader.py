@@ -66,8 +66,8 @@ def _where(loc: Loc, lines: dict[Loc, int]) -> str:
 
 def _fail(source: str, problems: list[tuple[Loc, str]], lines: dict[Loc, int]) -> InputError:
     shown = [f"{field_path(loc)}{_where(loc, lines)}: {message}" for loc, message in problems[:5]]
-    more = f"\n  ... and {len(problems) - 5} more" if len(problems) > 5 else ""
-    return InputError(f"model {source}: " + "\n  ".join(shown) + more)
+    more = f"; ... and {len(problems) - 5} more" if len(problems) > 5 else ""
+    return InputError(f"model {source}: " + "; ".join(shown) + more)  # one line, as every error (docs/output.md)
 
 
 def model_from_dict(data: dict[str, Any], source: str = "<model>", text: str = "") -> Model:
@@ -116,6 +116,10 @@ def check_model(model: Model) -> Iterator[tuple[Loc, str]]:
     sched = hv.scheduler
     if sched == "arinc653" and hv.arinc653 is None:
         yield ("hypervisor", "arinc653"), "the arinc653 scheduler needs [hypervisor.arinc653] major_frame"
+    if hv.enforcement.tick and sched != "deadline":
+        yield ("hypervisor", "enforcement", "tick"), "only the deadline scheduler has an enforcement tick"
+    if hv.enforcement.tick and hv.enforcement.phase >= hv.enforcement.tick:
+        yield ("hypervisor", "enforcement", "phase"), "the phase must be shorter than the tick"
     seen_vms: set[str] = set()
     owned: dict[int, Loc] = {}
     event_tasks: dict[str, Loc] = {}

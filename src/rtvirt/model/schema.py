@@ -12,8 +12,8 @@ from ..units import duration_field
 
 __all__ = [
     "HV_SCHEDULERS", "GUEST_SCHEDULERS", "SERVERS", "Ms", "Name", "Overheads", "CreditParams", "FairParams",
-    "Arinc653Params", "Hypervisor", "Window", "VCpu", "Execution", "Task", "Gap", "Vm", "Chain", "Simulation",
-    "Model",
+    "Arinc653Params", "Enforcement", "Hypervisor", "Window", "VCpu", "Execution", "Task", "Gap", "Vm", "Chain",
+    "Simulation", "Model",
 ]
 
 HvScheduler = Literal["partitioned", "fifo", "rtds", "sedf", "sedf-prime", "psedf", "credit", "arinc653", "deadline",
@@ -55,6 +55,15 @@ class Arinc653Params(_Strict):
     major_frame: Ms = Field(gt=0)
 
 
+class Enforcement(_Strict):
+    tick: Ms = Field(0, ge=0, description="deadline: runtimes are checked only at this periodic tick (Linux without "
+                                          "HRTICK_DL), so a server overruns up to the next tick and pays the "
+                                          "overrun back; 0 = enforced exactly")
+    phase: Ms = Field(0, ge=0, description="time of the first tick; servers start their first period at 0")
+    resume_jitter: Ms = Field(0, ge=0, description="a replenished server resumes after a wake-up latency drawn "
+                                                   "uniformly from [0, resume_jitter]")
+
+
 class Hypervisor(_Strict):
     scheduler: HvScheduler
     pcpus: int = Field(1, ge=1, le=64)
@@ -65,6 +74,7 @@ class Hypervisor(_Strict):
     credit: CreditParams = CreditParams.model_validate({})
     fair: FairParams = FairParams.model_validate({})
     arinc653: Arinc653Params | None = None
+    enforcement: Enforcement = Enforcement.model_validate({})
 
 
 class Window(_Strict):

@@ -9,6 +9,7 @@ analysis_run, mapping, notes}: everything the report needs to put the three answ
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..model import Model
 from ..scenario.schema import Scenario
 from . import PredictSpec
 from .derive import Derived, NotPredictable, derive_model
+from .tick import EnforcementTick, enforcement_tick, tick_phase
 
 __all__ = ["predict_configuration", "predict_campaign", "check_predict", "SIMULATED_SUFFIX", "bound_of"]
 
@@ -97,6 +99,44 @@ def check_predict(scenario: Scenario, state: Any) -> None:
         _explicit(spec, _scenario_dir(state), 1_000_000_000)
 
 
+def _measured_tick(spec: PredictSpec, environment: Any, plans: list[Any], config: str, results: Path,
+                   state: Any) -> EnforcementTick | None:
+    """The enforcement tick of the kernel that measured ``config`` (its first stored run's audit), with the
+    tick's phase in the reservation's period read from that run's holes when it ran a gap probe in a
+    SCHED_DEADLINE reservation; None with ``enforcement = "off"`` or where the audit does not say."""
+    from ..store import load_run
+
+    if spec.enforcement == "off":
+        return None
+    for plan in plans:
+        entry = state.runs.get(plan.key, {})
+        if plan.config != config or entry.get("status") != "complete" or not entry.get("run_id"):
+            continue
+        try:
+            run = load_run(results / "runs" / entry["run_id"])
+        except (OSError, ValueError, RtvirtError):
+            continue
+        tick = enforcement_tick(run.manifest.get("system"))
+        period = _deadline_reservation(environment)
+        if tick is None or period is None or run.manifest.get("probe") != "gap":
+            return tick
+        field = run.manifest.get("value_field") or "duration_ns"
+        samples = run.samples(["t_ns", field]).to_pydict()
+        runtime, length = period
+        measured = tick_phase(samples["t_ns"], samples[field], tick.tick_ns, length,
+                              min_hole_ns=max(1, (length - runtime) // 2))
+        return tick if measured is None else replace(tick, measured=measured, phase_from=f"measured in {run.run_id}")
+    return None
+
+
+def _deadline_reservation(environment: Any) -> tuple[int, int] | None:
+    """(runtime, period) of the SCHED_DEADLINE reservation the measured workload runs in, if it does."""
+    sched = getattr(environment, "sched", None) or getattr(environment, "vcpu_sched", None)
+    if sched is None or getattr(sched, "policy", None) != "deadline":
+        return None
+    return int(sched.runtime), int(sched.period)
+
+
 def predict_campaign(scenario: Scenario, plans: list[Any], results: Path, state: Any) -> list[str]:
     """Predict every configuration of ``plans`` not yet predicted in ``state``; returns messages to show.
 
@@ -118,10 +158,11 @@ def predict_campaign(scenario: Scenario, plans: list[Any], results: Path, state:
             if spec.model is not None:
                 derived = _explicit(spec, base_dir, duration)
             else:
-                derived = derive_model(scenario.environments[plan.environment],
-                                       scenario.probe_workloads()[plan.workload],
+                environment = scenario.environments[plan.environment]
+                derived = derive_model(environment, scenario.probe_workloads()[plan.workload],
                                        scenario.disturbances[plan.disturbance].stressors, duration, spec,
-                                       name="derived-" + "".join(c if c.isalnum() else "-" for c in plan.config))
+                                       name="derived-" + "".join(c if c.isalnum() else "-" for c in plan.config),
+                                       tick=_measured_tick(spec, environment, plans, plan.config, results, state))
             simulated, analysed = predict_configuration(derived, results, plan.config, scenario=scenario.name,
                                                         long_gap_ns=spec.long_gap)
         except NotPredictable as exc:

@@ -23,6 +23,9 @@ __all__ = ["Prediction", "predictions", "PESSIMISM_FACTOR", "distribution"]
 
 PESSIMISM_FACTOR = 2.0  # a bound above this many times the largest observed value is called pessimistic
 DEFAULT_LONG_GAP_NS = 1_000_000
+# the median of the long gaps is "stable" when the 45th and 55th percentiles lie within 5 % of each other
+MEDIAN_STABILITY_BAND = 0.05
+MEDIAN_STABILITY_SPREAD = 0.05
 
 
 @dataclass
@@ -36,6 +39,9 @@ class Distribution:
     seconds: float
     long_gaps: int = 0
     long_gap_mean_ns: float | None = None
+    long_gap_median_ns: float | None = None
+    # False where the long gaps split about evenly between two lengths (the median jumps between them)
+    long_gap_median_stable: bool | None = None
     total_ns: float = 0.0  # sum of all values: for gaps, the time the probe did not run
 
     @property
@@ -50,7 +56,8 @@ class Distribution:
     def as_dict(self) -> dict[str, Any]:
         return {"samples": self.samples, "p50_ns": self.p50_ns, "p99_ns": self.p99_ns, "max_ns": self.max_ns,
                 "seconds": self.seconds, "long_gaps": self.long_gaps, "long_gap_rate_per_s": self.long_gap_rate,
-                "long_gap_mean_ns": self.long_gap_mean_ns, "total_ns": self.total_ns, "share": self.share}
+                "long_gap_mean_ns": self.long_gap_mean_ns, "long_gap_median_ns": self.long_gap_median_ns,
+                "long_gap_median_stable": self.long_gap_median_stable, "total_ns": self.total_ns, "share": self.share}
 
 
 @dataclass
@@ -79,7 +86,8 @@ class Prediction:
 
 def distribution(histogram: Histogram | None, seconds: float, long_gap_ns: int | None,
                  values: np.ndarray | None = None) -> Distribution:
-    """p50/p99/max of ``histogram``; with ``long_gap_ns``, the count and mean of values at least that long."""
+    """p50/p99/max of ``histogram``; with ``long_gap_ns``, the count, mean and median of values at least that
+    long."""
     if histogram is None or histogram.n == 0:
         return Distribution(0, None, None, None, seconds)
     result = Distribution(int(histogram.n), histogram.quantile(0.5), histogram.quantile(0.99),
@@ -91,6 +99,10 @@ def distribution(histogram: Histogram | None, seconds: float, long_gap_ns: int |
         result.long_gaps = count
         if count:
             result.long_gap_mean_ns = float((histogram.values[mask] * histogram.counts[mask]).sum() / count)
+            long = Histogram(histogram.values[mask], histogram.counts[mask])
+            result.long_gap_median_ns = long.quantile(0.5)
+            low, high = long.quantile(0.5 - MEDIAN_STABILITY_BAND), long.quantile(0.5 + MEDIAN_STABILITY_BAND)
+            result.long_gap_median_stable = high <= low * (1 + MEDIAN_STABILITY_SPREAD)
     return result
 
 
@@ -144,9 +156,16 @@ def _findings(p: Prediction) -> list[str]:
     if p.metric == "gap" and p.measured is not None and p.long_gap_ns is not None:
         sim_rate, meas_rate = p.simulated.long_gap_rate, p.measured.long_gap_rate
         if sim_rate is not None and meas_rate is not None:
+            unstable = [name for name, d in (("simulated", p.simulated), ("measured", p.measured))
+                        if d.long_gap_median_stable is False]
             out.append(f"gaps >= {p.long_gap_ns / 1e3:g} us: simulated {sim_rate:.1f}/s, mean "
-                       f"{(p.simulated.long_gap_mean_ns or 0) / 1e3:.1f} us; measured {meas_rate:.1f}/s, mean "
-                       f"{(p.measured.long_gap_mean_ns or 0) / 1e3:.1f} us")
+                       f"{(p.simulated.long_gap_mean_ns or 0) / 1e3:.1f} us, median "
+                       f"{(p.simulated.long_gap_median_ns or 0) / 1e3:.1f} us; measured {meas_rate:.1f}/s, mean "
+                       f"{(p.measured.long_gap_mean_ns or 0) / 1e3:.1f} us, median "
+                       f"{(p.measured.long_gap_median_ns or 0) / 1e3:.1f} us"
+                       + (f" (the {' and '.join(unstable)} median{'s are' if len(unstable) > 1 else ' is'} not "
+                          "stable: the long gaps split about evenly between two lengths, so compare the means)"
+                          if unstable else ""))
     return out
 
 

@@ -26,6 +26,7 @@ from ..model import Model, model_from_dict
 from ..scenario.schema import NamedWorkload, StressorUse
 from ..units import parse_duration
 from . import PredictSpec
+from .tick import EnforcementTick
 
 __all__ = ["Derived", "NotPredictable", "derive_model", "PROBE_VM"]
 
@@ -77,15 +78,26 @@ def _host_like(env: EnvironmentConfig, priority: int, crowded: bool, what: str) 
                      ["CFS is modelled as weighted round robin, not by virtual runtime"])
 
 
-def _partition(env: Any, priority: int, crowded: bool) -> _Platform:
+def _deadline_enforcement(tick: EnforcementTick | None) -> tuple[dict[str, Any], list[str], list[str]]:
+    """The hypervisor table's enforcement, its mapping line and notes, for SCHED_DEADLINE on the measured
+    kernel: at its tick (and where it falls in the period, when measured), or exact when nothing says so."""
+    if tick is None:
+        return {}, [], ["SCHED_DEADLINE runtimes modelled as enforced exactly: the measured kernel's tick is "
+                        "not known (HZ not in its audit) or HRTICK_DL is on"]
+    phase = tick.measured
+    return ({"enforcement": {"tick": f"{tick.tick_ns}ns", "phase": f"{phase.phase_ns if phase else 0}ns",
+                             "resume_jitter": f"{phase.resume_jitter_ns if phase else 0}ns"}},
+            [f"SCHED_DEADLINE {tick.describe()}"], [])
+
+
+def _partition(env: Any, priority: int, crowded: bool, tick: EnforcementTick | None) -> _Platform:
     label = f"partition {env.label}"
     if env.sched.policy == "deadline":
-        return _Platform({"scheduler": "deadline"},
+        enforcement, lines, notes = _deadline_enforcement(tick)
+        return _Platform({"scheduler": "deadline", **enforcement},
                          [{"runtime": f"{env.sched.runtime}ns", "period": f"{env.sched.period}ns"}], {}, 99,
                          [f"{label}: SCHED_DEADLINE runtime {env.sched.runtime / 1e6:g} ms / period "
-                          f"{env.sched.period / 1e6:g} ms -> constant-bandwidth server (deadline)"],
-                         ["SCHED_DEADLINE enforces the runtime at the scheduler tick unless HRTICK is on: a "
-                          "reservation may overrun by up to a tick and pay it back later"])
+                          f"{env.sched.period / 1e6:g} ms -> constant-bandwidth server (deadline)", *lines], notes)
     if env.quota is not None:
         mapping = [f"{label}: CPU bandwidth {env.quota / 1e6:g} ms per {env.period / 1e6:g} ms -> deferrable "
                    "server on a fixed-priority CPU (fifo, server deferrable)"]
@@ -109,16 +121,18 @@ def _vcpu_cpus(env: Any) -> list[int]:
     return [index[cpus[i % len(cpus)]] for i in range(env.vcpus)]
 
 
-def _kvm_guest(env: Any, policy: str, priority: int, deadline: tuple[int, int] | None) -> _Platform:
+def _kvm_guest(env: Any, policy: str, priority: int, deadline: tuple[int, int] | None,
+               tick: EnforcementTick | None = None) -> _Platform:
     cpus = _vcpu_cpus(env)
     label = f"{env.kind} {env.label}"
     notes = ["the guest kernel, QEMU's device emulation and the exits of a virtualised CPU are not modelled"]
     if deadline is not None:
         runtime, period = deadline
-        return _Platform({"scheduler": "deadline", "pcpus": max(cpus) + 1},
+        enforcement, lines, tick_notes = _deadline_enforcement(tick)
+        return _Platform({"scheduler": "deadline", "pcpus": max(cpus) + 1, **enforcement},
                          [{"affinity": [c], "runtime": f"{runtime}ns", "period": f"{period}ns"} for c in cpus],
                          {}, 99, [f"{label}: vCPU threads at SCHED_DEADLINE {runtime / 1e6:g}/{period / 1e6:g} ms "
-                                  "-> constant-bandwidth servers (deadline)"], notes)
+                                  "-> constant-bandwidth servers (deadline)", *lines], [*notes, *tick_notes])
     if policy in ("fifo", "rr"):
         return _Platform({"scheduler": "fifo", "pcpus": max(cpus) + 1},
                          [{"affinity": [c], "priority": priority} for c in cpus], {}, 99,
@@ -166,15 +180,15 @@ def _xen(env: Any) -> _Platform:
                      [*notes, *(["credit2 is modelled by credit1 rules"] if env.scheduler != "credit" else [])])
 
 
-def _platform(env: Any, priority: int, crowded: bool) -> _Platform:
+def _platform(env: Any, priority: int, crowded: bool, tick: EnforcementTick | None) -> _Platform:
     if env.kind == "host":
         return _host_like(env, priority, crowded, f"host {env.label}")
     if env.kind == "partition":
-        return _partition(env, priority, crowded)
+        return _partition(env, priority, crowded, tick)
     if env.kind == "qemu":
         sched = env.vcpu_sched
         deadline = (sched.runtime, sched.period) if sched.policy == "deadline" else None
-        return _kvm_guest(env, sched.policy, sched.priority, deadline)
+        return _kvm_guest(env, sched.policy, sched.priority, deadline, tick)
     if env.kind == "libvirt":
         platform = _kvm_guest(env, env.vcpu_sched.policy, env.vcpu_sched.priority, None)
         if env.cputune:
@@ -225,12 +239,14 @@ def _shares_measured_cpu(env: Any, use: StressorUse) -> bool:
 
 
 def derive_model(env: EnvironmentConfig, workload: NamedWorkload, stressors: list[StressorUse],
-                 duration_ns: int, spec: PredictSpec, name: str = "derived") -> Derived:
-    """The model of one measured configuration; raises NotPredictable with the reason when there is none."""
+                 duration_ns: int, spec: PredictSpec, name: str = "derived",
+                 tick: EnforcementTick | None = None) -> Derived:
+    """The model of one measured configuration; raises NotPredictable with the reason when there is none.
+    ``tick``: the measured kernel's enforcement tick (:mod:`.tick`), None where budgets are exact."""
     params = workload.params
     same_core = [u for u in stressors if _shares_measured_cpu(env, u)]
     priority = _probe_priority(env, params)
-    platform = _platform(env, priority, bool(same_core))
+    platform = _platform(env, priority, bool(same_core), tick)
     mapping, notes = list(platform.mapping), list(platform.notes)
     probe_vm: dict[str, Any] = {"name": PROBE_VM, "scheduler": "fp", "vcpu": platform.vcpus}
     if workload.probe == "timer":

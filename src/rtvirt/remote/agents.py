@@ -8,7 +8,6 @@ flushing. Probes also write ``--tee``: a copy of the stream in ``<remote_dir>/ru
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 from pathlib import Path
@@ -18,17 +17,18 @@ from ..errors import RunError
 from ..stream import merge_stream_copy
 from .connection import HostKeyRefused, RemoteProcess, SshConnection, connect
 from .target import SshTarget
+from .transport import file_digest, install
 
 __all__ = ["TargetLink", "RemoteAgent", "merge_stream_copy"]
 
 # A constant wrapper script: it announces the pid, then becomes the agent. The agent and its arguments
-# are positional parameters ($0, $@), never part of the script.
-_PID_WRAPPER = 'echo "rtvirt-pid $$" >&2; exec "$0" "$@"'
+# are positional parameters ($0, $@), never part of the script. The session's sshd may have been kept off some CPUs
+# (a tracer's pipe readers, a remote QEMU's output copies: explain.remote, environments.qemu.where), and the agent
+# would inherit that: it gets every online CPU back first (its own --affinity/--cpus then place it).
+_PID_WRAPPER = ('echo "rtvirt-pid $$" >&2; '
+                'if command -v taskset > /dev/null 2>&1 && cpus=$(cat /sys/devices/system/cpu/online 2> /dev/null); '
+                'then taskset -p -c "$cpus" $$ > /dev/null 2>&1; fi; exec "$0" "$@"')
 _PID_LINE = re.compile(rb"(?m)^rtvirt-pid (\d{1,10})\n")  # a login shell may print before it
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
 
 
 class TargetLink:
@@ -75,14 +75,12 @@ class TargetLink:
         connection = self.connection()
         arch = connection.arch()
         local = agent_path(agent, arch)
-        remote_dir = f"{self.bin_dir_prefix}{arch}-{_digest(local)}"
-        remote = f"{remote_dir}/{agent}"
+        remote = f"{self.bin_dir_prefix}{arch}-{file_digest(local)}/{agent}"
         if self._installed.get(agent) == remote:
             return remote
-        if connection.run(["test", "-x", remote]).returncode != 0:
-            connection.run(["mkdir", "-p", remote_dir, f"{self.remote_dir}/runs"]).check(
-                f"creating {remote_dir} on {self.target.label}")
-            connection.put(local, remote, 0o755)
+        if install(connection, local, remote, 0o755):
+            connection.run(["mkdir", "-p", f"{self.remote_dir}/runs"]).check(
+                f"creating {self.remote_dir}/runs on {self.target.label}")
         self._installed[agent] = remote
         return remote
 

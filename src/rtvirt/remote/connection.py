@@ -10,24 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shlex
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import EXIT_USAGE, CommandTimeout, RunError
+from ..procs import process_start_time
 from .target import SshTarget
+from .transport import OUTPUT_LIMIT, RemoteResult
 
 __all__ = ["STDERR_HEAD_BYTES", "HostKeyRefused", "RemoteProcess", "RemoteResult", "SshConnection", "connect",
            "remote_command"]
 
-OUTPUT_LIMIT = 1 << 20  # bytes of a command's stdout/stderr kept by run()
 ERROR_TAIL_BYTES = 4096
 STDERR_HEAD_BYTES = 4096  # room for what a target's login shell prints before our wrapper's pid line
 CHUNK = 1 << 16
+FORWARD_PREFIX = "rtvirt-fwd-"  # + <pid>-<start time>-<random>: the local ends of forward_unix
 T = TypeVar("T")
 
 _loop: asyncio.AbstractEventLoop | None = None
@@ -65,21 +69,6 @@ def remote_command(argv: Sequence[str]) -> str:
     if not argv:
         raise ValueError("empty command")
     return " ".join(shlex.quote(str(arg)) for arg in argv)
-
-
-@dataclass(frozen=True)
-class RemoteResult:
-    """How a remote command ended: its status (None if the connection went first) and bounded output."""
-
-    returncode: int | None
-    stdout: str
-    stderr: str
-
-    def check(self, what: str) -> RemoteResult:
-        if self.returncode != 0:
-            tail = self.stderr.strip()[-300:] or f"exit status {self.returncode}"
-            raise RunError(f"{what}: {tail}")
-        return self
 
 
 async def _read_bounded(stream: Any, limit: int) -> bytes:
@@ -188,13 +177,22 @@ class RemoteProcess:
 
 
 class SshConnection:
-    """One SSH connection to one target; every method blocks until the remote side has answered."""
+    """One SSH connection to one target; every method blocks until the remote side has answered. A
+    :class:`rtvirt.remote.transport.HostTransport`."""
+
+    here = False
 
     def __init__(self, target: SshTarget) -> None:
         self.target = target
         self._conn: Any = None
         self._processes: list[RemoteProcess] = []
         self._arch: str | None = None
+        self._forwards: list[Any] = []  # unix socket listeners (forward_unix), closed with the connection
+        self._forward_dir: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.target.label
 
     def open(self) -> SshConnection:
         self._conn = _call(self._connect(), self.target.connect_timeout + 5)
@@ -294,7 +292,9 @@ class SshConnection:
         """Copy ``local`` to ``remote`` atomically (written beside it, then renamed): safe over a running binary."""
         data = local.read_bytes()
         partial = f"{remote}.part-{time.monotonic_ns()}"
-        self.run(["dd", f"of={partial}", "bs=65536"], timeout=120, input=data).check(f"copying {local.name}")
+        # a guest image to a loaded, emulated KVM host: 66 MB took more than 120 s; allow 256 KiB/s beyond that
+        timeout = 120 + len(data) / (256 << 10)
+        self.run(["dd", f"of={partial}", "bs=65536"], timeout=timeout, input=data).check(f"copying {local.name}")
         self.run(["chmod", f"{mode:o}", partial]).check(f"chmod {remote}")
         self.run(["mv", "-f", partial, remote]).check(f"installing {remote}")
 
@@ -315,6 +315,28 @@ class SshConnection:
                            f"{process.error_tail()[-200:]}")
         return local.stat().st_size
 
+    def forward_unix(self, remote_path: str) -> str:
+        """A unix socket here whose every connection asyncssh carries to ``remote_path`` on the target (an
+        OpenSSH ``direct-streamlocal`` channel, as ``ssh -L local.sock:remote.sock`` makes): QMP clients and the
+        chardev sockets of a remote QEMU are then used exactly as local ones. Listening starts at once; a
+        connection made before the remote socket exists is refused, and the client tries again."""
+        if self._forward_dir is None:
+            _remove_dead_forward_dirs()
+            # short (a socket path fits 108 bytes), and named after its owner so that a killed one's is removed
+            self._forward_dir = tempfile.mkdtemp(prefix=f"{FORWARD_PREFIX}{os.getpid()}-"
+                                                        f"{process_start_time(os.getpid())}-")
+        local = f"{self._forward_dir}/{len(self._forwards)}.sock"
+
+        async def go() -> Any:
+            return await self.connection.forward_local_path(local, remote_path)
+
+        try:
+            self._forwards.append(_call(go(), 30.0))
+        except Exception as exc:
+            raise RunError(f"ssh target {self.target.label}: cannot forward {remote_path[:100]}: "
+                           f"{str(exc)[:200]}") from None
+        return local
+
     def arch(self) -> str:
         """The target's machine architecture as rtvirt names agents (x86_64, aarch64)."""
         if self._arch is None:
@@ -327,6 +349,13 @@ class SshConnection:
         for process in self._processes:
             process.stop(grace=5.0)
         self._processes.clear()
+        forwards, self._forwards = self._forwards, []
+        for listener in forwards:
+            with contextlib.suppress(Exception):
+                _event_loop().call_soon_threadsafe(listener.close)
+        if self._forward_dir is not None:
+            shutil.rmtree(self._forward_dir, ignore_errors=True)
+            self._forward_dir = None
         if self._conn is not None:
             conn, self._conn = self._conn, None
 
@@ -342,6 +371,14 @@ class SshConnection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _remove_dead_forward_dirs() -> None:
+    """The forwarding directories (their sockets) of rtvirt processes that were killed."""
+    for entry in Path(tempfile.gettempdir()).glob(f"{FORWARD_PREFIX}*"):
+        owner = entry.name.removeprefix(FORWARD_PREFIX).split("-")
+        if len(owner) == 3 and owner[0].isdigit() and process_start_time(int(owner[0])) != owner[1]:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def connect(target: SshTarget) -> SshConnection:

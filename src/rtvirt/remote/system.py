@@ -1,20 +1,21 @@
-"""The system audit's view of a target: files and commands read over the connection, few round trips."""
+"""The system audit's view of a machine behind a transport (an SSH target, a KVM host): files and commands read
+over it, few round trips."""
 
 from __future__ import annotations
 
 from ..params import parse_cpulist
-from ..sysaudit import MAX_VALUE
-from .connection import SshConnection
+from ..sysaudit import KERNEL_CONFIG_LIMIT, MAX_VALUE
+from .transport import HostTransport
 
 __all__ = ["RemoteSystem"]
 
 
 class RemoteSystem:
-    """:class:`rtvirt.sysaudit.SystemView` of an SSH target (``audit_system(RemoteSystem(conn))``)."""
+    """:class:`rtvirt.sysaudit.SystemView` of a machine behind ``connection`` (``audit_system(RemoteSystem(conn))``)."""
 
-    def __init__(self, connection: SshConnection) -> None:
+    def __init__(self, connection: HostTransport) -> None:
         self.connection = connection
-        self.label = connection.target.label
+        self.label = connection.label
 
     def read_many(self, paths: list[str], limit: int = MAX_VALUE) -> dict[str, str | None]:
         """One ``head -v -c`` for all files: each file's bytes follow a ``==> path <==`` line it prints.
@@ -51,6 +52,14 @@ class RemoteSystem:
         if result.returncode not in (0, 1):  # 127: not installed
             return None
         return result.stdout.strip()[:64] or None
+
+    def kernel_config(self, release: str) -> tuple[str | None, str | None]:
+        for path, argv in ((f"/boot/config-{release}", ["head", "-c", str(KERNEL_CONFIG_LIMIT), "--"]),
+                           ("/proc/config.gz", ["gzip", "-dc", "--"])):
+            result = self.connection.run([*argv, path], timeout=60, limit=KERNEL_CONFIG_LIMIT)
+            if result.returncode == 0 and result.stdout:
+                return result.stdout[:KERNEL_CONFIG_LIMIT], path
+        return None, None
 
     def cpus(self) -> list[int]:
         online = self.read_many(["/sys/devices/system/cpu/online"], 256)["/sys/devices/system/cpu/online"]

@@ -3,10 +3,11 @@
 Tables and views (docs/results-store.md):
 
 - ``runs``: one row per run: its provenance and statistics (rtvirt.stores.provenance.COLUMNS: run_id, name,
-  source, config, scenario, scenario_sha256, machine, board, kernel, preemption, hypervisor, …, max_ns), path,
+  source, config, scenario, scenario_sha256, machine, board, kernel, preemption, hypervisor, …, quantity, unit,
+  identity, min_value … max_value in the run's unit, min_ns … max_ns only where that unit is ns), path,
   manifest (JSON text).
-- ``samples``: every run's samples: run_id, t_ns, value (the run's value_field), cpu, thread, kind.
-- ``histograms``: every run's exact histogram: run_id, cpu, kind, value, count.
+- ``samples``: every run's samples: run_id, t_ns, value (the run's value_field), cpu, thread, kind, unit.
+- ``histograms``: every run's exact histogram: run_id, cpu, kind, value, count, unit.
 - ``analysis_tasks``: bounds from analysis runs: run_id, vm, task, wcrt_bound_ns, deadline_ns, schedulable.
 - ``experiment_records``: every experiment run's records, one row per system and question (docs/experiments.md).
 - ``explain_parts``: every explained run's outlier parts (explain.parquet, docs/explain.md): run_id, sample_t_ns,
@@ -145,13 +146,14 @@ def _run_views(connection: duckdb.DuckDBPyConnection, runs: list[StoredRun]) -> 
         if (run.path / PARTS_FILE).exists():
             explained.append(f"SELECT {_parts_columns(_has_culprit(run.path / PARTS_FILE))} FROM (SELECT {rid} AS "
                              f"run_id) r, read_parquet({_sql_string(str(run.path / PARTS_FILE))}) p")
+        unit = _sql_string(run.quantity.unit)
         if run.has_samples and run.value_field:
             value = _sql_name(run.value_field)
             samples.append(f"SELECT {rid} AS run_id, t_ns, {value} AS value, cpu, thread, "
-                           f"CAST(kind AS VARCHAR) AS kind "
+                           f"CAST(kind AS VARCHAR) AS kind, {unit} AS unit "
                            f"FROM read_parquet({_sql_string(str(run.path / 'samples.parquet'))})")
         if (run.path / "histogram.parquet").exists():
-            histograms.append(f"SELECT {rid} AS run_id, * FROM "
+            histograms.append(f"SELECT {rid} AS run_id, cpu, kind, value, count, {unit} AS unit FROM "
                               f"read_parquet({_sql_string(str(run.path / 'histogram.parquet'))})")
         if run.manifest.get("experiment") is not None and any((run.path / "records").glob("*.parquet")):
             experiments.append(f"SELECT {rid} AS run_id, * FROM "
@@ -163,10 +165,10 @@ def _run_views(connection: duckdb.DuckDBPyConnection, runs: list[StoredRun]) -> 
     connection.execute("CREATE OR REPLACE VIEW explain_parts AS " + _union(explained, _NO_PARTS))
     connection.execute("CREATE OR REPLACE VIEW samples AS " + _union(samples, (
         "SELECT NULL::VARCHAR run_id, NULL::BIGINT t_ns, NULL::BIGINT value, NULL::SMALLINT cpu, "
-        "NULL::SMALLINT thread, NULL::VARCHAR kind WHERE false")))
+        "NULL::SMALLINT thread, NULL::VARCHAR kind, NULL::VARCHAR unit WHERE false")))
     connection.execute("CREATE OR REPLACE VIEW histograms AS " + _union(histograms, (
         "SELECT NULL::VARCHAR run_id, NULL::SMALLINT cpu, NULL::VARCHAR kind, NULL::BIGINT value, "
-        "NULL::BIGINT count WHERE false")))
+        "NULL::BIGINT count, NULL::VARCHAR unit WHERE false")))
     connection.execute("CREATE OR REPLACE TABLE analysis_tasks (run_id VARCHAR, vm VARCHAR, task VARCHAR, "
                        "wcrt_bound_ns DOUBLE, deadline_ns DOUBLE, schedulable BOOLEAN)")
     if tasks:
@@ -185,19 +187,20 @@ def _shared_views(connection: duckdb.DuckDBPyConnection, data: Path) -> None:
             f"WHEN {_sql_string(f)} THEN CAST(s.{_sql_name(f)} AS BIGINT)" for f in fields) + " END"
         connection.execute(
             f"CREATE VIEW samples AS SELECT r.run_id, s.t_ns, {value} AS value, s.cpu, s.thread, "
-            f"CAST(s.kind AS VARCHAR) AS kind FROM read_parquet({root} || '/*/samples.parquet', filename = true, "
-            "union_by_name = true) s JOIN runs r ON s.filename = r.path || '/samples.parquet'")
+            f"CAST(s.kind AS VARCHAR) AS kind, r.unit FROM read_parquet({root} || '/*/samples.parquet', "
+            "filename = true, union_by_name = true) s JOIN runs r ON s.filename = r.path || '/samples.parquet'")
     else:
         connection.execute("CREATE VIEW samples AS SELECT NULL::VARCHAR run_id, NULL::BIGINT t_ns, NULL::BIGINT "
-                           "value, NULL::SMALLINT cpu, NULL::SMALLINT thread, NULL::VARCHAR kind WHERE false")
+                           "value, NULL::SMALLINT cpu, NULL::SMALLINT thread, NULL::VARCHAR kind, NULL::VARCHAR unit "
+                           "WHERE false")
     if next(data.glob("runs/*/histogram.parquet"), None) is not None:
         connection.execute(
-            f"CREATE VIEW histograms AS SELECT r.run_id, h.cpu, CAST(h.kind AS VARCHAR) AS kind, h.value, h.count "
-            f"FROM read_parquet({root} || '/*/histogram.parquet', filename = true) h "
+            f"CREATE VIEW histograms AS SELECT r.run_id, h.cpu, CAST(h.kind AS VARCHAR) AS kind, h.value, h.count, "
+            f"r.unit FROM read_parquet({root} || '/*/histogram.parquet', filename = true) h "
             "JOIN runs r ON h.filename = r.path || '/histogram.parquet'")
     else:
         connection.execute("CREATE VIEW histograms AS SELECT NULL::VARCHAR run_id, NULL::SMALLINT cpu, "
-                           "NULL::VARCHAR kind, NULL::BIGINT value, NULL::BIGINT count WHERE false")
+                           "NULL::VARCHAR kind, NULL::BIGINT value, NULL::BIGINT count, NULL::VARCHAR unit WHERE false")
     if next(data.glob("runs/*/records/*.parquet"), None) is not None:  # experiment runs (docs/experiments.md)
         connection.execute(
             f"CREATE VIEW experiment_records AS SELECT r.run_id, e.* EXCLUDE (filename) "

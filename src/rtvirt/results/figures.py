@@ -20,6 +20,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator  # noqa: E402
 
+from ..quantity import LATENCY, Quantity  # noqa: E402
 from ..stats import Histogram, Summary  # noqa: E402
 from ..timeprofile.windows import TimeProfile  # noqa: E402
 from .explained import CauseShare, Timeline  # noqa: E402
@@ -75,15 +76,19 @@ def _short(label: str, width: int = 24) -> str:
     return label if len(label) <= width else label[: width - 1] + "…"
 
 
-def box_violin(labels: list[str], summaries: list[Summary], histograms: list[Histogram]) -> bytes:
+def box_violin(labels: list[str], summaries: list[Summary], histograms: list[Histogram],
+               quantity: Quantity = LATENCY) -> bytes:
+    """Box and violin plots of configurations whose values are one ``quantity`` (in its unit)."""
+    unit = quantity.scale
     figure, (box_axes, violin_axes) = plt.subplots(1, 2, figsize=(11, 4.2 if len(labels) <= 5 else 5.5))
-    stats = [{"label": _short(label), "whislo": s.lower_whisker_ns / _US, "q1": s.q1_ns / _US,
-              "med": s.median_ns / _US, "q3": s.q3_ns / _US, "whishi": s.upper_whisker_ns / _US,
-              "mean": s.mean_ns / _US, "fliers": [s.max_ns / _US]} for label, s in zip(labels, summaries, strict=True)]
+    stats = [{"label": _short(label), "whislo": s.lower_whisker_ns / unit, "q1": s.q1_ns / unit,
+              "med": s.median_ns / unit, "q3": s.q3_ns / unit, "whishi": s.upper_whisker_ns / unit,
+              "mean": s.mean_ns / unit, "fliers": [s.max_ns / unit]}
+             for label, s in zip(labels, summaries, strict=True)]
     box_axes.bxp(stats, showmeans=True, showfliers=True)
     _log(box_axes, "y")
-    box_axes.set_ylabel("latency (µs, log)")
-    box_axes.set_title("Box plot (Tukey whiskers; dot = max)")
+    box_axes.set_ylabel(quantity.axis("log"))
+    box_axes.set_title("Box plot (Tukey whiskers; triangle = mean, circle = max)")
     violins = []
     for h in histograms:
         low, high = max(float(h.values[0]), 1.0), max(float(h.values[-1]), 2.0)
@@ -91,13 +96,13 @@ def box_violin(labels: list[str], summaries: list[Summary], histograms: list[His
         density, _ = np.histogram(h.values, bins=edges, weights=h.counts.astype(float))
         density = np.convolve(density, np.ones(3) / 3, mode="same")
         centers = np.sqrt(edges[:-1] * edges[1:])
-        violins.append({"coords": centers / _US, "vals": density / max(density.max(), 1),
-                        "mean": float(np.dot(h.values, h.counts) / h.n) / _US, "median": h.quantile(0.5) / _US,
-                        "min": low / _US, "max": high / _US})
+        violins.append({"coords": centers / unit, "vals": density / max(density.max(), 1),
+                        "mean": float(np.dot(h.values, h.counts) / h.n) / unit, "median": h.quantile(0.5) / unit,
+                        "min": low / unit, "max": high / unit})
     violin_axes.violin(violins, showmedians=True, showextrema=True, widths=0.8)
     _log(violin_axes, "y")
     violin_axes.set_xticks(range(1, len(labels) + 1), [_short(label) for label in labels])
-    violin_axes.set_ylabel("latency (µs, log)")
+    violin_axes.set_ylabel(quantity.axis("log"))
     violin_axes.set_title("Violin plot (density of all samples)")
     for axes in (box_axes, violin_axes):
         # Many configurations: steeper labels so that they do not overlap.
@@ -106,23 +111,24 @@ def box_violin(labels: list[str], summaries: list[Summary], histograms: list[His
     return _png(figure, bottom=0.24 if len(labels) <= 5 else 0.36, wspace=0.22)
 
 
-def histograms_per_cpu(label: str, per_cpu: dict[int, Histogram]) -> bytes:
+def histograms_per_cpu(label: str, per_cpu: dict[int, Histogram], quantity: Quantity = LATENCY) -> bytes:
+    """Counts per CPU in bins of one shown unit (1 µs; 1 round)."""
     figure, axes = plt.subplots(figsize=(11, 3.6))
     for cpu, h in per_cpu.items():
-        bins = h.values // 1000  # 1 µs bins
+        bins = h.values // int(quantity.scale)
         edges = np.arange(int(bins.min()), int(bins.max()) + 2)
         counts = np.bincount(bins - bins.min(), weights=h.counts.astype(float), minlength=edges.size - 1)
         axes.step(edges[:-1], np.where(counts > 0, counts, np.nan), where="post", label=f"CPU {cpu}")
     _log(axes, "y")
-    axes.set_xlabel("latency (µs, 1 µs bins)")
+    axes.set_xlabel(quantity.axis("1 µs bins" if quantity.is_time else "bins of 1"))
     axes.set_ylabel("samples (log)")
-    axes.set_title(f"Latency histogram per CPU: {_short(label, 60)}")
+    axes.set_title(f"Histogram per CPU: {_short(label, 60)}")
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small", loc="upper right")  # "best" would test every point of every line
     return _png(figure)
 
 
-def cdf(labels: list[str], histograms: list[Histogram]) -> bytes:
+def cdf(labels: list[str], histograms: list[Histogram], quantity: Quantity = LATENCY) -> bytes:
     figure, (cdf_axes, tail_axes) = plt.subplots(1, 2, figsize=(11, 3.8))
     for label, h in zip(labels, histograms, strict=True):
         # Drawn at most ~4,000 points per line (a figure is ~1,000 pixels wide): every k-th distinct value,
@@ -132,8 +138,8 @@ def cdf(labels: list[str], histograms: list[Histogram]) -> bytes:
         keep[-1000:] = True
         share = h.cumulative / h.n
         survivors = 1 - np.concatenate([[0.0], share[:-1]])
-        cdf_axes.step(h.values[keep] / _US, share[keep], where="post", label=_short(label))
-        tail_axes.step(h.values[keep] / _US, survivors[keep], where="post", label=_short(label))
+        cdf_axes.step(h.values[keep] / quantity.scale, share[keep], where="post", label=_short(label))
+        tail_axes.step(h.values[keep] / quantity.scale, survivors[keep], where="post", label=_short(label))
     _log(cdf_axes, "x")
     cdf_axes.set_title("CDF")
     cdf_axes.set_ylabel("share of samples ≤ x")
@@ -141,7 +147,7 @@ def cdf(labels: list[str], histograms: list[Histogram]) -> bytes:
     _log(tail_axes, "y")
     tail_axes.set_title("Tail: share of samples ≥ x")
     for axes in (cdf_axes, tail_axes):
-        axes.set_xlabel("latency (µs, log)")
+        axes.set_xlabel(quantity.axis("log"))
         axes.grid(alpha=0.3)
     cdf_axes.legend(fontsize="small", loc="lower right")
     tail_axes.legend(fontsize="small", loc="lower left")
@@ -157,7 +163,8 @@ def _events(axes: Axes, events: list[tuple[int, str]], labelled: bool) -> None:
                           bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.7, "pad": 1})
 
 
-def time_series(label: str, runs: list[RunSeries], events: list[tuple[int, str]]) -> bytes:
+def time_series(label: str, runs: list[RunSeries], events: list[tuple[int, str]],
+                quantity: Quantity = LATENCY) -> bytes:
     """Every run of a configuration, time from each run's first sample: about _SERIES_POINTS points in all
     (each run's thinned series thinned again), each run's largest samples always kept."""
     figure, axes = plt.subplots(figsize=(11, 3.4))
@@ -167,32 +174,34 @@ def time_series(label: str, runs: list[RunSeries], events: list[tuple[int, str]]
         keep = np.zeros(t.size, bool)
         keep[::step] = True
         keep[np.argsort(-values, kind="stable")[:largest]] = True  # the largest ones of this run
-        axes.plot(t[keep] / 1e9, values[keep] / _US, ".", markersize=2, alpha=0.6)
+        axes.plot(t[keep] / 1e9, values[keep] / quantity.scale, ".", markersize=2, alpha=0.6)
     _events(axes, events, labelled=True)
     _log(axes, "y")
     axes.set_xlabel("time since the run's first sample (s)")
-    axes.set_ylabel("latency (µs, log)")
+    axes.set_ylabel(quantity.axis("log"))
     runs_note = f" ({len(runs)} runs, one colour each)" if len(runs) > 1 else ""
     axes.set_title(f"Time series: {_short(label, 60)}{runs_note}")
     axes.grid(alpha=0.3)
     return _png(figure)
 
 
-def window_maxima(label: str, profiles: list[tuple[str, TimeProfile]], events: list[tuple[int, str]]) -> bytes:
+def window_maxima(label: str, profiles: list[tuple[str, TimeProfile]], events: list[tuple[int, str]],
+                  quantity: Quantity = LATENCY) -> bytes:
     figure, axes = plt.subplots(figsize=(11, 3.0))
     many = len(profiles) > 1
     for index, (_, profile) in enumerate(profiles):
         colour = f"C{index % 10}"
         starts = np.array([w.start_ns for w in profile.windows]) / 1e9
-        axes.step(starts, [w.max_ns / _US for w in profile.windows], where="post", color=colour,
+        axes.step(starts, [w.max_ns / quantity.scale for w in profile.windows], where="post", color=colour,
                   label=None if many else "max per window", linewidth=1)
-        axes.step(starts, [w.level_ns / _US for w in profile.windows], where="post", color=colour if many else "C1",
+        axes.step(starts, [w.level_ns / quantity.scale for w in profile.windows], where="post",
+                  color=colour if many else "C1",
                   linestyle=":" if many else "-", alpha=0.8 if many else 1.0,
                   label=None if many else "level per window", linewidth=1)
     _events(axes, events, labelled=False)
     _log(axes, "y")
     axes.set_xlabel("time since the run's first sample (s)")
-    axes.set_ylabel("latency (µs, log)")
+    axes.set_ylabel(quantity.axis("log"))
     windows = sorted({p.window_ns for _, p in profiles})
     what = f"{len(profiles)} runs: max per window solid, level dotted; " if many else ""
     axes.set_title(f"Per-window maxima: {_short(label, 40)} ({what}{', '.join(f'{w / 1e9:g}' for w in windows)} s "
@@ -209,7 +218,7 @@ def trend_chart(trend: Trend) -> bytes:
     figure, axes = plt.subplots(figsize=(10, 3.6))
     for machine, points in trend.machines.items():
         xs = [i for i, p in enumerate(points) if isinstance(p.value, int | float)]
-        ys = [float(points[i].value) / _US for i in xs]  # type: ignore[arg-type]
+        ys = [float(points[i].value) / trend.quantity.scale for i in xs]  # type: ignore[arg-type]
         axes.plot(xs, ys, marker="o", markersize=3, linewidth=1, label=_short(machine))
         for i, point in enumerate(points):
             if point.changes:
@@ -219,8 +228,8 @@ def trend_chart(trend: Trend) -> bytes:
                               rotation=90, va="top", ha="right", color="grey")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("run (oldest first)")
-    axes.set_ylabel(f"{trend.metric.removesuffix('_ns')} (µs)")
-    axes.set_title(_short(f"{trend.configuration}: {trend.metric.removesuffix('_ns')} over time", 90), fontsize=10)
+    axes.set_ylabel(f"{trend.metric} ({trend.quantity.shown_unit})")
+    axes.set_title(_short(f"{trend.configuration}: {trend.metric} over time", 90), fontsize=10)
     axes.legend(fontsize=7, loc="upper left")
     return _png(figure)
 
@@ -254,8 +263,9 @@ def cause_bars(configurations: list[tuple[str, list[CauseShare]]], shown: int) -
     if any(share.cause not in colours for _, causes in configurations for share in causes):
         handles.append(plt.Rectangle((0, 0), 1, 1, color="lightgrey"))
         named = [*named, "other"]
-    axes.legend(handles, [_short(cause, 48) for cause in named], fontsize="small", loc="upper center",
-                bbox_to_anchor=(0.5, -0.3 if len(configurations) < 4 else -0.12), ncol=2, frameon=False)
+    # one cause a line, long enough for a task with its pid and policy (the causes table has them whole)
+    axes.legend(handles, [_short(cause, 110) for cause in named], fontsize="small", loc="upper center",
+                bbox_to_anchor=(0.5, -0.3 if len(configurations) < 4 else -0.12), ncol=1, frameon=False)
     return _png_fitted(figure)
 
 

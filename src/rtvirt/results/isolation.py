@@ -1,8 +1,10 @@
 """Isolation against a baseline run (solo or bare metal): how much a configuration slows the RT work.
 
 Increase % = (run − baseline) / baseline × 100 for mean, median and p99; WCET is the largest
-observed value of each run. Outliers are the run's top N samples with their time, shown next to the
-run's median, in ns and (when the stream header gives ``cycles_hz``) in cycles.
+observed value of each run. Both runs must hold the same quantity (rtvirt.quantity): the row carries its unit
+(ns; rounds for Thread-Metric, whose largest value is its best interval, not a worst case). Outliers are the
+run's top N samples with their time, shown next to the run's median, in ns and (when the stream header gives
+``cycles_hz``) in cycles.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 
 from ..digest import read_digest
 from ..errors import InputError
+from ..quantity import LATENCY, Quantity
 from ..stats import Summary
 from ..store import StoredRun
 from ..timeprofile.windows import TOP_KEPT
@@ -27,9 +30,11 @@ class IsolationRow:
     mean_increase_pct: float
     median_increase_pct: float
     p99_increase_pct: float
-    wcet_ns: float
+    wcet_ns: float  # the largest value of each, in ``unit``
     baseline_wcet_ns: float
     wcet_ratio: float
+    quantity: str = LATENCY.name
+    unit: str = LATENCY.unit
 
 
 @dataclass(frozen=True)
@@ -52,11 +57,15 @@ def isolation(run: StoredRun, baseline: StoredRun) -> IsolationRow:
     for stored, summary in ((run, a), (baseline, b)):
         if summary.samples == 0:
             raise InputError(f"{stored.path}: run has no samples to compare")
-    return isolation_of(run.label, a, baseline.label, b)
+    if run.quantity.unit != baseline.quantity.unit:
+        raise InputError(f"{run.run_id} holds {run.quantity.title}, {baseline.run_id} {baseline.quantity.title}: "
+                         "values in different units are not compared")
+    return isolation_of(run.label, a, baseline.label, b, run.quantity)
 
 
-def isolation_of(label: str, a: Summary, baseline_label: str, b: Summary) -> IsolationRow:
-    """Isolation from two summaries (e.g. configurations pooled over repetitions)."""
+def isolation_of(label: str, a: Summary, baseline_label: str, b: Summary,
+                 quantity: Quantity = LATENCY) -> IsolationRow:
+    """Isolation from two summaries of one quantity (e.g. configurations pooled over repetitions)."""
     return IsolationRow(
         label=label, baseline=baseline_label,
         mean_increase_pct=_increase(a.mean_ns, b.mean_ns),
@@ -64,6 +73,7 @@ def isolation_of(label: str, a: Summary, baseline_label: str, b: Summary) -> Iso
         p99_increase_pct=_increase(a.p99_ns, b.p99_ns),
         wcet_ns=a.max_ns, baseline_wcet_ns=b.max_ns,
         wcet_ratio=a.max_ns / b.max_ns if b.max_ns else float("nan"),
+        **quantity.as_dict(),
     )
 
 
@@ -103,8 +113,9 @@ def outliers(run: StoredRun, top: int = 10, median_ns: float | None = None) -> l
 
 def outlier_rows(run: StoredRun, largest: list[tuple[int, int, int]], median_ns: float) -> list[Outlier]:
     """Outliers from (t from the first sample, value, CPU) of the largest samples, with cycle counts when the
-    run's stream header gives its clock (e.g. the largest samples kept in the run's digest)."""
-    hz = cycles_hz(run)
+    run's stream header gives its clock and the values are times (e.g. the largest samples kept in the run's
+    digest)."""
+    hz = cycles_hz(run) if run.quantity.is_time else None
     per_ns = hz / 1e9 if hz else None
     return [Outlier(t, v, median_ns, c, v * per_ns if per_ns else None, median_ns * per_ns if per_ns else None)
             for t, v, c in largest]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..explain.attribute import headline
 from ..fileio import write_atomically
+from ..quantity import Quantity
 from ..timeprofile.levels import event_offsets
 from ..timeprofile.windows import TOP_KEPT
 from .explained import CAUSES_SHOWN
@@ -27,14 +28,22 @@ from .studies.tables import published, study_tables
 if TYPE_CHECKING:
     from ..stores import RunStore
 
-__all__ = ["render", "report_model", "write_report", "FORMATS"]
+__all__ = ["render", "report_model", "write_report", "FORMATS", "CSS"]
 
 FORMATS = ("html", "markdown", "json")
 _MAX_SETTING = 300  # characters of one system setting shown
+_Table = tuple[str, list[str], list[list[str]]]  # title, header, rows
+
+
+def _number(value: object) -> float | None:
+    """A number stored in an explanation's JSON (None: not known)."""
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _us(ns: float | None) -> str:
     return "-" if ns is None or (isinstance(ns, float) and math.isnan(ns)) else f"{ns / 1000:,.3f}"
+
+
 
 
 def _pct(value: float) -> str:
@@ -54,86 +63,75 @@ _STAT_COLUMNS = ("samples", "lower whisker", "Q1", "median", "mean", "σ", "Q3",
 
 def _stat_row(c: Configuration) -> list[str]:
     s = c.summary
-    return [str(s.samples), _us(s.lower_whisker_ns), _us(s.q1_ns), _us(s.median_ns), _us(s.mean_ns), _us(s.stdev_ns),
-            _us(s.q3_ns), _us(s.upper_whisker_ns), _us(s.max_ns), _us(s.max_jitter_ns), _us(s.p99_ns),
-            _us(s.p999_ns), _us(s.p9999_ns), f"{_us(s.mean_ci_low_ns)} – {_us(s.mean_ci_high_ns)}",
-            f"{_us(s.median_ci_low_ns)} – {_us(s.median_ci_high_ns)}", str(s.dropped)]
+
+    def show(value: float) -> str:
+        return c.quantity.show(value, grouped=True)
+
+    return [str(s.samples), show(s.lower_whisker_ns), show(s.q1_ns), show(s.median_ns), show(s.mean_ns),
+            show(s.stdev_ns), show(s.q3_ns), show(s.upper_whisker_ns), show(s.max_ns), show(s.max_jitter_ns),
+            show(s.p99_ns), show(s.p999_ns), show(s.p9999_ns), f"{show(s.mean_ci_low_ns)} – {show(s.mean_ci_high_ns)}",
+            f"{show(s.median_ci_low_ns)} – {show(s.median_ci_high_ns)}", str(s.dropped)]
 
 
 def _label(c: Configuration) -> str:
     return c.label + (" (partial)" if c.partial else "")
 
 
-def _tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
+def _by_quantity(configurations: list[Configuration]) -> dict[Quantity, list[Configuration]]:
+    """Configurations by what their values are, in report order: a table holds one unit."""
+    found: dict[Quantity, list[Configuration]] = {}
+    for c in configurations:
+        found.setdefault(c.quantity, []).append(c)
+    return found
+
+
+def _verdict_cells(c: Configuration, classes: int) -> list[str]:
+    """One outcome per class; "-" for each when its values are not latencies (no class applies to them)."""
+    return [v.outcome for v in c.verdicts] if c.quantity.judged else ["-"] * classes
+
+
+def _isolation_tables(data: ReportData) -> list[_Table]:
+    """One table per baseline: configurations measured as it was (same probe, workload, unit), nothing else."""
+    tables = []
+    for baseline in data.baselines:
+        rows = [r for r in data.isolation if r.baseline == baseline]
+        if not rows:
+            continue
+        quantity = next(c.quantity for c in data.configurations if c.label == baseline)
+        unit = quantity.shown_unit
+        largest = "WCET" if quantity.larger_is_worse else "max"
+        tables.append((f"Isolation against the baseline {baseline}: {quantity.title}",
+                       ["configuration", "mean increase", "median increase", "p99 increase", f"{largest} ({unit})",
+                        f"baseline {largest} ({unit})", f"{largest} ratio", "caused by"],
+                       [[r.label, _pct(r.mean_increase_pct), _pct(r.median_increase_pct), _pct(r.p99_increase_pct),
+                         quantity.show(r.wcet_ns, grouped=True), quantity.show(r.baseline_wcet_ns, grouped=True),
+                         f"{r.wcet_ratio:.2f}",
+                         data.caused_by(r.label)] for r in rows]))
+    return tables
+
+
+def _tables(data: ReportData) -> list[_Table]:
     """(title, header, rows) of every table, in report order."""
-    tables: list[tuple[str, list[str], list[list[str]]]] = []
+    tables: list[_Table] = []
     names = [cls.name for cls in data.classes]
     tables.append((f"Verdicts (safety margin {data.margin:.0%}: worst case and jitter must stay within "
-                   f"{1 - data.margin:.0%} of each budget)", ["configuration", *names],
-                   [[_label(c), *[v.outcome for v in c.verdicts]] for c in data.configurations]))
-    tables.append(("Statistics per configuration (µs)", ["configuration", *_STAT_COLUMNS],
-                   [[_label(c), *_stat_row(c)] for c in data.configurations]))
-    if data.isolation:
-        tables.append((f"Isolation against the baseline {data.baseline}",
-                       ["configuration", "mean increase", "median increase", "p99 increase", "WCET (µs)",
-                        "baseline WCET (µs)", "WCET ratio", "caused by"],
-                       [[r.label, _pct(r.mean_increase_pct), _pct(r.median_increase_pct), _pct(r.p99_increase_pct),
-                         _us(r.wcet_ns), _us(r.baseline_wcet_ns), f"{r.wcet_ratio:.2f}", data.caused_by(r.label)]
-                        for r in data.isolation]))
+                   f"{1 - data.margin:.0%} of each budget; latencies only, \"-\": values that are not latencies)",
+                   ["configuration", *names],
+                   [[_label(c), *_verdict_cells(c, len(names))] for c in data.configurations]))
+    for quantity, configurations in _by_quantity(data.configurations).items():
+        tables.append((f"Statistics per configuration: {quantity.title}", ["configuration", *_STAT_COLUMNS],
+                       [[_label(c), *_stat_row(c)] for c in configurations]))
+    tables += _isolation_tables(data)
     tables += explanation_tables(data)
-    rows = []
-    for c in data.configurations:
-        for view in c.runs:
-            for o in view.outliers:
-                rows.append([c.label, view.run.run_id, f"{o.t_ns / 1e9:.3f}", str(o.cpu), _us(o.value_ns),
-                             _us(o.median_ns), "-" if o.value_cycles is None else f"{o.value_cycles:,.0f}",
-                             "-" if o.median_cycles is None else f"{o.median_cycles:,.0f}"])
-    if rows:
-        tables.append(("Outliers (largest samples of each run)", ["configuration", "run", "time (s)", "CPU",
-                       "value (µs)", "run median (µs)", "value (cycles)", "median (cycles)"], rows))
-    marks = []
-    for c in data.configurations:
-        for view in c.runs:
-            if view.profile:
-                for end, s in view.profile.marks:
-                    marks.append([c.label, view.run.run_id, f"{end / 1e9:.1f}", str(s.samples), _us(s.median_ns),
-                                  _us(s.p99_ns), _us(s.max_ns)])
-    if marks:
-        tables.append(("Stability: cumulative statistics at 1/8, 2/8, 4/8 and all of each run (the 1/2/4/8 h marks "
-                       "of an 8 h run)", ["configuration", "run", "up to (s)", "samples", "median (µs)", "p99 (µs)",
-                                          "max (µs)"], marks))
-    levels = []
-    for c in data.configurations:
-        for view in c.runs:
-            if view.ramp:
-                levels.append([view.run.run_id, "start-up ramp", f"0 – {view.ramp.end_ns / 1e9:.1f}",
-                               f"{_us(view.ramp.first_level)} (steady {_us(view.ramp.steady_level)})",
-                               _pct(view.ramp.first_deviation_pct)])
-            for seg in view.segments:
-                levels.append([view.run.run_id, f"after {seg.after_event}",
-                               f"{seg.start_ns / 1e9:.1f} – {seg.end_ns / 1e9:.1f}",
-                               f"median {_us(seg.median_ns)}, mean {_us(seg.mean_ns)}", f"max {_us(seg.max_ns)}"])
-            for sw in view.switches:
-                levels.append([view.run.run_id, f"switch: {sw.event}", f"{sw.extreme_at_ns / 1e9:.1f}",
-                               f"{_us(sw.level_before)} → {_us(sw.level_after)}, window {_us(sw.extreme_level)}",
-                               f"overshoot {_pct(sw.overshoot_pct)}"])
-    if levels:
-        tables.append(("Ramp and transitions (µs; ramp from window levels)",
-                       ["run", "stretch", "time (s)", "level", "change"], levels))
+    for quantity, configurations in _by_quantity(data.configurations).items():
+        tables += _run_tables(quantity, configurations)
     if data.tasks:
         tables.append(("Bound vs simulated vs measured worst case per task (µs)",
                        ["VM", "task", "analysis bound", "deadline", "schedulable", "simulated max", "measured max"],
                        [[t.vm, t.task, _us(t.bound_ns), _us(t.deadline_ns),
                          "-" if t.schedulable is None else ("yes" if t.schedulable else "no"),
                          _us(t.simulated_max_ns), _us(t.measured_max_ns)] for t in data.tasks]))
-    history = [[t.configuration, machine, p.run_id, p.created[:19], _us(p.value) if isinstance(p.value, float) else "-",
-                "; ".join(f"{k}: {before} → {after}" for k, (before, after) in p.changes.items())]
-               for t in data.history for machine, points in t.machines.items() for p in points]
-    if history:
-        tables.append(("History: each configuration's worst case run after run, per machine (changes of kernel, "
-                       "hypervisor, scenario or rtvirt marked; `rtvirt trend` for more)",
-                       ["configuration", "machine", "run", "created", "max (µs)", "changed since the last run"],
-                       history))
+    tables += _history_tables(data)
     tables += prediction_tables(data.predictions)  # predicted next to measured (rtvirt.predict)
     tables += study_tables(data)  # the studies' own tables, for runs of a study scenario
     checklists = [[view.run.run_id, c.label, *_checklist(view)] for c in data.configurations for view in c.runs
@@ -154,7 +152,69 @@ def _tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
     return tables
 
 
-def explanation_tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
+def _run_tables(quantity: Quantity, configurations: list[Configuration]) -> list[_Table]:
+    """The per-run tables of configurations of one quantity, in its unit: outliers, stability marks, ramp and
+    transitions."""
+    unit, tables = quantity.shown_unit, []
+
+    def show(value: float | None) -> str:
+        return quantity.show(value, grouped=True)
+
+    outliers, marks, levels = [], [], []
+    for c in configurations:
+        for view in c.runs:
+            for o in view.outliers:
+                outliers.append([c.label, view.run.run_id, f"{o.t_ns / 1e9:.3f}", str(o.cpu), show(o.value_ns),
+                                 show(o.median_ns), "-" if o.value_cycles is None else f"{o.value_cycles:,.0f}",
+                                 "-" if o.median_cycles is None else f"{o.median_cycles:,.0f}"])
+            for end, s in view.profile.marks if view.profile else []:
+                marks.append([c.label, view.run.run_id, f"{end / 1e9:.1f}", str(s.samples), show(s.median_ns),
+                              show(s.p99_ns), show(s.max_ns)])
+            if view.ramp:
+                levels.append([view.run.run_id, "start-up ramp", f"0 – {view.ramp.end_ns / 1e9:.1f}",
+                               f"{show(view.ramp.first_level)} (steady {show(view.ramp.steady_level)})",
+                               _pct(view.ramp.first_deviation_pct)])
+            for seg in view.segments:
+                levels.append([view.run.run_id, f"after {seg.after_event}",
+                               f"{seg.start_ns / 1e9:.1f} – {seg.end_ns / 1e9:.1f}",
+                               f"median {show(seg.median_ns)}, mean {show(seg.mean_ns)}", f"max {show(seg.max_ns)}"])
+            for sw in view.switches:
+                levels.append([view.run.run_id, f"switch: {sw.event}", f"{sw.extreme_at_ns / 1e9:.1f}",
+                               f"{show(sw.level_before)} → {show(sw.level_after)}, window {show(sw.extreme_level)}",
+                               f"overshoot {_pct(sw.overshoot_pct)}"])
+    if outliers:
+        tables.append((f"Outliers (largest samples of each run): {quantity.title}",
+                       ["configuration", "run", "time (s)", "CPU", f"value ({unit})", f"run median ({unit})",
+                        "value (cycles)", "median (cycles)"], outliers))
+    if marks:
+        tables.append(("Stability: cumulative statistics at 1/8, 2/8, 4/8 and all of each run (the 1/2/4/8 h marks "
+                       f"of an 8 h run): {quantity.title}",
+                       ["configuration", "run", "up to (s)", "samples", f"median ({unit})", f"p99 ({unit})",
+                        f"max ({unit})"], marks))
+    if levels:
+        tables.append((f"Ramp and transitions (ramp from window levels): {quantity.title}",
+                       ["run", "stretch", "time (s)", "level", "change"], levels))
+    return tables
+
+
+def _history_tables(data: ReportData) -> list[_Table]:
+    """Each configuration's largest value run after run, per machine, in its unit."""
+    by_quantity: dict[Quantity, list[list[str]]] = {}
+    for t in data.history:
+        for machine, points in t.machines.items():
+            for p in points:
+                by_quantity.setdefault(t.quantity, []).append(
+                    [t.configuration, machine, p.run_id, p.created[:19],
+                     t.quantity.show(p.value, grouped=True) if isinstance(p.value, float) else "-",
+                     "; ".join(f"{k}: {before} → {after}" for k, (before, after) in p.changes.items())])
+    return [(f"History: each configuration's {'worst case' if quantity.larger_is_worse else 'largest value'} run "
+             "after run, per machine (changes of kernel, hypervisor, scenario or rtvirt marked; `rtvirt trend` for "
+             f"more): {quantity.title}",
+             ["configuration", "machine", "run", "created", f"max ({quantity.shown_unit})",
+              "changed since the last run"], rows) for quantity, rows in by_quantity.items()]
+
+
+def explanation_tables(data: ReportData) -> list[_Table]:
     """The explained runs' tables: causes per configuration, the worst outliers part by part, and what each
     run's tracing could see (docs/explain.md "In the report")."""
     causes = [[c.label, share.layer, share.cause, str(share.outliers), _us(share.total_ns), f"{share.share:.1%}",
@@ -181,6 +241,11 @@ def explanation_tables(data: ReportData) -> list[tuple[str, list[str], list[list
                              f"{len({part.rank for part in explanation.parts})}: {counts['traced']} traced, "
                              f"{counts['held']} held back, {counts['unexplained']} unexplained", seen, unseen,
                              str(sum(layer.dropped_events for layer in explanation.layers)), _plain(notes)])
+    exits = [[view.run.run_id, c.label, str(row["vcpu"]), f"{row['reason']} ({row['raw_reason']})",
+              str(row["count"]), str(row["timed"]), _us(_number(row["total_ns"])), _us(_number(row["mean_ns"])),
+              _us(_number(row["max_ns"]))]
+             for c in data.configurations for view in c.runs if view.explanation is not None
+             for layer in view.explanation.layers for row in layer.tables.get("kvm_exits", [])]
     return [
         (f"Outlier causes per configuration: share of the explained outliers' latency, one line per culprit "
          f"(largest {CAUSES_SHOWN})",
@@ -190,6 +255,9 @@ def explanation_tables(data: ReportData) -> list[tuple[str, list[str], list[list
         ("What each explanation could see", ["run", "configuration", "threshold", "outliers", "explained",
                                             "layers seen (alignment)", "not seen", "dropped events", "notes"],
          coverage),
+        *([("VM exits by reason (perf kvm stat; time over the exits the trace holds whole)",
+            ["run", "configuration", "vCPU", "reason", "exits", "timed", "time (µs)", "mean (µs)", "max (µs)"],
+            exits)] if exits else []),
     ]
 
 
@@ -231,8 +299,10 @@ def report_model(data: ReportData) -> dict[str, Any]:
                       and view.run.manifest["study"].get("name") in published()})
     return {
         **as_json(data),
-        "served": [{"configuration": _label(c), "classes": [v.requirement for v in c.verdicts if v.outcome == "meets"]}
-                   for c in data.configurations],
+        # classes None: not judged (its values are durations or rounds; the classes' budgets are latencies)
+        "served": [{"configuration": _label(c), "quantity": c.quantity.name,
+                    "classes": [v.requirement for v in c.verdicts if v.outcome == "meets"] if c.quantity.judged
+                    else None} for c in data.configurations],
         "partial": [c.label for c in data.configurations if c.partial],
         "shortfalls": [note for c in data.configurations for note in c.shortfalls],
         "tables": [{"title": title, "header": header, "rows": rows} for title, header, rows in _tables(data)],
@@ -244,9 +314,9 @@ def report_model(data: ReportData) -> dict[str, Any]:
 
 # --- HTML --------------------------------------------------------------------------------------------------
 
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.85em}
+CSS = """
+body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:min(96vw,1500px);color:#222}
+table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.8em}
 th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right}
 th:first-child,td:first-child{text-align:left}
 th{background:#f0f0f0}
@@ -269,6 +339,12 @@ def _html_table(title: str, header: list[str], rows: Iterable[list[str]]) -> str
             f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
+def _serves(served: dict[str, Any]) -> str:
+    if served["classes"] is None:
+        return f"not judged: its values ({served['quantity']}) are not latencies"
+    return ", ".join(served["classes"]) or "no class"
+
+
 def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
 
@@ -282,7 +358,7 @@ def _html(data: ReportData, model: dict[str, Any]) -> str:
     from . import figures  # matplotlib takes 0.5 s to import: only the HTML report pays for it
 
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>rtvirt report</title>"
-             f"<style>{_CSS}</style></head><body>",
+             f"<style>{CSS}</style></head><body>",
              f"<h1>rtvirt report</h1><p>Results: {escape(data.source)} · generated "
              f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} · {len(data.configurations)} "
              f"configuration(s)</p>"]
@@ -292,23 +368,26 @@ def _html(data: ReportData, model: dict[str, Any]) -> str:
     if model["shortfalls"]:
         parts.append('<p class="partial">Runs far short of the samples their duration and period promise:</p><ul>'
                      + "".join(f"<li>{escape(note)}</li>" for note in model["shortfalls"]) + "</ul>")
-    serving = [f"<li><b>{escape(s['configuration'])}</b>: {escape(', '.join(s['classes']) or 'no class')}</li>"
-               for s in model["served"]]
+    serving = [f"<li><b>{escape(s['configuration'])}</b>: {escape(_serves(s))}</li>" for s in model["served"]]
     parts.append(f"<h2>Which classes each configuration can serve</h2><ul>{''.join(serving)}</ul>")
     tables = model["tables"]
-    for table in tables[:2]:
+    by_quantity = _by_quantity(data.configurations)
+    lead = 1 + len(by_quantity)  # the verdicts and a statistics table per quantity, then the figures
+    for table in tables[:lead]:
         parts.append(_html_table(table["title"], table["header"], table["rows"]))
-    measured = [(c, c.histogram) for c in data.configurations if c.histogram is not None and c.histogram.n]
-    if measured:
+    for quantity, configurations in by_quantity.items():  # a figure holds values of one unit
+        measured = [(c, c.histogram) for c in configurations if c.histogram is not None and c.histogram.n]
+        if not measured:
+            continue
         labels = [c.label for c, _ in measured]
         histograms = [h for _, h in measured]
-        parts.append("<h2>Distributions</h2>")
-        parts.append(_img(figures.box_violin(labels, [c.summary for c, _ in measured], histograms),
-                          "box and violin plots per configuration"))
-        parts.append(_img(figures.cdf(labels, histograms), "CDF per configuration"))
+        parts.append(f"<h2>Distributions: {escape(quantity.title)}</h2>")
+        parts.append(_img(figures.box_violin(labels, [c.summary for c, _ in measured], histograms, quantity),
+                          f"box and violin plots per configuration: {quantity.title}"))
+        parts.append(_img(figures.cdf(labels, histograms, quantity), f"CDF per configuration: {quantity.title}"))
         for c, _ in measured:
             if c.per_cpu:
-                parts.append(_img(figures.histograms_per_cpu(c.label, c.per_cpu), f"histogram {c.label}"))
+                parts.append(_img(figures.histograms_per_cpu(c.label, c.per_cpu, quantity), f"histogram {c.label}"))
     parts.append(prediction_html(data.predictions))
     if data.experiments:
         from ..experiment.figures import experiments_html
@@ -325,7 +404,7 @@ def _html(data: ReportData, model: dict[str, Any]) -> str:
             for timeline in c.timelines:
                 parts.append(_img(figures.outlier_timeline(c.label, timeline),
                                   f"timeline of outlier {timeline.rank} of {timeline.run_id}"))
-    for table in tables[2:]:
+    for table in tables[lead:]:
         parts.append(_html_table(table["title"], table["header"], table["rows"]))
     parts.append("<h2>Runs over time</h2>")
     for c in data.configurations:
@@ -338,9 +417,9 @@ def _html(data: ReportData, model: dict[str, Any]) -> str:
             parts.append(f"<h3>{escape(heading)}</h3>")
             keep = max(10, TOP_KEPT // len(timed))
             series = [(view.run.run_id, *view.series(), keep) for view in timed if view.series is not None]
-            parts.append(_img(figures.time_series(c.label, series, events), f"time series {heading}"))
+            parts.append(_img(figures.time_series(c.label, series, events, c.quantity), f"time series {heading}"))
             parts.append(_img(figures.window_maxima(c.label, [(v.run.run_id, v.profile) for v in timed
-                                                              if v.profile is not None], events),
+                                                              if v.profile is not None], events, c.quantity),
                               f"window maxima {heading}"))
         for view in c.runs:
             heading = f"{view.run.run_id} ({c.label})" + (" — partial" if view.run.partial else "")
@@ -366,7 +445,7 @@ def _md_cell(text: str) -> str:
 def _markdown(model: dict[str, Any]) -> str:
     lines = [f"# rtvirt report\n\nResults: {_md_cell(model['results'])}\n"]
     for served in model["served"]:
-        lines.append(f"- **{_md_cell(served['configuration'])}** serves: {', '.join(served['classes']) or 'no class'}")
+        lines.append(f"- **{_md_cell(served['configuration'])}** serves: {_md_cell(_serves(served))}")
     if model["shortfalls"]:
         lines += ["", "Runs far short of the samples their duration and period promise:"]
         lines += [f"- {_md_cell(note)}" for note in model["shortfalls"]]

@@ -12,6 +12,8 @@ import numpy as np
 from ..digest import Digest, read_digest
 from ..errors import InputError
 from ..explain.model import Explanation
+from ..identity import distinguishing, measurement_differences
+from ..quantity import Quantity
 from ..stats import Histogram, Summary, summarize_histogram
 from ..store import StoredRun, resolve_runs
 from ..stores import RunStore
@@ -57,9 +59,18 @@ class Configuration:
     histogram: Histogram | None
     per_cpu: dict[int, Histogram]
     summary: Summary
-    verdicts: list[Verdict]
+    verdicts: list[Verdict]  # none when its values are not latencies (rtvirt.quantity)
     causes: list[CauseShare] = field(default_factory=list)  # share of outlier latency by cause, over its runs
     timelines: list[Timeline] = field(default_factory=list)  # its worst explained outliers
+
+    @property
+    def quantity(self) -> Quantity:
+        """What its values are (its runs share one measurement: rtvirt.identity)."""
+        return self.runs[0].run.quantity
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return self.runs[0].run.identity
 
     @property
     def partial(self) -> bool:
@@ -93,7 +104,7 @@ class TaskBounds:
 class ReportData:
     source: str
     configurations: list[Configuration]
-    baseline: str | None
+    baselines: list[str]  # one per measurement: isolation compares each configuration with its measurement's
     isolation: list[IsolationRow]
     classes: list[RequirementClass]
     margin: float
@@ -103,6 +114,11 @@ class ReportData:
     experiments: list[dict[str, Any]] = field(default_factory=list)  # rtvirt.experiment.report.experiment_section
     history: list[Trend] = field(default_factory=list)  # maxima of configurations run more than once on a machine
     top: int = 10  # outliers shown per run (and explained outliers' parts in the JSON)
+
+    @property
+    def baseline(self) -> str | None:
+        """The first measurement's baseline (the only one when every configuration measures the same)."""
+        return self.baselines[0] if self.baselines else None
 
     def caused_by(self, label: str) -> str:
         """What caused most of a configuration's outlier latency ("-": not explained)."""
@@ -119,14 +135,65 @@ def _per_cpu(table: Any) -> dict[int, Histogram]:
 
 
 def _pick_baseline(labels: list[str], wanted: str | None) -> str | None:
-    if wanted is not None:
-        if wanted not in labels:
-            raise InputError(f"--baseline {wanted!r}: no configuration of that name (have: {', '.join(labels)})")
+    """The baseline among configurations of one measurement: ``wanted`` when it is one of them, else the one
+    whose label says so (solo, baseline, bare, native), else the first (None: nothing to compare it with)."""
+    if wanted is not None and wanted in labels:
         return wanted
     for label in labels:
         if any(word in label.lower() for word in _BASELINE_WORDS):
             return label
     return labels[0] if len(labels) > 1 else None
+
+
+def _comparable(a: Configuration, b: Configuration) -> bool:
+    return not measurement_differences(a.identity, b.identity)
+
+
+def _isolation(configurations: list[Configuration], wanted: str | None) -> tuple[list[str], list[IsolationRow]]:
+    """Baselines and isolation rows: each configuration against the baseline of its own measurement (same probe,
+    workload and parameters, so the same unit); simulated response times are not compared with measurements."""
+    if wanted is not None and wanted not in [c.label for c in configurations]:
+        raise InputError(f"--baseline {wanted!r}: no configuration of that name (have: "
+                         f"{', '.join(c.label for c in configurations)})")
+    measured = [c for c in configurations if c.summary.samples
+                and all(v.run.manifest.get("source") != "simulated" for v in c.runs)]
+    groups: list[list[Configuration]] = []
+    for c in measured:
+        group = next((g for g in groups if _comparable(g[0], c)), None)
+        if group is None:
+            groups.append([c])
+        else:
+            group.append(c)
+    baselines, rows = [], []
+    for group in groups:
+        chosen = _pick_baseline([c.label for c in group], wanted)
+        if chosen is None:
+            continue
+        baselines.append(chosen)
+        base = next(c for c in group if c.label == chosen)
+        rows += [isolation_of(c.label, c.summary, base.label, base.summary, c.quantity) for c in group if c is not base]
+    return baselines, rows
+
+
+def _by_measurement(runs: list[StoredRun]) -> dict[str, list[StoredRun]]:
+    """Runs by configuration label; a label whose runs measured differently (two `rtvirt probe timer` runs, one
+    thread on CPU 1 and two on CPUs 0-1) becomes one configuration per measurement, named by what differs."""
+    by_label: dict[str, list[list[StoredRun]]] = {}
+    for run in runs:
+        kinds = by_label.setdefault(run.label, [])
+        same = next((kind for kind in kinds if not measurement_differences(kind[0].identity, run.identity)), None)
+        if same is None:
+            kinds.append([run])
+        else:
+            same.append(run)
+    labelled: dict[str, list[StoredRun]] = {}
+    for label, kinds in by_label.items():
+        if len(kinds) == 1:
+            labelled[label] = kinds[0]
+            continue
+        for kind, suffix in zip(kinds, distinguishing([kind[0].identity for kind in kinds]), strict=True):
+            labelled[f"{label} ({suffix or kind[0].quantity.title})"] = kind
+    return labelled
 
 
 def _task_bounds(runs: list[StoredRun]) -> list[TaskBounds]:
@@ -186,6 +253,46 @@ def _over_time(view: RunView, digest: Digest | None, window_ns: int | None, top:
     view.series = series
 
 
+def _run_view(run: StoredRun, window_ns: int | None, top: int) -> tuple[RunView, dict[int, Histogram]] | None:
+    """A run as the report shows it, with its histogram per CPU (None: a run without values)."""
+    dropped = int(run.manifest.get("dropped") or 0)
+    table = run.histogram_table()
+    digest = read_digest(run.path, run.run_id)
+    per_cpu: dict[int, Histogram] = {}
+    if table is None:
+        whole = run.histogram()
+        if whole is None:
+            return None
+        summary = summarize_histogram(whole, dropped)
+    else:
+        per_cpu = _per_cpu(table)
+        # the digest's statistics are those of the whole histogram: no merge per run
+        summary = digest.groups()["all"] if digest is not None and "all" in digest.document["groups"] \
+            else summarize_histogram(Histogram.merged(per_cpu.values()), dropped)
+    view = RunView(run, summary, explanation=load_explanation(run.path))
+    if run.has_samples and view.summary.samples:
+        _over_time(view, digest, window_ns, top)
+    return view, per_cpu
+
+
+def _configuration(label: str, found: list[tuple[RunView, dict[int, Histogram]]], classes: list[RequirementClass],
+                   margin: float) -> Configuration:
+    """One configuration: its runs pooled (histograms per CPU merged), judged when its values are latencies."""
+    views = [view for view, _ in found]
+    per_cpu_runs: dict[int, list[Histogram]] = {}
+    for _, per_cpu in found:
+        for cpu, h in per_cpu.items():
+            per_cpu_runs.setdefault(cpu, []).append(h)
+    merged = {cpu: Histogram.merged(hs) for cpu, hs in sorted(per_cpu_runs.items())}
+    pooled = Histogram.merged(merged.values()) if merged else None
+    summary = summarize_histogram(pooled, sum(v.summary.dropped for v in views)) if pooled is not None \
+        else views[0].summary
+    explained = [(view.run.run_id, view.explanation) for view in views if view.explanation is not None]
+    return Configuration(label, views, pooled, merged, summary,
+                         judge(summary, classes, margin, views[0].run.quantity),
+                         configuration_causes([e for _, e in explained]), worst_timelines(explained))
+
+
 def collect(results: Path | RunStore, *, baseline: str | None = None, classes_file: Path | None = None,
             margin: float = DEFAULT_MARGIN, top: int = 10, window_ns: int | None = None,
             run_ids: Collection[str] | None = None) -> ReportData:
@@ -197,56 +304,19 @@ def collect(results: Path | RunStore, *, baseline: str | None = None, classes_fi
     if run_ids is not None:
         runs = [run for run in runs if run.manifest.get("run_id") in run_ids]
     classes = load_classes(classes_file)
-    by_label: dict[str, list[RunView]] = {}
-    per_cpu_by_label: dict[str, dict[int, list[Histogram]]] = {}
-    for run in runs:
-        if run.manifest.get("source") == "analysis":
-            continue
-        dropped = int(run.manifest.get("dropped") or 0)
-        table = run.histogram_table()
-        digest = read_digest(run.path, run.run_id)
-        per_cpu: dict[int, Histogram] = {}
-        if table is None:
-            whole = run.histogram()
-            if whole is None:
-                continue
-            summary = summarize_histogram(whole, dropped)
-        else:
-            per_cpu = _per_cpu(table)
-            # the digest's statistics are those of the whole histogram: no merge per run
-            summary = digest.groups()["all"] if digest is not None and "all" in digest.document["groups"] \
-                else summarize_histogram(Histogram.merged(per_cpu.values()), dropped)
-        view = RunView(run, summary, explanation=load_explanation(run.path))
-        if run.has_samples and view.summary.samples:
-            _over_time(view, digest, window_ns, top)
-        by_label.setdefault(run.label, []).append(view)
-        for cpu, h in per_cpu.items():
-            per_cpu_by_label.setdefault(run.label, {}).setdefault(cpu, []).append(h)
     configurations = []
-    for label, views in by_label.items():
-        per_cpu = {cpu: Histogram.merged(hs) for cpu, hs in sorted(per_cpu_by_label.get(label, {}).items())}
-        pooled = Histogram.merged(per_cpu.values()) if label in per_cpu_by_label else None
-        summary = summarize_histogram(pooled, sum(v.summary.dropped for v in views)) if pooled is not None \
-            else views[0].summary
-        explained = [(view.run.run_id, view.explanation) for view in views if view.explanation is not None]
-        configurations.append(Configuration(label, views, pooled, per_cpu, summary, judge(summary, classes, margin),
-                                            configuration_causes([e for _, e in explained]),
-                                            worst_timelines(explained)))
-    chosen = _pick_baseline([c.label for c in configurations], baseline)
-    rows: list[IsolationRow] = []
-    if chosen is not None:
-        base = next(c for c in configurations if c.label == chosen)
-        # Simulated response times are not comparable with a measured baseline.
-        rows = [isolation_of(c.label, c.summary, base.label, base.summary) for c in configurations
-                if c.label != chosen and c.summary.samples and base.summary.samples
-                and all(v.run.manifest.get("source") != "simulated" for v in c.runs)]
+    for label, labelled in _by_measurement([r for r in runs if r.manifest.get("source") != "analysis"]).items():
+        found = [view for view in (_run_view(run, window_ns, top) for run in labelled) if view is not None]
+        if found:
+            configurations.append(_configuration(label, found, classes, margin))
+    baselines, rows = _isolation(configurations, baseline)
     analysis_runs = [r for r in runs if r.manifest.get("source") == "analysis"]
     from ..experiment.report import experiment_section  # acceptance curves of experiment runs
     from ..predict.compare import predictions  # bound, simulated and measured of each predicted configuration
 
     source = str(results) if isinstance(results, Path | str) else results.label
     measured = [r.manifest for r in runs if r.manifest.get("source") != "analysis"]
-    return ReportData(source, configurations, chosen, rows, classes, margin, _task_bounds(runs), analysis_runs,
+    return ReportData(source, configurations, baselines, rows, classes, margin, _task_bounds(runs), analysis_runs,
                       predictions(runs), [experiment_section(r) for r in analysis_runs if "experiment" in r.manifest],
                       histories(measured), top)
 
@@ -256,10 +326,11 @@ def as_json(data: ReportData) -> dict[str, Any]:
     return {
         "results": data.source,
         "baseline": data.baseline,
+        "baselines": data.baselines,
         "margin": data.margin,
         "configurations": [{
-            "label": c.label, "partial": c.partial, "shortfalls": c.shortfalls, "summary": c.summary.as_dict(),
-            "verdicts": [asdict(v) for v in c.verdicts],
+            "label": c.label, **c.quantity.as_dict(), "partial": c.partial, "shortfalls": c.shortfalls,
+            "summary": c.summary.as_dict(), "judged": c.quantity.judged, "verdicts": [asdict(v) for v in c.verdicts],
             "causes": [asdict(share) for share in c.causes],
             "timelines": [timeline.as_dict() for timeline in c.timelines],
             "runs": [{

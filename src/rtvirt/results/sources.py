@@ -8,9 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..errors import InputError
+from ..quantity import LATENCY, QUANTITIES, quantity_of
 from ..stats import HistogramBuilder, Summary, summarize_histogram, summarize_stream
 from ..store import StoredRun, open_parquet, resolve_runs, summaries_from_histogram
 from ..stream import read_stream
+from ..summary import Statistics
 
 __all__ = ["summaries_of", "run_summaries"]
 
@@ -53,17 +55,18 @@ def _parquet_summary(path: Path, column: str | None) -> Summary:
     return summarize_histogram(builder.finish())
 
 
-def summaries_of(spec: str, column: str | None = None) -> dict[str, dict[str, Summary]]:
-    """{source name: {group: summary}} for one command-line argument."""
+def summaries_of(spec: str, column: str | None = None) -> dict[str, Statistics]:
+    """{source name: statistics} for one command-line argument (a foreign Parquet column: latencies in ns)."""
     path = Path(spec)
     if path.is_file() and path.suffix == ".rtvs":
         stream = read_stream(path)
-        return {str(path): summarize_stream(stream, ("thread",))}
+        return {str(path): Statistics(quantity_of(stream.value_field), summarize_stream(stream, ("thread",)))}
     if path.is_file() and path.suffix == ".parquet" and path.name != "histogram.parquet":
         if path.name == "samples.parquet" and (path.parent / "manifest.json").exists() and column is None:
             run = resolve_runs(path.parent)[0]
-            return {run.run_id: run_summaries(run)}
-        return {str(path): {"all": _parquet_summary(path, column)}}
+            return {run.run_id: Statistics(run.quantity, run_summaries(run))}
+        # a column rtvirt names (rounds of a copied run's samples) is what it says, any other one latency in ns
+        return {str(path): Statistics(QUANTITIES.get(column or "", LATENCY), {"all": _parquet_summary(path, column)})}
     if path.is_file() and path.name != "manifest.json":
         raise InputError(f"{path}: not a run, results directory, .rtvs stream or .parquet file")
-    return {run.run_id: run_summaries(run) for run in resolve_runs(path)}
+    return {run.run_id: Statistics(run.quantity, run_summaries(run)) for run in resolve_runs(path)}

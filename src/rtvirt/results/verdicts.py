@@ -4,6 +4,8 @@ A measured processing latency is only part of the end-to-end latency, so a class
 run's worst case stays within ``(1 - margin)`` of the class's latency budget and its jitter (max − min)
 within ``(1 - margin)`` of the allowed jitter. ``margin`` defaults to 0.5: the platform may use at most
 half of each budget. Classes are data: rtvirt/results/classes.toml, or any TOML file of the same shape.
+The budgets are latencies: only values that are latencies (rtvirt.quantity: ``judged``) are judged; a duration
+of work or a throughput gets no verdict.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import InputError, first_validation_error
+from ..quantity import LATENCY, Quantity
 from ..stats import Summary
 
 __all__ = ["RequirementClass", "Verdict", "load_classes", "judge", "DEFAULT_MARGIN"]
@@ -69,9 +72,13 @@ def load_classes(path: Path | None = None) -> list[RequirementClass]:
         raise InputError(f"{path or 'classes.toml'}: field '{where}': {message}") from None
 
 
-def judge(summary: Summary, classes: list[RequirementClass], margin: float = DEFAULT_MARGIN) -> list[Verdict]:
+def judge(summary: Summary, classes: list[RequirementClass], margin: float = DEFAULT_MARGIN,
+          quantity: Quantity = LATENCY) -> list[Verdict]:
+    """A verdict per class, or none when ``quantity`` is not a latency (the classes' budgets are latencies)."""
     if not 0 <= margin < 1:
         raise InputError(f"--margin {margin}: must be at least 0 and below 1")
+    if not quantity.judged:
+        return []
     usable = 1 - margin
     verdicts = []
     for requirement in classes:

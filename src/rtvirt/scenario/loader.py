@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from importlib import resources
@@ -109,6 +110,20 @@ def _error(source: str, text: str, path: tuple[str | int, ...], message: str) ->
     return InputError(f"{where}: field '{_format_path(path)}': {message.removeprefix('Value error, ')}")
 
 
+def _misspelled_key(errors: list[Any]) -> tuple[tuple[str | int, ...], str] | None:
+    """A required key missing beside an unknown one that looks like it (``duraton = "2s"``): the unknown key, at
+    its own line, with the name it was probably meant to be; pydantic alone reports only the missing one."""
+    unknown = [_clean_loc(tuple(e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
+    for error in errors:
+        if error["type"] != "missing":
+            continue
+        missing = _clean_loc(tuple(error["loc"]))
+        for key in unknown:
+            if key[:-1] == missing[:-1] and difflib.get_close_matches(str(key[-1]), [str(missing[-1])], cutoff=0.7):
+                return key, f"unknown key: did you mean '{missing[-1]}'? (a required key, missing)"
+    return None
+
+
 def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
     """Validate scenario TOML ``text``; ``source`` names it in errors."""
     try:
@@ -118,6 +133,9 @@ def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
     try:
         scenario = Scenario.model_validate(document)
     except ValidationError as exc:
+        misspelled = _misspelled_key(exc.errors())
+        if misspelled is not None:
+            raise _error(source, text, *misspelled) from None
         error = exc.errors()[0]
         loc = _clean_loc(tuple(error["loc"]))
         if error["type"] in ("union_tag_invalid", "union_tag_not_found"):

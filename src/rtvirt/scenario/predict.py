@@ -3,6 +3,8 @@ configuration; docs/predictions.md)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..units import duration_field
@@ -27,6 +29,9 @@ class PredictSpec(BaseModel):
         0, ge=0, description="switch overhead charged by the model when a CPU changes vCPU (bare numbers in us)")
     tick: duration_field("us") = Field(  # type: ignore[valid-type]
         0, ge=0, description="scheduler tick of the model (0: event driven; bare numbers in us)")
+    enforcement: Literal["auto", "off"] = Field(
+        "auto", description="auto: SCHED_DEADLINE runtimes enforced at the measured kernel's tick (its HZ and "
+        "HRTICK_DL from the run's system audit), the tick's phase read from a gap probe's holes; off: exactly")
     long_gap: duration_field("us") | None = Field(  # type: ignore[valid-type]
         None, ge=1, description="gaps at least this long are the ones the model explains (scheduler holes); "
         "shorter ones are interrupts and housekeeping it does not have (default: half the model's median gap, "

@@ -88,8 +88,8 @@ class StressorUse(_Strict):
         None, description="other-vm only: pin the disturbing guests to the measured workload's host core or to "
                           "the others (default: the others when the measured environment is pinned, else unpinned)")
     guest: Literal["linux", "baremetal"] | None = Field(
-        None, description="other-vm only, QEMU disturbing guests: their kernel; baremetal (rtvirt's own, boots in "
-                          "about a second) runs the cpu and cache stressors (default: linux)")
+        None, description="other-vm only, QEMU and libvirt disturbing guests: their kernel; baremetal (rtvirt's "
+                          "own, boots in about a second) runs the cpu and cache stressors (default: linux)")
 
     @field_validator("stressor")
     @classmethod
@@ -313,7 +313,8 @@ class Scenario(_Strict):
 
     def _stressor_guest_errors(self) -> list[tuple[tuple[str | int, ...], str]]:
         """A disturbing guest's kernel is chosen only where the disturbing guests are QEMU guests (host,
-        partition, qemu); the other kinds make guests of their own hypervisor (Environment.stressor_guest)."""
+        partition, qemu; libvirt's are QEMU guests of its libvirtd); Xen and SSH targets make guests of their own
+        (Environment.stressor_guest)."""
         errors: list[tuple[tuple[str | int, ...], str]] = []
         for group in self.run_groups():
             kinds = {e.kind for e in self.environments if group.environments is None or e.label in group.environments}
@@ -321,11 +322,12 @@ class Scenario(_Strict):
                 if group.disturbances is not None and disturbance.name not in group.disturbances:
                     continue
                 for use_index, use in enumerate(disturbance.stressors):
-                    other = sorted(kinds - {"host", "partition", "qemu"})
+                    other = sorted(kinds - {"host", "partition", "qemu", "libvirt"})
                     path: tuple[str | int, ...] = ("disturbances", index, "stressors", use_index, "guest")
                     if use.guest is not None and other and not any(p == path for p, _ in errors):
                         errors.append((path, f"the disturbing guests of {', '.join(other)} environments are guests "
-                                             "of their own hypervisor: 'guest' applies to QEMU disturbing guests"))
+                                             "of their own hypervisor: 'guest' applies to QEMU and libvirt "
+                                             "disturbing guests"))
         return errors
 
     def _inside_errors(self) -> list[tuple[tuple[str | int, ...], str]]:

@@ -46,12 +46,13 @@ class RunStore(Protocol):
 
     def find_run(self, run_id: str) -> StoredRun | None: ...
 
-    def rows(self, *, config: str | None = None, machine: str | None = None) -> list[dict[str, Any]]:
+    def rows(self, *, config: str | None = None, machine: str | None = None,
+             identity: str | None = None) -> list[dict[str, Any]]:
         """One row per run (rtvirt.stores.provenance.COLUMNS), oldest first, optionally of one configuration
-        and machine."""
+        label, machine and identity (comparable runs: rtvirt.identity)."""
         ...
 
-    def deliver(self) -> Delivery: ...
+    def deliver(self, keep: bool = False) -> Delivery: ...
 
 
 class LocalStore:
@@ -76,12 +77,14 @@ class LocalStore:
         directory = self.write_dir / "runs" / run_id
         return load_run(directory) if (directory / "manifest.json").is_file() else None
 
-    def rows(self, *, config: str | None = None, machine: str | None = None) -> list[dict[str, Any]]:
+    def rows(self, *, config: str | None = None, machine: str | None = None,
+             identity: str | None = None) -> list[dict[str, Any]]:
         rows = [run_row(run.manifest) for run in self.list_runs()]
         return [row for row in rows if (config is None or configuration(row) == config)
-                and (machine is None or row["machine"] == machine)]
+                and (machine is None or row["machine"] == machine)
+                and (identity is None or row["identity"] == identity)]
 
-    def deliver(self) -> Delivery:
+    def deliver(self, keep: bool = False) -> Delivery:
         return Delivery()
 
 

@@ -2,6 +2,9 @@
 
 The manifest already records the machine (the system audit), the environment's description and the
 campaign; this module only picks the fields history questions group and filter by (docs/results-store.md).
+A run's statistics are in its unit (``unit``: ns, or rounds for Thread-Metric) in the ``*_value`` columns; the
+``*_ns`` columns hold the same statistics only when they are times (NULL otherwise), so that a query written
+for latencies never reads rounds as nanoseconds. ``identity`` keys what makes runs comparable (rtvirt.identity).
 """
 
 from __future__ import annotations
@@ -10,7 +13,13 @@ import hashlib
 import json
 from typing import Any
 
-__all__ = ["COLUMNS", "run_row", "content_sha256", "CHANGE_COLUMNS", "configuration"]
+from ..identity import identity_key, run_identity
+from ..quantity import run_quantity
+
+__all__ = ["COLUMNS", "run_row", "content_sha256", "CHANGE_COLUMNS", "configuration", "STATISTICS"]
+
+# the statistics of a run's summary ("all") the catalogs keep: <name>_value in the run's unit, <name>_ns when a time
+STATISTICS = ("min", "median", "mean", "p99", "p999", "p9999", "max")
 
 # name -> SQL type (PostgreSQL; DuckDB reads the same names)
 COLUMNS: dict[str, str] = {
@@ -19,14 +28,13 @@ COLUMNS: dict[str, str] = {
     "config": "text", "repetition": "bigint", "machine": "text", "board": "text", "kernel": "text",
     "kernel_version": "text", "preemption": "text", "kernel_cmdline": "text", "hypervisor": "text",
     "hypervisor_version": "text", "guest_kernel": "text", "rtvirt_version": "text", "samples": "bigint",
-    "dropped": "bigint", "min_ns": "double precision", "median_ns": "double precision",
-    "mean_ns": "double precision", "p99_ns": "double precision", "p999_ns": "double precision",
-    "p9999_ns": "double precision", "max_ns": "double precision",
+    "dropped": "bigint", **{f"{name}_ns": "double precision" for name in STATISTICS},
+    "quantity": "text", "unit": "text", "identity": "text",
+    **{f"{name}_value": "double precision" for name in STATISTICS},
 }
 # A change of one of these between two runs of a configuration on a machine is marked in its history.
 CHANGE_COLUMNS = ("kernel", "preemption", "kernel_cmdline", "hypervisor", "hypervisor_version", "guest_kernel",
                   "scenario_sha256", "rtvirt_version")
-_STATISTICS = ("min_ns", "median_ns", "mean_ns", "p99_ns", "p999_ns", "p9999_ns", "max_ns")
 _MAX_TEXT = 512
 
 
@@ -77,10 +85,16 @@ def run_row(manifest: dict[str, Any]) -> dict[str, Any]:
         "samples": overall.get("samples") if isinstance(overall.get("samples"), int) else None,
         "dropped": manifest.get("dropped") if isinstance(manifest.get("dropped"), int) else None,
     }
-    for name in _STATISTICS:
-        value = overall.get(name)
-        row[name] = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-    return row
+    quantity = run_quantity(manifest)
+    has_values = manifest.get("source") != "analysis"
+    for name in STATISTICS:
+        value = overall.get(f"{name}_ns")  # the summary's field names; the values are in the run's unit
+        number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        row[f"{name}_ns"] = number if quantity.is_time else None
+        row[f"{name}_value"] = number
+    row |= {"quantity": quantity.name if has_values else None, "unit": quantity.unit if has_values else None,
+            "identity": identity_key(run_identity(manifest))}
+    return {name: row[name] for name in COLUMNS}  # in COLUMNS' order: a store inserts the values as they come
 
 
 def content_sha256(document: dict[str, Any]) -> str:

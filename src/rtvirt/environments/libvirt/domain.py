@@ -67,8 +67,13 @@ class LibvirtEnvironment(LibvirtTeardown):
     @classmethod
     def reclaim(cls, config: EnvironmentConfig, shared: SharedResources) -> list[str]:
         assert isinstance(config, LibvirtConfig)
+        if config.host == "lab":
+            from ..kvmlab import reclaim_kvm_labs
+
+            return reclaim_kvm_labs()  # a lab's domains died with its QEMU
         libvirt = _libvirt()
-        connection = _connection(shared, config.uri)
+        uri = config.remote_uri()
+        connection = _connection(shared, uri)
         removed = []
         me = socket.gethostname()[:64]
         for domain in connection.conn.listAllDomains(0):
@@ -82,10 +87,10 @@ class LibvirtEnvironment(LibvirtTeardown):
                 continue  # not ours to judge: no owner record
             if host != me or (started and process_start_time(pid) == started):
                 continue  # another machine's campaign, or one still running
-            _destroy_and_undefine(domain, config.uri)
+            _destroy_and_undefine(domain, uri)
             for suffix in VOLUME_SUFFIXES:
                 connection.delete_volume(f"{name}{suffix}")
-            removed.append(f"libvirt domain {name} ({config.uri})")
+            removed.append(f"libvirt domain {name} ({uri})")
         # an initrd or stream copy whose domain is gone (its run lost libvirtd): a domain is defined before its
         # volumes exist, so a running campaign's volumes always have their domain
         defined = {str(domain.name()) for domain in connection.conn.listAllDomains(0)}
@@ -93,7 +98,7 @@ class LibvirtEnvironment(LibvirtTeardown):
             of_domain = next((volume.removesuffix(s) for s in VOLUME_SUFFIXES if volume.endswith(s)), None)
             if volume.startswith(DOMAIN_PREFIX) and of_domain is not None and of_domain not in defined and \
                     connection.delete_volume(volume):
-                removed.append(f"libvirt volume {volume} ({config.uri})")
+                removed.append(f"libvirt volume {volume} ({uri})")
         if config.local and os.geteuid() == 0:
             restored = RtThrottlingLifted.restore_after_kill()
             if restored:
@@ -101,6 +106,20 @@ class LibvirtEnvironment(LibvirtTeardown):
         return removed
 
     def start(self) -> None:
+        if self.config.host == "lab" and not self.kvm_lab().alive():
+            raise RunError(f"the KVM lab stopped: {self.kvm_lab().why_stopped()}")
+        try:
+            self._start()
+        except RunError as exc:
+            raise self._lab_failure(exc) from None
+
+    def _lab_failure(self, exc: RunError) -> RunError:
+        """``exc``, or, when the KVM lab died under it (what failed was the lab), an error that says so."""
+        if self._lab is not None and self._lab.died():
+            return RunError(f"the KVM lab stopped: {self._lab.why_stopped()} ({exc})")
+        return exc
+
+    def _start(self) -> None:
         connection = self._conn()
         if not self._versions:
             with contextlib.suppress(Exception):
@@ -116,6 +135,14 @@ class LibvirtEnvironment(LibvirtTeardown):
         """QEMU's accelerator behind the chosen domain type (kvm or tcg)."""
         return "kvm" if self._type["type"] == "kvm" else "tcg"
 
+    def _cpu_behind(self) -> str:
+        """What really executes the guest's instructions: in a KVM lab under TCG, TCG (its KVM is nested in an
+        emulated CPU), so the guest boots the kernel's ELF as under TCG (a bzImage's decompressor is emulated
+        instruction by instruction); otherwise the domain's own accelerator."""
+        if self._lab is not None and self._lab.accel.get("accel") == "tcg":
+            return "tcg"
+        return self._accel()
+
     def _choose_type(self, connection: LibvirtConnection) -> dict[str, str]:
         requested = self.config.domain_type
         if requested != "auto":
@@ -126,10 +153,17 @@ class LibvirtEnvironment(LibvirtTeardown):
         capabilities = ET.fromstring(connection.conn.getCapabilities())
         offered = {d.get("type") for d in capabilities.iter("domain")}
         if "kvm" in offered:
-            return {"type": "kvm", "reason": "the remote host offers KVM"}
+            where = "the KVM lab" if self.config.host == "lab" else "the remote host"
+            return {"type": "kvm", "reason": f"{where} offers KVM"}
         return {"type": "qemu", "reason": "the remote host offers no KVM"}
 
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        try:
+            return self._launch(agent, args, out)
+        except RunError as exc:
+            raise self._lab_failure(exc) from None
+
+    def _launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         libvirt = _libvirt()
         self.start()
         self._out = out
@@ -170,14 +204,14 @@ class LibvirtEnvironment(LibvirtTeardown):
                                                self.workdir)
             self._initrd_volume = f"{self._name}.initrd"
             channel = OUTPUT_PORT
-            definition = self._domain_xml(connection.kernel(image.boot_kernel(self._accel())),
+            definition = self._domain_xml(connection.kernel(image.boot_kernel(self._cpu_behind())),
                                           connection.volume_path(self._initrd_volume),
                                           out is not None)
         try:
             # defined before its initrd exists, so that reclaim never sees a volume without its domain
             self._domain = connection.conn.defineXML(definition)
         except libvirt.libvirtError as exc:
-            raise RunError(f"libvirt ({self.config.uri}) rejected the domain: {_error_text(exc)}") from None
+            raise RunError(f"libvirt ({self.uri}) rejected the domain: {_error_text(exc)}") from None
         self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
         if initrd is not None:
             connection.upload(self._initrd_volume, initrd)
@@ -187,15 +221,15 @@ class LibvirtEnvironment(LibvirtTeardown):
             self._domain.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
         except libvirt.libvirtError as exc:
             if RT_REFUSED in str(exc):
-                raise RunError(_rt_refusal_diagnosis(self.config.uri, self.config.local)) from None
+                raise RunError(_rt_refusal_diagnosis(self.uri, self.config.local)) from None
             if MEMLOCK_REFUSED in str(exc):
                 raise RunError(
-                    f"libvirt ({self.config.uri}) could not lock guest memory (memory_locked = true): raising QEMU's "
+                    f"libvirt ({self.uri}) could not lock guest memory (memory_locked = true): raising QEMU's "
                     f"RLIMIT_MEMLOCK to {self.config.memory + MEMLOCK_OVERHEAD_MIB} MiB needs CAP_SYS_RESOURCE, "
                     "which libvirtd lacks there (a container or a restricted capability bounding set: see CapBnd "
                     "in /proc/<libvirtd pid>/status); give libvirtd that capability or set memory_locked = "
                     f"false ({_error_text(exc)})") from None
-            raise RunError(f"libvirt ({self.config.uri}) could not start {self._name}: {_error_text(exc)}") from None
+            raise RunError(f"libvirt ({self.uri}) could not start {self._name}: {_error_text(exc)}") from None
         self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
         self._place_for_tracing()
         self._open_stream(None, self._console_file, self._console)
@@ -257,15 +291,21 @@ class LibvirtEnvironment(LibvirtTeardown):
         super().close()
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
+        where = ({"uri": self.config.uri} if self.config.host == "local" else
+                 {"host": self.config.host, "lab": self.config.lab.model_dump()} if self.config.host == "lab" else
+                 {"host": self.config.host})
         config = LibvirtConfig.model_validate({
-            "kind": "libvirt", "name": f"stress-vm-{index}", "uri": self.config.uri,
+            "kind": "libvirt", "name": f"stress-vm-{index}", **where,
             "domain_type": self._type.get("type", self.config.domain_type),
-            "pin": host_cpus is not None, "cpus": host_cpus})
+            "pin": host_cpus is not None, "cpus": host_cpus, "guest": guest,
+            # as large as the measured guest: a load the study ran in it (64 MB blocks) must fit in them too
+            "memory": self.config.memory})
         return LibvirtEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
 
     def describe(self) -> dict[str, Any]:
         boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
-        return {**super().describe(), "domain": self._name or None, "domain_type": self._type.get("type"),
+        lab = {"kvm_lab": self._lab.facts, "uri": self.uri} if self._lab is not None else {}
+        return {**super().describe(), **lab, "domain": self._name or None, "domain_type": self._type.get("type"),
                 "domain_type_reason": self._type.get("reason"), **self._versions, "boot_seconds": boot_s,
                 **guest_description(self.config.guest, self._image),
                 "vcpu_cpus": list(self._host_cpus()[:self.config.vcpus]) if self.config.pin else None,
@@ -278,6 +318,10 @@ class LibvirtEnvironment(LibvirtTeardown):
         found = []
         if self._type.get("type") == "qemu":
             found.append(TCG_WARNING.replace("the QEMU guest", "the libvirt domain (type qemu)"))
+        if self._lab is not None:
+            from ..kvmlab import LAB_WARNING
+
+            found.append(LAB_WARNING.format(accel=self._lab.accel.get("accel", "?").upper()))
         dropped = self._dropped_tuning()
         if dropped:
             found.append(f"libvirt dropped {', '.join(dropped)} of the requested <cputune> (see domain_xml)")

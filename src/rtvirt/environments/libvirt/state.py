@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...params import parse_cpulist
 from ..base import Environment
@@ -15,6 +15,9 @@ from .config import LibvirtConfig, parse_cputune
 from .connection import LibvirtConnection
 from .rt_throttling import RtThrottlingLifted
 from .stream_reader import _StreamToFile
+
+if TYPE_CHECKING:
+    from ..kvmlab import KvmLab
 
 
 class LibvirtDomainState(Environment):
@@ -47,6 +50,22 @@ class LibvirtDomainState(Environment):
         self._image: GuestImage | None = None
         self._vm_source: Any = None  # explain.vm.VmSource of an explained run (trace_sources)
         self._vcpu_threads: dict[int, int] = {}
+        self._lab: KvmLab | None = None  # the campaign's KVM lab (host = "lab")
+
+    @property
+    def uri(self) -> str:
+        """The libvirtd the domain lives in: the configuration's, or the campaign's KVM lab's (booted on first use)."""
+        if self.config.host == "lab":
+            return self.kvm_lab().libvirt_uri()
+        return self.config.remote_uri()
+
+    def kvm_lab(self) -> KvmLab:
+        """The campaign's boot of the KVM lab this environment names (host = "lab")."""
+        if self._lab is None:
+            from ..kvmlab import open_kvm_lab
+
+            self._lab = open_kvm_lab(self.config.lab, self.shared)
+        return self._lab
 
     def _online_cpus(self) -> list[int]:
         if self.config.local:
@@ -88,5 +107,5 @@ class LibvirtDomainState(Environment):
         # each domain has its own connection, closed with it: its streams never queue behind another
         # domain's on one client, and no connection (an SSH session for remote URIs) outlives its run
         if self._connection is None:
-            self._connection = LibvirtConnection(self.config.uri)
+            self._connection = LibvirtConnection(self.uri)
         return self._connection

@@ -68,7 +68,7 @@ class LibvirtStreams(LibvirtDomainXml):
             else:
                 self._domain.openChannel(channel, stream, 0)
         except libvirt.libvirtError as exc:
-            raise RunError(f"libvirt ({self.config.uri}): cannot open the {channel or 'console'} of "
+            raise RunError(f"libvirt ({self.uri}): cannot open the {channel or 'console'} of "
                            f"{self._name}: {_error_text(exc)}") from None
         reader = _StreamToFile(stream, path, keep)
         reader.start()
@@ -86,7 +86,7 @@ class LibvirtStreams(LibvirtDomainXml):
             if _domain_gone(exc):
                 return False  # gone: destroyed by close()
             # the connection failed (keepalive closed it: libvirtd stopped answering): not a guest that ended
-            raise RunError(f"libvirt ({self.config.uri}): lost {self._name}: {_error_text(exc)}") from None
+            raise RunError(f"libvirt ({self.uri}): lost {self._name}: {_error_text(exc)}") from None
         if state in (libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_CRASHED):
             return state == libvirt.VIR_DOMAIN_CRASHED or reason == libvirt.VIR_DOMAIN_SHUTOFF_CRASHED
         return None
@@ -149,6 +149,8 @@ class LibvirtStreams(LibvirtDomainXml):
     def check(self) -> str | None:
         if self._domain is None:
             return None
+        if self._lab is not None and not self._lab.alive():
+            return f"the KVM lab stopped: {self._lab.why_stopped()}"
         self._pump()
         console = self.console_text()
         if self._ready_at is None and READY_MARK in console:

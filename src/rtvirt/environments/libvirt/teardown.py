@@ -75,7 +75,7 @@ class LibvirtTeardown(LibvirtStreams):
                 self._ack_stream.abort()
             self._ack_stream = None
         if self._domain is not None:
-            _destroy_and_undefine(self._domain, self.config.uri)
+            _destroy_and_undefine(self._domain, self.uri)
             self._domain = None
         if self._connection is not None:
             for name in (self._initrd_volume, self._copy_volume):
@@ -83,7 +83,7 @@ class LibvirtTeardown(LibvirtStreams):
                     with contextlib.suppress(RunError):
                         if not self._connection.delete_volume(name):
                             delete = functools.partial(LibvirtConnection.delete_volume, name=name)
-                            _on_a_fresh_connection(self.config.uri, delete)
+                            _on_a_fresh_connection(self.uri, delete)
             self._initrd_volume = self._copy_volume = ""
             self._connection.close()
             self._connection = None

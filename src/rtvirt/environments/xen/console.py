@@ -6,12 +6,15 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import RunError
 from ..guest_image import EXIT_MARK, READY_MARK, delivery_said
 from .dom0 import XL_TIMEOUT_S
 from .pools import XenPools
+
+if TYPE_CHECKING:
+    from ...remote.transport import HostTransport
 
 CONSOLE_LOG = "/var/log/xen/guest-{name}.log"
 CONSOLE_TAIL_BYTES = 16384
@@ -44,7 +47,7 @@ class Dom0Listeners:
     """The listeners of one domain's directory in dom0: started per port over ``transport`` (a lab's SSH
     connection or the local dom0's), ended by the pids they noted (LISTENER, LISTENERS_END)."""
 
-    def __init__(self, transport: Any, directory: str) -> None:
+    def __init__(self, transport: HostTransport, directory: str) -> None:
         self._transport = transport
         self._directory = directory
         self._ports: dict[int, int] = {}  # id(listener) -> its port
@@ -198,7 +201,7 @@ class XenConsole(XenPools):
 
     def check(self) -> str | None:
         if self._dom0 is not None and self._dom0.lab is not None and not self._dom0.lab.alive():
-            return f"the Xen lab stopped: {self._dom0.lab.panic() or self._dom0.lab.console_tail()}"
+            return f"the Xen lab stopped: {self._dom0.lab.why_stopped()}"
         if self._process is None:
             return None
         if not self.booted and time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import CommandTimeout, RunError
 from .dom0_image import hvm_archive
 from .files import A653_TOOL, VIF_SCRIPT, a653_tool, local_domu_files
 from .lab import XenLab
 from .local import _bring_cpus_online
+
+if TYPE_CHECKING:
+    from ...remote.transport import HostTransport
 
 NAME_PREFIX = "rtvirt-"
 DEFAULT_POOL = "Pool-0"
@@ -27,7 +30,7 @@ POOL_DESTROY_S = 30.0
 class Dom0:
     """xl in one dom0 (local or a lab's), shared by every run of a campaign."""
 
-    def __init__(self, transport: Any, lab: XenLab | None, kernel: str, initramfs: str) -> None:
+    def __init__(self, transport: HostTransport, lab: XenLab | None, kernel: str, initramfs: str) -> None:
         self.transport = transport
         self.lab = lab
         # (guest kernel flavour, HVM) -> (kernel, initramfs) in dom0; a lab's image holds linux's for PV and PVH

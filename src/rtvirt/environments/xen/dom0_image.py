@@ -11,6 +11,7 @@ from pathlib import Path
 from ...errors import RunError
 from ...fileio import mark_used, prune_cache, write_atomically
 from ..guest_image import BUSYBOX, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir, kernel_elf
+from ..lab_machine import sshd_config
 from .files import A653_TOOL, VIF_HOTPLUG, VIF_SCRIPT, _domu_base, _run, a653_tool
 
 __all__ = ["DOMU_INITRAMFS", "DOMU_KERNEL", "dom0_image", "hvm_archive"]
@@ -57,21 +58,7 @@ while :; do sleep 3600; done
 """
 
 
-SSHD_CONFIG = f"""Port 22
-HostKey /etc/ssh/ssh_host_ed25519_key
-PermitRootLogin prohibit-password
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-UseDNS no
-AuthorizedKeysFile /root/.ssh/authorized_keys
-PidFile /run/sshd.pid
-MaxSessions 64
-MaxStartups 64
-SetEnv PATH={DOM0_PATH} LD_LIBRARY_PATH={DOM0_LIBRARY_PATH}
-"""
+SSHD_CONFIG = sshd_config(f"PATH={DOM0_PATH} LD_LIBRARY_PATH={DOM0_LIBRARY_PATH}")
 
 
 def _libraries(binaries: tuple[str, ...]) -> list[str]:

@@ -28,7 +28,7 @@ from .console import (
 )
 from .dom0 import NAME_PREFIX, RUN_DIR
 from .files import DOM0_LINK_ADDRESS
-from .lab import reclaim_labs
+from .lab import reclaim_xen_labs
 from .local import is_dom0
 from .relays import BaremetalRelay, ListenerRelay
 from .teardown import XenTeardown
@@ -69,7 +69,7 @@ class XenEnvironment(XenTeardown):
     def reclaim(cls, config: EnvironmentConfig, shared: SharedResources) -> list[str]:
         assert isinstance(config, XenConfig)
         if _resolve_where(config) == "lab":
-            return reclaim_labs()  # a lab's domains and pools died with its QEMU
+            return reclaim_xen_labs()  # a lab's domains and pools died with its QEMU
         return _open_dom0(config, shared).reclaim()
 
     def start(self) -> None:
@@ -79,7 +79,7 @@ class XenEnvironment(XenTeardown):
         assert dom0 is not None
         self._dom0 = dom0
         if dom0.lab is not None and not dom0.lab.alive():
-            raise RunError(f"the Xen lab stopped: {dom0.lab.panic() or dom0.lab.console_tail()}")
+            raise RunError(f"the Xen lab stopped: {dom0.lab.why_stopped()}")
         self._index = dom0.next_index()
         if self._parent is None:
             refusal = _mode_refusal(self._domain_type(), dom0.info())

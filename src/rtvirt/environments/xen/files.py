@@ -4,13 +4,13 @@ domUs' kernel and initramfs (the guest image plus the netfront overlay)."""
 from __future__ import annotations
 
 import hashlib
-import subprocess
 from pathlib import Path
 
 from ...agents import XEN_A653, agent_path
 from ...errors import RunError
 from ...fileio import mark_used, prune_cache, write_atomically
 from ..guest_image import GUEST_MODULES, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir, guest_image, kernel_elf
+from ..lab_machine import run_step
 
 __all__ = ["A653_TOOL", "DOM0_LINK_ADDRESS", "VIF_HOTPLUG", "VIF_SCRIPT", "a653_tool", "local_domu_files"]
 
@@ -20,14 +20,7 @@ BUILD_TIMEOUT_S = 3600
 
 def _run(argv: list[str], cwd: Path, what: str, timeout: float = BUILD_TIMEOUT_S,
          env: dict[str, str] | None = None) -> str:
-    try:
-        result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RunError(f"xen lab: {what} failed: {exc}") from None
-    if result.returncode != 0:
-        tail = (result.stderr or result.stdout).strip().splitlines()[-3:] or ["no output"]
-        raise RunError(f"xen lab: {what} failed: {' | '.join(line[:200] for line in tail)}")
-    return result.stdout
+    return run_step(argv, cwd, f"xen lab: {what}", timeout, env)
 
 
 # ---- rtvirt-a653: xl sets no ARINC 653 schedule, libxenctrl does (agents/xen/rtvirt-a653.c) ------------

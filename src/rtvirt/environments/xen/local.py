@@ -1,16 +1,10 @@
-"""A local dom0: rtvirt runs in a Xen host's dom0, where commands run as argument vectors and files are copied."""
+"""A local dom0: rtvirt runs in a Xen host's dom0, driven through this machine's transport (remote.local)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
 import time
 from pathlib import Path
-from typing import Any
-
-from ...errors import CommandTimeout, RunError
-from ...procs import Supervisor, terminate_group
 
 
 def is_dom0() -> bool:
@@ -18,74 +12,6 @@ def is_dom0() -> bool:
         return "control_d" in Path("/proc/xen/capabilities").read_text()
     except OSError:
         return False
-
-class _LocalProcess:
-    """A dom0-side helper started locally, with the AgentProcess shape."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.returncode
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def error_tail(self) -> str:
-        return ""
-
-    def send(self, data: bytes) -> None:
-        """Write ``data`` to the helper's stdin (dom0's listener relays it back to the domU)."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
-
-    def stop(self, grace: float = 5.0) -> int | None:
-        return terminate_group(self.proc, grace)
-
-class _LocalTransport:
-    """dom0 is this machine: commands run as argument vectors, files are copied."""
-
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.supervisor = supervisor
-
-    def run(self, argv: list[str], timeout: float = 60.0) -> Any:
-        from ...remote import RemoteResult
-
-        try:
-            done = subprocess.run(argv, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise CommandTimeout(f"dom0: {argv[0]} did not finish within {timeout:g}s") from None
-        except OSError as exc:
-            raise RunError(f"dom0: {argv[0]} failed: {exc}") from None
-        return RemoteResult(done.returncode, done.stdout.decode(errors="replace")[:1 << 20],
-                            done.stderr.decode(errors="replace")[:1 << 20])
-
-    def spawn(self, argv: list[str], stream_to: Path | None) -> _LocalProcess:
-        sink = stream_to.open("wb") if stream_to is not None else subprocess.DEVNULL
-        try:
-            # stdin stays open (a pipe we hold, as the lab's SSH channel does): busybox nc shuts its socket's
-            # sending side at EOF on stdin, the domU's nc then ends and the probe dies of a broken pipe
-            return _LocalProcess(self.supervisor.start(argv, stdout=sink, stderr=subprocess.DEVNULL,
-                                                       stdin=subprocess.PIPE))
-        finally:
-            if stream_to is not None:
-                sink.close()  # type: ignore[union-attr]
-
-    def put(self, local: Path, remote: str, mode: int = 0o644) -> None:
-        Path(remote).write_bytes(local.read_bytes())
-        os.chmod(remote, mode)
-
-    def get(self, remote: str, local: Path, timeout: float = 300.0) -> int:
-        try:
-            local.write_bytes(Path(remote).read_bytes())
-        except OSError as exc:
-            raise RunError(f"dom0: cannot read {remote[:200]}: {exc.strerror}") from None
-        return local.stat().st_size
-
-    def close(self) -> None:
-        pass
 
 def _console_log_problem() -> str | None:
     """Why this dom0 cannot tell how a domU's job ended (None: it can). rtvirt reads the RTVIRT- marks from

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import RunError
+from ...remote.local import LocalTransport
 from ..base import SharedResources
 from .config import XenConfig
 from .dom0 import RUN_DIR, Dom0
 from .dom0_image import DOMU_INITRAMFS, DOMU_KERNEL
 from .files import VIF_HOTPLUG, local_domu_files
 from .lab import XenLab
-from .local import _console_log_problem, _LocalTransport, is_dom0
+from .local import _console_log_problem, is_dom0
 from .xl import _vcpu_list
 
 
@@ -32,7 +33,7 @@ def _open_dom0(config: XenConfig, shared: SharedResources) -> Dom0:
         if problem:
             raise RunError(problem)
         kernel, initramfs = local_domu_files()
-        dom0 = Dom0(_LocalTransport(shared.supervisor), None, str(kernel), str(initramfs))
+        dom0 = Dom0(LocalTransport(shared.supervisor, "dom0"), None, str(kernel), str(initramfs))
         # a Xen host has no rtvirt-vif among its hotplug scripts: install ours where rtvirt keeps its files
         script = Path(RUN_DIR) / "rtvirt-vif"
         script.parent.mkdir(parents=True, exist_ok=True)

@@ -205,7 +205,7 @@ def _outlier_row(c: Configuration, meta: dict[str, Any], base_top: Outlier | Non
 
 def _increase_row(c: Configuration, meta: dict[str, Any], base: Configuration) -> list[str]:
     """Mean and median increase and WCET ratio of a disturbed configuration against its solo baseline."""
-    row = isolation_of(c.label, c.summary, base.label, base.summary)
+    row = isolation_of(c.label, c.summary, base.label, base.summary, c.quantity)
     return [meta["workload"], meta["disturbance"], meta["order"],
             _pct(row.mean_increase_pct), _pct(row.median_increase_pct),
             _num(row.wcet_ns / 1e3), _num(row.baseline_wcet_ns / 1e3),
@@ -230,44 +230,50 @@ def _order_row(c: Configuration, meta: dict[str, Any], paper: dict[str, Any]) ->
 def _isolation(configs: list[Configuration]) -> list[Table]:
     paper = published()["guest-isolation"]
     outlier_rows, increase_rows, order_rows, timeline_rows = [], [], [], []
-    by_group: dict[str, list[Configuration]] = {}
+    # each system's disturbed runs against its own solo run: a campaign may hold several systems side by side
+    # (the Xen lab's and the KVM lab's rows), and then every row also says which system it is (last column)
+    by_system: dict[tuple[str, str], list[Configuration]] = {}
     for c in configs:
-        by_group.setdefault(_meta(c)["group"], []).append(c)
-    for group, members in by_group.items():
+        by_system.setdefault((_meta(c)["group"], _meta(c)["environment"]), []).append(c)
+    systems = len({environment for _, environment in by_system}) > 1
+    for (group, environment), members in by_system.items():
         metas = [_meta(c) for c in members]
         base = next((c for c, m in zip(members, metas, strict=True) if m["disturbance"] == "solo"), None)
         base_top = _largest(base) if base is not None else None
+        system = [environment] if systems else []
         for c, meta in zip(members, metas, strict=True):
             outlier = _outlier_row(c, meta, base_top, paper)
             if outlier is not None:
-                outlier_rows.append(outlier)
+                outlier_rows.append(outlier + system)
             if meta["value_field"] == "duration_ns" and base is not None and c is not base \
                     and c.summary.samples and base.summary.samples:
-                increase_rows.append(_increase_row(c, meta, base))
+                increase_rows.append(_increase_row(c, meta, base) + system)
             if meta["probe"] == "threadmetric" and group != "30min" and not _has_events(c):
-                order_rows.append(_order_row(c, meta, paper))
+                order_rows.append(_order_row(c, meta, paper) + system)
             if _has_events(c):
-                timeline_rows += _on_off_rows(c, meta, paper["threadmetric"])
+                timeline_rows += [row + system for row in _on_off_rows(c, meta, paper["threadmetric"])]
+    system_column = ["system"] if systems else []
     tables: list[Table] = []
     if outlier_rows:
         tables.append(("Guest-isolation study: outliers (largest sample of each configuration vs the run median)",
                        ["workload", "disturbance", "start order", "outlier (cycles)", "outlier (ms)",
-                        "median (cycles)", "median (µs)", "paper: outlier", "paper: median (cycles)", "reading"],
-                       outlier_rows))
+                        "median (cycles)", "median (µs)", "paper: outlier", "paper: median (cycles)", "reading",
+                        *system_column], outlier_rows))
     if increase_rows:
         tables.append(("Guest-isolation study: increase against the solo baseline, per workload (µs)",
                        ["workload", "disturbance", "start order", "mean increase", "median increase", "WCET",
-                        "baseline WCET", "WCET / baseline WCET", "paper"], increase_rows))
+                        "baseline WCET", "WCET / baseline WCET", "paper", *system_column], increase_rows))
     if order_rows:
         tables.append(("Guest-isolation study: start order and the start-up ramp (Thread-Metric rounds per interval)",
                        ["disturbance", "start order", "intervals", "first interval (run 1)", "steady level (run 1)",
-                        "first vs steady (median of runs)", "ramp", "paper: first interval", "reading"], order_rows))
+                        "first vs steady (median of runs)", "ramp", "paper: first interval", "reading", *system_column],
+                       order_rows))
     if timeline_rows:
         tables.append(("Guest-isolation study: the 30-minute run, stress on from minute 10 to 20 "
                        "(Thread-Metric rounds per interval)",
                        ["run", "median before", "median during", "median after", "during vs before",
                         "after vs before", "lowest interval vs median", "paper: during vs before",
-                        "paper: rare outliers", "reading"], timeline_rows))
+                        "paper: rare outliers", "reading", *system_column], timeline_rows))
     return tables
 
 

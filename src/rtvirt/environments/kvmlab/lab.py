@@ -1,0 +1,139 @@
+"""The KVM lab: a real KVM host (Debian's kernel with kvm-amd, Debian's QEMU and libvirtd) booted inside QEMU
+where no KVM host is at hand, reached over SSH like any KVM host on a bench.
+
+One boot per campaign: every environment whose ``lab`` table is the same shares it (``open_kvm_lab``). Its
+``ssh_target`` (127.0.0.1, the forwarded port, the lab's client key, its host key pinned) is what any
+environment that drives a remote KVM host uses; ``libvirt_uri`` reaches its libvirtd over that same SSH.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ...errors import RunError
+from ...procs import Supervisor
+from ..base import SharedResources
+from ..lab_machine import LabMachine, free_port, reclaim_labs
+from .arch import LAB_ARCHES
+from .config import KvmLabConfig
+from .image import LAB_FAILED_MARK, LAB_READY_MARK, boot_initramfs, lab_files, root_image
+
+__all__ = ["LAB_ROOT", "LAB_WARNING", "KvmLab", "open_kvm_lab", "reclaim_kvm_labs"]
+
+
+LAB_ROOT = "kvm-lab-runs"
+KERNEL_PANIC = "Kernel panic - not syncing"
+FAILURE_WINDOW = 1 << 16
+LAB_WARNING = ("nested KVM under {accel} (a KVM lab in QEMU on this machine): its timings are not representative "
+               "of a KVM host")
+
+
+def reclaim_kvm_labs() -> list[str]:
+    return reclaim_labs(LAB_ROOT, "KVM lab")
+
+
+class KvmLab(LabMachine):
+    """One boot of the KVM lab in QEMU; ``connection`` drives it over SSH, ``close`` stops QEMU."""
+
+    what = "kvm lab"
+    root_name = LAB_ROOT
+    ready_mark = LAB_READY_MARK
+
+    def __init__(self, config: KvmLabConfig, supervisor: Supervisor) -> None:
+        super().__init__(supervisor, config.boot_timeout)
+        self.config = config
+        self.arch = LAB_ARCHES[config.arch]
+        self.accel: dict[str, str] = {}
+        self.root: Path | None = None
+        self.facts: dict[str, Any] = {}
+
+    def boot(self) -> KvmLab:
+        """Build what the lab boots (cached), start QEMU, wait for sshd and libvirtd, connect, read its versions."""
+        from ..qemu import choose_accel
+
+        self.root = root_image(self.arch)
+        kernel, base = boot_initramfs(self.arch)
+        keys = self.keys()
+        initrd = self.directory / "boot.cpio"
+        initrd.write_bytes(base.read_bytes() + lab_files(keys.host_key, keys.client_public))
+        self.accel = choose_accel(self.config.accel)
+        port = free_port()
+        self.start(self._qemu_argv(kernel, initrd, port))
+        self.await_ready()
+        self.connect(port, keys)
+        self.facts = self._read_facts()
+        return self
+
+    def _qemu_argv(self, kernel: Path, initrd: Path, port: int) -> list[str]:
+        """QEMU running the lab: its root image copy-on-write (snapshot: the cached image is never written), its
+        sshd forwarded to 127.0.0.1:port and nothing else reachable."""
+        if "," in str(self.root):
+            raise RunError(f"kvm lab: QEMU cannot take a drive path with a comma: {self.root}")
+        kvm = self.accel["accel"] == "kvm"
+        return [self.arch.qemu, "-machine", self.arch.machine, "-accel", self.accel["accel"],
+                "-cpu", "host" if kvm else self.arch.tcg_cpu, "-smp", str(self.config.pcpus),
+                "-m", str(self.config.memory), "-display", "none", "-nodefaults", "-no-reboot",
+                "-serial", f"file:{self.console}", "-kernel", str(kernel), "-initrd", str(initrd),
+                "-append", f"console={self.arch.console} quiet panic=-1 rdinit=/init",
+                "-drive", f"file={self.root},format=raw,if=virtio,snapshot=on",
+                "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
+                "-device", "virtio-net-pci,netdev=n0"]
+
+    def _read_facts(self) -> dict[str, Any]:
+        """What the manifests say of the lab: its kernel, the KVM module and its nested paging, QEMU, libvirt."""
+        module = self.arch.kvm_modules[-1]
+        script = (f"uname -r; cat /sys/module/{module}/parameters/npt 2>/dev/null || echo -; "
+                  f"{self.arch.lab_qemu} --version | head -n1; libvirtd --version; "
+                  "grep -c -w -e svm -e vmx /proc/cpuinfo")
+        said = self.connection.run(["sh", "-c", script], timeout=120).check("kvm lab: reading its versions")
+        lines = [line.strip()[:200] for line in said.stdout.splitlines()]
+        if len(lines) < 5:
+            raise RunError(f"kvm lab: unexpected answer to the version query: {said.stdout[:300]!r}")
+        return {"kvm_module": module.replace("_", "-"), "kernel": lines[0],
+                "nested_paging": {"1": True, "Y": True, "0": False, "N": False}.get(lines[1]),
+                "qemu": lines[2], "libvirt": lines[3].split()[-1],
+                "accel": self.accel.get("accel"), "accel_reason": self.accel.get("reason"),
+                "boot_seconds": self.boot_seconds, "root_image": self.root.name if self.root else None,
+                "pcpus": self.config.pcpus, "memory_mib": self.config.memory}
+
+    def libvirt_uri(self) -> str:
+        """qemu+libssh:// to the lab's libvirtd: libvirt's libssh transport takes the lab's client key and the
+        known_hosts file that pins its host key as URI parameters (its ``ssh`` transport runs the ssh binary,
+        which has no parameter for a known_hosts file and would consult the user's own)."""
+        target = self.ssh_target
+        return (f"qemu+libssh://root@127.0.0.1:{target.port}/system?keyfile={target.identity_file}"
+                f"&known_hosts={target.known_hosts}&known_hosts_verify=normal&sshauth=privkey&no_tty=1")
+
+    def failure(self) -> str | None:
+        """What the lab's console says went wrong: our init's own failure mark, or a kernel panic."""
+        text = self.console_text(FAILURE_WINDOW)
+        at = text.rfind(LAB_FAILED_MARK)
+        if at >= 0:
+            return "the lab failed to boot: " + text[at + len(LAB_FAILED_MARK):].strip().splitlines()[0][:300]
+        at = text.rfind(KERNEL_PANIC)
+        if at >= 0:
+            return "the lab's kernel panicked: " + text[at:].splitlines()[0][:300]
+        return None
+
+
+def open_kvm_lab(config: KvmLabConfig, shared: SharedResources) -> KvmLab:
+    """The campaign's boot of the lab ``config`` describes, made on first use. A boot that failed is not tried
+    again by every later run of the campaign: each of them fails with its reason at once."""
+    failed: dict[str, str] = shared.get(f"{config.key()}:failed", dict)
+    if "why" in failed:
+        raise RunError(failed["why"])
+
+    def boot() -> KvmLab:
+        lab = KvmLab(config, shared.supervisor)
+        try:
+            lab.boot()
+        except RunError as exc:
+            failed["why"] = str(exc)
+            lab.close()
+            raise
+        except BaseException:
+            lab.close()
+            raise
+        return lab
+    return shared.get(config.key(), boot)

@@ -1,0 +1,265 @@
+"""A lab machine: a QEMU guest rtvirt boots to host a real hypervisor where none is at hand (the Xen lab, the
+KVM lab), reached over SSH like any other host.
+
+What every lab shares lives here: a directory of its own under the cache (``$RTVIRT_CACHE/<root>/lab-*``) with
+its owner's pid, QEMU's pid, its serial console and a fresh host key and client key; QEMU started through the
+campaign's supervisor (it dies with rtvirt, PR_SET_PDEATHSIG); a user-mode network whose only forward is the
+lab's sshd on 127.0.0.1; the ready mark awaited on the console; then an SSH connection with the host key pinned
+in a known_hosts file written before the boot, never the user's ``~/.ssh/config``. ``reclaim_labs`` removes
+labs whose rtvirt died (kill -9) and kills their QEMU should it have survived.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from ..errors import RunError
+from ..procs import Supervisor
+from .guest_image import cache_dir
+
+if TYPE_CHECKING:
+    from ..remote import SshConnection, SshTarget
+
+__all__ = ["LabKeys", "LabMachine", "free_port", "reclaim_labs", "run_step", "sshd_config"]
+
+
+OWNER_FILE = "owner.pid"
+QEMU_PID_FILE = "qemu.pid"
+CONSOLE_LIMIT = 1 << 20  # bytes of the console's end read back (it is untrusted and can grow)
+SSH_RETRY_S = 60.0  # time the lab's sshd gets to accept a connection after the ready mark
+
+
+@dataclass(frozen=True)
+class LabKeys:
+    """The lab's own host key (pinned in known_hosts before the boot) and the client key it authorises."""
+
+    host_key: Path
+    host_public: str
+    client_key: Path
+    client_public: str
+
+
+def _keypair(path: Path, comment: str) -> str:
+    try:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                       capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RunError(f"lab: ssh-keygen failed ({exc}); apt-get install openssh-client") from None
+    return path.with_suffix(".pub").read_text().strip()
+
+
+def sshd_config(environment: str) -> str:
+    """The configuration of a lab's sshd: root by key only, the lab's own host key, many sessions at once (a
+    campaign's runs each open channels), and ``environment`` (``NAME=value ...``) set for every command."""
+    return f"""Port 22
+HostKey /etc/ssh/ssh_host_ed25519_key
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+AuthorizedKeysFile /root/.ssh/authorized_keys
+PidFile /run/sshd.pid
+MaxSessions 64
+MaxStartups 64
+SetEnv {environment}
+"""
+
+
+def run_step(argv: list[str], cwd: Path, what: str, timeout: float, env: dict[str, str] | None = None) -> str:
+    """Run one step of building what a lab boots; its stdout. A failure says ``what`` failed and how."""
+    try:
+        result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RunError(f"{what} failed: {exc}") from None
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:] or ["no output"]
+        raise RunError(f"{what} failed: {' | '.join(line[:200] for line in tail)}")
+    return result.stdout
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 nobody listens on now (QEMU's user network forwards it to the lab's sshd)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reclaim_labs(root_name: str, what: str) -> list[str]:
+    """Kill the QEMUs of labs under ``root_name`` whose rtvirt died (should PDEATHSIG have missed one) and remove
+    their directories; what went, each named ``what`` (e.g. "Xen lab")."""
+    removed: list[str] = []
+    root = cache_dir() / root_name
+    for lab in sorted(root.glob("lab-*")) if root.exists() else []:
+        try:
+            owner = int((lab / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            owner = 0
+        if owner and _alive(owner):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            qemu = int((lab / QEMU_PID_FILE).read_text())
+            cmdline = Path(f"/proc/{qemu}/cmdline").read_bytes()
+            if str(lab).encode() in cmdline:  # that pid is still our QEMU, not a reused number
+                os.kill(qemu, signal.SIGKILL)
+                removed.append(f"stray {what} QEMU (pid {qemu})")
+        shutil.rmtree(lab, ignore_errors=True)
+    return removed
+
+
+class LabMachine:
+    """One boot of a lab machine in QEMU: ``boot`` in a subclass builds what it boots and calls ``start``,
+    ``await_ready`` and ``connect``; ``connection`` then drives the lab over SSH; ``close`` stops QEMU and
+    removes the lab's directory."""
+
+    what: ClassVar[str] = "lab"  # how messages name it ("xen lab", "kvm lab")
+    root_name: ClassVar[str] = "lab"  # its labs' directory under the cache
+    ready_mark: ClassVar[str] = "RTVIRT-LAB-READY"  # what the lab's init prints once its sshd runs
+
+    def __init__(self, supervisor: Supervisor, boot_timeout_ns: int) -> None:
+        self.supervisor = supervisor
+        self.boot_timeout_s = boot_timeout_ns / 1e9
+        self.boot_seconds: float | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._connection: SshConnection | None = None
+        self._target: SshTarget | None = None
+        self._started = 0.0
+        root = cache_dir() / self.root_name
+        root.mkdir(parents=True, exist_ok=True)
+        self.directory = Path(tempfile.mkdtemp(prefix="lab-", dir=root))
+        self.console = self.directory / "console.log"
+        (self.directory / OWNER_FILE).write_text(str(os.getpid()))
+
+    def keys(self) -> LabKeys:
+        """A fresh host key and client key for this lab, in its directory."""
+        host, client = self.directory / "host_ed25519", self.directory / "client_ed25519"
+        host_public = " ".join(_keypair(host, f"rtvirt-{self.root_name}").split()[:2])
+        return LabKeys(host, host_public, client, _keypair(client, f"rtvirt-{self.root_name}"))
+
+    def start(self, argv: list[str]) -> None:
+        """Start the lab's QEMU (``argv``): its serial console must go to ``self.console``."""
+        self._started = time.monotonic()
+        self._proc = self.supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        (self.directory / QEMU_PID_FILE).write_text(str(self._proc.pid))
+
+    def await_ready(self) -> None:
+        """Until the lab's init prints the ready mark; QEMU's end, a failure the console shows or the boot
+        timeout is an error naming what the console said last."""
+        assert self._proc is not None
+        deadline = self._started + self.boot_timeout_s
+        while self.ready_mark not in self.console_text():
+            if self._proc.poll() is not None:
+                error = self._proc.stderr.read(2000).decode(errors="replace") if self._proc.stderr else ""
+                raise RunError(f"{self.what}: QEMU exited while the lab booted: "
+                               f"{error.strip()[-300:] or 'no message'}; console: {self.console_tail()}")
+            failure = self.failure()
+            if failure is not None:
+                raise RunError(f"{self.what}: {failure}")
+            if time.monotonic() > deadline:
+                raise RunError(f"{self.what}: the lab did not come up within {self.boot_timeout_s:.0f}s; "
+                               f"console: {self.console_tail()}")
+            time.sleep(0.2)
+
+    def connect(self, port: int, keys: LabKeys) -> None:
+        """SSH to the lab as root with its host key pinned, retrying for a minute while its sshd comes up."""
+        from ..remote import SshTarget, connect
+
+        assert self._proc is not None
+        known_hosts = self.directory / "known_hosts"
+        known_hosts.write_text(f"[127.0.0.1]:{port} {keys.host_public}\n")
+        (self.directory / "ssh_config").write_text("")  # never the user's ~/.ssh/config
+        self._target = SshTarget(host="127.0.0.1", port=port, user="root", identity_file=keys.client_key,
+                                 known_hosts=known_hosts, ssh_config=self.directory / "ssh_config",
+                                 connect_timeout=60, proxy_jump=None)
+        attempt_deadline = time.monotonic() + SSH_RETRY_S
+        while True:
+            try:
+                self._connection = connect(self._target)
+                break
+            except RunError:
+                if time.monotonic() > attempt_deadline or self._proc.poll() is not None:
+                    raise
+                time.sleep(1.0)
+        self.boot_seconds = round(time.monotonic() - self._started, 1)
+
+    @property
+    def ssh_target(self) -> SshTarget:
+        """How to reach the lab's sshd (127.0.0.1, its port, root, the lab's client key, its pinned host key)."""
+        if self._target is None:
+            raise RunError(f"{self.what}: not booted")
+        return self._target
+
+    @property
+    def connection(self) -> SshConnection:
+        if self._connection is None:
+            raise RunError(f"{self.what}: not booted")
+        return self._connection
+
+    def failure(self) -> str | None:
+        """What the console says went wrong in the lab (a hypervisor's panic), None if nothing did."""
+        return None
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None and self.failure() is None
+
+    def died(self, grace: float = 3.0) -> bool:
+        """Whether the lab is dead or dies within ``grace`` seconds: asked when something in it just failed (a
+        killed QEMU closes its sockets before it is reaped, and under load the two can be far apart)."""
+        deadline = time.monotonic() + grace
+        while self.alive():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def why_stopped(self) -> str:
+        """Why a lab that is not alive stopped: its failure, QEMU's exit, or the console's last lines."""
+        failure = self.failure()
+        if failure is not None:
+            return failure
+        status = self._proc.poll() if self._proc is not None else None
+        said = f"QEMU exited with status {status}; " if status is not None else ""
+        return f"{said}console: {self.console_tail()}"
+
+    def console_text(self, limit: int = CONSOLE_LIMIT) -> str:
+        """The last ``limit`` bytes of the lab's serial console."""
+        if not self.console.exists():
+            return ""
+        with self.console.open("rb") as f:
+            f.seek(max(0, self.console.stat().st_size - limit))
+            return f.read().decode("utf-8", errors="replace")
+
+    def console_tail(self) -> str:
+        lines = [line.strip() for line in self.console_text().splitlines() if line.strip()]
+        return " | ".join(line[:160] for line in lines[-3:]) or "empty"
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        if self._proc is not None:
+            self.supervisor.stop(self._proc, grace=2.0)
+            self._proc = None
+        shutil.rmtree(self.directory, ignore_errors=True)

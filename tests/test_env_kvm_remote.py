@@ -1,0 +1,221 @@
+"""The qemu kind on a KVM host reached over SSH, end to end against a real Debian OpenSSH server on a loopback port
+(tests/sshd_server.py) with QEMU under TCG there: a campaign whose QEMU, stressor and images live under that
+sshd, its manifest recording what the KVM host had in force; Ctrl-C, a lost connection and kill -9 + --resume
+leaving no QEMU behind; bad input (an unreachable host, a host without /dev/kvm) failing its run by name while
+every other run is kept."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import RTVIRT, run_cli
+from sshd_server import SshServer, descendants, free_port, process_name
+
+from rtvirt.campaign import CampaignState, run_campaign
+from rtvirt.scenario import parse_scenario
+from rtvirt.store import load_run
+from rtvirt.stream import read_stream
+
+pytestmark = [pytest.mark.vm, pytest.mark.xdist_group("kvm-remote")]
+
+CPU = max(os.sched_getaffinity(0))
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[SshServer]:
+    with SshServer() as sshd:
+        yield sshd
+
+
+class NoKvmServer(SshServer):
+    """sshd in a mount namespace of its own where /dev/kvm is an empty file: a KVM host without KVM."""
+
+    def _spawn(self) -> bool:
+        empty = self.dir / "no-kvm"
+        empty.write_text("")
+        script = 'mount --bind "$1" /dev/kvm && shift && exec "$@"'
+        self.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                                      str(empty), "/usr/sbin/sshd", "-D", "-e", "-f", str(self.dir / "sshd_config")],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=(self.dir / "sshd.log").open("ab"), start_new_session=True)
+        return self._wait_listening()
+
+
+def environment_toml(server: SshServer, remote_dir: Path, name: str = "kvmbox", accel: str = "auto",
+                     host: str | None = None) -> str:
+    host = host or f"{server.user}@127.0.0.1:{server.port}"
+    return (f'[[environments]]\nkind = "qemu"\nname = "{name}"\nhost = "{host}"\ncpus = "{CPU}"\n'
+            f'accel = "{accel}"\nremote_dir = "{remote_dir}"\n'
+            f'ssh = {{ known_hosts = "{server.known_hosts}", identity_file = "{server.client_key}" }}\n')
+
+
+def scenario_text(environments: str, duration: str = "2s", disturbances: str = "") -> str:
+    return (f'name = "kvm-remote"\nduration = "{duration}"\nrun_timeout = "4m"\n\n'
+            f'[workload]\nprobe = "timer"\nparams = {{ interval = "1ms" }}\n\n{environments}\n'
+            f'[[disturbances]]\nname = "solo"\n{disturbances}')
+
+
+def qemus_of(remote_dir: Path) -> list[str]:
+    """QEMUs of this machine started for ``remote_dir`` (their -chardev paths lie in it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmdline.startswith(b"qemu-system") and str(remote_dir).encode() in cmdline:
+                found.append(entry.name)
+    return found
+
+
+def wait_for(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_a_campaign_on_a_kvm_host_over_ssh_runs_its_qemu_and_stressors_there(server: SshServer,
+                                                                              tmp_path: Path) -> None:
+    remote = tmp_path / "kvmhost"
+    scenario = tmp_path / "kvm.toml"
+    scenario.write_text(scenario_text(environment_toml(server, remote), disturbances=(
+        '[[disturbances]]\nname = "same-core"\n[[disturbances.stressors]]\nstressor = "cpu"\n'
+        'where = "same-core"\nparams = { priority = 50, slice = "2ms", period = "10ms" }\n')))
+    seen: set[str] = set()  # what ran under the sshd: the KVM host's side
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            assert server.proc is not None
+            seen.update(process_name(pid) for pid in descendants(server.proc.pid))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"), "--no-report", "--json",
+                         timeout=600)
+    finally:
+        done.set()
+        watcher.join()
+    assert result.returncode == 0, result.stderr
+    assert "qemu-system-x86" in seen and "rtvirt-stress" in seen, seen  # QEMU and the stressor ran over there
+    manifests = {m.manifest["campaign"]["disturbance"]: m.manifest
+                 for m in map(load_run, (tmp_path / "results" / "runs").iterdir())}
+    assert set(manifests) == {"solo", "same-core"}
+    for manifest in manifests.values():
+        assert manifest["status"] == "complete", manifest["campaign"]
+        detail = manifest["environment_detail"]
+        assert detail["host"] == f"{server.user}@127.0.0.1:{server.port}"
+        # this machine's /dev/kvm emulates (no VMX or SVM): auto chose TCG there, and says why
+        assert detail["acceleration"] == "tcg" and "neither VMX nor SVM" in detail["acceleration_reason"]
+        kvm_host = detail["kvm_host"]
+        assert kvm_host["where"] == detail["host"] and kvm_host["kernel"] == os.uname().release
+        assert kvm_host["accelerates"] is False and "halt_poll_ns" in kvm_host["modules"]["kvm"]
+        assert detail["qemu"].startswith("QEMU emulator version")
+        assert detail["vcpu_threads"]["0"]["host_cpu"] == CPU
+        assert manifest["delivery"]["via"].startswith("a FIFO on") and manifest["delivery"]["guest_said"] \
+            == "confirmed"
+        assert manifest["system"]["platform"]["kvm_host"]["kernel"] == os.uname().release
+        assert manifest["summary"]["all"]["samples"] > 300
+    (stress,) = manifests["same-core"]["campaign"]["stressor_results"]
+    assert stress["command"][0].startswith(str(remote))  # our agent, copied into the KVM host's remote_dir
+    assert stress["parts"][0]["bogo_ops"] > 0
+    # the images were copied once, by content; every QEMU's directory is gone
+    images = sorted(p.name for p in (remote / "images").iterdir())
+    assert len(images) == 2 and all(len(name.split("-", 1)[0]) == 12 for name in images), images
+    assert list((remote / "qemu").iterdir()) == [] and qemus_of(remote) == []
+
+
+def _start_long_run(server: SshServer, tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
+    remote = tmp_path / "kvmhost"
+    scenario = tmp_path / "long.toml"
+    scenario.write_text(scenario_text(environment_toml(server, remote, accel="tcg"), duration="6s"))
+    results = tmp_path / "results"
+    proc = subprocess.Popen([*RTVIRT, "run", str(scenario), "--out", str(results), "--no-report", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: any(p.stat().st_size > 4000 for p in results.glob("runs/*/samples.rtvs"))
+             or proc.poll() is not None, 300, "the remote guest never streamed")
+    assert proc.poll() is None, proc.communicate()
+    assert qemus_of(remote)
+    return proc, remote, results
+
+
+def test_ctrl_c_stops_the_remote_qemu_and_keeps_the_samples(server: SshServer, tmp_path: Path) -> None:
+    proc, remote, results = _start_long_run(server, tmp_path)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    (run,) = [load_run(p) for p in (results / "runs").iterdir()]
+    assert run.manifest["campaign"]["outcome"] == "interrupted" and run.manifest["summary"]["all"]["samples"] > 0
+    wait_for(lambda: not qemus_of(remote), 30, "the remote QEMU outlived Ctrl-C")
+    assert list((remote / "qemu").iterdir()) == []
+
+
+def test_a_lost_connection_ends_the_remote_qemu_and_fails_the_run_by_name(server: SshServer, tmp_path: Path) -> None:
+    proc, remote, results = _start_long_run(server, tmp_path)
+    assert server.kill_sessions() >= 1  # as if the network had gone
+    wait_for(lambda: not qemus_of(remote), 30, "the remote QEMU outlived its connection (its watchdog)")
+    _, err = proc.communicate(timeout=180)
+    (run,) = [load_run(p) for p in (results / "runs").iterdir()]
+    reason = run.manifest["campaign"]["reason"]
+    assert "connection to the KVM host" in reason and "was lost" in reason, reason
+    assert read_stream(run.path / "samples.rtvs").records.size > 100  # the samples received are kept
+    assert list((remote / "qemu").iterdir()) == []  # its directory went once rtvirt reconnected
+
+
+def test_kill_9_leaves_no_remote_qemu_and_resume_finishes(server: SshServer, tmp_path: Path) -> None:
+    proc, remote, results = _start_long_run(server, tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    wait_for(lambda: not qemus_of(remote), 30, "the remote QEMU outlived a killed rtvirt")
+    assert len(list((remote / "qemu").iterdir())) == 1  # left for the next rtvirt to reclaim
+    resumed = run_cli("run", "--resume", "--out", str(results), "--no-report", "--no-progress", timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "QEMU directory" in resumed.stdout + resumed.stderr  # reclaimed, and said so
+    outcomes = sorted(load_run(p).manifest["campaign"]["outcome"] for p in (results / "runs").iterdir())
+    assert outcomes == ["complete", "killed"]  # the killed run's samples kept beside its redone twin
+    assert list((remote / "qemu").iterdir()) == [] and qemus_of(remote) == []
+
+
+def test_bad_kvm_hosts_fail_their_runs_by_name_and_the_others_are_kept(server: SshServer, tmp_path: Path) -> None:
+    with NoKvmServer() as no_kvm:
+        text = scenario_text("[[environments]]\nkind = \"host\"\n"
+                             + environment_toml(server, tmp_path / "a", name="unreachable",
+                                                host=f"{server.user}@127.0.0.1:{free_port()}")
+                             + environment_toml(no_kvm, tmp_path / "b", name="no-kvm", accel="kvm")
+                             + environment_toml(no_kvm, tmp_path / "c", name="no-kvm-auto"), duration="1s")
+        scenario = parse_scenario(text, "bad.toml")
+        state = CampaignState.create(tmp_path, scenario.name, text, "bad.toml", 1.0)
+        outcomes = run_campaign(scenario, state, tmp_path, show_progress=False, write_report=False).outcomes
+    assert outcomes["host/solo/-/r1"].status == "complete"
+    assert outcomes["unreachable/solo/-/r1"].status == "failed"
+    assert "cannot connect" in outcomes["unreachable/solo/-/r1"].reason
+    assert outcomes["no-kvm/solo/-/r1"].status == "failed"
+    assert "accel 'kvm' requested but /dev/kvm is missing or not accessible on" in outcomes["no-kvm/solo/-/r1"].reason
+    # auto on that host falls back to TCG and says why
+    auto = load_run(tmp_path / "runs" / outcomes["no-kvm-auto/solo/-/r1"].run_id).manifest
+    assert auto["status"] == "complete", auto["campaign"]
+    assert auto["environment_detail"]["acceleration_reason"].startswith("/dev/kvm is missing or not accessible on")
+    assert len([p for p in (tmp_path / "runs").iterdir() if (p / "manifest.json").exists()]) == 4
+
+
+def test_bad_host_text_is_refused_with_exit_2(tmp_path: Path) -> None:
+    scenario = tmp_path / "bad.toml"
+    scenario.write_text(scenario_text('[[environments]]\nkind = "qemu"\nhost = "a@b@c;reboot"\n'))
+    result = run_cli("run", str(scenario), "--out", str(tmp_path / "results"))
+    assert result.returncode == 2 and "host" in result.stderr and "Traceback" not in result.stderr
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -1,0 +1,265 @@
+"""The KVM lab (a real KVM host: Debian's kernel with kvm-amd, Debian's QEMU and libvirtd, booted in QEMU under
+TCG here) driven by the libvirt kind over SSH, beside the Xen lab in one campaign of the guest-isolation study.
+
+Lab boots are few: one `rtvirt run` (one KVM lab boot, one Xen lab boot) runs every guest the checks below read;
+Ctrl-C costs one boot, kill -9 + --resume with a lab that dies two, a lab that cannot boot none. Nothing here
+compares timings (nested under TCG they are not representative): the manifests, the report's rows and what is
+left running are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+from conftest import RTVIRT, run_cli
+
+from rtvirt.environments.guest_image import cache_dir
+from rtvirt.environments.kvmlab.lab import LAB_ROOT
+from rtvirt.errors import InputError
+from rtvirt.results.report import write_report
+from rtvirt.scenario import builtin_scenarios
+from rtvirt.scenario.loader import parse_scenario
+from rtvirt.store import load_run
+
+# the study's subset the suite runs: the bare-metal guest on both labs, solo and beside the spinning stressor
+# guest (a Linux guest of each hypervisor); Debian's kernel and its PREEMPT_RT kernel on the KVM lab, solo
+KEPT = {"xen-baremetal", "kvm-baremetal", "kvm-linux", "kvm-linux-rt"}
+
+
+def _study_subset() -> str:
+    """guest-isolation-xen-kvm with the kept environments, one repetition: two groups, six runs."""
+    document = tomllib.loads(builtin_scenarios()["guest-isolation-xen-kvm"])
+    document["repetitions"] = 1
+    document["duration"] = "10s"  # a few qsort iterations of 1.2 M elements under nested TCG
+    document["environments"] = [env for env in document["environments"] if env["name"] in KEPT]
+    qsort = document["groups"][0]
+    document["groups"] = [{**qsort, "environments": ["xen-baremetal", "kvm-baremetal"]},
+                          {**qsort, "name": "guests", "environments": ["kvm-linux", "kvm-linux-rt"],
+                           "disturbances": ["solo"]}]
+    return tomli_w.dumps(document)
+
+
+def _summary(output: str) -> dict[str, Any]:
+    return json.loads(output[output.index("{"):])  # type: ignore[no-any-return]
+
+
+def _owner(lab: Path) -> str | None:
+    """The pid that owns ``lab`` (None: its directory went meanwhile, another test's lab closing)."""
+    try:
+        return (lab / "owner.pid").read_text()
+    except FileNotFoundError:
+        return None
+
+
+def _lab_dirs(owner: int) -> list[Path]:
+    root = cache_dir() / LAB_ROOT
+    return [lab for lab in sorted(root.glob("lab-*")) if _owner(lab) == str(owner)] if root.exists() else []
+
+
+def _lab_qemus(lab: Path) -> list[int]:
+    """The pids of QEMUs running ``lab`` (their command line names its directory)."""
+    found = subprocess.run(["pgrep", "-f", f"{lab}/"], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def _wait_for_samples(results: Path, proc: subprocess.Popen[str], size: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(p.stat().st_size > size for p in results.glob("runs/*/samples.rtvs")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.5)
+
+
+_CAMPAIGN: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="session")
+def kvm_lab_campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """One KVM lab boot and one Xen lab boot for every run of _study_subset(); (results dir, campaign summary)."""
+    if not _CAMPAIGN:
+        work = tmp_path_factory.mktemp("kvm-lab")
+        (work / "study.toml").write_text(_study_subset())
+        result = run_cli("run", "--no-report", str(work / "study.toml"), "--out", str(work / "results"),
+                         "--no-progress", "--json", timeout=2400)
+        assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+        _CAMPAIGN.update(results=work / "results", summary=_summary(result.stdout))
+    return _CAMPAIGN["results"], _CAMPAIGN["summary"]
+
+
+def _manifest(campaign: tuple[Path, dict[str, Any]], key: str) -> dict[str, Any]:
+    results, summary = campaign
+    run = summary["runs"][key]
+    assert run["status"] == "complete", run
+    return load_run(results / "runs" / run["run_id"]).manifest  # type: ignore[no-any-return]
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(2700)
+def test_linux_preempt_rt_and_bare_metal_guests_run_under_the_labs_kvm(
+        kvm_lab_campaign: tuple[Path, dict[str, Any]]) -> None:
+    facts = []
+    for key, guest in (("guests/kvm-linux/solo/-/r1", "linux"), ("guests/kvm-linux-rt/solo/-/r1", "linux-rt"),
+                       ("qsort/kvm-baremetal/solo/-/r1", "baremetal")):
+        manifest = _manifest(kvm_lab_campaign, key)
+        detail = manifest["environment_detail"]
+        # libvirt in the lab, reached over SSH with the lab's key and its pinned host key, picked KVM itself
+        assert detail["host"] == "lab" and detail["domain_type"] == "kvm", detail
+        assert detail["domain_type_reason"] == "the KVM lab offers KVM"
+        assert detail["uri"].startswith("qemu+libssh://root@127.0.0.1:") and "known_hosts=" in detail["uri"]
+        assert "<cpu mode='host-passthrough'" in detail["domain_xml"]
+        lab = detail["kvm_lab"]
+        # the manifest says KVM: kvm-amd with nested paging, the lab's kernel, its QEMU and libvirt versions
+        assert lab["kvm_module"] == "kvm-amd" and lab["nested_paging"] is True, lab
+        assert lab["kernel"].endswith("-amd64") and lab["qemu"].startswith("QEMU emulator version ")
+        assert detail["hypervisor"] in lab["qemu"] and detail["libvirt"] == lab["libvirt"]
+        assert detail["guest"] == guest and manifest["summary"]["all"]["samples"] > 0
+        assert any("nested KVM under" in w for w in manifest["system"]["warnings"])
+        facts.append(json.dumps(lab, sort_keys=True))
+    assert _manifest(kvm_lab_campaign, "guests/kvm-linux-rt/solo/-/r1")["environment_detail"]["preempt_rt"] is True
+    assert len(set(facts)) == 1  # one lab boot for the campaign
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(2700)
+def test_the_same_guest_and_stressor_on_xen_and_kvm_make_one_report_with_both_rows(
+        kvm_lab_campaign: tuple[Path, dict[str, Any]]) -> None:
+    results, summary = kvm_lab_campaign
+    for system in ("xen", "kvm"):
+        solo = _manifest(kvm_lab_campaign, f"qsort/{system}-baremetal/solo/-/r1")
+        spun = _manifest(kvm_lab_campaign, f"qsort/{system}-baremetal/spin-same-core/stress-first/r1")
+        assert solo["environment_detail"]["guest"] == spun["environment_detail"]["guest"] == "baremetal"
+        assert [(u["stressor"], u["where"]) for u in spun["campaign"]["stressors"]] == [("cpu", "other-vm")]
+    xen = _manifest(kvm_lab_campaign, "qsort/xen-baremetal/solo/-/r1")["environment_detail"]
+    assert xen["where"] == "lab" and xen["applied"]["type"] == "pvh"
+    report = write_report(results, results / "report.md", "markdown").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("|") and "qsort" in line]
+    increase = [row for row in rows if "spin-same-core" in row and row.rstrip(" |").endswith(("xen-baremetal",
+                                                                                              "kvm-baremetal"))]
+    # the increase table: each system's spinning run against its own solo run, a row per system
+    systems = {row.rstrip(" |").rsplit("|", 1)[-1].strip() for row in increase}
+    assert systems == {"xen-baremetal", "kvm-baremetal"}, rows
+    assert summary["scenario"] == "guest-isolation-xen-kvm"
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(900)
+def test_ctrl_c_leaves_no_lab_and_keeps_the_streamed_samples(tmp_path: Path) -> None:
+    scenario = tmp_path / "long.toml"
+    scenario.write_text('name = "kvm-lab-ctrl-c"\nduration = "2m"\n[workload]\nprobe = "timer"\n'
+                        'params = { interval = "1ms" }\n[[environments]]\nkind = "libvirt"\nname = "lab"\n'
+                        'host = "lab"\nguest = "baremetal"\n')
+    results = tmp_path / "results"
+    proc = subprocess.Popen([*RTVIRT, "run", "--no-report", str(scenario), "--out", str(results), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_samples(results, proc, 5_000, 600)
+    (lab,) = _lab_dirs(proc.pid)
+    assert _lab_qemus(lab)
+    proc.send_signal(signal.SIGINT)
+    try:  # the bare-metal guest writes out what it holds, the domain and the lab go: minutes under nested TCG
+        _, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"rtvirt did not end within 600 s of Ctrl-C: {proc.communicate()[1][-3000:]}")
+    assert proc.returncode == 130, err[-2000:]
+    assert not lab.exists() and _lab_qemus(lab) == []
+    state = json.loads(next(results.glob("campaigns/*/state.json")).read_text())
+    (entry,) = state["runs"].values()
+    assert (results / "runs" / entry["run_id"] / "manifest.json").exists(), (entry, err[-3000:])
+    manifest = load_run(results / "runs" / entry["run_id"]).manifest
+    assert manifest["campaign"]["outcome"] == "interrupted" and manifest["summary"]["all"]["samples"] > 100
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(1500)
+def test_kill_9_then_resume_reclaims_the_lab_and_a_lab_that_dies_fails_its_run_naming_why(tmp_path: Path) -> None:
+    scenario = tmp_path / "two.toml"
+    scenario.write_text('name = "kvm-lab-kill"\nduration = "4s"\nrun_timeout = "10m"\n[workload]\nprobe = "timer"\n'
+                        'params = { interval = "1ms" }\n'
+                        '[[environments]]\nkind = "libvirt"\nname = "first"\nhost = "lab"\nguest = "baremetal"\n'
+                        '[[environments]]\nkind = "libvirt"\nname = "second"\nhost = "lab"\nguest = "baremetal"\n'
+                        '[[environments]]\nkind = "libvirt"\nname = "third"\nhost = "lab"\nguest = "baremetal"\n')
+    results = tmp_path / "results"
+    proc = subprocess.Popen([*RTVIRT, "run", "--no-report", str(scenario), "--out", str(results), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for_samples(results, proc, 2_000, 600)
+    (lab,) = _lab_dirs(proc.pid)
+    proc.kill()
+    proc.wait()
+    # the lab's QEMU dies with rtvirt (PR_SET_PDEATHSIG); its directory is left for --resume to reclaim
+    until = time.monotonic() + 30
+    while _lab_qemus(lab) and time.monotonic() < until:
+        time.sleep(0.5)
+    assert _lab_qemus(lab) == [] and lab.exists()
+    resumed = subprocess.Popen([*RTVIRT, "run", "--no-report", "--resume", "--out", str(results), "--no-progress",
+                                "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the resumed campaign reclaims the dead lab, boots its own and finishes the first run; once the second has
+    # started, its lab dies under it (its QEMU killed)
+    deadline = time.monotonic() + 900
+    while True:
+        assert resumed.poll() is None and time.monotonic() < deadline, resumed.communicate()[1][-3000:]
+        labs = _lab_dirs(resumed.pid)
+        if labs and any(results.glob("runs/*second_solo*")):
+            break
+        time.sleep(0.2)
+    assert not lab.exists()
+    (second_lab,) = labs
+    for pid in _lab_qemus(second_lab):
+        subprocess.run(["kill", "-9", str(pid)], check=False)
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 1, err[-3000:]
+    runs = _summary(out)["runs"]
+    assert runs["first/solo/-/r1"]["status"] == "complete"
+    for key in ("second/solo/-/r1", "third/solo/-/r1"):  # the third fails at once, naming the same reason
+        assert runs[key]["status"] == "failed" and "the KVM lab stopped" in runs[key]["reason"], runs[key]
+    assert "QEMU exited" in runs["third/solo/-/r1"]["reason"]
+    assert not second_lab.exists() and _lab_qemus(second_lab) == []
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(600)
+def test_a_lab_that_cannot_boot_fails_its_runs_naming_why_and_keeps_the_others(tmp_path: Path) -> None:
+    # ten seconds are not enough for the lab under TCG (its libvirtd alone probes QEMU for longer)
+    scenario = tmp_path / "slow.toml"
+    scenario.write_text('name = "kvm-lab-no-boot"\nduration = "1s"\n[workload]\nprobe = "timer"\n'
+                        '[[environments]]\nkind = "host"\nname = "here"\n'
+                        '[[environments]]\nkind = "libvirt"\nname = "lab1"\nhost = "lab"\n'
+                        'lab = { accel = "tcg", boot_timeout = "10s" }\n'
+                        '[[environments]]\nkind = "libvirt"\nname = "lab2"\nhost = "lab"\n'
+                        'lab = { accel = "tcg", boot_timeout = "10s" }\n')
+    result = run_cli("run", "--no-report", str(scenario), "--out", str(tmp_path / "results"), "--no-progress",
+                     "--json", timeout=500)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    runs = _summary(result.stdout)["runs"]
+    assert runs["here/solo/-/r1"]["status"] == "complete"
+    for key in ("lab1/solo/-/r1", "lab2/solo/-/r1"):  # the second is not booted again: it fails at once
+        assert runs[key]["status"] == "failed", runs[key]
+        assert "kvm lab: the lab did not come up within 10s; console: " in runs[key]["reason"], runs[key]
+
+
+@pytest.mark.parametrize(("table", "path", "message"), [
+    ('host = "cloud"', "environments[0].host", "String should match pattern"),
+    ('host = "lab"\nuri = "qemu:///system"', "environments[0]", "give either host or uri"),
+    ('lab = { pcpus = 2 }', "environments[0]", 'add host = "lab"'),
+    ('host = "lab"\nlab = { pcpus = 0 }', "environments[0].lab.pcpus", "greater than or equal to 1"),
+    ('host = "lab"\nlab = { arch = "mips" }', "environments[0].lab.arch", "'x86_64'"),
+])
+def test_malformed_host_and_lab_tables_are_rejected_with_their_field_path(table: str, path: str,
+                                                                        message: str) -> None:
+    text = f'name = "bad"\nduration = "1s"\n[workload]\nprobe = "timer"\n[[environments]]\nkind = "libvirt"\n{table}\n'
+    with pytest.raises(InputError) as error:
+        parse_scenario(text)
+    assert path in str(error.value) and message in str(error.value)
+
+
+def test_a_kvm_host_over_ssh_is_a_qemu_ssh_uri_checked_against_known_hosts() -> None:
+    scenario = parse_scenario('name = "ok"\nduration = "1s"\n[workload]\nprobe = "timer"\n[[environments]]\n'
+                              'kind = "libvirt"\nhost = "root@bench-kvm:2222"\n')
+    (env,) = scenario.environments
+    assert env.remote_uri() == "qemu+ssh://root@bench-kvm:2222/system?no_tty=1" and not env.local

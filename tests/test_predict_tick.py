@@ -1,0 +1,167 @@
+"""Predictions that model the measured kernel's enforcement tick: HZ and HRTICK_DL from the system audit, the
+tick's phase in a SCHED_DEADLINE reservation's period read from its holes, overruns and paid-back periods in the
+model, against this kernel's own reservation (docs/predictions.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from simcases import build
+
+from rtvirt.predict import PredictSpec
+from rtvirt.predict.derive import derive_model
+from rtvirt.predict.tick import EnforcementTick, MeasuredPhase, enforcement_tick, tick_phase
+from rtvirt.scenario.loader import parse_scenario
+from rtvirt.sim import simulate
+from rtvirt.sysaudit import audit_system
+
+LAST_CPU = max(os.sched_getaffinity(0))
+
+
+def _jiffies() -> tuple[int, float]:
+    text = Path("/proc/timer_list").read_text()
+    found = re.search(r"^jiffies: (\d+)$", text, re.M)
+    assert found, "no jiffies in /proc/timer_list"
+    return int(found.group(1)), time.monotonic()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="/proc/timer_list needs root")
+def test_the_audit_reads_the_tick_the_kernel_counts() -> None:
+    tick = audit_system()["scheduler_tick"]
+    # HZ from the kernel's build configuration, checked against the jiffies it counts over half a second
+    first, at = _jiffies()
+    time.sleep(0.5)
+    last, until = _jiffies()
+    assert tick["hz"] == pytest.approx((last - first) / (until - at), rel=0.1)
+    assert tick["hz_source"] in ("/proc/config.gz", f"/boot/config-{os.uname().release}")
+    # this kernel's sched/features cannot be read (debugfs is locked here): the kernel's default, said so
+    assert tick["hrtick_dl"] is False and tick["hrtick_dl_source"]
+
+
+def test_enforcement_tick_from_the_audit_only_where_budgets_wait_for_it() -> None:
+    assert enforcement_tick({"scheduler_tick": {"hz": 250, "hrtick_dl": False}}) == EnforcementTick(4_000_000, 250)
+    assert enforcement_tick({"scheduler_tick": {"hz": 1000, "hrtick_dl": False}}).tick_ns == 1_000_000  # type: ignore[union-attr]
+    assert enforcement_tick({"scheduler_tick": {"hz": 250, "hrtick_dl": True}}) is None  # high-resolution: exact
+    assert enforcement_tick({"scheduler_tick": {"hz": None, "hrtick_dl": False}}) is None
+    assert enforcement_tick({}) is None and enforcement_tick(None) is None
+
+
+@pytest.mark.parametrize("phase_ms", [0.3, 2.1, 3.7])
+def test_the_tick_phase_is_read_back_from_a_reservations_holes(phase_ms: float) -> None:
+    model = build({"scheduler": "deadline", "enforcement": {"tick": "4ms", "phase": f"{phase_ms}ms"}},
+                  [{"name": "g", "vcpu": [{"runtime": "3ms", "period": "10ms"}], "gap": {"threshold": "10us"}}],
+                  duration="2s")
+    gaps = simulate(model).gaps
+    offset = 1_234_567_890_123  # a measurement's clock starts anywhere
+    starts = [start + offset for start in gaps["start_ns"].to_pylist()]
+    measured = tick_phase(starts, gaps["gap_ns"].to_pylist(), 4_000_000, 10_000_000, min_hole_ns=3_500_000)
+    assert measured is not None and measured.lattice_share == 1
+    assert measured.phase_ns == pytest.approx(phase_ms * 1e6, abs=1_000)
+    assert measured.resume_jitter_ns == 0  # the model resumes on time
+    # a reservation whose periods restarted elsewhere after 2 s (it fell behind), the ticks where they were: the
+    # phase of the periods most holes ended on
+    later = simulate(build({"scheduler": "deadline", "enforcement": {"tick": "4ms", "phase": "1.5ms"}},
+                           [{"name": "g", "vcpu": [{"runtime": "3ms", "period": "10ms"}],
+                             "gap": {"threshold": "10us"}}], duration="1s")).gaps
+    restart = 2_004_000_000 + round(phase_ms * 1e6) - 1_500_000  # its ticks on the first part's, its periods 2-7 ms off
+    both_starts = starts + [offset + restart + start for start in later["start_ns"].to_pylist()]
+    restarted = tick_phase(both_starts, gaps["gap_ns"].to_pylist() + later["gap_ns"].to_pylist(), 4_000_000,
+                           10_000_000, min_hole_ns=3_500_000)
+    assert restarted is not None and 0.6 <= restarted.lattice_share <= 0.8, restarted
+    assert restarted.phase_ns == pytest.approx(phase_ms * 1e6, abs=1_000)
+    # holes that do not line up with a tick (an outer hypervisor's, say) give no phase
+    assert tick_phase([offset + 7_777 * k * k for k in range(50)], [5_000_000] * 50, 4_000_000, 10_000_000,
+                      min_hole_ns=3_500_000) is None
+
+
+def test_the_resumptions_spread_is_read_back_and_keeps_the_phase() -> None:
+    """A replenished reservation resumes after a wake-up latency that varies (here 40 us); the estimate takes the
+    period's start at the earliest usual resumption and the spread to the latest, and the phase stays where the
+    ticks are."""
+    model = build({"scheduler": "deadline", "enforcement": {"tick": "4ms", "phase": "2.6ms",
+                                                             "resume_jitter": "40us"}},
+                  [{"name": "g", "vcpu": [{"runtime": "3ms", "period": "10ms"}], "gap": {"threshold": "10us"}}],
+                  duration="4s")
+    gaps = simulate(model).gaps
+    measured = tick_phase(gaps["start_ns"].to_pylist(), gaps["gap_ns"].to_pylist(), 4_000_000, 10_000_000,
+                          min_hole_ns=3_500_000)
+    assert measured is not None
+    assert measured.phase_ns == pytest.approx(2_600_000, abs=5_000)
+    assert measured.resume_jitter_ns == pytest.approx(36_000, abs=6_000)
+
+
+def test_a_deadline_reservation_is_derived_with_the_kernels_tick_and_phase() -> None:
+    scenario = parse_scenario('name = "t"\nduration = "1s"\n[workload]\nprobe = "gap"\n[[environments]]\n'
+                              'kind = "partition"\ncpus = "1"\n'
+                              'sched = { policy = "deadline", runtime = "3ms", period = "10ms" }\n[predict]\n')
+    tick = EnforcementTick(4_000_000, 250, MeasuredPhase(2_100_000, 30_000, 1.0), phase_from="measured in run-x")
+    derived = derive_model(scenario.environments[0], scenario.probe_workloads()[0], [], 1_000_000_000,
+                           PredictSpec.model_validate({}), tick=tick)
+    enforcement = derived.model.hypervisor.enforcement
+    assert (enforcement.tick, enforcement.phase, enforcement.resume_jitter) == (4_000_000, 2_100_000, 30_000)
+    assert any("4 ms scheduler tick (HZ 250" in line and "2.100 ms" in line and "run-x" in line
+               for line in derived.mapping), derived.mapping
+    exact = derive_model(scenario.environments[0], scenario.probe_workloads()[0], [], 1_000_000_000,
+                         PredictSpec.model_validate({}))
+    assert exact.model.hypervisor.enforcement.tick == 0 and any("exactly" in n for n in exact.notes)
+
+
+def test_a_bad_enforcement_value_exits_2_naming_the_field(tmp_path: Path) -> None:
+    scenario = tmp_path / "bad.toml"
+    scenario.write_text('name = "bad"\nduration = "1s"\n[[environments]]\nkind = "host"\n[predict]\n'
+                        'enforcement = "tick"\n')
+    result = run_cli("run", str(scenario), "--out", str(tmp_path / "r"))
+    assert result.returncode == 2 and "predict.enforcement" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgroups and SCHED_DEADLINE need root")
+@pytest.mark.quiet  # an exclusive cpuset and the measured CPU's holes: other tests' work must not move it
+def test_a_pinned_deadline_reservation_is_predicted_with_its_tick(tmp_path: Path) -> None:
+    """Issue 39: a pinned SCHED_DEADLINE 3 ms / 10 ms partition, enforced at this kernel's 4 ms tick: the model
+    without the tick predicted 7 ms holes at 100/s where the kernel gave 61.5/s with a 13.65 ms median in one run
+    and a 6.68 ms median in another. With the tick at its measured phase, rate and median agree within 15 %."""
+    scenario = tmp_path / "dl.toml"
+    scenario.write_text(
+        'name = "dl-tick"\nduration = "4s"\n[workload]\nprobe = "gap"\nparams = { threshold = "20us" }\n'
+        f'[[environments]]\nkind = "partition"\nname = "dl"\ncpus = "{LAST_CPU}"\n'
+        'sched = { policy = "deadline", runtime = "3ms", period = "10ms" }\n[predict]\n')
+    results = tmp_path / "results"
+    run_cli("run", str(scenario), "--out", str(results), "--no-report", timeout=300, check=True)
+    report = tmp_path / "report.json"
+    run_cli("report", str(results), "--format", "json", "--out", str(report), check=True)
+    prediction = json.loads(report.read_text())["predictions"][0]
+    assert any("4 ms scheduler tick" in line and "measured in" in line for line in prediction["mapping"]), \
+        prediction["mapping"]
+    simulated, measured = prediction["simulated"], prediction["measured"]
+    assert measured["long_gap_rate_per_s"] == pytest.approx(simulated["long_gap_rate_per_s"], rel=0.15)
+    if simulated["long_gap_median_stable"] and measured["long_gap_median_stable"]:
+        assert measured["long_gap_median_ns"] == pytest.approx(simulated["long_gap_median_ns"], rel=0.15)
+    else:  # holes of two lengths in about equal numbers: the median jumps between them, the report says so
+        assert any("not stable" in finding for finding in prediction["findings"]), prediction["findings"]
+        assert measured["long_gap_mean_ns"] == pytest.approx(simulated["long_gap_mean_ns"], rel=0.15)
+
+
+@pytest.mark.parametrize("runtime_ms", [3, 1])
+def test_the_analysed_bound_holds_for_every_tick_phase(runtime_ms: int) -> None:
+    """With an enforcement tick the longest hole grows past the exact server's P + D - 2Q (14 ms for 3 ms / 10
+    ms): the analysis's bound takes the overrun in, and no phase of the tick makes the model exceed it."""
+    from rtvirt.analysis.system import analyse_model
+    from rtvirt.predict.campaign import bound_of
+
+    longest = 0
+    for step in range(16):
+        model = build({"scheduler": "deadline", "enforcement": {"tick": "4ms", "phase": f"{step * 0.25}ms"}},
+                      [{"name": "g", "vcpu": [{"runtime": f"{runtime_ms}ms", "period": "10ms"}],
+                        "gap": {"threshold": "10us"}}], duration="1s")
+        bound, _ = bound_of(model, analyse_model(model), "gap:g.0")
+        assert bound is not None
+        holes = simulate(model).gaps["gap_ns"].to_pylist()
+        assert max(holes) <= bound, (step, max(holes), bound)
+        longest = max(longest, max(holes))
+    assert longest > 10_000_000 + 10_000_000 - 2 * runtime_ms * 1_000_000  # past the exact server's blackout
