@@ -34,7 +34,7 @@ run_timeout = "60s"
 
 [workload]
 probe = "timer"
-params = {{ interval = "500us" }}
+params = {{ interval = "1ms" }}  # the interferer's 1 ms slice delays a wake-up, it does not skip a period
 
 [[environments]]
 kind = "host"

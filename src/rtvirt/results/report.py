@@ -60,7 +60,7 @@ def _stat_row(c: Configuration) -> list[str]:
 
 
 def _label(c: Configuration) -> str:
-    return c.label + (" (partial)" if c.partial else "")
+    return c.label + (" (partial)" if c.partial else "") + (" (short)" if c.short else "")
 
 
 def _tables(data: ReportData) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -277,7 +277,7 @@ def _html(data: ReportData, model: dict[str, Any]) -> str:
         parts.append(f'<p class="partial">Partial runs (cut short; every sample up to the cut is kept) in: '
                      f'{escape(", ".join(model["partial"]))}</p>')
     if model["shortfalls"]:
-        parts.append('<p class="partial">Runs far short of the samples their duration and period promise:</p><ul>'
+        parts.append('<p class="partial">Short runs (fewer samples than their duration and period promise):</p><ul>'
                      + "".join(f"<li>{escape(note)}</li>" for note in model["shortfalls"]) + "</ul>")
     serving = [f"<li><b>{escape(s['configuration'])}</b>: {escape(', '.join(s['classes']) or 'no class')}</li>"
                for s in model["served"]]
@@ -355,7 +355,7 @@ def _markdown(model: dict[str, Any]) -> str:
     for served in model["served"]:
         lines.append(f"- **{_md_cell(served['configuration'])}** serves: {', '.join(served['classes']) or 'no class'}")
     if model["shortfalls"]:
-        lines += ["", "Runs far short of the samples their duration and period promise:"]
+        lines += ["", "Short runs (fewer samples than their duration and period promise):"]
         lines += [f"- {_md_cell(note)}" for note in model["shortfalls"]]
     for table in model["tables"]:
         header = table["header"]
