@@ -27,7 +27,7 @@ import tomli_w
 from conftest import RTVIRT, run_cli
 from sshd_server import SshServer, descendants, free_port, process_name
 
-from rtvirt.environments.guest_image import _fetch_kernel, cache_dir, guest_image, kernel_elf
+from rtvirt.environments.guest_image import EXIT_MARK, READY_MARK, _fetch_kernel, cache_dir, guest_image, kernel_elf
 from rtvirt.environments.xen import XenConfig, XenEnvironment, local_domu_files
 from rtvirt.environments.xen.console import Dom0Listeners
 from rtvirt.environments.xen.lab import LAB_ROOT
@@ -403,6 +403,13 @@ def test_a_neighbour_domu_on_the_same_pcpu_takes_time_that_one_pinned_apart_does
     # credit2 splits the pCPU between the two domUs; apart, the neighbour takes none of it (nested TCG on a
     # loaded host lowers both shares, not their ratio)
     assert 0 < share["shared-pcpu"] < share["pinned-apart"] * 0.7, share
+    # both domUs' consoles are kept in the run (the neighbour's is the only account of why it might stop), as
+    # xenconsoled logged them in dom0, and removed there
+    work = lab_campaign[0] / "runs" / lab_campaign[1]["runs"]["placement/shared-pcpu/neighbour/stress-first/r1"][
+        "run_id"] / "work"
+    measuring, neighbour = (work / "console.log").read_text(), (work / "stress-vm-1" / "console.log").read_text()
+    assert READY_MARK in measuring and f"{EXIT_MARK} 0" in measuring, measuring[-2000:]
+    assert READY_MARK in neighbour, neighbour[-2000:]
 
 
 # the two tests whose rtvirt owns a lab of its own share a worker: each checks that no lab is left without its owner,

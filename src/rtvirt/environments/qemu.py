@@ -35,6 +35,7 @@ from ..params import CpuList
 from ..units import duration_field
 from . import baremetal
 from .base import Environment, EnvironmentConfig, Launched
+from .console_log import bound_console_file
 from .guest_image import (
     COPY_DISK,
     COPY_DISK_BYTES,
@@ -612,6 +613,7 @@ class QemuEnvironment(Environment):
                 baremetal.request_stop(self._proc, self._socket_dir / "qmp.sock")
             self.supervisor.stop(self._proc, grace=5.0)
             self._proc = None
+            bound_console_file(self._console)  # kept in the run, bounded (its writer has gone)
         if self._ack is not None:
             self._ack.close()
             self._ack = None
