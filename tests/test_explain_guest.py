@@ -132,7 +132,8 @@ def _inside_stressor_is_named(tmp_path: Path, environment: str, layers: str) -> 
     state = CampaignState.create(tmp_path, scenario.name, text, "inside.toml", 1.0)
     outcome = run_campaign(scenario, state, tmp_path, show_progress=False, write_report=False).outcomes[
         "g/inside/stress-first/r1"]
-    assert outcome.status == "complete", outcome.reason
+    # the stressor's 3 ms slices overrun the probe's 2 ms period: a run short of its samples is one way this ends
+    assert outcome.status in ("complete", "short"), outcome.reason
     run_dir = tmp_path / "runs" / outcome.run_id
     trace = read_guest_trace(run_dir / "work" / "guest-trace.txt")
     assert trace.began and trace.complete

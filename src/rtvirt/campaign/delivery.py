@@ -55,23 +55,29 @@ def expectation_record(stream: SampleStream, expected: int | None, duration_ns: 
     record: dict[str, Any] = {"expected": expected, "taken": taken, "ratio": round(taken / expected, 4),
                               "short": taken < SHORT_FRACTION * expected}
     if record["short"]:
-        record["why"] = _why_short(stream, duration_ns)
+        record["why"] = _why_short(stream, expected, duration_ns)
     return record
 
 
-def _why_short(stream: SampleStream, duration_ns: int) -> str:
+def _why_short(stream: SampleStream, expected: int, duration_ns: int) -> str:
     start = stream.header.get("start_monotonic_ns")
     times = stream.records["t_ns"]
     if not stream.records.size or not isinstance(start, int):
         return "the probe took no sample in its time"
     first_s = (int(times.min()) - start) / 1e9
     span_s = (int(times.max()) - int(times.min())) / 1e9
+    overruns = sum(value for (_, name), value in stream.stats.items() if name == "overruns")
+    if overruns and stream.records.size + overruns >= SHORT_FRACTION * expected:  # its periods are accounted for
+        return _overran(overruns)
     if duration_ns and first_s > LATE_FRACTION * duration_ns / 1e9:
         return (f"the probe started late: its first sample came {first_s:.2f} s into its {duration_ns / 1e9:.2f} s "
                 "(its threads were not scheduled: a starved vCPU, or a guest still booting under load)")
     if duration_ns and span_s < (1 - LATE_FRACTION) * duration_ns / 1e9 - first_s:
         return (f"the probe's samples span {span_s:.2f} s of its {duration_ns / 1e9:.2f} s: it was stopped "
                 "early or starved for the rest")
-    overruns = sum(value for (_, name), value in stream.stats.items() if name == "overruns")
+    return _overran(overruns)
+
+
+def _overran(overruns: int) -> str:
     return (f"the probe ran its whole time but {overruns} periods passed while its measuring thread was late or "
             "waited to run (counted as overruns, not as samples: a starved vCPU, or a loaded host)")

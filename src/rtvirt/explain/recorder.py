@@ -40,10 +40,11 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from ..stream import StreamReader
+from .config import ExplainConfig
 from .model import CollectContext
-from .tracefs import LocalTracefs, TracefsAccess, TracefsInstance, TracePipe, line_stamp
+from .tracefs import LocalTracefs, PipeAccess, TracefsInstance, TracePipe, line_stamp
 
-__all__ = ["FlightRecorder", "KeepRule", "LostWindow", "SampleMap", "SameClock", "bound_notes", "listed",
+__all__ = ["FlightRecorder", "KeepRule", "keep_rule", "LostWindow", "SampleMap", "SameClock", "bound_notes", "listed",
            "run_start_ns", "start_recording", "window_label", "CHUNK_NS",
            "DRAIN_S", "OPEN_NS", "SLACK_NS", "RING_KB"]
 
@@ -61,6 +62,14 @@ class KeepRule(NamedTuple):
 
     above_ns: int
     top: int
+
+
+def keep_rule(config: ExplainConfig) -> KeepRule | None:
+    """The samples a flight recorder keeps the trace for: the final threshold is never below the set one or the
+    rule's floor, and at most ``top`` are explained; None when the scenario turns the recorder off."""
+    if not config.flight_recorder:
+        return None
+    return KeepRule(config.threshold if config.threshold is not None else config.floor, config.top)
 
 
 class LostWindow(NamedTuple):
@@ -142,7 +151,7 @@ class FlightRecorder:
     ``placement``: how samples map onto the trace (default: the same clock and CPUs)."""
 
     def __init__(self, instance_path: Path, cpus: Sequence[int], samples: Path, rule: KeepRule, *,
-                 bound_bytes: int, margin_ns: int, access: TracefsAccess | None = None,
+                 bound_bytes: int, margin_ns: int, access: PipeAccess | None = None,
                  placement: SampleMap | None = None) -> None:
         self.path, self.samples, self.rule = instance_path, samples, rule
         self.placement: SampleMap = placement or SameClock()

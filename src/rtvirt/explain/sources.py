@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 from .config import ExplainConfig
 from .model import Layer, LayerTrace, TraceSource
+from .recorder import keep_rule
 from .session import ExplainSession
 from .tracefs import TracefsAccess
 
 if TYPE_CHECKING:
     from ..environments.base import Environment
-    from .recorder import KeepRule
     from .vm import VmSource
     from .xen import XenDom0, XenDomains, XenTraceSource
 
@@ -42,7 +42,7 @@ def host_sources(cpus: tuple[int, ...], config: ExplainConfig, access: TracefsAc
     from .host import HostSource
 
     return [HostSource(cpus, buffer_mb=config.buffer_mb, flight_recorder=config.flight_recorder, access=access,
-                       keep=_keep_rule(config))]
+                       keep=keep_rule(config))]
 
 
 def vm_source(vm: str, host_cpus: tuple[int, ...] | None, accel: str, config: ExplainConfig,
@@ -51,7 +51,7 @@ def vm_source(vm: str, host_cpus: tuple[int, ...] | None, accel: str, config: Ex
     from .vm import VmSource
 
     return VmSource(vm, host_cpus, accel, config.buffer_mb, no_clock,
-                    keep=_keep_rule(config))
+                    keep=keep_rule(config))
 
 
 def xen_source(open_dom0: Callable[[], XenDom0], domains: Callable[[], XenDomains], workdir: Path,
@@ -60,17 +60,7 @@ def xen_source(open_dom0: Callable[[], XenDom0], domains: Callable[[], XenDomain
     from .xen import XenTraceSource
 
     return XenTraceSource(open_dom0, domains, workdir, buffer_mb=config.buffer_mb,
-                          keep=_keep_rule(config))
-
-
-def _keep_rule(config: ExplainConfig) -> KeepRule | None:
-    """The samples a flight recorder keeps the trace for: the final threshold is never below the set one or the
-    rule's floor, and at most ``top`` are explained (explain.recorder); None when the scenario turns it off."""
-    from .recorder import KeepRule
-
-    if not config.flight_recorder:
-        return None
-    return KeepRule(config.threshold if config.threshold is not None else config.floor, config.top)
+                          keep=keep_rule(config))
 
 
 def session_for(env: Environment, config: ExplainConfig) -> ExplainSession:
