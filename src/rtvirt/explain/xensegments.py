@@ -64,7 +64,8 @@ class _Samples:
         self._reader = StreamReader(path, keep=False)
         self._largest: list[tuple[int, int, int]] = []  # heap of (value, end on the sample clock, read at)
         self._read_at: list[int] = []  # when each batch was read (host clock, in order) ...
-        self._bound: list[int] = []  # ... and its bound on host clock - sample clock
+        self._bound: list[int] = []  # ... and its bound on host clock - sample clock, for the last 2 OFFSET_SPAN_NS
+        self._placed: dict[tuple[int, int, int], int] = {}  # a largest sample's host end, once no read can change it
         self._newest_end = 0  # the latest sample end read (sample clock)
         self.failure: str | None = None
 
@@ -90,7 +91,19 @@ class _Samples:
             if len(self._largest) < self.keep.top:
                 heapq.heappush(self._largest, item)
             elif item > self._largest[0]:
-                heapq.heapreplace(self._largest, item)
+                self._placed.pop(heapq.heapreplace(self._largest, item), None)
+        self._forget(now)
+
+    def _forget(self, now: int) -> None:
+        """Hold the reads' bounds for the last 2 OFFSET_SPAN_NS only (a long run's memory stays bounded): a largest
+        sample read before that is placed for good first (no later read is near enough to change it)."""
+        if self._read_at[0] >= now - 2 * OFFSET_SPAN_NS:
+            return
+        for item in self._largest:
+            if item[2] < now - OFFSET_SPAN_NS and item not in self._placed:
+                self._placed[item] = self._host_end(item[1], item[2])
+        cut = bisect.bisect_left(self._read_at, now - 2 * OFFSET_SPAN_NS)
+        del self._read_at[:cut], self._bound[:cut]
 
     def _host_end(self, end: int, read_at: int) -> int:
         """A sample's end on this host's clock: with the tightest bound read within OFFSET_SPAN_NS of it (the
@@ -106,8 +119,12 @@ class _Samples:
 
     def score(self, segment: Segment) -> tuple[int, int]:
         """How many of the largest samples (those to be explained) can lie in ``segment``, and the largest."""
-        inside = [value for value, end, read_at in self._largest
-                  if segment.host_start_ns - SLACK_NS <= self._host_end(end, read_at) <= segment.host_end_ns + SLACK_NS]
+        def host_end(item: tuple[int, int, int]) -> int:
+            placed = self._placed.get(item)
+            return placed if placed is not None else self._host_end(item[1], item[2])
+
+        inside = [item[0] for item in self._largest
+                  if segment.host_start_ns - SLACK_NS <= host_end(item) <= segment.host_end_ns + SLACK_NS]
         return len(inside), max(inside, default=0)
 
 
