@@ -111,11 +111,12 @@ def test_alignment_puts_the_vcpus_waits_inside_the_windows_they_caused() -> None
 
 def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path, competitor: bool,
                     layers: tuple[str, ...] = ("xen",), top: int = 100, timer: bool = False,
-                    timer_options: dict[str, Any] | None = None,
-                    inside: list[str] | None = None) -> tuple[Explanation, dict[int, str]]:
+                    timer_options: dict[str, Any] | None = None, inside: list[str] | None = None,
+                    follow: bool = False) -> tuple[Explanation, dict[int, str]]:
     """A gap probe in the measuring domU explained as a campaign does it (explain.session), with xentrace beside
     it and, with ``competitor``, a spinning RT domU on its pCPU (``timer``: the timer probe at 1 ms instead, or
     with ``timer_options``); ``inside``: a stressor's arguments, run inside the measuring domU beside the probe;
+    ``follow``: the sources follow the samples as a campaign's do (their flight recorders keep what they need);
     returns the stored explanation and the domUs."""
     env = XenEnvironment(config, shared.supervisor, workdir, shared)
     session = session_for(env, ExplainConfig(threshold=THRESHOLD_US, layers=list(layers), top=top))
@@ -123,7 +124,7 @@ def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path, c
     out = workdir / "samples.rtvs"
     try:
         env.start()
-        session.start()
+        session.start(out if follow else None)
         if competitor:
             stressor = env.stressor_guest(1, None)
             cpu = STRESSORS["cpu"]
@@ -326,15 +327,17 @@ def test_the_bare_metal_timer_probe_splits_its_windows_into_stolen_time_and_its_
 @pytest.mark.vm
 @pytest.mark.timeout(1500)
 def test_a_stressor_inside_a_linux_domu_is_named_by_the_domus_own_trace(xen_lab: Any) -> None:
-    """A Linux domU traces its measuring vCPU itself and sends the trace to dom0's listener after its main job:
-    an RT cpu stressor inside it, above the timer probe's priority, is named as a guest-side cause (comm, the pid
-    the guest gave it, its priority); Xen's layer stays beside it, and nothing of ours is left in dom0."""
+    """A Linux domU traces its measuring vCPU itself and relays the trace to dom0's listener while the run goes
+    (once its vif is up), where the guest's flight recorder keeps what it needs: an RT cpu stressor inside it,
+    above the timer probe's priority, is named as a guest-side cause (comm, the pid the guest gave it, its
+    priority); Xen's layer stays beside it, and nothing of ours is left in dom0."""
     shared, work = xen_lab
     config = XenConfig(kind="xen", name="explain-guest", cpus=[1], boot_timeout="900s")
     cpu = STRESSORS["cpu"]
     inside = cpu.command(cpu.params(workers=1, duration=0, priority=50, slice="3ms", period="20ms"), "")[1:]
     explanation, _ = _traced_gap_run(shared, config, work / "guest", competitor=False, layers=("xen", "guest"),
-                                     timer=True, timer_options={"interval": "2ms", "priority": 10}, inside=inside)
+                                     timer=True, timer_options={"interval": "2ms", "priority": 10}, inside=inside,
+                                     follow=True)
     trace = read_guest_trace(work / "guest" / "guest-trace.txt")
     assert trace.began and trace.complete, trace.lines[-3:]
     guest = next(layer for layer in explanation.layers if layer.layer == "guest")
@@ -342,6 +345,7 @@ def test_a_stressor_inside_a_linux_domu_is_named_by_the_domus_own_trace(xen_lab:
     assert explanation.outliers > 0
     worker, held = guest_stressor_cause(explanation)
     assert held >= 10, (held, explanation.summary[:5])
+    assert any(note.startswith("the flight recorder held at most") for note in guest.notes), guest.notes
     # nothing of ours is left in dom0: no listener, no domain directory
     dom0 = next(obj for obj in shared._objects.values() if hasattr(obj, "lab"))
     assert "nc -l" not in dom0.run(["ps"]).stdout
