@@ -64,6 +64,39 @@ def test_records_are_read_per_pcpu_with_their_tsc_and_a_cut_tail_is_dropped() ->
         list(parse_records(_record(0x21101, (1,), 5)))
 
 
+def _block(cpu: int, records: bytes) -> bytes:
+    """One pCPU buffer window as xentrace writes it: a CPU_CHANGE record (pCPU, length), then its records."""
+    return _record(0x1F003, (cpu, len(records)), None) + records
+
+
+def test_the_xentrace_stream_is_cut_at_whole_pcpu_blocks_and_freed_behind(tmp_path: Path) -> None:
+    """The flight recorder's xentrace streams into a file that grows while the run goes: what is taken is whole
+    pCPU blocks (a block still arriving waits), readable as a trace on its own and joined with the next, and the
+    file gives back what was taken (no longer a 2 GB file after an 8 h run)."""
+    from rtvirt.explain.xensegments import _Stream
+
+    running = [_block(cpu, b"".join(_record(0x21101, (5 << 16 | 2,), (cpu + 1) * 10**6 + i) for i in range(3000)))
+               for cpu in (0, 1, 0)]
+    local = tmp_path / "stream.bin"
+    stream = _Stream(local, None, follows=False)
+    assert stream.take() == (b"", None)  # nothing arrived yet: no file
+    local.write_bytes(running[0] + running[1][:100])
+    first, problem = stream.take()
+    assert problem is None and first == running[0]
+    with local.open("ab") as f:
+        f.write(running[1][100:] + running[2])
+    second, _ = stream.take()
+    assert second == running[1] + running[2] and stream.take() == (b"", None)
+    records = list(parse_records(first)) + list(parse_records(second))
+    assert [r.cpu for r in records] == [0] * 3000 + [1] * 3000 + [0] * 3000
+    assert local.stat().st_size == 3 * len(running[0]) and local.stat().st_blocks * 512 <= 1 << 16  # (64 KiB steps)
+    with local.open("ab") as f:  # not xentrace's blocks: the rest is not trusted, and the notes say so
+        f.write(b"\xff" * 64)
+    assert stream.take()[1] == f"xentrace's stream broke at byte {3 * len(running[0])}: its rest is not read"
+    stream.close()
+    assert not local.exists()
+
+
 def test_an_rtds_depletion_names_its_replenishment_and_the_slice_that_emptied_it() -> None:
     """Xen 4.17's burn record (unit:16 dom:16, cur_budget s64, delta int, ...) and replenishment record (unit/dom,
     cur_deadline u64, cur_budget u64): a slice charged past the whole 10 ms budget empties it until the next

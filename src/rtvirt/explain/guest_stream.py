@@ -14,35 +14,20 @@ one read of the trace on disk and the recorder's bound in memory.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import re
 import threading
 from collections.abc import Collection
 from pathlib import Path
 
+from ..fileio import free_range
 from .guest_channel import BEGIN_MARK, END_MARK, STATS_MARK
 
 __all__ = ["GuestChannel", "GuestChannelAccess", "READ_LIMIT"]
 
 READ_LIMIT = 8 << 20  # bytes taken from the file per read: what the channel holds at once before the recorder
 _CPU = re.compile(r"\s\[(\d{1,4})\]\s")  # a trace line's CPU field ("  comm-12  (  12) [000] d..2. 1.000: ...")
-_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
 _PIPE_PATH = re.compile(r"/per_cpu/cpu(\d+)/trace_pipe$")
-
-
-def _libc_fallocate() -> object | None:
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        fallocate = libc.fallocate
-        fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-        fallocate.restype = ctypes.c_int
-        return fallocate
-    return None
-
-
-_fallocate = _libc_fallocate()
 
 
 class GuestChannel:
@@ -108,14 +93,12 @@ class GuestChannel:
         """Punch out the blocks of the file already read (whole blocks; nothing when the file system cannot)."""
         block = 1 << 16
         end = (self._offset - len(self._partial)) // block * block
-        if _fallocate is None or end <= self.freed_bytes:
-            return
-        if _fallocate(self._fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,  # type: ignore[operator]
-                      self.freed_bytes, end - self.freed_bytes) == 0:
-            self.freed_bytes = end
+        why = free_range(self._fd, self.freed_bytes, end)
+        if why is None:
+            self.freed_bytes = max(self.freed_bytes, end)
         elif not self.problems:
-            self.problems.append(f"the guest's trace file could not be freed as it was read "
-                                 f"({os.strerror(ctypes.get_errno())}): it keeps the whole trace on disk")
+            self.problems.append(f"the guest's trace file could not be freed as it was read ({why}): it keeps the "
+                                 "whole trace on disk")
 
     def take(self, cpu: int) -> bytes:
         """The lines of ``cpu`` read since the last take."""

@@ -29,7 +29,7 @@ import numpy as np
 
 from .model import CollectContext, Layer, LayerTrace, Occupancy
 from .recorder import KeepRule, listed, run_start_ns, window_label
-from .xensegments import SEGMENT_S, Segment, SegmentRecorder
+from .xensegments import SEGMENT_S, SegmentRecorder
 from .xentrace import IDLE_DOMAIN, TRC_SCHED, Trace, TraceError, read_trace
 
 __all__ = ["TRACE_DIR", "XenDom0", "XenDomains", "XenTraceSource", "align", "reclaim_xentrace"]
@@ -106,8 +106,8 @@ class XenTraceSource:
         self.remote_stem = f"{TRACE_DIR}/{TRACE_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
         self.local_trace = workdir / "xentrace.bin"
         self.recorder: SegmentRecorder | None = None
-        self._segments: list[Segment] = []
         self._process: Any = None
+        self._streams = 0  # the recorder's xentrace streams started
         self._failure: str | None = None
         self._stopped = False
 
@@ -115,17 +115,20 @@ class XenTraceSource:
         """The run's sample file, written while it goes: the flight recorder scores its segments by it."""
         self.samples = samples
 
-    def argv(self, stem: str, limit_s: float, memory_bytes: int | None) -> list[str]:
-        """xentrace writing ``stem.bin`` (its pid in ``stem.pid``); ``memory_bytes``: through a circular
-        buffer of that size, written out when it ends (else as it goes)."""
+    def argv(self, stem: str, limit_s: float, memory_bytes: int | None, to_file: bool = True) -> list[str]:
+        """xentrace writing ``stem.bin`` (``to_file``; else its standard output), its pid in ``stem.pid``;
+        ``memory_bytes``: through a circular buffer of that size, written out when it ends (else as it goes)."""
         memory = ["-M", str(memory_bytes)] if memory_bytes is not None else []
         return ["sh", "-c", PIDFILE_SCRIPT, "rtvirt-xentrace", f"{stem}.pid", XENTRACE, "-D",
                 "-e", f"{TRC_SCHED:#010x}", "-S", str(XEN_BUFFER_PAGES), "-s", str(POLL_MS), *memory,
-                "-T", str(int(limit_s)), f"{stem}.bin"]
+                "-T", str(int(limit_s)), *([f"{stem}.bin"] if to_file else [])]
 
-    def _start_tracer(self, stem: str, limit_s: float, memory_bytes: int | None) -> Any:
-        """Start one xentrace and wait until its pid file names it (what stops it)."""
-        process = self.transport.spawn(self.argv(stem, limit_s, memory_bytes), stream_to=None)
+    def _start_tracer(self, stem: str, limit_s: float, memory_bytes: int | None,
+                      stream_to: Path | None = None) -> Any:
+        """Start one xentrace (its output into the local ``stream_to``, else its file in dom0) and wait until its
+        pid file names it (what stops it)."""
+        process = self.transport.spawn(self.argv(stem, limit_s, memory_bytes, to_file=stream_to is None),
+                                       stream_to=stream_to)
         deadline = time.monotonic() + 30
         while self.transport.run(["test", "-s", f"{stem}.pid"]).returncode != 0:
             if process.poll() is not None or time.monotonic() > deadline:
@@ -133,6 +136,18 @@ class XenTraceSource:
                 raise RuntimeError(f"xentrace did not start in dom0 (status {process.poll()})")
             time.sleep(0.2)
         return process
+
+    def _start_stream(self, local: Path) -> Any:
+        """The flight recorder's xentrace: the whole run (up to ``limit_s``), its records coming into ``local``."""
+        self._streams += 1
+        return self._start_tracer(f"{self.remote_stem}.{self._streams}", self.limit_s, None, stream_to=local)
+
+    def _end_stream(self, process: Any) -> None:
+        """End the recorder's xentrace and wait until all it wrote is here (its channel closed)."""
+        self._end_tracer(f"{self.remote_stem}.{self._streams}", process)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def _end_tracer(self, stem: str, process: Any) -> None:
         """SIGINT: xentrace writes out what it holds and switches Xen's tracing off; killed if it does not end."""
@@ -157,9 +172,9 @@ class XenTraceSource:
             self.transport.run(["mkdir", "-p", TRACE_DIR]).check("xen trace: dom0 mkdir")
             if self.keep is not None and self.samples is not None:
                 self.recorder = SegmentRecorder(
-                    lambda stem: self._start_tracer(stem, self.segment_s, None), self._end_tracer, self._fetch,
-                    self.remote_stem, self.workdir / "segments",
-                    self.bound_kb << 10 if self.bound_kb is not None else self.memory_bytes, self.samples, self.keep)
+                    self._start_stream, self._end_stream, self.workdir / "segments",
+                    self.bound_kb << 10 if self.bound_kb is not None else self.memory_bytes, self.samples, self.keep,
+                    self.segment_s)
                 self.recorder.start()
             else:
                 self._process = self._start_tracer(self.remote_stem, self.limit_s, self.memory_bytes)
@@ -177,7 +192,7 @@ class XenTraceSource:
             return
         try:
             if self.recorder is not None:
-                self._segments = self.recorder.stop()
+                self.recorder.stop()
             elif self._process is not None:
                 self._end_tracer(self.remote_stem, self._process)
                 if self._failure is None:
@@ -199,9 +214,9 @@ class XenTraceSource:
         domains = self.domains()
         if domains.measuring is None:
             return LayerTrace("xen", seen=False, why_not="the measuring domU was never created: nothing to trace")
-        files = [segment.local for segment in self._segments] if self.recorder is not None else [self.local_trace]
         try:
-            traces = [read_trace(path.read_bytes()) for path in files]
+            blobs = self.recorder.traces() if self.recorder is not None else [self.local_trace.read_bytes()]
+            traces = [read_trace(blob) for blob in blobs]
         except (OSError, TraceError) as exc:
             return LayerTrace("xen", seen=False, why_not=f"xentrace's output is unreadable: {str(exc)[:300]}")
         if not traces:
