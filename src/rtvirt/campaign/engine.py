@@ -215,6 +215,7 @@ class _RunRecord:
 
     run: RunDir
     marks: list[tuple[float, str]] = field(default_factory=list)  # (monotonic time, event), made relative later
+    started_at: float = 0.0  # when the environment was made (monotonic)
     workload_start: float | None = None  # when the agent's header arrived
     reason: str = ""
     interrupted: bool = False
@@ -265,13 +266,14 @@ class _RunExecution:
     # ---- measure: set up, watch, tear down --------------------------------------------------------------------
 
     def measure(self) -> None:
-        """Set up, run and watch the probe, tear everything down; never raises for run failures (only Ctrl-C
-        reaches here as ``record.interrupted``)."""
+        """Set up, run and watch the probe, tear everything down; never raises for run failures, and Ctrl-C or
+        SIGTERM ends it as ``record.interrupted``."""
         record = self.record
         workdir = self.run.path / "work"
         with Supervisor() as supervisor:
             env = ENVIRONMENTS[self.env_config.kind](self.env_config, supervisor, workdir, self.shared)
             disturbance = _Disturbance(self.disturbance_spec.stressors, env, supervisor)
+            record.started_at = time.monotonic()  # the watchdog counts the set-up too (a guest's boot)
             try:
                 self._set_up(env, disturbance)
                 record.reason = self._watch(env, disturbance)
@@ -317,7 +319,7 @@ class _RunExecution:
         """Launch the probe and follow it to its end: samples counted as they come, the timeline's stress
         switched, the platform and the watchdog asked; returns why the run failed ("" when it did not)."""
         record, plan = self.record, self.plan
-        started_at = time.monotonic()
+        started_at = record.started_at
         assert record.params is not None
         record.launched = launched = env.launch("rtvirt-probe", self.probe.command(record.params, "")[1:],
                                                 self.run.stream_path)
