@@ -273,7 +273,8 @@ class FlightRecorder:
                 "latency_ns", "duration_ns"):
             return  # values that are not windows are never explained
         if records.size:
-            self._unplaced.append(self._holdable(records))
+            held = self._holdable(records)  # (first: it may start the list anew)
+            self._unplaced.append(held)
         if not self._unplaced:
             return
         records = np.concatenate(self._unplaced)
