@@ -49,6 +49,21 @@ MAX_OCCUPANCIES = 20_000
 LIMIT_S = 7200.0  # xentrace ends by itself after this (-T), should nothing stop it
 # `echo $$` then exec: the pid file names the xentrace process itself, for stop() and a later reclaim
 PIDFILE_SCRIPT = 'echo $$ > "$1"; shift; exec "$@"'
+# xentrace to standard output: it insists on an output file, which it opens (a dom0 from an initramfs has no
+# /dev/stdout, so that path became a file), hence a FIFO whose reader, cat, is this command's output; the pid
+# file names xentrace (what SIGINT stops), and the FIFO goes once both ended. $1: the stem; then xentrace's argv.
+STREAM_SCRIPT = r"""stem=$1; shift
+mkfifo "$stem.fifo" || exit 1
+cat "$stem.fifo" &
+reader=$!
+"$@" "$stem.fifo" &
+echo $! > "$stem.pid"
+wait $!
+status=$?
+wait $reader
+rm -f "$stem.fifo"
+exit $status
+"""
 
 
 @dataclass(frozen=True)
@@ -116,12 +131,15 @@ class XenTraceSource:
         self.samples = samples
 
     def argv(self, stem: str, limit_s: float, memory_bytes: int | None, to_file: bool = True) -> list[str]:
-        """xentrace writing ``stem.bin`` (``to_file``; else its standard output), its pid in ``stem.pid``;
-        ``memory_bytes``: through a circular buffer of that size, written out when it ends (else as it goes)."""
+        """xentrace writing ``stem.bin`` (``to_file``; else to its standard output, through a FIFO: STREAM_SCRIPT),
+        its pid in ``stem.pid``; ``memory_bytes``: through a circular buffer of that size, written out when it ends
+        (else as it goes)."""
         memory = ["-M", str(memory_bytes)] if memory_bytes is not None else []
-        return ["sh", "-c", PIDFILE_SCRIPT, "rtvirt-xentrace", f"{stem}.pid", XENTRACE, "-D",
-                "-e", f"{TRC_SCHED:#010x}", "-S", str(XEN_BUFFER_PAGES), "-s", str(POLL_MS), *memory,
-                "-T", str(int(limit_s)), *([f"{stem}.bin"] if to_file else [])]
+        xentrace = [XENTRACE, "-D", "-e", f"{TRC_SCHED:#010x}", "-S", str(XEN_BUFFER_PAGES), "-s", str(POLL_MS),
+                    *memory, "-T", str(int(limit_s))]
+        if to_file:
+            return ["sh", "-c", PIDFILE_SCRIPT, "rtvirt-xentrace", f"{stem}.pid", *xentrace, f"{stem}.bin"]
+        return ["sh", "-c", STREAM_SCRIPT, "rtvirt-xentrace", stem, *xentrace]
 
     def _start_tracer(self, stem: str, limit_s: float, memory_bytes: int | None,
                       stream_to: Path | None = None) -> Any:
@@ -202,7 +220,7 @@ class XenTraceSource:
             self._failure = self._failure or f"xentrace's output could not be read back from dom0: {str(exc)[:300]}"
         finally:
             try:  # whatever a failure left (the stem's files, any segment's)
-                self.transport.run(["sh", "-c", 'rm -f -- "$1".pid "$1".bin "$1".*.pid "$1".*.bin',
+                self.transport.run(["sh", "-c", 'rm -f -- "$1".pid "$1".bin "$1".*.pid "$1".*.bin "$1".*.fifo',
                                     "rtvirt-xentrace-rm", self.remote_stem])
             except Exception as exc:
                 self._failure = self._failure or f"dom0 did not answer after the run: {str(exc)[:300]}"
@@ -574,6 +592,7 @@ def reclaim_xentrace(transport: Any) -> list[str]:
                 while transport.run(["test", "-e", f"/proc/{pid}"]).returncode == 0 and time.monotonic() < deadline:
                     time.sleep(0.5)
                 removed.append(f"xentrace in dom0 (pid {pid})")
-        transport.run(["rm", "-f", pidfile, pidfile.removesuffix(".pid") + ".bin"])
+        stem = pidfile.removesuffix(".pid")
+        transport.run(["rm", "-f", pidfile, f"{stem}.bin", f"{stem}.fifo"])
     return removed
 

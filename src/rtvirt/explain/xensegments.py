@@ -27,6 +27,7 @@ import bisect
 import contextlib
 import heapq
 import os
+import re
 import struct
 import threading
 import time
@@ -292,8 +293,9 @@ class _Stream:
             header, _cpu, length = struct.unpack_from("<III", data, position)
             if header & 0x0FFFFFFF != TRC_TRACE_CPU_CHANGE or (header >> 28) & 7 != 2:
                 self.broken = True  # not xentrace's block structure: nothing after this is trusted
-                return data[:position], (f"xentrace's stream broke at byte {self._offset + position}: its rest is "
-                                         "not read")
+                said = data[position:position + 32].decode("ascii", errors="replace")
+                return data[:position], (f"xentrace's stream broke at byte {self._offset + position} "
+                                         f"({re.sub(r'[^ -~]', '?', said)!r}...): its rest is not read")
             if position + BLOCK_HEAD + length > len(data):
                 break
             position += BLOCK_HEAD + length
