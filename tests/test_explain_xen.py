@@ -98,6 +98,21 @@ def test_the_xentrace_stream_is_cut_at_whole_pcpu_blocks_and_freed_behind(tmp_pa
     assert not local.exists()
 
 
+def test_a_stream_segment_is_placed_by_its_records_times_and_the_quickest_delivery() -> None:
+    """Segments are judged by which samples lie in them, so they are placed on this host's clock while the run
+    goes: by their records' TSC, offset by the quickest delivery seen (records held back in dom0's pipe or the
+    lab's SSH channel arrive late, in bursts, and would place a segment late)."""
+    from rtvirt.explain.xensegments import _TraceClock
+
+    clock = _TraceClock(ns_per_tick=0.5)  # a 2 GHz TSC
+    block = _block(0, _record(0x21101, (1,), 2_000_000_000) + _record(0x21101, (1,), 4_000_000_000))
+    assert clock.span(block) is None  # nothing arrived yet: not placed
+    clock.arrived(block, 5_000_000_000)  # its newest record (2 s of TSC) arrived 3 s later
+    clock.arrived(_block(0, _record(0x21101, (1,), 6_000_000_000)), 3_100_000_000)  # 0.1 s later: quicker
+    assert clock.span(block) == (1_100_000_000, 2_100_000_000)
+    assert _TraceClock(None).span(block) is None  # without Xen's TSC rate: by arrival (the recorder's fallback)
+
+
 def test_an_rtds_depletion_names_its_replenishment_and_the_slice_that_emptied_it() -> None:
     """Xen 4.17's burn record (unit:16 dom:16, cur_budget s64, delta int, ...) and replenishment record (unit/dom,
     cur_deadline u64, cur_budget u64): a slice charged past the whole 10 ms budget empties it until the next

@@ -192,7 +192,7 @@ class XenTraceSource:
                 self.recorder = SegmentRecorder(
                     self._start_stream, self._end_stream, self.workdir / "segments",
                     self.bound_kb << 10 if self.bound_kb is not None else self.memory_bytes, self.samples, self.keep,
-                    self.segment_s)
+                    self.segment_s, 1e6 / self.cpu_khz if self.cpu_khz else None)
                 self.recorder.start()
             else:
                 self._process = self._start_tracer(self.remote_stem, self.limit_s, self.memory_bytes)

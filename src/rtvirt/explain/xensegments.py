@@ -152,10 +152,13 @@ class SegmentRecorder:
     followed by a new one: a hole only there."""
 
     def __init__(self, start_stream: Callable[[Path], Any], end_stream: Callable[[Any], None], workdir: Path,
-                 bound_bytes: int, samples: Path, keep: KeepRule, segment_s: float = SEGMENT_S) -> None:
+                 bound_bytes: int, samples: Path, keep: KeepRule, segment_s: float = SEGMENT_S,
+                 ns_per_tick: float | None = None) -> None:
         self._start_stream, self._end_stream = start_stream, end_stream
         self.workdir, self.bound_bytes, self.segment_s = workdir, bound_bytes, segment_s
         self._samples = _Samples(samples, keep)
+        self._clock = _TraceClock(ns_per_tick)
+        self._pending: list[bytes] = []  # whole blocks taken since the last cut
         self.kept: list[Segment] = []
         self.dropped: list[tuple[Segment, int]] = []  # (segment, its records) dropped to the bound
         self.problems: list[str] = []
@@ -184,6 +187,7 @@ class SegmentRecorder:
                 stopping = self._stop.wait(READ_S)
                 self._samples.read()
                 assert self._stream is not None
+                self._take()
                 if stopping:
                     self._end_stream(self._stream.process)
                     self._cut(final=True)
@@ -203,18 +207,28 @@ class SegmentRecorder:
             if self._stream is not None:
                 self._stream.close()
 
-    def _cut(self, final: bool) -> None:
-        """What arrived since the last cut, as a segment (its whole pCPU blocks; the rest waits for the next), then
-        the bound held."""
+    def _take(self) -> None:
+        """The whole pCPU blocks that arrived since the last read (the rest waits), timed as they arrive."""
         assert self._stream is not None
         data, problem = self._stream.take()
         if problem and problem not in self.problems:
             self.problems.append(problem)
+        if data:
+            self._pending.append(data)
+            self._clock.arrived(data, time.monotonic_ns())
+
+    def _cut(self, final: bool) -> None:
+        """What arrived since the last cut, as a segment placed on this host's clock by its records' own times (else
+        by when they arrived), then the bound held."""
+        assert self._stream is not None
+        self._take()
+        data, self._pending = b"".join(self._pending), []
         now = time.monotonic_ns()
         if data:
+            start, end = self._clock.span(data) or (self._cut_ns, now)
             local = self.workdir / f"segment-{self._index}.bin"
             local.write_bytes(data)
-            self.kept.append(Segment(self._index, local, self._cut_ns, now, len(data), self._stream.follows))
+            self.kept.append(Segment(self._index, local, start, end, len(data), self._stream.follows))
             self._stream.follows = True
             self._index += 1
         self._cut_ns = now
@@ -265,6 +279,40 @@ class SegmentRecorder:
         if self._samples.failure and self._samples.failure not in self.problems:
             self.problems.append(self._samples.failure)
         return list(self.kept)
+
+
+class _TraceClock:
+    """Where Xen's records lie on this host's clock while the run goes (the alignment with the samples comes only
+    afterwards): a record cannot have been written after it arrived here, so each read bounds host clock - the
+    record's time by its arrival - the newest record's TSC time; the tightest bound read within OFFSET_SPAN_NS (the
+    quickest delivery: dom0's pipe and the lab's SSH channel may hold records back for seconds) places them, as the
+    samples are placed (_Samples). Without Xen's TSC rate (``ns_per_tick``) nothing is placed."""
+
+    def __init__(self, ns_per_tick: float | None) -> None:
+        self.ns_per_tick = ns_per_tick
+        self._bounds: list[tuple[int, int]] = []  # (arrived at, host clock - record time)
+
+    @staticmethod
+    def _tscs(data: bytes) -> tuple[int, int] | None:
+        try:
+            tscs = [record.tsc for record in parse_records(data) if record.tsc]
+        except TraceError:
+            return None
+        return (min(tscs), max(tscs)) if tscs else None
+
+    def arrived(self, data: bytes, now: int) -> None:
+        if self.ns_per_tick is None or (tscs := self._tscs(data)) is None:
+            return
+        self._bounds.append((now, now - int(tscs[1] * self.ns_per_tick)))
+        while self._bounds and self._bounds[0][0] < now - OFFSET_SPAN_NS:
+            self._bounds.pop(0)
+
+    def span(self, data: bytes) -> tuple[int, int] | None:
+        """The host time span of ``data``'s records (None: not known)."""
+        if self.ns_per_tick is None or not self._bounds or (tscs := self._tscs(data)) is None:
+            return None
+        offset = min(bound for _, bound in self._bounds)
+        return int(tscs[0] * self.ns_per_tick) + offset, int(tscs[1] * self.ns_per_tick) + offset
 
 
 class _Stream:
