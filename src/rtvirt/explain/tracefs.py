@@ -18,6 +18,8 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
+import heapq
+import io
 import itertools
 import os
 import re
@@ -442,6 +444,16 @@ class TracefsInstance:
             self.access.rmdir(str(path))
         except OSError as exc:  # busy (someone holds a file of it open): reclaimed once we are gone
             self.problems.append(f"tracefs instance {path.name} not removed: {exc.strerror or exc}")
+
+    def events_in_order(self) -> Iterator[TraceEvent]:
+        """Everything that was recorded, merged across CPUs in time order, parsed as it is taken and each CPU's text
+        let go of: a reader that keeps what it needs of every event (the VM layer) holds that, not the text, its
+        lines and every event at once besides (a long run's kept trace is tens of MB of text)."""
+        per_cpu = []
+        for cpu in self.cpus:
+            text = self.texts.pop(cpu, "") if cpu not in self._split else "\n".join(self._split.pop(cpu))
+            per_cpu.append(parse_trace(io.StringIO(text)))
+        return heapq.merge(*per_cpu, key=lambda event: event.ts_ns)
 
     def events(self) -> list[TraceEvent]:
         """Everything that was recorded (parsed once), each CPU's events in time order."""
