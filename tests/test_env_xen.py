@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import tomli_w
-from conftest import RTVIRT, run_cli
+from conftest import RAN, RTVIRT, assert_ran, run_cli
 from sshd_server import SshServer, descendants, free_port, process_name
 
 from rtvirt.environments.guest_image import EXIT_MARK, READY_MARK, _fetch_kernel, cache_dir, guest_image, kernel_elf
@@ -212,7 +212,7 @@ def lab_campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[s
         (work / "cots-xen.toml").write_text(cots_xen_subset())
         result = run_cli("run", str(work / "lab.toml"), str(work / "cots-xen.toml"), "--out", str(work / "results"),
                          "--no-progress", "--json", timeout=1800)
-        assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+        assert_ran(result)
         lab, cots = _summary(result.stdout)["campaigns"]
         _CAMPAIGNS.update(lab=(work / "results", lab), cots=(work / "results", cots))
     return _CAMPAIGNS["lab"]
@@ -227,7 +227,7 @@ def lab_cots_campaign(lab_campaign: tuple[Path, dict[str, Any]]) -> tuple[Path, 
 def _run(lab_campaign: tuple[Path, dict[str, Any]], key: str) -> dict[str, Any]:
     results, summary = lab_campaign
     run = summary["runs"][key]
-    assert run["status"] == "complete", run
+    assert run["status"] in RAN, run
     return load_run(results / "runs" / run["run_id"]).manifest  # type: ignore[no-any-return]
 
 
@@ -468,11 +468,10 @@ def test_kill_9_then_resume_reclaims_the_lab_and_finishes_arinc653_and_credit(tm
         time.sleep(0.5)
     assert not any(str(lab) in line for line in _lab_qemus()) and lab.exists()
     resumed = run_cli("run", "--no-report", "--resume", "--out", str(results), "--no-progress", "--json", timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:] + resumed.stdout[-3000:]
+    assert_ran(resumed)
     assert not lab.exists() and _orphans() == []
     runs = _summary(resumed.stdout)["runs"]
-    assert {key: run["status"] for key, run in runs.items()} == {"a653/solo/-/r1": "complete",
-                                                                 "credit/solo/-/r1": "complete"}
+    assert set(runs) == {"a653/solo/-/r1", "credit/solo/-/r1"} and {run["status"] for run in runs.values()} <= set(RAN)
     a653 = load_run(results / "runs" / runs["a653/solo/-/r1"]["run_id"]).manifest
     applied = a653["environment_detail"]["applied"]["arinc653"]
     assert applied["major_frame_ns"] == 20_000_000
