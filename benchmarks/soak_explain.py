@@ -51,7 +51,7 @@ ENVIRONMENTS = {
 CAUSES = {"inside": ("guest", "guest task rtvirt-stress/"), "same-core": (None, "rtvirt-stress/")}
 
 
-def scenario(env: str, minutes: float, every_s: float, burst_ms: int, interval_us: int, top: int) -> str:
+def scenario(env: str, minutes: float, every_s: float, burst_ms: int, interval_us: int, top: int, cpu: int) -> str:
     environment, layers, interferers = ENVIRONMENTS[env]
     stressors = ""
     for offset, where in enumerate(interferers):
@@ -61,7 +61,7 @@ def scenario(env: str, minutes: float, every_s: float, burst_ms: int, interval_u
                       f'period = "{int((every_s + 7 * offset) * 1000)}ms" }}\n')
     return (f'name = "soak-explain-{env}"\nduration = "{int(minutes * 60)}s"\nrun_timeout = "20m"\n\n'
             f'[workload]\nprobe = "timer"\nparams = {{ interval = "{interval_us}us", priority = 10 }}\n\n'
-            f"[[environments]]\n{environment.format(cpu=LAST_CPU)}\n\n"
+            f"[[environments]]\n{environment.format(cpu=cpu)}\n\n"
             f'[[disturbances]]\nname = "bursts"\n{stressors}\n'
             f'[timeline]\nstart_order = ["stress-first"]\nsettle = "0s"\n\n'
             f'[explain]\nthreshold = "{burst_ms // 2}ms"\ntop = {top}\nlayers = {json.dumps(layers)}\n')
@@ -108,12 +108,13 @@ def main() -> None:
                         "run's own outliers: a TCG guest on a loaded host has hundreds above 250 ms in 30 min)")
     parser.add_argument("--top", type=int, default=400, help="outliers explained (the bursts must be among them)")
     parser.add_argument("--interval", type=int, default=2000, help="the timer probe's period, us")
+    parser.add_argument("--cpu", type=int, default=LAST_CPU, help="the measured (v)CPU's host CPU (qemu, host)")
     parser.add_argument("--out", type=Path, help="results directory (default: a temporary one, kept)")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix=f"rtvirt-soak-explain-{args.env}-"))
     path = out / "soak.toml"
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(scenario(args.env, args.minutes, args.every, args.burst, args.interval, args.top))
+    path.write_text(scenario(args.env, args.minutes, args.every, args.burst, args.interval, args.top, args.cpu))
     load_before = os.getloadavg()
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "rtvirt", "run", str(path), "--out", str(out), "--no-progress",
