@@ -17,20 +17,24 @@ than left unexplained, because the guest's own tracer measured them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..fileio import write_atomically
 from .cpuevents import occupancies_from_events, unexplained
 from .guest_channel import BEGIN_MARK, END_MARK, GUEST_TRACE_FILE, STATS_MARK
-from .host import HOST_EVENTS, near_windows
+from .guest_stream import GuestChannel, GuestChannelAccess
+from .host import HOST_EVENTS, MARGIN_NS, _spans, near_windows
 from .model import CollectContext, Layer, LayerTrace, Occupancy
-from .recorder import listed, run_start_ns, window_label
+from .recorder import FlightRecorder, KeepRule, bound_notes, keep_rule, listed, run_start_ns, window_label
 from .timerpath import agent_bound, timer_path
-from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, cpu_mask, mark_losses, parse_trace
+from .tracefs import TEXT_RESOLUTION_NS, cpu_mask, events_around, line_stamp, mark_losses, parse_trace
 
 __all__ = ["GuestTraceSource", "BaremetalGuestSource", "guest_trace_files", "timerlat_split", "read_guest_trace",
            "guest_buffer_kb", "TIMERLAT_PHASES", "BAREMETAL_PHASES", "STOLEN_CAUSES", "stolen_causes",
@@ -55,12 +59,13 @@ def guest_buffer_kb(buffer_mb: int, memory_mb: int, vcpus: int) -> int:
 def guest_trace_files(cpus: Iterable[int], buffer_kb: int, flight_recorder: bool = True,
                       events: Iterable[str] = HOST_EVENTS) -> dict[str, bytes]:
     """The files of a run's job archive that make the guest trace itself (read by ``guest_trace``);
-    ``flight_recorder``: a full buffer keeps the newest events rather than the first."""
+    ``flight_recorder``: the guest relays its trace while the run goes (``trace.stream``), its ring keeping the
+    newest events when the relay falls behind; else the buffer is sent after the run and keeps the first."""
     cpus = sorted(set(cpus))
     return {"trace.overwrite": b"1\n" if flight_recorder else b"0\n",
             "trace.events": "".join(f"{event}\n" for event in events).encode(),
             "trace.cpumask": f"{cpu_mask(cpus)}\n".encode(), "trace.cpus": " ".join(map(str, cpus)).encode() + b"\n",
-            "trace.buffer_kb": f"{int(buffer_kb)}\n".encode()}
+            "trace.buffer_kb": f"{int(buffer_kb)}\n".encode(), **({"trace.stream": b"1\n"} if flight_recorder else {})}
 
 
 @dataclasses.dataclass
@@ -71,6 +76,15 @@ class GuestTrace:
     dropped: int
     complete: bool
     began: bool
+
+    def by_cpu(self) -> dict[int, list[str]]:
+        """Each vCPU's event lines, in time order (comments and lines that are not events left out)."""
+        found: dict[int, list[str]] = {}
+        for line in mark_losses(self.lines):  # (a loss becomes a gap line on its CPU, read where it happened)
+            event = next(parse_trace([line]), None)
+            if event is not None:
+                found.setdefault(event.cpu, []).append(line)
+        return found
 
 
 def read_guest_trace(path: Path) -> GuestTrace:
@@ -90,6 +104,40 @@ def read_guest_trace(path: Path) -> GuestTrace:
         else:
             lines.append(line)
     return GuestTrace(lines, dropped, complete, began)
+
+
+def guest_occupancies(lines_by_cpu: dict[int, list[str]], context: CollectContext) -> list[Occupancy]:
+    """What held each window's vCPU in the guest's trace, read around each window only (from the last switch
+    before it, explain.tracefs.events_around): what the flight recorder kept has holes between windows, and
+    nothing is carried across them. The trace is read as the host's (its agent known by name: timerlat's kernel
+    threads, the probe's real-time threads), along a timer probe's wake-up path, named as the guest's."""
+    traced: list[Occupancy] = []
+    for cpu, start, end in _spans(context.windows, MARGIN_NS):
+        traced += occupancies_from_events(events_around(lines_by_cpu.get(cpu, []), start, end), (),
+                                          agents_by_comm=True)
+    probe = str(context.header.get("probe") or "")
+    traced = agent_bound(traced, context.windows, probe)
+    if probe == "timer":
+        traced += timer_path(traced, context.windows)
+    return [_as_guest(o) for o in near_windows(traced, context.windows)]
+
+
+GUEST_INSTANCE = Path("/sys/kernel/tracing/instances/rtvirt-guest")  # the guest's own instance (guest_channel)
+END_WAIT_S = 30.0  # at most this long for the relayed trace's end mark once the run ended ...
+QUIET_S = 3.0  # ... while the file still grows: once it stopped growing this long, the end is not coming
+
+
+def _wait_for_end(channel: GuestChannel) -> None:
+    """Until the guest's end mark has come (its ring statistics with it), the trace stopped arriving, or
+    END_WAIT_S passed (the hypervisor may still be writing what the guest sent before it powered off)."""
+    deadline, quiet_until = time.monotonic() + END_WAIT_S, time.monotonic() + QUIET_S
+    size = -1
+    while not channel.complete and time.monotonic() < min(deadline, quiet_until):
+        channel.read()
+        with contextlib.suppress(OSError):
+            if (grown := channel.path.stat().st_size) != size:
+                size, quiet_until = grown, time.monotonic() + QUIET_S
+        time.sleep(0.1)
 
 
 def _as_guest(occupancy: Occupancy) -> Occupancy:
@@ -161,26 +209,60 @@ def _uncovered(phase: Occupancy, covering: list[Occupancy]) -> list[Occupancy]:
 class GuestTraceSource:
     """The guest layer of one run in a Linux guest: the guest traces itself (``guest_trace_files`` go into the
     run's job archive, its port's host side is ``trace_path``); ``samples`` gives the run's stream path, for
-    the timerlat split. Nothing to arm or stop on the host: the guest does both, and is gone before collect.
-    ``received``: where the trace comes over a connection the environment ends (a Xen domU's), waits (bounded)
-    until the environment holds all of it."""
+    the timerlat split. The guest arms and stops its tracer itself. ``received``: where the trace comes over a
+    connection the environment ends (a Xen domU's), waits (bounded) until the environment holds all of it.
+
+    ``keep`` (the flight recorder) and the run's sample file (``follow``): the guest relays its trace while the
+    run goes and a flight recorder keeps what can explain an outlier, at most ``keep_kb`` per traced vCPU
+    (``cpus``: the guest's, those ``guest_trace_files`` traces); else the trace the guest sent is read whole."""
 
     layer: Layer = "guest"
 
     def __init__(self, trace_path: Path, samples: Callable[[], Path | None],
-                 received: Callable[[], None] | None = None) -> None:
+                 received: Callable[[], None] | None = None, *, keep: KeepRule | None = None, keep_kb: int = 0,
+                 cpus: tuple[int, ...] = (0,)) -> None:
         self.trace_path = trace_path
         self.samples = samples
         self.received = received
+        self.keep, self.keep_kb, self.cpus = keep, keep_kb, cpus
+        self.followed: Path | None = None
+        self.channel: GuestChannel | None = None
+        self.recorder: FlightRecorder | None = None
+        self._kept: GuestTrace | None = None  # what the recorder kept, once it finished
+
+    def follow(self, samples: Path) -> None:
+        """The file the run's samples reach while it goes (before ``start``)."""
+        self.followed = samples
 
     def start(self) -> None:
-        """The guest arms its tracer itself, before its jobs."""
+        """The guest arms its tracer itself, before its jobs; with the flight recorder, its relay is followed."""
+        if self.keep is None or self.followed is None:
+            return
+        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+        self.channel = GuestChannel(self.trace_path)
+        recorder = FlightRecorder(GUEST_INSTANCE, self.cpus, self.followed, self.keep,
+                                  bound_bytes=self.keep_kb << 10, margin_ns=MARGIN_NS,
+                                  access=GuestChannelAccess(self.channel))
+        recorder.start()
+        self.recorder = recorder
 
     def stop(self) -> None:
         """The guest stops its tracer itself, after its main job; the environment's receiver may still hold
-        the end of what it sent."""
+        the end of what it sent. The flight recorder takes the rest of the relayed trace (once its end mark came,
+        or it stopped coming) and keeps what it needs."""
         if self.received is not None:
             self.received()
+        if self.recorder is None or self.channel is None or self._kept is not None:
+            return
+        _wait_for_end(self.channel)
+        texts = self.recorder.finish()
+        self.channel.close()
+        self._kept = kept = GuestTrace([line for cpu in sorted(texts) for line in texts[cpu].splitlines()],
+                                       self.channel.dropped, self.channel.complete, self.channel.began)
+        # the run keeps what was kept, as the guest would have sent it (the file read meanwhile is all holes)
+        write_atomically(self.trace_path, "".join(
+            [f"{BEGIN_MARK}\n" if kept.began else "", *(f"{line}\n" for line in kept.lines),
+             f"{STATS_MARK} all overrun: {kept.dropped}\n", f"{END_MARK}\n" if kept.complete else ""]))
 
     def _split(self, context: CollectContext) -> list[Occupancy]:
         if context.header.get("aux_field") != "irq_latency_ns" or (path := self.samples()) is None:
@@ -193,27 +275,32 @@ class GuestTraceSource:
 
     def collect(self, context: CollectContext) -> LayerTrace:
         split = self._split(context)
-        trace: GuestTrace | None = None
+        trace: GuestTrace | None = self._kept
         why: str | None = None
-        try:
-            trace = read_guest_trace(self.trace_path)
-        except OSError as exc:
-            why = f"the guest's trace did not reach the host ({exc.strerror or exc})"
+        if trace is None:
+            try:
+                trace = read_guest_trace(self.trace_path)
+            except OSError as exc:
+                why = f"the guest's trace did not reach the host ({exc.strerror or exc})"
         if trace is not None and not trace.began:
             why = "the guest sent no trace (its tracefs could not be used)"
         occupancies: list[Occupancy] = []
         notes = []
         outside: set[tuple[int, int]] = set()
+        dropped = trace.dropped if trace is not None else 0
         if trace is not None and why is None:
-            events = list(parse_trace(mark_losses(trace.lines)))
-            occupancies = _guest_occupancies(events, context)
-            outside, said = _outside_trace(events, context)
+            by_cpu = trace.by_cpu()
+            occupancies = guest_occupancies(by_cpu, context)
+            outside, said = _outside_trace(by_cpu, context)
             occupancies += [unexplained(start, end, "guest: no trace kept for it", cpu) for start, end, cpu in
                             context.windows[["start_ns", "end_ns", "cpu"]].tolist() if (start, cpu) in outside]
             notes += said
             if not trace.complete:
                 notes.append("the guest's trace was cut short (no end mark reached the host)")
-            if trace.dropped:
+            if self.recorder is not None:
+                bound, dropped = bound_notes(self.recorder, trace.dropped, context, self.keep_kb, "vCPU")
+                notes += [*(self.channel.problems if self.channel is not None else []), *bound]
+            elif trace.dropped:
                 notes.append(f"the guest's trace buffer bound dropped {trace.dropped} events")
         if split:
             # a window the guest's trace does not hold still has its phases (timerlat measured them), said so
@@ -229,27 +316,20 @@ class GuestTraceSource:
             notes.append(why)
         occupancies.sort(key=lambda o: (o.cpu, o.start_ns))
         return LayerTrace("guest", seen=True, occupancies=occupancies, alignment_ns=TEXT_RESOLUTION_NS,
-                          dropped_events=trace.dropped if trace is not None else 0, notes=notes)
+                          dropped_events=dropped, notes=notes)
 
 
-def _guest_occupancies(events: list[TraceEvent], context: CollectContext) -> list[Occupancy]:
-    """The guest's own trace read as the host's (its agent known by name: timerlat's kernel threads, the probe's
-    real-time threads), along a timer probe's wake-up path, named as the guest's."""
-    probe = str(context.header.get("probe") or "")
-    traced = agent_bound(occupancies_from_events(events, (), agents_by_comm=True), context.windows, probe)
-    if probe == "timer":
-        traced += timer_path(traced, context.windows)
-    return [_as_guest(o) for o in near_windows(traced, context.windows)]
-
-
-def _outside_trace(events: list[TraceEvent], context: CollectContext) -> tuple[set[tuple[int, int]], list[str]]:
-    """The windows (start, vCPU) the guest's kept trace does not hold whole (its buffer keeps the newest events:
-    a long run's early windows have none), and the note naming them."""
+def _outside_trace(lines_by_cpu: dict[int, list[str]], context: CollectContext
+                   ) -> tuple[set[tuple[int, int]], list[str]]:
+    """The windows (start, vCPU) the guest's kept trace does not hold whole (a buffer read at the end keeps the
+    newest events: a long run's early windows have none), and the note naming them."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
-    for event in events:
-        first.setdefault(event.cpu, event.ts_ns)
-        last[event.cpu] = event.ts_ns
+    for cpu, lines in lines_by_cpu.items():
+        stamps = [stamp for stamp in (line_stamp(lines[0]), line_stamp(lines[-1])) if stamp is not None] \
+            if lines else []
+        if stamps:
+            first[cpu], last[cpu] = stamps[0], stamps[-1]
     outside, labels = set(), []
     run_start = run_start_ns(context.header)
     for rank, (start, end, cpu, latency) in enumerate(
@@ -404,4 +484,5 @@ def guest_layer(guest: str, config: Any, workdir: Path, memory_mb: int, vcpus: i
     if guest == "baremetal":
         return [BaremetalGuestSource(samples)], None
     files = guest_trace_files((0,), guest_buffer_kb(config.buffer_mb, memory_mb, vcpus), config.flight_recorder)
-    return [GuestTraceSource(workdir / GUEST_TRACE_FILE, samples, received)], files
+    return [GuestTraceSource(workdir / GUEST_TRACE_FILE, samples, received, keep=keep_rule(config),
+                             keep_kb=config.buffer_mb * 1024)], files

@@ -117,12 +117,13 @@ class ParsedTrace:
     resumes: dict[int, list[int]] = field(default_factory=dict)  # cpu -> where its kept trace resumes
 
 
-def read_events(events: Iterable[TraceEvent]) -> ParsedTrace:
+def read_events(events: Iterable[TraceEvent], in_order: bool = False) -> ParsedTrace:
     """sched_switch, sched_wakeup and kvm_exit/kvm_entry events (explain.tracefs), in time order across CPUs (a
-    vCPU thread that is not pinned moves between them); where the kernel lost events (a gap marker), what was
-    known of that CPU is forgotten (a resume point)."""
+    vCPU thread that is not pinned moves between them); ``in_order``: they come so already (then they are taken
+    one at a time, never held all at once). Where the kernel lost events (a gap marker), what was known of that CPU
+    is forgotten (a resume point)."""
     parsed = ParsedTrace()
-    for event in sorted(events, key=lambda e: e.ts_ns):
+    for event in events if in_order else sorted(events, key=lambda e: e.ts_ns):
         if event.event == "sched_switch":
             switch = SWITCH.match(event.body)
             if switch is None:
@@ -563,7 +564,10 @@ class VmSource:
         if self._instance is not None:
             instance, self._instance = self._instance, None
             instance.stop()
-            self._trace = read_events([*instance.events(), *woken])
+            # (the main instance's events in time order as it parses them; the wake-up instance's, few, merged in)
+            woken.sort(key=lambda e: e.ts_ns)
+            self._trace = read_events(heapq.merge(instance.events_in_order(), woken, key=lambda e: e.ts_ns),
+                                      in_order=True)
             if self.recorder is not None:  # (and where its kept trace resumes after a stretch it did not keep)
                 for cpu, times in self.recorder.resumes.items():
                     self._trace.resumes[cpu] = sorted({*self._trace.resumes.get(cpu, []), *times})

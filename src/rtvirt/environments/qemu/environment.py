@@ -23,6 +23,7 @@ from ...explain.guest_channel import GUEST_TRACE_FILE, GUEST_TRACE_PORT
 from ...explain.vcpus import forget_vcpus, register_vcpus
 from .. import baremetal
 from ..base import Environment, Launched, SharedResources
+from ..console_log import bound_console_file
 from ..guest_image import (
     COPY_DISK,
     COPY_DISK_BYTES,
@@ -603,6 +604,7 @@ class QemuEnvironment(Environment):
                 stressor.stop()
         self._stressors.clear()
         if self._workspace is not None:
-            self._workspace.close()
+            self._workspace.close()  # (a KVM host's relays of the console end here)
             self._workspace = None
+        bound_console_file(self._console)  # kept in the run, bounded (its writers have gone)
         super().close()
