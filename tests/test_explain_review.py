@@ -218,6 +218,20 @@ def test_7_the_flight_recorder_keeps_where_it_lost_events_and_where_its_kept_tra
     assert events[0].event == "rtvirt_gap", events  # not the stressor's switch-in before the loss
 
 
+def test_7_a_trace_read_as_it_streams_and_a_guests_trace_mark_the_kernels_lost_events() -> None:
+    """The VM layer reads its kept trace in time order as it parses it (events_in_order), the guest layer its
+    relayed trace per vCPU (GuestTrace.by_cpu): both used to pass the kernel's LOST line over, bridging the loss."""
+    from rtvirt.explain.guest import GuestTrace
+    from rtvirt.explain.tracefs import TracefsInstance
+
+    text = "\n".join([switch(0, IDLE, "R", STRESSOR), "CPU:1 [LOST 3 EVENTS]", switch(900, KWORKER, "R", PROBE)])
+    instance = TracefsInstance([CPU], ["sched:sched_switch"])
+    instance.texts = {CPU: text}
+    assert [event.event for event in instance.events_in_order()] == ["sched_switch", "rtvirt_gap", "sched_switch"]
+    by_cpu = GuestTrace(text.splitlines(), 0, True, True).by_cpu()
+    assert ["rtvirt_gap" in line for line in by_cpu[CPU]] == [False, True, False], by_cpu
+
+
 # ---- 8: a missing switch-in is bounded by the lines that name the current task --------------------------------
 
 def test_8_a_normal_task_with_no_traced_switch_in_is_current_from_its_first_line_not_idle() -> None:
