@@ -622,6 +622,34 @@ def test_11_steal_counts_for_the_measured_cpus_only() -> None:
     assert cause == "unexplained (outer hypervisor invisible)" and any("CPU 1 +20 ms" in n for n in notes), notes
 
 
+def test_11_no_event_where_the_kept_trace_does_not_reach_is_no_outer_hypervisor() -> None:
+    """A 1 MiB buffer read at the end had lost a run's early events: an early window had no event at all and its
+    CPU's steal rose by 20 ms around it, and the whole window was given to "the outer hypervisor took the CPU"
+    (seen in test_the_flight_recorder_explains_early_outliers_a_whole_buffer_read_lost). A stretch counts only
+    where the kept trace bounds it: an event on both sides, no gap marker in it."""
+    from rtvirt.explain.outer import StealReading, stolen_stretches
+
+    window = np.zeros(1, WINDOW)
+    window["start_ns"], window["end_ns"], window["cpu"] = 1_000_000_000, 1_020_000_000, CPU
+
+    def steal(cpu: int, start: int, end: int) -> StealReading:
+        return StealReading(20_000_000, start - 10_000_000, end + 10_000_000)
+
+    def stretches(times: list[int], gaps: list[int] | None = None) -> list[tuple[int, int]]:
+        found = stolen_stretches({CPU: np.array(times, np.int64)}, window, steal,
+                                 gaps=None if gaps is None else {CPU: np.array(gaps, np.int64)})
+        return [(o.start_ns, o.end_ns) for o in found]
+
+    # the trace begins after the window (its early events overwritten): nothing before it, nothing claimed
+    assert stretches([1_500_000_000, 1_500_100_000]) == []
+    # the trace ends inside the window: only what lies between its events counts
+    assert stretches([990_000_000, 1_001_000_000, 1_019_000_000]) == [(1_001_000_000, 1_019_000_000)]
+    # a gap marker (events the kernel lost) inside the stretch: not the outer hypervisor's
+    assert stretches([990_000_000, 1_001_000_000, 1_030_000_000], gaps=[1_010_000_000]) == []
+    # bounded on both sides, no gap: the outer hypervisor's, as before
+    assert stretches([990_000_000, 1_030_000_000]) == [(1_000_000_000, 1_020_000_000)]
+
+
 # ---- 12: an unpinned thread is read where it waited -------------------------------------------------------------
 
 def test_12_an_unpinned_thread_is_read_on_the_cpu_its_timer_fired_on_until_it_was_woken() -> None:

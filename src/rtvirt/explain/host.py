@@ -26,7 +26,7 @@ from .model import CollectContext, Layer, LayerTrace, Occupancy
 from .outer import StealReading, StealSeries, idle_exit_latency, read_local, stolen_stretches
 from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes, start_recording
 from .timerpath import agent_bound, thread_moves, timer_path
-from .tracefs import TEXT_RESOLUTION_NS, TracefsAccess, TracefsInstance, TracingUnavailable, line_stamp
+from .tracefs import GAP_EVENT, TEXT_RESOLUTION_NS, TracefsAccess, TracefsInstance, TracingUnavailable, line_stamp
 
 __all__ = ["HostSource", "HOST_EVENTS", "MARGIN_NS", "near_windows"]
 
@@ -124,10 +124,12 @@ class HostSource:
         spans = _spans(context.windows, MARGIN_NS) if len(self.cpus) == 1 else \
             _spans(np.concatenate([_on(context.windows, cpu) for cpu in self.cpus]), MARGIN_NS)
         times: dict[int, list[int]] = {}
+        gaps: dict[int, list[int]] = {}  # (where the kept trace has a hole: no stretch of "no event" spans one)
         for cpu, start, end in spans:
             if cpu in self.cpus:
                 events = self.instance.events_around(cpu, start, end)
-                times.setdefault(cpu, []).extend(event.ts_ns for event in events)
+                times.setdefault(cpu, []).extend(event.ts_ns for event in events if event.event != GAP_EVENT)
+                gaps.setdefault(cpu, []).extend(event.ts_ns for event in events if event.event == GAP_EVENT)
                 last = self.instance.last_stamp(cpu)  # a task current at the span's end held on while traced
                 occupancies += occupancies_from_events(events, context.agent_pids, self.policies,
                                                        until=min(end, last) if last is not None else None)
@@ -144,7 +146,8 @@ class HostSource:
             kept += timer_path(kept, context.windows, self._steal_around, self.idle, moves)
         if self.steal is not None:  # (last: where nothing was traced, nothing traced outranks it)
             kept += stolen_stretches({cpu: np.array(sorted(found), np.int64) for cpu, found in times.items()},
-                                     context.windows, self._steal_around)
+                                     context.windows, self._steal_around,
+                                     gaps={cpu: np.array(sorted(found), np.int64) for cpu, found in gaps.items()})
         note, cost = cost_note(*read, len(self.cpus), self.event_ns,
                                wake_up_path(set(self.instance.wanted) - set(self.instance.missing_events)),
                                probe == "timer")

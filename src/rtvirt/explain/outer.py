@@ -217,11 +217,15 @@ def outer_hypervisor_note(steal_before: dict[int, int] | None, steal_after: dict
 
 
 def stolen_stretches(times: Mapping[int, np.ndarray], windows: np.ndarray,
-                     steal: Callable[[int, int, int], StealReading | None], layer: Layer = "host") -> list[Occupancy]:
+                     steal: Callable[[int, int, int], StealReading | None], layer: Layer = "host",
+                     gaps: Mapping[int, np.ndarray] | None = None) -> list[Occupancy]:
     """Where in each window the outer hypervisor took the CPU, as far as can be said: a stretch in which the
     CPU's trace holds no event (``times``: each CPU's event times, sorted) of at least STOLEN_MIN_NS, around
     which its steal rose by at least half of it; the longest such stretches first, as far as the steal goes.
-    Nothing the kernel did is seen there (not even its tick), so no traced occupancy can name it."""
+    Nothing the kernel did is seen there (not even its tick), so no traced occupancy can name it. Only a stretch
+    the kept trace bounds is one: an event on either side of it and no gap of the trace in it (``gaps``: each
+    CPU's gap markers, sorted: events the kernel lost, a stretch the flight recorder did not keep); before a
+    CPU's trace begins, after it ends or across a gap, "no event" says nothing of the CPU."""
     found = []
     for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
                                strict=True):
@@ -229,12 +233,14 @@ def stolen_stretches(times: Mapping[int, np.ndarray], windows: np.ndarray,
         stamps = times.get(int(cpu))
         if reading is None or stamps is None or reading.steal_ns < STOLEN_MIN_NS // 2:
             continue
+        holes = gaps.get(int(cpu), np.zeros(0, np.int64)) if gaps is not None else np.zeros(0, np.int64)
         inside = stamps[(stamps > start) & (stamps < end)]
-        edges = np.concatenate([[start], inside, [end]])
-        gaps = sorted(((int(b - a), int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)
-                       if b - a >= STOLEN_MIN_NS), reverse=True)
+        edges = np.concatenate([np.array([start] if (stamps <= start).any() else [], np.int64), inside,
+                                np.array([end] if (stamps >= end).any() else [], np.int64)])
+        stretches = sorted(((int(b - a), int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)
+                            if b - a >= STOLEN_MIN_NS and not ((holes > a) & (holes <= b)).any()), reverse=True)
         left = 2 * reading.steal_ns  # a tick's worth of rounding either way
-        for length, begin, stop in gaps:
+        for length, begin, stop in stretches:
             if length > left:
                 break
             left -= length
