@@ -105,6 +105,17 @@ class KvmLab(LabMachine):
         return (f"qemu+libssh://root@127.0.0.1:{target.port}/system?keyfile={target.identity_file}"
                 f"&known_hosts={target.known_hosts}&known_hosts_verify=normal&sshauth=privkey&no_tty=1")
 
+    def ensure_alive(self) -> None:
+        """A lab that stopped (its QEMU gone, a panic) fails the run that would use it, naming why."""
+        if not self.alive():
+            raise RunError(f"the KVM lab stopped: {self.why_stopped()}")
+
+    def blamed(self, exc: RunError) -> RunError:
+        """``exc``, or, when the lab died under it (what failed was the lab), an error that says so."""
+        if self.died():
+            return RunError(f"the KVM lab stopped: {self.why_stopped()} ({exc})")
+        return exc
+
     def failure(self) -> str | None:
         """What the lab's console says went wrong: our init's own failure mark, or a kernel panic."""
         text = self.console_text(FAILURE_WINDOW)

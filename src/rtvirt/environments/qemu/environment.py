@@ -39,8 +39,9 @@ from ..guest_image import (
     guest_port_path,
     job_archive,
 )
+from ..kvmlab.config import LAB_HOST, LOCAL_HOST
 from .accel import QEMU, TCG_WARNING, read_console
-from .config import LAB_HOST, QemuConfig
+from .config import QemuConfig
 from .deadline import DeadlineCpuset, apply_once_moved
 from .realtime import RealtimeOptions, cpu_readback, realtime_options
 from .where import LocalQemuHost, QemuHost, QemuProcess, RemoteQemuHost, Workspace
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     from ...explain.model import TraceSource
     from ...explain.vm import VmSource
     from ...procs import Supervisor
+    from ...remote.target import SshTarget
+    from ..kvmlab import KvmLab
 
 __all__ = ["ACK_PORT", "OUTPUT_PORT", "QemuEnvironment", "default_emulator_cpus", "open_qemu_host",
            "qemu_stressor_guest"]
@@ -76,8 +79,10 @@ def qemu_stressor_guest(env: Environment, index: int, host_cpus: tuple[int, ...]
     qemu; a qemu guest's on its own KVM host), placed on ``host_cpus`` (None: unpinned), running ``guest``."""
     # as large as the measured guest: a load the study ran in it (64 MB blocks) must fit in them too
     memory = getattr(env.config, "memory", None)
-    where = {name: getattr(env.config, name) for name in ("host", "ssh", "remote_dir")} \
-        if isinstance(env.config, QemuConfig) else {}
+    where: dict[str, Any] = {}
+    if isinstance(env.config, QemuConfig):  # on the KVM host (the lab) of the measured guest
+        where = env.config.model_dump(include={"host", "remote_dir", "lab" if env.config.host == LAB_HOST else "ssh"}
+                                      if env.config.host != LOCAL_HOST else {"host"})
     config = QemuConfig.model_validate({"kind": "qemu", "name": f"stress-vm-{index}",
                                         "pin": host_cpus is not None, "cpus": host_cpus, "guest": guest,
                                         **({"memory": memory} if isinstance(memory, int) else {}), **where})
@@ -100,10 +105,11 @@ def open_qemu_host(config: QemuConfig, shared: SharedResources, supervisor: Supe
                       lambda: RemoteQemuHost(TargetLink(target, config.remote_dir)))
 
 
-def _lab_target(config: QemuConfig, shared: SharedResources) -> Any:
+def _lab_target(config: QemuConfig, shared: SharedResources) -> SshTarget:
     """The KVM lab booted for this campaign, reached like any KVM host over SSH (its host key pinned)."""
-    raise InputError(f"environment {config.label!r}: host = \"lab\" needs the KVM lab (a KVM host booted in QEMU "
-                     "for the campaign), which this build does not have yet; name a KVM host as user@host[:port]")
+    from ..kvmlab import open_kvm_lab
+
+    return open_kvm_lab(config.lab, shared).ssh_target
 
 
 class QemuEnvironment(Environment):
@@ -143,6 +149,7 @@ class QemuEnvironment(Environment):
         self._kvm_source: KvmSource | None = None  # its KVM layer, under KVM
         self._vcpu_threads: dict[int, int] = {}
         self._stressors: list[Any] = []  # same-core/other-core stressors on a KVM host over SSH
+        self._lab: KvmLab | None = None  # the campaign's KVM lab (host = "lab")
 
     @staticmethod
     def available() -> str | None:
@@ -152,8 +159,12 @@ class QemuEnvironment(Environment):
 
     @property
     def where(self) -> QemuHost:
-        """The machine QEMU runs on (opened on first use)."""
+        """The machine QEMU runs on (opened on first use; the KVM lab booted first, once per campaign)."""
         if self._where is None:
+            if self.config.host == LAB_HOST:
+                from ..kvmlab import open_kvm_lab
+
+                self._lab = open_kvm_lab(self.config.lab, self.shared)
             self._where = open_qemu_host(self.config, self.shared, self.supervisor)
         return self._where
 
@@ -206,8 +217,17 @@ class QemuEnvironment(Environment):
         return running
 
     def start(self) -> None:
+        where = self.where
+        if self._lab is not None:
+            self._lab.ensure_alive()
         if self._accel is None:
-            self._accel = self.where.accel(self.config.accel)
+            try:
+                self._accel = where.accel(self.config.accel)
+            except RunError as exc:
+                raise self._lab_failure(exc) from None
+
+    def _lab_failure(self, exc: RunError) -> RunError:
+        return exc if self._lab is None else self._lab.blamed(exc)
 
     def trace_sources(self, config: ExplainConfig) -> list[Any]:
         """The VM layer on the vCPUs' host CPUs (explain.vm), under KVM the KVM layer there (explain.kvm), and the
@@ -252,6 +272,12 @@ class QemuEnvironment(Environment):
         return sources
 
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        try:
+            return self._launch(agent, args, out)
+        except RunError as exc:
+            raise self._lab_failure(exc) from None
+
+    def _launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         self.start()
         self._out = out
         assert self._accel is not None
@@ -306,11 +332,14 @@ class QemuEnvironment(Environment):
                 "-device", "virtio-serial-pci"]
 
     def _cpu_behind(self) -> str:
-        """The accelerator whose kernel file the guest boots (GuestImage.boot_kernel: the ELF under TCG, the
-        bzImage under KVM, 8 MB to copy to a KVM host against 66 MB), recorded as ``realtime.kernel_file``."""
+        """What really executes the guest's instructions, whose kernel file the guest boots (GuestImage.boot_kernel:
+        the ELF under TCG, the bzImage under KVM, 8 MB to copy to a KVM host against 66 MB), recorded as
+        ``realtime.kernel_file``. In a KVM lab under TCG that is TCG (its KVM is nested in an emulated CPU): a
+        bzImage's decompressor would be emulated instruction by instruction, so the guest boots the ELF."""
         assert self._accel is not None
-        self._realtime["kernel_file"] = "ELF (PVH entry)" if self._accel["accel"] == "tcg" else "bzImage"
-        return str(self._accel["accel"])
+        behind = "tcg" if self._lab is not None and self._lab.accel.get("accel") == "tcg" else self._accel["accel"]
+        self._realtime["kernel_file"] = "ELF (PVH entry)" if behind == "tcg" else "bzImage"
+        return str(behind)
 
     def _ports(self, out: Path | None, traced: bool) -> list[str]:
         """The stream's port, the confirmation's, the clock's and the guest trace's; the stream copy's disk."""
@@ -518,7 +547,8 @@ class QemuEnvironment(Environment):
     def describe(self) -> dict[str, Any]:
         boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
         where = self._where
-        return {**super().describe(), "acceleration": (self._accel or {}).get("accel"),
+        lab = {"kvm_lab": self._lab.facts} if self._lab is not None else {}
+        return {**super().describe(), **lab, "acceleration": (self._accel or {}).get("accel"),
                 "acceleration_reason": (self._accel or {}).get("reason"),
                 "qemu": where.qemu_version() if where is not None else None,
                 "kvm_host": {"where": where.label, **where.settings()} if where is not None and self._accel else None,
@@ -553,12 +583,17 @@ class QemuEnvironment(Environment):
             return {"kind": "qemu", "kvm_host": {"error": str(exc)[:300]}}
 
     def warnings(self) -> list[str]:
+        found = []
+        if self._lab is not None:
+            from ..kvmlab import LAB_WARNING
+
+            found.append(LAB_WARNING.format(accel=self._lab.accel.get("accel", "?").upper()))
         if not self._accel or self._accel["accel"] != "tcg":
-            return []
+            return found
         if self._where is None or self._where.here:
-            return [TCG_WARNING]
-        return [TCG_WARNING.replace("KVM does not accelerate here", f"on {self._where.label}: "
-                                    f"{self._accel.get('reason', '')}"[:300])]
+            return [*found, TCG_WARNING]
+        return [*found, TCG_WARNING.replace("KVM does not accelerate here", f"on {self._where.label}: "
+                                            f"{self._accel.get('reason', '')}"[:300])]
 
     @classmethod
     def reclaim(cls, config: Any, shared: Any) -> list[str]:
@@ -567,7 +602,11 @@ class QemuEnvironment(Environment):
         from ..cgroups import reclaim_leftovers
 
         removed = reclaim_leftovers()
-        if isinstance(config, QemuConfig) and config.remote:
+        if isinstance(config, QemuConfig) and config.host == LAB_HOST:
+            from ..kvmlab import reclaim_kvm_labs
+
+            removed += reclaim_kvm_labs()  # a lab's QEMUs died with it
+        elif isinstance(config, QemuConfig) and config.remote:
             removed += open_qemu_host(config, shared, shared.supervisor).reclaim()
         return removed
 
