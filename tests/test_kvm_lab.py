@@ -35,14 +35,17 @@ KEPT = {"xen-baremetal", "kvm-baremetal", "kvm-linux", "kvm-linux-rt"}
 
 
 def _study_subset() -> str:
-    """guest-isolation-xen-kvm with the kept environments, one repetition: two groups, six runs."""
+    """guest-isolation-xen-kvm with the kept environments and a qemu guest in the KVM lab, one repetition: two
+    groups, seven runs."""
     document = tomllib.loads(builtin_scenarios()["guest-isolation-xen-kvm"])
     document["repetitions"] = 1
     document["duration"] = "10s"  # a few qsort iterations of 1.2 M elements under nested TCG
     document["environments"] = [env for env in document["environments"] if env["name"] in KEPT]
+    # rtvirt's own QEMU in the same lab boot, over SSH (the qemu kind's host = "lab")
+    document["environments"].append({"kind": "qemu", "name": "kvm-qemu", "host": "lab", "boot_timeout": "10m"})
     qsort = document["groups"][0]
     document["groups"] = [{**qsort, "environments": ["xen-baremetal", "kvm-baremetal"]},
-                          {**qsort, "name": "guests", "environments": ["kvm-linux", "kvm-linux-rt"],
+                          {**qsort, "name": "guests", "environments": ["kvm-linux", "kvm-linux-rt", "kvm-qemu"],
                            "disturbances": ["solo"]}]
     return tomli_w.dumps(document)
 
@@ -124,6 +127,24 @@ def test_linux_preempt_rt_and_bare_metal_guests_run_under_the_labs_kvm(
         facts.append(json.dumps(lab, sort_keys=True))
     assert _manifest(kvm_lab_campaign, "guests/kvm-linux-rt/solo/-/r1")["environment_detail"]["preempt_rt"] is True
     assert len(set(facts)) == 1  # one lab boot for the campaign
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(2700)
+def test_rtvirts_own_qemu_runs_a_guest_under_the_labs_kvm_over_ssh(
+        kvm_lab_campaign: tuple[Path, dict[str, Any]]) -> None:
+    manifest = _manifest(kvm_lab_campaign, "guests/kvm-qemu/solo/-/r1")
+    detail = manifest["environment_detail"]
+    # QEMU started over SSH in the lab, with KVM there (nested paging); the lab's boot is the libvirt runs' own
+    assert detail["host"] == "lab" and detail["acceleration"] == "kvm", detail
+    libvirt_lab = _manifest(kvm_lab_campaign, "guests/kvm-linux/solo/-/r1")["environment_detail"]["kvm_lab"]
+    assert detail["kvm_lab"] == libvirt_lab and detail["kvm_host"]["accelerates"] is True, detail["kvm_host"]
+    assert detail["qemu"] in libvirt_lab["qemu"]
+    # the lab runs under TCG: the guest boots its kernel's ELF (a bzImage would decompress itself emulated)
+    assert detail["realtime"]["kernel_file"] == "ELF (PVH entry)"
+    assert detail["guest"] == "linux" and manifest["summary"]["all"]["samples"] > 0
+    assert manifest["system"]["platform"]["kvm_host"]["kernel"] == libvirt_lab["kernel"]
+    assert any("nested KVM under" in w for w in manifest["system"]["warnings"])
 
 
 @pytest.mark.vm

@@ -27,6 +27,7 @@ from ..guest_image import (
     COPY_DISK,
     COPY_DISK_BYTES,
     GUEST_AGENT_DIR,
+    LINUX_COMMAND_LINE,
     READY_MARK,
     GuestImage,
     GuestJob,
@@ -44,7 +45,7 @@ from .accel import QEMU, TCG_WARNING, read_console
 from .config import QemuConfig
 from .deadline import DeadlineCpuset, apply_once_moved
 from .realtime import RealtimeOptions, cpu_readback, realtime_options
-from .where import LocalQemuHost, QemuHost, QemuProcess, RemoteQemuHost, Workspace
+from .where import LocalQemuHost, QemuHost, QemuProcess, RemoteQemuHost, ThreadPlace, Workspace
 
 if TYPE_CHECKING:
     from ...explain.config import ExplainConfig
@@ -61,7 +62,6 @@ __all__ = ["ACK_PORT", "OUTPUT_PORT", "QemuEnvironment", "default_emulator_cpus"
 OUTPUT_PORT = "rtvirt.out"
 ACK_PORT = "rtvirt.ack"  # host to guest: the end-of-stream confirmation the agent waits for
 ACK_CONNECT_TIMEOUT_S = 5.0
-REMOTE_CPU_READ_S = 1.0  # how often the vCPUs' CPU time is read on a KVM host over SSH
 QMP_CONNECT_TIMEOUT_S = 90.0  # QEMU loads the kernel and initramfs before QMP answers: seen past 30 s at load 18
 
 
@@ -139,7 +139,6 @@ class QemuEnvironment(Environment):
         self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
         self._vcpu_cpu_s: float | None = None
         self._boot_cpu_s: float | None = None  # the vCPUs' CPU time when the guest said it had booted
-        self._cpu_read_at = 0.0
         self._ack: socket.socket | None = None  # the confirmation's connection to the guest's ack port
         self._copy_path = self.workdir / "stream-copy.img"
         self._copy_disk = False
@@ -325,9 +324,7 @@ class QemuEnvironment(Environment):
         return [*common,
                 "-kernel", self._workspace.stage(image.boot_kernel(self._cpu_behind())),
                 "-initrd", self._workspace.initramfs(image.initramfs, jobs, self.workdir),
-                # no_timer_check: a vCPU starved while booting under TCG fails the IO-APIC timer
-                # check and panics ("IO-APIC + timer doesn't work"), seen here under load
-                "-append", " ".join(["console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check",
+                "-append", " ".join([LINUX_COMMAND_LINE,
                                      *self._options.kernel_args]),
                 "-device", "virtio-serial-pci"]
 
@@ -454,25 +451,20 @@ class QemuEnvironment(Environment):
         emulator) on emulator_cpus."""
         assert self._proc is not None and self._proc.pid is not None
         host_cpus = self._host_cpus()
-        emulator = [t for t in self.where.threads(self._proc.pid)
-                    if t not in vcpu_threads.values() and t not in iothreads.values()]
-        partitioned = self.config.pin and self.config.vcpu_sched.policy == "deadline"
-        if partitioned:
+        pin = self.config.pin
+        partitioned = pin and self.config.vcpu_sched.policy == "deadline"
+        if partitioned:  # SCHED_DEADLINE is given once the vCPUs are in their cpuset (apply_once_moved)
             self._vcpu_cpuset = DeadlineCpuset(self.config.label)
             self._vcpu_cpuset.partition(sorted({host_cpus[i % len(host_cpus)] for i in vcpu_threads}),
                                         list(vcpu_threads.values()), self._proc.pid, self.emulator_cpus())
-        for index, tid in vcpu_threads.items():
-            if self.config.pin:
-                self.where.pin([tid], (host_cpus[index % len(host_cpus)],))
-        if not partitioned:
-            self.where.set_policy(list(vcpu_threads.values()), self.config.vcpu_sched)
-        if self.config.pin:
-            self.where.pin(emulator, self.emulator_cpus())
-            self.where.pin(list(iothreads.values()), self.iothread_cpus())
+        named = {tid: ThreadPlace((host_cpus[i % len(host_cpus)],) if pin else None,
+                                  None if partitioned else self.config.vcpu_sched) for i, tid in vcpu_threads.items()}
+        named.update({tid: ThreadPlace(self.iothread_cpus() if pin else None) for tid in iothreads.values()})
+        emulator = self.where.place(self._proc.pid, named, self.emulator_cpus() if pin else None)
         self._placement = {
             "vcpu_threads": {str(i): {"tid": t, "host_cpu": host_cpus[i % len(host_cpus)] if self.config.pin
                                       else None} for i, t in vcpu_threads.items()},
-            "emulator_threads": len(emulator), "emulator_cpus": list(self.emulator_cpus()),
+            "emulator_threads": emulator, "emulator_cpus": list(self.emulator_cpus()),
             "iothread_threads": {name: {"tid": tid,
                                         "host_cpus": list(self.iothread_cpus()) if self.config.pin else None}
                                  for name, tid in iothreads.items()},
@@ -482,14 +474,10 @@ class QemuEnvironment(Environment):
 
     def after_launch(self, launched: Launched) -> None:
         # the vCPU threads' CPU time so far (read while QEMU lives): how busy the guest kept its vCPUs
-        if self._proc is None or self._proc.pid is None or self._proc.poll() is not None:
+        if self._proc is None or self._proc.pid is None or self._proc.poll() is not None or self._workspace is None:
             return
-        if not self.where.here:  # a command on the KVM host each time: once a second is enough
-            if time.monotonic() - self._cpu_read_at < REMOTE_CPU_READ_S:
-                return
-            self._cpu_read_at = time.monotonic()
         tids = [int(entry["tid"]) for entry in self._placement.get("vcpu_threads", {}).values()]
-        seconds = self.where.cpu_seconds(self._proc.pid, tids)
+        seconds = self._workspace.cpu_seconds(self._proc.pid, tids)
         if seconds is None:  # QEMU has ended: keep the last reading
             return
         self._vcpu_cpu_s = seconds
@@ -575,10 +563,8 @@ class QemuEnvironment(Environment):
     def platform_audit(self) -> dict[str, Any]:
         if self._where is None or self._where.here:
             return {}
-        from ...sysaudit import audit_system
-
         try:
-            return {"kind": "qemu", "kvm_host": audit_system(self._where.system())}
+            return {"kind": "qemu", "kvm_host": self._where.audit()}
         except RunError as exc:
             return {"kind": "qemu", "kvm_host": {"error": str(exc)[:300]}}
 
