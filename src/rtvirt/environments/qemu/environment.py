@@ -62,6 +62,7 @@ __all__ = ["ACK_PORT", "OUTPUT_PORT", "QemuEnvironment", "default_emulator_cpus"
 OUTPUT_PORT = "rtvirt.out"
 ACK_PORT = "rtvirt.ack"  # host to guest: the end-of-stream confirmation the agent waits for
 ACK_CONNECT_TIMEOUT_S = 5.0
+LOST_NOTICE_S = 5.0  # time QEMU's SSH session gets to notice its connection went (asyncssh: at once)
 QMP_CONNECT_TIMEOUT_S = 90.0  # QEMU loads the kernel and initramfs before QMP answers: seen past 30 s at load 18
 
 
@@ -223,10 +224,28 @@ class QemuEnvironment(Environment):
             try:
                 self._accel = where.accel(self.config.accel)
             except RunError as exc:
-                raise self._lab_failure(exc) from None
+                raise self._failure(exc) from None
 
-    def _lab_failure(self, exc: RunError) -> RunError:
-        return exc if self._lab is None else self._lab.blamed(exc)
+    def _failure(self, exc: RunError) -> RunError:
+        """``exc``, or what it is a symptom of: the lab that died under it, or the KVM host's lost connection."""
+        if self._lab is not None and self._lab.died():
+            return self._lab.blamed(exc)
+        lost = self._connection_lost()
+        return RunError(lost) if lost else exc
+
+    def _connection_lost(self) -> str | None:
+        """The run's reason once the connection to the KVM host went while QEMU ran there. A command run there
+        at that moment fails first ("Connection lost", a symptom): QEMU's session, which says the connection went,
+        is given LOST_NOTICE_S to see its channel close."""
+        if self._proc is None or self._where is None or self._where.here:
+            return None
+        deadline = time.monotonic() + LOST_NOTICE_S
+        while not self._proc.lost and self._proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not self._proc.lost:
+            return None
+        return (f"the connection to the KVM host {self._where.label} was lost; QEMU there was ended by its "
+                "watchdog; the samples received are kept")
 
     def trace_sources(self, config: ExplainConfig) -> list[Any]:
         """The VM layer on the vCPUs' host CPUs (explain.vm), under KVM the KVM layer there (explain.kvm), and the
@@ -274,7 +293,7 @@ class QemuEnvironment(Environment):
         try:
             return self._launch(agent, args, out)
         except RunError as exc:
-            raise self._lab_failure(exc) from None
+            raise self._failure(exc) from None
 
     def _launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         self.start()
@@ -477,7 +496,10 @@ class QemuEnvironment(Environment):
         if self._proc is None or self._proc.pid is None or self._proc.poll() is not None or self._workspace is None:
             return
         tids = [int(entry["tid"]) for entry in self._placement.get("vcpu_threads", {}).values()]
-        seconds = self._workspace.cpu_seconds(self._proc.pid, tids)
+        try:
+            seconds = self._workspace.cpu_seconds(self._proc.pid, tids)
+        except RunError as exc:
+            raise self._failure(exc) from None
         if seconds is None:  # QEMU has ended: keep the last reading
             return
         self._vcpu_cpu_s = seconds
@@ -507,9 +529,10 @@ class QemuEnvironment(Environment):
     def check(self) -> str | None:
         if self._proc is None:
             return None
+        if self._lab is not None and not self._lab.alive():
+            return f"the KVM lab stopped: {self._lab.why_stopped()}"
         if self._proc.lost:
-            return (f"the connection to the KVM host {self.where.label} was lost; QEMU there was ended by its "
-                    "watchdog; the samples received are kept")
+            return self._connection_lost()
         console = self.console_text()
         if self._ready_at is None and READY_MARK in console:
             self._ready_at = time.monotonic()
