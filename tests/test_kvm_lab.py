@@ -265,7 +265,9 @@ def test_a_lab_that_cannot_boot_fails_its_runs_naming_why_and_keeps_the_others(t
 
 
 @pytest.mark.parametrize(("table", "path", "message"), [
-    ('host = "cloud"', "environments[0].host", "String should match pattern"),
+    # a host is local, lab, user@host[:port] or an ~/.ssh/config alias: nothing a shell or ssh would read
+    ('host = "cloud; reboot"', "environments[0].host", "String should match pattern"),
+    ('host = "-oProxyCommand=x"', "environments[0].host", "String should match pattern"),
     ('host = "lab"\nuri = "qemu:///system"', "environments[0]", "give either host or uri"),
     ('lab = { pcpus = 2 }', "environments[0]", 'add host = "lab"'),
     ('host = "lab"\nlab = { pcpus = 0 }', "environments[0].lab.pcpus", "greater than or equal to 1"),
