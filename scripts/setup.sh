@@ -40,6 +40,7 @@ LIVE=(
 ARM=(
   gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents for Arm targets
   qemu-user-static                                # runs the aarch64 agents in tests
+  qemu-system-arm                                 # the aarch64 bare-metal guest (qemu arch = "aarch64")
 )
 TOOLS=(
   rt-tests stress-ng jitterdebugger               # reference tools (benchmarks, importers) and the stress-ng engine
@@ -86,6 +87,14 @@ if [[ " ${DEB_PACKAGES[*]} " == *" libxen-dev "* && $(id -u) -eq 0 && ! -e $DEB_
     && grep -qs '^VERSION_CODENAME=bookworm' /etc/os-release; then
   printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\nSigned-By: %s\n' \
     /usr/share/keyrings/debian-archive-keyring.gpg >"$DEB_SRC"
+  apt-get update -qq
+fi
+
+# The arm part fetches Debian's arm64 packages (kernel, busybox, Xen: tests/armkvm, the ARM labs) with
+# `apt-get download PKG:arm64`, which needs arm64 among dpkg's architectures; nothing arm64 gets installed.
+if [[ " ${parts[*]} " =~ \ (arm|all)\  && $(id -u) -eq 0 ]] && command -v dpkg >/dev/null \
+    && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  dpkg --add-architecture arm64
   apt-get update -qq
 fi
 

@@ -50,7 +50,7 @@ class KvmLab(LabMachine):
 
     def boot(self) -> KvmLab:
         """Build what the lab boots (cached), start QEMU, wait for sshd and libvirtd, connect, read its versions."""
-        from ..qemu import choose_accel
+        from ..qemu.accel import choose_accel
 
         self.root = root_image(self.arch)
         kernel, base = boot_initramfs(self.arch)

@@ -23,6 +23,7 @@ from ...explain.guest_channel import GUEST_TRACE_FILE, GUEST_TRACE_PORT
 from ...explain.vcpus import forget_vcpus, register_vcpus
 from .. import baremetal
 from ..base import Environment, Launched, SharedResources
+from ..console_log import bound_console_file
 from ..guest_image import (
     COPY_DISK,
     COPY_DISK_BYTES,
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from ...explain.vm import VmSource
     from ...procs import Supervisor
     from ...remote.target import SshTarget
-    from ..kvmlab import KvmLab
+    from ..kvmlab.lab import KvmLab
 
 __all__ = ["ACK_PORT", "OUTPUT_PORT", "QemuEnvironment", "default_emulator_cpus", "open_qemu_host",
            "qemu_stressor_guest"]
@@ -84,9 +85,13 @@ def qemu_stressor_guest(env: Environment, index: int, host_cpus: tuple[int, ...]
     if isinstance(env.config, QemuConfig):  # on the KVM host (the lab) of the measured guest
         where = env.config.model_dump(include={"host", "remote_dir", "lab" if env.config.host == LAB_HOST else "ssh"}
                                       if env.config.host != LOCAL_HOST else {"host"})
+    # a bare-metal stressor guest is of the measured guest's architecture (an aarch64 study's competing domains)
+    board = {"arch": env.config.arch, "gic_version": env.config.gic_version} \
+        if guest == "baremetal" and isinstance(env.config, QemuConfig) else {}
     config = QemuConfig.model_validate({"kind": "qemu", "name": f"stress-vm-{index}",
                                         "pin": host_cpus is not None, "cpus": host_cpus, "guest": guest,
-                                        **({"memory": memory} if isinstance(memory, int) else {}), **where})
+                                        **({"memory": memory} if isinstance(memory, int) else {}), **where,
+                                        **board})
     return QemuEnvironment(config, env.supervisor, env.workdir / f"stress-vm-{index}", env.shared)
 
 
@@ -108,7 +113,7 @@ def open_qemu_host(config: QemuConfig, shared: SharedResources, supervisor: Supe
 
 def _lab_target(config: QemuConfig, shared: SharedResources) -> SshTarget:
     """The KVM lab booted for this campaign, reached like any KVM host over SSH (its host key pinned)."""
-    from ..kvmlab import open_kvm_lab
+    from ..kvmlab.lab import open_kvm_lab
 
     return open_kvm_lab(config.lab, shared).ssh_target
 
@@ -162,7 +167,7 @@ class QemuEnvironment(Environment):
         """The machine QEMU runs on (opened on first use; the KVM lab booted first, once per campaign)."""
         if self._where is None:
             if self.config.host == LAB_HOST:
-                from ..kvmlab import open_kvm_lab
+                from ..kvmlab.lab import open_kvm_lab
 
                 self._lab = open_kvm_lab(self.config.lab, self.shared)
             self._where = open_qemu_host(self.config, self.shared, self.supervisor)
@@ -222,7 +227,7 @@ class QemuEnvironment(Environment):
             self._lab.ensure_alive()
         if self._accel is None:
             try:
-                self._accel = where.accel(self.config.accel)
+                self._accel = where.accel(self.config.accel, self.config.arch)
             except RunError as exc:
                 raise self._failure(exc) from None
 
@@ -259,15 +264,13 @@ class QemuEnvironment(Environment):
         assert self._accel is not None
         vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin \
             else self.where.online_cpus()
-        no_clock = "the bare-metal guest takes no part in the clock exchange" if self.config.guest == "baremetal" \
-            else None
         kvm = "kvm" in config.layers and self._accel["accel"] == "kvm"
         if "vm" in config.layers:
-            self._vm_source = vm_source(self.config.label, vcpu_cpus, self._accel["accel"], config, no_clock,
+            self._vm_source = vm_source(self.config.label, vcpu_cpus, self._accel["accel"], config,
                                         access=self._tracefs(), exits=False if kvm else None)
             sources.append(self._vm_source)
         if kvm:
-            self._kvm_source = kvm_source(self.config.label, vcpu_cpus, config, no_clock, access=self._tracefs())
+            self._kvm_source = kvm_source(self.config.label, vcpu_cpus, config, access=self._tracefs())
             sources.append(self._kvm_source)
         return [*sources, *self._guest_trace_sources(config)]
 
@@ -328,12 +331,14 @@ class QemuEnvironment(Environment):
         options = self._options = realtime_options(self.config, self._accel["accel"])
         self._realtime = {"cpu_model": options.cpu, **options.record, "iothreads": options.iothreads}
         qmp, self._qmp = self._workspace.socket("qmp")
-        return [QEMU, "-accel", self._accel["accel"], "-cpu", options.cpu,
+        arch, accel = self.config.arch, self._accel["accel"]
+        return [baremetal.qemu_binary(arch), *baremetal.machine_args(arch, accel, self.config.gic_version),
+                "-accel", accel, "-cpu", baremetal.guest_cpu(arch, accel) or options.cpu,
                 "-smp", str(smp), "-m", str(self.config.memory), "-display", "none", "-nodefaults", "-no-reboot", "-S",
                 # threads named after their role ("CPU 0/TCG", "worker"): what an explanation names
                 "-name", f"{self.config.label},debug-threads=on",
                 "-chardev", self._workspace.output("rtvirtcon", self._console),
-                "-device", "isa-serial,chardev=rtvirtcon",
+                *baremetal.console_args(arch, "rtvirtcon"),
                 "-qmp", f"unix:{qmp},server=on,wait=off", *options.argv]
 
     def _linux_command(self, image: GuestImage, jobs: bytes) -> list[str]:
@@ -403,16 +408,21 @@ class QemuEnvironment(Environment):
         return "sent"
 
     def _launch_baremetal(self, agent: str, args: list[str], out: Path | None) -> Launched:
-        """Our own kernel: the probe's argv is its command line, the stream leaves by the debug console."""
+        """Our own kernel: the probe's argv is its command line, the stream leaves by a virtio console (an
+        explained run's clock exchange by a second one)."""
         assert self._workspace is not None
+        arch = self.config.arch
         # the guest needs a stream channel even as a disturbing guest (out None): its statistics go here
         channel = out if out is not None else self.workdir / "stressor.rtvs"
+        clock = None
+        if out is not None and (self._vm_source is not None or self._kvm_source is not None):
+            clock, self._clock = self._workspace.clock("rtvirtclock")
         command = [*self._common_command(1),
-                   "-kernel", self._workspace.stage(baremetal.kernel_path()),
+                   "-kernel", self._workspace.stage(baremetal.kernel_path(arch)),
                    "-append", baremetal.command_line(agent, args),
-                   *baremetal.qemu_devices(self._workspace.output("rtvirtout", channel))]
+                   *baremetal.qemu_devices(arch, self._workspace.output("rtvirtout", channel), clock)]
         self._start_qemu(command)
-        return Launched(baremetal.DebugExitProcess(self._proc, self._console), out)
+        return Launched(baremetal.GuestProcess(self._proc, self._console, exit_device=arch == "x86_64"), out)
 
     def _monitor(self) -> Any:
         """A QMP connection to QEMU, retried while its socket comes up (or its forward is not yet usable)."""
@@ -561,7 +571,10 @@ class QemuEnvironment(Environment):
         lab = {"kvm_lab": self._lab.facts} if self._lab is not None else {}
         return {**super().describe(), **lab, "acceleration": (self._accel or {}).get("accel"),
                 "acceleration_reason": (self._accel or {}).get("reason"),
-                "qemu": where.qemu_version() if where is not None else None,
+                "qemu": where.qemu_version(baremetal.qemu_binary(self.config.arch)) if where is not None else None,
+                "arch": self.config.arch,
+                "emulated": baremetal.emulated_machine(self.config.arch, (self._accel or {}).get("accel", "tcg"),
+                                                       self.config.gic_version),
                 "kvm_host": {"where": where.label, **where.settings()} if where is not None and self._accel else None,
                 "realtime": self._realtime,
                 "boot_seconds": boot_s, **guest_description(self.config.guest, self._image), **self._placement,
@@ -594,7 +607,7 @@ class QemuEnvironment(Environment):
     def warnings(self) -> list[str]:
         found = []
         if self._lab is not None:
-            from ..kvmlab import LAB_WARNING
+            from ..kvmlab.lab import LAB_WARNING
 
             found.append(LAB_WARNING.format(accel=self._lab.accel.get("accel", "?").upper()))
         if not self._accel or self._accel["accel"] != "tcg":
@@ -612,7 +625,7 @@ class QemuEnvironment(Environment):
 
         removed = reclaim_leftovers()
         if isinstance(config, QemuConfig) and config.host == LAB_HOST:
-            from ..kvmlab import reclaim_kvm_labs
+            from ..kvmlab.lab import reclaim_kvm_labs
 
             removed += reclaim_kvm_labs()  # a lab's QEMUs died with it
         elif isinstance(config, QemuConfig) and config.remote:
@@ -622,7 +635,7 @@ class QemuEnvironment(Environment):
     def close(self) -> None:
         if self._proc is not None:
             if self.config.guest == "baremetal" and self._qmp is not None:
-                baremetal.request_stop(self._proc, self._qmp)
+                baremetal.request_stop(self._proc, self._qmp, arch=self.config.arch)
             self._proc.stop(grace=5.0)
             self._proc = None
         if self._ack is not None:
@@ -639,6 +652,7 @@ class QemuEnvironment(Environment):
                 stressor.stop()
         self._stressors.clear()
         if self._workspace is not None:
-            self._workspace.close()
+            self._workspace.close()  # (a KVM host's relays of the console end here)
             self._workspace = None
+        bound_console_file(self._console)  # kept in the run, bounded (its writers have gone)
         super().close()
