@@ -55,12 +55,14 @@ def _campaign(label: str, runs: int, seconds: float, work: Path) -> tuple[float,
                            str(results), "--no-progress", "--json"], capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "200"}, timeout=7200)
     wall = time.monotonic() - started
-    if done.returncode != 0:
+    # exit 1 with every run complete or short: a TCG guest's timer overruns periods on a loaded host, which
+    # costs samples, not time; what is measured here is time
+    summary = json.loads(done.stdout[done.stdout.index("{"):]) if "{" in done.stdout else None
+    if done.returncode not in (0, 1) or summary is None:
         raise SystemExit(f"{label}: rtvirt run exited {done.returncode}: {done.stderr[-2000:]}")
-    summary = json.loads(done.stdout[done.stdout.index("{"):])
-    failed = [key for key, run in summary["runs"].items() if run["status"] != "complete"]
+    failed = [key for key, run in summary["runs"].items() if run["status"] not in ("complete", "short")]
     if failed:
-        raise SystemExit(f"{label}: runs not complete: {failed}")
+        raise SystemExit(f"{label}: runs that did not run to their end: {failed}: {done.stderr[-2000:]}")
     manifests = [json.loads((results / "runs" / run["run_id"] / "manifest.json").read_text())
                  for run in summary["runs"].values()]
     return wall, sorted(manifests, key=lambda m: m["created"])
