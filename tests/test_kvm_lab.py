@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import tomli_w
-from conftest import RTVIRT, run_cli
+from conftest import RAN, RTVIRT, assert_ran, run_cli
 
 from rtvirt.environments.guest_image import cache_dir
 from rtvirt.environments.kvmlab.lab import LAB_ROOT
@@ -35,14 +35,17 @@ KEPT = {"xen-baremetal", "kvm-baremetal", "kvm-linux", "kvm-linux-rt"}
 
 
 def _study_subset() -> str:
-    """guest-isolation-xen-kvm with the kept environments, one repetition: two groups, six runs."""
+    """guest-isolation-xen-kvm with the kept environments and a qemu guest in the KVM lab, one repetition: two
+    groups, seven runs."""
     document = tomllib.loads(builtin_scenarios()["guest-isolation-xen-kvm"])
     document["repetitions"] = 1
     document["duration"] = "10s"  # a few qsort iterations of 1.2 M elements under nested TCG
     document["environments"] = [env for env in document["environments"] if env["name"] in KEPT]
+    # rtvirt's own QEMU in the same lab boot, over SSH (the qemu kind's host = "lab")
+    document["environments"].append({"kind": "qemu", "name": "kvm-qemu", "host": "lab", "boot_timeout": "10m"})
     qsort = document["groups"][0]
     document["groups"] = [{**qsort, "environments": ["xen-baremetal", "kvm-baremetal"]},
-                          {**qsort, "name": "guests", "environments": ["kvm-linux", "kvm-linux-rt"],
+                          {**qsort, "name": "guests", "environments": ["kvm-linux", "kvm-linux-rt", "kvm-qemu"],
                            "disturbances": ["solo"]}]
     return tomli_w.dumps(document)
 
@@ -88,7 +91,7 @@ def kvm_lab_campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, di
         (work / "study.toml").write_text(_study_subset())
         result = run_cli("run", "--no-report", str(work / "study.toml"), "--out", str(work / "results"),
                          "--no-progress", "--json", timeout=2400)
-        assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+        assert_ran(result)
         _CAMPAIGN.update(results=work / "results", summary=_summary(result.stdout))
     return _CAMPAIGN["results"], _CAMPAIGN["summary"]
 
@@ -96,7 +99,7 @@ def kvm_lab_campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, di
 def _manifest(campaign: tuple[Path, dict[str, Any]], key: str) -> dict[str, Any]:
     results, summary = campaign
     run = summary["runs"][key]
-    assert run["status"] == "complete", run
+    assert run["status"] in RAN, run
     return load_run(results / "runs" / run["run_id"]).manifest  # type: ignore[no-any-return]
 
 
@@ -124,6 +127,24 @@ def test_linux_preempt_rt_and_bare_metal_guests_run_under_the_labs_kvm(
         facts.append(json.dumps(lab, sort_keys=True))
     assert _manifest(kvm_lab_campaign, "guests/kvm-linux-rt/solo/-/r1")["environment_detail"]["preempt_rt"] is True
     assert len(set(facts)) == 1  # one lab boot for the campaign
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(2700)
+def test_rtvirts_own_qemu_runs_a_guest_under_the_labs_kvm_over_ssh(
+        kvm_lab_campaign: tuple[Path, dict[str, Any]]) -> None:
+    manifest = _manifest(kvm_lab_campaign, "guests/kvm-qemu/solo/-/r1")
+    detail = manifest["environment_detail"]
+    # QEMU started over SSH in the lab, with KVM there (nested paging); the lab's boot is the libvirt runs' own
+    assert detail["host"] == "lab" and detail["acceleration"] == "kvm", detail
+    libvirt_lab = _manifest(kvm_lab_campaign, "guests/kvm-linux/solo/-/r1")["environment_detail"]["kvm_lab"]
+    assert detail["kvm_lab"] == libvirt_lab and detail["kvm_host"]["accelerates"] is True, detail["kvm_host"]
+    assert detail["qemu"] in libvirt_lab["qemu"]
+    # the lab runs under TCG: the guest boots its kernel's ELF (a bzImage would decompress itself emulated)
+    assert detail["realtime"]["kernel_file"] == "ELF (PVH entry)"
+    assert detail["guest"] == "linux" and manifest["summary"]["all"]["samples"] > 0
+    assert manifest["system"]["platform"]["kvm_host"]["kernel"] == libvirt_lab["kernel"]
+    assert any("nested KVM under" in w for w in manifest["system"]["warnings"])
 
 
 @pytest.mark.vm
@@ -215,7 +236,7 @@ def test_kill_9_then_resume_reclaims_the_lab_and_a_lab_that_dies_fails_its_run_n
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 1, err[-3000:]
     runs = _summary(out)["runs"]
-    assert runs["first/solo/-/r1"]["status"] == "complete"
+    assert runs["first/solo/-/r1"]["status"] in RAN
     for key in ("second/solo/-/r1", "third/solo/-/r1"):  # the third fails at once, naming the same reason
         assert runs[key]["status"] == "failed" and "the KVM lab stopped" in runs[key]["reason"], runs[key]
     assert "QEMU exited" in runs["third/solo/-/r1"]["reason"]
@@ -237,14 +258,16 @@ def test_a_lab_that_cannot_boot_fails_its_runs_naming_why_and_keeps_the_others(t
                      "--json", timeout=500)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     runs = _summary(result.stdout)["runs"]
-    assert runs["here/solo/-/r1"]["status"] == "complete"
+    assert runs["here/solo/-/r1"]["status"] in RAN
     for key in ("lab1/solo/-/r1", "lab2/solo/-/r1"):  # the second is not booted again: it fails at once
         assert runs[key]["status"] == "failed", runs[key]
         assert "kvm lab: the lab did not come up within 10s; console: " in runs[key]["reason"], runs[key]
 
 
 @pytest.mark.parametrize(("table", "path", "message"), [
-    ('host = "cloud"', "environments[0].host", "String should match pattern"),
+    # a host is local, lab, user@host[:port] or an ~/.ssh/config alias: nothing a shell or ssh would read
+    ('host = "cloud; reboot"', "environments[0].host", "String should match pattern"),
+    ('host = "-oProxyCommand=x"', "environments[0].host", "String should match pattern"),
     ('host = "lab"\nuri = "qemu:///system"', "environments[0]", "give either host or uri"),
     ('lab = { pcpus = 2 }', "environments[0]", 'add host = "lab"'),
     ('host = "lab"\nlab = { pcpus = 0 }', "environments[0].lab.pcpus", "greater than or equal to 1"),

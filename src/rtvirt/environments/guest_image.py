@@ -32,7 +32,8 @@ from ..explain.clocksync import GUEST_CLOCK_SYNC
 from ..explain.guest_channel import GUEST_TRACE_SHELL
 from ..fileio import mark_used, prune_cache, write_atomically
 
-__all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "READY_MARK", "EXIT_MARK",
+__all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", "Cpio", "LINUX_COMMAND_LINE",
+           "READY_MARK", "EXIT_MARK",
            "GUEST_AGENT_DIR", "guest_port_path", "guest_port_device", "agent_failure", "GuestKind", "guest_field",
            "guest_description", "delivery_said", "stream_copy_field", "COPY_DISK", "COPY_DISK_BYTES", "beside_job",
            "kernel_elf"]
@@ -52,6 +53,13 @@ COPY_DISK_BYTES = 64 << 30  # sparse: only what the guest writes takes room
 # a device the guest's jobs use, as a path under /dev (a name, or a directory and a name): no "..", no shell words
 DEVICE_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}(/[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63})?")
 PORTS_WAITED_MARK = "RTVIRT-PORTS-WAITED"  # /init waited this many tenths of a second for its devices
+# The Linux guest's kernel command line under QEMU (the qemu and libvirt kinds). no_timer_check: a vCPU starved under
+# TCG fails the kernel's IO-APIC timer check and panics at boot. pci=noearly: before its PCI subsystem is up, the
+# kernel's early quirks and (on AMD CPUs) its GART aperture search read the class of every slot of all 256 PCI buses
+# through ports 0xcf8/0xcfc; a VM has one bus, and under KVM each access is an exit to QEMU in user space: 35,000
+# exits, 14-18 s of a 22-26 s boot in the KVM lab (nested), a few tenths of a second under TCG. The quirks they
+# serve are those of real chipsets (GART apertures, Intel graphics' stolen memory), none of QEMU's.
+LINUX_COMMAND_LINE = "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check pci=noearly"
 
 # The guest's /init. Jobs come from /rtvirt/jobs (written by job_archive): bg-* run in the background,
 # each after its own delay and for its own time limit; "main" runs in the foreground and its end powers

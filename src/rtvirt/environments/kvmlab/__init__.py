@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...lazy import lazy_names
-from .config import HOST_PATTERN, KvmLabConfig, host_field, lab_field
+from .config import LAB_HOST, LOCAL_HOST, KvmHost, KvmHostFields, KvmLabConfig
 
 if TYPE_CHECKING:
     from .lab import LAB_WARNING, KvmLab, open_kvm_lab, reclaim_kvm_labs
@@ -19,5 +19,5 @@ if TYPE_CHECKING:
 __getattr__ = lazy_names(__name__, dict.fromkeys(("LAB_WARNING", "KvmLab", "open_kvm_lab", "reclaim_kvm_labs"),
                                                  ".lab"))
 
-__all__ = ["HOST_PATTERN", "LAB_WARNING", "KvmLab", "KvmLabConfig", "host_field", "lab_field", "open_kvm_lab",
-           "reclaim_kvm_labs"]
+__all__ = ["LAB_HOST", "LAB_WARNING", "LOCAL_HOST", "KvmHost", "KvmHostFields", "KvmLab", "KvmLabConfig",
+           "open_kvm_lab", "reclaim_kvm_labs"]

@@ -1,19 +1,41 @@
 """Where a KVM environment's guests run (``host``) and the machine of a KVM lab (``lab``): the fields the ``qemu``
-and ``libvirt`` kinds share."""
+and ``libvirt`` kinds share, defined once (:class:`KvmHostFields`)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from ...errors import InputError
 from ...units import duration_field
 
-__all__ = ["HOST_PATTERN", "KvmLabConfig", "host_field", "lab_field"]
+__all__ = ["LAB_HOST", "LOCAL_HOST", "KvmHost", "KvmHostFields", "KvmLabConfig"]
 
-# "local" (this machine), "lab" (a KVM lab booted for the campaign) or user@host[:port] (a KVM host over SSH)
-HOST_PATTERN = r"^(local|lab|[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}@[A-Za-z0-9_.%-]{1,253}(:[0-9]{1,5})?)$"
+LOCAL_HOST = "local"  # this machine
+LAB_HOST = "lab"  # a KVM lab booted for the campaign
+
+
+def _a_kvm_host(value: str) -> str:
+    """``local``, ``lab``, or a KVM host over SSH as a target names one: user@host[:port] or an ~/.ssh/config
+    alias (remote.target.parse_target's rules: nothing a shell would care about)."""
+    if value in (LOCAL_HOST, LAB_HOST):
+        return value
+    from ...remote.labgrid import is_labgrid
+    from ...remote.target import parse_target
+
+    if is_labgrid(value):
+        raise ValueError("a KVM host is local, lab, user@host[:port] or an ~/.ssh/config alias (labgrid places are "
+                         "for ssh targets)")
+    try:
+        parse_target(value, option="host")
+    except InputError as exc:
+        raise ValueError(str(exc).removeprefix("option host: ")) from None
+    return value
+
+
+KvmHost = Annotated[str, StringConstraints(max_length=330), AfterValidator(_a_kvm_host)]
 
 
 class KvmLabConfig(BaseModel):
@@ -34,12 +56,23 @@ class KvmLabConfig(BaseModel):
         return "kvm-lab:" + json.dumps(self.model_dump(mode="json"), sort_keys=True)
 
 
-def host_field() -> Any:
-    return Field("local", pattern=HOST_PATTERN, max_length=330,
-                 description='where the guests run: "local" (this machine), "lab" (a KVM lab booted in QEMU '
-                             'for the campaign) or "user@host[:port]" (a KVM host over SSH)')
+class KvmHostFields(BaseModel):
+    """Where the guests run: this machine, the KVM lab, or a KVM host over SSH; and the lab's machine."""
 
+    host: KvmHost = Field(LOCAL_HOST, description='where the guests run: "local" (this machine), "lab" (a KVM lab '
+                                                  'booted in QEMU for the campaign) or "user@host[:port]" / an '
+                                                  '~/.ssh/config alias (a KVM host over SSH, its host key verified '
+                                                  'against known_hosts)')
+    lab: KvmLabConfig = Field(default_factory=lambda: KvmLabConfig.model_validate({}),
+                              description='the emulated machine of the KVM lab (host = "lab")')
 
-def lab_field() -> Any:
-    return Field(default_factory=lambda: KvmLabConfig.model_validate({}),
-                 description='the emulated machine of the KVM lab (host = "lab")')
+    @model_validator(mode="after")
+    def _lab_table_needs_the_lab(self) -> Any:
+        if self.host != LAB_HOST and "lab" in self.model_fields_set:
+            raise ValueError('lab: the lab table sets up a KVM lab, which host = "lab" boots; add host = "lab"')
+        return self
+
+    @property
+    def remote(self) -> bool:
+        """The guests run on another machine (the lab or a KVM host over SSH)."""
+        return self.host != LOCAL_HOST

@@ -80,6 +80,9 @@ mkdir -p /run/sshd /run/libvirt /run/lock /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
+# the KVM host's tracer (explanations' VM and KVM layers) and KVM's debugfs (each vCPU's TSC offset)
+mount -t tracefs tracefs /sys/kernel/tracing
+mount -t debugfs debugfs /sys/kernel/debug
 hostname rtvirt-kvm-lab
 ip link set lo up
 ip link set eth0 up

@@ -50,7 +50,7 @@ class KvmLab(LabMachine):
 
     def boot(self) -> KvmLab:
         """Build what the lab boots (cached), start QEMU, wait for sshd and libvirtd, connect, read its versions."""
-        from ..qemu import choose_accel
+        from ..qemu.accel import choose_accel
 
         self.root = root_image(self.arch)
         kernel, base = boot_initramfs(self.arch)
@@ -104,6 +104,17 @@ class KvmLab(LabMachine):
         target = self.ssh_target
         return (f"qemu+libssh://root@127.0.0.1:{target.port}/system?keyfile={target.identity_file}"
                 f"&known_hosts={target.known_hosts}&known_hosts_verify=normal&sshauth=privkey&no_tty=1")
+
+    def ensure_alive(self) -> None:
+        """A lab that stopped (its QEMU gone, a panic) fails the run that would use it, naming why."""
+        if not self.alive():
+            raise RunError(f"the KVM lab stopped: {self.why_stopped()}")
+
+    def blamed(self, exc: RunError) -> RunError:
+        """``exc``, or, when the lab died under it (what failed was the lab), an error that says so."""
+        if self.died():
+            return RunError(f"the KVM lab stopped: {self.why_stopped()} ({exc})")
+        return exc
 
     def failure(self) -> str | None:
         """What the lab's console says went wrong: our init's own failure mark, or a kernel panic."""

@@ -12,7 +12,7 @@ from ...params import CpuList, parse_cpulist
 from ...units import duration_field
 from ..base import EnvironmentConfig
 from ..guest_image import GuestKind, guest_field, stream_copy_field
-from ..kvmlab.config import KvmLabConfig, host_field, lab_field
+from ..kvmlab.config import LAB_HOST, LOCAL_HOST, KvmHostFields
 from .host import memlock_problem, numa_problem, resctrl_problem
 
 __all__ = ["LibvirtConfig", "VcpuSched", "parse_cputune"]
@@ -35,10 +35,8 @@ class VcpuSched(BaseModel):
     def describe(self) -> str:
         return "other" if self.policy == "other" else f"{self.policy}:{self.priority}"
 
-class LibvirtConfig(EnvironmentConfig):
+class LibvirtConfig(EnvironmentConfig, KvmHostFields):
     kind: Literal["libvirt"] = "libvirt"
-    host: str = host_field()
-    lab: KvmLabConfig = lab_field()
     uri: str = Field("qemu:///system", max_length=500, pattern=URI_PATTERN,
                      description="libvirt connection URI: qemu:///system, or qemu+ssh://user@host/system?keyfile=... "
                                  "(host = \"local\" only: the lab and user@host give their own)")
@@ -72,11 +70,9 @@ class LibvirtConfig(EnvironmentConfig):
 
     @model_validator(mode="after")
     def _one_place(self) -> LibvirtConfig:
-        if self.host != "local" and "uri" in self.model_fields_set:
+        if self.host != LOCAL_HOST and "uri" in self.model_fields_set:
             raise ValueError(f"uri: host = {self.host!r} gives the URI (qemu+ssh:// to that host's libvirtd); "
                              "give either host or uri")
-        if self.host == "local" and "lab" in self.model_fields_set:
-            raise ValueError('lab: the lab table sets up a KVM lab, which host = "lab" boots; add host = "lab"')
         return self
 
     @model_validator(mode="after")
@@ -115,14 +111,14 @@ class LibvirtConfig(EnvironmentConfig):
     @property
     def local(self) -> bool:
         """Whether the URI names this machine's libvirtd (no host part)."""
-        return self.host == "local" and not urlsplit(self.uri).netloc
+        return self.host == LOCAL_HOST and not urlsplit(self.uri).netloc
 
     def remote_uri(self) -> str:
         """The URI of ``uri``, or of a KVM host given as ``host = "user@host[:port]"`` (qemu+ssh://, the ssh
         binary checking its host key against known_hosts as for any ssh); not for the lab, whose URI is its own."""
-        if self.host == "lab":
+        if self.host == LAB_HOST:
             raise ValueError("the KVM lab's URI comes from its boot")
-        return self.uri if self.host == "local" else f"qemu+ssh://{self.host}/system?no_tty=1"
+        return self.uri if self.host == LOCAL_HOST else f"qemu+ssh://{self.host}/system?no_tty=1"
 
 def parse_cputune(text: str) -> ET.Element:
     """A ``<cputune>`` element from text, checked enough that libvirt's own errors are about values only."""

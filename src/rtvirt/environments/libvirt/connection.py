@@ -22,6 +22,11 @@ CONNECT_TIMEOUT_S = 60.0  # time a libvirtd (and an SSH transport to it) gets to
 # within about half a minute instead of blocking them in libvirt's C code, where no signal reaches Python
 KEEPALIVE_INTERVAL_S = 5
 KEEPALIVE_COUNT = 6
+# A KVM lab is nested under TCG on a shared machine: its libvirtd, sshd and the user-mode network between them all
+# run emulated, and at a load of 10-20 on 2 cores they can stay silent past half a minute while the lab's KVM boots
+# or tears down a guest (a campaign's connection to it was closed under a run so). A lab that really died is seen
+# by its own watch (KvmLab.alive), so its connections wait longer before they call libvirtd deaf.
+LAB_KEEPALIVE_COUNT = 36
 
 
 _EVENT_LOOP_LOCK = threading.Lock()
@@ -96,9 +101,10 @@ class LibvirtConnection:
     """A connection to one libvirtd (one per domain, one for reclaim), and the storage pool that carries
     guest images to its host."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, lab: bool = False) -> None:
         libvirt = _libvirt()
         self.uri = uri
+        self._keepalive_count = LAB_KEEPALIVE_COUNT if lab else KEEPALIVE_COUNT
         self.lock = threading.Lock()
         self._kernels: dict[str, str] = {}
         try:
@@ -107,11 +113,22 @@ class LibvirtConnection:
             raise RunError(f"libvirt: cannot connect to {uri}: {_error_text(exc)} (libvirtd must run there: "
                            "`systemctl start libvirtd`, or without systemd `virtlogd -d && libvirtd -d`)") from None
         with contextlib.suppress(libvirt.libvirtError):  # drivers without keepalive (test://) run no daemon
-            self.conn.setKeepAlive(KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT)
+            self.conn.setKeepAlive(KEEPALIVE_INTERVAL_S, self._keepalive_count)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.conn.close()
+
+    def failure(self, what: str, exc: Exception) -> RunError:
+        """The error for ``what`` having failed with ``exc``: when the connection itself has gone (libvirt then
+        says only "client socket is closed"), that it was lost and why a connection closes."""
+        with contextlib.suppress(Exception):
+            if self.conn.isAlive():
+                return RunError(f"libvirt ({self.uri}): {what}: {_error_text(exc)}")
+        return RunError(f"libvirt: the connection to libvirtd at {self.uri} was lost ({what}: {_error_text(exc)}); "
+                        f"libvirt closes a connection when libvirtd does not answer its keepalive for "
+                        f"{KEEPALIVE_INTERVAL_S * self._keepalive_count} s (stopped, hung or starved of CPU) or when "
+                        "its transport (the SSH session) ends")
 
     def pool(self) -> Any:
         libvirt = _libvirt()

@@ -31,6 +31,7 @@ from ..guest_image import (
     guest_port_path,
     job_archive,
 )
+from ..kvmlab.config import LAB_HOST
 from ..qemu import ACK_PORT, OUTPUT_PORT, TCG_WARNING, choose_accel
 from .config import LibvirtConfig
 from .connection import DOMAIN_PREFIX, LibvirtConnection, _connection, _error_text, _libvirt, _version
@@ -67,7 +68,7 @@ class LibvirtEnvironment(LibvirtTeardown):
     @classmethod
     def reclaim(cls, config: EnvironmentConfig, shared: SharedResources) -> list[str]:
         assert isinstance(config, LibvirtConfig)
-        if config.host == "lab":
+        if config.host == LAB_HOST:
             from ..kvmlab import reclaim_kvm_labs
 
             return reclaim_kvm_labs()  # a lab's domains died with its QEMU
@@ -106,18 +107,15 @@ class LibvirtEnvironment(LibvirtTeardown):
         return removed
 
     def start(self) -> None:
-        if self.config.host == "lab" and not self.kvm_lab().alive():
-            raise RunError(f"the KVM lab stopped: {self.kvm_lab().why_stopped()}")
+        if self.config.host == LAB_HOST:
+            self.kvm_lab().ensure_alive()
         try:
             self._start()
         except RunError as exc:
             raise self._lab_failure(exc) from None
 
     def _lab_failure(self, exc: RunError) -> RunError:
-        """``exc``, or, when the KVM lab died under it (what failed was the lab), an error that says so."""
-        if self._lab is not None and self._lab.died():
-            return RunError(f"the KVM lab stopped: {self._lab.why_stopped()} ({exc})")
-        return exc
+        return exc if self._lab is None else self._lab.blamed(exc)
 
     def _start(self) -> None:
         connection = self._conn()

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 from ...explain.clocksync import CLOCK_PORT
 from ...explain.guest_channel import GUEST_TRACE_PORT
 from ...procs import process_start_time
-from ..guest_image import COPY_DISK
+from ..guest_image import COPY_DISK, LINUX_COMMAND_LINE
 from ..qemu import ACK_PORT, OUTPUT_PORT
 from .config import parse_cputune
 from .connection import POOL_NAME
@@ -74,8 +74,7 @@ class LibvirtDomainXml(LibvirtDomainState):
             ET.SubElement(os_element, "cmdline").text = self._baremetal_cmdline
         else:
             ET.SubElement(os_element, "initrd").text = initrd
-            # no_timer_check: a vCPU starved under TCG fails the kernel's IO-APIC timer check and panics at boot
-            ET.SubElement(os_element, "cmdline").text = "console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check"
+            ET.SubElement(os_element, "cmdline").text = LINUX_COMMAND_LINE
         ET.SubElement(ET.SubElement(root, "features"), "acpi")  # the guest's poweroff ends the domain
         ET.SubElement(root, "cpu", mode="host-passthrough" if self._type["type"] == "kvm" else "maximum")
         for event in ("on_poweroff", "on_reboot", "on_crash"):

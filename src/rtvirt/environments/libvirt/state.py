@@ -12,7 +12,7 @@ from ..base import Environment
 from ..guest_image import GuestImage, GuestJob
 from ..qemu import default_emulator_cpus
 from .config import LibvirtConfig, parse_cputune
-from .connection import LibvirtConnection
+from .connection import LibvirtConnection, _libvirt
 from .rt_throttling import RtThrottlingLifted
 from .stream_reader import _StreamToFile
 
@@ -51,6 +51,7 @@ class LibvirtDomainState(Environment):
         self._vm_source: Any = None  # explain.vm.VmSource of an explained run (trace_sources)
         self._vcpu_threads: dict[int, int] = {}
         self._lab: KvmLab | None = None  # the campaign's KVM lab (host = "lab")
+        self._online: list[int] | None = None  # the host's online CPUs (a remote host's, read once)
 
     @property
     def uri(self) -> str:
@@ -70,8 +71,14 @@ class LibvirtDomainState(Environment):
     def _online_cpus(self) -> list[int]:
         if self.config.local:
             return sorted(os.sched_getaffinity(0))
-        _, online, _ = self._conn().conn.getCPUMap(0)
-        return [cpu for cpu, up in enumerate(online) if up]
+        if self._online is None:  # read once: the domain's description after its run needs no live connection
+            connection = self._conn()
+            try:
+                _, online, _ = connection.conn.getCPUMap(0)
+            except _libvirt().libvirtError as exc:
+                raise connection.failure("reading the host's CPUs", exc) from None
+            self._online = [cpu for cpu, up in enumerate(online) if up]
+        return self._online
 
     def _host_cpus(self) -> tuple[int, ...]:
         """Host CPUs for vCPU i = the i-th of these (cycling); default: the last CPU first, then downwards."""
@@ -107,5 +114,5 @@ class LibvirtDomainState(Environment):
         # each domain has its own connection, closed with it: its streams never queue behind another
         # domain's on one client, and no connection (an SSH session for remote URIs) outlives its run
         if self._connection is None:
-            self._connection = LibvirtConnection(self.uri)
+            self._connection = LibvirtConnection(self.uri, lab=self.config.host == "lab")
         return self._connection

@@ -86,7 +86,7 @@ class LibvirtStreams(LibvirtDomainXml):
             if _domain_gone(exc):
                 return False  # gone: destroyed by close()
             # the connection failed (keepalive closed it: libvirtd stopped answering): not a guest that ended
-            raise RunError(f"libvirt ({self.uri}): lost {self._name}: {_error_text(exc)}") from None
+            raise self._conn().failure(f"the state of {self._name}", exc) from None
         if state in (libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_CRASHED):
             return state == libvirt.VIR_DOMAIN_CRASHED or reason == libvirt.VIR_DOMAIN_SHUTOFF_CRASHED
         return None

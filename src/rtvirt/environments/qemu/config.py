@@ -4,25 +4,23 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from ...agents import native_arch
-from ...errors import InputError
 from ...params import CpuList
 from ...remote.target import RemoteDir, SshOptions
 from ...units import duration_field
 from ..base import EnvironmentConfig
 from ..guest_image import GuestKind, guest_field, stream_copy_field
+from ..kvmlab.config import LAB_HOST, LOCAL_HOST, KvmHostFields
 from ..sched import SchedPolicy
 
-__all__ = ["LAB_HOST", "LOCAL_HOST", "GuestIdle", "QemuConfig"]
+__all__ = ["GuestIdle", "QemuConfig"]
 
-LOCAL_HOST = "local"
-LAB_HOST = "lab"
 GuestIdle = Literal["default", "poll", "haltpoll"]
 
 
-class QemuConfig(EnvironmentConfig):
+class QemuConfig(EnvironmentConfig, KvmHostFields):
     kind: Literal["qemu"] = "qemu"
     vcpus: int = Field(1, ge=1, le=64, description="virtual CPUs; vCPU i is pinned to the i-th of cpus (cycling)")
     memory: int = Field(256, ge=64, le=65536, description="guest memory in MiB")
@@ -35,11 +33,7 @@ class QemuConfig(EnvironmentConfig):
                                               description="time the guest may take to boot (bare numbers in s)")
     guest: GuestKind = guest_field()
     stream_copy: bool = stream_copy_field()
-    # where QEMU runs (docs/environments-kvm.md)
-    host: str = Field(LOCAL_HOST, max_length=300,
-                      description="where QEMU runs: local (this machine), lab (a KVM lab booted for the campaign) or "
-                                  "user@host[:port] / an ~/.ssh/config alias (a KVM host reached over SSH, its host "
-                                  "key verified against known_hosts)")
+    # where QEMU runs (docs/environments-kvm.md): host and lab (KvmHostFields), and how a KVM host is reached
     ssh: SshOptions = Field(default_factory=SshOptions,  # type: ignore[arg-type]
                             description="how to reach a KVM host over SSH (identity_file, known_hosts, ssh_config, "
                                         "proxy_jump, connect_timeout)")
@@ -76,24 +70,7 @@ class QemuConfig(EnvironmentConfig):
                              "rtvirt makes only on this machine; on a KVM host use policy \"fifo\" or pin = false")
         if self.guest == "baremetal" and self.guest_idle != "default":
             raise ValueError("guest_idle: the bare-metal guest has its own idle loop (guest_idle = \"default\")")
+        if self.host in (LOCAL_HOST, LAB_HOST) and "ssh" in self.model_fields_set:
+            raise ValueError(f"ssh: host = {self.host!r} is not reached over SSH by your options (the lab's own key "
+                             "and pinned host key reach it); ssh is for host = \"user@host[:port]\"")
         return self
-
-    @field_validator("host")
-    @classmethod
-    def _host_is_a_place(cls, value: str) -> str:
-        if value not in (LOCAL_HOST, LAB_HOST):
-            from ...remote.labgrid import is_labgrid
-            from ...remote.target import parse_target
-
-            if is_labgrid(value):
-                raise ValueError("a KVM host is local, lab or user@host[:port] (labgrid places are for ssh targets)")
-            try:
-                parse_target(value, option="host")
-            except InputError as exc:
-                raise ValueError(str(exc).removeprefix("option host: ")) from None
-        return value
-
-    @property
-    def remote(self) -> bool:
-        """QEMU runs on another machine (a lab or a KVM host over SSH)."""
-        return self.host != LOCAL_HOST

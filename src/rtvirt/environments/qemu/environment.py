@@ -28,6 +28,7 @@ from ..guest_image import (
     COPY_DISK,
     COPY_DISK_BYTES,
     GUEST_AGENT_DIR,
+    LINUX_COMMAND_LINE,
     READY_MARK,
     GuestImage,
     GuestJob,
@@ -40,11 +41,12 @@ from ..guest_image import (
     guest_port_path,
     job_archive,
 )
+from ..kvmlab.config import LAB_HOST, LOCAL_HOST
 from .accel import QEMU, TCG_WARNING, read_console
-from .config import LAB_HOST, QemuConfig
+from .config import QemuConfig
 from .deadline import DeadlineCpuset, apply_once_moved
 from .realtime import RealtimeOptions, cpu_readback, realtime_options
-from .where import LocalQemuHost, QemuHost, QemuProcess, RemoteQemuHost, Workspace
+from .where import LocalQemuHost, QemuHost, QemuProcess, RemoteQemuHost, ThreadPlace, Workspace
 
 if TYPE_CHECKING:
     from ...explain.config import ExplainConfig
@@ -52,6 +54,8 @@ if TYPE_CHECKING:
     from ...explain.model import TraceSource
     from ...explain.vm import VmSource
     from ...procs import Supervisor
+    from ...remote.target import SshTarget
+    from ..kvmlab.lab import KvmLab
 
 __all__ = ["ACK_PORT", "OUTPUT_PORT", "QemuEnvironment", "default_emulator_cpus", "open_qemu_host",
            "qemu_stressor_guest"]
@@ -59,7 +63,7 @@ __all__ = ["ACK_PORT", "OUTPUT_PORT", "QemuEnvironment", "default_emulator_cpus"
 OUTPUT_PORT = "rtvirt.out"
 ACK_PORT = "rtvirt.ack"  # host to guest: the end-of-stream confirmation the agent waits for
 ACK_CONNECT_TIMEOUT_S = 5.0
-REMOTE_CPU_READ_S = 1.0  # how often the vCPUs' CPU time is read on a KVM host over SSH
+LOST_NOTICE_S = 5.0  # time QEMU's SSH session gets to notice its connection went (asyncssh: at once)
 QMP_CONNECT_TIMEOUT_S = 90.0  # QEMU loads the kernel and initramfs before QMP answers: seen past 30 s at load 18
 
 
@@ -77,8 +81,10 @@ def qemu_stressor_guest(env: Environment, index: int, host_cpus: tuple[int, ...]
     qemu; a qemu guest's on its own KVM host), placed on ``host_cpus`` (None: unpinned), running ``guest``."""
     # as large as the measured guest: a load the study ran in it (64 MB blocks) must fit in them too
     memory = getattr(env.config, "memory", None)
-    where = {name: getattr(env.config, name) for name in ("host", "ssh", "remote_dir")} \
-        if isinstance(env.config, QemuConfig) else {}
+    where: dict[str, Any] = {}
+    if isinstance(env.config, QemuConfig):  # on the KVM host (the lab) of the measured guest
+        where = env.config.model_dump(include={"host", "remote_dir", "lab" if env.config.host == LAB_HOST else "ssh"}
+                                      if env.config.host != LOCAL_HOST else {"host"})
     # a bare-metal stressor guest is of the measured guest's architecture (an aarch64 study's competing domains)
     board = {"arch": env.config.arch, "gic_version": env.config.gic_version} \
         if guest == "baremetal" and isinstance(env.config, QemuConfig) else {}
@@ -105,10 +111,11 @@ def open_qemu_host(config: QemuConfig, shared: SharedResources, supervisor: Supe
                       lambda: RemoteQemuHost(TargetLink(target, config.remote_dir)))
 
 
-def _lab_target(config: QemuConfig, shared: SharedResources) -> Any:
+def _lab_target(config: QemuConfig, shared: SharedResources) -> SshTarget:
     """The KVM lab booted for this campaign, reached like any KVM host over SSH (its host key pinned)."""
-    raise InputError(f"environment {config.label!r}: host = \"lab\" needs the KVM lab (a KVM host booted in QEMU "
-                     "for the campaign), which this build does not have yet; name a KVM host as user@host[:port]")
+    from ..kvmlab.lab import open_kvm_lab
+
+    return open_kvm_lab(config.lab, shared).ssh_target
 
 
 class QemuEnvironment(Environment):
@@ -138,7 +145,6 @@ class QemuEnvironment(Environment):
         self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
         self._vcpu_cpu_s: float | None = None
         self._boot_cpu_s: float | None = None  # the vCPUs' CPU time when the guest said it had booted
-        self._cpu_read_at = 0.0
         self._ack: socket.socket | None = None  # the confirmation's connection to the guest's ack port
         self._copy_path = self.workdir / "stream-copy.img"
         self._copy_disk = False
@@ -148,6 +154,7 @@ class QemuEnvironment(Environment):
         self._kvm_source: KvmSource | None = None  # its KVM layer, under KVM
         self._vcpu_threads: dict[int, int] = {}
         self._stressors: list[Any] = []  # same-core/other-core stressors on a KVM host over SSH
+        self._lab: KvmLab | None = None  # the campaign's KVM lab (host = "lab")
 
     @staticmethod
     def available() -> str | None:
@@ -157,8 +164,12 @@ class QemuEnvironment(Environment):
 
     @property
     def where(self) -> QemuHost:
-        """The machine QEMU runs on (opened on first use)."""
+        """The machine QEMU runs on (opened on first use; the KVM lab booted first, once per campaign)."""
         if self._where is None:
+            if self.config.host == LAB_HOST:
+                from ..kvmlab.lab import open_kvm_lab
+
+                self._lab = open_kvm_lab(self.config.lab, self.shared)
             self._where = open_qemu_host(self.config, self.shared, self.supervisor)
         return self._where
 
@@ -211,8 +222,35 @@ class QemuEnvironment(Environment):
         return running
 
     def start(self) -> None:
+        where = self.where
+        if self._lab is not None:
+            self._lab.ensure_alive()
         if self._accel is None:
-            self._accel = self.where.accel(self.config.accel, self.config.arch)
+            try:
+                self._accel = where.accel(self.config.accel, self.config.arch)
+            except RunError as exc:
+                raise self._failure(exc) from None
+
+    def _failure(self, exc: RunError) -> RunError:
+        """``exc``, or what it is a symptom of: the lab that died under it, or the KVM host's lost connection."""
+        if self._lab is not None and self._lab.died():
+            return self._lab.blamed(exc)
+        lost = self._connection_lost()
+        return RunError(lost) if lost else exc
+
+    def _connection_lost(self) -> str | None:
+        """The run's reason once the connection to the KVM host went while QEMU ran there. A command run there
+        at that moment fails first ("Connection lost", a symptom): QEMU's session, which says the connection went,
+        is given LOST_NOTICE_S to see its channel close."""
+        if self._proc is None or self._where is None or self._where.here:
+            return None
+        deadline = time.monotonic() + LOST_NOTICE_S
+        while not self._proc.lost and self._proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not self._proc.lost:
+            return None
+        return (f"the connection to the KVM host {self._where.label} was lost; QEMU there was ended by its "
+                "watchdog; the samples received are kept")
 
     def trace_sources(self, config: ExplainConfig) -> list[Any]:
         """The VM layer on the vCPUs' host CPUs (explain.vm), under KVM the KVM layer there (explain.kvm), and the
@@ -255,6 +293,12 @@ class QemuEnvironment(Environment):
         return sources
 
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        try:
+            return self._launch(agent, args, out)
+        except RunError as exc:
+            raise self._failure(exc) from None
+
+    def _launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         self.start()
         self._out = out
         assert self._accel is not None
@@ -304,18 +348,19 @@ class QemuEnvironment(Environment):
         return [*common,
                 "-kernel", self._workspace.stage(image.boot_kernel(self._cpu_behind())),
                 "-initrd", self._workspace.initramfs(image.initramfs, jobs, self.workdir),
-                # no_timer_check: a vCPU starved while booting under TCG fails the IO-APIC timer
-                # check and panics ("IO-APIC + timer doesn't work"), seen here under load
-                "-append", " ".join(["console=ttyS0 quiet panic=-1 tsc=reliable no_timer_check",
+                "-append", " ".join([LINUX_COMMAND_LINE,
                                      *self._options.kernel_args]),
                 "-device", "virtio-serial-pci"]
 
     def _cpu_behind(self) -> str:
-        """The accelerator whose kernel file the guest boots (GuestImage.boot_kernel: the ELF under TCG, the
-        bzImage under KVM, 8 MB to copy to a KVM host against 66 MB), recorded as ``realtime.kernel_file``."""
+        """What really executes the guest's instructions, whose kernel file the guest boots (GuestImage.boot_kernel:
+        the ELF under TCG, the bzImage under KVM, 8 MB to copy to a KVM host against 66 MB), recorded as
+        ``realtime.kernel_file``. In a KVM lab under TCG that is TCG (its KVM is nested in an emulated CPU): a
+        bzImage's decompressor would be emulated instruction by instruction, so the guest boots the ELF."""
         assert self._accel is not None
-        self._realtime["kernel_file"] = "ELF (PVH entry)" if self._accel["accel"] == "tcg" else "bzImage"
-        return str(self._accel["accel"])
+        behind = "tcg" if self._lab is not None and self._lab.accel.get("accel") == "tcg" else self._accel["accel"]
+        self._realtime["kernel_file"] = "ELF (PVH entry)" if behind == "tcg" else "bzImage"
+        return str(behind)
 
     def _ports(self, out: Path | None, traced: bool) -> list[str]:
         """The stream's port, the confirmation's, the clock's and the guest trace's; the stream copy's disk."""
@@ -435,25 +480,20 @@ class QemuEnvironment(Environment):
         emulator) on emulator_cpus."""
         assert self._proc is not None and self._proc.pid is not None
         host_cpus = self._host_cpus()
-        emulator = [t for t in self.where.threads(self._proc.pid)
-                    if t not in vcpu_threads.values() and t not in iothreads.values()]
-        partitioned = self.config.pin and self.config.vcpu_sched.policy == "deadline"
-        if partitioned:
+        pin = self.config.pin
+        partitioned = pin and self.config.vcpu_sched.policy == "deadline"
+        if partitioned:  # SCHED_DEADLINE is given once the vCPUs are in their cpuset (apply_once_moved)
             self._vcpu_cpuset = DeadlineCpuset(self.config.label)
             self._vcpu_cpuset.partition(sorted({host_cpus[i % len(host_cpus)] for i in vcpu_threads}),
                                         list(vcpu_threads.values()), self._proc.pid, self.emulator_cpus())
-        for index, tid in vcpu_threads.items():
-            if self.config.pin:
-                self.where.pin([tid], (host_cpus[index % len(host_cpus)],))
-        if not partitioned:
-            self.where.set_policy(list(vcpu_threads.values()), self.config.vcpu_sched)
-        if self.config.pin:
-            self.where.pin(emulator, self.emulator_cpus())
-            self.where.pin(list(iothreads.values()), self.iothread_cpus())
+        named = {tid: ThreadPlace((host_cpus[i % len(host_cpus)],) if pin else None,
+                                  None if partitioned else self.config.vcpu_sched) for i, tid in vcpu_threads.items()}
+        named.update({tid: ThreadPlace(self.iothread_cpus() if pin else None) for tid in iothreads.values()})
+        emulator = self.where.place(self._proc.pid, named, self.emulator_cpus() if pin else None)
         self._placement = {
             "vcpu_threads": {str(i): {"tid": t, "host_cpu": host_cpus[i % len(host_cpus)] if self.config.pin
                                       else None} for i, t in vcpu_threads.items()},
-            "emulator_threads": len(emulator), "emulator_cpus": list(self.emulator_cpus()),
+            "emulator_threads": emulator, "emulator_cpus": list(self.emulator_cpus()),
             "iothread_threads": {name: {"tid": tid,
                                         "host_cpus": list(self.iothread_cpus()) if self.config.pin else None}
                                  for name, tid in iothreads.items()},
@@ -463,14 +503,13 @@ class QemuEnvironment(Environment):
 
     def after_launch(self, launched: Launched) -> None:
         # the vCPU threads' CPU time so far (read while QEMU lives): how busy the guest kept its vCPUs
-        if self._proc is None or self._proc.pid is None or self._proc.poll() is not None:
+        if self._proc is None or self._proc.pid is None or self._proc.poll() is not None or self._workspace is None:
             return
-        if not self.where.here:  # a command on the KVM host each time: once a second is enough
-            if time.monotonic() - self._cpu_read_at < REMOTE_CPU_READ_S:
-                return
-            self._cpu_read_at = time.monotonic()
         tids = [int(entry["tid"]) for entry in self._placement.get("vcpu_threads", {}).values()]
-        seconds = self.where.cpu_seconds(self._proc.pid, tids)
+        try:
+            seconds = self._workspace.cpu_seconds(self._proc.pid, tids)
+        except RunError as exc:
+            raise self._failure(exc) from None
         if seconds is None:  # QEMU has ended: keep the last reading
             return
         self._vcpu_cpu_s = seconds
@@ -500,9 +539,10 @@ class QemuEnvironment(Environment):
     def check(self) -> str | None:
         if self._proc is None:
             return None
+        if self._lab is not None and not self._lab.alive():
+            return f"the KVM lab stopped: {self._lab.why_stopped()}"
         if self._proc.lost:
-            return (f"the connection to the KVM host {self.where.label} was lost; QEMU there was ended by its "
-                    "watchdog; the samples received are kept")
+            return self._connection_lost()
         console = self.console_text()
         if self._ready_at is None and READY_MARK in console:
             self._ready_at = time.monotonic()
@@ -528,7 +568,8 @@ class QemuEnvironment(Environment):
     def describe(self) -> dict[str, Any]:
         boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
         where = self._where
-        return {**super().describe(), "acceleration": (self._accel or {}).get("accel"),
+        lab = {"kvm_lab": self._lab.facts} if self._lab is not None else {}
+        return {**super().describe(), **lab, "acceleration": (self._accel or {}).get("accel"),
                 "acceleration_reason": (self._accel or {}).get("reason"),
                 "qemu": where.qemu_version(baremetal.qemu_binary(self.config.arch)) if where is not None else None,
                 "arch": self.config.arch,
@@ -558,20 +599,23 @@ class QemuEnvironment(Environment):
     def platform_audit(self) -> dict[str, Any]:
         if self._where is None or self._where.here:
             return {}
-        from ...sysaudit import audit_system
-
         try:
-            return {"kind": "qemu", "kvm_host": audit_system(self._where.system())}
+            return {"kind": "qemu", "kvm_host": self._where.audit()}
         except RunError as exc:
             return {"kind": "qemu", "kvm_host": {"error": str(exc)[:300]}}
 
     def warnings(self) -> list[str]:
+        found = []
+        if self._lab is not None:
+            from ..kvmlab.lab import LAB_WARNING
+
+            found.append(LAB_WARNING.format(accel=self._lab.accel.get("accel", "?").upper()))
         if not self._accel or self._accel["accel"] != "tcg":
-            return []
+            return found
         if self._where is None or self._where.here:
-            return [TCG_WARNING]
-        return [TCG_WARNING.replace("KVM does not accelerate here", f"on {self._where.label}: "
-                                    f"{self._accel.get('reason', '')}"[:300])]
+            return [*found, TCG_WARNING]
+        return [*found, TCG_WARNING.replace("KVM does not accelerate here", f"on {self._where.label}: "
+                                            f"{self._accel.get('reason', '')}"[:300])]
 
     @classmethod
     def reclaim(cls, config: Any, shared: Any) -> list[str]:
@@ -580,7 +624,11 @@ class QemuEnvironment(Environment):
         from ..cgroups import reclaim_leftovers
 
         removed = reclaim_leftovers()
-        if isinstance(config, QemuConfig) and config.remote:
+        if isinstance(config, QemuConfig) and config.host == LAB_HOST:
+            from ..kvmlab.lab import reclaim_kvm_labs
+
+            removed += reclaim_kvm_labs()  # a lab's QEMUs died with it
+        elif isinstance(config, QemuConfig) and config.remote:
             removed += open_qemu_host(config, shared, shared.supervisor).reclaim()
         return removed
 

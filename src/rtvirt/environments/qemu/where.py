@@ -32,6 +32,7 @@ import socket
 import tempfile
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from ...procs import Supervisor
     from ...remote.agents import TargetLink
 
-__all__ = ["LocalQemuHost", "QemuHost", "QemuProcess", "RemoteQemuHost", "Workspace"]
+__all__ = ["LocalQemuHost", "QemuHost", "QemuProcess", "RemoteQemuHost", "ThreadPlace", "Workspace"]
 
 # The watchdog around a remote QEMU ($1: its directory; QEMU's argument vector follows). QEMU gets no stdin; the
 # script's stdin is the SSH session, which a background reader watches: its end (rtvirt stops the process, is
@@ -67,9 +68,50 @@ kill "$watch" 2> /dev/null
 exit "$status"
 """
 _PID_LINE = re.compile(rb"(?m)^rtvirt-pid (\d{1,10})\n")
-# pin threads $2... to CPUs $1 (taskset's list form); a thread that ended meanwhile (a QEMU worker) is no error
-_PIN = ('cpus=$1; shift; for t; do err=$(taskset -p -c "$cpus" "$t" 2>&1 > /dev/null) || [ ! -e "/proc/$t" ] || '
-        '{ echo "$err" >&2; exit 1; }; done')
+# Every command is a process started by the KVM host's sshd: on a KVM lab nested under TCG each costs 0.2-1.9 s and
+# a CPU of the lab while it runs, so a QEMU's set-up, placement and CPU-time readings are one command each.
+# The workspace ($1: its directory; $2: mktemp's template of its sockets' short directory; $3...: the chardevs that
+# are FIFO pairs): the directory, the sockets' directory (noted in the workspace for reclaim, and printed), the FIFOs.
+_WORKSPACE = ('dir=$1; template=$2; shift 2; mkdir -p -- "$dir" || exit 1; socks=$(mktemp -d "$template") || exit 1; '
+              'printf "%s\\n" "$socks" > "$dir/sockets" || exit 1; '
+              'for c; do mkfifo -m 600 "$dir/$c.in" "$dir/$c.out" || exit 1; done; echo "$socks"')
+# Place QEMU $1's threads: $2 the CPUs of every thread not named ("-": leave them), then per named thread its id,
+# CPUs ("-": leave them) and policy as chrt takes it (o, f or d; "-": leave it), priority, runtime, period (ns). A
+# thread that ended meanwhile (a QEMU worker) is no error. Prints how many threads were not named.
+_PLACE = r"""pid=$1; others=$2; shift 2; named=" "
+fail() { [ ! -e "/proc/$pid/task/$1" ] || { echo "$2" >&2; exit 1; }; }
+while [ $# -ge 6 ]; do
+  t=$1; cpus=$2; policy=$3; priority=$4; runtime=$5; period=$6; shift 6; named="$named$t "
+  if [ "$cpus" != - ]; then err=$(taskset -p -c "$cpus" "$t" 2>&1 > /dev/null) || fail "$t" "$err"; fi
+  case $policy in
+    d) err=$(chrt -d --sched-runtime "$runtime" --sched-deadline "$period" --sched-period "$period" -p 0 "$t" 2>&1) ;;
+    f|o) err=$(chrt -"$policy" -p "$priority" "$t" 2>&1) ;;
+    *) err= ;;
+  esac || fail "$t" "chrt: $err"
+done
+n=0
+for t in $(ls "/proc/$pid/task"); do
+  case $named in *" $t "*) continue ;; esac
+  n=$((n + 1))
+  if [ "$others" != - ]; then err=$(taskset -p -c "$others" "$t" 2>&1 > /dev/null) || fail "$t" "$err"; fi
+done
+echo "$n"
+"""
+# The CPU time of QEMU $1's threads $2... once a second while QEMU lives: the clock tick rate, then one line a
+# second of their utime+stime in ticks, read with shell builtins (the fields after the comm, which may hold anything)
+_CPU_TIMES = r"""set -f; pid=$1; shift; getconf CLK_TCK
+ticks() { n=$((${12} + ${13})); }
+while [ -e "/proc/$pid" ]; do
+  total=0
+  for t; do
+    { read -r line < "/proc/$pid/task/$t/stat"; } 2> /dev/null || continue
+    ticks ${line##*) }
+    total=$((total + n))
+  done
+  echo "$total"
+  sleep 1
+done
+"""
 # copy the FIFO $1 to stdout; with CPUs $2, on those only, and so is the sshd relaying it (this session's, which
 # handles every channel of the connection): none of them may take a vCPU's pCPU while the guest streams
 _FOLLOW = ('if [ -n "$2" ]; then taskset -p -c "$2" "$PPID" > /dev/null 2>&1; exec taskset -c "$2" cat -- "$1"; fi; '
@@ -82,6 +124,9 @@ _TSC = ('for d in /sys/kernel/debug/kvm/"$1"-*/vcpu*; do [ -r "$d/tsc-offset" ] 
 # the sockets of a remote QEMU: a unix socket's path must fit sun_path (OpenSSH's forwarding takes 107 bytes, a
 # pytest directory's remote_dir made one of 108), so they live in a short directory of their own
 SOCKET_DIR_TEMPLATE = "/tmp/rtvirt-sock.XXXXXXXX"
+# the chardevs of a remote QEMU's outputs and clock port (environment.py names them so): their FIFO pairs are made
+# with its workspace
+PIPE_CHARDEVS = ("rtvirtcon", "rtvirtout", "rtvirttrace", "rtvirtclock")
 _SOCKET_DIR = re.compile(r"^/tmp/rtvirt-sock\.[A-Za-z0-9]{8}$")
 DRAIN_S = 10.0  # after QEMU ended: time the copies of its outputs get to deliver what they hold
 _serial = itertools.count(1)
@@ -180,6 +225,10 @@ class Workspace(ABC):
         """The copies of QEMU's outputs still running (none here)."""
 
     @abstractmethod
+    def cpu_seconds(self, pid: int, tids: list[int]) -> float | None:
+        """CPU time (user + system) of those threads of QEMU ``pid`` so far; None while not known (QEMU gone)."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
 
@@ -192,15 +241,24 @@ class QemuHost(ABC):
 
     def __init__(self) -> None:
         self._settings: dict[str, Any] | None = None
+        self._audit: dict[str, Any] | None = None
 
-    # ---- what is there ----
+    # ---- what is there (read once a campaign: each reading is many files) ----
     def settings(self) -> dict[str, Any]:
-        """KVM's parameters, the kernel, whether KVM accelerates (host.kvm.kvm_settings), read once."""
+        """KVM's parameters, the kernel, whether KVM accelerates (host.kvm.kvm_settings)."""
         from ...host.kvm import kvm_settings
 
         if self._settings is None:
             self._settings = kvm_settings(self.system())
         return self._settings
+
+    def audit(self) -> dict[str, Any]:
+        """The machine's real-time audit (sysaudit.audit_system): kernel, CPUs, IRQs, isolation."""
+        from ...sysaudit import audit_system
+
+        if self._audit is None:
+            self._audit = audit_system(self.system())
+        return self._audit
 
     @abstractmethod
     def system(self) -> SystemView: ...
@@ -224,17 +282,9 @@ class QemuHost(ABC):
     def start(self, argv: list[str], workspace: Workspace) -> QemuProcess: ...
 
     @abstractmethod
-    def threads(self, pid: int) -> list[int]: ...
-
-    @abstractmethod
-    def pin(self, tids: list[int], cpus: tuple[int, ...]) -> None: ...
-
-    @abstractmethod
-    def set_policy(self, tids: list[int], policy: SchedPolicy) -> None: ...
-
-    @abstractmethod
-    def cpu_seconds(self, pid: int, tids: list[int]) -> float | None:
-        """CPU time (user + system) of those threads of ``pid`` so far; None once QEMU has gone."""
+    def place(self, pid: int, named: dict[int, ThreadPlace], others: tuple[int, ...] | None) -> int:
+        """Put QEMU ``pid``'s ``named`` threads where they go (their CPUs, then their policy) and every other thread
+        of it on ``others`` (None: where it is); how many other threads there were."""
 
     def reclaim(self) -> list[str]:
         """Remove what a killed rtvirt left there (QEMUs, their directories); say what went."""
@@ -251,6 +301,14 @@ class QemuHost(ABC):
                 found[fields[0][:12]] = {"offset": int(fields[1]), "scaling_ratio": None if fields[2] == "-"
                                          else fields[2][:24]}
         return found or {"unavailable": "KVM's debugfs is not mounted or not readable on the KVM host"}
+
+
+@dataclass(frozen=True)
+class ThreadPlace:
+    """Where one of QEMU's threads goes: its CPUs and its policy (None: left as it is)."""
+
+    cpus: tuple[int, ...] | None = None
+    policy: SchedPolicy | None = None
 
 
 def _ticks(stat: str) -> int:
@@ -308,6 +366,13 @@ class LocalWorkspace(Workspace):
     def followers(self) -> list[HostProcess]:
         return []
 
+    def cpu_seconds(self, pid: int, tids: list[int]) -> float | None:
+        try:
+            ticks = sum(_ticks(Path(f"/proc/{pid}/task/{tid}/stat").read_text()) for tid in tids)
+        except OSError:  # QEMU has ended: keep the last reading
+            return None
+        return ticks / os.sysconf("SC_CLK_TCK")
+
     def close(self) -> None:
         shutil.rmtree(self.sockets, ignore_errors=True)
 
@@ -341,24 +406,26 @@ class LocalQemuHost(QemuHost):
         process = cast(LocalTransport, self.transport).spawn(argv, None)
         return QemuProcess(process, process.pid)
 
-    def threads(self, pid: int) -> list[int]:
-        return thread_ids(pid)
+    def place(self, pid: int, named: dict[int, ThreadPlace], others: tuple[int, ...] | None) -> int:
+        rest = [tid for tid in thread_ids(pid) if tid not in named]
+        for tid, where in named.items():
+            if where.cpus is not None:
+                _pin(tid, where.cpus)
+            if where.policy is not None:
+                apply_policy(tid, where.policy)
+        for tid in rest if others is not None else ():
+            _pin(tid, others)  # type: ignore[arg-type]
+        return len(rest)
 
-    def pin(self, tids: list[int], cpus: tuple[int, ...]) -> None:
-        for tid in tids:
-            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile (a QEMU worker)
-                os.sched_setaffinity(tid, set(cpus))
 
-    def set_policy(self, tids: list[int], policy: SchedPolicy) -> None:
-        for tid in tids:
-            apply_policy(tid, policy)
+def _cpus(cpus: tuple[int, ...] | None) -> str:
+    """CPUs as taskset's list takes them ("-": none given)."""
+    return "-" if cpus is None else ",".join(map(str, cpus))
 
-    def cpu_seconds(self, pid: int, tids: list[int]) -> float | None:
-        try:
-            ticks = sum(_ticks(Path(f"/proc/{pid}/task/{tid}/stat").read_text()) for tid in tids)
-        except OSError:  # QEMU has ended: keep the last reading
-            return None
-        return ticks / os.sysconf("SC_CLK_TCK")
+
+def _pin(tid: int, cpus: tuple[int, ...]) -> None:
+    with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile (a QEMU worker)
+        os.sched_setaffinity(tid, set(cpus))
 
 
 # ---- a KVM host over a transport ---------------------------------------------------------------------------
@@ -373,19 +440,19 @@ class RemoteWorkspace(Workspace):
         self.helper_cpus = ",".join(map(str, helper_cpus))
         self.transport = host.transport
         self.directory = f"{host.qemu_root}/{host.owner}-{next(_serial)}"
-        self.transport.run(["mkdir", "-p", self.directory]).check(f"qemu on {host.label}: mkdir {self.directory}")
-        self.sockets = self.transport.run(["mktemp", "-d", SOCKET_DIR_TEMPLATE]).check(
-            f"qemu on {host.label}: mktemp").stdout.strip()
+        self.sockets = self.transport.run(["sh", "-c", _WORKSPACE, "rtvirt-workspace", self.directory,
+                                           SOCKET_DIR_TEMPLATE, *PIPE_CHARDEVS], timeout=60).check(
+            f"qemu on {host.label}: making its directory {self.directory}").stdout.strip()
         if not _SOCKET_DIR.match(self.sockets):
             raise RunError(f"qemu on {host.label}: mktemp made {self.sockets[:100]!r}")
-        self.transport.run(["sh", "-c", 'printf "%s\\n" "$1" > "$2"', "rtvirt-sockets", self.sockets,
-                            f"{self.directory}/sockets"]).check(f"qemu on {host.label}: noting its sockets")
         self._followers: list[HostProcess] = []
+        self._cpu_times: HostProcess | None = None
+        self._cpu_lines = b""
+        self._clock_ticks: int | None = None
+        self._cpu_seconds: float | None = None
 
     def stage(self, local: Path) -> str:
-        remote = f"{self.host.remote_dir}/images/{file_digest(local)}-{local.name[:64]}"
-        install(self.transport, local, remote)
-        return remote
+        return self.host.stage(local)
 
     def initramfs(self, base: Path, jobs: bytes, local_dir: Path) -> str:
         staged = self.stage(base)
@@ -394,10 +461,16 @@ class RemoteWorkspace(Workspace):
                            input=jobs).check(f"qemu on {self.host.label}: writing the initramfs")
         return path
 
-    def output(self, chardev: str, local: Path) -> str:
+    def _fifos(self, chardev: str) -> str:
+        """The stem of ``chardev``'s FIFO pair (made with the workspace, or now)."""
         stem = f"{self.directory}/{chardev}"
-        self.transport.run(["mkfifo", "-m", "600", f"{stem}.in", f"{stem}.out"]).check(
-            f"qemu on {self.host.label}: mkfifo {stem}")
+        if chardev not in PIPE_CHARDEVS:
+            self.transport.run(["mkfifo", "-m", "600", f"{stem}.in", f"{stem}.out"]).check(
+                f"qemu on {self.host.label}: mkfifo {stem}")
+        return stem
+
+    def output(self, chardev: str, local: Path) -> str:
+        stem = self._fifos(chardev)
         local.parent.mkdir(parents=True, exist_ok=True)
         self._followers.append(self.transport.spawn(["sh", "-c", _FOLLOW, "rtvirt-follow", f"{stem}.out",
                                                      self.helper_cpus], local))
@@ -410,9 +483,7 @@ class RemoteWorkspace(Workspace):
     def clock(self, chardev: str) -> tuple[str, Any]:
         from ...explain.clocksync import ScriptedClockExchange
 
-        stem = f"{self.directory}/{chardev}"
-        self.transport.run(["mkfifo", "-m", "600", f"{stem}.in", f"{stem}.out"]).check(
-            f"qemu on {self.host.label}: mkfifo {stem}")
+        stem = self._fifos(chardev)
         return f"pipe,id={chardev},path={stem}", ScriptedClockExchange(self.transport, stem)
 
     def disk(self, local: Path, size: int) -> str:
@@ -437,7 +508,30 @@ class RemoteWorkspace(Workspace):
     def followers(self) -> list[HostProcess]:
         return self._followers
 
+    def cpu_seconds(self, pid: int, tids: list[int]) -> float | None:
+        """The last reading of a script that reads them there once a second (a command per reading would cost the
+        KVM host a process start each time)."""
+        if self._cpu_times is None:
+            self._cpu_times = self.transport.spawn(["sh", "-c", _CPU_TIMES, "rtvirt-cpu-times", str(pid),
+                                                    *map(str, tids)], None, on_data=self._cpu_read)
+        return self._cpu_seconds
+
+    def _cpu_read(self, data: bytes) -> None:
+        """Lines of the CPU-time script: the tick rate, then sums of ticks (on the connection's event loop)."""
+        *lines, self._cpu_lines = (self._cpu_lines + data).split(b"\n")
+        self._cpu_lines = self._cpu_lines[-64:]
+        for line in lines:
+            if not line.strip().isdigit():
+                continue
+            if self._clock_ticks is None:
+                self._clock_ticks = int(line) or 100
+            else:
+                self._cpu_seconds = int(line) / self._clock_ticks
+
     def close(self) -> None:
+        if self._cpu_times is not None:
+            self._cpu_times.stop(grace=2.0)
+            self._cpu_times = None
         for follower in self._followers:
             follower.stop(grace=2.0)
         self._followers.clear()
@@ -459,7 +553,7 @@ class RemoteQemuHost(QemuHost):
         self.owner = f"{controller_id()}-{os.getpid()}-{process_start_time(os.getpid())}"
         self._probed: dict[str, dict[str, Any]] = {}
         self._online: tuple[int, ...] | None = None
-        self._clock_ticks: int | None = None
+        self._staged: dict[tuple[Path, int, int], str] = {}  # (file, size, mtime) -> its copy there
 
     @property
     def transport(self) -> HostTransport:  # type: ignore[override]
@@ -511,37 +605,31 @@ class RemoteQemuHost(QemuHost):
             time.sleep(0.02)
         return started
 
-    def threads(self, pid: int) -> list[int]:
-        listed = self.transport.run(["ls", "-1", "--", f"/proc/{pid}/task"], timeout=30).stdout.split()
-        return sorted(int(tid) for tid in listed if tid.isdigit())
+    def stage(self, local: Path) -> str:
+        """The copy there of the local file ``local`` (an image), named by its content; copied on first use, and
+        looked for once per campaign."""
+        status = local.stat()
+        key = (local, status.st_size, status.st_mtime_ns)
+        if key not in self._staged:
+            remote = f"{self.remote_dir}/images/{file_digest(local)}-{local.name[:64]}"
+            install(self.transport, local, remote)
+            self._staged[key] = remote
+        return self._staged[key]
 
-    def pin(self, tids: list[int], cpus: tuple[int, ...]) -> None:
-        if tids:
-            self.transport.run(["sh", "-c", _PIN, "rtvirt-pin", ",".join(map(str, cpus)), *map(str, tids)],
-                               timeout=60).check(f"qemu on {self.label}: taskset")
-
-    def set_policy(self, tids: list[int], policy: SchedPolicy) -> None:
-        for tid in tids:
-            if policy.policy == "fifo":
-                argv = ["chrt", "-f", "-p", str(policy.priority), str(tid)]
+    def place(self, pid: int, named: dict[int, ThreadPlace], others: tuple[int, ...] | None) -> int:
+        argv = ["sh", "-c", _PLACE, "rtvirt-place", str(pid), _cpus(others)]
+        for tid, where in named.items():
+            policy = where.policy
+            if policy is None:
+                argv += [str(tid), _cpus(where.cpus), "-", "0", "-", "-"]
             elif policy.policy == "deadline":
-                argv = ["chrt", "-d", "--sched-runtime", str(policy.runtime), "--sched-deadline", str(policy.period),
-                        "--sched-period", str(policy.period), "-p", "0", str(tid)]
+                argv += [str(tid), _cpus(where.cpus), "d", "0", str(policy.runtime), str(policy.period)]
             else:
-                argv = ["chrt", "-o", "-p", "0", str(tid)]
-            self.transport.run(argv, timeout=30).check(f"qemu on {self.label}: {policy.describe()} for thread {tid}")
-
-    def cpu_seconds(self, pid: int, tids: list[int]) -> float | None:
-        if self._clock_ticks is None:
-            said = self.transport.run(["getconf", "CLK_TCK"], timeout=30).stdout.strip()
-            self._clock_ticks = int(said) if said.isdigit() and int(said) > 0 else 100
-        result = self.transport.run(["cat", "--", *(f"/proc/{pid}/task/{tid}/stat" for tid in tids)], timeout=30)
-        if result.returncode != 0:
-            return None
-        try:
-            return sum(_ticks(line) for line in result.stdout.splitlines() if line) / self._clock_ticks
-        except (IndexError, ValueError):
-            return None
+                priority = policy.priority if policy.policy == "fifo" else 0
+                argv += [str(tid), _cpus(where.cpus), "f" if policy.policy == "fifo" else "o", str(priority), "-", "-"]
+        said = self.transport.run(argv, timeout=60).check(f"qemu on {self.label}: placing QEMU's threads")
+        count = said.stdout.strip()
+        return int(count) if count.isdigit() else 0
 
     def reclaim(self) -> list[str]:
         """QEMUs whose rtvirt on this controller died (its watchdog should have ended them: this is the second
