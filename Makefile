@@ -28,8 +28,8 @@ run: setup
 TEST_WORKERS ?= 3
 test: setup-all
 	status=0; \
-	$(VENV)/bin/python -m pytest -q -ra --durations=15 -n $(TEST_WORKERS) --dist loadgroup -m "not quiet" || status=$$?; \
-	$(VENV)/bin/python -m pytest -q -ra --durations=15 -m quiet || status=$$?; \
+	$(VENV)/bin/python -m pytest -q -ra --durations=30 -n $(TEST_WORKERS) --dist loadgroup -m "not quiet" || status=$$?; \
+	$(VENV)/bin/python -m pytest -q -ra --durations=30 -m quiet || status=$$?; \
 	exit $$status
 
 check: setup-all
