@@ -17,10 +17,11 @@ HOST_PATTERN = r"^(local|lab|[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}@[A-Za-z0-9_.%-]{1
 
 
 class KvmLabConfig(BaseModel):
-    """The machine QEMU emulates for a KVM lab: its CPUs (each a pCPU of the lab's KVM), memory and accelerator."""
+    """The machine QEMU emulates for a KVM lab: its CPUs (each a pCPU of the lab's KVM), memory and accelerator.
+    Its architecture is the environment's ``arch`` (the guests'), its machine that architecture's entry of
+    ``arch.LAB_ARCHES``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    arch: Literal["x86_64"] = Field("x86_64", description="the lab's architecture (x86_64: kvm-amd)")
     pcpus: int = Field(2, ge=1, le=8, description="CPUs of the emulated machine (the lab's KVM's pCPUs)")
     memory: int = Field(3072, ge=1024, le=16384, description="memory of the emulated machine in MiB")
     accel: Literal["auto", "kvm", "tcg"] = Field("auto", description="QEMU accelerator of the lab itself "
@@ -29,9 +30,9 @@ class KvmLabConfig(BaseModel):
                                               description="time the lab may take to come up (its sshd and "
                                                           "libvirtd answering)")
 
-    def key(self) -> str:
-        """Environments whose lab tables are equal share one boot (SharedResources)."""
-        return "kvm-lab:" + json.dumps(self.model_dump(mode="json"), sort_keys=True)
+    def key(self, arch: str) -> str:
+        """Environments of one architecture whose lab tables are equal share one boot (SharedResources)."""
+        return f"kvm-lab:{arch}:" + json.dumps(self.model_dump(mode="json"), sort_keys=True)
 
 
 def host_field() -> Any:

@@ -64,7 +64,7 @@ class LibvirtDomainState(Environment):
         if self._lab is None:
             from ..kvmlab import open_kvm_lab
 
-            self._lab = open_kvm_lab(self.config.lab, self.shared)
+            self._lab = open_kvm_lab(self.config.lab, self.config.arch, self.shared)
         return self._lab
 
     def _online_cpus(self) -> list[int]:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...agents import native_arch
 from ...errors import RunError
 from ...fileio import write_atomically
 from ..guest_image import READY_MARK, GuestImage, cache_dir, guest_image, job_archive
@@ -63,12 +64,15 @@ def _boot_once(image: GuestImage, accel: str, workdir: Path, timeout_s: float) -
     return None
 
 
-def choose_accel(requested: str = "auto") -> dict[str, Any]:
+def choose_accel(requested: str = "auto", arch: str | None = None) -> dict[str, Any]:
     """Which accelerator to use, and why: a calibration boot under KVM decides (cached per host setup).
 
     /dev/kvm can exist where KVM only emulates (nested without hardware support): a guest that does not
-    come up under KVM within the calibration timeout means TCG is the faster choice.
+    come up under KVM within the calibration timeout means TCG is the faster choice. A guest of another
+    architecture than the host's is always emulated.
     """
+    if arch is not None and arch != native_arch():
+        return {"accel": "tcg", "reason": f"an {arch} guest on an {native_arch()} host is emulated"}
     override = os.environ.get("RTVIRT_ACCEL")
     if override in ("kvm", "tcg"):
         requested = override
