@@ -92,7 +92,7 @@ class LibvirtDomainXml(LibvirtDomainState):
                 ET.SubElement(backing, "locked")
         board = GUEST_BOARDS[config.arch]
         os_element = ET.SubElement(root, "os")
-        ET.SubElement(os_element, "type", **board.os_type).text = "hvm"
+        ET.SubElement(os_element, "type", dict(board.os_type)).text = "hvm"
         ET.SubElement(os_element, "kernel").text = kernel
         if initrd is None:  # the bare-metal guest: the probe's argv is its command line
             ET.SubElement(os_element, "cmdline").text = self._baremetal_cmdline

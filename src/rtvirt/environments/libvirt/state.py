@@ -73,6 +73,11 @@ class LibvirtDomainState(Environment):
         _, online, _ = self._conn().conn.getCPUMap(0)
         return [cpu for cpu, up in enumerate(online) if up]
 
+    def platform_cpus(self) -> tuple[int, ...]:
+        """Where same-core/other-core disturbing domains may run: the CPUs of the host whose libvirtd runs the
+        domain (a KVM lab's, a remote host's), as its vcpupin numbers them."""
+        return tuple(self._online_cpus())
+
     def _host_cpus(self) -> tuple[int, ...]:
         """Host CPUs for vCPU i = the i-th of these (cycling); default: the last CPU first, then downwards."""
         if self.config.cputune is not None:

@@ -22,7 +22,7 @@ from .files import VIF_HOTPLUG, VIF_SCRIPT, _domu_base
 __all__ = ["DOM0_FAILED_MARK", "dom0_root_image"]
 
 
-ROOT_PACKAGES = ("xen-utils-4.17", "xenstore-utils", "openssh-server", "busybox-static", "iproute2", "procps")
+ROOT_PACKAGES = ("xen-utils-4.17", "xenstore-utils", "openssh-server", "busybox-static", "iproute2", "procps", "mount")
 # the root's disk and file system, then Xen's devices (DOM0_MODULES without x86's virtio-pci network)
 BOOT_MODULES = ("virtio_mmio", "virtio_blk", "crc32c_generic", "ext4", "virtio_net",
                 *(m for m in DOM0_MODULES if m not in ("virtio_pci", "virtio_net")))
@@ -51,6 +51,10 @@ exec switch_root /newroot {DOM0_INIT_PATH}
 # the root's init (no systemd): tmpfs, then what every lab's dom0 starts (xenstored, xenconsoled, network, sshd)
 ROOT_INIT = rf"""#!/bin/sh
 export PATH={DOM0_PATH}
+fail() {{ echo "{DOM0_FAILED_MARK} $*"; sleep 2; poweroff -f; }}
+for tool in mount ip xl xenstored xen-init-dom0 xenconsoled xenstore-read sshd busybox; do
+  command -v $tool >/dev/null || fail "$tool is missing from dom0's root"
+done
 mount -t tmpfs -o mode=755 tmpfs /run
 mount -t tmpfs tmpfs /tmp
 mkdir -p /dev/pts /dev/shm /run/xen /var/lib/xen /var/lib/xenstored /var/log/xen /run/rtvirt /run/sshd

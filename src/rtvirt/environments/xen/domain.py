@@ -221,10 +221,12 @@ class XenEnvironment(XenTeardown):
         self._beside.append(GuestJob([f"{GUEST_AGENT_DIR}/{agent}", *args]))
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
-        """Another domU of the same Xen; its pCPUs come from ``stressor_cpus`` (host CPUs mean nothing to Xen)."""
+        """Another domU of the same Xen; its pCPUs come from ``stressor_cpus``, else from its disturbance's
+        placement (``host_cpus``: Xen pCPUs, guest_placement), else the measuring domU's."""
         config = self.config.model_copy(update={"name": f"{self.config.label[:40]}-stress{index}"})
         domu = XenEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
         domu._parent = self
+        domu._placed = host_cpus  # None unless a guest_cpus placed it (Xen's measured_cpus are all host CPUs)
         return domu
 
     def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:

@@ -51,7 +51,7 @@ class XenPools(XenDomainState):
         parent = self._parent
         if parent._pool is None:
             return None
-        stressor_cpus = self.config.stressor_cpus if self.config.pin else None
+        stressor_cpus = (self.config.stressor_cpus or self._placed) if self.config.pin else None
         if stressor_cpus is None or set(stressor_cpus) <= set(parent._pool_cpus):
             return parent._pool
         return None
