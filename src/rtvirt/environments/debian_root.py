@@ -25,7 +25,7 @@ from ..fileio import mark_used, prune_cache
 from .guest_image import DEBIAN_ARCHES, apt_name, cache_dir
 from .lab_machine import run_step
 
-__all__ = ["DOC_FILES", "MIRROR", "SECURITY_MIRROR", "debian_root", "foreign_emulation"]
+__all__ = ["DOC_FILES", "MIRROR", "SECURITY_MIRROR", "debian_root", "foreign_emulation", "handover_init"]
 
 
 # the archive's suites a root is made from, as this machine's own sources name them (bookworm)
@@ -147,3 +147,22 @@ def _build(arch: str, packages: tuple[str, ...], excluded: tuple[str, ...], cust
         partial.rename(target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def handover_init(failed_mark: str, root_name: str, prepare: str, init: str, wait_tenths: int = 200) -> str:
+    """The ``/init`` of a lab's boot initramfs: busybox, its modules loaded, the root (``/dev/vda``, ext4) mounted
+    on /newroot, ``prepare`` run (shell lines: checks, this lab's files copied in; ``fail WHY`` ends the boot
+    with ``failed_mark``), then the root's own ``init``."""
+    return rf"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+fail() {{ echo "{failed_mark} $*"; sleep 2; poweroff -f; }}
+for m in $(cat /rtvirt/modules); do insmod "/rtvirt/modules.d/$m" || echo "rtvirt: insmod $m failed"; done
+n=0; until [ -b /dev/vda ] || [ $n -gt {wait_tenths} ]; do n=$((n+1)); sleep 0.1; done
+mkdir -p /newroot
+mount -t ext4 /dev/vda /newroot || fail "cannot mount {root_name} (/dev/vda)"
+{prepare}for d in proc sys dev; do mount --move /$d /newroot/$d; done
+exec switch_root /newroot {init}
+"""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ...agents import AGENTS, agent_path
 from ...fileio import mark_used, prune_cache, write_atomically
-from ..debian_root import DOC_FILES, debian_root
+from ..debian_root import DOC_FILES, debian_root, handover_init
 from ..guest_image import Cpio, _fetch_kernel, _modules_in_load_order, arch_cache, busybox, cache_dir
 from ..lab_machine import sshd_config
 from .arch import LabArch
@@ -39,25 +39,14 @@ LAB_AGENT_DIR = "/opt/rtvirt/bin"
 LAB_INIT = "/usr/local/sbin/rtvirt-lab-init"
 
 # the initramfs: modules, the root mounted, this lab's keys and our agents put in it, then the root's init
-INITRAMFS_INIT = rf"""#!/bin/busybox sh
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-fail() {{ echo "{LAB_FAILED_MARK} $*"; sleep 2; poweroff -f; }}
-for m in $(cat /rtvirt/modules); do insmod "/rtvirt/modules.d/$m" || echo "rtvirt: insmod $m failed"; done
-n=0; until [ -b /dev/vda ] || [ $n -gt 200 ]; do n=$((n+1)); sleep 0.1; done
-mkdir -p /newroot
-mount -t ext4 /dev/vda /newroot || fail "cannot mount the lab's root file system (/dev/vda)"
-[ -c /dev/kvm ] || fail "no /dev/kvm: $(cat /rtvirt/kvm-module) did not load ($(dmesg | grep -i -m1 -e svm -e kvm))"
+NO_KVM = 'fail "no /dev/kvm: $(cat /rtvirt/kvm-module) did not load ($(dmesg | grep -i -m1 -e svm -e kvm))"'
+INITRAMFS_INIT = handover_init(LAB_FAILED_MARK, "the lab's root file system", f"""[ -c /dev/kvm ] || {NO_KVM}
 mkdir -p /newroot/root/.ssh /newroot{LAB_AGENT_DIR}
 cp /rtvirt/lab/ssh_host_ed25519_key /newroot/etc/ssh/ssh_host_ed25519_key
 chmod 600 /newroot/etc/ssh/ssh_host_ed25519_key
 cp /rtvirt/lab/authorized_keys /newroot/root/.ssh/authorized_keys
 cp /rtvirt/bin/* /newroot{LAB_AGENT_DIR}/
-for d in proc sys dev; do mount --move /$d /newroot/$d; done
-exec switch_root /newroot {LAB_INIT}
-"""
+""", LAB_INIT)
 
 # the root's init (no systemd): tmpfs, cgroup v2, the network QEMU's user mode gives, sshd, virtlogd and libvirtd
 ROOT_INIT = rf"""#!/bin/sh

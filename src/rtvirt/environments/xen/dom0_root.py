@@ -13,7 +13,7 @@ import hashlib
 from pathlib import Path
 
 from ...fileio import mark_used, prune_cache, write_atomically
-from ..debian_root import DOC_FILES, debian_root
+from ..debian_root import DOC_FILES, debian_root, handover_init
 from ..guest_image import Cpio, _fetch_kernel, _modules_in_load_order, arch_cache, busybox, kernel_elf
 from ..lab_machine import sshd_config
 from .dom0_image import DOM0_MODULES, DOM0_PATH, DOM0_SERVICES, DOMU_INITRAMFS, DOMU_KERNEL
@@ -30,23 +30,12 @@ DOM0_FAILED_MARK = "RTVIRT-DOM0-FAILED"
 DOM0_INIT_PATH = "/usr/local/sbin/rtvirt-dom0-init"
 
 # the initramfs: modules, the root mounted, this lab's keys and the domUs' files put in it, then the root's init
-BOOT_INIT = rf"""#!/bin/busybox sh
-/bin/busybox --install -s /bin
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-fail() {{ echo "{DOM0_FAILED_MARK} $*"; sleep 2; poweroff -f; }}
-for m in $(cat /rtvirt/modules); do insmod "/rtvirt/modules.d/$m" || echo "rtvirt: insmod $m failed"; done
-n=0; until [ -b /dev/vda ] || [ $n -gt 300 ]; do n=$((n+1)); sleep 0.1; done
-mkdir -p /newroot
-mount -t ext4 /dev/vda /newroot || fail "cannot mount dom0's root file system (/dev/vda)"
+BOOT_INIT = handover_init(DOM0_FAILED_MARK, "dom0's root file system", """\
 mkdir -p /newroot/root/.ssh /newroot/rtvirt/domu
 cp /etc/ssh/ssh_host_ed25519_key /newroot/etc/ssh/ssh_host_ed25519_key
 cp /root/.ssh/authorized_keys /newroot/root/.ssh/authorized_keys
 cp /rtvirt/domu/* /newroot/rtvirt/domu/
-for d in proc sys dev; do mount --move /$d /newroot/$d; done
-exec switch_root /newroot {DOM0_INIT_PATH}
-"""
+""", DOM0_INIT_PATH, wait_tenths=300)
 
 # the root's init (no systemd): tmpfs, then what every lab's dom0 starts (xenstored, xenconsoled, network, sshd)
 ROOT_INIT = rf"""#!/bin/sh
