@@ -290,6 +290,8 @@ class XenEnvironment(XenTeardown):
                                       "hypervisor": lab.hypervisor.name if lab.hypervisor else None,
                                       "dom0_root": lab.dom0_root.name if lab.dom0_root else None}
         description["applied"] = self._readback
+        if self._parent is None:
+            description["disturbing_domus"] = self._disturbers
         if self._dom0 is not None:
             description["dom0_slow_answers"] = self._dom0.slow_answers  # status reads retried (patient_run)
         if self._ready_at is not None:

@@ -37,6 +37,7 @@ class XenDomainState(Environment):
         self._readback: dict[str, Any] = {}
         self._parent: Self | None = None  # set on disturbing domUs: they share its pool
         self._placed: tuple[int, ...] | None = None  # a disturbing domU's pCPUs as its disturbance placed it
+        self._disturbers: list[dict[str, Any]] = []  # the measuring domU's: its disturbing domUs' read-back
         self._pool_id: int | None = None
         self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
         self._image: GuestImage | None = None  # the measuring domU's guest image (linux, linux-rt)
