@@ -1,7 +1,7 @@
 # The two commands of the README: `make run` (set up, then the main job) and `make test`.
 VENV ?= .venv
 RESULTS ?= results
-NATIVE_SOURCES := $(shell find agents sim -name '*.[ch]' -o -name '*.cpp' -o -name '*.hpp' -o -name CMakeLists.txt 2>/dev/null)
+NATIVE_SOURCES := $(shell find agents sim -name '*.[chS]' -o -name '*.ld' -o -name '*.cpp' -o -name '*.hpp' -o -name CMakeLists.txt 2>/dev/null)
 
 .PHONY: setup setup-all run test check clean
 # `make run` installs what the main job needs (host, partition, QEMU guest); `make test` everything else

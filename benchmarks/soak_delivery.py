@@ -1,6 +1,7 @@
 """Soak: many short runs of a measuring guest beside two disturbing guests that start first (issue 27's failing
 configuration, examples/scenarios/soak-delivery.toml), optionally with the host's CPUs kept busy; then every run's
-manifest is checked: complete, and the host holds every record the guest's agent wrote.
+manifest is checked: complete (or short: whole, with fewer samples than promised), and the host holds every record
+the guest's agent wrote.
 
     .venv/bin/python benchmarks/soak_delivery.py --repetitions 100            # a quiet host
     .venv/bin/python benchmarks/soak_delivery.py --repetitions 100 --load 2   # its 2 CPUs kept busy
@@ -83,7 +84,9 @@ def main() -> None:
     print(f"soak: {args.repetitions} repetitions per group, {args.load} busy loops beside, {elapsed / 60:.1f} min")
     for group, counts in sorted(tally.items()):
         print(f"  {group}: " + ", ".join(f"{key}: {value}" for key, value in sorted(counts.items())))
-    lost = sum(counts["lost records"] + counts["runs"] - counts["status complete"] for counts in tally.values())
+    # a short run (the load starved it of samples) kept its whole stream: not a loss
+    lost = sum(counts["lost records"] + counts["runs"] - counts["status complete"] - counts["status short"]
+               for counts in tally.values())
     sys.exit(1 if lost or not tally else 0)
 
 

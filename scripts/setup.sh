@@ -38,9 +38,9 @@ LIVE=(
   prometheus                                      # the live view's /metrics scraped by a real Prometheus in tests
 )
 ARM=(
-  gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents for Arm targets; the arm64 Xen lab's hypervisor
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents and kernel; the arm64 Xen lab's hypervisor
   qemu-user-static                                # runs the aarch64 agents in tests; the ARM labs' arm64 roots' scripts
-  qemu-system-arm                                 # the ARM labs (an emulated Cortex-A72 board with a GICv2)
+  qemu-system-arm                                 # the aarch64 bare-metal guest (qemu arch = "aarch64"); the ARM labs
   mmdebstrap e2fsprogs                            # the ARM labs' Debian arm64 roots (KVM host, Xen dom0)
   flex bison dpkg-dev                             # the arm64 Xen lab's hypervisor build (apt-get source xen)
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -133,6 +134,27 @@ def steal_live_stream(results: Path, min_bytes: int = 2048,
 # free. A test marked ``xdist_group`` keeps its own (a module whose tests ask for a fixture at run time marks them).
 
 
+# A campaign run that ran to its end: complete, or short of the samples it promised (docs/scenarios.md, "Short runs"):
+# a timer in a TCG guest or the nested Xen lab overruns periods when the host is loaded, and what the tests of
+# guests and labs check does not depend on how many samples that left.
+RAN = ("complete", "short")
+
+
+def assert_ran(result: subprocess.CompletedProcess[str]) -> None:
+    """`rtvirt run` measured every run to its end: exit 0, or 1 when runs were short and none failed."""
+    said = result.stderr[-3000:] + result.stdout[-3000:]
+    if result.returncode == 0:
+        return
+    assert result.returncode == 1, said
+    if "{" in result.stdout:  # --json: one campaign's document, or several
+        document = json.loads(result.stdout[result.stdout.index("{"):])
+        statuses = {run["status"] for campaign in document.get("campaigns", [document])
+                    for run in campaign["runs"].values()}
+        assert "short" in statuses and statuses <= set(RAN), said
+    else:
+        assert "run(s) failed" not in result.stdout and "short of their expected samples" in result.stdout, said
+
+
 def guest_stressor_cause(explanation: Any) -> tuple[str, int]:
     """The in-guest stressor's worker as the guest layer names it (``guest task rtvirt-stress/PID SCHED_FIFO/RR
     50``), checked to be the guest task that held the probe back most, and how many outliers it held back."""
@@ -145,8 +167,12 @@ def guest_stressor_cause(explanation: Any) -> tuple[str, int]:
     worker = max(stressor, key=lambda cause: stressor[cause])
     assert "SCHED_FIFO" in worker and worker.endswith(" 50"), worker  # the worker at its priority
     # of the guest's tasks, the stressor's worker is the one that held the probe back (under TCG the rest of
-    # these windows is mostly the guest idle, waiting for a late timer IRQ: not the stressor's)
-    tasks = {cause: ns for cause, ns in by_cause.items() if cause.startswith("guest task ")}
+    # these windows is mostly the guest idle, waiting for a late timer IRQ: not the stressor's). The guest's trace
+    # relay (rtvirt-trace, the flight recorder's) is left out: under TCG it formats its trace at about 100 us an
+    # event and is often the guest's current task when the host takes the vCPU's thread away, time the guest
+    # layer alone gives to that task (at host load 17 it out-weighed the stressor in 2 of 3 runs)
+    tasks = {cause: ns for cause, ns in by_cause.items()
+             if cause.startswith("guest task ") and not cause.startswith("guest task rtvirt-trace/")}
     assert max(tasks, key=lambda cause: tasks[cause]) == worker, tasks
     return worker, len({part.rank for part in explanation.parts if part.cause == worker})
 

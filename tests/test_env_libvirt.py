@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, steal_live_stream
+from conftest import RAN, assert_ran, run_cli, steal_live_stream
 from sshd_server import SshServer
 
 from rtvirt.agents import agent_args
@@ -241,7 +241,7 @@ def test_fifo_pinned_domain_killed_with_9_is_reclaimed_and_resumed(libvirtd: str
     assert f"{stray[0]}.initrd" not in volumes
     state = json.loads(next(results.glob("campaigns/*/state.json")).read_text())
     entry = state["runs"]["lv/solo/-/r1"]
-    assert entry["status"] == "complete" and len(entry["salvaged"]) == 1
+    assert entry["status"] in RAN and len(entry["salvaged"]) == 1
     manifest = load_run(results / "runs" / entry["run_id"]).manifest
     detail = manifest["environment_detail"]
     assert manifest["summary"]["all"]["samples"] > 1000 and manifest["summary"]["all"]["dropped"] == 0
@@ -287,9 +287,9 @@ def test_other_vm_stress_is_a_second_libvirt_domain(libvirtd: str, tmp_path: Pat
     scenario = _scenario(tmp_path / "vm.toml", "2s", env, disturbance)
     result = run_cli("run", "--no-report", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
                      timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    assert_ran(result)
     (key, run), = json.loads(result.stdout[result.stdout.index("{"):])["runs"].items()
-    assert run["status"] == "complete", run
+    assert run["status"] in RAN, run
     manifest = load_run(tmp_path / "results" / "runs" / run["run_id"]).manifest
     assert [e["event"] for e in manifest["timeline"]][:1] == ["stress-on"]  # stress-first: the guest booted
     assert manifest["environment_detail"]["domain"].startswith(f"{DOMAIN_PREFIX}lv2-")
@@ -314,9 +314,9 @@ def test_a_design_runs_as_a_libvirt_scenario_without_editing(libvirtd: str, tmp_
     assert scenario.environments[0].kind == "libvirt" and scenario.environments[0].cputune == cputune
     result = run_cli("run", "--no-report", str(scenario_file), "--scale", "0.05", "--out", str(tmp_path / "results"),
                      "--no-progress", "--json", timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    assert_ran(result)
     runs = json.loads(result.stdout[result.stdout.index("{"):])["runs"]
-    assert {r["status"] for r in runs.values()} == {"complete"} and len(runs) == 2
+    assert {r["status"] for r in runs.values()} <= set(RAN) and len(runs) == 2
     manifest = load_run(tmp_path / "results" / "runs" / runs["ctl/solo/-/r1"]["run_id"]).manifest
     assert f"<vcpupin vcpu='0' cpuset='{MEASURED}'/>" in manifest["environment_detail"]["domain_xml"]
     assert "scheduler='fifo' priority='90'" in manifest["environment_detail"]["domain_xml"]
@@ -345,9 +345,9 @@ def test_remote_uris_over_a_real_sshd(libvirtd: str, tmp_path: Path) -> None:
         env = f'kind = "libvirt"\nname = "lvssh"\nuri = "{uri}"\ndomain_type = "qemu"\ncpus = [{MEASURED}]'
         result = run_cli("run", "--no-report", str(_scenario(tmp_path / "ssh.toml", "1s", env)), "--out",
                          str(tmp_path / "results"), "--no-progress", "--json", timeout=240)
-        assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+        assert_ran(result)
         (key, run), = json.loads(result.stdout[result.stdout.index("{"):])["runs"].items()
-        assert run["status"] == "complete", run
+        assert run["status"] in RAN, run
         # without the local sysctl/cgroup files, a refused fifo vcpusched is still explained
         with Supervisor() as supervisor:
             fifo = LibvirtEnvironment(LibvirtConfig(uri=uri, domain_type="qemu", cpus=(MEASURED,),
@@ -566,9 +566,9 @@ def test_the_bare_metal_guest_streams_samples_from_a_libvirt_domain(libvirtd: st
     scenario = _scenario(tmp_path / "bare.toml", "2s", env)
     result = run_cli("run", "--no-report", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
                      timeout=240)
-    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    assert_ran(result)
     (key, run), = json.loads(result.stdout[result.stdout.index("{"):])["runs"].items()
-    assert run["status"] == "complete", run
+    assert run["status"] in RAN, run
     stored = load_run(tmp_path / "results" / "runs" / run["run_id"])
     detail = stored.manifest["environment_detail"]
     assert detail["guest"] == "baremetal" and detail["guest_kernel"] == "rtvirt-baremetal"
@@ -611,9 +611,9 @@ def test_a_preempt_rt_guest_boots_in_libvirt_and_its_manifest_says_so(libvirtd: 
     scenario = _scenario(tmp_path / "rt.toml", "1s", env)
     result = run_cli("run", "--no-report", str(scenario), "--out", str(tmp_path / "results"), "--no-progress", "--json",
                      timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]
+    assert_ran(result)
     (key, run), = json.loads(result.stdout[result.stdout.index("{"):])["runs"].items()
-    assert run["status"] == "complete", run
+    assert run["status"] in RAN, run
     manifest = load_run(tmp_path / "results" / "runs" / run["run_id"]).manifest
     detail = manifest["environment_detail"]
     assert detail["guest"] == "linux-rt" and detail["preempt_rt"] is True
@@ -631,12 +631,12 @@ def test_a_lost_live_stream_is_recovered_from_the_domains_copy_volume(libvirtd: 
     thief, removed = steal_live_stream(results)
     result = run_cli("run", "--no-report", str(scenario), "--out", str(results), "--no-progress", timeout=300)
     thief.join()
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert_ran(result)
     assert removed, "the live stream never grew past its header"
     [manifest_path] = results.glob("runs/*/manifest.json")
     manifest = json.loads(manifest_path.read_text())
     delivery = manifest["delivery"]
-    assert manifest["status"] == "complete" and "from the guest's copy" in delivery["recovered"]
+    assert manifest["status"] in RAN and "from the guest's copy" in delivery["recovered"]
     assert delivery["agent_records"] == delivery["host_records"] == manifest["summary"]["all"]["samples"] > 10
     with SharedResources() as shared:  # the copy's volume went with its domain
         connection = shared.get("c", lambda: LibvirtConnection(libvirtd))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from rtvirt.environments.guest_image import GuestJob, job_archive
+from rtvirt.environments.console_log import CONSOLE_HEAD_BYTES, CONSOLE_TAIL_BYTES, bound_console_file, keep_console
+from rtvirt.environments.guest_image import EXIT_MARK, READY_MARK, GuestJob, job_archive
 from rtvirt.environments.qemu import TCG_WARNING, QemuConfig, QemuEnvironment
 from rtvirt.environments.sched import SchedPolicy, apply_policy
 from rtvirt.errors import RunError
@@ -76,6 +78,29 @@ def test_tcg_guest_boots_and_streams_timer_samples_to_the_host(tmp_path: Path) -
     assert description["acceleration"] == "tcg" and env.warnings() == [TCG_WARNING]
     assert description["vcpu_threads"]["0"]["host_cpu"] == cpu
     assert description["boot_seconds"] is not None
+    # the guest's console stays in its work directory, as printable text, to its last words
+    kept = (tmp_path / "vm" / "console.log").read_text()
+    assert READY_MARK in kept and f"{EXIT_MARK} 0" in kept and not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", kept)
+
+
+def test_a_console_is_kept_bounded_to_its_beginning_and_end_as_printable_text(tmp_path: Path) -> None:
+    """A guest that floods its console (or writes terminal escapes into it) leaves a bounded, harmless copy: its
+    boot and its last words, with how much was left out between them."""
+    console = tmp_path / "console.log"
+    middle = b"\x1b[2J\x07flood\r\n" * 200_000
+    original = b"Linux version 6.1 boot\n" + middle + b"Out of memory: Killed process 42 (rtvirt-stress)\n"
+    console.write_bytes(original)
+    bound_console_file(console)
+    kept = console.read_text()
+    assert kept.startswith("Linux version 6.1 boot\n") and kept.endswith("Killed process 42 (rtvirt-stress)\n")
+    left_out = int(re.search(r"\[rtvirt: (\d+) bytes of this console left out here\]", kept)[1])  # type: ignore[index]
+    assert left_out == len(original) - CONSOLE_HEAD_BYTES - CONSOLE_TAIL_BYTES
+    assert len(kept.encode()) < CONSOLE_HEAD_BYTES + CONSOLE_TAIL_BYTES + 100
+    assert "\x1b" not in kept and "\x07" not in kept and "\r" not in kept and "?[2J?flood\n" in kept
+    keep_console(tmp_path / "short.log", b"ok\x1b]0;title\x07\n")  # a small one whole, cleaned
+    assert (tmp_path / "short.log").read_text() == "ok?]0;title?\n"
+    bound_console_file(tmp_path / "never-written.log")  # a guest that never started: nothing, no error
+    assert not (tmp_path / "never-written.log").exists()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="real-time policies need root")

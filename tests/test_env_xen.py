@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 import tomli_w
-from conftest import RTVIRT, run_cli
+from conftest import RAN, RTVIRT, assert_ran, run_cli
 from sshd_server import SshServer, descendants, free_port, process_name
 
-from rtvirt.environments.guest_image import _fetch_kernel, cache_dir, guest_image, kernel_elf
+from rtvirt.environments.guest_image import EXIT_MARK, READY_MARK, _fetch_kernel, cache_dir, guest_image, kernel_elf
 from rtvirt.environments.xen import XenConfig, XenEnvironment, local_domu_files
 from rtvirt.environments.xen.console import Dom0Listeners
 from rtvirt.environments.xen.lab import LAB_ROOT
@@ -212,7 +212,7 @@ def lab_campaign(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[s
         (work / "cots-xen.toml").write_text(cots_xen_subset())
         result = run_cli("run", str(work / "lab.toml"), str(work / "cots-xen.toml"), "--out", str(work / "results"),
                          "--no-progress", "--json", timeout=1800)
-        assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+        assert_ran(result)
         lab, cots = _summary(result.stdout)["campaigns"]
         _CAMPAIGNS.update(lab=(work / "results", lab), cots=(work / "results", cots))
     return _CAMPAIGNS["lab"]
@@ -227,7 +227,7 @@ def lab_cots_campaign(lab_campaign: tuple[Path, dict[str, Any]]) -> tuple[Path, 
 def _run(lab_campaign: tuple[Path, dict[str, Any]], key: str) -> dict[str, Any]:
     results, summary = lab_campaign
     run = summary["runs"][key]
-    assert run["status"] == "complete", run
+    assert run["status"] in RAN, run
     return load_run(results / "runs" / run["run_id"]).manifest  # type: ignore[no-any-return]
 
 
@@ -403,6 +403,13 @@ def test_a_neighbour_domu_on_the_same_pcpu_takes_time_that_one_pinned_apart_does
     # credit2 splits the pCPU between the two domUs; apart, the neighbour takes none of it (nested TCG on a
     # loaded host lowers both shares, not their ratio)
     assert 0 < share["shared-pcpu"] < share["pinned-apart"] * 0.7, share
+    # both domUs' consoles are kept in the run (the neighbour's is the only account of why it might stop), as
+    # xenconsoled logged them in dom0, and removed there
+    work = lab_campaign[0] / "runs" / lab_campaign[1]["runs"]["placement/shared-pcpu/neighbour/stress-first/r1"][
+        "run_id"] / "work"
+    measuring, neighbour = (work / "console.log").read_text(), (work / "stress-vm-1" / "console.log").read_text()
+    assert READY_MARK in measuring and f"{EXIT_MARK} 0" in measuring, measuring[-2000:]
+    assert READY_MARK in neighbour, neighbour[-2000:]
 
 
 # the two tests whose rtvirt owns a lab of its own share a worker: each checks that no lab is left without its owner,
@@ -461,11 +468,10 @@ def test_kill_9_then_resume_reclaims_the_lab_and_finishes_arinc653_and_credit(tm
         time.sleep(0.5)
     assert not any(str(lab) in line for line in _lab_qemus()) and lab.exists()
     resumed = run_cli("run", "--no-report", "--resume", "--out", str(results), "--no-progress", "--json", timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:] + resumed.stdout[-3000:]
+    assert_ran(resumed)
     assert not lab.exists() and _orphans() == []
     runs = _summary(resumed.stdout)["runs"]
-    assert {key: run["status"] for key, run in runs.items()} == {"a653/solo/-/r1": "complete",
-                                                                 "credit/solo/-/r1": "complete"}
+    assert set(runs) == {"a653/solo/-/r1", "credit/solo/-/r1"} and {run["status"] for run in runs.values()} <= set(RAN)
     a653 = load_run(results / "runs" / runs["a653/solo/-/r1"]["run_id"]).manifest
     applied = a653["environment_detail"]["applied"]["arinc653"]
     assert applied["major_frame_ns"] == 20_000_000

@@ -64,6 +64,55 @@ def test_records_are_read_per_pcpu_with_their_tsc_and_a_cut_tail_is_dropped() ->
         list(parse_records(_record(0x21101, (1,), 5)))
 
 
+def _block(cpu: int, records: bytes) -> bytes:
+    """One pCPU buffer window as xentrace writes it: a CPU_CHANGE record (pCPU, length), then its records."""
+    return _record(0x1F003, (cpu, len(records)), None) + records
+
+
+def test_the_xentrace_stream_is_cut_at_whole_pcpu_blocks_and_freed_behind(tmp_path: Path) -> None:
+    """The flight recorder's xentrace streams into a file that grows while the run goes: what is taken is whole
+    pCPU blocks (a block still arriving waits), readable as a trace on its own and joined with the next, and the
+    file gives back what was taken (no longer a 2 GB file after an 8 h run)."""
+    from rtvirt.explain.xensegments import _Stream
+
+    running = [_block(cpu, b"".join(_record(0x21101, (5 << 16 | 2,), (cpu + 1) * 10**6 + i) for i in range(3000)))
+               for cpu in (0, 1, 0)]
+    local = tmp_path / "stream.bin"
+    stream = _Stream(local, None, follows=False)
+    assert stream.take() == (b"", None)  # nothing arrived yet: no file
+    local.write_bytes(running[0] + running[1][:100])
+    first, problem = stream.take()
+    assert problem is None and first == running[0]
+    with local.open("ab") as f:
+        f.write(running[1][100:] + running[2])
+    second, _ = stream.take()
+    assert second == running[1] + running[2] and stream.take() == (b"", None)
+    records = list(parse_records(first)) + list(parse_records(second))
+    assert [r.cpu for r in records] == [0] * 3000 + [1] * 3000 + [0] * 3000
+    assert local.stat().st_size == 3 * len(running[0]) and local.stat().st_blocks * 512 <= 1 << 16  # (64 KiB steps)
+    with local.open("ab") as f:  # not xentrace's blocks: the rest is not trusted, and the notes say so
+        f.write(b"\xff" * 64)
+    assert stream.take()[1] == (f"xentrace's stream broke at byte {3 * len(running[0])} ('{'?' * 32}'...): its rest "
+                                "is not read")
+    stream.close()
+    assert not local.exists()
+
+
+def test_a_stream_segment_is_placed_by_its_records_times_and_the_quickest_delivery() -> None:
+    """Segments are judged by which samples lie in them, so they are placed on this host's clock while the run
+    goes: by their records' TSC, offset by the quickest delivery seen (records held back in dom0's pipe or the
+    lab's SSH channel arrive late, in bursts, and would place a segment late)."""
+    from rtvirt.explain.xensegments import _TraceClock
+
+    clock = _TraceClock(ns_per_tick=0.5)  # a 2 GHz TSC
+    block = _block(0, _record(0x21101, (1,), 2_000_000_000) + _record(0x21101, (1,), 4_000_000_000))
+    assert clock.span(block) is None  # nothing arrived yet: not placed
+    clock.arrived(block, 5_000_000_000)  # its newest record (2 s of TSC) arrived 3 s later
+    clock.arrived(_block(0, _record(0x21101, (1,), 6_000_000_000)), 3_100_000_000)  # 0.1 s later: quicker
+    assert clock.span(block) == (1_100_000_000, 2_100_000_000)
+    assert _TraceClock(None).span(block) is None  # without Xen's TSC rate: by arrival (the recorder's fallback)
+
+
 def test_an_rtds_depletion_names_its_replenishment_and_the_slice_that_emptied_it() -> None:
     """Xen 4.17's burn record (unit:16 dom:16, cur_budget s64, delta int, ...) and replenishment record (unit/dom,
     cur_deadline u64, cur_budget u64): a slice charged past the whole 10 ms budget empties it until the next
@@ -111,11 +160,12 @@ def test_alignment_puts_the_vcpus_waits_inside_the_windows_they_caused() -> None
 
 def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path, competitor: bool,
                     layers: tuple[str, ...] = ("xen",), top: int = 100, timer: bool = False,
-                    timer_options: dict[str, Any] | None = None,
-                    inside: list[str] | None = None) -> tuple[Explanation, dict[int, str]]:
+                    timer_options: dict[str, Any] | None = None, inside: list[str] | None = None,
+                    follow: bool = False) -> tuple[Explanation, dict[int, str]]:
     """A gap probe in the measuring domU explained as a campaign does it (explain.session), with xentrace beside
     it and, with ``competitor``, a spinning RT domU on its pCPU (``timer``: the timer probe at 1 ms instead, or
     with ``timer_options``); ``inside``: a stressor's arguments, run inside the measuring domU beside the probe;
+    ``follow``: the sources follow the samples as a campaign's do (their flight recorders keep what they need);
     returns the stored explanation and the domUs."""
     env = XenEnvironment(config, shared.supervisor, workdir, shared)
     session = session_for(env, ExplainConfig(threshold=THRESHOLD_US, layers=list(layers), top=top))
@@ -123,7 +173,7 @@ def _traced_gap_run(shared: SharedResources, config: XenConfig, workdir: Path, c
     out = workdir / "samples.rtvs"
     try:
         env.start()
-        session.start()
+        session.start(out if follow else None)
         if competitor:
             stressor = env.stressor_guest(1, None)
             cpu = STRESSORS["cpu"]
@@ -326,15 +376,17 @@ def test_the_bare_metal_timer_probe_splits_its_windows_into_stolen_time_and_its_
 @pytest.mark.vm
 @pytest.mark.timeout(1500)
 def test_a_stressor_inside_a_linux_domu_is_named_by_the_domus_own_trace(xen_lab: Any) -> None:
-    """A Linux domU traces its measuring vCPU itself and sends the trace to dom0's listener after its main job:
-    an RT cpu stressor inside it, above the timer probe's priority, is named as a guest-side cause (comm, the pid
-    the guest gave it, its priority); Xen's layer stays beside it, and nothing of ours is left in dom0."""
+    """A Linux domU traces its measuring vCPU itself and relays the trace to dom0's listener while the run goes
+    (once its vif is up), where the guest's flight recorder keeps what it needs: an RT cpu stressor inside it,
+    above the timer probe's priority, is named as a guest-side cause (comm, the pid the guest gave it, its
+    priority); Xen's layer stays beside it, and nothing of ours is left in dom0."""
     shared, work = xen_lab
     config = XenConfig(kind="xen", name="explain-guest", cpus=[1], boot_timeout="900s")
     cpu = STRESSORS["cpu"]
     inside = cpu.command(cpu.params(workers=1, duration=0, priority=50, slice="3ms", period="20ms"), "")[1:]
     explanation, _ = _traced_gap_run(shared, config, work / "guest", competitor=False, layers=("xen", "guest"),
-                                     timer=True, timer_options={"interval": "2ms", "priority": 10}, inside=inside)
+                                     timer=True, timer_options={"interval": "2ms", "priority": 10}, inside=inside,
+                                     follow=True)
     trace = read_guest_trace(work / "guest" / "guest-trace.txt")
     assert trace.began and trace.complete, trace.lines[-3:]
     guest = next(layer for layer in explanation.layers if layer.layer == "guest")
@@ -342,6 +394,7 @@ def test_a_stressor_inside_a_linux_domu_is_named_by_the_domus_own_trace(xen_lab:
     assert explanation.outliers > 0
     worker, held = guest_stressor_cause(explanation)
     assert held >= 10, (held, explanation.summary[:5])
+    assert any(note.startswith("the flight recorder held at most") for note in guest.notes), guest.notes
     # nothing of ours is left in dom0: no listener, no domain directory
     dom0 = next(obj for obj in shared._objects.values() if hasattr(obj, "lab"))
     assert "nc -l" not in dom0.run(["ps"]).stdout

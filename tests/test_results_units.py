@@ -17,7 +17,7 @@ from results_data import synthetic_run
 
 from rtvirt.explain.attribute import choose_threshold
 from rtvirt.explain.config import ExplainConfig
-from rtvirt.explain.sources import _keep_rule as keep_rule  # the recorder's rule as the sources set it
+from rtvirt.explain.recorder import keep_rule  # the recorder's rule as the sources set it
 from rtvirt.results.reportdata import collect
 
 CPUS = sorted(os.sched_getaffinity(0))

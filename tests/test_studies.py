@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import run_cli
+from conftest import RAN, run_cli
 from shared_runs import campaign_argv, session_memo, shared_campaign
 from test_env_xen import lab_campaign, lab_cots_campaign  # noqa: F401 - the session's Xen lab campaign: one lab boot for all
 
@@ -44,7 +44,7 @@ def _run(scenario: Scenario, scale: float, keys: list[str], results: Path,
     run_ids = set()
     for key in keys:
         outcome = execute_run(scenario, plans[key], results, run_timeout_ns=RUN_TIMEOUT_NS, system=system)
-        assert outcome.status == "complete", (key, outcome.reason)
+        assert outcome.status in RAN, (key, outcome.reason)
         run_ids.add(str(outcome.run_id))
         if manifests is not None and outcome.manifest is not None:
             manifests[key] = outcome.manifest
@@ -67,17 +67,22 @@ def _number(cell: str) -> float:
     return float(cell.replace(",", ""))
 
 
+def _assert_measured(exit_status: int, statuses: set[str], output: str) -> None:
+    """Every run measured to its end; `rtvirt run` exits 1 only for runs short of their samples (which a loaded
+    host decides, docs/scenarios.md "Exit status")."""
+    assert statuses <= set(RAN) and exit_status == (1 if "short" in statuses else 0), (statuses, output[-6000:])
+
+
 def _whole_study(name: str, scale: float, results: Path, tmp_path_factory: pytest.TempPathFactory,
                  timeout: float = 900) -> tuple[dict[str, Any], str]:
     """`rtvirt run NAME --scale SCALE --repetitions 1`, as a user starts it (README.md and docs/studies.md show
     this very command line, and tests/test_docs_examples.py runs it: once for the session, tests/shared_runs.py),
-    copied to ``results``: every run complete; returns the campaign's runs and the Markdown report."""
+    copied to ``results``: every run measured to its end; returns the campaign's runs and the Markdown report."""
     ran = shared_campaign(session_memo(tmp_path_factory), campaign_argv([name], scale, 1), timeout=timeout)
-    assert ran.status == 0, ran.output[-6000:]
     shutil.copytree(ran.results, results)
     (state,) = results.glob("campaigns/*/state.json")
     runs: dict[str, Any] = json.loads(state.read_text())["runs"]
-    assert {r["status"] for r in runs.values()} == {"complete"}, runs
+    _assert_measured(ran.status, {r["status"] for r in runs.values()}, ran.output)
     return runs, write_report(results, results / "report.md", "markdown").read_text()
 
 
@@ -324,10 +329,10 @@ def guest_isolation(tmp_path_factory: pytest.TempPathFactory) -> Campaign:
     minute here), once for the session (tests/shared_runs.py: the README's and docs/studies.md's command line,
     which tests/test_docs_examples.py runs too), copied here for every test that reads it."""
     ran = shared_campaign(session_memo(tmp_path_factory), campaign_argv(["guest-isolation"], 0.01, 1), timeout=900)
-    assert ran.status == 0, ran.output[-6000:]
     results = tmp_path_factory.mktemp("guest-isolation") / "results"
     shutil.copytree(ran.results, results)
     manifests = {run.manifest["campaign"]["key"]: run.manifest for run in list_runs(results)}
+    _assert_measured(ran.status, {m["status"] for m in manifests.values()}, ran.output)
     markdown = write_report(results, results / "report.md", "markdown").read_text()
     document = json.loads(write_report(results, results / "report.json", "json").read_text())
     return Campaign(results, ran.output, manifests, markdown, document)
@@ -338,7 +343,7 @@ def test_the_whole_guest_isolation_study_at_a_small_scale(guest_isolation: Campa
     """Every run of the built-in (all workloads x disturbances x start orders, and the stress-on-off run) at
     0.01 with one repetition, bare-metal measuring and stressor guests: each study table in its layout."""
     results, manifests, report = guest_isolation.results, guest_isolation.manifests, guest_isolation.markdown
-    assert len(manifests) == 21 and {m["status"] for m in manifests.values()} == {"complete"}
+    assert len(manifests) == 21
     assert all(m["environment_detail"]["guest"] == "baremetal" for m in manifests.values())
     # the stressor guests ran our kernel's programs: spinning, and stores over 1.5 x the L2 CPUID reports
     spin = _stressor_stats(results, manifests["kops/guest/spin-same-core/stress-first/r1"]["run_id"])
@@ -591,8 +596,8 @@ def test_the_cots_studys_xen_profiles_run_on_the_lab_campaigns_boot(
     cots_xen_subset, run in the same `rtvirt run` as the lab campaign, on its lab boot): the study's statistics
     and stability tables carry the Xen rows, the rest of the study's matrix shows as not run."""
     results, summary = lab_cots_campaign
-    assert {key: run["status"] for key, run in summary["runs"].items()} == {
-        "TP2/xen-pinned/no-load/-/r1": "complete", "TP2/xen-baremetal-pinned/no-load/-/r1": "complete"}
+    assert set(summary["runs"]) == {"TP2/xen-pinned/no-load/-/r1", "TP2/xen-baremetal-pinned/no-load/-/r1"}
+    assert {run["status"] for run in summary["runs"].values()} <= set(RAN)
     manifests = {key: load_run(results / "runs" / run["run_id"]).manifest for key, run in summary["runs"].items()}
     boots = {m["environment_detail"]["lab"]["boot_seconds"] for m in manifests.values()}
     lab_boot = load_run(results / "runs" / next(iter(lab_campaign[1]["runs"].values()))["run_id"]).manifest
@@ -605,7 +610,7 @@ def test_the_cots_studys_xen_profiles_run_on_the_lab_campaigns_boot(
     assert status["this campaign"].startswith("modified from the study's configuration: field ")
     rows = {(row[0], row[1]): row for row in _table(report, "COTS-hypervisor study: statistics")}
     measured = {key: row for key, row in rows.items() if row[2] != "not run"}
-    assert set(measured) == {("xen-pinned", "TP2"), ("xen-baremetal-pinned", "TP2")} and len(rows) == 26
+    assert set(measured) == {("xen-pinned", "TP2"), ("xen-baremetal-pinned", "TP2")} and len(rows) == 37
     for row in measured.values():  # 3 s at 10 ms: up to 300 periods (a TCG-nested domU misses some)
         whisker_low, q1, median, q3, whisker_high = (_number(row[i]) for i in (3, 4, 5, 8, 9))
         assert whisker_low <= q1 <= median <= q3 <= whisker_high and 50 <= int(row[2]) <= 301

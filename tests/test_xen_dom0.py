@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import RAN
 from xen_lab_shares import LabShare, SharingXenLab
 
 from rtvirt.environments.xen import XenLabConfig, is_dom0, local_domu_files
@@ -177,7 +178,7 @@ def test_rtvirt_in_dom0_runs_xl_locally_and_stores_the_samples(dom0_campaign: di
     seen = dom0_campaign
     print(f"xen-dom0: lab boot {seen['boot_seconds']} s, whole test {seen['seconds']} s")
     run = _runs(seen)["complete/rtds/alone/-/r1"]
-    assert run["status"] == "complete", (run, seen["stderr"][-2000:])
+    assert run["status"] in RAN, (run, seen["stderr"][-2000:])
     manifest = load_run(seen["work"] / "results" / "runs" / run["run_id"]).manifest
     assert manifest["summary"]["all"]["samples"] > 100 and manifest["summary"]["all"]["dropped"] == 0
     print(f"xen-dom0: complete run {manifest['summary']['all']}")

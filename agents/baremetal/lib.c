@@ -1,16 +1,6 @@
-/* The few C library functions the kernel (and gcc's generated code) needs, and text building. */
+/* The few C library functions the kernel (and gcc's generated code) needs, and text building (memcpy and
+ * memset are the architecture's: x86's string instructions, word copies on Arm). */
 #include "kernel.h"
-
-void *memcpy(void *dst, const void *src, size_t n) {
-    __asm__ volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n)::"memory");
-    return dst;
-}
-
-void *memset(void *dst, int c, size_t n) {
-    void *d = dst;
-    __asm__ volatile("rep stosb" : "+D"(d), "+c"(n) : "a"(c) : "memory");
-    return dst;
-}
 
 void *memmove(void *dst, const void *src, size_t n) {
     unsigned char *d = dst;
@@ -67,6 +57,14 @@ void text_u64(text *t, uint64_t v) {
     do digits[n++] = (char)('0' + v % 10);
     while ((v /= 10));
     while (n) text_char(t, digits[--n]);
+}
+
+void text_hex(text *t, uint64_t v) {
+    static const char hex[] = "0123456789abcdef";
+    text_str(t, "0x");
+    int shift = 60;
+    while (shift > 0 && !((v >> shift) & 15)) shift -= 4;
+    for (; shift >= 0; shift -= 4) text_char(t, hex[(v >> shift) & 15]);
 }
 
 void text_i64(text *t, int64_t v) {

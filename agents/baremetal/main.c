@@ -1,4 +1,5 @@
-/* Boot to the probe: console, TSC, command line, interrupts, the tiny kernel, then the probe's thread.
+/* From the arch's boot to the probe: command line, stream, stolen time, interrupts, the tiny kernel, then the
+ * probe's thread; and the way out (guest_exit, and the failures that take it).
  *
  * The command line is what rtvirt passes the Linux agent: "PROBE --name=value ..." (after the
  * kernel's file name, which multiboot loaders put first). Options are the same as the Linux
@@ -49,6 +50,8 @@ static const option OPTIONS[] = {
     {"report-interval", OPT_NS, &P.report_interval_ns, 1000000, 3600000000000ull, "threadmetric"},
     {"kernel", OPT_STR, &P.kernel, 0, 0, "workload"},
     {"size", OPT_U64, &P.size, 1024, 1ull << 32, "workload"},
+    {"slice", OPT_NS, &stress_slice_ns, 0, 10000000000ull, "cpu"},
+    {"period", OPT_NS, &stress_period_ns, 0, 10000000000ull, "cpu"},
     {"level", OPT_U64, &stress_level, 0, 4, "cache"},
     {"buffer", OPT_U64, &stress_buffer, 0, 1ull << 32, "cache"},
 };
@@ -142,10 +145,10 @@ static void params_json(text *t) {
     text_char(t, '}');
 }
 
-static void parse_command_line(char *line, bool multiboot) {
+static void parse_command_line(char *line, bool skip_first_word) {
     static char *words[64];
     int n = split(line, words, 64);
-    int first = multiboot && n ? 1 : 0; /* multiboot loaders (QEMU, GRUB) put the kernel's file name first */
+    int first = skip_first_word && n ? 1 : 0; /* multiboot loaders (QEMU, GRUB) put the kernel's file name first */
     if (first >= n) usage_error(NULL, "no probe named on the kernel command line (timer, gap, kops, threadmetric "
                                       "or workload)");
     for (size_t i = 0; i < sizeof PROBES / sizeof PROBES[0]; i++)
@@ -189,7 +192,7 @@ static void parse_command_line(char *line, bool multiboot) {
     if (*P.confirm && strcmp(P.confirm, "virtio"))
         usage_error("confirm", "the bare-metal guest hears the host's confirmation on its virtio console: virtio");
     if (!strcmp(probe->desc->name, "timer") && strcmp(P.engine, "cyclictest"))
-        usage_error("engine", "the bare-metal timer probe measures the LAPIC timer itself; only 'cyclictest' "
+        usage_error("engine", "the bare-metal timer probe measures the " TIMER_NAME " itself; only 'cyclictest' "
                               "(the default) applies (timerlat is a Linux tracer)");
     if (!strcmp(probe->desc->name, "gap") && P.work)
         usage_error("work", "the bare-metal gap probe spins on the TSC only (--work is not supported)");
@@ -197,6 +200,9 @@ static void parse_command_line(char *line, bool multiboot) {
         usage_error("priority", "kops needs at least 2 (the partner thread runs one above), or 0");
     if (!strcmp(probe->desc->name, "threadmetric") && P.priority < 6)
         usage_error("priority", "threadmetric needs at least 6 (its five threads take the priorities below it)");
+    if (!strcmp(probe->desc->name, "cpu") && (!stress_slice_ns != !stress_period_ns || (stress_period_ns &&
+                                                                                      stress_slice_ns >= stress_period_ns)))
+        usage_error("slice", "--slice and --period go together, the slice shorter than the period");
     if (!strcmp(probe->desc->name, "workload") && strcmp(P.kernel, "qsort") && strcmp(P.kernel, "basicmath") &&
         strcmp(P.kernel, "bitcount"))
         usage_error("kernel", "choose qsort, basicmath or bitcount");
@@ -212,57 +218,86 @@ static void probe_thread(void *unused) {
     int status = probe->run();
     if (stop_requested) stop_now();
     stream_end(status ? 2 : 0);
+    clock_exchange("end"); /* after the last sample: it disturbs no measurement */
     guest_exit(status);
 }
 
-/* The multiboot information: flags bit 2 says a command line is at offset 16. */
-static char *multiboot_cmdline(const uint32_t *info) {
-    return info && (info[0] & 4) ? (char *)(uintptr_t)info[4] : NULL;
+/* ---- the way out ---- */
+
+static void (*before_failure_exit)(int reason); /* stream_end, registered by kernel_main */
+
+void on_guest_failure(void (*end)(int reason)) { before_failure_exit = end; }
+
+_Noreturn void guest_exit(int status) {
+    xen_console_flush();
+    text t = {(char[32]){0}, 0, 32};
+    text_str(&t, "RTVIRT-EXIT ");
+    text_i64(&t, status);
+    console_line(t.buf);
+    platform_off(status);
 }
 
-/* PVH (Xen): hvm_start_info's cmdline_paddr at offset 24. */
-static char *pvh_cmdline(const uint8_t *info) {
-    uint64_t paddr;
-    if (!info) return NULL;
-    memcpy(&paddr, info + 24, 8);
-    return paddr ? (char *)(uintptr_t)paddr : NULL;
+void console_line(const char *s) {
+    console_write(s, strlen(s));
+    console_write("\n", 1);
 }
 
-void kmain(uint64_t boot, const void *info) {
-    /* the layers below reach up only through these: a failure ends the stream, an NMI stops the run */
+static _Noreturn void fail(text *t, int status) {
+    console_line(t->buf);
+    if (before_failure_exit) before_failure_exit(2);
+    guest_exit(status);
+}
+
+_Noreturn void usage_error(const char *option_name, const char *detail) {
+    text t = {(char[400]){0}, 0, 400};
+    text_str(&t, "rtvirt-baremetal: ");
+    if (option_name) {
+        text_str(&t, "invalid value for '--");
+        text_str(&t, option_name);
+        text_str(&t, "': ");
+    }
+    text_str(&t, detail);
+    fail(&t, EXIT_USAGE);
+}
+
+_Noreturn void run_error(const char *detail) {
+    text t = {(char[400]){0}, 0, 400};
+    text_str(&t, "rtvirt-baremetal: ");
+    text_str(&t, detail);
+    fail(&t, EXIT_FAILURE);
+}
+
+const char *boot_kind = "none";
+
+/* From the arch's boot, its console and counter ready. */
+_Noreturn void kernel_main(const boot_info *boot) {
+    /* the layers below reach up only through these: a failure ends the stream, a stop request ends the run */
     on_guest_failure(stream_end);
     on_stop_request(stream_stop);
-    hw_init();
-    boot_kind = boot == 1 ? "multiboot" : "pvh";
+    boot_kind = boot->kind;
     /* the host's boot watchdog waits for this line (rtvirt.environments.guest_image.READY_MARK) */
     text t = {(char[96]){0}, 0, 96};
     text_str(&t, "RTVIRT-READY ");
     text_u64(&t, now_ns() / 1000);
-    text_str(&t, " us after reset (TSC ");
-    text_str(&t, tsc_source);
+    text_str(&t, " us after reset (" TIMER_COUNTER " ");
+    text_str(&t, cycles_source);
     text_char(&t, ')');
     console_line(t.buf);
     static char line[1024];
-    const char *given_line = boot == 1 ? multiboot_cmdline(info) : pvh_cmdline(info);
-    /* multiboot mem_upper (flags bit 0): KiB above 1 MiB; PVH: the start info's memory map, else 64 MiB */
-    const uint32_t *mb = info;
-    uint64_t pvh_top = boot == 2 && info ? pvh_memory_top(info) : 0;
-    uint64_t memory_top = boot == 1 && mb && (mb[0] & 1) ? (1ull << 20) + (uint64_t)mb[2] * 1024
-                          : pvh_top                      ? pvh_top
-                                                         : 64ull << 20;
-    if (memory_top > (4ull << 30) - (1ull << 30)) memory_top = 3ull << 30; /* below the APIC hole */
+    uint64_t memory_top = boot->memory_top;
     arena_init(memory_top);
-    if (given_line) {
-        size_t n = strlen(given_line);
+    if (boot->command_line) {
+        size_t n = strlen(boot->command_line);
         if (n >= sizeof line) usage_error(NULL, "the kernel command line is longer than 1023 bytes");
-        memcpy(line, given_line, n + 1);
+        memcpy(line, boot->command_line, n + 1);
     }
-    parse_command_line(line, boot == 1);
+    parse_command_line(line, boot->skip_first_word);
     stream_init();
-    xen_steal_init(); /* under Xen: each sample's stolen time, from the vCPU's runstate area */
-    idt_init();
-    lapic_init();
+    steal_init(); /* each sample's stolen time: Xen's runstate area, KVM's steal time */
+    interrupts_init();
+    timer_init();
     sched_init();
+    clock_exchange("start"); /* an explained run: the host aligns its clock with ours (before the stream) */
     set_idle_work(stream_drain);
     thread_start(probe_thread, NULL, (int)(P.priority ? P.priority : 1), probe->desc->name);
     sched_run();

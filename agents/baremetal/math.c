@@ -1,6 +1,6 @@
 /* The libm functions the workload kernels (agents/common/workload_kernels.h, which declares them) call in
- * the guest, written for basicmath: accurate to a few ulp over its inputs, not a general libm. Built with SSE
- * like workload.c: only the workload thread runs them. */
+ * the guest, written for basicmath: accurate to a few ulp over its inputs, not a general libm. Built with the
+ * floating-point registers (x86 SSE, Arm FP/SIMD) like workload.c: only the workload thread runs them. */
 #include "kernel.h"
 
 #ifndef M_PI
@@ -12,10 +12,7 @@ double cbrt(double x);
 double cos(double x);
 double acos(double x);
 
-double sqrt(double x) {
-    __asm__("sqrtsd %1, %0" : "=x"(x) : "x"(x));
-    return x;
-}
+double sqrt(double x) { return __builtin_sqrt(x); } /* one instruction (sqrtsd, fsqrt): built -fno-math-errno */
 
 double cbrt(double x) {
     if (x == 0) return 0;

@@ -8,9 +8,9 @@ params P = {.duration_ns = 10000000000ull, .threads = 1, .priority = 99, .interv
             .engine = "cyclictest", .confirm = "", .confirm_timeout_ns = 30000000000ull};
 static uint64_t start_tsc;
 
-void run_started(void) { start_tsc = rdtsc(); }
+void run_started(void) { start_tsc = cycles(); }
 
-uint64_t run_deadline_tsc(void) { return P.duration_ns ? start_tsc + ns_to_tsc(P.duration_ns) : UINT64_MAX; }
+uint64_t run_deadline(void) { return P.duration_ns ? start_tsc + ns_to_cycles(P.duration_ns) : UINT64_MAX; }
 
 extern uint8_t __bss_end[];
 static uint64_t arena_next, memory_top;

@@ -1,8 +1,8 @@
 /* The sample stream (docs/sample-stream.md) from the guest: the same header and 32-byte records as
  * the Linux agents. Records go into a RAM ring first; the idle thread writes the ring out to the
  * stream channel while nothing else runs, and probes that never idle (gap, workload) write between
- * measurements or at the end. Channels (stream_init chooses): Xen's PV console (xen.c, framed), virtio-console (virtio.c), QEMU's debug
- * console (port 0xe9, one `rep outsb` per chunk), or a 16550 at COM2 (0x2f8). */
+ * measurements or at the end. Channels (stream_init chooses): Xen's PV console (xen.c, framed), virtio-console
+ * (virtio.c, on the arch's transport), or the platform's fallback (x86: QEMU's debug console, COM2). */
 #include "kernel.h"
 
 typedef struct {
@@ -14,7 +14,7 @@ typedef struct {
 _Static_assert(sizeof(record) == 32, "record layout is part of the file format");
 
 enum { META = 1, META_DROPPED = 1, META_END = 2, META_STAT = 3, META_STOLEN = 4 };
-enum { RING_BYTES = 32u << 20, COM2 = 0x2f8, DEBUG_PORT = 0xe9 };
+enum { RING_BYTES = 32u << 20 };
 
 static const char *stream_channel = "none";
 static uint8_t ring[RING_BYTES];
@@ -22,55 +22,34 @@ static volatile uint64_t head, tail; /* bytes produced / written out */
 static uint64_t written_records, dropped;
 static const probe_desc *probe;
 static bool draining, ending;
-/* bytes per write: port channels take interrupts between bytes anyway; a virtio buffer is one host write */
-static uint64_t chunk = 512;
+static uint64_t chunk = 512;             /* bytes per write: a virtio buffer is one host write */
+static vconsole *stream_console;
+static void (*fallback_write)(const uint8_t *p, size_t n);
 
 static void channel_write(const uint8_t *p, size_t n) {
-    if (stream_channel[0] == 'x') {
-        xen_console_stream(p, n);
-        return;
-    }
-    if (stream_channel[0] == 'v') {
-        virtio_console_write(p, n);
-        return;
-    }
-    if (stream_channel[0] == 'd') {
-        __asm__ volatile("rep outsb" : "+S"(p), "+c"(n) : "d"((uint16_t)DEBUG_PORT) : "memory");
-        return;
-    }
-    for (size_t i = 0; i < n; i++) {
-        for (int spins = 0; !(inb(COM2 + 5) & 0x20) && spins < 100000; spins++) {}
-        outb(COM2, p[i]);
-    }
+    if (xen_console()) xen_console_stream(p, n);
+    else if (stream_console) vconsole_write(stream_console, p, n);
+    else fallback_write(p, n);
 }
 
-/* virtio-console when there is one; else QEMU's debug console, which reads back 0xe9; else a 16550 at
- * COM2 (its scratch register keeps what is written). */
+/* Xen's console when there is one (it carries the text too); else the first virtio-console; else what the
+ * platform has. */
 void stream_init(void) {
-    if (xen_console()) { /* Xen PVH: framed beside the console text (xen.c) */
+    if (xen_console()) { /* framed beside the console text (xen.c) */
         stream_channel = "xen-console";
         chunk = 4096;
         return;
     }
-    if (virtio_console_init()) {
+    stream_console = vconsole_open(0);
+    if (stream_console) {
         stream_channel = "virtio-console";
         chunk = 65536;
         return;
     }
-    if (inb(DEBUG_PORT) == DEBUG_PORT) {
-        stream_channel = "debugcon";
-        return;
-    }
-    outb(COM2 + 7, 0xa5);
-    if (inb(COM2 + 7) != 0xa5) run_error("no stream channel: neither QEMU's debug console (port 0xe9) nor a "
-                                         "16550 at COM2 (0x2f8) answers");
-    outb(COM2 + 1, 0x00); /* polled */
-    outb(COM2 + 3, 0x80); /* divisor 1: 115200 baud (an emulated UART does not pace a file chardev) */
-    outb(COM2 + 0, 0x01);
-    outb(COM2 + 1, 0x00);
-    outb(COM2 + 3, 0x03); /* 8N1 */
-    outb(COM2 + 2, 0x07); /* FIFO on */
-    stream_channel = "com2";
+    const char *name = fallback_channel(&fallback_write, &chunk);
+    if (!name) run_error("no stream channel: no virtio-console, and none of the platform's fallbacks (x86: QEMU's "
+                         "debug console at port 0xe9, a 16550 at COM2) answers");
+    stream_channel = name;
 }
 
 static void put(const void *data, size_t n) {
@@ -83,7 +62,7 @@ static void put(const void *data, size_t n) {
 uint64_t stream_pending(void) { return head - tail; }
 
 _Noreturn void stop_now(void) {
-    __asm__ volatile("cli");
+    irq_disable();
     stream_end(1);
     guest_exit(EXIT_OK);
 }
@@ -148,28 +127,33 @@ void stream_begin(const probe_desc *desc, const char *params_json) {
     json_names(&t, desc->stats);
     text_str(&t, ",\"params\":");
     text_str(&t, params_json);
-    /* CLOCK_MONOTONIC of this guest: TSC time since the VM's reset (there is no other clock here) */
+    /* CLOCK_MONOTONIC of this guest: counter time since the VM's reset (there is no other clock here) */
     text_str(&t, ",\"clock\":\"CLOCK_MONOTONIC\",\"start_monotonic_ns\":");
     text_u64(&t, now_ns());
     text_str(&t, ",\"start_realtime_ns\":");
     text_u64(&t, rtc_unix_ns());
     text_str(&t, ",\"cycles_hz\":");
-    text_u64(&t, tsc_hz);
+    text_u64(&t, cycles_hz);
     /* no paging and a strictly priority-preemptive kernel: what SCHED_FIFO and mlockall give a Linux agent */
     text_str(&t, ",\"rt\":{\"fifo\":true,\"mlockall\":true,\"cpu_dma_latency\":null}");
     text_str(&t, ",\"host\":{\"hostname\":\"rtvirt-baremetal\",\"kernel\":\"rtvirt-baremetal-" RTVB_VERSION "\"");
-    text_str(&t, ",\"version\":\"rtvirt bare-metal guest " RTVB_VERSION "\",\"machine\":\"x86_64\",\"cpus\":1}");
+    text_str(&t, ",\"version\":\"rtvirt bare-metal guest " RTVB_VERSION "\",\"machine\":\"" ARCH_NAME "\",\"cpus\":1}");
     text_str(&t, ",\"guest\":{\"kind\":\"baremetal\",\"boot\":");
     text_json_str(&t, boot_kind);
     text_str(&t, ",\"timer\":");
     text_json_str(&t, timer_mode());
-    text_str(&t, ",\"tsc_source\":");
-    text_json_str(&t, tsc_source);
+    text_str(&t, ",\"interrupt_controller\":");
+    text_json_str(&t, interrupt_controller());
+    text_str(&t, ",\"" ARCH_CYCLES_KEY "\":");
+    text_json_str(&t, cycles_source);
     text_str(&t, ",\"channel\":");
     text_json_str(&t, stream_channel);
     text_char(&t, '}');
     /* declares the STOLEN meta records (docs/sample-stream.md): readers accept kind 4 only then */
-    if (xen_steal_measured()) text_str(&t, ",\"stolen\":\"xen-runstate\"");
+    if (steal_source()) {
+        text_str(&t, ",\"stolen\":");
+        text_json_str(&t, steal_source());
+    }
     text_char(&t, '}');
     if (t.len + 1 >= t.cap) run_error("the stream header does not fit its buffer");
     uint32_t version = 1, len = (uint32_t)t.len;
@@ -203,8 +187,8 @@ void stream_stolen(uint64_t t_ns, uint16_t thread, uint64_t runnable_ns, uint64_
  * side had not read yet, and say on the console what came of it, in the Linux agent's words (--confirm). */
 static void await_confirmation(void) {
     char line[48];
-    bool heard = stream_channel[0] == 'v' &&
-                 virtio_console_read_line(line, sizeof line, rdtsc() + ns_to_tsc(P.confirm_timeout_ns));
+    bool heard = stream_console &&
+                 vconsole_read_line(stream_console, line, sizeof line, cycles() + ns_to_cycles(P.confirm_timeout_ns));
     uint64_t held = 0;
     bool readable = heard && !strncmp(line, "RTVIRT-ACK ", 11) && line[11];
     for (const char *c = line + 11; readable && *c; c++) {
@@ -226,7 +210,7 @@ void stream_end(int reason) {
     if (!probe) return;
     /* The idle thread may be preempted inside a write: let it finish (its chunk is not yet counted in
      * tail, and writing from tail again would repeat it). Error and stop paths that cannot block go on. */
-    while (draining && k_can_block()) sleep_until_tsc(rdtsc() + ns_to_tsc(100000));
+    while (draining && k_can_block()) sleep_until(cycles() + ns_to_cycles(100000));
     ending = true;
     written_records -= dropped;
     /* the trailer always fits: keep room by writing out first */

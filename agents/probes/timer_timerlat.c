@@ -5,7 +5,8 @@
  * "mono", so timestamps are CLOCK_MONOTONIC), pair the IRQ and thread lines of each activation by
  * their sequence number and write one sample per activation: value = thread latency,
  * aux = IRQ latency, t_ns = the planned expiry (thread line time - thread latency; the trace time
- * stamps have microsecond resolution). Every tracefs setting we change is restored at the end. */
+ * stamps have microsecond resolution). The duration counts from the tracer's first activation; the
+ * pipes are drained whole after every wait. Every tracefs setting we change is restored at the end. */
 #define _GNU_SOURCE
 #include <ctype.h>
 #include <dirent.h>
@@ -25,8 +26,8 @@
 
 #define TRACEFS "/sys/kernel/tracing"
 
-enum { STAT_UNPAIRED, STAT_LOST_EVENTS };
-static const char *const stat_names[] = {"unpaired", "lost_events", NULL};
+enum { STAT_UNPAIRED, STAT_LOST_EVENTS, STAT_OVERRUNS };
+static const char *const stat_names[] = {"unpaired", "lost_events", "overruns", NULL};
 
 /* ---- tracefs files ---- */
 
@@ -128,7 +129,7 @@ static void set_kernel_thread_priority(int priority) {
 typedef struct {
     rtv_ctx *ctx;
     int index, cpu, fd; /* fd: the CPU's trace_pipe, opened before the readers start */
-    uint64_t unpaired, lost;
+    uint64_t unpaired, lost, overruns;
 } reader_arg;
 
 /* One trace line: "<task>-<pid> [cpu] <flags> <secs>.<usecs>: #<seq> context <irq|thread> timer_latency <n> ns". */
@@ -141,8 +142,17 @@ static bool parse_line(const char *line, double *secs, unsigned *seq, char *cont
     return sscanf(hash + 3, "%u context %15s timer_latency %" SCNu64 " ns", seq, context, latency) == 3;
 }
 
-static void handle_line(reader_arg *a, const char *line, unsigned *irq_seq, uint64_t *irq_latency, bool *have_irq,
-                        uint64_t *taken) {
+/* Where one CPU's reader stands: the IRQ line waiting for its thread line, and the run's end on the trace. */
+typedef struct {
+    unsigned irq_seq;
+    uint64_t irq_latency, taken;
+    bool have_irq;
+    uint64_t end_ns; /* planned expiries from here on are past the run (UINT64_MAX until the first sample) */
+    uint64_t last_expiry;
+    bool done;
+} reader_state;
+
+static void handle_line(reader_arg *a, const char *line, reader_state *st) {
     double secs;
     unsigned seq;
     char context[16];
@@ -154,53 +164,89 @@ static void handle_line(reader_arg *a, const char *line, unsigned *irq_seq, uint
     }
     if (!parse_line(line, &secs, &seq, context, &latency)) return;
     if (!strcmp(context, "irq")) {
-        *irq_seq = seq;
-        *irq_latency = latency;
-        *have_irq = true;
+        st->irq_seq = seq;
+        st->irq_latency = latency;
+        st->have_irq = true;
         return;
     }
-    if (!*have_irq || *irq_seq != seq) { /* the IRQ line was lost: keep no half sample */
+    if (!st->have_irq || st->irq_seq != seq) { /* the IRQ line was lost: keep no half sample */
         a->unpaired++;
         return;
     }
-    *have_irq = false;
-    uint64_t woke = (uint64_t)(secs * 1e9 + 0.5);
-    rtv_sample(a->ctx, a->index, woke - latency, (int64_t)latency, *irq_latency, a->cpu, 0);
-    (*taken)++;
+    st->have_irq = false;
+    uint64_t woke = (uint64_t)(secs * 1e9 + 0.5), expiry = woke - latency;
+    rtv_ctx *ctx = a->ctx;
+    /* The run's duration counts from the tracer's first activation, as a cyclictest thread's counts from the
+     * period it joined at: setting up the tracer (its kernel threads start under a loaded vCPU) is not measured,
+     * and every period of the duration is then a sample or an activation the tracer skipped. */
+    if (st->end_ns == UINT64_MAX) st->end_ns = rtv_end_ns(ctx, expiry);
+    /* the tracer skips the periods that passed while an activation was late (the cyclictest engine's overruns),
+     * up to the run's end: every period of the duration is a sample or an overrun (a lost event would show as
+     * a gap too; those are counted apart, lost_events) */
+    const uint64_t period = timer_opt.interval_ns;
+    const bool past = expiry + period / 2 >= st->end_ns; /* (expiries are read to the microsecond) */
+    const uint64_t upto = past ? st->end_ns : expiry;
+    if (st->taken && upto > st->last_expiry + period + period / 2)
+        a->overruns += (upto - st->last_expiry + period / 2) / period - 1;
+    if (past) {
+        st->done = true;
+        return;
+    }
+    st->last_expiry = expiry;
+    rtv_sample(ctx, a->index, expiry, (int64_t)latency, st->irq_latency, a->cpu, 0);
+    st->taken++;
+    if (ctx->common.loops && st->taken >= ctx->common.loops) st->done = true;
 }
+
+/* Read the pipe until it is empty (or the run's end was read): each read returns at most one page of text (the
+ * kernel formats trace_pipe a page at a time), about 20 activations, so reading once per wait kept up with
+ * 200 activations a second, and a 1 kHz run stored its first fifth only. Returns whether it read anything. */
+static bool drain(reader_arg *a, char *buf, size_t size, size_t *used, reader_state *st) {
+    bool read_any = false;
+    while (!st->done) {
+        ssize_t n = read(a->fd, buf + *used, size - 1 - *used);
+        if (n <= 0) break; /* EAGAIN: empty for now */
+        read_any = true;
+        *used += (size_t)n;
+        buf[*used] = 0;
+        char *line = buf, *newline;
+        while (!st->done && (newline = strchr(line, '\n'))) {
+            *newline = 0;
+            handle_line(a, line, st);
+            line = newline + 1;
+        }
+        *used = (size_t)(buf + *used - line);
+        memmove(buf, line, *used);
+        if (*used == size - 1) *used = 0; /* a line longer than the buffer is not ours */
+    }
+    return read_any;
+}
+
+/* How long after its end a run still waits for the tracer's lines of its last activations (a starved vCPU
+ * formats and hands them over late). */
+#define END_GRACE_NS 2000000000ull
 
 static void *reader(void *p) {
     reader_arg *a = p;
     rtv_ctx *ctx = a->ctx;
-    int fd = a->fd;
     char buf[8192];
     size_t used = 0;
-    unsigned irq_seq = 0;
-    uint64_t irq_latency = 0, taken = 0;
-    bool have_irq = false;
-    while (!rtv_should_stop(ctx) && (!ctx->common.loops || taken < ctx->common.loops)) {
-        /* Read after every wait, not only when poll says so: on kernels such as 6.1 poll() on a trace_pipe
-         * waits for the buffer to be buffer_percent (default 50 %) full, which a run of a few seconds never
-         * reaches. The pipe is non-blocking: an empty read costs one system call every 100 ms. */
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        poll(&pfd, 1, 100);
-        ssize_t n = read(fd, buf + used, sizeof buf - 1 - used);
-        if (n <= 0) continue;
-        used += (size_t)n;
-        buf[used] = 0;
-        char *line = buf, *newline;
-        while ((newline = strchr(line, '\n'))) {
-            *newline = 0;
-            handle_line(a, line, &irq_seq, &irq_latency, &have_irq, &taken);
-            line = newline + 1;
+    reader_state st = {.end_ns = UINT64_MAX};
+    while (!st.done && !rtv_signalled()) {
+        /* Wait between drains, whatever poll() says: on kernels such as 6.1 poll() on a trace_pipe waits for
+         * the buffer to be buffer_percent (default 50 %) full, which a run of a few seconds never reaches. The
+         * pipe is non-blocking; the kernel's ring holds what comes meanwhile. */
+        if (!drain(a, buf, sizeof buf, &used, &st)) {
+            uint64_t deadline = st.end_ns != UINT64_MAX ? st.end_ns : ctx->end_ns ? ctx->end_ns : UINT64_MAX;
+            if (deadline != UINT64_MAX && rtv_now_ns() >= deadline + END_GRACE_NS) break; /* the tracer fell silent */
+            struct pollfd pfd = {.fd = a->fd, .events = POLLIN};
+            poll(&pfd, 1, 100);
         }
-        used = (size_t)(buf + used - line);
-        memmove(buf, line, used);
-        if (used == sizeof buf - 1) used = 0; /* a line longer than the buffer is not ours */
     }
-    close(fd);
+    close(a->fd);
     rtv_stat(ctx, a->index, STAT_UNPAIRED, (int64_t)a->unpaired);
     rtv_stat(ctx, a->index, STAT_LOST_EVENTS, (int64_t)a->lost);
+    rtv_stat(ctx, a->index, STAT_OVERRUNS, (int64_t)a->overruns);
     return NULL;
 }
 

@@ -19,7 +19,7 @@ from .errors import InputError, PrivilegeError, RunError
 __all__ = ["AGENTS", "BAREMETAL_KERNEL", "XEN_A653", "CROSS_COMPILERS", "native_arch", "agent_path", "agent_args",
            "agent_failure"]
 
-AGENTS = ("rtvirt-probe", "rtvirt-stress")
+AGENTS = ("rtvirt-probe", "rtvirt-stress", "rtvirt-trace")  # rtvirt-trace: a Linux guest's trace relay
 # Our own x86_64 guest kernel (agents/baremetal), installed beside the agents but never copied into a guest.
 BAREMETAL_KERNEL = "rtvirt-baremetal"
 # Sets Xen's ARINC 653 schedules (agents/xen), built only where libxenctrl's headers are; runs in a dom0.

@@ -1,16 +1,18 @@
-"""Writing files that readers (the catalog, the report, --resume) must never see half-written, and the caches of
-built images that several checkouts of rtvirt may share."""
+"""Writing files that readers (the catalog, the report, --resume) must never see half-written, the caches of
+built images that several checkouts of rtvirt may share, and freeing what was read of a file that keeps growing."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["write_atomically", "prune_cache", "mark_used"]
+__all__ = ["write_atomically", "prune_cache", "mark_used", "free_range"]
 
 # a cached build somebody used within this long may still be about to be opened (another checkout, a dom0 that
 # reads the cache over a share): never pruned
@@ -60,3 +62,32 @@ def prune_cache(directory: Path, pattern: str, current: Path, belongs: Callable[
         if time.time() - used(old) > RECENT_USE_S:
             with contextlib.suppress(OSError):
                 old.unlink()
+
+
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+
+
+def _libc_fallocate() -> Callable[..., int] | None:
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        fallocate = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).fallocate
+        fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+        fallocate.restype = ctypes.c_int
+        return fallocate  # type: ignore[no-any-return]
+    return None
+
+
+_fallocate = _libc_fallocate()
+
+
+def free_range(fd: int, start: int, end: int) -> str | None:
+    """Give the blocks of bytes [start, end) of an open file back to the file system, its length unchanged (a trace
+    streamed into a file and read as it grows: what was read need not stay on disk). Python has no binding for
+    Linux's hole punching (fallocate's FALLOC_FL_PUNCH_HOLE), hence libc's through ctypes. Returns why it could
+    not (a file system without hole punching), or None."""
+    if end <= start:
+        return None
+    if _fallocate is None:
+        return "this C library has no fallocate"
+    if _fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, start, end - start) != 0:
+        return os.strerror(ctypes.get_errno())
+    return None

@@ -95,7 +95,8 @@ class Manifest(BaseModel):
     value_field: str | None = None
     quantity: str | None = None  # what the values measure and their unit (rtvirt.quantity, from value_field)
     unit: str | None = None
-    status: Literal["complete", "partial", "failed"] = "complete"  # failed: no sample reached the host
+    # failed: no sample reached the host; short: ran to its end with far fewer samples than it promised
+    status: Literal["complete", "partial", "short", "failed"] = "complete"
     params: dict[str, Any] = {}
     summary: dict[str, dict[str, float | int | None]] = {}
     dropped: int = 0
@@ -334,15 +335,17 @@ def _json_safe(value: Any) -> Any:
 
 
 def write_measured_run(run: RunDir, stream: SampleStream, *, name: str, params: dict[str, Any],
-                       group_by: tuple[str, ...] = ("thread",), extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write the Parquet samples and the manifest of a finished (or interrupted) probe run."""
+                       group_by: tuple[str, ...] = ("thread",), extra: dict[str, Any] | None = None,
+                       short: bool = False) -> dict[str, Any]:
+    """Write the Parquet samples and the manifest of a finished (or interrupted) probe run; ``short``: it ran to
+    its end with far fewer samples than it promised (its ``expectation`` says why)."""
     summaries = summarize_stream(stream, group_by)
     manifest = {
         "name": name,
         "source": "measured",
         "probe": stream.probe,
         "value_field": stream.value_field,
-        "status": "complete" if stream.end_reason == "complete" else "partial",
+        "status": "partial" if stream.end_reason != "complete" else "short" if short else "complete",
         "end_reason": stream.end_reason or "cut-short",
         "params": params,
         "stream_header": stream.header,
@@ -387,6 +390,11 @@ class StoredRun:
     @property
     def partial(self) -> bool:
         return self.manifest.get("status") == "partial"
+
+    @property
+    def short(self) -> bool:
+        """A run that ran to its end with far fewer samples than it promised (its ``expectation`` says why)."""
+        return self.manifest.get("status") == "short"
 
     @property
     def failed(self) -> bool:

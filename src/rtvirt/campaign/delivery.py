@@ -4,8 +4,9 @@ Two checks on a finished run's stream, both recorded in its manifest:
 - **delivery**: the agent's END record counts the data records it wrote; the host counts what it holds. A
   difference is a loss between them (a channel that dropped or garbled bytes) and fails the run, naming the
   side that lost them and what the guest said of the end-of-stream handshake.
-- **expectation**: a periodic probe promises about one sample a period for its duration. A run far below that
-  is not silently complete: its manifest and the campaign say how many were expected and why fewer came.
+- **expectation**: a periodic probe promises about one sample a period for its duration. A run below
+  ``SHORT_FRACTION`` of that is not silently complete: it is ``short`` (its manifest's status and campaign outcome,
+  the campaign's table and exit status), and its manifest says how many were expected and why fewer came.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..stream import SampleStream
 
 __all__ = ["delivery_record", "delivery_problem", "expectation_record", "SHORT_FRACTION"]
 
-SHORT_FRACTION = 0.5  # fewer samples than this share of the promised count is a shortfall worth a reason
+SHORT_FRACTION = 0.9  # fewer samples than this share of the promised count: a short run, with the reason
 LATE_FRACTION = 0.1  # a first sample later than this share of the duration: the probe started late
 
 
@@ -46,30 +47,37 @@ def delivery_problem(delivery: dict[str, Any]) -> str | None:
 
 
 def expectation_record(stream: SampleStream, expected: int | None, duration_ns: int) -> dict[str, Any] | None:
-    """How many samples the run promised and, when it took far fewer, why; None when nothing was promised."""
+    """How many samples the run promised and, when it took fewer than SHORT_FRACTION of them, that it is short
+    and why; None when nothing was promised."""
     if not expected:
         return None
     taken = int(stream.records.size)
-    record: dict[str, Any] = {"expected": expected, "taken": taken, "ratio": round(taken / expected, 4)}
-    if taken >= SHORT_FRACTION * expected:
-        return record
-    record["why"] = _why_short(stream, duration_ns)
+    record: dict[str, Any] = {"expected": expected, "taken": taken, "ratio": round(taken / expected, 4),
+                              "short": taken < SHORT_FRACTION * expected}
+    if record["short"]:
+        record["why"] = _why_short(stream, expected, duration_ns)
     return record
 
 
-def _why_short(stream: SampleStream, duration_ns: int) -> str:
+def _why_short(stream: SampleStream, expected: int, duration_ns: int) -> str:
     start = stream.header.get("start_monotonic_ns")
     times = stream.records["t_ns"]
     if not stream.records.size or not isinstance(start, int):
         return "the probe took no sample in its time"
     first_s = (int(times.min()) - start) / 1e9
     span_s = (int(times.max()) - int(times.min())) / 1e9
+    overruns = sum(value for (_, name), value in stream.stats.items() if name == "overruns")
+    if overruns and stream.records.size + overruns >= SHORT_FRACTION * expected:  # its periods are accounted for
+        return _overran(overruns)
     if duration_ns and first_s > LATE_FRACTION * duration_ns / 1e9:
         return (f"the probe started late: its first sample came {first_s:.2f} s into its {duration_ns / 1e9:.2f} s "
                 "(its threads were not scheduled: a starved vCPU, or a guest still booting under load)")
     if duration_ns and span_s < (1 - LATE_FRACTION) * duration_ns / 1e9 - first_s:
         return (f"the probe's samples span {span_s:.2f} s of its {duration_ns / 1e9:.2f} s: it was stopped "
                 "early or starved for the rest")
-    overruns = sum(value for (_, name), value in stream.stats.items() if name == "overruns")
-    return (f"the probe ran its whole time but its measuring thread was starved: {overruns} periods passed while "
-            "it waited to run (counted as overruns, not as samples)")
+    return _overran(overruns)
+
+
+def _overran(overruns: int) -> str:
+    return (f"the probe ran its whole time but {overruns} periods passed while its measuring thread was late or "
+            "waited to run (counted as overruns, not as samples: a starved vCPU, or a loaded host)")

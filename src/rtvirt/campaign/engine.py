@@ -28,6 +28,7 @@ from ..consoles import make_console
 from ..environments import ENVIRONMENTS, Environment, Launched, SharedResources
 from ..errors import InputError, RtvirtError, RunError
 from ..explain.tracefs import reclaim_instances
+from ..params import CommonParams
 from ..probes import PROBES
 from ..procs import Supervisor
 from ..scenario.matrix import PlannedRun, expand, scaled_params
@@ -35,7 +36,7 @@ from ..scenario.schema import Scenario, StressorUse
 from ..scenario.studies import study_provenance
 from ..store import RunDir, new_run, write_failed_run, write_measured_run
 from ..stores.provenance import content_sha256
-from ..stream import StreamReader, recover_from_copy
+from ..stream import SampleStream, StreamReader, recover_from_copy
 from ..stressors import STRESSORS, RunningStressor
 from ..sysaudit import audit_system
 from .delivery import delivery_problem, delivery_record, expectation_record
@@ -209,6 +210,282 @@ def _bounded(text: str) -> str:
     return text if len(text) <= MAX_REASON else text[:MAX_REASON] + "..."
 
 
+@dataclass
+class _RunRecord:
+    """What one run gathers on its way, from its start to its manifest."""
+
+    run: RunDir
+    marks: list[tuple[float, str]] = field(default_factory=list)  # (monotonic time, event), made relative later
+    started_at: float = 0.0  # when the environment was made (monotonic)
+    workload_start: float | None = None  # when the agent's header arrived
+    reason: str = ""
+    interrupted: bool = False
+    params: CommonParams | None = None
+    launched: Launched | None = None
+    explaining: ExplainSession | None = None
+    hook_log: list[dict[str, Any]] = field(default_factory=list)
+    env_description: dict[str, Any] = field(default_factory=dict)
+    env_warnings: list[str] = field(default_factory=list)
+    platform_delivery: dict[str, Any] = field(default_factory=dict)
+    platform_audit: dict[str, Any] = field(default_factory=dict)
+    copy: Path | None = None  # the guest's own copy of its stream
+
+    def mark(self, action: str) -> None:
+        self.marks.append((time.monotonic(), action))
+
+
+@dataclass
+class _Judgement:
+    """How a finished run went: its campaign status, why (a failure's reason, or a note on a run that stands),
+    and what its manifest records beside the samples."""
+
+    status: str
+    reason: str
+    note: str
+    extra: dict[str, Any]
+
+
+class _RunExecution:
+    """One planned run in a fresh environment, in the steps a reader names: set up, measure (watched), tear down
+    (:meth:`measure`); take the stream (:meth:`take_stream`); judge it and store it (:meth:`store`)."""
+
+    def __init__(self, scenario: Scenario, plan: PlannedRun, results: Path, *, run_timeout_ns: int,
+                 system: dict[str, Any], on_progress: Callable[[float, int, int | None], None] | None,
+                 shared: SharedResources | None, hooks: HookRunner | None) -> None:
+        self.scenario, self.plan, self.system = scenario, plan, system
+        self.run_timeout_ns, self.on_progress, self.shared, self.hooks = run_timeout_ns, on_progress, shared, hooks
+        self.env_config = scenario.environments[plan.environment]
+        self.disturbance_spec = scenario.disturbances[plan.disturbance]
+        self.workload = scenario.probe_workloads()[plan.workload]
+        self.probe = PROBES[self.workload.probe]
+        self.record = _RunRecord(new_run(results, plan.key.replace("/", "_")))
+        self.run = self.record.run
+        self.hook_values = {"environment": self.env_config.label, "disturbance": self.disturbance_spec.name,
+                            "repetition": str(plan.repetition), "key": plan.key, "run_id": self.run.run_id}
+        self.stressor_results: list[dict[str, Any]] = []
+
+    # ---- measure: set up, watch, tear down --------------------------------------------------------------------
+
+    def measure(self) -> None:
+        """Set up, run and watch the probe, tear everything down; never raises for run failures, and Ctrl-C or
+        SIGTERM ends it as ``record.interrupted``."""
+        record = self.record
+        workdir = self.run.path / "work"
+        with Supervisor() as supervisor:
+            env = ENVIRONMENTS[self.env_config.kind](self.env_config, supervisor, workdir, self.shared)
+            disturbance = _Disturbance(self.disturbance_spec.stressors, env, supervisor)
+            record.started_at = time.monotonic()  # the watchdog counts the set-up too (a guest's boot)
+            try:
+                self._set_up(env, disturbance)
+                record.reason = self._watch(env, disturbance)
+            except KeyboardInterrupt:
+                record.interrupted = True
+                record.reason = "interrupted (Ctrl-C or SIGTERM)"
+            except RtvirtError as exc:
+                record.reason = str(exc)
+            finally:
+                teardown = self._tear_down(env, disturbance, supervisor)
+        if teardown.problems:  # the measurement may be whole, but what surrounded it did not end as it should
+            record.reason = record.reason or f"teardown: {'; '.join(teardown.problems)}"
+        # the per-run initramfs is a copy of the cached image plus a few bytes of jobs: not worth keeping
+        for leftover in workdir.glob("**/initramfs.cpio"):
+            leftover.unlink(missing_ok=True)
+
+    def _set_up(self, env: Environment, disturbance: _Disturbance) -> None:
+        """Hooks, the environment, the probe's parameters, the tracing and the disturbance that starts first."""
+        record, plan = self.record, self.plan
+        if self.hooks is not None:
+            record.hook_log += self.hooks.run("before_run", self.hook_values, self.env_config.label)
+        env.start()
+        try:
+            record.params = self.probe.params(**{**scaled_params(self.workload.params, plan.scale),
+                                                 "duration": f"{plan.duration_ns}ns", **env.probe_overrides()})
+        except ValidationError as exc:
+            raise InputError(f"workload.params: {exc.errors()[0]['msg']}") from None
+        if env.on_host:
+            record.params.check_host(env.platform_cpus())  # a v2 partition root took its CPUs from us
+        if self.scenario.explain is not None and self.scenario.explain.enabled:
+            from ..explain.sources import session_for  # the explanation's layers: for an explained run only
+
+            record.explaining = session_for(env, self.scenario.explain)
+            record.explaining.start(self.run.stream_path)  # before any stressor: the trace covers the whole run
+        if plan.events:
+            disturbance.prepare()
+        if plan.start_order == "stress-first":
+            disturbance.start()
+            record.mark("stress-on")
+            time.sleep(plan.settle_ns / 1e9)
+
+    def _watch(self, env: Environment, disturbance: _Disturbance) -> str:
+        """Launch the probe and follow it to its end: samples counted as they come, the timeline's stress
+        switched, the platform and the watchdog asked; returns why the run failed ("" when it did not)."""
+        record, plan = self.record, self.plan
+        started_at = record.started_at
+        assert record.params is not None
+        record.launched = launched = env.launch("rtvirt-probe", self.probe.command(record.params, "")[1:],
+                                                self.run.stream_path)
+        reader = StreamReader(self.run.stream_path)
+        pending = list(plan.events)
+        samples, peak = 0, None
+        deadline = started_at + (plan.duration_ns + self.run_timeout_ns) / 1e9
+        while launched.poll() is None:
+            time.sleep(POLL_S)
+            new = reader.poll()
+            if new.size:
+                samples += int(new.size)
+                top = int(np.max(new["value"]))
+                peak = top if peak is None else max(peak, top)
+            if reader.ended:
+                launched.confirm_end(samples)  # a guest's agent waits for it before the guest powers off
+            if record.workload_start is None and reader.header is not None:
+                record.workload_start = time.monotonic()
+                record.mark("workload-start")
+            if record.workload_start is not None:
+                self._follow_timeline(disturbance, pending, time.monotonic() - record.workload_start)
+                if self.on_progress:
+                    elapsed_ns = (time.monotonic() - record.workload_start) * 1e9
+                    self.on_progress(min(elapsed_ns / plan.duration_ns, 1.0), samples, peak)
+            env.after_launch(launched)
+            problem = env.check() or disturbance.check()
+            if problem:
+                return problem
+            if time.monotonic() > deadline:
+                return f"watchdog: the run did not end within {(deadline - started_at):.0f}s"
+        reason = env.check() or ""
+        status = launched.returncode
+        if not reason and status not in (0, None):
+            reason = f"probe exited with status {status}: {launched.error_tail() or 'no message'}"
+        return reason
+
+    def _follow_timeline(self, disturbance: _Disturbance, pending: list[tuple[int, str]], elapsed_s: float) -> None:
+        """Switch the stress on and off as the timeline says, ``elapsed_s`` into the workload."""
+        plan, elapsed_ns = self.plan, elapsed_s * 1e9
+        if plan.start_order == "test-first" and not disturbance.on and elapsed_ns >= plan.settle_ns:
+            disturbance.start()
+            self.record.mark("stress-on")
+        while pending and elapsed_ns >= pending[0][0]:
+            _, action = pending.pop(0)
+            if action == "stress-on":
+                disturbance.start()
+            else:
+                disturbance.stop()
+            self.record.mark(action)
+
+    def _tear_down(self, env: Environment, disturbance: _Disturbance, supervisor: Supervisor) -> _Teardown:
+        """Stop the tracing, the disturbance and the environment, keeping what they said; every step is tried."""
+        record, teardown = self.record, _Teardown()
+        if record.explaining is not None:
+            record.explaining.stop()  # as soon as the agent ended: never raises, the trace is bounded
+        if disturbance.on:
+            teardown.attempt(disturbance.stop)
+            record.mark("stress-off")
+        teardown.attempt(disturbance.close_guests)
+        self.stressor_results = disturbance.summaries
+        record.env_description = teardown.attempt(env.describe) or {}
+        record.platform_delivery = teardown.attempt(env.delivery) or {}
+        record.copy = teardown.attempt(env.stream_copy)
+        record.platform_audit = teardown.attempt(env.platform_audit) or {}
+        record.env_warnings = env.warnings()
+        teardown.attempt(env.close)
+        supervisor.stop_all()
+        if self.hooks is not None:
+            hooks = self.hooks
+            record.hook_log += teardown.attempt(
+                lambda: hooks.run("after_run", self.hook_values, self.env_config.label)) or []
+        return teardown
+
+    # ---- the stream, its verdict, the store -------------------------------------------------------------------
+
+    def take_stream(self) -> SampleStream | None:
+        """The run's stream as the host holds it, or the guest's own copy when the live one fell short (None: no
+        readable stream; the record's reason then says why)."""
+        record = self.record
+        unreadable = ""
+        stream: SampleStream | None
+        try:
+            stream = StreamReader(self.run.stream_path).finish()
+        except InputError as exc:
+            stream, unreadable = None, f"no samples: {exc}"
+        if record.copy is not None:  # the guest's own copy: the run's stream if the live one fell short
+            recovered = recover_from_copy(record.copy, self.run.stream_path)
+            record.copy.unlink()
+            if recovered is not None:
+                record.platform_delivery["recovered"] = (
+                    f"from the guest's copy: {recovered.records.size} records, the live stream held "
+                    f"{0 if stream is None else stream.records.size}")
+                stream, unreadable = recovered, ""
+        record.reason = record.reason or unreadable
+        return stream
+
+    def judge(self, stream: SampleStream | None) -> _Judgement:
+        """Did every sample arrive, were there as many as promised: the run's status and what its manifest says
+        of its delivery and expectation. A run short of its promise stands, as ``short``, with why."""
+        record, extra = self.record, {}
+        reason, note = record.reason, ""
+        if stream is not None:
+            extra["delivery"] = delivery_record(stream, record.launched.confirmation if record.launched else None,
+                                                record.platform_delivery)
+            reason = reason or delivery_problem(extra["delivery"]) or ""
+            promised = self.probe.expected_samples(record.params) if self.probe.expected_samples and \
+                record.params else None
+            expectation = expectation_record(stream, promised, self.plan.duration_ns)
+            if expectation is not None:
+                extra["expectation"] = expectation
+                if expectation.get("short"):
+                    note = f"{expectation['taken']} of {expectation['expected']} samples expected: {expectation['why']}"
+        elif record.platform_delivery:
+            extra["delivery"] = {"agent_records": None, "host_records": 0, **record.platform_delivery}
+        status = "interrupted" if record.interrupted else "failed" if reason else "short" if note else "complete"
+        return _Judgement(status, reason, note, extra | self._provenance(status, reason or note))
+
+    def _provenance(self, status: str, said: str) -> dict[str, Any]:
+        """The manifest's account of where the run came from and what happened around it."""
+        record, plan, scenario = self.record, self.plan, self.scenario
+        # events before the workload started (stress-first) get negative times
+        origin = record.workload_start if record.workload_start is not None else \
+            (record.marks[0][0] if record.marks else 0.0)
+        timeline = [{"t_ns": int((at - origin) * 1e9), "event": event} for at, event in record.marks]
+        run_system = {**self.system, "warnings": [*self.system.get("warnings", []), *record.env_warnings],
+                      **({"platform": record.platform_audit} if record.platform_audit else {})}
+        return {"scenario": scenario.name,
+                "scenario_sha256": content_sha256(scenario.model_dump(mode="json", exclude={"repetitions"})),
+                "environment": self.env_config.label, "config": plan.config,
+                "repetition": plan.repetition, "timeline": timeline, "system": run_system,
+                "environment_detail": record.env_description,
+                "study": study_provenance(scenario, plan),
+                "hooks": record.hook_log,
+                "campaign": {"key": plan.key, "group": plan.group, "workload": self.workload.name,
+                             "disturbance": self.disturbance_spec.name, "start_order": plan.start_order,
+                             "events": [{"t_ns": at, "action": action} for at, action in plan.events],
+                             "stressors": [u.model_dump(mode="json") for u in self.disturbance_spec.stressors],
+                             "stressor_results": self.stressor_results,
+                             "outcome": status, "reason": _bounded(said) or None}}
+
+    def store(self, stream: SampleStream | None, verdict: _Judgement) -> RunOutcome:
+        """Write the run: its samples, explanation and manifest, or, without samples, a failed run's manifest."""
+        record, extra, status, reason = self.record, verdict.extra, verdict.status, verdict.reason
+        run_params = record.params.model_dump(mode="json") if record.params else {}
+        # a probe that ran to its END and saw nothing (a gap probe without interruptions above its threshold) is a
+        # measurement and is stored; a run that got no samples otherwise still leaves its manifest: why, and what
+        # the platform said
+        if stream is None or (stream.records.size == 0 and (reason or record.interrupted
+                                                            or stream.end_reason != "complete")):
+            reason = reason or "the probe produced no samples"
+            status = "interrupted" if record.interrupted else "failed"
+            extra["campaign"] |= {"outcome": status, "reason": _bounded(reason)}
+            write_failed_run(self.run, name=self.scenario.name, params=run_params, extra=extra)
+            return RunOutcome(status, _bounded(reason), self.run.run_id)
+        if record.explaining is not None and stream.records.size:
+            extra["explain"] = record.explaining.explain_into(self.run.path, stream, record.launched.agent_pids()
+                                                              if record.launched else ())
+            if extra["explain"].get("interrupted") and not record.interrupted:  # Ctrl-C while explaining
+                status = "interrupted"
+                extra["campaign"] |= {"outcome": status}
+        manifest = write_measured_run(self.run, stream, name=self.scenario.name, params=run_params,
+                                      group_by=self.probe.group_by, extra=extra, short=status == "short")
+        return RunOutcome(status, _bounded(reason or verdict.note), self.run.run_id, manifest)
+
+
 def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_timeout_ns: int,
                 system: dict[str, Any], on_progress: Callable[[float, int, int | None], None] | None = None,
                 on_run_dir: Callable[[str], None] | None = None,
@@ -218,194 +495,13 @@ def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_time
     ``shared`` carries what runs of one campaign reuse (a Xen lab boot, connections); without it the
     run makes and closes its own.
     """
-    env_config = scenario.environments[plan.environment]
-    disturbance_spec = scenario.disturbances[plan.disturbance]
-    workload = scenario.probe_workloads()[plan.workload]
-    probe = PROBES[workload.probe]
-    run = new_run(results, plan.key.replace("/", "_"))
+    execution = _RunExecution(scenario, plan, results, run_timeout_ns=run_timeout_ns, system=system,
+                              on_progress=on_progress, shared=shared, hooks=hooks)
     if on_run_dir:
-        on_run_dir(run.run_id)
-    workdir = run.path / "work"
-    marks: list[tuple[float, str]] = []  # (monotonic time, event); made relative to the workload start below
-    reason = ""
-    interrupted = False
-    env_description: dict[str, Any] = {}
-    env_warnings: list[str] = []
-    params = None
-    hook_log: list[dict[str, Any]] = []
-    launched: Launched | None = None
-    platform_delivery: dict[str, Any] = {}
-    copy = None
-    explaining: ExplainSession | None = None
-    hook_values = {"environment": env_config.label, "disturbance": disturbance_spec.name,
-                   "repetition": str(plan.repetition), "key": plan.key, "run_id": run.run_id}
-    with Supervisor() as supervisor:
-        env = ENVIRONMENTS[env_config.kind](env_config, supervisor, workdir, shared)
-        disturbance = _Disturbance(disturbance_spec.stressors, env, supervisor)
-        started_at = time.monotonic()
-        t0: float | None = None
-
-        def mark(action: str) -> None:
-            marks.append((time.monotonic(), action))
-
-        try:
-            if hooks is not None:
-                hook_log += hooks.run("before_run", hook_values, env_config.label)
-            env.start()
-            try:
-                params = probe.params(**{**scaled_params(workload.params, plan.scale),
-                                         "duration": f"{plan.duration_ns}ns", **env.probe_overrides()})
-            except ValidationError as exc:
-                raise InputError(f"workload.params: {exc.errors()[0]['msg']}") from None
-            if env.on_host:
-                params.check_host(env.platform_cpus())  # a v2 partition root took its CPUs from us
-            if scenario.explain is not None and scenario.explain.enabled:
-                from ..explain.sources import session_for  # the explanation's layers: for an explained run only
-
-                explaining = session_for(env, scenario.explain)
-                explaining.start(run.stream_path)  # before any stressor: the trace covers the whole run
-            if plan.events:
-                disturbance.prepare()
-            if plan.start_order == "stress-first":
-                disturbance.start()
-                mark("stress-on")
-                time.sleep(plan.settle_ns / 1e9)
-            launched = env.launch("rtvirt-probe", probe.command(params, "")[1:], run.stream_path)
-            reader = StreamReader(run.stream_path)
-            pending = list(plan.events)
-            samples, peak = 0, None
-            deadline = started_at + (plan.duration_ns + run_timeout_ns) / 1e9
-            while launched.poll() is None:
-                time.sleep(POLL_S)
-                new = reader.poll()
-                if new.size:
-                    samples += int(new.size)
-                    top = int(np.max(new["value"]))
-                    peak = top if peak is None else max(peak, top)
-                if reader.ended:
-                    launched.confirm_end(samples)  # a guest's agent waits for it before the guest powers off
-                if t0 is None and reader.header is not None:
-                    t0 = time.monotonic()
-                    mark("workload-start")
-                now = time.monotonic()
-                if t0 is not None:
-                    elapsed_ns = (now - t0) * 1e9
-                    if plan.start_order == "test-first" and not disturbance.on and elapsed_ns >= plan.settle_ns:
-                        disturbance.start()
-                        mark("stress-on")
-                    while pending and elapsed_ns >= pending[0][0]:
-                        _, action = pending.pop(0)
-                        if action == "stress-on":
-                            disturbance.start()
-                        else:
-                            disturbance.stop()
-                        mark(action)
-                    if on_progress:
-                        on_progress(min(elapsed_ns / plan.duration_ns, 1.0), samples, peak)
-                env.after_launch(launched)
-                problem = env.check() or disturbance.check()
-                if problem:
-                    reason = problem
-                    break
-                if now > deadline:
-                    reason = f"watchdog: the run did not end within {(deadline - started_at):.0f}s"
-                    break
-            if not reason:
-                reason = env.check() or ""
-                status = launched.returncode
-                if not reason and status not in (0, None):
-                    reason = f"probe exited with status {status}: {launched.error_tail() or 'no message'}"
-        except KeyboardInterrupt:
-            interrupted = True
-            reason = "interrupted (Ctrl-C or SIGTERM)"
-        except RtvirtError as exc:
-            reason = str(exc)
-        finally:
-            teardown = _Teardown()
-            if explaining is not None:
-                explaining.stop()  # as soon as the agent ended: never raises, the trace is bounded
-            if disturbance.on:
-                teardown.attempt(disturbance.stop)
-                mark("stress-off")
-            teardown.attempt(disturbance.close_guests)
-            env_description = teardown.attempt(env.describe) or {}
-            platform_delivery = teardown.attempt(env.delivery) or {}
-            copy = teardown.attempt(env.stream_copy)
-            platform_audit = teardown.attempt(env.platform_audit) or {}
-            env_warnings = env.warnings()
-            teardown.attempt(env.close)
-            supervisor.stop_all()
-            if hooks is not None:
-                hook_log += teardown.attempt(lambda: hooks.run("after_run", hook_values, env_config.label)) or []
-    if teardown.problems:  # the measurement may be whole, but what surrounded it did not end as it should
-        reason = reason or f"teardown: {'; '.join(teardown.problems)}"
-    # the per-run initramfs is a copy of the cached image plus a few bytes of jobs: not worth keeping
-    for leftover in workdir.glob("**/initramfs.cpio"):
-        leftover.unlink(missing_ok=True)
-    unreadable = ""
-    try:
-        stream = StreamReader(run.stream_path).finish()
-    except InputError as exc:
-        stream, unreadable = None, f"no samples: {exc}"
-    if copy is not None:  # the guest's own copy: the run's stream if the live one fell short
-        recovered = recover_from_copy(copy, run.stream_path)
-        copy.unlink()
-        if recovered is not None:
-            platform_delivery["recovered"] = (f"from the guest's copy: {recovered.records.size} records, the live "
-                                              f"stream held {0 if stream is None else stream.records.size}")
-            stream, unreadable = recovered, ""
-    reason = reason or unreadable
-    extra: dict[str, Any] = {}
-    note = ""  # said of a complete run that took far fewer samples than promised
-    if stream is not None:
-        extra["delivery"] = delivery_record(stream, launched.confirmation if launched else None, platform_delivery)
-        reason = reason or delivery_problem(extra["delivery"]) or ""
-        expectation = expectation_record(stream, probe.expected_samples(params) if probe.expected_samples and
-                                         params else None, plan.duration_ns)
-        if expectation is not None:
-            extra["expectation"] = expectation
-            if "why" in expectation:
-                note = (f"{expectation['taken']} of {expectation['expected']} samples expected: "
-                        f"{expectation['why']}")
-    elif platform_delivery:
-        extra["delivery"] = {"agent_records": None, "host_records": 0, **platform_delivery}
-    outcome_status = "interrupted" if interrupted else ("failed" if reason else "complete")
-    # events before the workload started (stress-first) get negative times
-    origin = t0 if t0 is not None else (marks[0][0] if marks else 0.0)
-    timeline = [{"t_ns": int((at - origin) * 1e9), "event": event} for at, event in marks]
-    run_system = {**system, "warnings": [*system.get("warnings", []), *env_warnings],
-                  **({"platform": platform_audit} if platform_audit else {})}
-    extra |= {"scenario": scenario.name,
-              "scenario_sha256": content_sha256(scenario.model_dump(mode="json", exclude={"repetitions"})),
-              "environment": env_config.label, "config": plan.config,
-              "repetition": plan.repetition, "timeline": timeline, "system": run_system,
-              "environment_detail": env_description,
-              "study": study_provenance(scenario, plan),
-              "hooks": hook_log,
-              "campaign": {"key": plan.key, "group": plan.group, "workload": workload.name,
-                           "disturbance": disturbance_spec.name, "start_order": plan.start_order,
-                           "events": [{"t_ns": at, "action": action} for at, action in plan.events],
-                           "stressors": [u.model_dump(mode="json") for u in disturbance_spec.stressors],
-                           "stressor_results": disturbance.summaries,
-                           "outcome": outcome_status, "reason": _bounded(reason or note) or None}}
-    run_params = params.model_dump(mode="json") if params else {}
-    # a probe that ran to its END and saw nothing (a gap probe without interruptions above its threshold) is a
-    # measurement and is stored; a run that got no samples otherwise still leaves its manifest: why, and what
-    # the platform said
-    if stream is None or (stream.records.size == 0 and (reason or interrupted or stream.end_reason != "complete")):
-        reason = reason or "the probe produced no samples"
-        outcome_status = "interrupted" if interrupted else "failed"
-        extra["campaign"] |= {"outcome": outcome_status, "reason": _bounded(reason)}
-        write_failed_run(run, name=scenario.name, params=run_params, extra=extra)
-        return RunOutcome(outcome_status, _bounded(reason), run.run_id)
-    if explaining is not None and stream.records.size:
-        extra["explain"] = explaining.explain_into(run.path, stream, launched.agent_pids() if launched else ())
-        if extra["explain"].get("interrupted") and not interrupted:  # Ctrl-C while explaining: the run stands
-            outcome_status = "interrupted"
-            extra["campaign"] |= {"outcome": outcome_status}
-    manifest = write_measured_run(run, stream, name=scenario.name, params=run_params,
-                                  group_by=probe.group_by, extra=extra)
-    return RunOutcome(outcome_status, _bounded(reason or note), run.run_id, manifest)
+        on_run_dir(execution.run.run_id)
+    execution.measure()
+    stream = execution.take_stream()
+    return execution.store(stream, execution.judge(stream))
 
 
 def _availability(scenario: Scenario) -> dict[int, str | None]:

@@ -18,7 +18,7 @@ from ..fileio import write_atomically
 
 __all__ = ["CampaignState", "FINISHED", "find_resumable"]
 
-FINISHED = ("complete", "failed", "skipped")
+FINISHED = ("complete", "short", "failed", "skipped")  # short: ran to its end, far fewer samples than promised
 
 
 @dataclass

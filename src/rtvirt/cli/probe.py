@@ -87,7 +87,10 @@ def _make_command(spec: ProbeSpec) -> click.Command:
                               f"{extra['target']['recovered']}", markup=False, highlight=False)
         if stream.error:
             raise RunError(f"{stream.error} (the samples taken are kept in {run.path})")
-        if manifest.get("end_reason") == "signal":  # the same status as an interrupted run or experiment
+        # the same status as an interrupted run or experiment; a target's agent also ends by a signal when its SSH
+        # session is cut, which is a lost connection (said above; the run is kept, partial), not an interruption
+        lost = extra.get("target", {}).get("connection") == "lost"
+        if manifest.get("end_reason") == "signal" and not lost:
             raise Interrupted(f"interrupted (Ctrl-C or SIGTERM): the samples taken are kept in {run.path}")
 
     return command

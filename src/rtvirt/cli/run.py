@@ -207,10 +207,13 @@ def _print_result(result: CampaignResult) -> None:
     for warning in _warnings(result):
         console.print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
     failed = sum(1 for o in result.outcomes.values() if o.status == "failed")
+    short = sum(1 for o in result.outcomes.values() if o.status == "short")
     if result.report and not result.interrupted:
         console.print(f"report: {result.report}", highlight=False)
     if failed and not result.interrupted:
         console.print(f"[red]{failed} run(s) failed[/]", highlight=False)
+    if short and not result.interrupted:
+        console.print(f"[yellow]{short} run(s) short of their expected samples[/]", highlight=False)
 
 
 @click.command()
@@ -273,5 +276,7 @@ def run(scenarios: tuple[str, ...], results: str, scale: float | None, repetitio
     if any(result.interrupted for result in done):
         err_console.print(f"[yellow]interrupted[/]: {resume_hint}")
         sys.exit(EXIT_INTERRUPTED)
-    if any(o.status == "failed" for result in done for o in result.outcomes.values()):
+    # a failed run, or a short one (it ran to its end with far fewer samples than promised): the campaign did not
+    # measure what it was asked to (docs/scenarios.md, "Exit status")
+    if any(o.status in ("failed", "short") for result in done for o in result.outcomes.values()):
         sys.exit(1)

@@ -1,16 +1,19 @@
 """The bare-metal guest (``guest = "baremetal"``): rtvirt's own kernel (agents/baremetal, docs/baremetal.md).
 
-Booted directly by the hypervisor (QEMU ``-kernel``: multiboot; Xen: a PVH domU); the probe and its options travel on
-the kernel command line exactly as the Linux agent's argv; the sample stream leaves through a virtio-console
-(the guest's own legacy virtio-pci driver; its fallbacks, QEMU's debug console and COM2, are for
-platforms without one), the console text (READY/EXIT marks, errors) through COM1, and the guest ends
-the VM through QEMU's isa-debug-exit device with its status. Under Xen PVH there is no UART and no virtio:
-text and stream share the domain's PV console, the stream in frames (ConsoleDemux splits dom0's log).
+Booted directly by the hypervisor (QEMU ``-kernel``: multiboot on x86_64, an arm64 Image on aarch64; Xen: a PVH
+domU); the probe and its options travel on the kernel command line exactly as the Linux agent's argv; the sample
+stream leaves through a virtio-console (the guest's own driver: legacy virtio-pci on x86_64, virtio-mmio on
+aarch64; its x86 fallbacks, QEMU's debug console and COM2, are for platforms without one), the console text
+(READY/EXIT marks, errors) through the first UART (COM1, the PL011), and the guest ends the VM with its status
+(x86: QEMU's isa-debug-exit device; aarch64: PSCI SYSTEM_OFF, the status on the console's EXIT line). An explained
+run adds a second virtio-console for the clock exchange (explain.clocksync). Under Xen PVH there is no UART and
+no virtio: text and stream share the domain's PV console, the stream in frames (ConsoleDemux splits dom0's log).
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 import threading
 import time
@@ -21,9 +24,10 @@ from ..agents import BAREMETAL_KERNEL, agent_path
 from ..errors import InputError, RunError
 from .guest_image import EXIT_MARK
 
-__all__ = ["kernel_path", "command_line", "qemu_devices", "DebugExitProcess", "guest_error", "failure_exception",
-           "request_stop", "unsupported", "stressor_unsupported", "DEBUG_EXIT_PORT",
-           "ConsoleDemux", "XenConsoleRelay", "xen_domain_lines", "xen_request_stop"]
+__all__ = ["kernel_path", "command_line", "qemu_devices", "machine_args", "guest_cpu", "console_args", "qemu_binary",
+           "installed_qemu", "QEMU_BINARIES", "GuestProcess",
+           "guest_error", "failure_exception", "request_stop", "unsupported", "stressor_unsupported", "DEBUG_EXIT_PORT",
+           "ConsoleDemux", "XenConsoleRelay", "xen_domain_lines", "xen_request_stop", "emulated_machine"]
 
 DEBUG_EXIT_PORT = 0xF4
 MAX_COMMAND_LINE = 1023  # the guest's buffer (agents/baremetal/main.c)
@@ -35,10 +39,29 @@ def kernel_path(arch: str = "x86_64") -> Path:
     return agent_path(BAREMETAL_KERNEL, arch)
 
 
+# The QEMU that boots the guest of each architecture (Debian: qemu-system-x86, qemu-system-arm).
+QEMU_BINARIES = {"x86_64": "qemu-system-x86_64", "aarch64": "qemu-system-aarch64"}
+# aarch64: QEMU's virt board with the study's CPU (a Raspberry Pi 4's Cortex-A72); its power button (the stop
+# request) reaches the guest through a PL061 GPIO line only without ACPI
+ARM_CPU = "cortex-a72"
+
+
+def qemu_binary(arch: str) -> str:
+    return QEMU_BINARIES[arch]
+
+
+def installed_qemu(arch: str) -> str:
+    binary = qemu_binary(arch)
+    if shutil.which(binary) is None:
+        package = "qemu-system-arm (scripts/setup.sh arm)" if arch == "aarch64" else "qemu-system-x86"
+        raise RunError(f"{binary} is not installed: apt-get install {package}")
+    return binary
+
+
 # Stressor programs of the guest (agents/baremetal/stress.c), and the stressor agent's options they take
-# only at the value they honour (one CPU: one worker; always busy: no duty cycle).
+# only at the value they honour (one CPU: one worker).
 BAREMETAL_STRESSORS = ("cpu", "cache")
-_STRESSOR_FIXED = {"workers": "1", "slice": "0", "period": "0"}
+_STRESSOR_FIXED = {"workers": "1"}
 
 
 def stressor_unsupported(stressor: str, params: dict[str, Any], workers: int) -> str | None:
@@ -47,8 +70,6 @@ def stressor_unsupported(stressor: str, params: dict[str, Any], workers: int) ->
         return f"a bare-metal disturbing guest runs the {' and '.join(BAREMETAL_STRESSORS)} stressors, not {stressor}"
     if workers != 1:
         return "workers: a bare-metal disturbing guest has one CPU and one worker"
-    if stressor == "cpu" and (params.get("slice") or params.get("period")):
-        return "slice/period: a bare-metal disturbing guest spins all the time (no duty cycle)"
     return None
 
 
@@ -63,7 +84,7 @@ def _stressor_args(args: list[str]) -> list[str]:
         if name in _STRESSOR_FIXED:
             if value != _STRESSOR_FIXED[name]:
                 raise InputError(f"guest 'baremetal': option --{name} can only be {_STRESSOR_FIXED[name]} "
-                                 "in a bare-metal disturbing guest (one CPU, always busy)")
+                                 "in a bare-metal disturbing guest (one CPU)")
             continue
         kept.append(arg)
     return kept
@@ -87,14 +108,50 @@ def command_line(agent: str, args: list[str]) -> str:
     return line
 
 
-def qemu_devices(out: str | None) -> list[str]:
-    """QEMU arguments for the guest's exit device and stream channel (``out``: the chardev option of the stream's
-    way to the host, its id ``rtvirtout``; None: no channel). The console is the caller's (COM1)."""
-    devices = ["-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=4"]
-    if out is not None:  # port 0 without multiport: the guest's driver needs nothing else
-        devices += ["-device", "virtio-serial-pci,max_ports=1", "-chardev", out,
-                    "-device", "virtconsole,chardev=rtvirtout"]
+def machine_args(arch: str, accel: str, gic_version: int = 2) -> list[str]:
+    """The board QEMU emulates for the guest beyond its CPU: aarch64 QEMU's virt board with the chosen GIC
+    (without ACPI: the power button, the stop request, reaches the guest as a PL061 GPIO line); x86 the default
+    PC."""
+    return ["-machine", f"virt,gic-version={gic_version},acpi=off"] if arch == "aarch64" else []
+
+
+def guest_cpu(arch: str, accel: str) -> str | None:
+    """The CPU model an aarch64 guest gets (the host's under KVM, else the study's Cortex-A72); None: x86,
+    whose CPU the qemu kind's real-time options choose."""
+    if arch != "aarch64":
+        return None
+    return "host" if accel == "kvm" else ARM_CPU
+
+
+def console_args(arch: str, chardev: str) -> list[str]:
+    """The guest's first UART on chardev ``chardev`` (defined by the caller): COM1 on x86, the virt board's
+    PL011 on aarch64."""
+    return ["-serial", f"chardev:{chardev}"] if arch == "aarch64" else ["-device", f"isa-serial,chardev={chardev}"]
+
+
+def qemu_devices(arch: str, out: str | None, clock: str | None = None) -> list[str]:
+    """QEMU arguments for the guest's exit device (x86) and its virtio consoles, given as chardev options (the
+    caller's: files here, pipes or sockets on a KVM host over SSH): ``out`` the stream's (id ``rtvirtout``; None:
+    no channel), ``clock`` the clock exchange's (id ``rtvirtclock``). The guest takes the consoles in this order
+    (x86: PCI slots in command-line order; aarch64: virtio-mmio transports from the highest address down, where
+    QEMU puts the first -device)."""
+    bus_device = "virtio-serial-device" if arch == "aarch64" else "virtio-serial-pci"
+    devices = [] if arch == "aarch64" else ["-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=4"]
+    for name, chardev in (("rtvirtout", out), ("rtvirtclock", clock)):
+        if chardev is None:
+            continue
+        # port 0 of its own bus, no multiport: the guest's driver needs no more
+        devices += ["-device", f"{bus_device},max_ports=1,id={name}-bus", "-chardev", chardev,
+                    "-device", f"virtconsole,chardev={name},bus={name}-bus.0"]
     return devices
+
+
+def emulated_machine(arch: str, accel: str, gic_version: int = 2) -> str | None:
+    """What QEMU emulated for the guest, for the manifest: None where nothing of the CPU was (KVM on x86)."""
+    if arch == "aarch64":
+        cpu = "the host's CPU (KVM)" if accel == "kvm" else f"an emulated {ARM_CPU} (TCG)"
+        return f"QEMU's virt board with a GICv{gic_version}, the generic timer and {cpu}"
+    return None if accel == "kvm" else "an x86_64 CPU emulated by TCG (-cpu max)"
 
 
 def guest_error(console: str) -> tuple[int, str] | None:
@@ -114,10 +171,11 @@ def guest_error(console: str) -> tuple[int, str] | None:
     return (1 if status is None else status), message
 
 
-def request_stop(proc: Any, qmp_socket: str, timeout_s: float = STOP_TIMEOUT_S) -> None:
-    """Stop a running guest as SIGTERM stops an agent: an NMI (QMP inject-nmi) makes it write out every
-    sample it holds and end its stream with reason 'signal'; we wait for it to leave the VM. ``proc``: QEMU
-    wherever it runs (poll and wait), ``qmp_socket``: a path here that reaches its QMP."""
+def request_stop(proc: Any, qmp_socket: str, timeout_s: float = STOP_TIMEOUT_S, arch: str = "x86_64") -> None:
+    """Stop a running guest as SIGTERM stops an agent: a stop request (x86: an NMI, QMP inject-nmi; aarch64: the
+    power button, QMP system_powerdown) makes it write out every sample it holds and end its stream with reason
+    'signal'; we wait for it to leave the VM. ``proc``: QEMU wherever it runs (poll and wait), ``qmp_socket``: a
+    path here that reaches its QMP."""
     from qemu.qmp.legacy import QEMUMonitorProtocol
 
     if proc.poll() is not None:
@@ -127,7 +185,7 @@ def request_stop(proc: Any, qmp_socket: str, timeout_s: float = STOP_TIMEOUT_S) 
     monitor = QEMUMonitorProtocol(qmp_socket)
     try:
         monitor.connect()
-        monitor.cmd("inject-nmi")
+        monitor.cmd("system_powerdown" if arch == "aarch64" else "inject-nmi")
     except (OSError, EOFError, QMPError):
         return  # QEMU is going anyway: the caller stops it
     finally:
@@ -158,22 +216,26 @@ def unsupported(probe: str, params: dict[str, Any]) -> str | None:
     return None
 
 
-class DebugExitProcess:
+class GuestProcess:
     """QEMU running the bare-metal guest, seen as the agent: its status is the guest's.
 
-    isa-debug-exit ends QEMU with ``(status << 1) | 1``; any other end (a triple fault under -no-reboot,
-    QEMU's own error) is a failure. ``proc``: QEMU here (a Popen) or wherever it runs (poll/returncode/wait).
+    x86: isa-debug-exit ends QEMU with ``(status << 1) | 1``; any other end (a triple fault under -no-reboot,
+    QEMU's own error) is a failure. aarch64: PSCI SYSTEM_OFF ends QEMU with 0 and the status is the console's
+    EXIT line (none: a failure). ``proc``: QEMU here (a Popen) or wherever it runs (poll/returncode/wait).
     """
 
-    def __init__(self, proc: Any, console: Path) -> None:
+    def __init__(self, proc: Any, console: Path, exit_device: bool = True) -> None:
         self._proc = proc
         self._console = console
+        self._exit_device = exit_device
 
     @property
     def returncode(self) -> int | None:
         code = self._proc.returncode
         if code is None:
             return None
+        if not self._exit_device:
+            return (guest_error(self._console_text()) or (0, ""))[0] if code == 0 else code
         return code >> 1 if code > 0 and code & 1 else (code or 1)
 
     def poll(self) -> int | None:
@@ -186,13 +248,15 @@ class DebugExitProcess:
         assert code is not None
         return code
 
-    def error_tail(self) -> str:
+    def _console_text(self) -> str:
         try:
             with self._console.open("rb") as f:
-                text = f.read(1 << 16).decode("utf-8", errors="replace")
+                return f.read(1 << 16).decode("utf-8", errors="replace")
         except OSError:
             return ""
-        failure = guest_error(text)
+
+    def error_tail(self) -> str:
+        failure = guest_error(self._console_text())
         return failure[1] if failure else ""
 
 

@@ -17,21 +17,26 @@ than left unexplained, because the guest's own tracer measured them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..fileio import write_atomically
 from .guest_channel import BEGIN_MARK, END_MARK, GUEST_TRACE_FILE, STATS_MARK
-from .host import HOST_EVENTS, near_windows, occupancies_from_events
+from .guest_stream import GuestChannel, GuestChannelAccess
+from .host import HOST_EVENTS, MARGIN_NS, _spans, near_windows, occupancies_from_events
 from .model import CollectContext, Layer, LayerTrace, Occupancy
-from .tracefs import TEXT_RESOLUTION_NS, cpu_mask, parse_trace
+from .recorder import FlightRecorder, KeepRule, bound_notes, keep_rule
+from .tracefs import TEXT_RESOLUTION_NS, cpu_mask, events_around, parse_trace
 
 __all__ = ["GuestTraceSource", "BaremetalGuestSource", "guest_trace_files", "timerlat_split", "read_guest_trace",
-           "guest_buffer_kb", "TIMERLAT_PHASES", "BAREMETAL_PHASES", "STOLEN_CAUSES", "stolen_occupancies",
-           "stolen_spans", "guest_layer"]
+           "guest_buffer_kb", "TIMERLAT_PHASES", "BAREMETAL_PHASES", "STOLEN_CAUSES", "stolen_causes",
+           "stolen_occupancies", "stolen_spans", "guest_layer"]
 
 TRACE_LIMIT = 256 << 20  # bytes of a guest's trace the host reads (untrusted text)
 # a guest idle in an outlier's window had nothing else to run: its wake-up (the timer IRQ) reached it late
@@ -52,12 +57,13 @@ def guest_buffer_kb(buffer_mb: int, memory_mb: int, vcpus: int) -> int:
 def guest_trace_files(cpus: Iterable[int], buffer_kb: int, flight_recorder: bool = True,
                       events: Iterable[str] = HOST_EVENTS) -> dict[str, bytes]:
     """The files of a run's job archive that make the guest trace itself (read by ``guest_trace``);
-    ``flight_recorder``: a full buffer keeps the newest events rather than the first."""
+    ``flight_recorder``: the guest relays its trace while the run goes (``trace.stream``), its ring keeping the
+    newest events when the relay falls behind; else the buffer is sent after the run and keeps the first."""
     cpus = sorted(set(cpus))
     return {"trace.overwrite": b"1\n" if flight_recorder else b"0\n",
             "trace.events": "".join(f"{event}\n" for event in events).encode(),
             "trace.cpumask": f"{cpu_mask(cpus)}\n".encode(), "trace.cpus": " ".join(map(str, cpus)).encode() + b"\n",
-            "trace.buffer_kb": f"{int(buffer_kb)}\n".encode()}
+            "trace.buffer_kb": f"{int(buffer_kb)}\n".encode(), **({"trace.stream": b"1\n"} if flight_recorder else {})}
 
 
 @dataclasses.dataclass
@@ -68,6 +74,15 @@ class GuestTrace:
     dropped: int
     complete: bool
     began: bool
+
+    def by_cpu(self) -> dict[int, list[str]]:
+        """Each vCPU's event lines, in time order (comments and lines that are not events left out)."""
+        found: dict[int, list[str]] = {}
+        for line in self.lines:
+            event = next(parse_trace([line]), None)
+            if event is not None:
+                found.setdefault(event.cpu, []).append(line)
+        return found
 
 
 def read_guest_trace(path: Path) -> GuestTrace:
@@ -87,6 +102,35 @@ def read_guest_trace(path: Path) -> GuestTrace:
         else:
             lines.append(line)
     return GuestTrace(lines, dropped, complete, began)
+
+
+def guest_occupancies(lines_by_cpu: dict[int, list[str]], windows: np.ndarray, engine: str) -> list[Occupancy]:
+    """What held each window's vCPU in the guest's trace, read around each window only (from the last switch
+    before it, explain.tracefs.events_around): what the flight recorder kept has holes between windows, and
+    nothing is carried across them."""
+    occupancies: list[Occupancy] = []
+    for cpu, start, end in _spans(windows, MARGIN_NS):
+        events = events_around(lines_by_cpu.get(cpu, []), start, end)
+        occupancies += occupancies_from_events(events, _measurer_pids(events, engine))
+    return occupancies
+
+
+GUEST_INSTANCE = Path("/sys/kernel/tracing/instances/rtvirt-guest")  # the guest's own instance (guest_channel)
+END_WAIT_S = 30.0  # at most this long for the relayed trace's end mark once the run ended ...
+QUIET_S = 3.0  # ... while the file still grows: once it stopped growing this long, the end is not coming
+
+
+def _wait_for_end(channel: GuestChannel) -> None:
+    """Until the guest's end mark has come (its ring statistics with it), the trace stopped arriving, or
+    END_WAIT_S passed (the hypervisor may still be writing what the guest sent before it powered off)."""
+    deadline, quiet_until = time.monotonic() + END_WAIT_S, time.monotonic() + QUIET_S
+    size = -1
+    while not channel.complete and time.monotonic() < min(deadline, quiet_until):
+        channel.read()
+        with contextlib.suppress(OSError):
+            if (grown := channel.path.stat().st_size) != size:
+                size, quiet_until = grown, time.monotonic() + QUIET_S
+        time.sleep(0.1)
 
 
 def _as_guest(occupancy: Occupancy) -> Occupancy:
@@ -160,26 +204,60 @@ def _uncovered(phase: Occupancy, covering: list[Occupancy]) -> list[Occupancy]:
 class GuestTraceSource:
     """The guest layer of one run in a Linux guest: the guest traces itself (``guest_trace_files`` go into the
     run's job archive, its port's host side is ``trace_path``); ``samples`` gives the run's stream path, for
-    the timerlat split. Nothing to arm or stop on the host: the guest does both, and is gone before collect.
-    ``received``: where the trace comes over a connection the environment ends (a Xen domU's), waits (bounded)
-    until the environment holds all of it."""
+    the timerlat split. The guest arms and stops its tracer itself. ``received``: where the trace comes over a
+    connection the environment ends (a Xen domU's), waits (bounded) until the environment holds all of it.
+
+    ``keep`` (the flight recorder) and the run's sample file (``follow``): the guest relays its trace while the
+    run goes and a flight recorder keeps what can explain an outlier, at most ``keep_kb`` per traced vCPU
+    (``cpus``: the guest's, those ``guest_trace_files`` traces); else the trace the guest sent is read whole."""
 
     layer: Layer = "guest"
 
     def __init__(self, trace_path: Path, samples: Callable[[], Path | None],
-                 received: Callable[[], None] | None = None) -> None:
+                 received: Callable[[], None] | None = None, *, keep: KeepRule | None = None, keep_kb: int = 0,
+                 cpus: tuple[int, ...] = (0,)) -> None:
         self.trace_path = trace_path
         self.samples = samples
         self.received = received
+        self.keep, self.keep_kb, self.cpus = keep, keep_kb, cpus
+        self.followed: Path | None = None
+        self.channel: GuestChannel | None = None
+        self.recorder: FlightRecorder | None = None
+        self._kept: GuestTrace | None = None  # what the recorder kept, once it finished
+
+    def follow(self, samples: Path) -> None:
+        """The file the run's samples reach while it goes (before ``start``)."""
+        self.followed = samples
 
     def start(self) -> None:
-        """The guest arms its tracer itself, before its jobs."""
+        """The guest arms its tracer itself, before its jobs; with the flight recorder, its relay is followed."""
+        if self.keep is None or self.followed is None:
+            return
+        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+        self.channel = GuestChannel(self.trace_path)
+        recorder = FlightRecorder(GUEST_INSTANCE, self.cpus, self.followed, self.keep,
+                                  bound_bytes=self.keep_kb << 10, margin_ns=MARGIN_NS,
+                                  access=GuestChannelAccess(self.channel))
+        recorder.start()
+        self.recorder = recorder
 
     def stop(self) -> None:
         """The guest stops its tracer itself, after its main job; the environment's receiver may still hold
-        the end of what it sent."""
+        the end of what it sent. The flight recorder takes the rest of the relayed trace (once its end mark came,
+        or it stopped coming) and keeps what it needs."""
         if self.received is not None:
             self.received()
+        if self.recorder is None or self.channel is None or self._kept is not None:
+            return
+        _wait_for_end(self.channel)
+        texts = self.recorder.finish()
+        self.channel.close()
+        self._kept = kept = GuestTrace([line for cpu in sorted(texts) for line in texts[cpu].splitlines()],
+                                       self.channel.dropped, self.channel.complete, self.channel.began)
+        # the run keeps what was kept, as the guest would have sent it (the file read meanwhile is all holes)
+        write_atomically(self.trace_path, "".join(
+            [f"{BEGIN_MARK}\n" if kept.began else "", *(f"{line}\n" for line in kept.lines),
+             f"{STATS_MARK} all overrun: {kept.dropped}\n", f"{END_MARK}\n" if kept.complete else ""]))
 
     def _split(self, context: CollectContext) -> list[Occupancy]:
         if context.header.get("aux_field") != "irq_latency_ns" or (path := self.samples()) is None:
@@ -193,23 +271,27 @@ class GuestTraceSource:
         split = self._split(context)
         params = context.header.get("params")
         engine = str(params.get("engine", "")) if isinstance(params, dict) else ""
-        trace: GuestTrace | None = None
+        trace: GuestTrace | None = self._kept
         why: str | None = None
-        try:
-            trace = read_guest_trace(self.trace_path)
-        except OSError as exc:
-            why = f"the guest's trace did not reach the host ({exc.strerror or exc})"
+        if trace is None:
+            try:
+                trace = read_guest_trace(self.trace_path)
+            except OSError as exc:
+                why = f"the guest's trace did not reach the host ({exc.strerror or exc})"
         if trace is not None and not trace.began:
             why = "the guest sent no trace (its tracefs could not be used)"
         occupancies: list[Occupancy] = []
         notes = []
+        dropped = trace.dropped if trace is not None else 0
         if trace is not None and why is None:
-            events = list(parse_trace(trace.lines))
-            traced = occupancies_from_events(events, _measurer_pids(events, engine))
+            traced = guest_occupancies(trace.by_cpu(), context.windows, engine)
             occupancies = [_as_guest(o) for o in near_windows(traced, context.windows)]
             if not trace.complete:
                 notes.append("the guest's trace was cut short (no end mark reached the host)")
-            if trace.dropped:
+            if self.recorder is not None:
+                bound, dropped = bound_notes(self.recorder, trace.dropped, context, self.keep_kb, "vCPU")
+                notes += [*(self.channel.problems if self.channel is not None else []), *bound]
+            elif trace.dropped:
                 notes.append(f"the guest's trace buffer bound dropped {trace.dropped} events")
         if split:
             occupancies += [piece for phase in split for piece in _uncovered(phase, occupancies)]
@@ -220,17 +302,17 @@ class GuestTraceSource:
             notes.append(why)
         occupancies.sort(key=lambda o: (o.cpu, o.start_ns))
         return LayerTrace("guest", seen=True, occupancies=occupancies, alignment_ns=TEXT_RESOLUTION_NS,
-                          dropped_events=trace.dropped if trace is not None else 0, notes=notes)
+                          dropped_events=dropped, notes=notes)
 
 
 class BaremetalGuestSource:
     """The guest layer of rtvirt's bare-metal guest (docs/baremetal.md). Its timer probe stamps each sample
     with the TSC at the timer interrupt's entry (``aux``), so each outlier's window splits into the time
     before the interrupt was entered (the vCPU not running, or the interrupt delivered late: the outer
-    layers say which) and its own kernel's time from that entry to the measuring thread. Under Xen its timer
-    and gap probes also read the vCPU's runstate area around each sample: the time Xen stole inside the
-    window (runnable, offline) follows the sample in the stream (``SampleStream.stolen``). Nothing else runs
-    in that guest, so no trace is needed."""
+    layers say which) and its own kernel's time from that entry to the measuring thread. Under Xen and KVM its
+    timer and gap probes also read the hypervisor's stolen-time totals around each sample (Xen's runstate area,
+    KVM's steal time): the time stolen inside the window (runnable, offline) follows the sample in the stream
+    (``SampleStream.stolen``). Nothing else runs in that guest, so no trace is needed."""
 
     layer: Layer = "guest"
 
@@ -262,16 +344,39 @@ class BaremetalGuestSource:
         stolen: list[Occupancy] = []
         if stolen_measured:
             runnable, offline = stream.stolen_per_sample()
+            source = str(context.header.get("stolen"))
             stolen = stolen_occupancies(context.windows, t_ns, records["value"].astype(np.int64), runnable, offline,
-                                        aux if timed else None)
-            notes.append(_stolen_note(stolen, len(context.windows)))
+                                        aux if timed else None, stolen_causes(source))
+            notes.append(_stolen_note(stolen, len(context.windows), source))
         tsc = context.header.get("cycles_hz")
         resolution = int(1e9 / float(tsc)) + 1 if isinstance(tsc, (int, float)) and tsc > 0 else 1
         return LayerTrace("guest", seen=True, occupancies=split + stolen, alignment_ns=resolution, notes=notes)
 
 
-STOLEN_CAUSES = {"runnable": "stolen by Xen: vCPU runnable, not running (the guest's runstate area)",
-                 "offline": "stolen by Xen: vCPU offline (the guest's runstate area)"}
+# By the stream header's "stolen" source (docs/sample-stream.md): who stole the time, where the guest read it (for
+# the cause), the same for the layer's note, and the parts' detail.source
+_STOLEN_BY = {"xen-runstate": ("Xen", "the guest's runstate area", "its runstate area", "runstate area"),
+              "kvm-steal-time": ("the host", "KVM's steal time, read by the guest", "KVM's steal-time area",
+                                 "KVM steal time"),
+              "kvm-pv-time": ("the host", "KVM's stolen time on Arm, read by the guest",
+                              "KVM's stolen-time structure (Arm PV time)", "KVM PV time")}
+
+
+def _stolen_by(source: str) -> tuple[str, str, str, str]:
+    name = source[:40]
+    return _STOLEN_BY.get(source, ("the hypervisor", f"{name!r}, read by the guest", repr(name), name))
+
+
+def stolen_causes(source: str) -> dict[str, str]:
+    """The causes of a sample's stolen parts (runnable, offline, and ``source``: the parts' detail), naming who
+    stole it and from what the guest read it; the numbers stay in the parts' durations, so that the summary adds
+    them up across outliers."""
+    who, where, _, detail = _stolen_by(source)
+    return {"runnable": f"stolen by {who}: vCPU runnable, not running ({where})",
+            "offline": f"stolen by {who}: vCPU offline ({where})", "source": detail}
+
+
+STOLEN_CAUSES = stolen_causes("xen-runstate")
 
 
 def stolen_spans(t_ns: np.ndarray, latency_ns: np.ndarray, runnable_ns: np.ndarray, offline_ns: np.ndarray,
@@ -288,10 +393,12 @@ def stolen_spans(t_ns: np.ndarray, latency_ns: np.ndarray, runnable_ns: np.ndarr
 
 
 def stolen_occupancies(windows: np.ndarray, t_ns: np.ndarray, latency_ns: np.ndarray, runnable_ns: np.ndarray,
-                       offline_ns: np.ndarray, irq_ns: np.ndarray | None) -> list[Occupancy]:
-    """The time Xen stole inside each outlier window, as the guest read it from its runstate area (per sample,
-    aligned with ``t_ns``), where the guest placed it (``stolen_spans``): offline time first, then runnable (the
-    vCPU is runnable last, until it runs); what does not fit before the resumption runs on to the window's end."""
+                       offline_ns: np.ndarray, irq_ns: np.ndarray | None,
+                       causes: dict[str, str] = STOLEN_CAUSES) -> list[Occupancy]:
+    """The time the hypervisor stole inside each outlier window, as the guest read it (Xen's runstate area, KVM's
+    steal time; per sample, aligned with ``t_ns``), where the guest placed it (``stolen_spans``): offline time
+    first, then runnable (the vCPU is runnable last, until it runs); what does not fit before the resumption runs
+    on to the window's end."""
     begins, _ = stolen_spans(t_ns, latency_ns, runnable_ns, offline_ns, irq_ns)
     found = []
     for index, start, end, cpu in _window_samples(windows, t_ns):
@@ -300,22 +407,23 @@ def stolen_occupancies(windows: np.ndarray, t_ns: np.ndarray, latency_ns: np.nda
             continue
         begin = int(begins[index])
         detail: dict[str, str | int] = {"sample_t_ns": int(start), "runnable_ns": runnable, "offline_ns": offline,
-                                        "source": "runstate area"}
+                                        "source": causes["source"]}
         for state, amount in (("offline", offline), ("runnable", runnable)):
             stop = min(begin + amount, end)
             if stop > begin:
-                found.append(Occupancy("guest", begin, stop, STOLEN_CAUSES[state], "stolen", int(cpu),
+                found.append(Occupancy("guest", begin, stop, causes[state], "stolen", int(cpu),
                                        {**detail, "runstate": state}))
             begin = stop
     return found
 
 
-def _stolen_note(stolen: list[Occupancy], windows: int) -> str:
+def _stolen_note(stolen: list[Occupancy], windows: int, source: str) -> str:
     outliers = len({o.detail["sample_t_ns"] for o in stolen})
     runnable = sum(o.duration_ns for o in stolen if o.detail["runstate"] == "runnable")
     offline = sum(o.duration_ns for o in stolen if o.detail["runstate"] == "offline")
-    return (f"stolen time read by the guest from its runstate area: {outliers} of {windows} outliers lost time to "
-            f"Xen, runnable {runnable / 1e3:.0f} us, offline {offline / 1e3:.0f} us in their windows")
+    who, _, where, _ = _stolen_by(source)
+    return (f"stolen time read by the guest from {where}: {outliers} of {windows} outliers lost time to "
+            f"{who}, runnable {runnable / 1e3:.0f} us, offline {offline / 1e3:.0f} us in their windows")
 
 
 def _split_note(first: str, split: list[Occupancy]) -> str:
@@ -338,4 +446,5 @@ def guest_layer(guest: str, config: Any, workdir: Path, memory_mb: int, vcpus: i
     if guest == "baremetal":
         return [BaremetalGuestSource(samples)], None
     files = guest_trace_files((0,), guest_buffer_kb(config.buffer_mb, memory_mb, vcpus), config.flight_recorder)
-    return [GuestTraceSource(workdir / GUEST_TRACE_FILE, samples, received)], files
+    return [GuestTraceSource(workdir / GUEST_TRACE_FILE, samples, received, keep=keep_rule(config),
+                             keep_kb=config.buffer_mb * 1024)], files

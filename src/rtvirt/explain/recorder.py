@@ -40,10 +40,11 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from ..stream import StreamReader
+from .config import ExplainConfig
 from .model import CollectContext
-from .tracefs import LocalTracefs, TracefsAccess, TracefsInstance, TracePipe, line_stamp
+from .tracefs import LocalTracefs, PipeAccess, TracefsInstance, TracePipe, line_stamp
 
-__all__ = ["FlightRecorder", "KeepRule", "LostWindow", "SampleMap", "SameClock", "bound_notes", "listed",
+__all__ = ["FlightRecorder", "KeepRule", "keep_rule", "LostWindow", "SampleMap", "SameClock", "bound_notes", "listed",
            "run_start_ns", "start_recording", "window_label", "CHUNK_NS",
            "DRAIN_S", "OPEN_NS", "SLACK_NS", "RING_KB"]
 
@@ -53,6 +54,7 @@ SLACK_NS = 1_000_000_000  # how late a sample may reach the file after its windo
 OPEN_NS = 10_000_000_000  # how long a window may stay open (its thread held off) beyond SLACK_NS and be kept whole
 RING_KB = 4096  # the kernel's ring per CPU while the recorder drains it (never above the kept bound)
 MAX_NAMED = 20  # outlier windows named one by one in a note
+UNPLACED_MAX = 100_000  # samples held while they cannot be placed in the trace (about 4 MB)
 SWITCH = "sched_switch:"
 
 
@@ -61,6 +63,14 @@ class KeepRule(NamedTuple):
 
     above_ns: int
     top: int
+
+
+def keep_rule(config: ExplainConfig) -> KeepRule | None:
+    """The samples a flight recorder keeps the trace for: the final threshold is never below the set one or the
+    rule's floor, and at most ``top`` are explained; None when the scenario turns the recorder off."""
+    if not config.flight_recorder:
+        return None
+    return KeepRule(config.threshold if config.threshold is not None else config.floor, config.top)
 
 
 class LostWindow(NamedTuple):
@@ -142,7 +152,7 @@ class FlightRecorder:
     ``placement``: how samples map onto the trace (default: the same clock and CPUs)."""
 
     def __init__(self, instance_path: Path, cpus: Sequence[int], samples: Path, rule: KeepRule, *,
-                 bound_bytes: int, margin_ns: int, access: TracefsAccess | None = None,
+                 bound_bytes: int, margin_ns: int, access: PipeAccess | None = None,
                  placement: SampleMap | None = None) -> None:
         self.path, self.samples, self.rule = instance_path, samples, rule
         self.placement: SampleMap = placement or SameClock()
@@ -263,7 +273,8 @@ class FlightRecorder:
                 "latency_ns", "duration_ns"):
             return  # values that are not windows are never explained
         if records.size:
-            self._unplaced.append(records)
+            held = self._holdable(records)  # (first: it may start the list anew)
+            self._unplaced.append(held)
         if not self._unplaced:
             return
         records = np.concatenate(self._unplaced)
@@ -277,6 +288,23 @@ class FlightRecorder:
         latest = self.placement.to_trace(int(ends.max()))
         self._widening_ns = max(self._widening_ns, placed[1], latest[1] if latest else 0)
         self.consider(records)
+
+    def _holdable(self, records: np.ndarray) -> np.ndarray:
+        """What of samples that cannot be placed yet (a guest's before its clock exchange, or ever, when the
+        exchange failed) must wait: those above the rule's floor, and each CPU's newest (where its open window
+        starts); at most UNPLACED_MAX of the largest, so a run that is never placed holds a bounded amount."""
+        values = records["value"].astype(np.int64)
+        keep = values > self.rule.above_ns
+        for cpu in np.unique(records["cpu"]).tolist():
+            on_cpu = np.flatnonzero(records["cpu"] == cpu)
+            keep[on_cpu[np.argmax(records["t_ns"][on_cpu])]] = True
+        held = records[keep]
+        waiting = sum(part.size for part in self._unplaced)
+        if waiting + held.size > UNPLACED_MAX:  # the smallest go: they can no longer be among the top largest
+            merged = np.concatenate([*self._unplaced, held])
+            self._unplaced = []
+            return merged[np.sort(np.argsort(-merged["value"].astype(np.int64), kind="stable")[:UNPLACED_MAX])]
+        return held
 
     def consider(self, records: np.ndarray) -> None:
         """New samples (stream records, in the file's order): hold those that can become explained outliers."""
@@ -304,6 +332,7 @@ class FlightRecorder:
             least = self._top[0]
             for key in [key for key in self._candidates if key[2] < least]:
                 del self._candidates[key]
+                self.lost.pop(key, None)  # (what it lost no longer matters: the notes name explained windows)
                 for cpu in self.placement.trace_cpus(key[0]):
                     self._settled.pop((cpu, key), None)
 
@@ -519,7 +548,9 @@ def bound_notes(recorder: FlightRecorder | None, ring_dropped: int, context: Col
 def _recorder_notes(recorder: FlightRecorder, windows: np.ndarray, header: dict[str, object],
                     keep_kb: int, cpu_word: str) -> list[str]:
     """What the flight recorder's bound cost, named window by window (rank, time from the run's start, CPU)."""
-    notes = []
+    peak = max(recorder.peak_bytes().values(), default=0)
+    notes = [f"the flight recorder held at most {peak / 1024:.0f} KiB of compressed trace per traced CPU at once "
+             f"(its bound: {keep_kb} KiB per traced CPU)"]
     if recorder.dropped_lines:
         notes.append(f"the flight recorder's bound ({keep_kb} KiB per CPU) dropped {recorder.dropped_lines} events")
     start = run_start_ns(header)

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 from .config import ExplainConfig
 from .model import Layer, LayerTrace, TraceSource
+from .recorder import keep_rule
 from .session import ExplainSession
 from .tracefs import TracefsAccess
 
 if TYPE_CHECKING:
     from ..environments.base import Environment
     from .kvm import KvmSource
-    from .recorder import KeepRule
     from .vm import VmSource
     from .xen import XenDom0, XenDomains, XenTraceSource
 
@@ -44,7 +44,7 @@ def host_sources(cpus: tuple[int, ...], config: ExplainConfig, access: TracefsAc
     from .host import HostSource
 
     return [HostSource(cpus, buffer_mb=config.buffer_mb, flight_recorder=config.flight_recorder, access=access,
-                       keep=_keep_rule(config))]
+                       keep=keep_rule(config))]
 
 
 def vm_source(vm: str, host_cpus: tuple[int, ...] | None, accel: str, config: ExplainConfig,
@@ -55,7 +55,7 @@ def vm_source(vm: str, host_cpus: tuple[int, ...] | None, accel: str, config: Ex
     from .vm import VmSource
 
     return VmSource(vm, host_cpus, accel, config.buffer_mb, no_clock,
-                    keep=_keep_rule(config), access=access, exits=exits)
+                    keep=keep_rule(config), access=access, exits=exits)
 
 
 def kvm_source(vm: str, host_cpus: tuple[int, ...], config: ExplainConfig, no_clock: str | None = None,
@@ -63,7 +63,7 @@ def kvm_source(vm: str, host_cpus: tuple[int, ...], config: ExplainConfig, no_cl
     """The KVM layer of a QEMU guest under KVM, on this host or on a KVM host through ``access`` (explain.kvm)."""
     from .kvm import KvmSource
 
-    return KvmSource(vm, host_cpus, "kvm", config.buffer_mb, no_clock, keep=_keep_rule(config), access=access)
+    return KvmSource(vm, host_cpus, "kvm", config.buffer_mb, no_clock, keep=keep_rule(config), access=access)
 
 
 def xen_source(open_dom0: Callable[[], XenDom0], domains: Callable[[], XenDomains], workdir: Path,
@@ -72,17 +72,7 @@ def xen_source(open_dom0: Callable[[], XenDom0], domains: Callable[[], XenDomain
     from .xen import XenTraceSource
 
     return XenTraceSource(open_dom0, domains, workdir, buffer_mb=config.buffer_mb,
-                          keep=_keep_rule(config))
-
-
-def _keep_rule(config: ExplainConfig) -> KeepRule | None:
-    """The samples a flight recorder keeps the trace for: the final threshold is never below the set one or the
-    rule's floor, and at most ``top`` are explained (explain.recorder); None when the scenario turns it off."""
-    from .recorder import KeepRule
-
-    if not config.flight_recorder:
-        return None
-    return KeepRule(config.threshold if config.threshold is not None else config.floor, config.top)
+                          keep=keep_rule(config))
 
 
 def session_for(env: Environment, config: ExplainConfig) -> ExplainSession:

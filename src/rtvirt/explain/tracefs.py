@@ -18,6 +18,8 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
+import heapq
+import io
 import itertools
 import os
 import re
@@ -28,8 +30,9 @@ from typing import NamedTuple, Protocol
 
 from ..procs import process_start_time
 
-__all__ = ["TracefsInstance", "TracefsAccess", "LocalTracefs", "TraceEvent", "TracingUnavailable", "parse_trace",
-           "body_fields", "line_stamp", "untraced_switch_in", "tracefs_root", "TraceDrain", "TracePipe", "LocalPipe",
+__all__ = ["TracefsInstance", "TracefsAccess", "PipeAccess", "LocalTracefs", "TraceEvent", "TracingUnavailable",
+           "parse_trace", "body_fields", "line_stamp", "events_around", "untraced_switch_in", "tracefs_root",
+           "TraceDrain", "TracePipe", "LocalPipe",
            "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS", "POLICY_NAMES"]
 
 MOUNT_POINTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
@@ -98,6 +101,22 @@ def parse_trace(lines: Iterable[str]) -> Iterator[TraceEvent]:
         comm, pid, tgid, cpu, sec, usec, event, body = match.groups()
         yield TraceEvent(int(sec) * 1_000_000_000 + int(usec) * 1000, int(cpu), int(pid),
                          int(tgid) if tgid and tgid[0] != "-" else None, comm.strip(), event, body)
+
+
+def events_around(lines: Sequence[str], start_ns: int, end_ns: int, back_to: str = "sched_switch:"
+                  ) -> list[TraceEvent]:
+    """The events of one CPU's trace ``lines`` (event lines in time order) in [start_ns, end_ns], from the last
+    line holding ``back_to`` before ``start_ns`` (what was running when it began) on: only these lines are
+    parsed, found by bisection, so a long trace costs little when a few windows of it matter. A flight
+    recorder's kept trace has holes; it keeps each window's lines whole back to such a line."""
+    def stamp(line: str) -> int:
+        return line_stamp(line) or 0
+
+    first = bisect.bisect_left(lines, start_ns, key=stamp)
+    last = bisect.bisect_right(lines, end_ns, lo=first, key=stamp)
+    while first > 0 and (first == len(lines) or back_to not in lines[first]):  # (a window after the trace)
+        first -= 1
+    return list(parse_trace(lines[first:last]))
 
 
 def _mounted_tracefs() -> Path | None:
@@ -194,12 +213,23 @@ class LocalPipe:
             self._fd = -1
 
 
-class TracefsAccess(Protocol):
-    """Where a tracefs is and how its files are reached: this machine's (:class:`LocalTracefs`) or an SSH
-    target's (``explain.remote.RemoteTracefs``). Paths are absolute; failures raise OSError."""
+class PipeAccess(Protocol):
+    """What the flight recorder (explain.recorder) needs of a trace's source: its per-CPU pipes, and whether its
+    trace clock is this process's. A tracefs (:class:`TracefsAccess`), or a guest's relayed trace
+    (explain.guest_stream)."""
 
     where: str  # for messages: "" here, " on target NAME" there
     here: bool  # this machine's: its trace clock "mono" is this process's CLOCK_MONOTONIC
+
+    def open_pipe(self, path: str, away_from: Collection[int]) -> TracePipe:
+        """A per-CPU ``trace_pipe``, to be read while the run goes (explain.recorder) by a reader that runs off
+        the CPUs ``away_from`` (the traced ones) where it can."""
+        ...
+
+
+class TracefsAccess(PipeAccess, Protocol):
+    """Where a tracefs is and how its files are reached: this machine's (:class:`LocalTracefs`) or an SSH
+    target's (``explain.remote.RemoteTracefs``). Paths are absolute; failures raise OSError."""
 
     def root(self) -> str:
         """The mounted tracefs (mounted now when it is not and that is allowed); TracingUnavailable if none."""
@@ -212,11 +242,6 @@ class TracefsAccess(Protocol):
     def mkdir(self, path: str) -> None: ...
 
     def rmdir(self, path: str) -> None: ...
-
-    def open_pipe(self, path: str, away_from: Collection[int]) -> TracePipe:
-        """A per-CPU ``trace_pipe``, to be read while the run goes (explain.recorder) by a reader that runs off
-        the CPUs ``away_from`` (the traced ones) where it can."""
-        ...
 
     def instance_name(self, serial: int) -> str:
         """A new instance's name: rtvirt's prefix and its owner, so that reclaim knows a dead owner's."""
@@ -420,6 +445,16 @@ class TracefsInstance:
         except OSError as exc:  # busy (someone holds a file of it open): reclaimed once we are gone
             self.problems.append(f"tracefs instance {path.name} not removed: {exc.strerror or exc}")
 
+    def events_in_order(self) -> Iterator[TraceEvent]:
+        """Everything that was recorded, merged across CPUs in time order, parsed as it is taken and each CPU's text
+        let go of: a reader that keeps what it needs of every event (the VM layer) holds that, not the text, its
+        lines and every event at once besides (a long run's kept trace is tens of MB of text)."""
+        per_cpu = []
+        for cpu in self.cpus:
+            text = self.texts.pop(cpu, "") if cpu not in self._split else "\n".join(self._split.pop(cpu))
+            per_cpu.append(parse_trace(io.StringIO(text)))
+        return heapq.merge(*per_cpu, key=lambda event: event.ts_ns)
+
     def events(self) -> list[TraceEvent]:
         """Everything that was recorded (parsed once), each CPU's events in time order."""
         if self._events is None:
@@ -435,19 +470,8 @@ class TracefsInstance:
         return self._split[cpu]
 
     def events_around(self, cpu: int, start_ns: int, end_ns: int, back_to: str = "sched_switch:") -> list[TraceEvent]:
-        """The events of ``cpu`` in [start_ns, end_ns], from the last line holding ``back_to`` before
-        ``start_ns`` (what was running when it began) on: only these lines are parsed, found by bisection,
-        so a long trace costs little when a few windows of it matter."""
-        lines = self.lines(cpu)
-
-        def stamp(line: str) -> int:
-            return line_stamp(line) or 0
-
-        first = bisect.bisect_left(lines, start_ns, key=stamp)
-        last = bisect.bisect_right(lines, end_ns, lo=first, key=stamp)
-        while first > 0 and (first == len(lines) or back_to not in lines[first]):  # (a window after the trace)
-            first -= 1
-        return list(parse_trace(lines[first:last]))
+        """The events of ``cpu`` in [start_ns, end_ns] (:func:`events_around`)."""
+        return events_around(self.lines(cpu), start_ns, end_ns, back_to)
 
     def __enter__(self) -> TracefsInstance:
         self.start()

@@ -111,11 +111,12 @@ class ParsedTrace:
     resumes: dict[int, list[int]] = field(default_factory=dict)  # cpu -> where its kept trace resumes
 
 
-def read_events(events: Iterable[TraceEvent]) -> ParsedTrace:
+def read_events(events: Iterable[TraceEvent], in_order: bool = False) -> ParsedTrace:
     """sched_switch, sched_wakeup and kvm_exit/kvm_entry events (explain.tracefs), in time order across CPUs (a
-    vCPU thread that is not pinned moves between them)."""
+    vCPU thread that is not pinned moves between them); ``in_order``: they come so already (then they are taken
+    one at a time, never held all at once)."""
     parsed = ParsedTrace()
-    for event in sorted(events, key=lambda e: e.ts_ns):
+    for event in events if in_order else sorted(events, key=lambda e: e.ts_ns):
         if event.event == "sched_switch":
             switch = SWITCH.match(event.body)
             if switch is None:
@@ -378,7 +379,7 @@ class VmSource:
         if self._instance is not None:
             instance, self._instance = self._instance, None
             instance.stop()
-            self._trace = read_events(instance.events())
+            self._trace = read_events(instance.events_in_order(), in_order=True)
             if self.recorder is not None:
                 self._trace.resumes = self.recorder.resumes
             self._dropped = instance.dropped_events

@@ -32,7 +32,7 @@ from .model import CollectContext, Layer, LayerTrace, Occupancy
 if TYPE_CHECKING:
     from ..remote.transport import HostTransport
 from .recorder import KeepRule, listed, run_start_ns, window_label
-from .xensegments import SEGMENT_S, Segment, SegmentRecorder
+from .xensegments import SEGMENT_S, SegmentRecorder
 from .xentrace import IDLE_DOMAIN, TRC_SCHED, Trace, TraceError, read_trace
 
 __all__ = ["TRACE_DIR", "XenDom0", "XenDomains", "XenTraceSource", "align", "reclaim_xentrace"]
@@ -52,6 +52,21 @@ MAX_OCCUPANCIES = 20_000
 LIMIT_S = 7200.0  # xentrace ends by itself after this (-T), should nothing stop it
 # `echo $$` then exec: the pid file names the xentrace process itself, for stop() and a later reclaim
 PIDFILE_SCRIPT = 'echo $$ > "$1"; shift; exec "$@"'
+# xentrace to standard output: it insists on an output file, which it opens (a dom0 from an initramfs has no
+# /dev/stdout, so that path became a file), hence a FIFO whose reader, cat, is this command's output; the pid
+# file names xentrace (what SIGINT stops), and the FIFO goes once both ended. $1: the stem; then xentrace's argv.
+STREAM_SCRIPT = r"""stem=$1; shift
+mkfifo "$stem.fifo" || exit 1
+cat "$stem.fifo" &
+reader=$!
+"$@" "$stem.fifo" &
+echo $! > "$stem.pid"
+wait $!
+status=$?
+wait $reader
+rm -f "$stem.fifo"
+exit $status
+"""
 
 
 @dataclass(frozen=True)
@@ -109,8 +124,8 @@ class XenTraceSource:
         self.remote_stem = f"{TRACE_DIR}/{TRACE_PREFIX}{os.getpid()}-{time.monotonic_ns()}"
         self.local_trace = workdir / "xentrace.bin"
         self.recorder: SegmentRecorder | None = None
-        self._segments: list[Segment] = []
         self._process: Any = None
+        self._streams = 0  # the recorder's xentrace streams started
         self._failure: str | None = None
         self._stopped = False
 
@@ -118,17 +133,23 @@ class XenTraceSource:
         """The run's sample file, written while it goes: the flight recorder scores its segments by it."""
         self.samples = samples
 
-    def argv(self, stem: str, limit_s: float, memory_bytes: int | None) -> list[str]:
-        """xentrace writing ``stem.bin`` (its pid in ``stem.pid``); ``memory_bytes``: through a circular
-        buffer of that size, written out when it ends (else as it goes)."""
+    def argv(self, stem: str, limit_s: float, memory_bytes: int | None, to_file: bool = True) -> list[str]:
+        """xentrace writing ``stem.bin`` (``to_file``; else to its standard output, through a FIFO: STREAM_SCRIPT),
+        its pid in ``stem.pid``; ``memory_bytes``: through a circular buffer of that size, written out when it ends
+        (else as it goes)."""
         memory = ["-M", str(memory_bytes)] if memory_bytes is not None else []
-        return ["sh", "-c", PIDFILE_SCRIPT, "rtvirt-xentrace", f"{stem}.pid", XENTRACE, "-D",
-                "-e", f"{TRC_SCHED:#010x}", "-S", str(XEN_BUFFER_PAGES), "-s", str(POLL_MS), *memory,
-                "-T", str(int(limit_s)), f"{stem}.bin"]
+        xentrace = [XENTRACE, "-D", "-e", f"{TRC_SCHED:#010x}", "-S", str(XEN_BUFFER_PAGES), "-s", str(POLL_MS),
+                    *memory, "-T", str(int(limit_s))]
+        if to_file:
+            return ["sh", "-c", PIDFILE_SCRIPT, "rtvirt-xentrace", f"{stem}.pid", *xentrace, f"{stem}.bin"]
+        return ["sh", "-c", STREAM_SCRIPT, "rtvirt-xentrace", stem, *xentrace]
 
-    def _start_tracer(self, stem: str, limit_s: float, memory_bytes: int | None) -> Any:
-        """Start one xentrace and wait until its pid file names it (what stops it)."""
-        process = self.transport.spawn(self.argv(stem, limit_s, memory_bytes), stream_to=None)
+    def _start_tracer(self, stem: str, limit_s: float, memory_bytes: int | None,
+                      stream_to: Path | None = None) -> Any:
+        """Start one xentrace (its output into the local ``stream_to``, else its file in dom0) and wait until its
+        pid file names it (what stops it)."""
+        process = self.transport.spawn(self.argv(stem, limit_s, memory_bytes, to_file=stream_to is None),
+                                       stream_to=stream_to)
         deadline = time.monotonic() + 30
         while self.transport.run(["test", "-s", f"{stem}.pid"]).returncode != 0:
             if process.poll() is not None or time.monotonic() > deadline:
@@ -136,6 +157,18 @@ class XenTraceSource:
                 raise RuntimeError(f"xentrace did not start in dom0 (status {process.poll()})")
             time.sleep(0.2)
         return process
+
+    def _start_stream(self, local: Path) -> Any:
+        """The flight recorder's xentrace: the whole run (up to ``limit_s``), its records coming into ``local``."""
+        self._streams += 1
+        return self._start_tracer(f"{self.remote_stem}.{self._streams}", self.limit_s, None, stream_to=local)
+
+    def _end_stream(self, process: Any) -> None:
+        """End the recorder's xentrace and wait until all it wrote is here (its channel closed)."""
+        self._end_tracer(f"{self.remote_stem}.{self._streams}", process)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def _end_tracer(self, stem: str, process: Any) -> None:
         """SIGINT: xentrace writes out what it holds and switches Xen's tracing off; killed if it does not end."""
@@ -160,9 +193,9 @@ class XenTraceSource:
             self.transport.run(["mkdir", "-p", TRACE_DIR]).check("xen trace: dom0 mkdir")
             if self.keep is not None and self.samples is not None:
                 self.recorder = SegmentRecorder(
-                    lambda stem: self._start_tracer(stem, self.segment_s, None), self._end_tracer, self._fetch,
-                    self.remote_stem, self.workdir / "segments",
-                    self.bound_kb << 10 if self.bound_kb is not None else self.memory_bytes, self.samples, self.keep)
+                    self._start_stream, self._end_stream, self.workdir / "segments",
+                    self.bound_kb << 10 if self.bound_kb is not None else self.memory_bytes, self.samples, self.keep,
+                    self.segment_s, 1e6 / self.cpu_khz if self.cpu_khz else None)
                 self.recorder.start()
             else:
                 self._process = self._start_tracer(self.remote_stem, self.limit_s, self.memory_bytes)
@@ -180,7 +213,7 @@ class XenTraceSource:
             return
         try:
             if self.recorder is not None:
-                self._segments = self.recorder.stop()
+                self.recorder.stop()
             elif self._process is not None:
                 self._end_tracer(self.remote_stem, self._process)
                 if self._failure is None:
@@ -190,7 +223,7 @@ class XenTraceSource:
             self._failure = self._failure or f"xentrace's output could not be read back from dom0: {str(exc)[:300]}"
         finally:
             try:  # whatever a failure left (the stem's files, any segment's)
-                self.transport.run(["sh", "-c", 'rm -f -- "$1".pid "$1".bin "$1".*.pid "$1".*.bin',
+                self.transport.run(["sh", "-c", 'rm -f -- "$1".pid "$1".bin "$1".*.pid "$1".*.bin "$1".*.fifo',
                                     "rtvirt-xentrace-rm", self.remote_stem])
             except Exception as exc:
                 self._failure = self._failure or f"dom0 did not answer after the run: {str(exc)[:300]}"
@@ -202,9 +235,9 @@ class XenTraceSource:
         domains = self.domains()
         if domains.measuring is None:
             return LayerTrace("xen", seen=False, why_not="the measuring domU was never created: nothing to trace")
-        files = [segment.local for segment in self._segments] if self.recorder is not None else [self.local_trace]
         try:
-            traces = [read_trace(path.read_bytes()) for path in files]
+            blobs = self.recorder.traces() if self.recorder is not None else [self.local_trace.read_bytes()]
+            traces = [read_trace(blob) for blob in blobs]
         except (OSError, TraceError) as exc:
             return LayerTrace("xen", seen=False, why_not=f"xentrace's output is unreadable: {str(exc)[:300]}")
         if not traces:
@@ -562,6 +595,7 @@ def reclaim_xentrace(transport: HostTransport) -> list[str]:
                 while transport.run(["test", "-e", f"/proc/{pid}"]).returncode == 0 and time.monotonic() < deadline:
                     time.sleep(0.5)
                 removed.append(f"xentrace in dom0 (pid {pid})")
-        transport.run(["rm", "-f", pidfile, pidfile.removesuffix(".pid") + ".bin"])
+        stem = pidfile.removesuffix(".pid")
+        transport.run(["rm", "-f", pidfile, f"{stem}.bin", f"{stem}.fifo"])
     return removed
 

@@ -23,10 +23,22 @@ class TimerParams(CommonParams):
         "each latency into IRQ and thread parts (irq_latency_ns); needs CONFIG_TIMERLAT_TRACER and root")
 
 
+def timer_samples(params: TimerParams) -> int | None:
+    """Samples a run promises: the cyclictest engine's threads as every periodic probe's; the timerlat engine's
+    one kernel thread per CPU of ``affinity``, each at ``interval`` (None without a CPU list: the machine's
+    CPUs decide)."""
+    if params.engine != "timerlat":
+        return periodic_samples(params)
+    if not params.affinity:
+        return None
+    per_cpu = periodic_samples(params.model_copy(update={"threads": 1}))
+    return None if per_cpu is None else per_cpu * len(params.affinity)
+
+
 PROBE = ProbeSpec(
     name="timer",
     summary="periodic wake-up latency (cyclictest method)",
     params=TimerParams,
     value_field="latency_ns",
-    expected_samples=periodic_samples,
+    expected_samples=timer_samples,
 )

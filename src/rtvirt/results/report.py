@@ -73,7 +73,7 @@ def _stat_row(c: Configuration) -> list[str]:
 
 
 def _label(c: Configuration) -> str:
-    return c.label + (" (partial)" if c.partial else "")
+    return c.label + (" (partial)" if c.partial else "") + (" (short)" if c.short else "")
 
 
 def _by_quantity(configurations: list[Configuration]) -> dict[Quantity, list[Configuration]]:
@@ -353,7 +353,7 @@ def _html(data: ReportData, model: dict[str, Any]) -> str:
         parts.append(f'<p class="partial">Partial runs (cut short; every sample up to the cut is kept) in: '
                      f'{escape(", ".join(model["partial"]))}</p>')
     if model["shortfalls"]:
-        parts.append('<p class="partial">Runs far short of the samples their duration and period promise:</p><ul>'
+        parts.append('<p class="partial">Short runs (fewer samples than their duration and period promise):</p><ul>'
                      + "".join(f"<li>{escape(note)}</li>" for note in model["shortfalls"]) + "</ul>")
     serving = [f"<li><b>{escape(s['configuration'])}</b>: {escape(_serves(s))}</li>" for s in model["served"]]
     parts.append(f"<h2>Which classes each configuration can serve</h2><ul>{''.join(serving)}</ul>")
@@ -434,7 +434,7 @@ def _markdown(model: dict[str, Any]) -> str:
     for served in model["served"]:
         lines.append(f"- **{_md_cell(served['configuration'])}** serves: {_md_cell(_serves(served))}")
     if model["shortfalls"]:
-        lines += ["", "Runs far short of the samples their duration and period promise:"]
+        lines += ["", "Short runs (fewer samples than their duration and period promise):"]
         lines += [f"- {_md_cell(note)}" for note in model["shortfalls"]]
     for table in model["tables"]:
         header = table["header"]

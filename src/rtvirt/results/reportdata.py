@@ -77,6 +77,11 @@ class Configuration:
         return any(view.run.partial for view in self.runs)
 
     @property
+    def short(self) -> bool:
+        """Some run ran to its end with far fewer samples than promised (the shortfalls say which, and why)."""
+        return any(view.run.short for view in self.runs)
+
+    @property
     def shortfalls(self) -> list[str]:
         """Runs that took far fewer samples than their duration and period promise, each with why (the
         manifest's ``expectation``, docs/results-store.md)."""
@@ -329,8 +334,9 @@ def as_json(data: ReportData) -> dict[str, Any]:
         "baselines": data.baselines,
         "margin": data.margin,
         "configurations": [{
-            "label": c.label, **c.quantity.as_dict(), "partial": c.partial, "shortfalls": c.shortfalls,
-            "summary": c.summary.as_dict(), "judged": c.quantity.judged, "verdicts": [asdict(v) for v in c.verdicts],
+            "label": c.label, **c.quantity.as_dict(), "partial": c.partial, "short": c.short,
+            "shortfalls": c.shortfalls, "summary": c.summary.as_dict(), "judged": c.quantity.judged,
+            "verdicts": [asdict(v) for v in c.verdicts],
             "causes": [asdict(share) for share in c.causes],
             "timelines": [timeline.as_dict() for timeline in c.timelines],
             "runs": [{

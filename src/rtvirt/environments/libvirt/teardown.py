@@ -11,6 +11,7 @@ from typing import Any
 
 from ...errors import RunError
 from .. import baremetal
+from ..console_log import bound_console_file
 from .connection import LibvirtConnection, _domain_gone, _libvirt
 from .streams import LibvirtStreams
 
@@ -70,6 +71,7 @@ class LibvirtTeardown(LibvirtStreams):
             reader.pump()
             reader.stop()
         self._readers = []
+        bound_console_file(self._console_file)  # kept in the run, bounded
         if self._ack_stream is not None:
             with contextlib.suppress(Exception):  # the guest has gone, or goes now: nothing to finish
                 self._ack_stream.abort()

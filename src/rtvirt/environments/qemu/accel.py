@@ -30,12 +30,12 @@ TCG_WARNING = ("the QEMU guest ran under TCG (software emulation, KVM does not a
                "do not represent real hardware")
 # one round trip: can this login open /dev/kvm, and which QEMU is there (the first line of its --version)
 _KVM_PROBE = ('[ -c /dev/kvm ] && [ -r /dev/kvm ] && [ -w /dev/kvm ] && echo kvm=yes || echo kvm=no; '
-              'if command -v "$1" > /dev/null; then "$1" --version | head -n 1; else echo qemu=missing; fi')
+              'if command -v "$1" > /dev/null; then "$1" --version | head -n 1; else echo qemu=missing; fi; uname -m')
 
 
-def qemu_version() -> str:
+def qemu_version(binary: str = QEMU) -> str:
     try:
-        out = subprocess.run([QEMU, "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.splitlines()[0][:200] if out else "unknown"
@@ -69,7 +69,7 @@ def choose_accel(requested: str = "auto", arch: str | None = None) -> dict[str, 
 
     /dev/kvm can exist where KVM only emulates (nested without hardware support): a guest that does not
     come up under KVM within the calibration timeout means TCG is the faster choice. A guest of another
-    architecture than the host's is always emulated.
+    architecture than this machine's is always emulated.
     """
     if arch is not None and arch != native_arch():
         return {"accel": "tcg", "reason": f"an {arch} guest on an {native_arch()} host is emulated"}
@@ -105,23 +105,31 @@ def choose_accel(requested: str = "auto", arch: str | None = None) -> dict[str, 
     return decision
 
 
-def probe_kvm_host(transport: HostTransport) -> dict[str, Any]:
-    """Whether this login can open /dev/kvm on the machine behind ``transport``, and its QEMU's version (None:
-    no QEMU there)."""
-    lines = transport.run(["sh", "-c", _KVM_PROBE, "rtvirt-kvm-probe", QEMU], timeout=60).stdout.splitlines()
+def probe_kvm_host(transport: HostTransport, binary: str = QEMU) -> dict[str, Any]:
+    """Whether this login can open /dev/kvm on the machine behind ``transport``, the version of its QEMU
+    ``binary`` (None: no such QEMU there) and the machine's architecture."""
+    lines = transport.run(["sh", "-c", _KVM_PROBE, "rtvirt-kvm-probe", binary], timeout=60).stdout.splitlines()
     version = lines[1].strip()[:200] if len(lines) > 1 and lines[1].strip() != "qemu=missing" else None
-    return {"dev_kvm_usable": bool(lines) and lines[0].strip() == "kvm=yes", "qemu": version}
+    return {"dev_kvm_usable": bool(lines) and lines[0].strip() == "kvm=yes", "qemu": version,
+            "arch": lines[2].strip()[:32] if len(lines) > 2 else None}
 
 
-def remote_accel(label: str, requested: str, probed: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
-    """The accelerator on the KVM host ``label``: KVM where this login can open /dev/kvm (``probed``:
-    probe_kvm_host) and KVM really accelerates there (``settings``: host.kvm.kvm_settings of it), else TCG, with
-    the reason. ``kvm`` requested where it cannot be had is an error naming why."""
+def remote_accel(label: str, requested: str, probed: dict[str, Any], settings: dict[str, Any],
+                 arch: str = "x86_64") -> dict[str, Any]:
+    """The accelerator on the KVM host ``label`` for an ``arch`` guest: KVM where this login can open /dev/kvm
+    (``probed``: probe_kvm_host), the host is of the guest's architecture and KVM really accelerates there
+    (``settings``: host.kvm.kvm_settings of it), else TCG, with the reason. ``kvm`` requested where it cannot be
+    had is an error naming why."""
     override = os.environ.get("RTVIRT_ACCEL")
     if override in ("kvm", "tcg"):
         requested = override
     if requested == "tcg":
         return {"accel": "tcg", "reason": "requested"}
+    if probed.get("arch") and probed["arch"] != arch:
+        why = f"an {arch} guest on {label}, an {probed['arch']} host, is emulated"
+        if requested == "kvm":
+            raise RunError(f"qemu: accel 'kvm' requested but {why}")
+        return {"accel": "tcg", "reason": why}
     if not probed["dev_kvm_usable"]:
         why = f"/dev/kvm is missing or not accessible on {label}"
         if requested == "kvm":

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ...agents import native_arch
 from ...errors import InputError
 from ...params import CpuList
 from ...remote.target import RemoteDir, SshOptions
@@ -56,11 +57,20 @@ class QemuConfig(EnvironmentConfig):
     guest_idle: GuestIdle = Field("default", description="the Linux guest's idle loop: default, poll (idle=poll: "
                                                          "never halts, no wake-up exit) or haltpoll "
                                                          "(cpuidle-haltpoll: polls a while before it halts)")
+    # the guest's architecture (docs/baremetal.md): aarch64 is QEMU's virt board, emulated unless the host is one
+    arch: Literal["x86_64", "aarch64"] = Field("x86_64", description="the guest's CPU architecture")
+    gic_version: Literal[2, 3] = Field(2, description="aarch64: the virt board's GIC (2: the study's GIC-400)")
 
     @model_validator(mode="after")
-    def _baremetal_has_one_vcpu(self) -> QemuConfig:
+    def _guest_can_boot(self) -> QemuConfig:
         if self.guest == "baremetal" and self.vcpus != 1:
             raise ValueError("vcpus: the bare-metal guest runs on one vCPU (vcpus = 1)")
+        if self.arch != "x86_64" and self.guest != "baremetal":
+            raise ValueError(f"arch: an {self.arch} guest is the bare-metal one for now (guest = 'baremetal'); "
+                             "the Linux guest images are x86_64")
+        if self.arch != native_arch() and self.accel == "kvm" and not self.remote:
+            raise ValueError(f"accel: KVM runs {native_arch()} guests here; an {self.arch} guest is emulated "
+                             "(accel = 'tcg' or 'auto')")
         if self.remote and self.pin and self.vcpu_sched.policy == "deadline":
             raise ValueError("vcpu_sched: pinned SCHED_DEADLINE vCPUs need an exclusive cpuset on their host, which "
                              "rtvirt makes only on this machine; on a KVM host use policy \"fifo\" or pin = false")

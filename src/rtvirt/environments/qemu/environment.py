@@ -23,6 +23,7 @@ from ...explain.guest_channel import GUEST_TRACE_FILE, GUEST_TRACE_PORT
 from ...explain.vcpus import forget_vcpus, register_vcpus
 from .. import baremetal
 from ..base import Environment, Launched, SharedResources
+from ..console_log import bound_console_file
 from ..guest_image import (
     COPY_DISK,
     COPY_DISK_BYTES,
@@ -78,9 +79,13 @@ def qemu_stressor_guest(env: Environment, index: int, host_cpus: tuple[int, ...]
     memory = getattr(env.config, "memory", None)
     where = {name: getattr(env.config, name) for name in ("host", "ssh", "remote_dir")} \
         if isinstance(env.config, QemuConfig) else {}
+    # a bare-metal stressor guest is of the measured guest's architecture (an aarch64 study's competing domains)
+    board = {"arch": env.config.arch, "gic_version": env.config.gic_version} \
+        if guest == "baremetal" and isinstance(env.config, QemuConfig) else {}
     config = QemuConfig.model_validate({"kind": "qemu", "name": f"stress-vm-{index}",
                                         "pin": host_cpus is not None, "cpus": host_cpus, "guest": guest,
-                                        **({"memory": memory} if isinstance(memory, int) else {}), **where})
+                                        **({"memory": memory} if isinstance(memory, int) else {}), **where,
+                                        **board})
     return QemuEnvironment(config, env.supervisor, env.workdir / f"stress-vm-{index}", env.shared)
 
 
@@ -207,7 +212,7 @@ class QemuEnvironment(Environment):
 
     def start(self) -> None:
         if self._accel is None:
-            self._accel = self.where.accel(self.config.accel)
+            self._accel = self.where.accel(self.config.accel, self.config.arch)
 
     def trace_sources(self, config: ExplainConfig) -> list[Any]:
         """The VM layer on the vCPUs' host CPUs (explain.vm), under KVM the KVM layer there (explain.kvm), and the
@@ -221,15 +226,13 @@ class QemuEnvironment(Environment):
         assert self._accel is not None
         vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin \
             else self.where.online_cpus()
-        no_clock = "the bare-metal guest takes no part in the clock exchange" if self.config.guest == "baremetal" \
-            else None
         kvm = "kvm" in config.layers and self._accel["accel"] == "kvm"
         if "vm" in config.layers:
-            self._vm_source = vm_source(self.config.label, vcpu_cpus, self._accel["accel"], config, no_clock,
+            self._vm_source = vm_source(self.config.label, vcpu_cpus, self._accel["accel"], config,
                                         access=self._tracefs(), exits=False if kvm else None)
             sources.append(self._vm_source)
         if kvm:
-            self._kvm_source = kvm_source(self.config.label, vcpu_cpus, config, no_clock, access=self._tracefs())
+            self._kvm_source = kvm_source(self.config.label, vcpu_cpus, config, access=self._tracefs())
             sources.append(self._kvm_source)
         return [*sources, *self._guest_trace_sources(config)]
 
@@ -284,12 +287,14 @@ class QemuEnvironment(Environment):
         options = self._options = realtime_options(self.config, self._accel["accel"])
         self._realtime = {"cpu_model": options.cpu, **options.record, "iothreads": options.iothreads}
         qmp, self._qmp = self._workspace.socket("qmp")
-        return [QEMU, "-accel", self._accel["accel"], "-cpu", options.cpu,
+        arch, accel = self.config.arch, self._accel["accel"]
+        return [baremetal.qemu_binary(arch), *baremetal.machine_args(arch, accel, self.config.gic_version),
+                "-accel", accel, "-cpu", baremetal.guest_cpu(arch, accel) or options.cpu,
                 "-smp", str(smp), "-m", str(self.config.memory), "-display", "none", "-nodefaults", "-no-reboot", "-S",
                 # threads named after their role ("CPU 0/TCG", "worker"): what an explanation names
                 "-name", f"{self.config.label},debug-threads=on",
                 "-chardev", self._workspace.output("rtvirtcon", self._console),
-                "-device", "isa-serial,chardev=rtvirtcon",
+                *baremetal.console_args(arch, "rtvirtcon"),
                 "-qmp", f"unix:{qmp},server=on,wait=off", *options.argv]
 
     def _linux_command(self, image: GuestImage, jobs: bytes) -> list[str]:
@@ -358,16 +363,21 @@ class QemuEnvironment(Environment):
         return "sent"
 
     def _launch_baremetal(self, agent: str, args: list[str], out: Path | None) -> Launched:
-        """Our own kernel: the probe's argv is its command line, the stream leaves by the debug console."""
+        """Our own kernel: the probe's argv is its command line, the stream leaves by a virtio console (an
+        explained run's clock exchange by a second one)."""
         assert self._workspace is not None
+        arch = self.config.arch
         # the guest needs a stream channel even as a disturbing guest (out None): its statistics go here
         channel = out if out is not None else self.workdir / "stressor.rtvs"
+        clock = None
+        if out is not None and (self._vm_source is not None or self._kvm_source is not None):
+            clock, self._clock = self._workspace.clock("rtvirtclock")
         command = [*self._common_command(1),
-                   "-kernel", self._workspace.stage(baremetal.kernel_path()),
+                   "-kernel", self._workspace.stage(baremetal.kernel_path(arch)),
                    "-append", baremetal.command_line(agent, args),
-                   *baremetal.qemu_devices(self._workspace.output("rtvirtout", channel))]
+                   *baremetal.qemu_devices(arch, self._workspace.output("rtvirtout", channel), clock)]
         self._start_qemu(command)
-        return Launched(baremetal.DebugExitProcess(self._proc, self._console), out)
+        return Launched(baremetal.GuestProcess(self._proc, self._console, exit_device=arch == "x86_64"), out)
 
     def _monitor(self) -> Any:
         """A QMP connection to QEMU, retried while its socket comes up (or its forward is not yet usable)."""
@@ -520,7 +530,10 @@ class QemuEnvironment(Environment):
         where = self._where
         return {**super().describe(), "acceleration": (self._accel or {}).get("accel"),
                 "acceleration_reason": (self._accel or {}).get("reason"),
-                "qemu": where.qemu_version() if where is not None else None,
+                "qemu": where.qemu_version(baremetal.qemu_binary(self.config.arch)) if where is not None else None,
+                "arch": self.config.arch,
+                "emulated": baremetal.emulated_machine(self.config.arch, (self._accel or {}).get("accel", "tcg"),
+                                                       self.config.gic_version),
                 "kvm_host": {"where": where.label, **where.settings()} if where is not None and self._accel else None,
                 "realtime": self._realtime,
                 "boot_seconds": boot_s, **guest_description(self.config.guest, self._image), **self._placement,
@@ -574,7 +587,7 @@ class QemuEnvironment(Environment):
     def close(self) -> None:
         if self._proc is not None:
             if self.config.guest == "baremetal" and self._qmp is not None:
-                baremetal.request_stop(self._proc, self._qmp)
+                baremetal.request_stop(self._proc, self._qmp, arch=self.config.arch)
             self._proc.stop(grace=5.0)
             self._proc = None
         if self._ack is not None:
@@ -591,6 +604,7 @@ class QemuEnvironment(Environment):
                 stressor.stop()
         self._stressors.clear()
         if self._workspace is not None:
-            self._workspace.close()
+            self._workspace.close()  # (a KVM host's relays of the console end here)
             self._workspace = None
+        bound_console_file(self._console)  # kept in the run, bounded (its writers have gone)
         super().close()

@@ -41,7 +41,7 @@ from ...remote.local import LocalTransport
 from ...remote.transport import HostProcess, HostTransport, controller_id, file_digest, install
 from ...sysaudit import LocalSystem, SystemView
 from ..sched import SchedPolicy, apply_policy, thread_ids
-from .accel import choose_accel, probe_kvm_host, qemu_version, remote_accel
+from .accel import QEMU, choose_accel, probe_kvm_host, qemu_version, remote_accel
 
 if TYPE_CHECKING:
     from ...procs import Supervisor
@@ -206,10 +206,10 @@ class QemuHost(ABC):
     def system(self) -> SystemView: ...
 
     @abstractmethod
-    def accel(self, requested: str) -> dict[str, Any]: ...
+    def accel(self, requested: str, arch: str = "x86_64") -> dict[str, Any]: ...
 
     @abstractmethod
-    def qemu_version(self) -> str: ...
+    def qemu_version(self, binary: str = QEMU) -> str: ...
 
     @abstractmethod
     def online_cpus(self) -> tuple[int, ...]: ...
@@ -325,11 +325,11 @@ class LocalQemuHost(QemuHost):
     def system(self) -> SystemView:
         return LocalSystem()
 
-    def accel(self, requested: str) -> dict[str, Any]:
-        return choose_accel(requested)
+    def accel(self, requested: str, arch: str = "x86_64") -> dict[str, Any]:
+        return choose_accel(requested, arch)
 
-    def qemu_version(self) -> str:
-        return qemu_version()
+    def qemu_version(self, binary: str = QEMU) -> str:
+        return qemu_version(binary)
 
     def online_cpus(self) -> tuple[int, ...]:
         return tuple(sorted(os.sched_getaffinity(0)))
@@ -457,7 +457,7 @@ class RemoteQemuHost(QemuHost):
         self.remote_dir = link.remote_dir
         self.qemu_root = f"{self.remote_dir}/qemu"
         self.owner = f"{controller_id()}-{os.getpid()}-{process_start_time(os.getpid())}"
-        self._probed: dict[str, Any] | None = None
+        self._probed: dict[str, dict[str, Any]] = {}
         self._online: tuple[int, ...] | None = None
         self._clock_ticks: int | None = None
 
@@ -469,23 +469,28 @@ class RemoteQemuHost(QemuHost):
         """The connection, remade if it dropped (teardown after a lost connection)."""
         return self.link.connection()
 
-    def _probe(self) -> dict[str, Any]:
-        if self._probed is None:
-            self._probed = probe_kvm_host(self.transport)
-        return self._probed
+    def _probe(self, binary: str = QEMU) -> dict[str, Any]:
+        """What probe_kvm_host says of this host for QEMU ``binary`` (asked once per binary)."""
+        if binary not in self._probed:
+            self._probed[binary] = probe_kvm_host(self.transport, binary)
+        return self._probed[binary]
 
     def system(self) -> SystemView:
         from ...remote.system import RemoteSystem
 
         return RemoteSystem(self.transport)
 
-    def accel(self, requested: str) -> dict[str, Any]:
-        if self._probe()["qemu"] is None:
-            raise RunError(f"qemu: {self.label} has no qemu-system-x86_64 (Debian: apt-get install qemu-system-x86)")
-        return remote_accel(self.label, requested, self._probe(), self.settings())
+    def accel(self, requested: str, arch: str = "x86_64") -> dict[str, Any]:
+        from ..baremetal import qemu_binary
 
-    def qemu_version(self) -> str:
-        return str(self._probe()["qemu"] or "missing")
+        binary = qemu_binary(arch)
+        if self._probe(binary)["qemu"] is None:
+            package = "qemu-system-arm" if arch == "aarch64" else "qemu-system-x86"
+            raise RunError(f"qemu: {self.label} has no {binary} (Debian: apt-get install {package})")
+        return remote_accel(self.label, requested, self._probe(binary), self.settings(), arch)
+
+    def qemu_version(self, binary: str = QEMU) -> str:
+        return str(self._probe(binary)["qemu"] or "missing")
 
     def online_cpus(self) -> tuple[int, ...]:
         if self._online is None:

@@ -95,7 +95,9 @@ class XenEnvironment(XenTeardown):
         if boot is None:
             kernel = self._dom0.domu_files(self._flavour(), self._domain_type())[0]
             boot = [f'type = "{self._domain_type()}"', f'kernel = "{kernel}"', f'ramdisk = "{initrd}"',
-                    'extra = "console=hvc0 rdinit=/init quiet"',
+                    # warnings and worse on the console (kept in the run): a domU that hangs or panics says where
+                    # (quiet hid the soft lockup's backtrace of a disturbing domU stuck in its boot)
+                    'extra = "console=hvc0 rdinit=/init loglevel=5"',
                     f"memory = {self.config.stressor_memory if self._parent else self.config.memory}"]
         lines = [f'name = "{name}"', *boot,
                  f"vcpus = {1 if self._parent else self.config.vcpus}",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from .console import XenConsole
-from .dom0 import RUN_DIR
+from ..console_log import CONSOLE_FILE, CONSOLE_HEAD_BYTES, CONSOLE_TAIL_BYTES, HEAD_AND_TAIL, keep_console
+from .console import CONSOLE_LOG, XenConsole
+from .dom0 import RUN_DIR, XL_TIMEOUT_S
 
 SELF_DESTROY_WAIT_S = 15.0
 
@@ -24,6 +26,16 @@ class XenTeardown(XenConsole):
         while self.domain_exists() and time.monotonic() < deadline:
             time.sleep(0.5)
 
+    def _keep_console(self, dom0: Any, domain: str) -> None:
+        """The domain's whole console as xenconsoled logged it in dom0, bounded, into the run (once it is gone:
+        its last words included), then the log removed from dom0."""
+        log = CONSOLE_LOG.format(name=domain)
+        result = dom0.run(["sh", "-c", HEAD_AND_TAIL, "rtvirt-console", log, str(CONSOLE_HEAD_BYTES),
+                           str(CONSOLE_TAIL_BYTES)], timeout=XL_TIMEOUT_S)
+        if result.returncode == 0:
+            keep_console(self.workdir / CONSOLE_FILE, str(result.stdout).encode())
+            dom0.run(["rm", "-f", log])
+
     def close(self) -> None:
         dom0 = self._dom0
         try:
@@ -37,6 +49,7 @@ class XenTeardown(XenConsole):
                         self._wait_gone(SELF_DESTROY_WAIT_S)
                     if self.domain_exists():
                         dom0.run(["xl", "destroy", self._domain])
+                    self._keep_console(dom0, self._domain)
                     dom0.run(["rm", "-rf", f"{RUN_DIR}/{self._domain}"])
                 if self._pool is not None:
                     dom0.destroy_pool(self._pool)

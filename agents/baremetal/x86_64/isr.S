@@ -1,4 +1,4 @@
-/* Interrupt stubs. Every stub first reads the TSC into isr_entry_tsc (the "first instruction of the
+/* Interrupt stubs. Every stub first reads the TSC into isr_entry_cycles (the "first instruction of the
  * handler" of the timer probe: two pushes precede it), then saves the general registers and calls
  * isr_dispatch(frame), which returns the frame to resume: the same one, or another thread's (a
  * preemption). Threads of the tiny kernel are switched only here, so a thread's saved state is
@@ -15,7 +15,7 @@ isr_stub_\vector:
     rdtsc
     shlq $32, %rdx
     orq %rdx, %rax
-    movq %rax, isr_entry_tsc(%rip)
+    movq %rax, isr_entry_cycles(%rip)
     popq %rdx
     popq %rax
 .if \has_error == 0
@@ -63,6 +63,20 @@ STUB 33, 0
 STUB 34, 0
 STUB 35, 0
 STUB 255, 0
+
+/* switch_trap(): the frame `int $34` would push (ss, rsp, rflags, cs, rip), interrupts off, then its stub; the
+ * stub's iretq returns here as `ret` would. rax and rdx are the caller's to lose (a call clobbers them). */
+    .global switch_trap
+switch_trap:
+    popq %rax          /* the return address: rsp is the caller's again */
+    movq %rsp, %rdx
+    pushq $0x10
+    pushq %rdx
+    pushfq
+    cli
+    pushq $0x08
+    pushq %rax
+    jmp isr_stub_34
 
 isr_common:
     pushq %rax
