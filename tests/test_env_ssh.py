@@ -660,17 +660,19 @@ def test_probe_explain_on_a_target_names_what_ran_there_and_leaves_its_tracefs_a
     manifest = manifest_of(results)
     assert manifest["explain"]["layers"] == {"host": "seen"}, manifest["explain"]
     shown = json.loads(run_cli("explain", run["path"], "--json", check=True).stdout)
-    named = [row for row in shown["summary"] if str(row["cause"]).startswith("task rtvirt-stress/")
-             and int(str(row["cause"]).split("/")[1].split()[0]) in workers]
-    # its policy asked of the target's kernel (/proc/PID/stat there) while it still ran
-    assert named and all("SCHED_FIFO 90" in str(row["cause"]) for row in named), shown["summary"][:5]
-    tasks_named = [row for row in shown["summary"] if row["kind"] == "task"]  # the main task cause (quiet, the
-    assert tasks_named[0]["cause"] == named[0]["cause"], tasks_named[:3]    # largest outliers are invisible steal)
+    named = [part for outlier in shown["worst"] for part in outlier["parts"]
+             if part["detail"].get("pid") in workers and part["detail"].get("comm") == "rtvirt-stress"]
+    # its policy asked of the target's kernel (/proc/PID/stat there) while it still ran; pooled as one culprit
+    assert named and {part["culprit"] for part in named} == {"task rtvirt-stress SCHED_FIFO 90"}, named[:5]
+    tasks_named = [row for row in shown["summary"] if str(row["culprit"]).startswith("task ")]  # the main task
+    assert tasks_named[0]["culprit"] == "task rtvirt-stress SCHED_FIFO 90", tasks_named[:3]  # culprit
     explanation = read_explanation(Path(run["path"]))
     assert explanation is not None
     agent_parts = [part for part in explanation.parts if part.kind == "agent"]
     assert all("rtvirt-probe" in part.cause for part in agent_parts)  # its threads, found by its pid
-    assert not any("rtvirt-probe" in part.cause for part in explanation.parts if part.kind == "task")
+    # (its other threads, the writer, are tasks named as the agent's)
+    assert all("(the agent's writer or reader)" in part.cause for part in explanation.parts
+               if part.kind == "task" and "rtvirt-probe" in part.cause)
     after = sorted(entry.name for entry in instances.iterdir())
     assert after == before  # the target's tracefs as found
     assert our_agents_running() == []
@@ -692,7 +694,9 @@ def test_a_targets_task_policies_are_read_there_whatever_their_comm(server: SshS
         with connect(server.target()) as connection:
             read = RemoteTracefs(connection, "board").policies({odd.pid, os.getpid(), ended.pid})
         odd.communicate(b"")
-    assert read == {odd.pid: "SCHED_RR", os.getpid(): "SCHED_OTHER"}, read
+    # with its comm, so that a pid reused since the trace is not taken for the traced task
+    own = Path("/proc/self/comm").read_text().strip()
+    assert read == {odd.pid: ("SCHED_RR", "x) R 1 (2 3"), os.getpid(): ("SCHED_OTHER", own)}, read
 
 
 @pytest.mark.quiet  # it names what ran on the measured CPU: another test's stressor there would be named too

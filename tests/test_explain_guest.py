@@ -150,8 +150,10 @@ def _inside_stressor_is_named(tmp_path: Path, environment: str, layers: str) -> 
     # threshold at the slice's length, a quick guest had only 13 outliers, 7 the stressor's; its slices are not
     # checked against 3 ms: under TCG the guest's clock runs on while its vCPU thread waits on the host)
     assert held >= 10
-    # `rtvirt explain --json` carries the same summary
-    assert any(row["cause"] == worker for row in shown["summary"])
+    # `rtvirt explain --json` carries the same summary, the worker pooled under its culprit (no pid)
+    culprit = next(part.culprit for part in explanation.parts if part.cause == worker)
+    assert culprit == "guest task rtvirt-stress SCHED_FIFO/RR 50" and \
+        any(row["culprit"] == culprit for row in shown["summary"]), shown["summary"][:3]
 
 
 def test_timerlat_split_cuts_each_window_at_its_irq_latency() -> None:
@@ -159,7 +161,9 @@ def test_timerlat_split_cuts_each_window_at_its_irq_latency() -> None:
 
     windows = np.zeros(2, dtype=WINDOW)
     windows["start_ns"], windows["end_ns"], windows["cpu"] = [1000, 5000], [1800, 5300], [0, 0]
-    split = timerlat_split(windows, np.array([5000, 1000, 3000]), np.array([300, 200, 50]))
+    # (review finding 17c: a sample on another CPU with the same planned time lends the window nothing)
+    split = timerlat_split(windows, np.array([1000, 5000, 1000, 3000]), np.array([999, 300, 200, 50]),
+                           np.array([1, 0, 0, 0]))
     assert [(o.start_ns, o.end_ns, o.kind, o.detail["sample_t_ns"]) for o in split] == [
         (1000, 1200, "guest-irq", 1000), (1200, 1800, "guest-thread", 1000), (5000, 5300, "guest-irq", 5000)]
 
@@ -261,9 +265,10 @@ def test_stolen_time_from_the_guests_runstate_area_fills_what_xentrace_leaves(tm
     explanation = attribute(windows, [xen, guest], threshold_ns=1_000_000, threshold_rule="set", outliers=2)
     by_rank = {rank: [(p.layer, p.cause, p.offset_ns, p.duration_ns) for p in explanation.parts if p.rank == rank]
                for rank in (1, 2)}
-    assert by_rank[1] == [("unexplained", by_rank[1][0][1], 0, 200_000),
-                          ("guest", STOLEN_CAUSES["runnable"], 200_000, 100_000),
-                          ("xen", "runnable: domU other ran", 300_000, 5_700_000)]
+    # (xentrace's edges, within its alignment of the guest's exact stolen time, are named uncertain: review 5)
+    edge = "uncertain (xen ±150 us): runnable: domU other ran"
+    assert by_rank[1] == [("unexplained", by_rank[1][0][1], 0, 150_000), ("xen", edge, 150_000, 300_000),
+                          ("xen", "runnable: domU other ran", 450_000, 5_500_000), ("xen", edge, 5_950_000, 50_000)]
     assert [part[1:] for part in by_rank[2][1:]] == [(STOLEN_CAUSES["offline"], 400_000, 1_500_000),
                                                      (STOLEN_CAUSES["runnable"], 1_900_000, 4_000_000)]
     for rank, parts in by_rank.items():

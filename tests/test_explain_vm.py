@@ -6,6 +6,8 @@ rtvirt.clock exchange, puts no guest sample inside a time the stressor held the 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -276,10 +278,13 @@ def test_what_ran_while_a_vcpu_was_off_is_named_by_who_it_is() -> None:
     ]
     first = next(o for o in found if o.cpu == 0)
     assert first.detail["vcpu_state"] == "preempted" and found[-2].detail["priority"] == 50
-    # vCPU 1 left asleep at +400 us and never came back: everything after is its "not running" time too
-    assert [(o.start_ns - 100_000_000_000, o.detail["ran"], o.detail["vcpu_state"]) for o in found if o.cpu == 1] == [
-        (400_000, "qemu-thread", "sleeping"), (450_000, "other-vm-vcpu", "sleeping"), (700_000, "task", "sleeping"),
-        (1_700_000, "own-vcpu", "sleeping")]
+    # pooled without pids: this VM's vCPU 1, a QEMU thread by name, the other VM's vCPU, a host task by comm
+    assert [o.culprit for o in found if o.cpu == 0] == [
+        "this VM's vCPU 1", "QEMU thread worker of this VM", "vCPU 0 of VM stress-vm-1", "task rtvirt-stress"]
+    # vCPU 1 left asleep at +400 us and never came back: until the trace's end it was held by its own state, not
+    # by what ran on its pCPU meanwhile (bystanders, named as such: review finding 10)
+    assert [(o.start_ns - 100_000_000_000, o.duration_ns, o.kind, o.detail["ran_meanwhile"]) for o in found
+            if o.cpu == 1] == [(400_000, 1_600_000, "vcpu-asleep", "worker, CPU 0/TCG, rtvirt-stress")]
 
 
 def _wakeup(at_us: int, woken: tuple[str, int, int], prio: int) -> str:
@@ -290,27 +295,28 @@ def _wakeup(at_us: int, woken: tuple[str, int, int], prio: int) -> str:
 
 def test_a_task_whose_switch_in_from_idle_was_not_traced_counts_from_its_wake_up() -> None:
     """This VM's CPU 1 never records a switch from the idle task: the stressor that woke there at +1000 us shows
-    only as it leaves at +2000 us; the vCPU, asleep since +100 us, is held off from its wake-up, not from the
-    idle time before it. The vCPU thread's own untraced switch-in ends its off time."""
+    only as it leaves at +2000 us; vCPU 0, preempted at +100 us (runnable), waited while it ran: from its
+    wake-up, not from the idle time before it (that is the vCPU's own wait on an idle pCPU). The vCPU thread's
+    own untraced switch-in ends its off time."""
     from rtvirt.explain.tracefs import parse_trace
     from rtvirt.explain.vm import VmThreads, read_events, vcpu_occupancies
 
     lines = ["# tracer: nop",
-             _switch(100, (*VCPU0, 120, "S"), ("swapper/1", 0, 120)),
+             _switch(100, (*VCPU0, 120, "R"), ("swapper/1", 0, 120)),
              _wakeup(1000, STRESSOR[:2], 49),
              _switch(2000, (*STRESSOR, 49, "S"), ("swapper/1", 0, 120)),
-             _switch(3000, (*VCPU0, 120, "S"), ("swapper/1", 0, 120)),  # in unseen (no wake-up traced)
+             _switch(3000, (*VCPU0, 120, "R"), ("swapper/1", 0, 120)),  # in unseen (no wake-up traced)
              _switch(5000, (*STRESSOR, 49, "S"), ("swapper/1", 0, 120))]
     threads = VmThreads("measured", {0: 500}, 400)
     found = vcpu_occupancies(read_events(parse_trace(lines)), threads)
-    assert [(o.start_ns - 100_000_000_000, o.duration_ns, o.cause, o.detail["switch_in"]) for o in found] == [
-        (1_000_000, 1_000_000, "vCPU not running: rtvirt-stress/77 ran", "not traced: counted from its wake-up"),
-        (3_000_000, 2_000_000, "vCPU not running: rtvirt-stress/77 ran",
-         "not traced: counted from the CPU's previous event")]
-    # without the wake-up the first stay counts from the vCPU's own leaving: what was lost is said, not hidden
+    assert [(o.start_ns - 100_000_000_000, o.duration_ns, o.kind, o.detail.get("switch_in")) for o in found] == [
+        (100_000, 900_000, "vcpu-waiting", None),
+        (1_000_000, 1_000_000, "vcpu-preempted", "not traced: counted from its wake-up"),
+        (3_000_000, 2_000_000, "vcpu-preempted", "not traced: counted from the CPU's previous event")]
+    # without the wake-up the stressor's first stay counts from the CPU's previous switch: what was lost is said
     found = vcpu_occupancies(read_events(parse_trace(lines[:2] + lines[3:4])), threads)
-    assert [(o.start_ns - 100_000_000_000, o.detail["switch_in"]) for o in found] == [
-        (100_000, "not traced: counted from the CPU's previous event")]
+    assert [(o.start_ns - 100_000_000_000, o.kind, o.detail.get("switch_in")) for o in found] == [
+        (100_000, "vcpu-preempted", "not traced: counted from the CPU's previous event")]
 
 
 def test_a_sleeping_vcpu_woken_while_a_task_holds_its_pcpu_waits_from_its_wake_up() -> None:
@@ -328,8 +334,9 @@ def test_a_sleeping_vcpu_woken_while_a_task_holds_its_pcpu_waits_from_its_wake_u
              _switch(2500, (*STRESSOR, 120, "R"), (*VCPU0[:2], 120))]
     threads = VmThreads("measured", {0: 500}, 400)
     found = vcpu_occupancies(read_events(parse_trace(lines)), threads)
-    assert [(o.start_ns - 100_000_000_000, o.duration_ns, o.detail["vcpu_state"]) for o in found] == [
-        (100_000, 500_000, "sleeping"), (600_000, 900_000, "woken"), (1_800_000, 700_000, "sleeping")]
+    assert [(o.start_ns - 100_000_000_000, o.duration_ns, o.kind, o.detail["vcpu_state"]) for o in found] == [
+        (100_000, 500_000, "vcpu-asleep", "sleeping"), (600_000, 900_000, "vcpu-preempted", "woken"),
+        (1_800_000, 700_000, "vcpu-asleep", "sleeping")]
     # woken onto pCPU 0 (not traced here): what held pCPU 1 after the wake-up is no longer its wait
     moved = [line.replace("target_cpu=001", "target_cpu=000") for line in lines]
     found = vcpu_occupancies(read_events(parse_trace(moved)), threads)
@@ -358,8 +365,11 @@ def test_what_was_known_of_a_cpu_is_forgotten_where_its_kept_trace_resumes() -> 
     trace = read_events(parse_trace(lines))
     trace.resumes = {1: [100_005_000_000]}
     found = vcpu_occupancies(trace, threads)
-    assert [(o.start_ns - 100_000_000_000, o.duration_ns, o.detail["ran"]) for o in found] == [
-        (100_000, 600_000, "task"), (6_000_000, 500_000, "task")]
+    # the vCPU's switch-in at +5300 us, after the resume, is the first seen of it there: it was off since the
+    # resume as far as the trace knows (why is not known), not running unseen (review finding 15)
+    assert [(o.start_ns - 100_000_000_000, o.duration_ns, o.detail.get("ran"), o.kind) for o in found] == [
+        (100_000, 600_000, "task", "vcpu-preempted"), (5_000_000, 300_000, None, "vcpu-waiting"),
+        (6_000_000, 500_000, "task", "vcpu-preempted")]
     # a resume on another pCPU changes nothing here
     trace.resumes = {0: [100_005_000_000]}
     assert vcpu_occupancies(trace, threads) == whole
@@ -402,3 +412,90 @@ def test_clock_map_from_two_exchanges_states_offset_rate_and_the_larger_bound() 
     assert clock is not None and clock.uncertainty_ns == 900_000 and "+100 ppm" in clock.notes[0]
     assert clock.to_guest(15_000_000_000) == 7_000_500_000
     assert clock.to_host(clock.to_guest(17_345_678_901)) == 17_345_678_901
+
+
+STOPS, STOP_S, STOP_EVERY_S = 40, 0.020, 0.100
+
+
+def _stop_qemu_now_and_then(pid: int, started: threading.Event, done: threading.Event) -> list[tuple[int, int]]:
+    """SIGSTOP QEMU for STOP_S, STOPS times, STOP_EVERY_S apart (from outside, as a debugger, a job control or a
+    cgroup freezer would); returns each stop's (begin, end) on this host's CLOCK_MONOTONIC."""
+    stops = []
+    started.wait(300)
+    time.sleep(1.0)  # the probe measuring in the guest
+    for _ in range(STOPS):
+        if done.is_set():
+            break
+        begin = time.monotonic_ns()
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(STOP_S)
+        os.kill(pid, signal.SIGCONT)
+        stops.append((begin, time.monotonic_ns()))
+        time.sleep(STOP_EVERY_S - STOP_S)
+    return stops
+
+
+def test_a_qemu_guest_stopped_from_outside_is_held_back_by_the_vm_layer_not_its_own_idleness(tmp_path: Path) -> None:
+    """Issue 38 item 1: QEMU's process stopped 40 times for 20 ms (SIGSTOP, SIGCONT) while a Linux guest's timer
+    probe measured. Its outliers used to be "guest idle: nothing ran in the guest until its timer IRQ arrived"
+    (98.7 %): the vCPU thread off its pCPU while the pCPU idled gave no VM part. The time of each stop, placed on
+    the guest's clock, is the VM layer's: the vCPU thread stopped (its state T), counted as held back by a layer
+    not traced, apart from traced causes; nothing inside the guest takes it."""
+    from rtvirt.explain.session import ExplainSession
+
+    config = QemuConfig(kind="qemu", name="stopped", cpus=(MEASURED,), emulator_cpus=(EMULATOR,), accel="tcg",
+                        boot_timeout=300_000_000_000, vcpu_sched=SchedPolicy(policy="other"))
+    explain = ExplainConfig(layers=["vm", "guest"], threshold="15ms", top=1000)
+    out = tmp_path / "samples.rtvs"
+    started, done = threading.Event(), threading.Event()
+    stops: list[tuple[int, int]] = []
+    with Supervisor() as supervisor:
+        env = QemuEnvironment(config, supervisor, tmp_path / "vm")
+        session = ExplainSession(explain, env.trace_sources(explain))
+        try:
+            session.start(out)
+            launched = env.launch("rtvirt-probe", ["timer", "--duration=8000000000", "--interval=1000000",
+                                                   "--affinity=0", "--priority=80"], out)
+            vm = next(source for source in session.sources if isinstance(source, VmSource))
+            stopper = threading.Thread(target=lambda: stops.extend(_stop_qemu_now_and_then(
+                vm._qemu_pid, started, done)), daemon=True)
+            stopper.start()
+            deadline = time.monotonic() + 600
+            while not out.exists() or out.stat().st_size < 4096:  # samples flowing: the guest measures
+                assert env.check() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+            started.set()
+            launched.follow(timeout=600, watch=env.check)
+        finally:
+            done.set()
+            started.set()
+            env.close()
+            session.stop()
+        stopper.join(timeout=30)
+        explanation = session.explain(read_stream(out))
+    clock = vm.clock_map()
+    vm_layer = next(layer for layer in explanation.layers if layer.layer == "vm")
+    assert vm_layer.seen and clock is not None, vm_layer.why_not
+    assert len(stops) >= 30, stops
+    stopped = "vCPU thread stopped (state T)"
+    spans = [(part.sample_t_ns + part.offset_ns, part.sample_t_ns + part.offset_ns + part.duration_ns, part)
+             for part in explanation.parts]
+    held, checked, guest_ns, stopped_ns = 0, 0, 0, 0
+    for begin, end in stops:
+        low, high = clock.to_guest(begin), clock.to_guest(end)
+        inside = [(min(b, high) - max(a, low), part) for a, b, part in spans if a < high and b > low]
+        covered = sum(overlap for overlap, _ in inside)
+        if covered < 0.8 * (high - low):  # (the stop fell outside every explained window)
+            continue
+        checked += 1
+        own = sum(overlap for overlap, part in inside if part.cause.startswith("vCPU thread stopped (state T"))
+        held += own >= 0.5 * covered
+        stopped_ns += own
+        guest_ns += sum(overlap for overlap, part in inside if part.layer == "guest")
+    summary = [(row["cause"], row["share"]) for row in explanation.summary[:5]]
+    assert checked >= 0.8 * len(stops) and held >= 0.8 * checked, (held, checked, len(stops), summary)
+    assert guest_ns <= 0.1 * stopped_ns, (guest_ns, stopped_ns, summary)
+    from rtvirt.explain.attribute import headline
+
+    counts = headline(explanation.parts)
+    assert counts["held_by"].get(stopped, 0) >= 0.5 * checked, (counts, summary)

@@ -243,7 +243,9 @@ def test_a_competing_rt_domu_shows_as_runnable_while_it_ran(xen_lab: Any) -> Non
     assert explanation.outliers >= 50, explanation.outliers  # the competitor takes ~3 ms of every 10 ms
     assert _outliers_with(explanation, "runstate", cause) >= 0.5, (explanation.summary[:4], layer.notes)
     xen_rows = [row for row in explanation.summary if row["layer"] == "xen"]
-    assert xen_rows[0]["cause"] == cause, xen_rows[:3]  # the largest Xen cause
+    # the largest Xen culprit: the competitor, its variant the measuring vCPU's runnable wait
+    assert xen_rows[0]["culprit"] == f"domU {competitor}", xen_rows[:3]
+    assert xen_rows[0]["variants"][0]["variant"] == "the measuring vCPU runnable", xen_rows[0]
     # Its budget is its whole period: Xen depletes it only after charging one slice past the budget (a budget
     # timer late under TCG; seen once in a 3 s run, a 10.5 ms slice, replenished 1.8 ms later), while the
     # competitor's budget runs out every period; its depletions are not the measuring vCPU's.
@@ -438,16 +440,18 @@ def test_dom0_listeners_nobody_connected_to_are_ended_and_their_pid_files_remove
 @pytest.mark.timeout(1500)
 def test_the_flight_recorder_keeps_the_segments_of_a_long_runs_largest_samples(xen_lab: Any) -> None:
     """A 24 s gap probe in the bare-metal RTDS domU whose budget is its whole period except from 8 s to 13 s of
-    the run (4 ms of 10 ms: 6 ms gaps), traced in 4 s xentrace segments with a bound that holds two or three of
-    the largest: the segments of the budget's middle stretch are kept, the run's largest gaps are explained by budget
-    exhaustion, and the dropped segments are named. (xentrace's own circular buffer keeps a run's end, where
-    the budget is whole again.)"""
+    the run (40 ms of 400 ms: gaps of 360 ms, a dozen), traced in 4 s xentrace segments with a bound that holds two
+    or three of the largest: the segments of the budget's middle stretch are kept, the run's largest gaps are
+    explained by budget exhaustion, and the dropped segments are named. (xentrace's own circular buffer keeps a
+    run's end, where the budget is whole again.) The budget's gaps must stand out of the nested lab's own stalls,
+    which the outer hypervisor's load makes: 20-58 ms at load 5, up to 190 ms at load 10 (with 4 ms of 10 ms,
+    6 ms gaps, the run's largest samples were those stalls and the budget explained 2-38 % of its top 100)."""
     shared, work = xen_lab
     workdir = work / "recorder"
     config = XenConfig(kind="xen", name="explain-recorder", guest="baremetal", scheduler="rtds", cpus=[1],
                        boot_timeout="900s", rtds={"period": "10ms", "budget": "10ms"})
     env = XenEnvironment(config, shared.supervisor, workdir, shared)
-    session = session_for(env, ExplainConfig(threshold=THRESHOLD_US, layers=["xen"], top=100))
+    session = session_for(env, ExplainConfig(threshold=THRESHOLD_US, layers=["xen"], top=10))
     (source,) = session.sources
     # 4 s segments under a bound that holds two or three of the largest seen so far: set from this run's own
     # segments (190-390 KiB on a quiet host, smaller on a loaded one, where a fixed 900 KiB once held them all)
@@ -474,8 +478,8 @@ def test_the_flight_recorder_keeps_the_segments_of_a_long_runs_largest_samples(x
         launched = env.launch("rtvirt-probe", probe.command(params, "")[1:], out)
         assert env._dom0 is not None
         dom0, domid = env._dom0, str(env._measuring_domid)
-        for at_s, budget in ((8, "4000"), (13, "10000")):
-            change = threading.Timer(at_s, dom0.xl, ("sched-rtds", "-d", domid, "-v", "all", "-p", "10000",
+        for at_s, period, budget in ((8, "400000", "40000"), (13, "10000", "10000")):
+            change = threading.Timer(at_s, dom0.xl, ("sched-rtds", "-d", domid, "-v", "all", "-p", period,
                                                      "-b", budget, "-e", "0"))
             change.start()
             budget_changes.append(change)

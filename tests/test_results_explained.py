@@ -14,6 +14,7 @@ from conftest import run_cli
 from results_data import real_timer_run, synthetic_run
 from test_results_report import chromium_console
 
+from rtvirt.explain.attribute import summarize_parts
 from rtvirt.explain.model import Explanation, LayerTrace, Occupancy, Part
 from rtvirt.explain.stored import read_explanation, write_explanation
 from rtvirt.results.catalog import query
@@ -106,7 +107,9 @@ def test_report_json_carries_the_stored_numbers(results: Path) -> None:
             stored = read_explanation(runs[shown["run_id"]].path)
             assert stored is not None
             explanation = shown["explanation"]
-            assert explanation["summary"] == stored.summary and explanation["threshold_ns"] == stored.threshold_ns
+            # (pooled by culprit from the parts: this explanation was written with causes only, read as culprits)
+            assert explanation["summary"] == summarize_parts(stored.parts)
+            assert explanation["threshold_ns"] == stored.threshold_ns
             assert [[p["cause"], p["offset_ns"], p["duration_ns"]] for worst in explanation["worst"]
                     for p in worst["parts"]] == [[p.cause, p.offset_ns, p.duration_ns] for p in stored.parts
                                                  if p.rank <= 5]
@@ -166,7 +169,7 @@ def test_sql_explain_parts_is_empty_without_explanations(tmp_path: Path) -> None
     synthetic_run(tmp_path / "r", "plain", np.full(100, 20_000))
     columns, rows = query(tmp_path / "r", "SELECT * FROM explain_parts")
     assert rows == [] and columns == ["run_id", "sample_t_ns", "latency_ns", "cpu", "rank", "layer", "kind", "cause",
-                                      "offset_ns", "duration_ns", "detail"]
+                                      "culprit", "variant", "offset_ns", "duration_ns", "detail"]
 
 
 def test_html_shows_the_cause_bars_and_timelines_in_chromium(results: Path, tmp_path: Path) -> None:

@@ -84,6 +84,20 @@ double rtv_cycles_hz(void) {
     return hz;
 }
 
+uint64_t rtv_cycles_to_mono(uint64_t cycles) {
+    static __thread uint64_t anchor_cycles, anchor_ns;
+    const double hz = rtv_cycles_hz();
+    if (!anchor_ns || cycles - anchor_cycles > (uint64_t)(hz / 100)) { /* over 10 ms old (or before it) */
+        uint64_t before = rtv_cycles(), ns = rtv_now_ns(), after = rtv_cycles();
+        /* a pair split by a preemption would shift the next 10 ms of times: keep the old one then */
+        if (!anchor_ns || after - before < (uint64_t)(hz / 1e6) + 1) {
+            anchor_cycles = before + (after - before) / 2;
+            anchor_ns = ns;
+        }
+    }
+    return anchor_ns + (uint64_t)((double)(int64_t)(cycles - anchor_cycles) * 1e9 / hz);
+}
+
 /* ---------------- options ---------------- */
 
 int rtv_cpulist_parse(const char *text, rtv_cpulist *out) {

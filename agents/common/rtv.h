@@ -214,10 +214,12 @@ static inline uint64_t rtv_end_ns(const rtv_ctx *ctx, uint64_t start_ns) {
     return ctx->end_ns ? start_ns + (ctx->end_ns - ctx->start_ns) : UINT64_MAX;
 }
 
-/* CLOCK_MONOTONIC time of a cycle-counter reading (for timestamps taken with rtv_cycles). */
-static inline uint64_t rtv_cycles_to_mono(const rtv_ctx *ctx, uint64_t cycles) {
-    return ctx->start_ns + (uint64_t)((double)(int64_t)(cycles - ctx->start_cycles) * 1e9 / rtv_cycles_hz());
-}
+/* CLOCK_MONOTONIC time of a recent cycle-counter reading (for timestamps taken with rtv_cycles): counted from a
+ * (cycles, CLOCK_MONOTONIC) pair of the calling thread's own, read again once it is over 10 ms old. The cycle
+ * counter's rate is measured once against CLOCK_MONOTONIC_RAW, which NTP does not slew while it slews
+ * CLOCK_MONOTONIC (the trace clock, other probes' clock) by up to 500 ppm: counted from the run's start, a
+ * sample drifted by that much times the run's age (ms after a minute); from a fresh pair, by nanoseconds. */
+uint64_t rtv_cycles_to_mono(uint64_t cycles);
 
 /* Start `n` threads running fn(args + i * arg_size) and wait for all of them; exits on failure. */
 void rtv_run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size);

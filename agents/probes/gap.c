@@ -40,13 +40,10 @@ static void report_start_delay(rtv_ctx *ctx, int index, uint64_t first) {
 static void spin(rtv_ctx *ctx, int index) {
     const double hz = rtv_cycles_hz();
     const uint64_t threshold = (uint64_t)((double)opt.threshold_ns * hz / 1e9) + 1;
-    const int cpu = sched_getcpu();
+    /* The CPU a gap began on: a thread moves only while it is off its CPU, i.e. in a gap, so the CPU read
+     * after each gap is where the next one begins (unpinned threads) */
+    int cpu = sched_getcpu();
     uint64_t gaps = 0, loops = 0, got = 0, min_step = UINT64_MAX;
-    /* Gap start times come from a (cycles, CLOCK_MONOTONIC) pair re-read every second, so hours-long
-     * runs do not drift from the clock other probes and tools use; the read is one sub-threshold step. */
-    const uint64_t resync = (uint64_t)hz;
-    uint64_t anchor_cycles, anchor_ns;
-    rtv_clock_and_cycles(CLOCK_MONOTONIC, &anchor_ns, &anchor_cycles);
     const uint64_t first = rtv_cycles();
     const uint64_t deadline = rtv_end_cycles(ctx, first), limit = ctx->common.loops;
     uint64_t prev = first;
@@ -54,21 +51,14 @@ static void spin(rtv_ctx *ctx, int index) {
         uint64_t now = rtv_cycles();
         uint64_t step = now - prev;
         if (step >= threshold) {
-            uint64_t start_ns = anchor_ns + (uint64_t)((double)(prev - anchor_cycles) * 1e9 / hz);
-            rtv_sample(ctx, index, start_ns, (int64_t)rtv_cycles_to_ns(step), step, cpu, KIND_GAP);
+            /* the time and CPU reads after a gap are part of the next step (a few tens of ns) */
+            rtv_sample(ctx, index, rtv_cycles_to_mono(prev), (int64_t)rtv_cycles_to_ns(step), step, cpu, KIND_GAP);
+            cpu = sched_getcpu();
             gaps++;
         } else {
             got += step;
             loops++;
             if (step < min_step) min_step = step;
-            if (now - anchor_cycles >= resync) {
-                /* a pair split by a preemption would shift every start time for a second: retry next step */
-                uint64_t ns = rtv_now_ns();
-                if (rtv_cycles() - now < threshold) {
-                    anchor_cycles = now;
-                    anchor_ns = ns;
-                }
-            }
         }
         prev = now;
     }
@@ -96,7 +86,7 @@ static void work(rtv_ctx *ctx, int index) {
         uint64_t t0 = rtv_cycles();
         sink = work_unit(sink + n, opt.work_unit);
         uint64_t t1 = rtv_cycles();
-        rtv_sample(ctx, index, rtv_cycles_to_mono(ctx, t0), (int64_t)rtv_cycles_to_ns(t1 - t0), t1 - t0, cpu,
+        rtv_sample(ctx, index, rtv_cycles_to_mono(t0), (int64_t)rtv_cycles_to_ns(t1 - t0), t1 - t0, cpu,
                    KIND_WORK);
         if (t1 >= deadline) break;
     }

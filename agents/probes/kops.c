@@ -61,7 +61,7 @@ typedef struct {
 
 static void record(const kops_env *env, int op, uint64_t start, uint64_t end) {
     uint64_t cycles = end - start;
-    rtv_sample(env->ctx, 0, rtv_cycles_to_mono(env->ctx, start), (int64_t)rtv_cycles_to_ns(cycles), cycles, env->cpu,
+    rtv_sample(env->ctx, 0, rtv_cycles_to_mono(start), (int64_t)rtv_cycles_to_ns(cycles), cycles, env->cpu,
                op);
 }
 

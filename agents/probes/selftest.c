@@ -39,7 +39,7 @@ static void *worker(void *p) {
         uint64_t now = rtv_cycles();
         if (now >= deadline) break;
         if (now < next) continue;
-        rtv_sample(ctx, a->index, rtv_cycles_to_mono(ctx, now), (int64_t)rtv_cycles_to_ns(now - prev), pushed, cpu, 0);
+        rtv_sample(ctx, a->index, rtv_cycles_to_mono(now), (int64_t)rtv_cycles_to_ns(now - prev), pushed, cpu, 0);
         pushed++;
         prev = now;
         next = start + (uint64_t)((double)pushed * cycles_per_push);

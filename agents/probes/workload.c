@@ -74,7 +74,7 @@ static void *worker(void *p) {
         }
         }
         uint64_t t1 = rtv_cycles();
-        rtv_sample(ctx, a->index, rtv_cycles_to_mono(ctx, t0), (int64_t)rtv_cycles_to_ns(t1 - t0), t1 - t0, cpu,
+        rtv_sample(ctx, a->index, rtv_cycles_to_mono(t0), (int64_t)rtv_cycles_to_ns(t1 - t0), t1 - t0, cpu,
                    kernel_index);
         if (n == 0 && kernel_index == KERNEL_QSORT) {
             const item *v = (const item *)scratch;

@@ -26,6 +26,17 @@ def _layer_line(layer: dict[str, Any]) -> str:
             f"{layer['dropped_events']} events dropped by the buffer bound)")
 
 
+def headline_text(document: dict[str, Any]) -> str:
+    """"N outliers: X explained by a traced layer, Y held back by a layer not traced (by what: how many),
+    Z unexplained" (of the explained ones, when not all were)."""
+    counts = document["headline"]
+    held = ", ".join(f"{culprit}: {count}" for culprit, count in counts["held_by"].items())
+    of = f" (the {document['explained']} largest explained)" if document["explained"] < document["outliers"] else ""
+    return (f"{plural(document['outliers'], 'outlier')}{of}: {counts['traced']} explained by a traced layer, "
+            f"{counts['held']} held back by a layer not traced" + (f" ({held})" if held else "") +
+            f", {counts['unexplained']} unexplained")
+
+
 def _exit_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The KVM layer's exits by reason, as ``perf kvm stat`` shows them: count, time, mean and longest."""
     if not rows:
@@ -39,7 +50,7 @@ def _exit_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def explained_document(run: Any, top: int | None, threshold_ns: int | None) -> dict[str, Any]:
+def explained_document(run: Any, top: int | None, threshold_ns: int | None, merge: bool = True) -> dict[str, Any]:
     """What ``--json`` prints, also the text's source: the stored numbers, narrowed to ``threshold_ns`` and
     the ``top`` largest outliers when asked (the report's JSON carries the same document)."""
     from ..explain.document import explanation_document
@@ -53,13 +64,28 @@ def explained_document(run: Any, top: int | None, threshold_ns: int | None) -> d
         error = (run.manifest.get("explain") or {}).get("error")
         raise InputError(f"RUN {run.path}: no explanation stored" + (f" (explaining failed: {error})" if error else
                          "; record one with `rtvirt probe ... --explain` or an [explain] table in the scenario"))
-    return explanation_document(explanation, run.manifest, str(run.path), top, threshold_ns)
+    return explanation_document(explanation, run.manifest, str(run.path), top, threshold_ns, merge)
+
+
+def _pieces_text(part: dict[str, Any]) -> str:
+    """What a joined line of the listing joins: its pieces, and the brief interruptions between them."""
+    if part.get("pieces", 1) == 1:
+        return ""
+    interruptions = part.get("interruptions") or []
+    if not interruptions:
+        return f"  ({part['pieces']} pieces)"
+    count = sum(item["count"] for item in interruptions)
+    named = ", ".join(f"{item['cause']} x{item['count']}" for item in interruptions[:3])
+    more = f", {len(interruptions) - 3} more" if len(interruptions) > 3 else ""
+    return (f"  ({part['pieces']} pieces; between them {count} brief interruption{'s' if count > 1 else ''}, "
+            f"{_us(sum(item['duration_ns'] for item in interruptions))}: {named}{more})")
 
 
 def _print_text(document: dict[str, Any]) -> None:
     echo = click.echo
     echo(f"run {document['run_id']} ({document['probe']}): threshold {_us(document['threshold_ns'])} "
-         f"[{document['threshold_rule']}]; {document['outliers']} outliers, {document['explained']} explained")
+         f"[{document['threshold_rule']}]")
+    echo(f"  {headline_text(document)}")
     for layer in document["layers"]:
         echo(f"  {_layer_line(layer)}")
         for note in layer["notes"]:
@@ -72,11 +98,16 @@ def _print_text(document: dict[str, Any]) -> None:
         for part in outlier["parts"]:
             share = part["duration_ns"] / outlier["latency_ns"] if outlier["latency_ns"] else 0.0
             echo(f"  +{_us(part['offset_ns']):>12}  {_us(part['duration_ns']):>12}  {share:6.1%}  "
-                 f"{part['layer']:<11} {part['cause']}")
-    echo("\nshare of outlier latency by cause:")
+                 f"{part['layer']:<11} {part['cause']}{_pieces_text(part)}")
+    echo("\nshare of outlier latency by culprit (its variants beneath):")
     for row in document["summary"]:
-        echo(f"  {row['share']:7.1%}  {_us(row['total_ns']):>12}  {row['layer']:<11} {row['cause']}  "
+        echo(f"  {row['share']:7.1%}  {_us(row['total_ns']):>12}  {row['layer']:<11} {row['culprit']}  "
              f"({plural(row['outliers'], 'outlier')})")
+        variants = row.get("variants") or []
+        if len(variants) > 1 or (variants and variants[0]["variant"]):
+            for variant in variants:
+                echo(f"  {'':7}  {variant['share']:12.1%}  {variant['layer']:<11}   "
+                     f"{variant['variant'] or '(as such)'}  ({plural(variant['outliers'], 'outlier')})")
 
 
 def _import_trace(run: Any, trace_file: Path, threshold_ns: int | None, top: int | None) -> None:
@@ -107,10 +138,12 @@ def _import_trace(run: Any, trace_file: Path, threshold_ns: int | None, top: int
 @click.option("--threshold", default=None, metavar="TIME", help="only outliers above this (bare numbers in us; "
               "not below the stored threshold)")
 @click.option("--json", "as_json", is_flag=True, help="print the stored numbers as JSON")
+@click.option("--unmerged", is_flag=True, help="list each outlier's parts as stored, without joining the runs of "
+              "one cause (consecutive, or between brief interruptions)")
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="join this trace with RUN and store the result as its explanation: a trace-cmd .dat or a text "
               "trace (tracefs format, rtla timerlat's saved trace) on the run's sample clock (docs/explain.md)")
-def explain(run: str, results: str, top: int | None, threshold: str | None, as_json: bool,
+def explain(run: str, results: str, top: int | None, threshold: str | None, as_json: bool, unmerged: bool,
             trace_file: Path | None) -> None:
     """The outliers of RUN (a run directory, manifest or run id) with what held the measuring thread back in
     each, layer by layer, and the share of outlier latency by cause."""
@@ -134,7 +167,7 @@ def explain(run: str, results: str, top: int | None, threshold: str | None, as_j
                              "delivered: join the trace with the run's directory in the results it was written to")
         _import_trace(runs[0], trace_file, threshold_ns, top)
         threshold_ns = None  # the imported explanation was cut at it
-    document = explained_document(runs[0], top if top is not None or as_json else 10, threshold_ns)
+    document = explained_document(runs[0], top if top is not None or as_json else 10, threshold_ns, not unmerged)
     if as_json:
         print_json(document)
     else:

@@ -135,14 +135,17 @@ def explain_line(entry: dict[str, Any], run_id: str, results: str = "results") -
     if "error" in entry:
         return f"not explained: {entry['error']}"
     top = entry["top_causes"][0] if entry["top_causes"] else None
-    cause = f"; first cause {top['cause']} ({top['share']:.0%})" if top else ""
+    cause = f"; first culprit {top['cause']} ({top['share']:.0%})" if top else ""
+    counts = entry.get("headline")
+    split = (f" ({counts['traced']} by a traced layer, {counts['held']} held back by a layer not traced, "
+             f"{counts['unexplained']} unexplained)") if counts else ""
     shown = results
     if "://" in results:  # a store's URL as every message shows it: the password is never printed
         from ..stores.postgres import redact_url
 
         shown = redact_url(results)
     where = "" if results in ("results", os.environ.get("RTVIRT_RESULTS")) else f" --results {shlex.quote(shown)}"
-    return f"{plural(entry['outliers'], 'outlier')}, {entry['explained']} explained{cause}: " \
+    return f"{plural(entry['outliers'], 'outlier')}, {entry['explained']} explained{split}{cause}: " \
            f"rtvirt explain {run_id}{where}"
 
 

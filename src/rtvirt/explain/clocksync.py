@@ -69,6 +69,7 @@ class ClockMap:
     rate: float
     uncertainty_ns: int
     notes: tuple[str, ...] = ()
+    start_only: bool = False  # no end exchange: the rate is taken as 1, the drift since the start is not known
 
     def to_guest(self, host_ns: int) -> int:
         return self.guest_0 + round((host_ns - self.host_0) * self.rate)
@@ -166,7 +167,8 @@ def clock_map(points: list[SyncPoint]) -> ClockMap | None:
     first = starts[0]
     if not ends:
         return ClockMap(first.host_ns, first.guest_ns, 1.0, first.half_rtt_ns,
-                        ("guest clock aligned at its start only (no end exchange): its drift is not known",))
+                        ("guest clock aligned at its start only (no end exchange): its drift is not known",),
+                        start_only=True)
     last = ends[-1]
     rate = (last.guest_ns - first.guest_ns) / max(1, last.host_ns - first.host_ns)
     drift_ppm = (rate - 1.0) * 1e6

@@ -27,12 +27,14 @@ from typing import Any
 import numpy as np
 
 from ..fileio import write_atomically
+from .cpuevents import occupancies_from_events, unexplained
 from .guest_channel import BEGIN_MARK, END_MARK, GUEST_TRACE_FILE, STATS_MARK
 from .guest_stream import GuestChannel, GuestChannelAccess
-from .host import HOST_EVENTS, MARGIN_NS, _spans, near_windows, occupancies_from_events
+from .host import HOST_EVENTS, MARGIN_NS, _spans, near_windows
 from .model import CollectContext, Layer, LayerTrace, Occupancy
-from .recorder import FlightRecorder, KeepRule, bound_notes, keep_rule
-from .tracefs import TEXT_RESOLUTION_NS, cpu_mask, events_around, parse_trace
+from .recorder import FlightRecorder, KeepRule, bound_notes, keep_rule, listed, run_start_ns, window_label
+from .timerpath import agent_bound, timer_path
+from .tracefs import TEXT_RESOLUTION_NS, cpu_mask, events_around, line_stamp, mark_losses, parse_trace
 
 __all__ = ["GuestTraceSource", "BaremetalGuestSource", "guest_trace_files", "timerlat_split", "read_guest_trace",
            "guest_buffer_kb", "TIMERLAT_PHASES", "BAREMETAL_PHASES", "STOLEN_CAUSES", "stolen_causes",
@@ -40,7 +42,7 @@ __all__ = ["GuestTraceSource", "BaremetalGuestSource", "guest_trace_files", "tim
 
 TRACE_LIMIT = 256 << 20  # bytes of a guest's trace the host reads (untrusted text)
 # a guest idle in an outlier's window had nothing else to run: its wake-up (the timer IRQ) reached it late
-GUEST_IDLE = "guest idle: nothing ran in the guest until its timer IRQ arrived"
+GUEST_LATE_IRQ = "guest timer interrupt late to an idle vCPU"
 GUEST_BUFFER_SHARE = 8  # at most 1/8 of the guest's memory for its trace buffers
 # a guest ships its trace as text after the run, through an emulated port: a bound on what it holds keeps that
 # short (about 3 bytes of text per byte of buffer; the newest events are kept)
@@ -78,7 +80,7 @@ class GuestTrace:
     def by_cpu(self) -> dict[int, list[str]]:
         """Each vCPU's event lines, in time order (comments and lines that are not events left out)."""
         found: dict[int, list[str]] = {}
-        for line in self.lines:
+        for line in mark_losses(self.lines):  # (a loss becomes a gap line on its CPU, read where it happened)
             event = next(parse_trace([line]), None)
             if event is not None:
                 found.setdefault(event.cpu, []).append(line)
@@ -104,15 +106,20 @@ def read_guest_trace(path: Path) -> GuestTrace:
     return GuestTrace(lines, dropped, complete, began)
 
 
-def guest_occupancies(lines_by_cpu: dict[int, list[str]], windows: np.ndarray, engine: str) -> list[Occupancy]:
+def guest_occupancies(lines_by_cpu: dict[int, list[str]], context: CollectContext) -> list[Occupancy]:
     """What held each window's vCPU in the guest's trace, read around each window only (from the last switch
     before it, explain.tracefs.events_around): what the flight recorder kept has holes between windows, and
-    nothing is carried across them."""
-    occupancies: list[Occupancy] = []
-    for cpu, start, end in _spans(windows, MARGIN_NS):
-        events = events_around(lines_by_cpu.get(cpu, []), start, end)
-        occupancies += occupancies_from_events(events, _measurer_pids(events, engine))
-    return occupancies
+    nothing is carried across them. The trace is read as the host's (its agent known by name: timerlat's kernel
+    threads, the probe's real-time threads), along a timer probe's wake-up path, named as the guest's."""
+    traced: list[Occupancy] = []
+    for cpu, start, end in _spans(context.windows, MARGIN_NS):
+        traced += occupancies_from_events(events_around(lines_by_cpu.get(cpu, []), start, end), (),
+                                          agents_by_comm=True)
+    probe = str(context.header.get("probe") or "")
+    traced = agent_bound(traced, context.windows, probe)
+    if probe == "timer":
+        traced += timer_path(traced, context.windows)
+    return [_as_guest(o) for o in near_windows(traced, context.windows)]
 
 
 GUEST_INSTANCE = Path("/sys/kernel/tracing/instances/rtvirt-guest")  # the guest's own instance (guest_channel)
@@ -134,18 +141,16 @@ def _wait_for_end(channel: GuestChannel) -> None:
 
 
 def _as_guest(occupancy: Occupancy) -> Occupancy:
-    cause = (GUEST_IDLE if occupancy.kind == "idle-exit" else f"guest {occupancy.cause}")
-    return dataclasses.replace(occupancy, layer="guest", cause=cause, kind=f"guest-{occupancy.kind}")
-
-
-def _measurer_pids(events: Iterable[Any], engine: str) -> tuple[int, ...]:
-    """The guest's measuring threads: the agent's own (cyclictest engine) or timerlat's kernel threads."""
-    pids = set()
-    for event in events:
-        comm = event.comm
-        if (engine == "timerlat" and comm.startswith("timerlat/")) or (engine != "timerlat" and comm == "rtvirt-probe"):
-            pids.add(event.pid)
-    return tuple(sorted(pids))
+    """A guest's own occupancy named as the guest's ("guest task ...", kind "guest-task"); its culprit too."""
+    if occupancy.layer == "unexplained":
+        return occupancy
+    if occupancy.kind == "irq-late":  # its own interrupt came late: a layer below the guest held it back
+        return dataclasses.replace(occupancy, layer="guest", cause=f"{GUEST_LATE_IRQ} (held back by a layer not "
+                                   "traced from inside the guest: the VM's, an outer hypervisor)",
+                                   kind="guest-irq-late", culprit=GUEST_LATE_IRQ)
+    culprit = occupancy.culprit or occupancy.cause
+    return dataclasses.replace(occupancy, layer="guest", cause=f"guest {occupancy.cause}",
+                               kind=f"guest-{occupancy.kind}", culprit=f"guest {culprit}")
 
 
 # the two phases of a timer sample's window, as the guest measured them: (cause, kind) of each
@@ -157,24 +162,24 @@ BAREMETAL_PHASES = (("bare-metal guest: timer IRQ not yet entered (expiry to the
                      "guest-thread"))
 
 
-def _window_samples(windows: np.ndarray, t_ns: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
-    """(sample index, start, end, cpu) of each outlier window whose sample (``t_ns`` = its start) is in the run."""
-    order = np.argsort(t_ns, kind="stable")
-    t_sorted = t_ns[order]
+def _window_samples(windows: np.ndarray, t_ns: np.ndarray, cpus: np.ndarray) -> Iterator[tuple[int, int, int, int]]:
+    """(sample index, start, end, cpu) of each outlier window whose sample (``t_ns`` = its start, on ``cpus``: two
+    threads may plan the same time) is in the run."""
+    where = {(int(t), int(c)): index for index, (t, c) in enumerate(zip(t_ns.tolist(), cpus.tolist(), strict=True))}
     for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
                                strict=True):
-        at = int(np.searchsorted(t_sorted, start))
-        if at < t_sorted.size and int(t_sorted[at]) == start:
-            yield int(order[at]), int(start), int(end), int(cpu)
+        index = where.get((int(start), int(cpu)))
+        if index is not None:
+            yield index, int(start), int(end), int(cpu)
 
 
-def timerlat_split(windows: np.ndarray, t_ns: np.ndarray, irq_ns: np.ndarray,
+def timerlat_split(windows: np.ndarray, t_ns: np.ndarray, irq_ns: np.ndarray, cpus: np.ndarray,
                    phases: tuple[tuple[str, str], ...] = TIMERLAT_PHASES) -> list[Occupancy]:
     """Each outlier window's two phases as the guest measured them: [start, start + IRQ latency) the timer
-    IRQ had not been handled (entered, in the bare-metal guest), then until the thread ran. ``t_ns`` and
-    ``irq_ns``: the run's samples (``aux``)."""
+    IRQ had not been handled (entered, in the bare-metal guest), then until the thread ran. ``t_ns``, ``irq_ns``
+    and ``cpus``: the run's samples (``aux``, ``cpu``)."""
     split = []
-    for index, start, end, cpu in _window_samples(windows, t_ns):
+    for index, start, end, cpu in _window_samples(windows, t_ns, cpus):
         irq_end = min(start + int(irq_ns[index]), end)
         (irq_cause, irq_kind), (thread_cause, thread_kind) = phases
         if irq_end > start:
@@ -265,12 +270,11 @@ class GuestTraceSource:
         from ..stream import read_stream
 
         records = read_stream(path).records
-        return timerlat_split(context.windows, records["t_ns"].astype(np.int64), records["aux"].astype(np.int64))
+        return timerlat_split(context.windows, records["t_ns"].astype(np.int64), records["aux"].astype(np.int64),
+                              records["cpu"].astype(np.int64))
 
     def collect(self, context: CollectContext) -> LayerTrace:
         split = self._split(context)
-        params = context.header.get("params")
-        engine = str(params.get("engine", "")) if isinstance(params, dict) else ""
         trace: GuestTrace | None = self._kept
         why: str | None = None
         if trace is None:
@@ -282,10 +286,15 @@ class GuestTraceSource:
             why = "the guest sent no trace (its tracefs could not be used)"
         occupancies: list[Occupancy] = []
         notes = []
+        outside: set[tuple[int, int]] = set()
         dropped = trace.dropped if trace is not None else 0
         if trace is not None and why is None:
-            traced = guest_occupancies(trace.by_cpu(), context.windows, engine)
-            occupancies = [_as_guest(o) for o in near_windows(traced, context.windows)]
+            by_cpu = trace.by_cpu()
+            occupancies = guest_occupancies(by_cpu, context)
+            outside, said = _outside_trace(by_cpu, context)
+            occupancies += [unexplained(start, end, "guest: no trace kept for it", cpu) for start, end, cpu in
+                            context.windows[["start_ns", "end_ns", "cpu"]].tolist() if (start, cpu) in outside]
+            notes += said
             if not trace.complete:
                 notes.append("the guest's trace was cut short (no end mark reached the host)")
             if self.recorder is not None:
@@ -294,7 +303,12 @@ class GuestTraceSource:
             elif trace.dropped:
                 notes.append(f"the guest's trace buffer bound dropped {trace.dropped} events")
         if split:
-            occupancies += [piece for phase in split for piece in _uncovered(phase, occupancies)]
+            # a window the guest's trace does not hold still has its phases (timerlat measured them), said so
+            split = [dataclasses.replace(o, variant="no guest trace kept for it", cause=f"{o.cause} (no guest trace "
+                                         "kept for it)") if (o.detail.get("sample_t_ns"), o.cpu) in outside else o
+                     for o in split]
+            traced = [o for o in occupancies if o.layer != "unexplained"]  # (the phases name what they leave)
+            occupancies += [piece for phase in split for piece in _uncovered(phase, traced)]
             notes.append(f"timerlat {_split_note('IRQ handler', split)}")
         if why is not None and not split:
             return LayerTrace("guest", seen=False, why_not=why)
@@ -303,6 +317,29 @@ class GuestTraceSource:
         occupancies.sort(key=lambda o: (o.cpu, o.start_ns))
         return LayerTrace("guest", seen=True, occupancies=occupancies, alignment_ns=TEXT_RESOLUTION_NS,
                           dropped_events=dropped, notes=notes)
+
+
+def _outside_trace(lines_by_cpu: dict[int, list[str]], context: CollectContext
+                   ) -> tuple[set[tuple[int, int]], list[str]]:
+    """The windows (start, vCPU) the guest's kept trace does not hold whole (a buffer read at the end keeps the
+    newest events: a long run's early windows have none), and the note naming them."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for cpu, lines in lines_by_cpu.items():
+        stamps = [stamp for stamp in (line_stamp(lines[0]), line_stamp(lines[-1])) if stamp is not None] \
+            if lines else []
+        if stamps:
+            first[cpu], last[cpu] = stamps[0], stamps[-1]
+    outside, labels = set(), []
+    run_start = run_start_ns(context.header)
+    for rank, (start, end, cpu, latency) in enumerate(
+            context.windows[["start_ns", "end_ns", "cpu", "latency_ns"]].tolist(), 1):
+        if cpu not in first or not first[cpu] <= start <= end <= last[cpu]:
+            outside.add((int(start), int(cpu)))
+            labels.append(window_label(rank, start, cpu, latency, run_start, "vCPU"))
+    said = [f"{len(labels)} outlier windows lie outside the guest's kept trace (its buffer keeps the newest events; "
+            f"their guest part is not seen): {listed(labels)}"] if labels else []
+    return outside, said
 
 
 class BaremetalGuestSource:
@@ -339,14 +376,15 @@ class BaremetalGuestSource:
         stream = read_stream(path)
         records = stream.records
         t_ns, aux = records["t_ns"].astype(np.int64), records["aux"].astype(np.int64)
-        split = timerlat_split(context.windows, t_ns, aux, BAREMETAL_PHASES) if timed else []
+        cpus = records["cpu"].astype(np.int64)
+        split = timerlat_split(context.windows, t_ns, aux, cpus, BAREMETAL_PHASES) if timed else []
         notes = [_split_note("IRQ entry", split)] if split else [] if timed else [untimed]
         stolen: list[Occupancy] = []
         if stolen_measured:
             runnable, offline = stream.stolen_per_sample()
             source = str(context.header.get("stolen"))
             stolen = stolen_occupancies(context.windows, t_ns, records["value"].astype(np.int64), runnable, offline,
-                                        aux if timed else None, stolen_causes(source))
+                                        aux if timed else None, cpus, stolen_causes(source))
             notes.append(_stolen_note(stolen, len(context.windows), source))
         tsc = context.header.get("cycles_hz")
         resolution = int(1e9 / float(tsc)) + 1 if isinstance(tsc, (int, float)) and tsc > 0 else 1
@@ -393,15 +431,15 @@ def stolen_spans(t_ns: np.ndarray, latency_ns: np.ndarray, runnable_ns: np.ndarr
 
 
 def stolen_occupancies(windows: np.ndarray, t_ns: np.ndarray, latency_ns: np.ndarray, runnable_ns: np.ndarray,
-                       offline_ns: np.ndarray, irq_ns: np.ndarray | None,
+                       offline_ns: np.ndarray, irq_ns: np.ndarray | None, cpus: np.ndarray,
                        causes: dict[str, str] = STOLEN_CAUSES) -> list[Occupancy]:
     """The time the hypervisor stole inside each outlier window, as the guest read it (Xen's runstate area, KVM's
-    steal time; per sample, aligned with ``t_ns``), where the guest placed it (``stolen_spans``): offline time
-    first, then runnable (the vCPU is runnable last, until it runs); what does not fit before the resumption runs
-    on to the window's end."""
+    steal time; per sample, aligned with ``t_ns``, on ``cpus``), where the guest placed it (``stolen_spans``):
+    offline time first, then runnable (the vCPU is runnable last, until it runs); what does not fit before the
+    resumption runs on to the window's end."""
     begins, _ = stolen_spans(t_ns, latency_ns, runnable_ns, offline_ns, irq_ns)
     found = []
-    for index, start, end, cpu in _window_samples(windows, t_ns):
+    for index, start, end, cpu in _window_samples(windows, t_ns, cpus):
         runnable, offline = int(runnable_ns[index]), int(offline_ns[index])
         if runnable + offline <= 0:
             continue

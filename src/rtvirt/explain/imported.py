@@ -29,15 +29,19 @@ import numpy as np
 from ..errors import InputError
 from .attribute import attribute, choose_threshold, outlier_windows
 from .config import ExplainConfig
-from .host import bounded, near_windows, occupancies_from_events
+from .cpuevents import AGENT_COMMS, occupancies_from_events, unexplained
+from .host import near_windows
 from .model import Explanation, Layer, LayerTrace, Occupancy
 from .stored import read_explanation
-from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, parse_trace
+from .timerpath import agent_bound, timer_path
+from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, bounded, mark_losses, parse_trace
 
-__all__ = ["read_trace_file", "explain_with_trace", "noise_occupancies", "AGENT_COMMS", "TRACE_CMD_TIMEOUT_S"]
+__all__ = ["read_trace_file", "explain_with_trace", "noise_occupancies", "run_layer", "TRACE_CMD_TIMEOUT_S"]
 
 DAT_MAGIC = b"\x17\x08\x44tracing"
-AGENT_COMMS = ("rtvirt-probe",)  # and timerlat's own kernel threads, timerlat/<cpu>
+# environments whose samples are taken on the traced machine itself (its host layer); the others measure in a
+# guest, whose own trace is the guest layer
+HOST_KINDS = ("host", "partition", "ssh")
 TRACE_CMD_TIMEOUT_S = 600
 ALIGNED_SHARE = 0.95  # the stated alignment holds for this share of the covered windows
 MAX_FILE_BYTES = 4 << 30  # a text trace larger than this is not read
@@ -93,7 +97,7 @@ def read_trace_file(path: Path) -> tuple[list[TraceEvent], str]:
         what = "text trace"
     # trace-cmd pads each event's name with spaces: its body starts where the kernel's format does
     events = [event._replace(body=event.body.lstrip())
-              for event in parse_trace(_INSTANCE_PREFIX.sub("", line) for line in text.splitlines())]
+              for event in parse_trace(mark_losses([_INSTANCE_PREFIX.sub("", line) for line in text.splitlines()]))]
     if not events:
         raise InputError(f"--trace {path}: no trace events in it (a trace-cmd .dat, or a text trace in the tracefs "
                          "format: an instance's trace file, `trace-cmd report -N` output, rtla's saved trace)")
@@ -145,13 +149,18 @@ def _alignment(path: Path, events: list[TraceEvent], switch_ins: dict[int, np.nd
                          f"({windows['start_ns'].min() / 1e9:.6f} s to {windows['end_ns'].max() / 1e9:.6f} s on the "
                          "sample clock): record it while the run runs, where its samples are taken, on the mono "
                          "clock (trace-cmd record -C mono)")
-    distances = []
+    distances, after = [], 0
     for start, end, cpu in covered:
         times = switch_ins.get(cpu, np.empty(0, np.int64))
         inside = times[(times >= start) & (times <= end + TEXT_RESOLUTION_NS)]
-        if inside.size:
+        # on a clock running late, each window's own switch-in lies just after its end (and one of the period
+        # before may fall inside a long window): the switch-in nearest to the end says which
+        near = times[(times >= end - (end - start)) & (times <= end + (end - start))]
+        if near.size and int(near[np.argmin(np.abs(near - end))]) > end + TEXT_RESOLUTION_NS:
+            after += 1
+        elif inside.size:
             distances.append(max(end - int(inside.max()), 0))
-    if len(distances) * 2 < len(covered):
+    if len(distances) * 2 < len(covered) or after * 2 > len(covered):
         raise InputError(f"--trace {path}: the measuring thread ({', '.join(AGENT_COMMS)} or timerlat/N) is switched "
                          f"in at the end of {len(distances)} of the {len(covered)} outliers the trace covers: it is "
                          f"not on the run's sample clock ({what}) or does not trace sched:sched_switch on the "
@@ -183,23 +192,53 @@ def _run_windows(run: Any, config: ExplainConfig) -> tuple[np.ndarray, int, str,
     return windows, outliers, rule, threshold
 
 
+def run_layer(manifest: dict[str, Any]) -> Layer:
+    """The layer a trace of the machine the run's samples were taken on is: the host's for a run on a host, a
+    partition, an SSH target or a one-off probe; the guest's for a run in a VM (the environment's kind, not
+    its label, which a scenario names freely)."""
+    detail = manifest.get("environment_detail")
+    kind = detail.get("kind") if isinstance(detail, dict) else None
+    return "host" if kind is None or kind in HOST_KINDS else "guest"
+
+
+def _stale(stored: Explanation | None, windows: np.ndarray, layer: Layer) -> tuple[list[LayerTrace], list[Occupancy],
+                                                                                   list[str]]:
+    """The run's stored layers other than ``layer``, and, for the windows they kept no trace around (outliers
+    new below the stored threshold), what says so: their unexplained time names it, and a note counts them."""
+    if stored is None:
+        return [], [], []
+    others = [trace for trace in stored.layers if trace.layer != layer]
+    kept = {(part.sample_t_ns, part.cpu) for part in stored.parts}
+    seen = [trace.layer for trace in others if trace.seen]
+    new = [(int(start), int(end), int(cpu)) for start, end, cpu in
+           zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(), strict=True)
+           if (int(start), int(cpu)) not in kept]
+    if not seen or not new:
+        return others, [], []
+    said = f"{', '.join(seen)}: not kept for this outlier"
+    marks = [unexplained(start, end, said, cpu) for start, end, cpu in new]
+    note = (f"{len(new)} of the {len(windows)} outliers were not among those the run explained when it was traced: "
+            f"the stored {', '.join(seen)} layer kept nothing around them (their parts name only this trace)")
+    return others, marks, [note]
+
+
 def explain_with_trace(run: Any, path: Path, config: ExplainConfig) -> Explanation:
     """The run's explanation with ``path``'s events as its measuring layer (the host for a run on the host,
     else the guest): other layers the run already has keep their occupancies and are attributed again."""
     events, what = read_trace_file(path)
     windows, outliers, rule, threshold = _run_windows(run, config)
-    agents = {event.pid for event in events if _is_agent_comm(event.comm)}  # it shows as it switches out
-    occupancies = occupancies_from_events(events, sorted(agents))
+    occupancies = near_windows(occupancies_from_events(events, (), agents_by_comm=True), windows)
     alignment, covered, beyond = _alignment(path, events, _agent_switch_ins(occupancies), windows, what)
-    environment = str(run.manifest.get("environment") or "host")
-    layer: Layer = "host" if environment in ("host", "partition") else "guest"
-    occupancies += noise_occupancies(events, layer)
+    layer = run_layer(run.manifest)
+    occupancies = agent_bound(occupancies, windows, str(run.manifest.get("probe") or ""))
+    if run.manifest.get("probe") == "timer":
+        occupancies += timer_path(occupancies, windows)
+    occupancies += near_windows(noise_occupancies(events, layer), windows)
     if layer != "host":
-        occupancies = [dataclasses.replace(o, layer=layer) for o in occupancies]
+        occupancies = [dataclasses.replace(o, layer=layer) if o.layer != "unexplained" else o for o in occupancies]
+    others, marks, stale = _stale(read_explanation(run.path), windows, layer)
     notes = [f"imported from {bounded(path.name, 120)} ({what}): it covers {covered} of the {len(windows)} "
-             "explained outliers", *([beyond] if beyond else [])]
-    imported = LayerTrace(layer, seen=True, occupancies=near_windows(occupancies, windows), alignment_ns=alignment,
-                          notes=notes)
-    stored = read_explanation(run.path)
-    others = [trace for trace in (stored.layers if stored else []) if trace.layer != layer]
+             "explained outliers", *([beyond] if beyond else []), *stale]
+    imported = LayerTrace(layer, seen=True, occupancies=occupancies + marks,
+                          alignment_ns=alignment, notes=notes)
     return attribute(windows, [imported, *others], threshold_ns=threshold, threshold_rule=rule, outliers=outliers)

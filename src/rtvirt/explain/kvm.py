@@ -35,7 +35,7 @@ from .clocksync import ClockMap
 from .model import CollectContext, Layer, LayerTrace, Occupancy
 from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes, start_recording
 from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, TracefsAccess, TracefsInstance, TracingUnavailable, body_fields
-from .vm import KEEP_AROUND_NS, _GuestPlacement, _near_windows, _printable
+from .vm import KEEP_AROUND_NS, _GuestPlacement, _near_windows, _printable, drift_allowance
 
 __all__ = ["EXIT_REASONS", "KVM_EVENTS", "KvmSource", "KvmTrace", "exit_name", "exit_statistics",
            "kvm_occupancies", "read_kvm_events"]
@@ -455,5 +455,6 @@ class KvmSource:
         notes.append(f"{counted} VM exits of the guest's vCPUs" + (
             f" counted by the KVM host's kernel, {timed} of them timed from the kept trace" if self._counted
             is not None else ", counted and timed from the kept trace"))
-        return LayerTrace("kvm", True, None, occupancies, clock.uncertainty_ns + TEXT_RESOLUTION_NS, dropped, notes,
-                          tables=tables)
+        drift, said = drift_allowance(clock, context.windows)  # (as the VM layer's: the same exchange)
+        return LayerTrace("kvm", True, None, occupancies, clock.uncertainty_ns + drift + TEXT_RESOLUTION_NS, dropped,
+                          notes + said, tables=tables)

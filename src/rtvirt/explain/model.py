@@ -14,12 +14,19 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-__all__ = ["LAYERS", "Layer", "Occupancy", "LayerTrace", "Part", "Explanation", "CollectContext", "TraceSource"]
+__all__ = ["LAYERS", "Layer", "Occupancy", "LayerTrace", "Part", "Explanation", "CollectContext", "TraceSource",
+           "HELD_KINDS", "culprit_of"]
 
 Layer = Literal["host", "vm", "kvm", "xen", "guest", "unexplained"]
 # outermost first: while an outer layer held the CPU nothing inside it ran, so it takes precedence (kvm inside vm:
 # while the vCPU's thread was off its pCPU, whoever ran is the cause; while it was on, KVM's exit handling)
 LAYERS: tuple[Layer, ...] = ("host", "xen", "vm", "kvm", "guest", "unexplained")
+# kinds of an outer layer that did not run the inner one, with nothing traced running instead: a vCPU thread
+# stopped, asleep or runnable on an idle pCPU, a timer interrupt that came late to an idle CPU, time the
+# guest's runstate area says Xen took, a vCPU Xen kept blocked. The headline counts the outliers they
+# dominate apart from those a traced cause explains ("held back by a layer not traced")
+HELD_KINDS = frozenset({"vcpu-stopped", "vcpu-asleep", "vcpu-waiting", "irq-late", "guest-irq-late", "stolen",
+                        "xen-held"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +48,11 @@ class Occupancy:
     kind: str
     cpu: int = -1  # the CPU (host pCPU, or the guest's vCPU) it ran on; -1: not tied to one
     detail: dict[str, str | int] = field(default_factory=dict)
+    # the culprit a summary pools this under, the same in every run and thread ("task rtvirt-stress SCHED_FIFO
+    # 90": no pid), and what sets this one apart from its culprit's other occupancies ("before the timer
+    # interrupt", "kept the CPU after the real-time thread was woken", a vCPU's state); "": the cause itself
+    culprit: str = ""
+    variant: str = ""
 
     @property
     def duration_ns(self) -> int:
@@ -58,6 +70,10 @@ class LayerTrace:
     alignment_ns: int = 0  # uncertainty of the mapping from the source's clock to the sample clock
     dropped_events: int = 0  # events the bounded buffer lost (a run states it; never silent)
     notes: list[str] = field(default_factory=list)  # what the user should know ("host steal rose by 3.1 ms")
+    # what tracing cost the run (explain.cost: events, seconds, events_per_s_per_cpu, text_bytes, event_ns, ...)
+    cost: dict[str, float] = field(default_factory=dict)
+    # where an outlier's thread waited on another CPU than its sample's: [window start, window cpu, from, cpu]
+    moves: list[list[int]] = field(default_factory=list)
     # tables a layer reports beside its occupancies, by name (the KVM layer's "kvm_exits": perf kvm stat's rows)
     tables: dict[str, list[dict[str, object]]] = field(default_factory=dict)
 
@@ -76,6 +92,8 @@ class Part:
     offset_ns: int  # where the part starts, from the window's start
     duration_ns: int
     detail: str  # JSON of the occupancy's detail (bounded)
+    culprit: str = ""  # the occupancy's culprit (Occupancy.culprit; "": the cause), what summaries pool by
+    variant: str = ""  # what sets it apart from its culprit's other parts (phase, state; "": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,5 +134,10 @@ class Explanation:
     outliers: int  # samples above the threshold (parts are kept for the ``top`` largest of them at most)
     parts: list[Part]
     layers: list[LayerTrace]  # occupancies kept only around the largest outliers (the report's timelines)
-    # [{layer, kind, cause, total_ns, share}] over every explained outlier, largest first
+    # [{culprit, layer, kind, total_ns, outliers, share, variants}] over every explained outlier, largest first
     summary: list[dict[str, object]]
+
+
+def culprit_of(item: Occupancy | Part) -> str:
+    """What a summary pools an occupancy or part under (its culprit, or its cause when it names none)."""
+    return item.culprit or item.cause

@@ -42,7 +42,7 @@ import numpy as np
 from ..stream import StreamReader
 from .config import ExplainConfig
 from .model import CollectContext
-from .tracefs import LocalTracefs, PipeAccess, TracefsInstance, TracePipe, line_stamp
+from .tracefs import LocalTracefs, PipeAccess, TracefsInstance, TracePipe, gap_line, line_stamp, mark_losses
 
 __all__ = ["FlightRecorder", "KeepRule", "keep_rule", "LostWindow", "SampleMap", "SameClock", "bound_notes", "listed",
            "run_start_ns", "start_recording", "window_label", "CHUNK_NS",
@@ -129,6 +129,8 @@ class _Cpu:
         self.peak_bytes = 0
         self.dropped: list[tuple[int, int, int]] = []  # seq ranges the bound dropped: first, last, first's start
         self.dropped_lines = 0
+        self.read_lines = self.read_bytes = 0  # all it read (what tracing cost the run: explain.cost)
+        self.first_ns: int | None = None
 
 
 def _anchored(chunk: _Chunk, before_ns: int) -> bool:
@@ -232,9 +234,8 @@ class FlightRecorder:
         text = state.partial + state.pipe.read(final).decode(errors="replace")
         cut = text.rfind("\n") + 1
         state.partial = text[cut:]
-        lines = text[:cut].splitlines()
-        if "[LOST " in text:  # the pipe's own "CPU:1 [LOST 12 EVENTS]" (the instance's stats count them)
-            lines = [line for line in lines if not line.startswith("CPU:")]
+        # the pipe's own "CPU:1 [LOST 12 EVENTS]" becomes a gap marker where it happened (the stats count them)
+        lines = mark_losses(text[:cut].splitlines())
         if lines:
             self.take(state.cpu, lines)
 
@@ -252,6 +253,8 @@ class FlightRecorder:
             text = "\n".join(lines[start:end])
             last = line_stamp(lines[end - 1]) or first
             data = zlib.compress(text.encode(), 1)
+            state.read_lines, state.read_bytes = state.read_lines + end - start, state.read_bytes + len(text) + 1
+            state.first_ns = first if state.first_ns is None else state.first_ns
             self._newest_ns = max(self._newest_ns, last)
             if state.newest is not None:
                 state.newest.next_first_ns = first
@@ -481,9 +484,12 @@ class FlightRecorder:
         except Exception as exc:  # noqa: BLE001
             self.problems.append(f"the flight recorder's last drain failed: {type(exc).__name__}: {exc}"[:300])
         for cpu, state in self._cpus.items():
-            texts[cpu] = "\n".join(zlib.decompress(chunk.data).decode() for chunk in state.chunks)
             self.resumes[cpu] = [chunk.first_ns for before, chunk in zip(state.chunks, state.chunks[1:], strict=False)
                                  if chunk.seq != before.seq + 1]
+            # a gap marker where the kept trace resumes after a stretch not kept (readers forget the CPU there)
+            texts[cpu] = "\n".join((gap_line(cpu, chunk.first_ns, "resume") + "\n" if index and chunk.seq !=
+                                    state.chunks[index - 1].seq + 1 else "") + zlib.decompress(chunk.data).decode()
+                                   for index, chunk in enumerate(state.chunks))
         self.close()
         return texts
 
@@ -506,6 +512,13 @@ class FlightRecorder:
     def dropped_lines(self) -> int:
         """Trace lines the bound dropped (the kernel's own losses are the instance's stats)."""
         return sum(state.dropped_lines for state in self._cpus.values())
+
+    def read(self) -> tuple[int, int, int]:
+        """Trace lines and bytes read over all CPUs, and the trace time they span (ns)."""
+        firsts = [state.first_ns for state in self._cpus.values() if state.first_ns is not None]
+        span = self._newest_ns - min(firsts) if firsts else 0
+        return (sum(state.read_lines for state in self._cpus.values()),
+                sum(state.read_bytes for state in self._cpus.values()), span)
 
     def peak_bytes(self) -> dict[int, int]:
         """The most trace text each CPU held at once (never above the bound once a step ended)."""

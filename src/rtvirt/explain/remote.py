@@ -32,7 +32,7 @@ from ..params import parse_cpulist
 from ..procs import process_start_time
 from ..remote.connection import RemoteProcess, SshConnection
 from ..remote.transport import controller_id
-from .tracefs import INSTANCE_PREFIX, MOUNT_POINTS, POLICY_NAMES, TracingUnavailable
+from .tracefs import INSTANCE_PREFIX, MOUNT_POINTS, POLICY_NAMES, TracingUnavailable, bounded
 
 __all__ = ["RemoteTracefs"]
 
@@ -196,10 +196,10 @@ class RemoteTracefs:
                         "each event wakes one, which adds events")
         return ",".join(map(str, others)), ""
 
-    def policies(self, pids: Collection[int]) -> dict[int, str]:
-        """Field 41 of each task's /proc/PID/stat on the target, a bounded batch of them per command (a task
-        that ended meanwhile is left out; cat goes on past it)."""
-        found: dict[int, str] = {}
+    def policies(self, pids: Collection[int]) -> dict[int, tuple[str, str]]:
+        """Field 41 of each task's /proc/PID/stat on the target with its comm (field 2), a bounded batch of them
+        per command (a task that ended meanwhile is left out; cat goes on past it)."""
+        found: dict[int, tuple[str, str]] = {}
         ordered = sorted(pids)
         for first in range(0, len(ordered), POLICY_BATCH):
             paths = [f"/proc/{pid}/stat" for pid in ordered[first:first + POLICY_BATCH]]
@@ -209,10 +209,11 @@ class RemoteTracefs:
                 return found
             for line in stats.splitlines():
                 head, _, tail = line.rpartition(")")  # the comm in parentheses may hold anything, ")" too
-                pid, fields = head.partition(" (")[0], tail.split()
+                pid, _, comm = head.partition(" (")
+                fields = tail.split()
                 name = POLICY_NAMES.get(int(fields[38])) if len(fields) > 38 and fields[38].isdigit() else None
                 if pid.isdigit() and name is not None:
-                    found[int(pid)] = name
+                    found[int(pid)] = (name, bounded(comm, 16))
         return found
 
     def read_system(self, path: str) -> str:

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from .attribute import attribute, choose_threshold, outlier_windows
+from .attribute import attribute, choose_threshold, headline, outlier_windows
 from .config import ExplainConfig
-from .host import outer_hypervisor_note, read_local, steal_ns
 from .model import CollectContext, Explanation, LayerTrace, TraceSource
+from .outer import cpu_steal_ns, outer_hypervisor_note, read_local
 from .stored import write_explanation
 
 __all__ = ["ExplainSession", "explain_stream", "TIME_FIELDS"]
@@ -52,7 +52,12 @@ class ExplainSession:
         self.sources = list(sources)
         self.failed: dict[int, LayerTrace] = {}  # index of a source that failed -> what the run says of it
         self.unseen = list(unseen)
-        self._steal: list[int | None] = []
+        # the measured CPUs (the host's, a guest's pCPUs) whose steal the run reads; Xen's own guest (dom0)
+        # shows a hypervisor and steal that are the traced layer's, not an outer one's
+        self.cpus = tuple(sorted({cpu for source in self.sources for cpu in
+                                  (getattr(source, "cpus", None) or getattr(source, "host_cpus", None) or ())}))
+        self.traced_hypervisor = "xen" if any(source.layer == "xen" for source in self.sources) else None
+        self._steal: list[dict[int, int] | None] = []
         self._running = False
 
     def _fail(self, index: int, what: str, exc: BaseException) -> None:
@@ -62,7 +67,7 @@ class ExplainSession:
     def start(self, samples: Path | None = None) -> None:
         """Arm every source; ``samples``: the file the run's samples will be written to while it goes (a
         source with a flight recorder follows it to keep the trace around what can become an outlier)."""
-        self._steal = [steal_ns(self.read_system)]
+        self._steal = [self._read_steal()]
         self._running = True
         for index, source in enumerate(self.sources):
             try:
@@ -78,12 +83,21 @@ class ExplainSession:
         if not self._running:
             return
         self._running = False
-        self._steal.append(steal_ns(self.read_system))
+        self._steal.append(self._read_steal())
         for index, source in enumerate(self.sources):
             try:
                 source.stop()
             except Exception as exc:  # noqa: BLE001
                 self._fail(index, "stop", exc)
+
+    def _read_steal(self) -> dict[int, int] | None:
+        """The measured CPUs' steal so far (None: not readable, or not an outer hypervisor's)."""
+        if self.traced_hypervisor is not None or not self.cpus:
+            return None
+        try:
+            return cpu_steal_ns(self.read_system("/proc/stat"), self.cpus)
+        except Exception:  # noqa: BLE001 - a target's file may fail to come: the note then says less
+            return None
 
     def _traces(self, windows: np.ndarray, header: dict[str, Any], agent_pids: tuple[int, ...]) -> list[LayerTrace]:
         context = CollectContext(header=header, windows=windows, agent_pids=agent_pids)
@@ -97,11 +111,11 @@ class ExplainSession:
             except Exception as exc:  # noqa: BLE001
                 traces.append(LayerTrace(source.layer, seen=False, why_not=f"collect failed: {_reason(exc)}"))
         before, after = (self._steal + [None, None])[:2]
-        note = outer_hypervisor_note(before, after, read=self.read_system)
-        if note:
+        found = outer_hypervisor_note(before, after, self.read_system, self.traced_hypervisor)
+        if found:
             if not traces:
                 traces.append(LayerTrace("host", seen=False, why_not="this environment offers no trace source"))
-            traces[0].notes.append(note)
+            traces[0].notes.append(found[0])
         return traces
 
     def explain(self, stream: Any, agent_pids: Sequence[int] = ()) -> Explanation:
@@ -136,6 +150,7 @@ def manifest_entry(explanation: Explanation) -> dict[str, Any]:
         "threshold_ns": explanation.threshold_ns, "threshold_rule": explanation.threshold_rule,
         "outliers": explanation.outliers,
         "explained": len({part.rank for part in explanation.parts}),
+        "headline": headline(explanation.parts),
         "top_causes": [{key: row[key] for key in ("layer", "cause", "share")} for row in explanation.summary[:3]],
         "layers": {layer.layer: ("seen" if layer.seen else f"not seen: {layer.why_not}") for layer in
                    explanation.layers},

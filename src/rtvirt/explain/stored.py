@@ -25,6 +25,9 @@ PARTS_SCHEMA = pa.schema([
     ("layer", pa.dictionary(pa.int8(), pa.string())), ("kind", pa.dictionary(pa.int16(), pa.string())),
     ("cause", pa.dictionary(pa.int32(), pa.string())), ("offset_ns", pa.int64()), ("duration_ns", pa.int64()),
     ("detail", pa.string()),
+    # the culprit each part is pooled under and its variant (an explanation written before them has neither:
+    # its readers take the cause as the culprit)
+    ("culprit", pa.dictionary(pa.int32(), pa.string())), ("variant", pa.dictionary(pa.int16(), pa.string())),
 ])
 
 
@@ -35,7 +38,7 @@ def write_explanation(run_dir: Path, explanation: Explanation) -> None:
         for name in PARTS_SCHEMA.names:
             columns[name].append(getattr(part, name))
     table = pa.table({name: pa.array(values, type=PARTS_SCHEMA.field(name).type if name not in
-                                     ("layer", "kind", "cause") else pa.string())
+                                     ("layer", "kind", "cause", "culprit", "variant") else pa.string())
                       for name, values in columns.items()})
     table = table.cast(PARTS_SCHEMA)
     pq.write_table(table, run_dir / PARTS_FILE, compression="zstd")

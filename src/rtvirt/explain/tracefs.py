@@ -32,8 +32,8 @@ from ..procs import process_start_time
 
 __all__ = ["TracefsInstance", "TracefsAccess", "PipeAccess", "LocalTracefs", "TraceEvent", "TracingUnavailable",
            "parse_trace", "body_fields", "line_stamp", "events_around", "untraced_switch_in", "tracefs_root",
-           "TraceDrain", "TracePipe", "LocalPipe",
-           "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX", "MOUNT_POINTS", "POLICY_NAMES"]
+           "TraceDrain", "TracePipe", "LocalPipe", "reclaim_instances", "TEXT_RESOLUTION_NS", "INSTANCE_PREFIX",
+           "MOUNT_POINTS", "POLICY_NAMES", "GAP_EVENT", "gap_line", "mark_losses", "bounded"]
 
 MOUNT_POINTS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 INSTANCE_PREFIX = "rtvirt-"
@@ -44,11 +44,18 @@ DEFAULT_BUFFER_KB = 64 * 1024  # per traced CPU
 PIPE_READ = 1 << 20  # bytes per read of a trace_pipe
 _counter = itertools.count(1)
 
-# "<comm>-<pid> (<tgid>) [<cpu>] <flags> <sec>.<usec>: <event>: <body>"; a comm is at most 15 characters of
+# "<comm>-<pid> (<tgid>) [<cpu>] <flags> <sec>.<usec>: <event>: <body>" (the flags are 4-6 characters, 7 on a
+# PREEMPT_RT kernel: "d...2.."); a comm is at most 15 characters of
 # anything (even "-1 [000]"): the shortest comm after which the whole line matches is the one the kernel wrote
 _LINE = re.compile(r"^\s*(?P<comm>.{0,16}?)-(?P<pid>\d+)\s+(?:\(\s*(?P<tgid>[-\d]+)\)\s+)?\[(?P<cpu>\d+)\]\s+"
-                   r"(?:\S{4,6}\s+)?(?P<sec>\d+)\.(?P<usec>\d{6}):\s+(?P<event>\w+):\s?(?P<body>.*)$")
+                   r"(?:\S{4,8}\s+)?(?P<sec>\d+)\.(?P<usec>\d{6}):\s+(?P<event>\w+):\s?(?P<body>.*)$")
 _FIELD = re.compile(r"(\w+)=(\S*)")
+# the kernel's own line where a CPU's ring lost events before the next one it printed
+# (trace-cmd report says "CPU:1 [12 EVENTS DROPPED]")
+_LOST = re.compile(r"^\s*CPU:\s*(?P<cpu>\d+) \[(?:LOST (?P<lost>\d+) EVENTS|(?P<dropped>\d+) EVENTS DROPPED)\]")
+# a line rtvirt puts in a trace text where it has a gap (events lost, or trace not kept): the readers forget what
+# they knew of the CPU there (explain.cpuevents), and the walk back to a window's first switch stops there
+GAP_EVENT = "rtvirt_gap"
 
 
 class TracingUnavailable(Exception):
@@ -67,6 +74,12 @@ class TraceEvent(NamedTuple):
     body: str
 
 
+def bounded(text: str, limit: int = 64) -> str:
+    """An untrusted name from a traced system made printable and short."""
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def body_fields(body: str) -> dict[str, str]:
     """The ``key=value`` fields of an event's body (values without spaces: comms need the event's own regex)."""
     return dict(_FIELD.findall(body))
@@ -76,6 +89,36 @@ def line_stamp(line: str) -> int | None:
     """The time stamp of one trace line (None: not an event line)."""
     match = _LINE.match(line)
     return int(match["sec"]) * 1_000_000_000 + int(match["usec"]) * 1000 if match else None
+
+
+def gap_line(cpu: int, ts_ns: int, what: str) -> str:
+    """A trace line marking a gap of ``cpu``'s trace that ends at ``ts_ns`` (``what``: "lost=12", "resume")."""
+    seconds, micros = ts_ns // 1_000_000_000, ts_ns % 1_000_000_000 // 1000
+    return f"           <gap>-0       (-------) [{cpu:03d}] ..... {seconds}.{micros:06d}: {GAP_EVENT}: {what}"
+
+
+def mark_losses(lines: list[str]) -> list[str]:
+    """``lines`` with each ``CPU:N [LOST k EVENTS]`` line turned into a gap marker at the time of the event after
+    it (the kernel prints it before the first event it could still record), so that the loss is read where it
+    happened instead of being bridged."""
+    if not any("CPU:" in line[:12] for line in lines):
+        return lines
+    return list(marked_losses(lines))
+
+
+def marked_losses(lines: Iterable[str]) -> Iterator[str]:
+    """:func:`mark_losses` one line at a time (for a trace read as it is parsed, never held whole)."""
+    pending: tuple[int, str] | None = None
+    for line in lines:
+        lost = _LOST.match(line) if "CPU:" in line[:12] else None
+        if lost is not None:
+            pending = (int(lost["cpu"]), lost["lost"] or lost["dropped"])
+            continue
+        stamp = line_stamp(line) if pending is not None else None
+        if pending is not None and stamp is not None:
+            yield gap_line(pending[0], stamp, f"lost={pending[1]}")
+            pending = None
+        yield line
 
 
 def untraced_switch_in(since: int, woken_at: int | None, previous: int, until: int) -> tuple[int, str]:
@@ -114,7 +157,8 @@ def events_around(lines: Sequence[str], start_ns: int, end_ns: int, back_to: str
 
     first = bisect.bisect_left(lines, start_ns, key=stamp)
     last = bisect.bisect_right(lines, end_ns, lo=first, key=stamp)
-    while first > 0 and (first == len(lines) or back_to not in lines[first]):  # (a window after the trace)
+    # (a window after the trace; not back across a gap: what was before it says nothing of what came after)
+    while first > 0 and (first == len(lines) or (back_to not in lines[first] and GAP_EVENT not in lines[first])):
         first -= 1
     return list(parse_trace(lines[first:last]))
 
@@ -247,8 +291,9 @@ class TracefsAccess(PipeAccess, Protocol):
         """A new instance's name: rtvirt's prefix and its owner, so that reclaim knows a dead owner's."""
         ...
 
-    def policies(self, pids: Collection[int]) -> dict[int, str]:
-        """The scheduling policies of those tasks that still live (a trace has only their priorities)."""
+    def policies(self, pids: Collection[int]) -> dict[int, tuple[str, str]]:
+        """The scheduling policies of those tasks that still live, with their comms (a trace has only their
+        priorities; the comm tells a reused pid from the traced task)."""
         ...
 
     def reclaim(self, root: str) -> list[str]:
@@ -291,12 +336,13 @@ class LocalTracefs:
     def instance_name(self, serial: int) -> str:
         return f"{INSTANCE_PREFIX}{os.getpid()}-{process_start_time(os.getpid())}-{serial}"
 
-    def policies(self, pids: Collection[int]) -> dict[int, str]:
+    def policies(self, pids: Collection[int]) -> dict[int, tuple[str, str]]:
         found = {}
         for pid in pids:
             with contextlib.suppress(OSError):
+                comm = Path(f"/proc/{pid}/comm").read_text(errors="replace").rstrip("\n")
                 if (name := POLICY_NAMES.get(os.sched_getscheduler(pid) & ~os.SCHED_RESET_ON_FORK)) is not None:
-                    found[pid] = name
+                    found[pid] = (name, bounded(comm, 16))
         return found
 
     def reclaim(self, root: str) -> list[str]:
@@ -412,6 +458,17 @@ class TracefsInstance:
             self._remove()
             raise
 
+    def set_filter(self, event: str, expression: str) -> None:
+        """A kernel-side filter for one of the instance's events while it traces (a filter it cannot take is
+        left off, and the layer's problems say so: tracing goes on with the event unfiltered)."""
+        if self.path is None or event not in self.wanted or event in self.missing_events:
+            return
+        try:
+            self.access.write(str(self.path / "events" / event.replace(":", "/") / "filter"), expression)
+            self.filters[event] = expression
+        except OSError as exc:
+            self.problems.append(f"the filter of {event} was not taken: {exc.strerror or exc}")
+
     def stop(self) -> None:
         if self.path is None:
             return
@@ -451,8 +508,10 @@ class TracefsInstance:
         lines and every event at once besides (a long run's kept trace is tens of MB of text)."""
         per_cpu = []
         for cpu in self.cpus:
-            text = self.texts.pop(cpu, "") if cpu not in self._split else "\n".join(self._split.pop(cpu))
-            per_cpu.append(parse_trace(io.StringIO(text)))
+            if cpu in self._split:  # (its losses marked already)
+                per_cpu.append(parse_trace(self._split.pop(cpu)))
+            else:  # (a loss is read where it happened, as in lines())
+                per_cpu.append(parse_trace(marked_losses(io.StringIO(self.texts.pop(cpu, "")))))
         return heapq.merge(*per_cpu, key=lambda event: event.ts_ns)
 
     def events(self) -> list[TraceEvent]:
@@ -464,10 +523,15 @@ class TracefsInstance:
     def lines(self, cpu: int) -> list[str]:
         """A CPU's event lines in time order (the header's comment lines dropped), split once."""
         if cpu not in self._split:
-            lines = self.texts.pop(cpu, "").splitlines()
+            lines = mark_losses(self.texts.pop(cpu, "").splitlines())  # (a loss is read where it happened)
             first = next((i for i, line in enumerate(lines) if line and line[0] != "#"), len(lines))
             self._split[cpu] = lines[first:]
         return self._split[cpu]
+
+    def last_stamp(self, cpu: int) -> int | None:
+        """The time of a CPU's last traced line (None: it has none)."""
+        lines = self.lines(cpu)
+        return next((stamp for line in reversed(lines) if (stamp := line_stamp(line)) is not None), None)
 
     def events_around(self, cpu: int, start_ns: int, end_ns: int, back_to: str = "sched_switch:") -> list[TraceEvent]:
         """The events of ``cpu`` in [start_ns, end_ns] (:func:`events_around`)."""

@@ -16,6 +16,8 @@ exchange's uncertainty and by how far the guest's clock may have drifted since (
 from __future__ import annotations
 
 import bisect
+import contextlib
+import dataclasses
 import heapq
 import os
 import re
@@ -29,6 +31,7 @@ from .clocksync import ClockExchange, ClockMap
 from .model import CollectContext, Layer, LayerTrace, Occupancy
 from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes, start_recording
 from .tracefs import (
+    GAP_EVENT,
     TEXT_RESOLUTION_NS,
     TraceEvent,
     TracefsAccess,
@@ -46,6 +49,8 @@ KEEP_AROUND_NS = 5_000_000  # occupancies kept this far around an outlier window
 # how fast a guest's clock may run against the host's while the run goes (the end exchange measures it only
 # afterwards): over twice the most measured here under TCG (-414 to +382 ppm); kvmclock guests stay far below
 DRIFT_BOUND_PPM = 1000
+MAX_FILTERED_THREADS = 64  # QEMU threads named in the wake-up filter (a kernel filter has a bounded length)
+WAKEUP_RING_KB = 1024  # per CPU, for the vCPU threads' own wake-ups (a few thousand a second at most)
 
 
 def _printable(text: str) -> str:
@@ -59,7 +64,8 @@ def _printable(text: str) -> str:
 SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>\d+) prev_prio=(?P<prev_prio>-?\d+) "
                     r"prev_state=(?P<prev_state>\S+) ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>\d+) "
                     r"next_prio=(?P<next_prio>-?\d+)")
-EXIT_REASON = re.compile(r"reason (?P<reason>[A-Z0-9_]+)")
+# VMX prints its exit reasons in capitals (HLT, EPT_VIOLATION), SVM in lower case (hlt, npf, msr, io, intr, vintr)
+EXIT_REASON = re.compile(r"reason (?P<reason>[A-Za-z0-9_]+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +120,8 @@ class ParsedTrace:
 def read_events(events: Iterable[TraceEvent], in_order: bool = False) -> ParsedTrace:
     """sched_switch, sched_wakeup and kvm_exit/kvm_entry events (explain.tracefs), in time order across CPUs (a
     vCPU thread that is not pinned moves between them); ``in_order``: they come so already (then they are taken
-    one at a time, never held all at once)."""
+    one at a time, never held all at once). Where the kernel lost events (a gap marker), what was known of that CPU
+    is forgotten (a resume point)."""
     parsed = ParsedTrace()
     for event in events if in_order else sorted(events, key=lambda e: e.ts_ns):
         if event.event == "sched_switch":
@@ -130,6 +137,8 @@ def read_events(events: Iterable[TraceEvent], in_order: bool = False) -> ParsedT
             fields = body_fields(event.body)
             if fields.get("pid", "").isdigit() and fields.get("target_cpu", "").isdigit():
                 parsed.wakeups.append(Wakeup(event.ts_ns, int(fields["pid"]), int(fields["target_cpu"])))
+        elif event.event == GAP_EVENT:  # the kernel lost events here (its ring overran): nothing known across
+            parsed.resumes.setdefault(event.cpu, []).append(event.ts_ns)
         elif event.event in ("kvm_exit", "kvm_entry"):
             reason = EXIT_REASON.search(event.body)
             parsed.kvm.append(KvmEvent(event.ts_ns, event.cpu, event.pid, event.event == "kvm_entry",
@@ -147,18 +156,23 @@ class VmThreads:
     vm: str
     vcpus: Mapping[int, int]
     qemu_pid: int
+    vmm_threads: frozenset[int] = frozenset()  # its QEMU's other threads, as far as known (tgid says the rest)
 
 
-def _cause(pid: int, tgid: int | None, comm: str, threads: VmThreads) -> tuple[str, dict[str, str | int]]:
+def _cause(pid: int, tgid: int | None, comm: str, threads: VmThreads) -> tuple[str, str, dict[str, str | int]]:
+    """The name of a task that ran where the vCPU waited, its culprit (no pid: this VM's vCPU N, a QEMU thread of
+    this VM by name, another VM's vCPU, a host task by comm) and what kind of thread it is."""
     own_vcpu = next((index for index, tid in threads.vcpus.items() if tid == pid), None)
     if own_vcpu is not None:
-        return f"vCPU not running: this VM's vCPU {own_vcpu} ({comm}/{pid}) ran", {"ran": "own-vcpu"}
+        return (f"vCPU not running: this VM's vCPU {own_vcpu} ({comm}/{pid}) ran", f"this VM's vCPU {own_vcpu}",
+                {"ran": "own-vcpu"})
     if tgid == threads.qemu_pid:
-        return f"vCPU not running: QEMU thread {comm}/{pid} of this VM ran", {"ran": "qemu-thread"}
+        return (f"vCPU not running: QEMU thread {comm}/{pid} of this VM ran", f"QEMU thread {comm} of this VM",
+                {"ran": "qemu-thread"})
     other = vcpu_owner(pid)
     if other is not None:
-        return f"vCPU not running: {other} ({comm}/{pid}) ran", {"ran": "other-vm-vcpu", "vm": other}
-    return f"vCPU not running: {comm}/{pid} ran", {"ran": "task"}
+        return f"vCPU not running: {other} ({comm}/{pid}) ran", other, {"ran": "other-vm-vcpu", "vm": other}
+    return f"vCPU not running: {comm}/{pid} ran", f"task {comm}", {"ran": "task"}
 
 
 def _priority(prio: int) -> dict[str, str | int]:
@@ -170,95 +184,203 @@ def _priority(prio: int) -> dict[str, str | int]:
     return {"policy": "normal", "nice": prio - 120}
 
 
+# how a vCPU thread that left its pCPU not runnable is named, by the state it left in (sched_switch's prev_state)
+_OFF_STATES = {
+    "S": ("vcpu-asleep", "vCPU asleep, not woken yet (its thread in state S: the guest idle, or waiting in the VMM)"),
+    "D": ("vcpu-asleep", "vCPU asleep, not woken yet (its thread in state D: host I/O, a page fault)"),
+    "T": ("vcpu-stopped", "vCPU thread stopped (state T: a signal stopped the VMM)"),
+    "t": ("vcpu-stopped", "vCPU thread stopped (state t: a debugger holds it)"),
+}
+MAX_BYSTANDERS = 3
+
+
+@dataclass
+class _Off:
+    """A vCPU thread off its pCPU: since when, in which state, where; when and onto which pCPU it was woken."""
+
+    left: int
+    state: str
+    cpu: int
+    woken: tuple[int, int] | None = None
+    bystanders: list[str] = field(default_factory=list)  # what ran on its pCPU meanwhile (not its cause)
+
+    @property
+    def runnable(self) -> bool:
+        return self.state.startswith("R")
+
+
+class _VcpuTimeline:
+    """The VM trace read in time order: which vCPU thread was off its pCPU when, and what held it (``found``)."""
+
+    def __init__(self, threads: VmThreads) -> None:
+        self.threads = threads
+        self.by_tid = {tid: index for index, tid in threads.vcpus.items()}
+        self.off: dict[int, _Off] = {}  # vCPU tid -> its stretch off its pCPU (absent: running, or not seen)
+        self.seen: set[int] = set()  # vCPU tids seen since the trace (or its CPU's kept trace) began
+        self.current: dict[int, tuple[int, str, int, int]] = {}  # cpu -> (pid, comm, prio, since)
+        self.known_from: dict[int, int] = {}  # cpu -> where its trace (last) began
+        self.last_ts: dict[int, int] = {}  # cpu -> its last event
+        self.tgids: dict[int, int] = {}
+        self.woken: dict[tuple[int, int], int] = {}  # (cpu, pid) -> its last wake-up onto that CPU
+        # cpu -> {tid: since} of this VM's own QEMU threads (not its vCPUs) runnable there and not running: the
+        # main loop or an I/O thread that would wake a sleeping vCPU, itself kept waiting for the pCPU
+        self.vmm_waiting: dict[int, dict[int, int]] = {}
+        self.found: list[Occupancy] = []
+
+    def _detail(self, tid: int, cpu: int, state: str, extra: dict[str, str | int]) -> dict[str, str | int]:
+        return {"vcpu": self.by_tid[tid], "host_cpu": cpu, "vcpu_state": state, **extra}
+
+    def ran(self, task: tuple[int, str, int, int], cpu: int, until: int, switch_in: str | None) -> None:
+        """``task`` held ``cpu`` until ``until``: its part while a runnable vCPU waited for that pCPU (preempted,
+        or woken from sleep); a sleeping or stopped vCPU's wait is its own state's, the task only a bystander."""
+        pid, comm, prio, since = task
+        for tid, off in self.off.items():
+            begin = max(since, off.left)
+            if begin >= until:
+                continue
+            woke_at, woke_on = off.woken if off.woken is not None else (until, off.cpu)
+            stretches = [(begin, until, "preempted", off.cpu)] if off.runnable else \
+                [(max(begin, woke_at), until, "woken", woke_on)]
+            if not off.runnable and off.cpu == cpu and pid and begin < woke_at:
+                if len(off.bystanders) < MAX_BYSTANDERS and comm not in off.bystanders:
+                    off.bystanders.append(comm)
+                # asleep, but the VMM's thread that would wake it waited for this pCPU meanwhile: the task held
+                # the vCPU's wake-up back
+                waited = min(self.vmm_waiting.get(cpu, {}).values(), default=None)
+                if waited is not None and max(begin, waited) < min(until, woke_at):
+                    stretches.append((max(begin, waited), min(until, woke_at), "asleep, its VMM waiting", cpu))
+            for start, end, state in ((a, b, c) for a, b, c, on in stretches if b > a and on == cpu):
+                self._waited(tid, task, cpu, start, end, state, switch_in)
+
+    def _waited(self, tid: int, task: tuple[int, str, int, int], cpu: int, start: int, end: int, state: str,
+                switch_in: str | None) -> None:
+        pid, comm, prio, _ = task
+        vcpu = self.by_tid[tid]
+        if pid == 0:  # runnable, and its pCPU idled: not run (throttled, not picked yet)
+            cause = "vCPU runnable, not run while its pCPU idled (throttled, or not yet picked)"
+            self.found.append(Occupancy("vm", start, end, cause, "vcpu-waiting", vcpu,
+                                        self._detail(tid, cpu, state, {}), culprit=cause))
+            return
+        cause, culprit, detail = _cause(pid, self.tgids.get(pid), comm, self.threads)
+        detail.update({"comm": comm, "pid": pid, **_priority(prio), **({"switch_in": switch_in} if switch_in else {})})
+        variant = {"woken": "woken, waiting for its pCPU", "preempted": "preempted"}.get(
+            state, "asleep: the VMM thread to wake it waited for its pCPU")
+        self.found.append(Occupancy("vm", start, end, cause, "vcpu-preempted", vcpu,
+                                    self._detail(tid, cpu, state, detail), culprit=culprit, variant=variant))
+
+    def back(self, tid: int, at: int) -> None:
+        """The vCPU runs again (or what is known of it ends) at ``at``: its time asleep or stopped until it was
+        woken is its state's part."""
+        off = self.off.pop(tid, None)
+        if off is None or off.runnable:
+            return
+        until = min(at, off.woken[0]) if off.woken is not None else at
+        if until <= off.left:
+            return
+        kind, cause = _OFF_STATES.get(off.state[:1], ("vcpu-asleep", f"vCPU asleep, not woken yet (its thread in "
+                                                                     f"state {off.state[:4]})"))
+        detail = self._detail(tid, off.cpu, "stopped" if kind == "vcpu-stopped" else "sleeping",
+                              {"thread_state": off.state[:4]})
+        if off.bystanders:
+            detail["ran_meanwhile"] = ", ".join(off.bystanders)
+        self.found.append(Occupancy("vm", off.left, until, cause, kind, self.by_tid[tid], detail,
+                                    culprit=cause.partition(":")[0] + ")" if ":" in cause else cause))
+
+    def unseen_until(self, tid: int, cpu: int, at: int) -> None:
+        """A vCPU switched in that the trace never saw leave: it was off since that CPU's trace began."""
+        since = self.known_from.get(cpu, at)
+        if at > since:
+            cause = "vCPU not running (since before the kept trace: why is not known)"
+            self.found.append(Occupancy("vm", since, at, cause, "vcpu-waiting", self.by_tid[tid],
+                                        self._detail(tid, cpu, "unknown", {}), culprit=cause))
+
+    def resume(self, event: Resume) -> None:
+        """The trace of a CPU resumes after a stretch that was not kept: what was known of it is forgotten."""
+        self.current.pop(event.cpu, None)
+        for tid in [tid for tid, off in self.off.items() if off.cpu == event.cpu]:
+            self.back(tid, self.last_ts.get(event.cpu, event.ts_ns))
+            self.seen.discard(tid)
+        self.seen -= {tid for tid in self.seen if tid not in self.off}  # (running ones: from their next leaving)
+        for key in [key for key in self.woken if key[0] == event.cpu]:
+            del self.woken[key]
+        self.vmm_waiting.pop(event.cpu, None)
+        self.known_from[event.cpu] = event.ts_ns
+
+    def _vmm_thread(self, pid: int) -> bool:
+        return pid not in self.by_tid and (self.tgids.get(pid) == self.threads.qemu_pid or
+                                           pid in self.threads.vmm_threads)
+
+    def wakeup(self, event: Wakeup) -> None:
+        self.woken[(event.target_cpu, event.pid)] = event.ts_ns
+        if self._vmm_thread(event.pid):
+            self.vmm_waiting.setdefault(event.target_cpu, {}).setdefault(event.pid, event.ts_ns)
+        off = self.off.get(event.pid)
+        if off is not None and not off.runnable and off.woken is None:
+            off.woken = (event.ts_ns, event.target_cpu)
+
+    def switch(self, switch: Switch) -> None:
+        cpu = switch.cpu
+        self.known_from.setdefault(cpu, switch.ts_ns)
+        self.last_ts[cpu] = switch.ts_ns
+        if switch.prev_tgid is not None:
+            self.tgids[switch.prev_pid] = switch.prev_tgid
+        before = self.current.get(cpu)
+        leaving = (switch.prev_pid, switch.prev_comm, switch.prev_prio)
+        if before is not None and before[0] != switch.prev_pid and switch.prev_pid != 0:
+            since = before[3]  # the pCPU's previous switch: the only event of it this layer follows
+            start, switch_in = untraced_switch_in(since, self.woken.get((cpu, switch.prev_pid)), since, switch.ts_ns)
+            self.ran(before, cpu, start, None)
+            if switch.prev_pid in self.by_tid:  # a vCPU thread that ran unseen was on from then
+                self.back(switch.prev_pid, start)
+            self.ran((*leaving, start), cpu, switch.ts_ns, switch_in)
+        elif before is not None:
+            self.ran(before, cpu, switch.ts_ns, None)
+        waiting = self.vmm_waiting.setdefault(cpu, {})
+        waiting.pop(switch.next_pid, None)
+        if self._vmm_thread(switch.prev_pid) and switch.prev_state.startswith("R"):
+            waiting.setdefault(switch.prev_pid, switch.ts_ns)
+        if switch.prev_pid in self.by_tid:
+            self.seen.add(switch.prev_pid)
+            self.off[switch.prev_pid] = _Off(switch.ts_ns, switch.prev_state, cpu)
+        if switch.next_pid in self.by_tid:
+            if switch.next_pid not in self.seen:
+                self.unseen_until(switch.next_pid, cpu, switch.ts_ns)
+            self.seen.add(switch.next_pid)
+            self.back(switch.next_pid, switch.ts_ns)
+        self.current[cpu] = (switch.next_pid, switch.next_comm, switch.next_prio, switch.ts_ns)
+
+    def end(self) -> None:
+        """The trace ends: a vCPU still asleep or stopped was so until its CPU's last event."""
+        for tid, off in list(self.off.items()):
+            self.back(tid, self.last_ts.get(off.cpu, off.left))
+
+
 def vcpu_occupancies(trace: ParsedTrace, threads: VmThreads) -> list[Occupancy]:
-    """An occupancy (on the host clock, ``cpu`` = the vCPU's index) for every task that ran on a vCPU's pCPU
-    while that vCPU's thread was not running (anywhere), this VM's other vCPUs included; ``detail.vcpu_state``
-    says whether the vCPU had been preempted (runnable), was asleep (its guest idle) or had been woken and waited
-    for its pCPU (a traced ``sched_wakeup`` of its thread after it left asleep).
+    """Occupancies (on the host clock, ``cpu`` = the vCPU's index) of each vCPU thread's time off its pCPU: a
+    runnable vCPU (preempted, or woken from sleep) waited while a task held its pCPU ("vCPU not running: X
+    ran", this VM's other vCPUs and QEMU threads named as such) or while that pCPU idled; a vCPU asleep or
+    stopped was held back by its own state until woken ("vCPU asleep, not woken yet", "vCPU thread stopped":
+    what ran on its pCPU meanwhile is only a bystander, in ``detail.ran_meanwhile``). A vCPU switched in that the
+    trace never saw leave was off since its CPU's kept trace began (why is not known).
 
     A task switched out whose switch-in the trace lacks (seen on this development VM: no switch from the idle
     task is ever recorded on one of its CPUs) ran from its wake-up onto that CPU when traced, else from the
     CPU's previous switch; ``detail.switch_in`` says which. Where a CPU's trace resumes after a stretch that was
     not kept, what was known of that CPU (who ran, which vCPU was off there) is forgotten until seen again."""
-    by_tid = {tid: index for index, tid in threads.vcpus.items()}
-    off_since: dict[int, int] = {}  # vCPU tid -> when it left its CPU (absent: running, or not yet seen)
-    off_state: dict[int, str] = {}
-    last_cpu: dict[int, int] = {}
-    current: dict[int, tuple[int, str, int, int]] = {}  # cpu -> (pid, comm, prio, since)
-    tgids: dict[int, int] = {}
-    woken: dict[tuple[int, int], int] = {}  # (cpu, pid) -> its last wake-up onto that CPU
-    vcpu_woken: dict[int, tuple[int, int]] = {}  # vCPU tid -> (when, onto which pCPU) it was woken since it
-    # left asleep (absent: not woken yet)
-    found: list[Occupancy] = []
-
-    def ran(task: tuple[int, str, int, int], cpu: int, until: int, switch_in: str | None) -> None:
-        """The task ``task`` held ``cpu`` until ``until``: its part while a vCPU of that pCPU was off, cut where a
-        sleeping vCPU was woken (from then on it waited for the pCPU)."""
-        pid, comm, prio, since = task
-        if pid == 0:
-            return
-        for tid, left in off_since.items():
-            start = max(since, left)
-            if start >= until:
-                continue
-            if off_state[tid].startswith("R"):
-                stretches = [(start, until, "preempted", last_cpu[tid])]
-            else:  # asleep on the pCPU it left, then (woken) waiting on the one it was woken onto
-                woke_at, woke_on = vcpu_woken.get(tid, (until, last_cpu[tid]))
-                wake = min(max(woke_at, start), until)
-                stretches = [(start, wake, "sleeping", last_cpu[tid]), (wake, until, "woken", woke_on)]
-            held = [(begin, end, state) for begin, end, state, waits_on in stretches if end > begin and waits_on == cpu]
-            if not held:  # it waited on another pCPU: this task did not hold it off
-                continue
-            cause, detail = _cause(pid, tgids.get(pid), comm, threads)
-            detail.update({"comm": comm, "pid": pid, "host_cpu": cpu, "vcpu": by_tid[tid], **_priority(prio),
-                           **({"switch_in": switch_in} if switch_in else {})})
-            for begin, end, state in held:
-                found.append(Occupancy("vm", begin, end, cause, "vcpu-preempted", by_tid[tid],
-                                       {**detail, "vcpu_state": state}))
-
+    timeline = _VcpuTimeline(threads)
     resumes = sorted(Resume(ts, cpu) for cpu, times in trace.resumes.items() for ts in times)
     # (a resume point comes before the events at its time)
-    timeline: Iterator[Resume | Switch | Wakeup] = heapq.merge(resumes, trace.switches, trace.wakeups,
-                                                               key=lambda e: e.ts_ns)
-    for event in timeline:
+    events: Iterator[Resume | Switch | Wakeup] = heapq.merge(resumes, trace.switches, trace.wakeups,
+                                                            key=lambda e: e.ts_ns)
+    for event in events:
         if isinstance(event, Resume):
-            current.pop(event.cpu, None)
-            for tid in [tid for tid in off_since if last_cpu[tid] == event.cpu]:
-                del off_since[tid]
-                vcpu_woken.pop(tid, None)
-            for key in [key for key in woken if key[0] == event.cpu]:
-                del woken[key]
-            continue
-        if isinstance(event, Wakeup):
-            woken[(event.target_cpu, event.pid)] = event.ts_ns
-            if event.pid in off_since and not off_state[event.pid].startswith("R"):
-                vcpu_woken.setdefault(event.pid, (event.ts_ns, event.target_cpu))
-            continue
-        switch = event
-        if switch.prev_tgid is not None:
-            tgids[switch.prev_pid] = switch.prev_tgid
-        before = current.get(switch.cpu)
-        leaving = (switch.prev_pid, switch.prev_comm, switch.prev_prio)
-        switch_in = None
-        if before is not None and before[0] != switch.prev_pid and switch.prev_pid != 0:
-            since = before[3]  # the pCPU's previous switch: the only event of it this layer follows
-            start, switch_in = untraced_switch_in(since, woken.get((switch.cpu, switch.prev_pid)), since,
-                                                  switch.ts_ns)
-            ran(before, switch.cpu, start, None)
-            off_since.pop(switch.prev_pid, None)  # a vCPU thread that ran unseen was on from then
-            ran((*leaving, start), switch.cpu, switch.ts_ns, switch_in)
-        elif before is not None:
-            ran(before, switch.cpu, switch.ts_ns, None)
-        if switch.prev_pid in by_tid:
-            off_since[switch.prev_pid] = switch.ts_ns
-            off_state[switch.prev_pid] = switch.prev_state
-            last_cpu[switch.prev_pid] = switch.cpu
-            vcpu_woken.pop(switch.prev_pid, None)
-        if switch.next_pid in by_tid:
-            off_since.pop(switch.next_pid, None)
-        current[switch.cpu] = (switch.next_pid, switch.next_comm, switch.next_prio, switch.ts_ns)
-    return found
+            timeline.resume(event)
+        elif isinstance(event, Wakeup):
+            timeline.wakeup(event)
+        else:
+            timeline.switch(event)
+    timeline.end()
+    return sorted(timeline.found, key=lambda o: (o.cpu, o.start_ns))
 
 
 def exit_occupancies(events: list[KvmEvent], threads: VmThreads, resumes: Mapping[int, list[int]]
@@ -284,7 +406,8 @@ def exit_occupancies(events: list[KvmEvent], threads: VmThreads, resumes: Mappin
             index = by_tid[event.pid]
             reason = start.reason or "unknown"
             found.append(Occupancy("vm", start.ts_ns, event.ts_ns, f"VM exit {reason}", "vm-exit", index,
-                                   {"reason": reason, "host_cpu": start.cpu, "vcpu": index}))
+                                   {"reason": reason, "host_cpu": start.cpu, "vcpu": index},
+                                   culprit=f"VM exit {reason}"))
     return found
 
 
@@ -307,6 +430,20 @@ class _GuestPlacement:
             return None
         drift = abs(sample_ns - clock.guest_0) * DRIFT_BOUND_PPM // 1_000_000
         return clock.to_host(sample_ns), clock.uncertainty_ns + drift + TEXT_RESOLUTION_NS
+
+
+def drift_allowance(clock: ClockMap, windows: np.ndarray) -> tuple[int, list[str]]:
+    """What a layer placed through the guest's clock exchange adds to its alignment for drift, with the note that
+    says so: with no end exchange (a watchdog, Ctrl-C) the guest's clock may have drifted by up to
+    DRIFT_BOUND_PPM since the start, at the farthest window. (The VM and KVM layers share the exchange, so they
+    share this: neither is placed more exactly than the other.)"""
+    if not clock.start_only or not windows.size:
+        return 0, []
+    farthest = max(abs(int(windows["start_ns"].min()) - clock.guest_0),
+                   abs(int(windows["end_ns"].max()) - clock.guest_0))
+    drift = farthest * DRIFT_BOUND_PPM // 1_000_000
+    return drift, [f"its placement allows {drift / 1e3:.0f} us for the guest clock's drift since the start exchange "
+                   f"({DRIFT_BOUND_PPM} ppm at most)"]
 
 
 class VmSource:
@@ -334,12 +471,17 @@ class VmSource:
         self.samples: Path | None = None
         self.recorder: FlightRecorder | None = None
         self._instance: TracefsInstance | None = None
+        # the vCPU threads' wake-ups on every CPU (a vCPU is woken where its waker runs: QEMU's main loop, an
+        # I/O thread, on CPUs the main instance does not trace), from the moment the threads are known
+        self._wakeups: TracefsInstance | None = None
+        self._wake_recorder: FlightRecorder | None = None
         self._why_not: str | None = None
         self._trace = ParsedTrace()
         self._dropped = 0
         self._problems: list[str] = []
         self._qemu_pid = 0
         self._vcpus: dict[int, int] = {}
+        self._vmm_tids: set[int] = set()
         self._exchange: ClockExchange | None = None
 
     def follow(self, samples: Path) -> None:
@@ -353,7 +495,9 @@ class VmSource:
         events += ["kvm:kvm_exit", "kvm:kvm_entry"] if self.exits else []
         recording = self.keep is not None and self.samples is not None
         # drained every DRAIN_S by the recorder: the kernel's ring only bridges its pauses
-        ring_kb = min(RING_KB, self.buffer_mb * 1024) if recording else self.buffer_mb * 1024
+        # (four times the host layer's: every switch and wake-up of every thread on the pCPUs, QEMU's many among
+        # them, while the recorder's thread may be starved on a loaded machine)
+        ring_kb = min(4 * RING_KB, self.buffer_mb * 1024) if recording else self.buffer_mb * 1024
         instance = TracefsInstance(self.host_cpus, events, buffer_kb=ring_kb, access=self.access)
         try:
             instance.start()
@@ -372,16 +516,61 @@ class VmSource:
         """The VM is placed (its vCPU threads exist, it has not run yet): remember who is who."""
         self._qemu_pid, self._vcpus, self._exchange = qemu_pid, dict(vcpus), exchange
         register_vcpus(self.vm, vcpus)
+        # QEMU's own threads now (its main loop and I/O threads; workers come and go, and are known by tgid):
+        # the main loop wakes a halted vCPU under TCG, so a vCPU asleep while it waits for its pCPU is held back
+        # by what holds that pCPU
+        here = self.access is None or self.access.here  # (a KVM host's QEMU is not this machine's /proc)
+        if here:
+            with contextlib.suppress(OSError, ValueError):
+                self._vmm_tids = {int(task) for task in os.listdir(f"/proc/{int(qemu_pid)}/task")} - \
+                    set(vcpus.values())
+        if self._instance is not None and vcpus:
+            # the wake-ups that matter: the vCPU threads' and QEMU's own, and real-time tasks' (whose switch-in
+            # from idle may be missing); the others, most of them, are not recorded at all
+            own = " || ".join(f"pid == {int(tid)}" for tid in vcpus.values())
+            vmm = "".join(f" || pid == {tid}" for tid in sorted(self._vmm_tids)[:MAX_FILTERED_THREADS])
+            self._instance.set_filter("sched:sched_wakeup", f"prio < 100 || {own}{vmm}")
+            if here:  # (on a KVM host over SSH the main instance's pCPUs are all that is traced of them)
+                self._trace_wakeups(own)
+
+    def _trace_wakeups(self, own: str) -> None:
+        """The vCPU threads' own wake-ups, on every CPU this process may use and the vCPUs' (only those: the
+        kernel filters the rest out), so that a sleeping vCPU's wait is told from its wait for its pCPU."""
+        cpus = tuple(sorted(set(os.sched_getaffinity(0)) | set(self.host_cpus)))
+        recording = self.recorder is not None and self.samples is not None and self.keep is not None
+        instance = TracefsInstance(cpus, ["sched:sched_wakeup"], buffer_kb=WAKEUP_RING_KB,
+                                   filters={"sched:sched_wakeup": own})
+        try:
+            instance.start()
+        except TracingUnavailable as exc:
+            self._problems.append(f"the vCPU threads' wake-ups on other CPUs are not traced: {exc}")
+            return
+        self._wakeups = instance
+        if recording:
+            assert instance.path is not None and self.samples is not None and self.keep is not None
+            self._wake_recorder = start_recording(instance, FlightRecorder(
+                instance.path, cpus, self.samples, self.keep, bound_bytes=WAKEUP_RING_KB << 10,
+                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self)))
 
     def stop(self) -> None:
         if self._exchange is not None:
             self._exchange.close()
+        woken: list[TraceEvent] = []
+        if self._wakeups is not None:
+            wakeups, self._wakeups = self._wakeups, None
+            wakeups.stop()
+            woken = [event for event in wakeups.events() if event.event == "sched_wakeup"]
+            self._problems += wakeups.problems
         if self._instance is not None:
             instance, self._instance = self._instance, None
             instance.stop()
-            self._trace = read_events(instance.events_in_order(), in_order=True)
-            if self.recorder is not None:
-                self._trace.resumes = self.recorder.resumes
+            # (the main instance's events in time order as it parses them; the wake-up instance's, few, merged in)
+            woken.sort(key=lambda e: e.ts_ns)
+            self._trace = read_events(heapq.merge(instance.events_in_order(), woken, key=lambda e: e.ts_ns),
+                                      in_order=True)
+            if self.recorder is not None:  # (and where its kept trace resumes after a stretch it did not keep)
+                for cpu, times in self.recorder.resumes.items():
+                    self._trace.resumes[cpu] = sorted({*self._trace.resumes.get(cpu, []), *times})
             self._dropped = instance.dropped_events
             self._problems += instance.problems
         forget_vcpus(self._vcpus)
@@ -399,7 +588,7 @@ class VmSource:
             problem = self.no_clock or (self._exchange.problem if self._exchange is not None else None)
             return LayerTrace("vm", False, "the guest's clock could not be aligned with the host's: "
                               + (problem or "no clock exchange took place"))
-        threads = VmThreads(self.vm, self._vcpus, self._qemu_pid)
+        threads = VmThreads(self.vm, self._vcpus, self._qemu_pid, frozenset(self._vmm_tids))
         found = vcpu_occupancies(self._trace, threads) + exit_occupancies(self._trace.kvm, threads,
                                                                           self._trace.resumes)
         keep = _near_windows(context.windows)
@@ -407,8 +596,7 @@ class VmSource:
         for occupancy in found:
             start, end = clock.to_guest(occupancy.start_ns), clock.to_guest(occupancy.end_ns)
             if keep(start, end, occupancy.cpu):
-                occupancies.append(Occupancy("vm", start, end, occupancy.cause, occupancy.kind, occupancy.cpu,
-                                             occupancy.detail))
+                occupancies.append(dataclasses.replace(occupancy, start_ns=start, end_ns=end))
         notes = list(clock.notes) + self._problems
         bound, dropped = bound_notes(self.recorder, self._dropped, context, self.buffer_mb * 1024, "vCPU")
         notes += bound
@@ -421,9 +609,9 @@ class VmSource:
                          "not represent real hardware")
         if self._trace.unreadable:
             notes.append(f"{self._trace.unreadable} sched_switch lines of the VM trace were not understood")
-        # the text trace's microseconds add to the exchange's bound
-        return LayerTrace("vm", True, None, occupancies, clock.uncertainty_ns + TEXT_RESOLUTION_NS, dropped,
-                          notes)
+        drift, said = drift_allowance(clock, context.windows)
+        return LayerTrace("vm", True, None, occupancies, clock.uncertainty_ns + drift + TEXT_RESOLUTION_NS, dropped,
+                          notes + said)
 
 
 def _near_windows(windows: np.ndarray) -> Callable[[int, int, int], bool]:

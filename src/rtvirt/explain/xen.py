@@ -18,6 +18,7 @@ through the matched pairs is the mapping, and its largest residual is the stated
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -47,11 +48,16 @@ MATCH_CANDIDATES = 12  # the largest windows proposing an alignment
 MATCH_BINS = 20  # the most proposed offsets (EDGE_NS wide) tried
 MIN_WAIT_NS = 100_000  # shorter waits do not take part in the alignment
 EDGE_NS = 300_000  # a wait and its window share an edge within this (nested TCG: the guest sees time late)
+RIVAL_SHARE = 0.9  # another offset matching this share of the best one's windows makes the alignment ambiguous
+CONTRADICTED_SHARE = 0.1  # sample ends placed where the vCPU did not run that make an alignment wrong
 CONTEXT_NS = 5_000_000  # occupancies kept this far around a window (the report's timelines)
 MAX_OCCUPANCIES = 20_000
 LIMIT_S = 7200.0  # xentrace ends by itself after this (-T), should nothing stop it
 # `echo $$` then exec: the pid file names the xentrace process itself, for stop() and a later reclaim
 PIDFILE_SCRIPT = 'echo $$ > "$1"; shift; exec "$@"'
+# what the outer-hypervisor note reads of the machine Xen runs on (explain.outer.inside_vm)
+SYSTEM_FILES = ("/sys/hypervisor/type", "/sys/class/dmi/id/sys_vendor", "/sys/class/dmi/id/product_name",
+                "/proc/cpuinfo")
 # xentrace to standard output: it insists on an output file, which it opens (a dom0 from an initramfs has no
 # /dev/stdout, so that path became a file), hence a FIFO whose reader, cat, is this command's output; the pid
 # file names xentrace (what SIGINT stops), and the FIFO goes once both ended. $1: the stem; then xentrace's argv.
@@ -128,6 +134,23 @@ class XenTraceSource:
         self._streams = 0  # the recorder's xentrace streams started
         self._failure: str | None = None
         self._stopped = False
+        self._system: dict[str, str] = {}
+
+    def _read_dom0(self, paths: Sequence[str]) -> dict[str, str]:
+        """Files dom0 can read, as it reads them (a file it cannot read is left out)."""
+        found = {}
+        for path in paths:
+            done = self.transport.run(["cat", "--", path])
+            if done.returncode == 0:
+                found[path] = str(done.stdout)
+        return found
+
+    def read_system(self, path: str) -> str:
+        """A system file of the machine Xen runs on as dom0 read it at the start (``SYSTEM_FILES``): whether Xen
+        itself runs in a VM is the firmware's to say (dom0's CPU flags show Xen, the traced hypervisor)."""
+        if path not in self._system:
+            raise OSError(f"{path} was not read in dom0")
+        return self._system[path]
 
     def follow(self, samples: Path) -> None:
         """The run's sample file, written while it goes: the flight recorder scores its segments by it."""
@@ -191,6 +214,7 @@ class XenTraceSource:
             self.transport, self.cpu_khz = dom0.transport, dom0.cpu_khz
             self.memory_bytes = (self.buffer_mb << 20) * max(1, dom0.pcpus)
             self.transport.run(["mkdir", "-p", TRACE_DIR]).check("xen trace: dom0 mkdir")
+            self._system = self._read_dom0(SYSTEM_FILES)
             if self.keep is not None and self.samples is not None:
                 self.recorder = SegmentRecorder(
                     self._start_stream, self._end_stream, self.workdir / "segments",
@@ -331,12 +355,15 @@ def stretches(trace: Trace, vcpu: tuple[int, int]) -> list[Stretch]:
 
 @dataclass(frozen=True, slots=True)
 class Alignment:
-    """sample_ns = slope * tsc + offset, within uncertainty_ns (the largest residual of the matched pairs)."""
+    """sample_ns = slope * tsc + offset, within uncertainty_ns (the largest residual of the matched pairs);
+    ``rival``: another offset (ns) that put almost as many windows around a wait (a periodic schedule aliases),
+    and how many (0: none)."""
 
     slope: float
     offset: float
     uncertainty_ns: int
     matched: int
+    rival: tuple[float, int] = (0.0, 0)
 
     def to_ns(self, tsc: int) -> int:
         return int(round(self.slope * tsc + self.offset))
@@ -364,16 +391,15 @@ def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_ti
         return None
     bins = np.floor(offsets / EDGE_NS)
     values, counts = np.unique(bins, return_counts=True)
-    best: tuple[int, float, float] | None = None
+    tried: list[tuple[int, float]] = []
     for bin_value in values[np.argsort(-counts)[:MATCH_BINS]]:
         candidate = float(np.median(offsets[bins == bin_value]))
-        matched = len(np.unique(_contained(starts, ends, first * ns_per_tick + candidate,
-                                           last * ns_per_tick + candidate)[0]))
-        if best is None or matched > best[0]:
-            best = (matched, ns_per_tick, candidate)
+        tried.append((len(np.unique(_contained(starts, ends, first * ns_per_tick + candidate,
+                                                last * ns_per_tick + candidate)[0])), candidate))
+    best = max(tried, default=None, key=lambda t: t[0])
     if best is None or best[0] < 3:
         return None
-    _, slope, offset = best
+    slope, offset = ns_per_tick, best[1]
 
     def shared_edges() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(window, TSC of the shared edge, its sample-clock time, residual) of each wait inside a window."""
@@ -394,7 +420,14 @@ def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_ti
     close = residuals <= 5 * np.median(residuals) + 5_000 if len(residuals) else residuals > 0
     if len(np.unique(windows_at[close])) < 3:
         return None
-    return Alignment(slope, offset, int(np.ceil(residuals[close].max())), len(np.unique(windows_at[close])))
+    uncertainty = int(np.ceil(residuals[close].max()))
+    # the fit only confirms the offset it was given: another, well apart, that matched nearly as many windows
+    # (RTDS's period makes every wait look like the next) leaves the choice between them unproven
+    rivals = [(matched, candidate) for matched, candidate in tried
+              if abs(candidate - best[1]) > max(2 * EDGE_NS, 4 * uncertainty) and matched >= RIVAL_SHARE * best[0]]
+    rival = max(rivals, key=lambda r: r[0], default=(0, 0.0))
+    return Alignment(slope, offset, uncertainty, len(np.unique(windows_at[close])),
+                     (rival[1] - best[1], rival[0]))
 
 
 def _contained(starts: np.ndarray, ends: np.ndarray, first: np.ndarray,
@@ -447,6 +480,19 @@ def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndar
                           why_not="Xen's clock could not be aligned with the domU's: fewer than three outlier windows "
                                   "hold a wait of the measuring vCPU that starts or ends with them (Xen did not hold "
                                   "the vCPU back in these windows, or the trace missed them)")
+    if alignment.rival[1]:
+        return LayerTrace("xen", seen=False, dropped_events=lost, notes=notes,
+                          why_not=f"Xen's clock could not be aligned with the domU's unambiguously: offsets "
+                                  f"{abs(alignment.rival[0]) / 1e6:.1f} ms apart put {alignment.matched} and "
+                                  f"{alignment.rival[1]} windows around a wait of the measuring vCPU (a periodic "
+                                  "schedule makes each wait look like the next)")
+    checked, contradicted = _contradicted(alignment, every, samples if samples is not None and len(samples)
+                                          else windows)
+    if contradicted > max(2, CONTRADICTED_SHARE * checked):
+        return LayerTrace("xen", seen=False, dropped_events=lost, notes=notes,
+                          why_not=f"Xen's clock could not be aligned with the domU's: the alignment found puts "
+                                  f"{contradicted} of {checked} sample ends where the measuring vCPU was not "
+                                  "running (its thread stamps each sample while it runs)")
     used = basis if samples is not None and len(samples) else "outlier windows"
     notes.append(f"aligned by {alignment.matched} {used} holding a "
                  f"wait of the measuring vCPU "
@@ -458,6 +504,24 @@ def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndar
     occupancies = _occupancies(traces, domains, by_vcpu, windows, alignment)
     return LayerTrace("xen", seen=True, occupancies=occupancies, alignment_ns=alignment.uncertainty_ns,
                       dropped_events=lost, notes=notes)
+
+
+def _contradicted(alignment: Alignment, stretches_: Sequence[Stretch], windows: np.ndarray) -> tuple[int, int]:
+    """(windows checked, windows whose end the alignment puts inside a stretch where the measuring vCPU did not
+    run, by more than its uncertainty): a sample ends when its thread runs, so none should be."""
+    if not stretches_ or windows.size == 0:
+        return 0, 0
+    margin = alignment.uncertainty_ns + EDGE_NS
+    begins = np.array([alignment.to_ns(s.start) for s in stretches_], dtype=np.int64)
+    finishes = np.array([alignment.to_ns(s.end) for s in stretches_], dtype=np.int64)
+    order = np.argsort(begins)
+    begins, finishes = begins[order], finishes[order]
+    ends = windows["end_ns"].astype(np.int64)
+    covered = (ends >= begins[0]) & (ends <= finishes.max())
+    at = np.searchsorted(begins, ends, side="right") - 1
+    inside = (at >= 0) & (ends > begins[np.clip(at, 0, None)] + margin) & \
+        (ends < finishes[np.clip(at, 0, None)] - margin)
+    return int(covered.sum()), int((inside & covered).sum())
 
 
 def _outside(traces: Sequence[Trace], windows: np.ndarray, alignment: Alignment, run_start: int) -> list[str]:
@@ -520,12 +584,14 @@ def _parts(trace: Trace, domains: XenDomains, vcpu: int, pcpu: int, begin: int, 
            exhausted: list[tuple[int, int | None, dict[str, int]]], alignment: Alignment) -> list[Occupancy]:
     """One state of a not-running stretch as occupancies: who ran on the pCPU meanwhile, budget or window."""
     base: dict[str, str | int] = {"domain": domains.measuring or 0, "vcpu": vcpu, "pcpu": pcpu, "runstate": state}
-    if state == "blocked":
-        return [Occupancy("xen", alignment.to_ns(begin), alignment.to_ns(end), "vCPU blocked (waiting for Xen to "
-                          "wake it)", "runstate", vcpu, base)]
+    if state == "blocked":  # Xen did not run it, and nothing it ran instead took its place: held back
+        cause = "vCPU blocked (waiting for Xen to wake it)"
+        return [Occupancy("xen", alignment.to_ns(begin), alignment.to_ns(end), cause, "xen-held", vcpu, base,
+                          culprit=cause)]
     if state == "offline":
-        return [Occupancy("xen", alignment.to_ns(begin), alignment.to_ns(end), "vCPU offline (paused or down)",
-                          "runstate", vcpu, base)]
+        cause = "vCPU offline (paused or down)"
+        return [Occupancy("xen", alignment.to_ns(begin), alignment.to_ns(end), cause, "xen-held", vcpu, base,
+                          culprit=cause)]
     cuts = sorted({begin, end, *(t for ex in exhausted for t in (ex[0], ex[1] or end) if begin < t < end),
                    *(tsc for tsc, _, _ in _runs_on(trace, pcpu, begin, end))})
     out: list[Occupancy] = []
@@ -539,14 +605,19 @@ def _parts(trace: Trace, domains: XenDomains, vcpu: int, pcpu: int, begin: int, 
             if replenished is not None:
                 detail["replenished_ns"] = replenished
             cause, kind = "RTDS budget exhausted (until its replenishment)", "budget"
+            culprit, variant = cause, ""
         elif domains.scheduler == "arinc653":
             cause, kind = "ARINC 653 window closed" + (f": {_label(ran, domains)} ran" if ran != IDLE_DOMAIN else ""), \
                 "window"
+            culprit, variant = "ARINC 653 window closed", _label(ran, domains) if ran != IDLE_DOMAIN else ""
         elif ran == IDLE_DOMAIN:
-            cause, kind = "runnable: its pCPU idled (Xen had not scheduled it yet)", "runstate"
+            cause, kind = "runnable: its pCPU idled (Xen had not scheduled it yet)", "xen-held"
+            culprit, variant = cause, ""
         else:
             cause, kind = f"runnable: {_label(ran, domains)} ran", "runstate"
-        out.append(Occupancy("xen", alignment.to_ns(left), alignment.to_ns(right), cause, kind, vcpu, detail))
+            culprit, variant = _label(ran, domains), "the measuring vCPU runnable"
+        out.append(Occupancy("xen", alignment.to_ns(left), alignment.to_ns(right), cause, kind, vcpu, detail,
+                             culprit=culprit, variant=variant))
     return _merged(out)
 
 
@@ -572,8 +643,7 @@ def _merged(parts: list[Occupancy]) -> list[Occupancy]:
         if out and out[-1].cause == part.cause and out[-1].end_ns == part.start_ns and \
                 out[-1].detail.get("exhausted_ns") == part.detail.get("exhausted_ns"):
             previous = out[-1]
-            out[-1] = Occupancy(previous.layer, previous.start_ns, part.end_ns, previous.cause, previous.kind,
-                                previous.cpu, previous.detail)
+            out[-1] = dataclasses.replace(previous, end_ns=part.end_ns)
         elif part.end_ns > part.start_ns:
             out.append(part)
     return out

@@ -11,7 +11,7 @@ Tables and views (docs/results-store.md):
 - ``analysis_tasks``: bounds from analysis runs: run_id, vm, task, wcrt_bound_ns, deadline_ns, schedulable.
 - ``experiment_records``: every experiment run's records, one row per system and question (docs/experiments.md).
 - ``explain_parts``: every explained run's outlier parts (explain.parquet, docs/explain.md): run_id, sample_t_ns,
-  latency_ns, cpu, rank, layer, kind, cause, offset_ns, duration_ns, detail.
+  latency_ns, cpu, rank, layer, kind, cause, culprit (what summaries pool by), variant, offset_ns, duration_ns, detail.
 
 The catalog is rebuilt from the store's runs each time it is opened, so it never disagrees with them: a results
 directory's in RESULTS/catalog.duckdb, a shared store's in memory (its runs listed by the store's own catalog).
@@ -28,6 +28,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..explain.stored import PARTS_FILE
@@ -63,13 +64,27 @@ _NO_RECORDS = ("SELECT NULL::VARCHAR run_id, NULL::INTEGER point, NULL::INTEGER 
                "NULL::VARCHAR question, NULL::BOOLEAN accepted WHERE false")
 
 
-# explain.parquet's columns (rtvirt.explain.stored.PARTS_SCHEMA), dictionary columns read as text
+# explain.parquet's columns (rtvirt.explain.stored.PARTS_SCHEMA), dictionary columns read as text; the culprit
+# (what summaries pool by) and variant of files written before them are the cause and ""
 _PARTS_COLUMNS = ("r.run_id, p.sample_t_ns, p.latency_ns, p.cpu, p.rank, CAST(p.layer AS VARCHAR) AS layer, "
-                  "CAST(p.kind AS VARCHAR) AS kind, CAST(p.cause AS VARCHAR) AS cause, p.offset_ns, p.duration_ns, "
-                  "p.detail")
+                  "CAST(p.kind AS VARCHAR) AS kind, CAST(p.cause AS VARCHAR) AS cause, {culprit} AS culprit, "
+                  "{variant} AS variant, p.offset_ns, p.duration_ns, p.detail")
+_CULPRIT = {"culprit": "COALESCE(NULLIF(CAST(p.culprit AS VARCHAR), ''), CAST(p.cause AS VARCHAR))",
+            "variant": "COALESCE(CAST(p.variant AS VARCHAR), '')"}
+_NO_CULPRIT = {"culprit": "CAST(p.cause AS VARCHAR)", "variant": "''"}
 _NO_PARTS = ("SELECT NULL::VARCHAR run_id, NULL::BIGINT sample_t_ns, NULL::BIGINT latency_ns, NULL::SMALLINT cpu, "
-             "NULL::INTEGER rank, NULL::VARCHAR layer, NULL::VARCHAR kind, NULL::VARCHAR cause, NULL::BIGINT "
-             "offset_ns, NULL::BIGINT duration_ns, NULL::VARCHAR detail WHERE false")
+             "NULL::INTEGER rank, NULL::VARCHAR layer, NULL::VARCHAR kind, NULL::VARCHAR cause, "
+             "NULL::VARCHAR culprit, NULL::VARCHAR variant, NULL::BIGINT offset_ns, NULL::BIGINT duration_ns, "
+             "NULL::VARCHAR detail WHERE false")
+
+
+def _parts_columns(has_culprit: bool) -> str:
+    return _PARTS_COLUMNS.format(**(_CULPRIT if has_culprit else _NO_CULPRIT))
+
+
+def _has_culprit(path: Path) -> bool:
+    """Whether an explain.parquet carries culprits (its footer only is read)."""
+    return "culprit" in pq.read_schema(path).names
 
 
 def _union(parts: list[str], empty: str) -> str:
@@ -129,8 +144,8 @@ def _run_views(connection: duckdb.DuckDBPyConnection, runs: list[StoredRun]) -> 
     for run in runs:
         rid = _sql_string(run.run_id)
         if (run.path / PARTS_FILE).exists():
-            explained.append(f"SELECT {_PARTS_COLUMNS} FROM (SELECT {rid} AS run_id) r, "
-                             f"read_parquet({_sql_string(str(run.path / PARTS_FILE))}) p")
+            explained.append(f"SELECT {_parts_columns(_has_culprit(run.path / PARTS_FILE))} FROM (SELECT {rid} AS "
+                             f"run_id) r, read_parquet({_sql_string(str(run.path / PARTS_FILE))}) p")
         unit = _sql_string(run.quantity.unit)
         if run.has_samples and run.value_field:
             value = _sql_name(run.value_field)
@@ -194,9 +209,11 @@ def _shared_views(connection: duckdb.DuckDBPyConnection, data: Path) -> None:
     else:
         connection.execute("CREATE VIEW experiment_records AS " + _NO_RECORDS)
     if next(data.glob(f"runs/*/{PARTS_FILE}"), None) is not None:  # explained runs (docs/explain.md)
+        files = f"read_parquet({root} || '/*/{PARTS_FILE}', filename = true, union_by_name = true)"
+        columns = {row[0] for row in connection.execute(f"DESCRIBE SELECT * FROM {files}").fetchall()}
         connection.execute(
-            f"CREATE VIEW explain_parts AS SELECT {_PARTS_COLUMNS} FROM read_parquet({root} || "
-            f"'/*/{PARTS_FILE}', filename = true) p JOIN runs r ON p.filename = r.path || '/{PARTS_FILE}'")
+            f"CREATE VIEW explain_parts AS SELECT {_parts_columns('culprit' in columns)} FROM {files} p "
+            f"JOIN runs r ON p.filename = r.path || '/{PARTS_FILE}'")
     else:
         connection.execute("CREATE VIEW explain_parts AS " + _NO_PARTS)
     connection.execute("CREATE TABLE analysis_tasks (run_id VARCHAR, vm VARCHAR, task VARCHAR, "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..explain.attribute import summarize_runs
 from ..explain.document import explanation_document
 from ..explain.model import Explanation, Occupancy, Part
 from ..explain.stored import PARTS_FILE, SUMMARY_FILE, read_explanation
@@ -31,14 +32,16 @@ _MARGIN_MIN_NS = 50_000
 
 @dataclass(frozen=True)
 class CauseShare:
-    """One cause's part of a configuration's explained outlier latency, pooled over its runs."""
+    """One culprit's part of a configuration's explained outlier latency, pooled over its runs and their
+    threads (``cause``: the culprit, with no pid: explain.attribute.summarize_runs), its variants beneath."""
 
-    layer: str
+    layer: str  # of its largest variant
     kind: str
     cause: str
     total_ns: int
     outliers: int  # explained outliers it took part in
     share: float  # of the explained outliers' latency
+    variants: list[dict[str, Any]] = field(default_factory=list)  # {layer, kind, variant, total_ns, outliers, share}
 
 
 @dataclass(frozen=True)
@@ -77,22 +80,12 @@ def explanation_json(run: StoredRun, explanation: Explanation, top: int) -> dict
 
 
 def configuration_causes(explanations: list[Explanation]) -> list[CauseShare]:
-    """The share of outlier latency by cause over a configuration's explained runs, largest first."""
-    totals: dict[tuple[str, str, str], list[int]] = {}
-    latency = 0
-    for explanation in explanations:
-        latency += sum({part.rank: part.latency_ns for part in explanation.parts}.values())  # each outlier once
-        seen: set[tuple[tuple[str, str, str], int]] = set()
-        for part in explanation.parts:
-            key = (part.layer, part.kind, part.cause)
-            entry = totals.setdefault(key, [0, 0])
-            entry[0] += part.duration_ns
-            if (key, part.rank) not in seen:
-                seen.add((key, part.rank))
-                entry[1] += 1
-    shares = [CauseShare(layer, kind, cause, total, count, round(total / latency, 6) if latency else 0.0)
-              for (layer, kind, cause), (total, count) in totals.items()]
-    return sorted(shares, key=lambda share: (-share.total_ns, share.cause))
+    """The share of outlier latency by culprit over a configuration's explained runs, largest first (the same
+    pooling as ``rtvirt explain``'s summary: one line per culprit)."""
+    rows = summarize_runs([explanation.parts for explanation in explanations])
+    return [CauseShare(str(row["layer"]), str(row["kind"]), str(row["culprit"]), int(row["total_ns"]),  # type: ignore[call-overload]
+                       int(row["outliers"]), float(row["share"]), list(row["variants"]))  # type: ignore[call-overload, arg-type]
+            for row in rows]
 
 
 def caused_by(causes: list[CauseShare]) -> str:
