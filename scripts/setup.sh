@@ -38,9 +38,11 @@ LIVE=(
   prometheus                                      # the live view's /metrics scraped by a real Prometheus in tests
 )
 ARM=(
-  gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents for Arm targets
-  qemu-user-static                                # runs the aarch64 agents in tests
-  qemu-system-arm                                 # the aarch64 bare-metal guest (qemu arch = "aarch64")
+  gcc-aarch64-linux-gnu libc6-dev-arm64-cross     # static aarch64 agents and kernel; the arm64 Xen lab's hypervisor
+  qemu-user-static                                # runs the aarch64 agents in tests; the ARM labs' arm64 roots' scripts
+  qemu-system-arm                                 # the aarch64 bare-metal guest (qemu arch = "aarch64"); the ARM labs
+  mmdebstrap e2fsprogs                            # the ARM labs' Debian arm64 roots (KVM host, Xen dom0)
+  flex bison dpkg-dev                             # the arm64 Xen lab's hypervisor build (apt-get source xen)
 )
 TOOLS=(
   rt-tests stress-ng jitterdebugger               # reference tools (benchmarks, importers) and the stress-ng engine
@@ -80,10 +82,10 @@ for part in "${parts[@]}"; do
   esac
 done
 
-# The Xen lab builds a hypervisor with the real-time schedulers from Debian's source package
+# The Xen labs (x86_64, arm64) build a hypervisor with the real-time schedulers from Debian's source package
 # (`apt-get source xen`), which needs a deb-src entry for the release's main archive.
 DEB_SRC=/etc/apt/sources.list.d/rtvirt-deb-src.sources
-if [[ " ${DEB_PACKAGES[*]} " == *" libxen-dev "* && $(id -u) -eq 0 && ! -e $DEB_SRC ]] \
+if [[ " ${DEB_PACKAGES[*]} " == *" dpkg-dev "* && $(id -u) -eq 0 && ! -e $DEB_SRC ]] \
     && grep -qs '^VERSION_CODENAME=bookworm' /etc/os-release; then
   printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\nSigned-By: %s\n' \
     /usr/share/keyrings/debian-archive-keyring.gpg >"$DEB_SRC"
@@ -138,6 +140,15 @@ if ((${#missing[@]})); then
     echo "setup: please install these packages first (as root): apt-get install ${missing[*]}" >&2
     command -v cc >/dev/null && command -v cmake >/dev/null || exit 2
   fi
+fi
+
+# The ARM labs' arm64 roots run their packages' maintainer scripts under qemu-user-static: binfmt_misc mounted and
+# its aarch64 rule registered (systemd-binfmt does it at boot where systemd is init; the labs' image builder does
+# it too, since a registration lasts until the next boot only)
+if [[ " ${parts[*]} " =~ \ (arm|all)\  && $(id -u) -eq 0 && -e /usr/lib/binfmt.d/qemu-aarch64.conf \
+      && ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]]; then
+  [[ -e /proc/sys/fs/binfmt_misc/register ]] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc || true
+  cat /usr/lib/binfmt.d/qemu-aarch64.conf >/proc/sys/fs/binfmt_misc/register || true
 fi
 
 PYTHON=${PYTHON:-python3}

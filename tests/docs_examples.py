@@ -22,6 +22,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NEEDS = {
     "xen-lab": "boots the Xen lab (minutes under TCG, and the lab campaign of tests/test_env_xen.py is the suite's "
                "one boot, in the quiet phase)",
+    "arm-labs": "boots the ARM labs (an emulated Arm board under TCG: minutes; tests/test_arm_labs.py runs the "
+                "study's subset on both once)",
     "libvirtd": "needs libvirtd, which the suite starts only in the quiet phase (tests/test_env_libvirt.py: "
                 "machine-wide lock)",
     "ssh-target": "names a machine of the reader's lab (tests/test_env_ssh.py runs the same commands on a local sshd)",

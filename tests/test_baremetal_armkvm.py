@@ -17,13 +17,13 @@ import pytest
 from rtvirt.stream import SampleStream, read_stream
 
 sys.path.insert(0, str(Path(__file__).parent / "arm64host"))
-from harness import Job, assert_injected_holes, needs_arm64_host, run_kvm  # noqa: E402
+from harness import Job, injected_holes, needs_arm64_host, run_kvm  # noqa: E402
 
 MS = 1_000_000
 pytestmark = needs_arm64_host("aarch64-linux-gnu-gcc")
 
 JOBS = [Job("timer", "timer --duration=1000000000 --interval=1000000"),
-        Job("gap-beside-fifo", "gap --duration=3000000000 --threshold=300000", hog="1 90 2000 10000 600"),
+        Job("gap-beside-fifo", "gap --duration=3000000000 --threshold=50000", hog="1 90 2000 10000 600"),
         Job("timer-without-pv-time", "timer --duration=200000000 --interval=1000000", pvtime=False)]
 
 
@@ -68,6 +68,19 @@ def test_under_kvm_a_host_fifo_task_comes_back_as_holes_with_their_stolen_time(
         board: tuple[int, dict[str, Path]]) -> None:
     gic, streams = board
     assert _complete(streams["gap-beside-fifo"], gic).header["stolen"] == "kvm-pv-time"
-    # its 2 ms of every 10 ms: KVM counts the time the vCPU's thread waited runnable, the hole but for KVM's own
-    # exit and entry (about 170 us in this emulated EL2, microseconds on hardware): a median 91 % measured
-    assert_injected_holes(streams["gap-beside-fifo"], 2 * MS, 10 * MS, stolen_share=0.85)
+    # its 2 ms of every 10 ms: KVM counts the time the vCPU's thread waited runnable, and the explanation names
+    # all of it
+    holes = injected_holes(streams["gap-beside-fifo"], 10 * MS)
+    assert np.all(np.abs(holes.named * holes.lengths - holes.stolen) <= 1000), (holes.named, holes.stolen)
+    # The rest of each hole is KVM's own exit and entry around the switch to the task and back. Under TCG these run
+    # as fast as this machine's load lets the emulated CPU run them (a median 200-380 us seen at load average 3-10,
+    # microseconds on hardware), so they are judged against the same run's exits that lost no time (the host's own
+    # interrupts, a median 170-180 us in the same runs; the gap probe's 50 us threshold keeps them), not against a
+    # fixed share of the hole, which load took from 91 % to 82 %: the hole is the task's 2 ms within 10 % plus one
+    # such exit, and what KVM did not count is at most three of them (a wake-up and two switches more than an exit).
+    assert holes.exits.size >= 100, holes.exits.size  # the host's 250 Hz tick alone makes 750
+    exit_ns = float(np.median(holes.exits))
+    assert abs(np.median(holes.lengths) - 2 * MS) <= 0.2 * MS + exit_ns, (np.percentile(holes.lengths, [10, 50, 90]),
+                                                                          exit_ns)
+    assert np.median(holes.lengths - holes.stolen) <= 3 * exit_ns, (np.percentile(holes.lengths - holes.stolen,
+                                                                                  [10, 50, 90]), exit_ns)

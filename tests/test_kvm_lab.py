@@ -271,7 +271,8 @@ def test_a_lab_that_cannot_boot_fails_its_runs_naming_why_and_keeps_the_others(t
     ('host = "lab"\nuri = "qemu:///system"', "environments[0]", "give either host or uri"),
     ('lab = { pcpus = 2 }', "environments[0]", 'add host = "lab"'),
     ('host = "lab"\nlab = { pcpus = 0 }', "environments[0].lab.pcpus", "greater than or equal to 1"),
-    ('host = "lab"\nlab = { arch = "mips" }', "environments[0].lab.arch", "'x86_64'"),
+    ('host = "lab"\nlab = { arch = "aarch64" }', "environments[0].lab.arch", "Extra inputs are not permitted"),
+    ('host = "lab"\narch = "mips"', "environments[0].arch", "'x86_64' or 'aarch64'"),
 ])
 def test_malformed_host_and_lab_tables_are_rejected_with_their_field_path(table: str, path: str,
                                                                         message: str) -> None:

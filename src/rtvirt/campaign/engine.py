@@ -134,7 +134,7 @@ class _Disturbance:
         others = tuple(c for c in sorted(os.sched_getaffinity(0)) if c not in self.env.measured_cpus())
         pinned = self.env.config.pin and bool(others)
         if use.guest_cpus is not None:  # the study says where the disturbing guest runs
-            others, pinned = self._cpus(use.guest_cpus), True
+            others, pinned = self.env.guest_placement(use.guest_cpus) or self._cpus(use.guest_cpus), True
         for _ in range(use.vms):
             self._vm_count += 1
             # a chosen kernel only for QEMU disturbing guests (the scenario schema checks the kinds)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +129,8 @@ def _campaigns(names: tuple[str, ...], results: Path, scale: float | None, repet
 
 
 SETUP_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "setup.sh"  # in a source checkout
+# what the ARM labs need here beyond a kind's own part (scripts/setup.sh arm)
+ARM_TOOLS = ("qemu-system-aarch64", "qemu-aarch64-static", "mmdebstrap", "aarch64-linux-gnu-gcc")
 
 
 def _bring_kinds(scenarios: list[Scenario]) -> None:
@@ -136,13 +139,25 @@ def _bring_kinds(scenarios: list[Scenario]) -> None:
     says what to install, and its runs are refused with that reason."""
     kinds = {env.kind for scenario in scenarios for env in scenario.environments}
     parts = sorted({part for kind in kinds
-                    if (part := ENVIRONMENTS[kind].setup_part) and ENVIRONMENTS[kind].available()})
+                    if (part := ENVIRONMENTS[kind].setup_part) and ENVIRONMENTS[kind].available()}
+                   | _foreign_part(scenarios))
     if not parts or os.geteuid() != 0 or not SETUP_SCRIPT.is_file():
         return
     err_console.print(f"rtvirt: first use of {', '.join(parts)} here: installing what it needs beyond the main job "
                       f"(scripts/setup.sh {' '.join(parts)}: its Debian packages and Python modules)", highlight=False)
     subprocess.run([str(SETUP_SCRIPT), *parts], env={**os.environ, "VENV": sys.prefix}, stdout=sys.stderr, check=False)
     importlib.invalidate_caches()  # a module installed just now (libvirt-python) is found by this process
+
+
+def _foreign_part(scenarios: list[Scenario]) -> set[str]:
+    """``arm`` when an environment's guests are of another architecture (``arch = "aarch64"``: the ARM labs) and
+    what emulates and builds them is missing here."""
+    from ..agents import native_arch
+
+    foreign = {getattr(env, "arch", None) for scenario in scenarios for env in scenario.environments}
+    if foreign - {None, native_arch()} and not all(shutil.which(tool) for tool in ARM_TOOLS):
+        return {"arm"}
+    return set()
 
 
 def _measured_cpus(scenarios: list[Scenario]) -> set[int]:

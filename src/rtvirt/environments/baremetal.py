@@ -300,17 +300,18 @@ RELAY_POLL_S = 0.05
 XEN_MEMORY_MIB = 64  # a PVH domU's memory unless the scenario says: the kernel, its 32 MiB ring, probe data
 
 
-def xen_domain_lines(kernel: str, line: str, memory: int) -> list[str]:
-    """The xl configuration lines that boot the guest as a PVH domU: our ELF, its probe on the command line
-    (start info's cmdline), no ramdisk, no device model."""
+def xen_domain_lines(kernel: str, line: str, memory: int, arch: str = "x86_64") -> list[str]:
+    """The xl configuration lines that boot the guest as a PVH domU: our kernel (x86: its ELF; aarch64: its
+    Image), its probe on the command line (start info's cmdline; Arm: the device tree's), no ramdisk, no device
+    model."""
     bad = next((c for c in line if c in "\"'\\"), None)
     if bad is not None:
         raise InputError(f"guest 'baremetal' in xen: the probe's options cannot contain {bad!r} (an xl "
                          "configuration string)")
     # tsc_mode native: the guest reads the TSC itself (Xen otherwise traps every RDTSC where the host TSC is
     # not invariant, as under TCG here: 28 us per read, which the gap probe would take for its own loop)
-    return ['type = "pvh"', f'kernel = "{kernel}"', f'cmdline = "{line}"', f"memory = {memory}",
-            'tsc_mode = "native"']
+    lines = ['type = "pvh"', f'kernel = "{kernel}"', f'cmdline = "{line}"', f"memory = {memory}"]
+    return [*lines, 'tsc_mode = "native"'] if arch == "x86_64" else lines  # Arm's generic timer is never trapped
 
 
 class ConsoleDemux:

@@ -255,6 +255,11 @@ class Environment(ABC):
 
         raise RunError(f"{self.kind}: guests of this kind cannot be paused")
 
+    def guest_placement(self, where: str) -> tuple[int, ...] | None:
+        """The CPUs a disturbing guest placed ``where`` ('same-core', 'other-core') runs on, where this kind
+        numbers them itself (Xen: its pCPUs); None: the host's CPUs beside ``measured_cpus``."""
+        return None
+
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         """A disturbing guest for "other-vm" stressors, placed on ``host_cpus`` (None: unpinned), running
         ``guest`` (linux, or the bare-metal kernel's stressor programs).

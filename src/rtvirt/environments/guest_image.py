@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ..agents import AGENTS, BAREMETAL_KERNEL, agent_path
+from ..agents import AGENTS, BAREMETAL_KERNEL, agent_path, native_arch
 from ..errors import InputError, RunError
 from ..explain.clocksync import GUEST_CLOCK_SYNC
 from ..explain.guest_channel import GUEST_TRACE_SHELL
@@ -36,12 +36,16 @@ __all__ = ["GuestImage", "GuestJob", "cache_dir", "guest_image", "job_archive", 
            "READY_MARK", "EXIT_MARK",
            "GUEST_AGENT_DIR", "guest_port_path", "guest_port_device", "agent_failure", "GuestKind", "guest_field",
            "guest_description", "delivery_said", "stream_copy_field", "COPY_DISK", "COPY_DISK_BYTES", "beside_job",
-           "kernel_elf"]
+           "kernel_elf", "GuestArch", "DEBIAN_ARCHES", "arch_field", "arch_cache", "apt_name", "busybox"]
 
-# Guest kernel flavour -> Debian meta-package, and the cache directory its unpacked tree lives in.
-KERNEL_PACKAGES = {"linux": "linux-image-amd64", "linux-rt": "linux-image-rt-amd64"}
+# Guest kernel flavour -> Debian meta-package (of the guest's Debian architecture), and the cache directory its
+# unpacked tree lives in.
+KERNEL_PACKAGES = {"linux": "linux-image-{debian_arch}", "linux-rt": "linux-image-rt-{debian_arch}"}
 KERNEL_CACHE_DIRS = {"linux": "kernel", "linux-rt": "kernel-rt"}
 BUSYBOX = Path("/usr/bin/busybox")
+# A guest's architecture as rtvirt names it (agents, ``arch`` fields) -> Debian's name for it
+GuestArch = Literal["x86_64", "aarch64"]
+DEBIAN_ARCHES = {"x86_64": "amd64", "aarch64": "arm64"}
 # Modules the guest loads (their dependencies are found from each module's own modinfo).
 GUEST_MODULES = ("virtio_pci", "virtio_console", "virtio_blk")  # virtio_blk: the disk of the stream's copy
 GUEST_AGENT_DIR = "/rtvirt/bin"
@@ -123,6 +127,14 @@ poweroff -f
 
 # The guest kernel of a VM environment (qemu, libvirt, xen): one field, one meaning everywhere.
 GuestKind = Literal["linux", "linux-rt", "baremetal"]
+
+
+def arch_field() -> Any:
+    """The ``arch`` field of a VM environment: its guests' architecture, and its lab's (``host``/``where`` = lab)."""
+    from pydantic import Field
+
+    return Field("x86_64", description="the guests' CPU architecture: x86_64, or aarch64 (Debian's arm64 kernel "
+                 "and our aarch64 agents; a lab is then an emulated Cortex-A72 board with a GICv2)")
 
 
 def guest_field() -> Any:
@@ -291,6 +303,7 @@ class GuestImage:
     kernel_release: str
     flavour: str = "linux"
     preempt_rt: bool = False  # the kernel's own config says CONFIG_PREEMPT_RT=y
+    arch: str = "x86_64"
 
     def boot_kernel(self, accel: str) -> Path:
         """The kernel file QEMU boots: under TCG its ELF, entered through the PVH entry point, since the bzImage's
@@ -355,38 +368,78 @@ def kernel_elf(vmlinuz: Path) -> Path:
     return target
 
 
-def _fetch_kernel(cache: Path, flavour: str = "linux") -> tuple[Path, Path]:
-    """Download and unpack the flavour's Debian kernel package once; return (vmlinuz, modules dir)."""
-    package = KERNEL_PACKAGES[flavour]
-    home = cache / KERNEL_CACHE_DIRS[flavour]
+def arch_cache(arch: str = "x86_64") -> Path:
+    """Where what is built for guests of ``arch`` is cached: the cache itself for x86_64, a directory of its own
+    for another architecture (its kernels, busybox and initramfs never replace x86_64's, nor are pruned by them)."""
+    path = cache_dir() if arch == "x86_64" else cache_dir() / arch
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def apt_name(package: str, arch: str) -> str:
+    """How apt here names ``package`` of ``arch``: qualified (``busybox-static:arm64``) when it is foreign."""
+    return package if arch == native_arch() else f"{package}:{DEBIAN_ARCHES[arch]}"
+
+
+def _foreign_hint(arch: str) -> str:
+    if arch == native_arch():
+        return "run apt-get update"
+    return f"dpkg --add-architecture {DEBIAN_ARCHES[arch]} && apt-get update; scripts/setup.sh arm does"
+
+
+def _unpacked_package(home: Path, package: str, arch: str, wanted: str) -> Path:
+    """Debian's ``package`` of ``arch``, downloaded (``apt-get download``) and unpacked (``dpkg-deb -x``) once
+    under ``home``: the tree, which holds ``wanted`` (a glob). Nothing is installed on this machine."""
     tree = home / "tree"
-    found = sorted(tree.glob("boot/vmlinuz-*"))
+    if any(tree.glob(wanted)):
+        return tree
+    downloads = home / "deb"
+    downloads.mkdir(parents=True, exist_ok=True)
+    for stale in downloads.glob("*.deb"):
+        stale.unlink()
+    _run(["apt-get", "download", package], downloads, f"apt-get download {package} ({_foreign_hint(arch)})")
+    debs = sorted(downloads.glob("*.deb"))
+    if not debs:
+        raise RunError(f"guest image: apt-get download {package} left no package")
+    staging = Path(tempfile.mkdtemp(dir=home))
+    _run(["dpkg-deb", "-x", str(debs[0]), str(staging)], home, "dpkg-deb -x")
+    try:
+        staging.rename(tree)
+    except OSError:  # another rtvirt unpacked it meanwhile: use theirs
+        shutil.rmtree(staging, ignore_errors=True)
+    if not any(tree.glob(wanted)):
+        raise RunError(f"guest image: {package} holds no {wanted}")
+    return tree
+
+
+def busybox(arch: str = "x86_64") -> Path:
+    """busybox-static for ``arch``: this machine's own for its architecture, else Debian's package of that
+    architecture, unpacked once into the cache."""
+    if arch == native_arch():
+        if not BUSYBOX.exists():
+            raise RunError("guest image: /usr/bin/busybox is missing (apt-get install busybox-static)")
+        return BUSYBOX
+    home = arch_cache(arch) / "busybox"
+    return _unpacked_package(home, apt_name("busybox-static", arch), arch, "bin/busybox") / "bin" / "busybox"
+
+
+def _fetch_kernel(cache: Path, flavour: str = "linux", arch: str = "x86_64") -> tuple[Path, Path]:
+    """Download and unpack the flavour's Debian kernel package for ``arch`` once (under ``cache``, which is
+    ``arch_cache(arch)`` for a foreign one); return (vmlinuz, modules dir)."""
+    package = apt_name(KERNEL_PACKAGES[flavour].format(debian_arch=DEBIAN_ARCHES[arch]), arch)
+    home = cache / KERNEL_CACHE_DIRS[flavour]
+    found = sorted((home / "tree").glob("boot/vmlinuz-*"))
     if not found:
-        downloads = home / "deb"
-        downloads.mkdir(parents=True, exist_ok=True)
+        home.mkdir(parents=True, exist_ok=True)
         # The meta-package only depends on the versioned one; ask apt which it is.
         depends = subprocess.run(["apt-cache", "depends", package], capture_output=True, text=True)
         match = re.search(r"Depends:\s*(linux-image-[0-9][^\s]*)", depends.stdout)
         if not match:
-            raise RunError(f"guest image: apt cannot resolve {package} (run apt-get update)")
-        for stale in downloads.glob("*.deb"):
-            stale.unlink()
-        _run(["apt-get", "download", match.group(1)], downloads, f"apt-get download {match.group(1)}")
-        debs = sorted(downloads.glob("*.deb"))
-        if not debs:
-            raise RunError("guest image: apt-get download left no package")
-        staging = Path(tempfile.mkdtemp(dir=home))
-        _run(["dpkg-deb", "-x", str(debs[0]), str(staging)], cache, "dpkg-deb -x")
-        try:
-            staging.rename(tree)
-        except OSError:  # another rtvirt unpacked it meanwhile: use theirs
-            shutil.rmtree(staging, ignore_errors=True)
-        found = sorted(tree.glob("boot/vmlinuz-*"))
-        if not found:
-            raise RunError("guest image: the kernel package holds no vmlinuz")
+            raise RunError(f"guest image: apt cannot resolve {package} ({_foreign_hint(arch)})")
+        found = sorted(_unpacked_package(home, match.group(1), arch, "boot/vmlinuz-*").glob("boot/vmlinuz-*"))
     vmlinuz = found[-1]
     release = vmlinuz.name.removeprefix("vmlinuz-")
-    return vmlinuz, tree / "lib" / "modules" / release
+    return vmlinuz, vmlinuz.parent.parent / "lib" / "modules" / release
 
 
 def _module_depends(path: Path) -> list[str]:
@@ -426,11 +479,11 @@ def _modules_in_load_order(modules_dir: Path, names: Iterable[str] = GUEST_MODUL
     return ordered
 
 
-def _base_archive(modules: list[Path], agents: dict[str, Path]) -> bytes:
+def _base_archive(modules: list[Path], agents: dict[str, Path], busybox_binary: Path) -> bytes:
     archive = Cpio()
     for directory in ("bin", "sbin", "proc", "sys", "dev", "tmp", "rtvirt", "rtvirt/bin", "rtvirt/modules.d"):
         archive.directory(directory)
-    archive.file("bin/busybox", BUSYBOX.read_bytes(), executable=True)
+    archive.file("bin/busybox", busybox_binary.read_bytes(), executable=True)
     archive.file("init", INIT_SCRIPT.encode(), executable=True)
     for module in modules:
         archive.file(f"rtvirt/modules.d/{module.name}", module.read_bytes())
@@ -448,33 +501,33 @@ def _preempt_rt(vmlinuz: Path) -> bool:
         return False
 
 
-def guest_image(flavour: str = "linux") -> GuestImage:
-    """The cached guest image of a kernel flavour (``linux`` or ``linux-rt``), (re)built when the agents,
-    busybox or init script changed."""
+def guest_image(flavour: str = "linux", arch: str = "x86_64") -> GuestImage:
+    """The cached guest image of a kernel flavour (``linux`` or ``linux-rt``) for guests of ``arch``: Debian's
+    kernel of that architecture, its busybox and our agents built for it; (re)built when the agents, busybox or
+    init script changed."""
     if flavour not in KERNEL_PACKAGES:
         raise ValueError(f"unknown guest kernel flavour {flavour!r}")
-    if not BUSYBOX.exists():
-        raise RunError("guest image: /usr/bin/busybox is missing (apt-get install busybox-static)")
-    cache = cache_dir()
-    vmlinuz, modules_dir = _fetch_kernel(cache, flavour)
+    cache = arch_cache(arch)
+    shell = busybox(arch)
+    vmlinuz, modules_dir = _fetch_kernel(cache, flavour, arch)
     modules = _modules_in_load_order(modules_dir)
     agents: dict[str, Path] = {}
     for name in AGENTS:
         try:
-            agents[name] = agent_path(name)
+            agents[name] = agent_path(name, arch)
         except RunError:
             if name == "rtvirt-probe":
                 raise
     digest = hashlib.sha256(INIT_SCRIPT.encode())
-    for path in [BUSYBOX, *modules, *agents.values()]:
+    for path in [shell, *modules, *agents.values()]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     # one cached initramfs per flavour (their modules differ): "initramfs-<hash>" and "initramfs-rt-<hash>"
     prefix = "initramfs-rt-" if flavour == "linux-rt" else "initramfs-"
     initramfs = cache / f"{prefix}{digest.hexdigest()[:16]}.cpio"
     if not initramfs.exists():
-        write_atomically(initramfs, _base_archive(modules, agents))
+        write_atomically(initramfs, _base_archive(modules, agents, shell))
         prune_cache(cache, f"{prefix}*.cpio", initramfs,
                     lambda old: flavour == "linux-rt" or not old.name.startswith("initramfs-rt-"))
     mark_used(initramfs)
-    return GuestImage(vmlinuz, initramfs, modules_dir.name, flavour, _preempt_rt(vmlinuz))
+    return GuestImage(vmlinuz, initramfs, modules_dir.name, flavour, _preempt_rt(vmlinuz), arch)

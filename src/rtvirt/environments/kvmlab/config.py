@@ -39,10 +39,11 @@ KvmHost = Annotated[str, StringConstraints(max_length=330), AfterValidator(_a_kv
 
 
 class KvmLabConfig(BaseModel):
-    """The machine QEMU emulates for a KVM lab: its CPUs (each a pCPU of the lab's KVM), memory and accelerator."""
+    """The machine QEMU emulates for a KVM lab: its CPUs (each a pCPU of the lab's KVM), memory and accelerator.
+    Its architecture is the environment's ``arch`` (the guests'), its machine that architecture's entry of
+    ``arch.LAB_ARCHES``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    arch: Literal["x86_64"] = Field("x86_64", description="the lab's architecture (x86_64: kvm-amd)")
     pcpus: int = Field(2, ge=1, le=8, description="CPUs of the emulated machine (the lab's KVM's pCPUs)")
     memory: int = Field(3072, ge=1024, le=16384, description="memory of the emulated machine in MiB")
     accel: Literal["auto", "kvm", "tcg"] = Field("auto", description="QEMU accelerator of the lab itself "
@@ -51,9 +52,9 @@ class KvmLabConfig(BaseModel):
                                               description="time the lab may take to come up (its sshd and "
                                                           "libvirtd answering)")
 
-    def key(self) -> str:
-        """Environments whose lab tables are equal share one boot (SharedResources)."""
-        return "kvm-lab:" + json.dumps(self.model_dump(mode="json"), sort_keys=True)
+    def key(self, arch: str) -> str:
+        """Environments of one architecture whose lab tables are equal share one boot (SharedResources)."""
+        return f"kvm-lab:{arch}:" + json.dumps(self.model_dump(mode="json"), sort_keys=True)
 
 
 class KvmHostFields(BaseModel):

@@ -8,6 +8,7 @@ environment that drives a remote KVM host uses; ``libvirt_uri`` reaches its libv
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,8 @@ __all__ = ["LAB_ROOT", "LAB_WARNING", "KvmLab", "open_kvm_lab", "reclaim_kvm_lab
 LAB_ROOT = "kvm-lab-runs"
 KERNEL_PANIC = "Kernel panic - not syncing"
 FAILURE_WINDOW = 1 << 16
-LAB_WARNING = ("nested KVM under {accel} (a KVM lab in QEMU on this machine): its timings are not representative "
-               "of a KVM host")
+LAB_WARNING = ("nested KVM under {accel} (a KVM lab in QEMU on this machine; emulated: {emulated}): its timings are "
+               "not representative of a KVM host")
 
 
 def reclaim_kvm_labs() -> list[str]:
@@ -40,10 +41,10 @@ class KvmLab(LabMachine):
     root_name = LAB_ROOT
     ready_mark = LAB_READY_MARK
 
-    def __init__(self, config: KvmLabConfig, supervisor: Supervisor) -> None:
+    def __init__(self, config: KvmLabConfig, arch: str, supervisor: Supervisor) -> None:
         super().__init__(supervisor, config.boot_timeout)
         self.config = config
-        self.arch = LAB_ARCHES[config.arch]
+        self.arch = LAB_ARCHES[arch]
         self.accel: dict[str, str] = {}
         self.root: Path | None = None
         self.facts: dict[str, Any] = {}
@@ -57,7 +58,7 @@ class KvmLab(LabMachine):
         keys = self.keys()
         initrd = self.directory / "boot.cpio"
         initrd.write_bytes(base.read_bytes() + lab_files(keys.host_key, keys.client_public))
-        self.accel = choose_accel(self.config.accel)
+        self.accel = choose_accel(self.config.accel, self.arch.name)
         port = free_port()
         self.start(self._qemu_argv(kernel, initrd, port))
         self.await_ready()
@@ -81,19 +82,26 @@ class KvmLab(LabMachine):
                 "-device", "virtio-net-pci,netdev=n0"]
 
     def _read_facts(self) -> dict[str, Any]:
-        """What the manifests say of the lab: its kernel, the KVM module and its nested paging, QEMU, libvirt."""
-        module = self.arch.kvm_modules[-1]
+        """What the manifests say of the lab: what QEMU emulated, its kernel, its KVM (the module and its nested
+        paging on x86; on Arm, the kernel's word that it started at EL2 and set up its hypervisor mode and
+        vGIC), QEMU, libvirt."""
+        module = self.arch.kvm_modules[-1] if self.arch.kvm_modules else "kvm"
         script = (f"uname -r; cat /sys/module/{module}/parameters/npt 2>/dev/null || echo -; "
                   f"{self.arch.lab_qemu} --version | head -n1; libvirtd --version; "
-                  "grep -c -w -e svm -e vmx /proc/cpuinfo")
+                  "dmesg | grep -m4 -o -e 'All CPU(s) started at EL[0-9]' -e 'Hyp mode initialized successfully' "
+                  "-e 'vgic[-a-z0-9]* interrupt IRQ[0-9]*' -e 'GICv[0-9]'; true")
         said = self.connection.run(["sh", "-c", script], timeout=120).check("kvm lab: reading its versions")
         lines = [line.strip()[:200] for line in said.stdout.splitlines()]
-        if len(lines) < 5:
+        if len(lines) < 4:
             raise RunError(f"kvm lab: unexpected answer to the version query: {said.stdout[:300]!r}")
-        return {"kvm_module": module.replace("_", "-"), "kernel": lines[0],
+        accel = self.accel.get("accel", "tcg")
+        return {"arch": self.arch.name, "emulated": self.arch.emulated(accel), "machine": self.arch.machine,
+                "cpu": "host" if accel == "kvm" else self.arch.tcg_cpu, "gic_version": self.arch.gic_version,
+                "kvm_module": self.arch.kvm_name, "kernel": lines[0],
                 "nested_paging": {"1": True, "Y": True, "0": False, "N": False}.get(lines[1]),
+                "kernel_said": [re.sub(r"[^ -~]", "?", line) for line in lines[4:8]],
                 "qemu": lines[2], "libvirt": lines[3].split()[-1],
-                "accel": self.accel.get("accel"), "accel_reason": self.accel.get("reason"),
+                "accel": accel, "accel_reason": self.accel.get("reason"),
                 "boot_seconds": self.boot_seconds, "root_image": self.root.name if self.root else None,
                 "pcpus": self.config.pcpus, "memory_mib": self.config.memory}
 
@@ -128,15 +136,15 @@ class KvmLab(LabMachine):
         return None
 
 
-def open_kvm_lab(config: KvmLabConfig, shared: SharedResources) -> KvmLab:
-    """The campaign's boot of the lab ``config`` describes, made on first use. A boot that failed is not tried
-    again by every later run of the campaign: each of them fails with its reason at once."""
-    failed: dict[str, str] = shared.get(f"{config.key()}:failed", dict)
+def open_kvm_lab(config: KvmLabConfig, arch: str, shared: SharedResources) -> KvmLab:
+    """The campaign's boot of the ``arch`` lab ``config`` describes, made on first use. A boot that failed is not
+    tried again by every later run of the campaign: each of them fails with its reason at once."""
+    failed: dict[str, str] = shared.get(f"{config.key(arch)}:failed", dict)
     if "why" in failed:
         raise RunError(failed["why"])
 
     def boot() -> KvmLab:
-        lab = KvmLab(config, shared.supervisor)
+        lab = KvmLab(config, arch, shared.supervisor)
         try:
             lab.boot()
         except RunError as exc:
@@ -147,4 +155,4 @@ def open_kvm_lab(config: KvmLabConfig, shared: SharedResources) -> KvmLab:
             lab.close()
             raise
         return lab
-    return shared.get(config.key(), boot)
+    return shared.get(config.key(arch), boot)

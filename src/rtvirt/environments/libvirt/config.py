@@ -8,10 +8,11 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ...agents import native_arch
 from ...params import CpuList, parse_cpulist
 from ...units import duration_field
 from ..base import EnvironmentConfig
-from ..guest_image import GuestKind, guest_field, stream_copy_field
+from ..guest_image import GuestArch, GuestKind, arch_field, guest_field, stream_copy_field
 from ..kvmlab.config import LAB_HOST, LOCAL_HOST, KvmHostFields
 from .host import memlock_problem, numa_problem, resctrl_problem
 
@@ -61,11 +62,20 @@ class LibvirtConfig(EnvironmentConfig, KvmHostFields):
                                               description="time the guest may take to boot (bare numbers in s)")
     guest: GuestKind = guest_field()
     stream_copy: bool = stream_copy_field()
+    arch: GuestArch = arch_field()
 
     @model_validator(mode="after")
     def _guest_this_environment_boots(self) -> LibvirtConfig:
         if self.guest == "baremetal" and self.vcpus != 1:
             raise ValueError("vcpus: the bare-metal guest runs on one vCPU (vcpus = 1)")
+        if self.arch != native_arch():
+            if self.host == "local":
+                raise ValueError(f"arch: an {self.arch} guest runs under a KVM of its own architecture: "
+                                 f'host = "lab" boots one (an emulated {self.arch} board), or name one with '
+                                 'host = "user@host"')
+            if self.host == "lab" and self.lab.accel == "kvm":
+                raise ValueError(f"lab.accel: this machine's KVM runs {native_arch()} labs; an {self.arch} lab is "
+                                 "emulated (accel = 'tcg' or 'auto')")
         return self
 
     @model_validator(mode="after")

@@ -179,9 +179,10 @@ class LibvirtEnvironment(LibvirtTeardown):
             confirm = ["--confirm=virtio"] if out is not None and agent == "rtvirt-probe" else []
             self._baremetal_cmdline = baremetal.command_line(agent, [*args, *confirm])
             channel = BAREMETAL_CONSOLE
-            definition = self._domain_xml(connection.kernel(baremetal.kernel_path()), None, out is not None)
+            definition = self._domain_xml(connection.kernel(baremetal.kernel_path(self.config.arch)), None,
+                                          out is not None)
         else:
-            image = self._image = guest_image(self.config.guest)
+            image = self._image = guest_image(self.config.guest, self.config.arch)
             argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
             devices = []
             if out is not None:
@@ -295,7 +296,7 @@ class LibvirtEnvironment(LibvirtTeardown):
         config = LibvirtConfig.model_validate({
             "kind": "libvirt", "name": f"stress-vm-{index}", **where,
             "domain_type": self._type.get("type", self.config.domain_type),
-            "pin": host_cpus is not None, "cpus": host_cpus, "guest": guest,
+            "pin": host_cpus is not None, "cpus": host_cpus, "guest": guest, "arch": self.config.arch,
             # as large as the measured guest: a load the study ran in it (64 MB blocks) must fit in them too
             "memory": self.config.memory})
         return LibvirtEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
@@ -319,7 +320,8 @@ class LibvirtEnvironment(LibvirtTeardown):
         if self._lab is not None:
             from ..kvmlab import LAB_WARNING
 
-            found.append(LAB_WARNING.format(accel=self._lab.accel.get("accel", "?").upper()))
+            found.append(LAB_WARNING.format(accel=self._lab.accel.get("accel", "?").upper(),
+                                            emulated=self._lab.facts.get("emulated", "?")))
         dropped = self._dropped_tuning()
         if dropped:
             found.append(f"libvirt dropped {', '.join(dropped)} of the requested <cputune> (see domain_xml)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 
 from ...explain.clocksync import CLOCK_PORT
 from ...explain.guest_channel import GUEST_TRACE_PORT
@@ -19,6 +20,28 @@ from .state import LibvirtDomainState
 
 OWNER_NS = "https://github.com/rtvirt/rtvirt/libvirt-owner"
 XML_LIMIT = 1 << 16  # characters of the applied domain XML kept in the manifest
+
+
+@dataclass(frozen=True)
+class GuestBoard:
+    """What a domain's machine is on one architecture (the environment's ``arch``)."""
+
+    os_type: dict[str, str]  # <os><type>'s attributes
+    linux_cmdline: str  # the Linux guest's kernel command line
+    acpi: bool  # <features><acpi/>: the guest's poweroff ends the domain (x86; Arm powers off through PSCI)
+    gic_version: str | None  # <features><gic version>: a KVM guest's vGIC is of the host's GIC (the lab's: v2)
+    baremetal_console_address: str | None  # the bare-metal guest's virtio console's transport (Arm: virtio-mmio)
+
+
+GUEST_BOARDS = {
+    # LINUX_COMMAND_LINE says why each of its words
+    "x86_64": GuestBoard({"arch": "x86_64"}, LINUX_COMMAND_LINE,
+                         acpi=True, gic_version=None, baremetal_console_address=None),
+    # QEMU's virt board (the lab's own machine), its PL011 as the console; the aarch64 bare-metal kernel finds its
+    # virtio console on virtio-mmio (it has no PCI driver)
+    "aarch64": GuestBoard({"arch": "aarch64", "machine": "virt"}, "console=ttyAMA0 quiet panic=-1",
+                          acpi=False, gic_version="2", baremetal_console_address="virtio-mmio"),
+}
 
 
 ET.register_namespace("rtvirt", OWNER_NS)
@@ -67,15 +90,20 @@ class LibvirtDomainXml(LibvirtDomainState):
                 ET.SubElement(backing, "hugepages")
             if config.memory_locked:
                 ET.SubElement(backing, "locked")
+        board = GUEST_BOARDS[config.arch]
         os_element = ET.SubElement(root, "os")
-        ET.SubElement(os_element, "type", arch="x86_64").text = "hvm"
+        ET.SubElement(os_element, "type", dict(board.os_type)).text = "hvm"
         ET.SubElement(os_element, "kernel").text = kernel
-        if initrd is None:  # the bare-metal guest (multiboot): the probe's argv is its command line
+        if initrd is None:  # the bare-metal guest: the probe's argv is its command line
             ET.SubElement(os_element, "cmdline").text = self._baremetal_cmdline
         else:
             ET.SubElement(os_element, "initrd").text = initrd
-            ET.SubElement(os_element, "cmdline").text = LINUX_COMMAND_LINE
-        ET.SubElement(ET.SubElement(root, "features"), "acpi")  # the guest's poweroff ends the domain
+            ET.SubElement(os_element, "cmdline").text = board.linux_cmdline
+        features = ET.SubElement(root, "features")
+        if board.acpi:
+            ET.SubElement(features, "acpi")
+        if board.gic_version:
+            ET.SubElement(features, "gic", version=board.gic_version)
         ET.SubElement(root, "cpu", mode="host-passthrough" if self._type["type"] == "kvm" else "maximum")
         for event in ("on_poweroff", "on_reboot", "on_crash"):
             ET.SubElement(root, event).text = "destroy"
@@ -85,7 +113,9 @@ class LibvirtDomainXml(LibvirtDomainState):
         if initrd is None:
             # the bare-metal guest's driver writes to port 0 of a virtio-console without multiport
             # (ports = 1): libvirt makes a second <console> of target virtio that virtconsole
-            ET.SubElement(devices, "controller", type="virtio-serial", index="0", ports="1")
+            controller = ET.SubElement(devices, "controller", type="virtio-serial", index="0", ports="1")
+            if board.baremetal_console_address:
+                ET.SubElement(controller, "address", type=board.baremetal_console_address)
             if with_output:
                 # a pty: libvirt puts the stream's end of it in raw mode, so binary records pass unchanged
                 ET.SubElement(ET.SubElement(devices, "console", type="pty"), "target", type="virtio")

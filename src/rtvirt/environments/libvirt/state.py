@@ -65,7 +65,7 @@ class LibvirtDomainState(Environment):
         if self._lab is None:
             from ..kvmlab import open_kvm_lab
 
-            self._lab = open_kvm_lab(self.config.lab, self.shared)
+            self._lab = open_kvm_lab(self.config.lab, self.config.arch, self.shared)
         return self._lab
 
     def _online_cpus(self) -> list[int]:
@@ -79,6 +79,11 @@ class LibvirtDomainState(Environment):
                 raise connection.failure("reading the host's CPUs", exc) from None
             self._online = [cpu for cpu, up in enumerate(online) if up]
         return self._online
+
+    def platform_cpus(self) -> tuple[int, ...]:
+        """Where same-core/other-core disturbing domains may run: the CPUs of the host whose libvirtd runs the
+        domain (a KVM lab's, a remote host's), as its vcpupin numbers them."""
+        return tuple(self._online_cpus())
 
     def _host_cpus(self) -> tuple[int, ...]:
         """Host CPUs for vCPU i = the i-th of these (cycling); default: the last CPU first, then downwards."""

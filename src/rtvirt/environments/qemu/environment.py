@@ -115,7 +115,7 @@ def _lab_target(config: QemuConfig, shared: SharedResources) -> SshTarget:
     """The KVM lab booted for this campaign, reached like any KVM host over SSH (its host key pinned)."""
     from ..kvmlab.lab import open_kvm_lab
 
-    return open_kvm_lab(config.lab, shared).ssh_target
+    return open_kvm_lab(config.lab, config.arch, shared).ssh_target
 
 
 class QemuEnvironment(Environment):
@@ -169,7 +169,7 @@ class QemuEnvironment(Environment):
             if self.config.host == LAB_HOST:
                 from ..kvmlab.lab import open_kvm_lab
 
-                self._lab = open_kvm_lab(self.config.lab, self.shared)
+                self._lab = open_kvm_lab(self.config.lab, self.config.arch, self.shared)
             self._where = open_qemu_host(self.config, self.shared, self.supervisor)
         return self._where
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ...agents import native_arch
 from ...params import CpuList
 from ...units import duration_field
 from ..base import EnvironmentConfig
-from ..guest_image import GuestKind, guest_field
+from ..guest_image import GuestArch, GuestKind, arch_field, guest_field
 
 __all__ = ["DEFAULT_A653", "Arinc653Params", "CreditParams", "RtdsParams", "XenConfig", "XenLabConfig"]
 
@@ -76,8 +77,9 @@ class XenLabConfig(BaseModel):
     boot_timeout: duration_field("s") = Field(240_000_000_000, ge=10_000_000_000,  # type: ignore[valid-type]
                                               description="time Xen and dom0 may take to come up")
 
-    def key(self, dom0_vcpus: int) -> str:
-        return f"xen-lab:{dom0_vcpus}:" + json.dumps(self.model_dump(mode="json"), sort_keys=True)
+    def key(self, dom0_vcpus: int, arch: str = "x86_64") -> str:
+        """Environments of one architecture whose lab tables and dom0 vCPUs are equal share one boot."""
+        return f"xen-lab:{arch}:{dom0_vcpus}:" + json.dumps(self.model_dump(mode="json"), sort_keys=True)
 
 
 class XenConfig(EnvironmentConfig):
@@ -112,6 +114,32 @@ class XenConfig(EnvironmentConfig):
     boot_timeout: duration_field("s") = Field(180_000_000_000, ge=1_000_000_000,  # type: ignore[valid-type]
                                               description="time a domU may take to boot (bare numbers in s)")
     guest: GuestKind = guest_field()
+    arch: GuestArch = arch_field()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _arm_domus_are_pvh(cls, data: Any) -> Any:
+        """Xen on Arm has one kind of domU (PVH-like: no PV, no device model): its default mode."""
+        if isinstance(data, dict) and data.get("arch") == "aarch64" and "mode" not in data:
+            return {**data, "mode": "pvh"}
+        return data
+
+    @model_validator(mode="after")
+    def _arch_this_xen_runs(self) -> XenConfig:
+        if self.arch == "x86_64":
+            return self
+        if self.mode != "pvh":
+            raise ValueError(f"mode: Xen on Arm runs every domU as PVH (mode = 'pvh'), not {self.mode!r}")
+        if self.where == "dom0" and self.arch != native_arch():
+            raise ValueError(f"where: this machine's dom0 runs {native_arch()} domUs; an {self.arch} Xen is a lab "
+                             "(where = 'lab' or 'auto')")
+        if self.where != "dom0" and self.lab.accel == "kvm" and self.arch != native_arch():
+            raise ValueError(f"lab.accel: this machine's KVM runs {native_arch()} labs; an {self.arch} lab is "
+                             "emulated (accel = 'tcg' or 'auto')")
+        if self.scheduler == "arinc653":
+            raise ValueError("scheduler: the arm64 lab's dom0 has no rtvirt-a653 (xl sets no ARINC 653 schedule); "
+                             "credit, credit2, rtds and null run there")
+        return self
 
     @model_validator(mode="after")
     def _guest_the_lab_boots(self) -> XenConfig:

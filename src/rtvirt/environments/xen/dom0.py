@@ -30,9 +30,11 @@ POOL_DESTROY_S = 30.0
 class Dom0:
     """xl in one dom0 (local or a lab's), shared by every run of a campaign."""
 
-    def __init__(self, transport: HostTransport, lab: XenLab | None, kernel: str, initramfs: str) -> None:
+    def __init__(self, transport: HostTransport, lab: XenLab | None, kernel: str, initramfs: str,
+                 arch: str = "x86_64") -> None:
         self.transport = transport
         self.lab = lab
+        self.arch = arch  # its domUs' architecture
         # (guest kernel flavour, HVM) -> (kernel, initramfs) in dom0; a lab's image holds linux's for PV and PVH
         self._domu: dict[tuple[str, bool], tuple[str, str]] = {("linux", False): (kernel, initramfs)}
         self._hvm_ready = False
@@ -55,7 +57,7 @@ class Dom0:
         only: the others would cost every lab boot their size)."""
         key = (flavour, mode == "hvm")
         if key not in self._domu:
-            kernel, initramfs = local_domu_files(flavour, mode)
+            kernel, initramfs = local_domu_files(flavour, mode, self.arch)
             if self.lab is None:
                 self._domu[key] = (str(kernel), str(initramfs))
             else:

@@ -14,7 +14,7 @@ from ..guest_image import BUSYBOX, Cpio, _fetch_kernel, _modules_in_load_order, 
 from ..lab_machine import sshd_config
 from .files import A653_TOOL, VIF_HOTPLUG, VIF_SCRIPT, _domu_base, _run, a653_tool
 
-__all__ = ["DOMU_INITRAMFS", "DOMU_KERNEL", "dom0_image", "hvm_archive"]
+__all__ = ["DOM0_MODULES", "DOM0_PATH", "DOM0_SERVICES", "DOMU_INITRAMFS", "DOMU_KERNEL", "dom0_image", "hvm_archive"]
 
 
 TOOLSTACK = ("/usr/lib/xen-4.17/bin/xl", "/usr/lib/xen-4.17/bin/xenstored", "/usr/lib/xen-4.17/bin/xen-init-dom0",
@@ -33,16 +33,9 @@ DOMU_KERNEL = "/rtvirt/domu/vmlinux"  # its ELF (guest_image.kernel_elf), for PV
 DOMU_INITRAMFS = "/rtvirt/domu/base.cpio"
 
 
-DOM0_INIT = rf"""#!/bin/busybox sh
-/bin/busybox --install -s /bin
-export PATH={DOM0_PATH} LD_LIBRARY_PATH={DOM0_LIBRARY_PATH}
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev
-mkdir -p /dev/pts /dev/shm /var/run/xen /var/lib/xen /var/lib/xenstored /var/log/xen /run/rtvirt /run/sshd
-mount -t devpts devpts /dev/pts
-for m in $(cat /rtvirt/modules); do insmod "/rtvirt/modules.d/$m" || echo "rtvirt: insmod $m failed"; done
-mount -t xenfs xenfs /proc/xen
+# What every lab's dom0 starts once its file systems and modules are there (its own init's last lines; also the
+# arm64 lab's dom0 root's: dom0_root.py): xenstored, xenconsoled, the network QEMU's user mode gives, sshd.
+DOM0_SERVICES = rf"""mount -t xenfs xenfs /proc/xen
 xenstored --pid-file /var/run/xen/xenstored.pid
 n=0; until [ -s /var/run/xen/xenstored.pid ] || [ $n -gt 100 ]; do n=$((n+1)); sleep 0.1; done
 xen-init-dom0
@@ -56,6 +49,17 @@ chmod 600 /etc/ssh/ssh_host_ed25519_key
 echo "{DOM0_READY_MARK} $(cat /proc/uptime)"
 while :; do sleep 3600; done
 """
+
+DOM0_INIT = rf"""#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH={DOM0_PATH} LD_LIBRARY_PATH={DOM0_LIBRARY_PATH}
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mkdir -p /dev/pts /dev/shm /var/run/xen /var/lib/xen /var/lib/xenstored /var/log/xen /run/rtvirt /run/sshd
+mount -t devpts devpts /dev/pts
+for m in $(cat /rtvirt/modules); do insmod "/rtvirt/modules.d/$m" || echo "rtvirt: insmod $m failed"; done
+""" + DOM0_SERVICES
 
 
 SSHD_CONFIG = sshd_config(f"PATH={DOM0_PATH} LD_LIBRARY_PATH={DOM0_LIBRARY_PATH}")

@@ -12,6 +12,7 @@ from ...explain.guest_channel import GUEST_TRACE_FILE
 from .. import baremetal
 from ..base import Environment, EnvironmentConfig, Launched, SharedResources
 from ..guest_image import GUEST_AGENT_DIR, GuestJob, guest_description, guest_image, job_archive
+from .arch import XEN_LAB_ARCHES
 from .config import XenConfig
 from .console import (
     ACK_FIFO,
@@ -39,8 +40,8 @@ if TYPE_CHECKING:
     from ...explain.config import ExplainConfig
     from ...explain.model import TraceSource
 
-LAB_WARNING = ("nested Xen under {accel} (a Xen lab in QEMU on this machine): its timings are not representative "
-               "of a Xen host")
+LAB_WARNING = ("nested Xen under {accel} (a Xen lab in QEMU on this machine; emulated: {emulated}): its timings "
+               "are not representative of a Xen host")
 
 
 class XenEnvironment(XenTeardown):
@@ -148,7 +149,7 @@ class XenEnvironment(XenTeardown):
         self._domain = name  # from here on, close() destroys it
         dom0.transport.put(local_jobs, f"{directory}/jobs.cpio")
         if self._parent is None:
-            self._image = guest_image(self._flavour())  # what the manifest says about the guest kernel
+            self._image = guest_image(self._flavour(), self.config.arch)  # what the manifest says of it
         dom0.run(["sh", "-c", 'cat "$1" "$2" > "$3"', "sh", dom0.domu_files(self._flavour(), self._domain_type())[1],
                   f"{directory}/jobs.cpio",
                   f"{directory}/initrd"]).check("xen: assembling the domU initramfs")
@@ -198,10 +199,10 @@ class XenEnvironment(XenTeardown):
         memory = self.config.memory if "memory" in self.config.model_fields_set else baremetal.XEN_MEMORY_MIB
         dom0.run(["mkdir", "-p", directory]).check("xen: dom0 mkdir")
         self._domain = name  # from here on, close() destroys it
-        dom0.transport.put(baremetal.kernel_path(), f"{directory}/kernel")
+        dom0.transport.put(baremetal.kernel_path(self.config.arch), f"{directory}/kernel")
         local_config = self.workdir / "domain.cfg"
         local_config.write_text(self._domain_config(name, None, None, baremetal.xen_domain_lines(
-            f"{directory}/kernel", line, memory)))
+            f"{directory}/kernel", line, memory, self.config.arch)))
         dom0.transport.put(local_config, f"{directory}/domain.cfg")
         log = CONSOLE_LOG.format(name=name)
         dom0.run(["rm", "-f", log]).check("xen: removing an old console log")  # a reused name's log is appended
@@ -222,10 +223,12 @@ class XenEnvironment(XenTeardown):
         self._beside.append(GuestJob([f"{GUEST_AGENT_DIR}/{agent}", *args]))
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
-        """Another domU of the same Xen; its pCPUs come from ``stressor_cpus`` (host CPUs mean nothing to Xen)."""
+        """Another domU of the same Xen; its pCPUs come from ``stressor_cpus``, else from its disturbance's
+        placement (``host_cpus``: Xen pCPUs, guest_placement), else the measuring domU's."""
         config = self.config.model_copy(update={"name": f"{self.config.label[:40]}-stress{index}"})
         domu = XenEnvironment(config, self.supervisor, self.workdir / f"stress-vm-{index}", self.shared)
         domu._parent = self
+        domu._placed = host_cpus  # None unless a guest_cpus placed it (Xen's measured_cpus are all host CPUs)
         return domu
 
     def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
@@ -282,10 +285,15 @@ class XenEnvironment(XenTeardown):
                     self._dom0.lab.alive() else []
             if self._dom0.lab is not None:
                 lab = self._dom0.lab
-                description["lab"] = {"accel": lab.accel.get("accel"), "boot_seconds": lab.boot_seconds,
+                description["lab"] = {"arch": lab.arch.name,
+                                      "emulated": lab.arch.emulated(lab.accel.get("accel", "tcg")),
+                                      "accel": lab.accel.get("accel"), "boot_seconds": lab.boot_seconds,
                                       "pcpus": lab.config.pcpus, "dom0_vcpus": lab.dom0_vcpus,
-                                      "hypervisor": lab.hypervisor.name if lab.hypervisor else None}
+                                      "hypervisor": lab.hypervisor.name if lab.hypervisor else None,
+                                      "dom0_root": lab.dom0_root.name if lab.dom0_root else None}
         description["applied"] = self._readback
+        if self._parent is None:
+            description["disturbing_domus"] = self._disturbers
         if self._dom0 is not None:
             description["dom0_slow_answers"] = self._dom0.slow_answers  # status reads retried (patient_run)
         if self._ready_at is not None:
@@ -295,6 +303,7 @@ class XenEnvironment(XenTeardown):
     def warnings(self) -> list[str]:
         if _resolve_where(self.config) != "lab":
             return []
-        accel = "TCG" if self._dom0 is None or self._dom0.lab is None or \
-            self._dom0.lab.accel.get("accel") != "kvm" else "KVM"
-        return [LAB_WARNING.format(accel=accel)]
+        lab = self._dom0.lab if self._dom0 is not None else None
+        accel = "kvm" if lab is not None and lab.accel.get("accel") == "kvm" else "tcg"
+        emulated = (lab.arch if lab is not None else XEN_LAB_ARCHES[self.config.arch]).emulated(accel)
+        return [LAB_WARNING.format(accel=accel.upper(), emulated=emulated)]

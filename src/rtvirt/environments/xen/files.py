@@ -9,7 +9,15 @@ from pathlib import Path
 from ...agents import XEN_A653, agent_path
 from ...errors import RunError
 from ...fileio import mark_used, prune_cache, write_atomically
-from ..guest_image import GUEST_MODULES, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir, guest_image, kernel_elf
+from ..guest_image import (
+    GUEST_MODULES,
+    Cpio,
+    _fetch_kernel,
+    _modules_in_load_order,
+    arch_cache,
+    guest_image,
+    kernel_elf,
+)
 from ..lab_machine import run_step
 
 __all__ = ["A653_TOOL", "DOM0_LINK_ADDRESS", "VIF_HOTPLUG", "VIF_SCRIPT", "a653_tool", "local_domu_files"]
@@ -67,9 +75,9 @@ exit 0
 """
 
 
-def _domu_base(modules_dir: Path, flavour: str = "linux") -> bytes:
+def _domu_base(modules_dir: Path, flavour: str = "linux", arch: str = "x86_64") -> bytes:
     """The guest image's initramfs plus an overlay: the netfront driver and a module list naming it."""
-    image = guest_image(flavour)
+    image = guest_image(flavour, arch)
     modules = _modules_in_load_order(modules_dir, DOMU_MODULES)
     overlay = Cpio()
     for module in modules:
@@ -77,15 +85,16 @@ def _domu_base(modules_dir: Path, flavour: str = "linux") -> bytes:
     overlay.file("rtvirt/modules", "".join(f"{m.name}\n" for m in modules).encode())
     return image.initramfs.read_bytes() + overlay.to_bytes()
 
-def local_domu_files(flavour: str = "linux", mode: str = "pv") -> tuple[Path, Path]:
-    """(kernel, initramfs) of a domU with the flavour's guest kernel (guest_image.KERNEL_PACKAGES): the guest
-    image plus the netfront overlay. The kernel is its ELF for PV and PVH, the bzImage for an HVM domU (its
-    device model boots that). A local dom0 boots them from here; a lab's dom0 gets copies of them unless they
-    are the ones its image holds (linux's ELF)."""
-    vmlinuz, modules_dir = _fetch_kernel(cache_dir(), flavour)
-    base = _domu_base(modules_dir, flavour)
+def local_domu_files(flavour: str = "linux", mode: str = "pv", arch: str = "x86_64") -> tuple[Path, Path]:
+    """(kernel, initramfs) of an ``arch`` domU with the flavour's guest kernel (guest_image.KERNEL_PACKAGES): the
+    guest image plus the netfront overlay. The kernel is its ELF for PV and PVH (on Arm, Debian's Image as it
+    is), the bzImage for an HVM domU (its device model boots that). A local dom0 boots them from here; a lab's
+    dom0 gets copies of them unless they are the ones its image holds (linux's kernel)."""
+    cache = arch_cache(arch)
+    vmlinuz, modules_dir = _fetch_kernel(cache, flavour, arch)
+    base = _domu_base(modules_dir, flavour, arch)
     prefix = "domu-" if flavour == "linux" else f"domu-{flavour}-"
-    target = cache_dir() / "xen" / f"{prefix}{hashlib.sha256(base).hexdigest()[:16]}.cpio"
+    target = cache / "xen" / f"{prefix}{hashlib.sha256(base).hexdigest()[:16]}.cpio"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(target, base)

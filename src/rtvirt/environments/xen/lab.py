@@ -6,11 +6,13 @@ directory (``$RTVIRT_CACHE``, default ``~/.cache/rtvirt``):
 * the hypervisor, built from Debian's Xen source package with the real-time schedulers switched on
   (RTDS, ARINC 653 and null are upstream options that Debian's binary leaves out);
 * dom0's initramfs: busybox, the Debian kernel's Xen modules, the ``xl`` toolstack and OpenSSH's
-  ``sshd`` with every library they link, our static agents, and a per-lab host key and client key.
+  ``sshd`` with every library they link, our static agents, and a per-lab host key and client key;
+  on aarch64 (dom0_root.py) a Debian arm64 root with the same toolstack and a small initramfs that mounts it.
 
-A lab boot runs QEMU (multiboot: Xen, then dom0's kernel and initramfs) with a user-mode network
-whose only forwarded port is dom0's sshd on 127.0.0.1; everything afterwards goes through SSH with
-the host key pinned in a known_hosts file written before the boot (lab_machine.py, shared with the KVM lab).
+A lab boot runs QEMU (x86: multiboot, Xen, then dom0's kernel and initramfs; aarch64: the study's Cortex-A72
+board with a GICv2, dom0 loaded by guest-loader: arch.py) with a user-mode network whose only forwarded port is
+dom0's sshd on 127.0.0.1; everything afterwards goes through SSH with the host key pinned in a known_hosts file
+written before the boot (lab_machine.py, shared with the KVM lab).
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ from ...errors import RunError
 from ...procs import Supervisor
 from ..guest_image import Cpio
 from ..lab_machine import LabKeys, LabMachine, free_port, reclaim_labs
+from .arch import XEN_LAB_ARCHES
 from .config import XenLabConfig
 from .dom0_image import DOM0_READY_MARK, dom0_image
+from .dom0_root import DOM0_FAILED_MARK, dom0_root_image
 from .hypervisor import rt_hypervisor
 
 __all__ = ["LAB_ROOT", "LabKeys", "XenLab", "reclaim_xen_labs"]
 
 
-QEMU = "qemu-system-x86_64"
 LAB_ROOT = "xen-lab"
 PANIC_MARK = "Panic on CPU"
 PANIC_WINDOW = 1 << 16
@@ -46,28 +49,30 @@ class XenLab(LabMachine):
     root_name = LAB_ROOT
     ready_mark = DOM0_READY_MARK
 
-    def __init__(self, config: XenLabConfig, dom0_vcpus: int, supervisor: Supervisor) -> None:
+    def __init__(self, config: XenLabConfig, dom0_vcpus: int, supervisor: Supervisor, arch: str = "x86_64") -> None:
         if dom0_vcpus >= config.pcpus:
             raise RunError(f"xen lab: dom0_vcpus ({dom0_vcpus}) leaves no pCPU of the lab's {config.pcpus} "
                            "for domUs")
         super().__init__(supervisor, config.boot_timeout)
         self.config = config
         self.dom0_vcpus = dom0_vcpus
+        self.arch = XEN_LAB_ARCHES[arch]
         self.accel: dict[str, str] = {}
         self.hypervisor: Path | None = None
+        self.dom0_root: Path | None = None
 
     def boot(self) -> XenLab:
         """Build what the lab boots (cached), start QEMU, wait for dom0, then connect to its sshd."""
         from ..qemu import choose_accel
 
-        self.hypervisor = rt_hypervisor()
-        kernel, base = dom0_image()
+        self.hypervisor = rt_hypervisor(self.arch.name)
+        if self.arch.name == "x86_64":  # dom0 in an initramfs of this machine's toolstack
+            kernel, base = dom0_image()
+        else:  # dom0 on a Debian root of the lab's architecture
+            kernel, base, self.dom0_root = dom0_root_image(self.arch.name)
         keys = self.keys()
         initrd = self._initrd(base, keys)
-        for path in (kernel, initrd):
-            if "," in str(path):
-                raise RunError(f"xen lab: QEMU cannot take a multiboot module path with a comma: {path}")
-        self.accel = choose_accel(self.config.accel)
+        self.accel = choose_accel(self.config.accel, self.arch.name)
         port = free_port()
         self.start(self._qemu_argv(kernel, initrd, port))
         self.await_ready()
@@ -86,27 +91,26 @@ class XenLab(LabMachine):
         return initrd
 
     def _qemu_argv(self, kernel: Path, initrd: Path, port: int) -> list[str]:
-        """QEMU booting Xen (multiboot) with dom0's kernel and initramfs, its sshd forwarded to 127.0.0.1:port."""
+        """QEMU booting Xen with dom0's kernel and initramfs (and root disk), its sshd forwarded to
+        127.0.0.1:port; what differs between architectures is the lab's entry of XEN_LAB_ARCHES."""
         assert self.hypervisor is not None
         kvm = self.accel["accel"] == "kvm"
-        xen_command_line = (f"console=com1 com1=115200 dom0_mem={self.config.dom0_memory}M,"
-                            f"max:{self.config.dom0_memory}M dom0_max_vcpus={self.dom0_vcpus} "
-                            "dom0_vcpus_pin noreboot sched=credit2")
-        # TCG: qemu64 (-cpu max faults the PV dom0) with AMD's nested paging (+npt): Xen's HVM side needs it
-        # for PVH/HVM domUs (Debian's Xen has no shadow paging)
-        cpu = "host" if kvm else "qemu64,+npt"
-        argv = [QEMU, "-accel", self.accel["accel"], "-cpu", cpu,
+        xen_options = (f"dom0_mem={self.config.dom0_memory}M,max:{self.config.dom0_memory}M "
+                       f"dom0_max_vcpus={self.dom0_vcpus} dom0_vcpus_pin sched=credit2")
+        return [self.arch.qemu, "-accel", self.accel["accel"], "-cpu", "host" if kvm else self.arch.tcg_cpu,
                 "-smp", str(self.config.pcpus), "-m", str(self.config.memory),
                 "-display", "none", "-nodefaults", "-no-reboot", "-serial", f"file:{self.console}",
-                "-kernel", str(self.hypervisor), "-append", xen_command_line,
-                "-initrd", f"{kernel} console=hvc0 rdinit=/init quiet,{initrd}",
+                *self.arch.boot_args(self.hypervisor, xen_options, kernel, initrd, self.dom0_root),
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
-                "-device", "virtio-net-pci,netdev=n0"]
-        return argv
+                "-device", f"{self.arch.net_device},netdev=n0"]
 
     def failure(self) -> str | None:
-        """Xen's panic message if the hypervisor crashed (QEMU keeps running a halted machine)."""
+        """Xen's panic message if the hypervisor crashed (QEMU keeps running a halted machine), or the arm64 dom0
+        root's init saying why it could not start."""
         text = self.console_text(PANIC_WINDOW)
+        at = text.rfind(DOM0_FAILED_MARK)
+        if at >= 0:
+            return "dom0 failed to start: " + text[at + len(DOM0_FAILED_MARK):].strip().splitlines()[0][:300]
         at = text.rfind(PANIC_MARK)
         if at < 0:
             return None

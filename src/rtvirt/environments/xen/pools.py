@@ -51,7 +51,7 @@ class XenPools(XenDomainState):
         parent = self._parent
         if parent._pool is None:
             return None
-        stressor_cpus = self.config.stressor_cpus if self.config.pin else None
+        stressor_cpus = (self.config.stressor_cpus or self._placed) if self.config.pin else None
         if stressor_cpus is None or set(stressor_cpus) <= set(parent._pool_cpus):
             return parent._pool
         return None
@@ -177,6 +177,8 @@ class XenPools(XenDomainState):
         elif scheduler == "arinc653":
             readback["arinc653"] = (self._parent or self).a653_readback()
         self._readback = readback
+        if self._parent is not None:  # the measuring domU's manifest says where its disturbers ran
+            self._parent._disturbers.append(readback)
 
     def _type_of(self, domid: str) -> str | None:
         """pv, pvh or hvm as libxl recorded it in xenstore (xl prints no domain type)."""

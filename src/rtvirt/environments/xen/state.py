@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, Self
 
+from ...errors import RunError
 from ..base import AgentProcess, Environment
 from ..guest_image import GuestImage, GuestJob
 from .config import XenConfig
@@ -35,6 +36,8 @@ class XenDomainState(Environment):
         self._console = ""
         self._readback: dict[str, Any] = {}
         self._parent: Self | None = None  # set on disturbing domUs: they share its pool
+        self._placed: tuple[int, ...] | None = None  # a disturbing domU's pCPUs as its disturbance placed it
+        self._disturbers: list[dict[str, Any]] = []  # the measuring domU's: its disturbing domUs' read-back
         self._pool_id: int | None = None
         self._beside: list[GuestJob] = []  # "inside" stressors: background jobs beside the workload
         self._image: GuestImage | None = None  # the measuring domU's guest image (linux, linux-rt)
@@ -73,8 +76,22 @@ class XenDomainState(Environment):
         assert self._parent is not None
         if not self.config.pin:
             return None
-        cpus = self.config.stressor_cpus or self._parent._pcpus()
+        cpus = self.config.stressor_cpus or self._placed or self._parent._pcpus()
         return [",".join(map(str, cpus))]
+
+    def guest_placement(self, where: str) -> tuple[int, ...] | None:
+        """A disturbing domU 'same-core' shares the measuring domU's pCPUs, 'other-core' takes the others
+        (dom0's, in a lab of two pCPUs): Xen's pCPUs, not the host's."""
+        self.start()
+        assert self._dom0 is not None
+        mine = self._pcpus()
+        if where == "same-core":
+            return mine
+        match = re.search(r"^nr_cpus\s*:\s*(\d+)", self._dom0.info(), re.M)
+        others = tuple(cpu for cpu in range(int(match.group(1)) if match else 0) if cpu not in mine)
+        if not others:
+            raise RunError(f"{self.config.label}: other-core: every pCPU of this Xen carries the measuring domU")
+        return others
 
     def _domain_type(self) -> str:
         """PV, PVH or HVM: our bare-metal kernel boots as PVH only; a disturbing domU beside it is a Linux domU of

@@ -19,14 +19,14 @@ from .xl import _vcpu_list
 def _open_dom0(config: XenConfig, shared: SharedResources) -> Dom0:
     if _resolve_where(config) == "lab":
         def boot() -> Dom0:
-            lab = XenLab(config.lab, config.dom0_vcpus, shared.supervisor)
+            lab = XenLab(config.lab, config.dom0_vcpus, shared.supervisor, config.arch)
             try:
                 lab.boot()
             except BaseException:
                 lab.close()
                 raise
-            return Dom0(lab.connection, lab, DOMU_KERNEL, DOMU_INITRAMFS)
-        return shared.get(config.lab.key(config.dom0_vcpus), boot)
+            return Dom0(lab.connection, lab, DOMU_KERNEL, DOMU_INITRAMFS, config.arch)
+        return shared.get(config.lab.key(config.dom0_vcpus, config.arch), boot)
 
     def local() -> Dom0:
         problem = _console_log_problem()
