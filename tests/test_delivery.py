@@ -111,7 +111,11 @@ def test_a_run_far_short_of_its_promise_says_why(tmp_path: Path) -> None:
     ok = expectation_record(steady, steady.records.size * 10 // 9, span_ns)
     assert ok is not None and not ok["short"] and "why" not in ok and ok["taken"] == steady.records.size
     below = expectation_record(steady, steady.records.size * 10 // 9 + 2, span_ns)
-    assert below is not None and below["short"] and "overruns" in below["why"]
+    assert below is not None and below["short"] and "overruns" in below["why"] and below["unaccounted"]
+    # the same shortfall counted by the probe as overran periods is measured, not missing
+    overran = SampleStream(steady.header, steady.records, stats={**steady.stats, (0, "overruns"): 2})
+    counted = expectation_record(overran, steady.records.size * 10 // 9 + 2, span_ns)
+    assert counted is not None and counted["short"] and not counted["unaccounted"] and counted["overruns"] == 2
     short = expectation_record(steady, 100 * steady.records.size, span_ns)
     assert short is not None and short["expected"] == 100 * steady.records.size
     assert "starved" in short["why"] and "overruns" in short["why"]
@@ -193,12 +197,14 @@ settle = "0s"
 def test_a_short_run_says_so_wherever_its_status_is_shown(tmp_path: Path) -> None:
     """A FIFO stressor above the probe holds its CPU 40 ms of every 50: the run ends on time with about a fifth of
     its 2,000 samples. It used to be `complete` in the table with no word of it; now it is `short` in the table,
-    the campaign's JSON, the state, the manifest, the catalog (`rtvirt sql`), the report, and exit status 1."""
+    the campaign's JSON, the state, the manifest, the catalog (`rtvirt sql`) and the report. The probe counted
+    the periods it missed as overruns: a measurement of the platform, so the campaign exits 0 (a shortfall
+    nothing accounts for exits 1: test_a_run_far_short_of_its_promise_says_why's ``unaccounted``)."""
     scenario = tmp_path / "short.toml"
     scenario.write_text(SHORT_SCENARIO.format(cpu=LAST_CPU))
     results = tmp_path / "results"
     table = run_cli("run", str(scenario), "--out", str(results), "--no-progress", timeout=120)
-    assert table.returncode == 1, table.stderr
+    assert table.returncode == 0, table.stderr
     row = next(line for line in table.stdout.splitlines() if "held-off" in line)
     assert "short" in row.split() and "complete" not in row, table.stdout
     assert "1 run(s) short of their expected samples" in table.stdout
@@ -207,7 +213,9 @@ def test_a_short_run_says_so_wherever_its_status_is_shown(tmp_path: Path) -> Non
     assert said is not None and int(said[1]) < 0.9 * 2000, table.stdout
     [manifest] = _manifests(results)
     assert manifest["status"] == "short" and manifest["campaign"]["outcome"] == "short"
-    assert manifest["expectation"]["short"] and manifest["expectation"]["taken"] == int(said[1])
+    expectation = manifest["expectation"]
+    assert expectation["short"] and expectation["taken"] == int(said[1]) and not expectation["unaccounted"]
+    assert expectation["taken"] + expectation["overruns"] >= 0.9 * 2000, expectation
     [state] = [json.loads(p.read_text()) for p in results.glob("campaigns/*/state.json")]
     assert [run["status"] for run in state["runs"].values()] == ["short"]
     sql = run_cli("sql", "SELECT status FROM runs", "--results", str(results), "--format", "json", check=True)
@@ -219,7 +227,7 @@ def test_a_short_run_says_so_wherever_its_status_is_shown(tmp_path: Path) -> Non
     # the campaign's JSON says the same, and --resume does not measure a short run again
     as_json = run_cli("run", "--no-report", str(scenario), "--out", str(tmp_path / "again"), "--no-progress",
                       "--json", timeout=120)
-    assert as_json.returncode == 1
+    assert as_json.returncode == 0
     [run] = json.loads(as_json.stdout)["runs"].values()
     assert run["status"] == "short" and "samples expected" in run["reason"]
     resumed = run_cli("run", "--resume", "--out", str(results), "--no-progress", timeout=60)

@@ -63,9 +63,12 @@ def test_timerlat_in_the_preempt_rt_guest_splits_every_sample(tmp_path: Path) ->
     records = stream.records
     assert stream.end_reason == "complete" and stream.header["aux_field"] == "irq_latency_ns"
     # how many are samples depends on the host's load (each late activation skips the periods it overran); their
-    # sum does not: the duration counts from the first activation and none of its 3,000 periods goes uncounted
+    # sum does not: the duration counts from the first activation and none of its 3,000 periods goes uncounted.
+    # One period either way at the run's end: an activation's expiry is its event's time less its latency, and a
+    # vCPU preempted between the tracer taking the latency and writing the event (TCG under load) moves that
+    # estimate by the delay, so the last activation can fall on either side of the end (seen once: 3,001).
     overruns, lost = stream.stats[(0, "overruns")], stream.stats[(0, "lost_events")]
-    assert lost == 0 and records.size + overruns == 3000, (records.size, overruns)
+    assert lost == 0 and abs(records.size + overruns - 3000) <= 1, (records.size, overruns)
     assert records.size >= 5, f"only {records.size} samples"
     irq, thread = records["aux"].astype(np.int64), records["value"].astype(np.int64)
     assert (irq > 0).all() and (irq < thread).all()

@@ -9,10 +9,12 @@ scenario (3 ms / 10 ms SCHED_DEADLINE pinned to CPU 1); the results land in a wr
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import RAN
 from guest_chroot import RTVIRT_ENV, needs_guest, run_guest
 from test_host import DEADLINE_SCENARIO, _reservation
 
@@ -61,7 +63,7 @@ def test_deadline_partition_in_a_real_cgroup_v2_partition_root(tmp_path: Path) -
     out = run_guest(tmp_path, BODY.format(watch=""), {"rtvirt-argv": " ".join(argv)}, append="cgroup_no_v1=all")
     log = (out / "run.log").read_text(errors="replace")
     assert (out / "v1-mounts").read_text().strip() == "0"  # no v1 hierarchy: the cpuset controller is v2's
-    assert "complete partition/solo/-/r1" in log, log[-3000:]
+    assert re.search(r"^(complete|short) partition/solo/-/r1", log, re.M), log[-3000:]  # short: periods overran
     [run_dir] = (out / "results" / "runs").iterdir()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["campaign"]["outcome"] == "complete", manifest["campaign"]
@@ -116,11 +118,12 @@ def test_pinned_deadline_vcpu_in_a_threaded_cgroup_v2_partition_root(tmp_path: P
     # killed with -9: its cgroups outlived it, empty (QEMU died with it)
     left = (out / "left.txt").read_text()
     assert "-qemu" in left and "vcpus" in left, left
-    # --resume reclaimed them and ran the run again, complete
+    # --resume reclaimed them and ran the run again to its end (short when the nested guest's probe overran
+    # periods, which a TCG guest inside a TCG guest does under load)
     log = (out / "run.log").read_text(errors="replace")
-    assert "complete qemu/solo/-/r1" in log, log[-3000:]
+    assert re.search(r"^(complete|short) qemu/solo/-/r1", log, re.M), log[-3000:]
     manifests = [json.loads(m.read_text()) for m in (out / "results" / "runs").glob("*/manifest.json")]
-    [manifest] = [m for m in manifests if m["campaign"]["outcome"] == "complete"]
+    [manifest] = [m for m in manifests if m["campaign"]["outcome"] in RAN]
     detail = manifest["environment_detail"]
     assert detail["exclusive_cpuset"]["process_partition"] == "root", detail
     assert detail["exclusive_cpuset"]["partition"] == "root", detail

@@ -68,9 +68,10 @@ def _number(cell: str) -> float:
 
 
 def _assert_measured(exit_status: int, statuses: set[str], output: str) -> None:
-    """Every run measured to its end; `rtvirt run` exits 1 only for runs short of their samples (which a loaded
-    host decides, docs/scenarios.md "Exit status")."""
-    assert statuses <= set(RAN) and exit_status == (1 if "short" in statuses else 0), (statuses, output[-6000:])
+    """Every run measured to its end; `rtvirt run` exits 1 only for runs short of samples nothing accounts for
+    (a loaded host decides how many periods a guest misses, docs/scenarios.md "Exit status")."""
+    assert statuses <= set(RAN) and (exit_status == 0 or (exit_status == 1 and "short" in statuses)), \
+        (statuses, output[-6000:])
 
 
 def _whole_study(name: str, scale: float, results: Path, tmp_path_factory: pytest.TempPathFactory,

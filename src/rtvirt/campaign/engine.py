@@ -588,8 +588,7 @@ def _run_plans(scenario: Scenario, state: CampaignState, results: Path, plans: l
     for index, plan in enumerate(plans, 1):
         _adopt_finished_run(state, plan.key, results)
         if state.is_finished(plan.key):
-            entry = state.runs[plan.key]
-            result.outcomes[plan.key] = RunOutcome(entry["status"], entry.get("reason", ""), entry.get("run_id"))
+            result.outcomes[plan.key] = _finished_outcome(state.runs[plan.key], results)
             continue
         unavailable = availability[plan.environment]
         if unavailable and scenario.skip_unavailable:
@@ -630,6 +629,16 @@ def _run_plans(scenario: Scenario, state: CampaignState, results: Path, plans: l
         if outcome.status == "interrupted":
             result.interrupted = True
             return
+
+
+def _finished_outcome(entry: dict[str, Any], results: Path) -> RunOutcome:
+    """A run a resumed campaign finished before; a short one with its manifest (whether its missing samples are
+    accounted for decides the exit status)."""
+    manifest = None
+    if entry.get("status") == "short" and entry.get("run_id"):
+        with contextlib.suppress(OSError, ValueError):
+            manifest = json.loads((Path(results) / "runs" / str(entry["run_id"]) / "manifest.json").read_text())
+    return RunOutcome(entry["status"], entry.get("reason", ""), entry.get("run_id"), manifest)
 
 
 def _adopt_finished_run(state: CampaignState, key: str, results: Path) -> None:

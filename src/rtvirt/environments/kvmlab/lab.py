@@ -105,6 +105,10 @@ class KvmLab(LabMachine):
                 "boot_seconds": self.boot_seconds, "root_image": self.root.name if self.root else None,
                 "pcpus": self.config.pcpus, "memory_mib": self.config.memory}
 
+    def warning(self) -> str:
+        """What every run in this lab says of its timings (the accelerator under the lab, what is emulated)."""
+        return LAB_WARNING.format(accel=self.accel.get("accel", "?").upper(), emulated=self.facts.get("emulated", "?"))
+
     def libvirt_uri(self) -> str:
         """qemu+libssh:// to the lab's libvirtd: libvirt's libssh transport takes the lab's client key and the
         known_hosts file that pins its host key as URI parameters (its ``ssh`` transport runs the ssh binary,

@@ -26,7 +26,7 @@ KEEPALIVE_COUNT = 6
 # run emulated, and at a load of 10-20 on 2 cores they can stay silent past half a minute while the lab's KVM boots
 # or tears down a guest (a campaign's connection to it was closed under a run so). A lab that really died is seen
 # by its own watch (KvmLab.alive), so its connections wait longer before they call libvirtd deaf.
-LAB_KEEPALIVE_COUNT = 36
+LAB_KEEPALIVE_COUNT = 120
 
 
 _EVENT_LOOP_LOCK = threading.Lock()

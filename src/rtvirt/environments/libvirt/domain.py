@@ -318,10 +318,7 @@ class LibvirtEnvironment(LibvirtTeardown):
         if self._type.get("type") == "qemu":
             found.append(TCG_WARNING.replace("the QEMU guest", "the libvirt domain (type qemu)"))
         if self._lab is not None:
-            from ..kvmlab import LAB_WARNING
-
-            found.append(LAB_WARNING.format(accel=self._lab.accel.get("accel", "?").upper(),
-                                            emulated=self._lab.facts.get("emulated", "?")))
+            found.append(self._lab.warning())
         dropped = self._dropped_tuning()
         if dropped:
             found.append(f"libvirt dropped {', '.join(dropped)} of the requested <cputune> (see domain_xml)")

@@ -607,9 +607,7 @@ class QemuEnvironment(Environment):
     def warnings(self) -> list[str]:
         found = []
         if self._lab is not None:
-            from ..kvmlab.lab import LAB_WARNING
-
-            found.append(LAB_WARNING.format(accel=self._lab.accel.get("accel", "?").upper()))
+            found.append(self._lab.warning())
         if not self._accel or self._accel["accel"] != "tcg":
             return found
         if self._where is None or self._where.here:
