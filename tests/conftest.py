@@ -214,3 +214,15 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.quiet)
     if item.get_closest_marker("xdist_group") is None and (group := _shared_setup(item)) is not None:
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def has_samples(stream: Path) -> bool:
+    """A stream being written holds data records (polled as a follower reads it: read_stream refuses a stream
+    whose header is not there yet, and the header alone is several hundred bytes)."""
+    from rtvirt.stream import StreamReader
+
+    reader = StreamReader(stream)
+    try:
+        return reader.poll().size > 0
+    finally:
+        reader.close()

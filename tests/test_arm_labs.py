@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import tomli_w
-from conftest import RTVIRT, run_cli
+from conftest import RTVIRT, has_samples, run_cli
 
 from rtvirt.environments.guest_image import cache_dir
 from rtvirt.environments.kvmlab.lab import LAB_ROOT as KVM_LAB_ROOT
@@ -34,7 +34,6 @@ from rtvirt.results.report import write_report
 from rtvirt.scenario import builtin_scenarios
 from rtvirt.scenario.loader import parse_scenario
 from rtvirt.store import load_run
-from rtvirt.stream import StreamReader
 
 EMULATED = "QEMU virt board, CPU cortex-a72, GICv2, emulated by TCG"
 DISTURBANCES = ("solo", "spin-same-core", "spin-other-core")
@@ -67,20 +66,11 @@ def _qemus(lab: Path) -> list[int]:
     return [int(pid) for pid in found.stdout.split()]
 
 
-def _has_records(stream: Path) -> bool:
-    """Polled as a follower reads a stream being written (read_stream refuses one whose header is not there yet)."""
-    reader = StreamReader(stream)
-    try:
-        return reader.poll().size > 0
-    finally:
-        reader.close()
-
-
 def _wait_streaming(results: Path, proc: subprocess.Popen[str], pattern: str, timeout: float) -> None:
     """Until a run matching ``pattern`` has streamed samples (the probe is running in the guest): records, not just
     the stream's header, which alone is several hundred bytes."""
     deadline = time.monotonic() + timeout
-    while not any(_has_records(p) for p in results.glob(f"runs/*{pattern}*/samples.rtvs")):
+    while not any(has_samples(p) for p in results.glob(f"runs/*{pattern}*/samples.rtvs")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
         time.sleep(0.5)
 

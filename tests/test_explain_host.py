@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import RTVIRT, run_cli
+from conftest import RTVIRT, has_samples, run_cli
 
 from rtvirt.explain.attribute import attribute
 from rtvirt.explain.cpuevents import occupancies_from_events, switched_pids
@@ -56,6 +56,10 @@ def _top_level() -> dict[str, str]:
 
 def _instances_of(pid: int) -> list[str]:
     return [entry.name for entry in (_root() / "instances").iterdir() if entry.name.startswith(f"rtvirt-{pid}-")]
+
+
+def _streaming(results: Path) -> bool:
+    return any(has_samples(stream) for stream in results.glob("runs/*/samples.rtvs"))
 
 
 def _tasks_of(pid: int) -> set[int]:
@@ -266,7 +270,9 @@ def test_kill_9_leaves_an_instance_that_resume_removes(tmp_path: Path) -> None:
     before = _top_level()
     proc = subprocess.Popen([*RTVIRT, "run", str(scenario), "--out", str(results), "--no-progress"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for(lambda: _instances_of(proc.pid), 60, "the campaign's tracefs instance")
+    # the run's instance, armed before its probe starts: once samples flow (an instance seen earlier can be the
+    # short-lived one that measures what an event costs, explain.cost, gone before the run's is made)
+    _wait_for(lambda: _instances_of(proc.pid) and _streaming(results), 60, "the campaign's tracefs instance")
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     left = _instances_of(proc.pid)
@@ -417,8 +423,11 @@ def test_the_flight_recorder_explains_early_outliers_a_whole_buffer_read_lost(re
     assert len(early) >= 5, len(early)
     for rank in early:
         assert _names_stressor(recorder[rank], tasks), (rank, recorder[rank], recorded["traces"]["recorder"].notes)
-        assert not _names_stressor(small[rank], tasks), (rank, small[rank])  # its events were overwritten
-        assert all(layer == "unexplained" for layer, *_ in small[rank]), small[rank]
+    # the 1 MiB ring kept the run's end: the early windows it lost are the earliest ones, and how many depends on
+    # how fast events came (once all of the first 3 s, once all but the last: window 11 at 2.9 s kept its events)
+    by_time = sorted(early, key=lambda rank: int(windows["start_ns"][rank - 1]))
+    lost = [rank for rank in by_time if not _names_stressor(small[rank], tasks)]
+    assert lost and lost == by_time[:len(lost)], [(rank, small[rank]) for rank in by_time]
     # the recorder within 1 MiB lost nothing here: what the whole trace explains, it explains (exactly the same
     # parts on one trace: test_the_recorders_kept_trace_reads_exactly_as_the_whole_one; two instances differ)
     trace = recorded["traces"]["recorder"]

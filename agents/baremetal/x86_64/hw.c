@@ -168,7 +168,9 @@ static void tsc_init(void) {
             if (plausible(found)) { hz = found; source = "cpuid-15h"; }
         }
     }
-    for (int tries = 0; !hz && tries < 3; tries++) {
+    /* a try fails when the vCPU is held off past the count's 55 ms; a TCG guest on a loaded host is, often (3 tries
+     * all failed at load 8: a measuring guest that could not start), and a failed try costs only its 40 ms */
+    for (int tries = 0; !hz && tries < 25; tries++) {
         uint64_t measured = pit_tsc_hz();
         if (plausible(measured)) { hz = measured; source = "pit"; }
     }
