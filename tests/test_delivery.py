@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli, steal_live_stream
+from conftest import RAN, run_cli, steal_live_stream
 
 from rtvirt.agents import agent_path
 from rtvirt.campaign.delivery import delivery_problem, delivery_record, expectation_record
@@ -104,7 +104,9 @@ def test_a_run_far_short_of_its_promise_says_why(tmp_path: Path) -> None:
     stream = _host_stream(tmp_path / "s.rtvs", 0.3)
     # the samples laid out as a thread that woke every millisecond from the start would take them
     start = int(stream.header["start_monotonic_ns"])
-    steady = SampleStream(stream.header, stream.records.copy(), stats=dict(stream.stats))
+    # (without the host run's own overrun count: the shortfalls below are samples nothing accounts for)
+    steady = SampleStream(stream.header, stream.records.copy(),
+                          stats={key: value for key, value in stream.stats.items() if key[1] != "overruns"})
     steady.records["t_ns"] = start + 1_000_000 * (1 + np.arange(stream.records.size, dtype=np.uint64))
     span_ns = int(steady.records.size) * 1_000_000
     # 90 % of the promise is enough; below it the run is short, with why
@@ -256,7 +258,7 @@ def test_a_lost_live_stream_is_recovered_from_the_guests_copy(tmp_path: Path) ->
     assert removed, "the live stream never grew past its header"
     [manifest] = _manifests(results)
     delivery = manifest["delivery"]
-    assert manifest["status"] == "complete", manifest["campaign"]
+    assert manifest["status"] in RAN, manifest["campaign"]  # short: periods the loaded guest's probe missed
     assert "from the guest's copy" in delivery["recovered"]
     assert delivery["agent_records"] == delivery["host_records"] == manifest["summary"]["all"]["samples"] > 10
     assert not list(results.glob("runs/*/work/stream-copy.img"))  # the spare does not stay behind

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import RAN, run_cli
 from kvm_host import NestedKvmHost
 
 from rtvirt.explain.attribute import WINDOW, attribute
@@ -201,7 +201,7 @@ layers = ["vm", "kvm"]
     (run_dir,) = (results / "runs").iterdir()
     manifest = load_run(run_dir).manifest
     detail = manifest["environment_detail"]
-    assert manifest["status"] == "complete", manifest["campaign"]
+    assert manifest["status"] in RAN, manifest["campaign"]  # short: periods the starved vCPU's probe missed
     assert detail["acceleration"] == "kvm" and detail["acceleration_reason"].startswith("kvm_amd on a CPU with SVM")
     assert detail["kvm_host"]["modules"]["kvm_amd"]["npt"] == "Y" and "halt_poll_ns" in detail["kvm_host"][
         "modules"]["kvm"]

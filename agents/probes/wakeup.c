@@ -29,8 +29,8 @@ static const rtv_opt wakeup_opts[] = {
     {0},
 };
 
-enum { STAT_SKIPPED, STAT_SENDER_CPU };
-static const char *const stat_names[] = {"skipped", "sender_cpu", NULL};
+enum { STAT_SKIPPED, STAT_SENDER_CPU, STAT_OVERRUNS };
+static const char *const stat_names[] = {"skipped", "sender_cpu", "overruns", NULL};
 
 static struct {
     rtv_ctx *ctx;
@@ -40,6 +40,7 @@ static struct {
     _Atomic uint64_t sent_ns;
     atomic_bool quit;
     uint64_t skipped;
+    uint64_t overruns; /* periods that passed while the sender itself was late (the timer probe's overruns) */
 } shared;
 
 static long futex(_Atomic uint32_t *word, int op, uint32_t value) {
@@ -85,8 +86,12 @@ static void *sender(void *arg) {
             futex(&shared.sent, FUTEX_WAKE_PRIVATE, 1);
             events++;
         }
-        uint64_t now = rtv_now_ns();
-        do next += opt.interval_ns; while (next <= now);
+        uint64_t now = rtv_now_ns(), passed = 0;
+        do {
+            next += opt.interval_ns;
+            passed++;
+        } while (next <= now);
+        shared.overruns += passed - 1;
     }
     /* Let the receiver take the last event (bounded: it may be stalled) before telling it to quit. */
     uint32_t last = atomic_load(&shared.sent);
@@ -137,6 +142,7 @@ static int wakeup_run(rtv_ctx *ctx) {
     pthread_join(rx, NULL);
     rtv_stat(ctx, 0, STAT_SKIPPED, (int64_t)shared.skipped);
     rtv_stat(ctx, 0, STAT_SENDER_CPU, sender_cpu);
+    rtv_stat(ctx, 0, STAT_OVERRUNS, (int64_t)shared.overruns);
     return 0;
 }
 
