@@ -305,7 +305,9 @@ def test_soak_under_host_load_loses_nothing(tmp_path: Path) -> None:
     manifests = _manifests(results)
     assert len(manifests) == 4
     short = [manifest for manifest in manifests if manifest["status"] == "short"]
-    assert campaign.returncode == (1 if short else 0), campaign.stderr
+    # exit 1 only for samples nothing accounts for; a starved guest's missed periods are counted as overruns
+    unaccounted = [manifest for manifest in short if manifest["expectation"]["unaccounted"]]
+    assert campaign.returncode == (1 if unaccounted else 0), campaign.stderr
     for manifest in manifests:
         delivery = manifest["delivery"]
         assert manifest["status"] in ("complete", "short"), manifest["campaign"]["reason"]
