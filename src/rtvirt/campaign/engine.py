@@ -634,11 +634,20 @@ def _run_plans(scenario: Scenario, state: CampaignState, results: Path, plans: l
 def _finished_outcome(entry: dict[str, Any], results: Path) -> RunOutcome:
     """A run a resumed campaign finished before; a short one with its manifest (whether its missing samples are
     accounted for decides the exit status)."""
-    manifest = None
-    if entry.get("status") == "short" and entry.get("run_id"):
-        with contextlib.suppress(OSError, ValueError):
-            manifest = json.loads((Path(results) / "runs" / str(entry["run_id"]) / "manifest.json").read_text())
+    manifest = _stored_manifest(results, entry) if entry.get("status") == "short" else None
     return RunOutcome(entry["status"], entry.get("reason", ""), entry.get("run_id"), manifest)
+
+
+def _stored_manifest(results: Path, entry: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest of the state ``entry``'s run, or None: no run id, no manifest (killed mid-run), unreadable."""
+    if not entry.get("run_id"):
+        return None
+    run = RunDir(str(entry["run_id"]), Path(results) / "runs" / str(entry["run_id"]))
+    try:
+        manifest = json.loads(run.manifest_path.read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
 
 
 def _adopt_finished_run(state: CampaignState, key: str, results: Path) -> None:
@@ -646,14 +655,12 @@ def _adopt_finished_run(state: CampaignState, key: str, results: Path) -> None:
     was written and before the state was (seen: Ctrl-C of `rtvirt lab` as a run ended). The state takes the
     manifest's outcome, so that --resume does not measure it a second time."""
     entry = state.runs.get(key, {})
-    if entry.get("status") != "running" or not entry.get("run_id"):
+    if entry.get("status") != "running":
         return
-    run = RunDir(str(entry["run_id"]), Path(results) / "runs" / str(entry["run_id"]))
-    try:
-        campaign = json.loads(run.manifest_path.read_text())["campaign"]
-        outcome, reason = str(campaign["outcome"]), str(campaign.get("reason") or "")
-    except (OSError, ValueError, KeyError, TypeError):
+    campaign = (_stored_manifest(results, entry) or {}).get("campaign")
+    if not isinstance(campaign, dict) or "outcome" not in campaign:
         return  # no manifest (killed mid-run: salvaged below) or not one we can read
+    outcome, reason = str(campaign["outcome"]), str(campaign.get("reason") or "")
     if outcome in FINISHED:
         state.record(key, status=outcome, reason=reason)
 
