@@ -188,6 +188,10 @@ def test_kill_9_then_resume_keeps_finished_runs_and_leaves_no_strays(tmp_path: P
     assert len(salvaged) == 1 and salvaged[0] != after["runs"][killed_key]["run_id"]
     partial = load_run(results / "runs" / salvaged[0]).manifest
     assert partial["status"] == "partial" and partial["campaign"]["outcome"] == "killed"
+    # it stands where its twin does in the matrix (the study tables read a configuration's first run)
+    redone = load_run(results / "runs" / after["runs"][killed_key]["run_id"]).manifest["campaign"]
+    identity = ("key", "group", "workload", "disturbance", "start_order")
+    assert {k: partial["campaign"][k] for k in identity} == {k: redone[k] for k in identity}, partial["campaign"]
     assert partial["summary"]["all"]["samples"] > 100
     assert _tagged_processes(tag) == []
     assert "report:" in resumed.stdout

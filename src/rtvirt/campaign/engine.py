@@ -454,8 +454,7 @@ class _RunExecution:
                 "environment_detail": record.env_description,
                 "study": study_provenance(scenario, plan),
                 "hooks": record.hook_log,
-                "campaign": {"key": plan.key, "group": plan.group, "workload": self.workload.name,
-                             "disturbance": self.disturbance_spec.name, "start_order": plan.start_order,
+                "campaign": {**_run_identity(scenario, plan),
                              "events": [{"t_ns": at, "action": action} for at, action in plan.events],
                              "stressors": [u.model_dump(mode="json") for u in self.disturbance_spec.stressors],
                              "stressor_results": self.stressor_results,
@@ -665,6 +664,13 @@ def _adopt_finished_run(state: CampaignState, key: str, results: Path) -> None:
         state.record(key, status=outcome, reason=reason)
 
 
+def _run_identity(scenario: Scenario, plan: PlannedRun) -> dict[str, Any]:
+    """Where a run stands in its campaign's matrix, as every manifest of it says (a salvaged partial run's too:
+    the study tables read its configuration's group, workload and disturbance from whichever run comes first)."""
+    return {"key": plan.key, "group": plan.group, "workload": scenario.probe_workloads()[plan.workload].name,
+            "disturbance": scenario.disturbances[plan.disturbance].name, "start_order": plan.start_order}
+
+
 def _salvage_killed_run(scenario: Scenario, plan: PlannedRun, results: Path, run_id: str) -> bool:
     """Keep the samples of a run whose campaign was killed (kill -9, power loss) as a partial run.
 
@@ -686,7 +692,7 @@ def _salvage_killed_run(scenario: Scenario, plan: PlannedRun, results: Path, run
         return False
     extra = {"scenario": scenario.name, "environment": scenario.environments[plan.environment].label,
              "config": plan.config, "repetition": plan.repetition,
-             "campaign": {"key": plan.key, "outcome": "killed",
+             "campaign": {**_run_identity(scenario, plan), "outcome": "killed",
                           "reason": "the campaign was killed while this run was in progress"}}
     write_measured_run(run, stream, name=scenario.name, params=stream.header.get("params", {}),
                        group_by=PROBES[scenario.probe_workloads()[plan.workload].probe].group_by, extra=extra)
