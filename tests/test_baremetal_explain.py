@@ -163,9 +163,6 @@ def assert_named_with_its_slice(bursts: list[int]) -> None:
 
 
 @needs_kvm
-@pytest.mark.xfail(strict=False, reason="open regression (2026-11-29, after issue 38's VM-layer states): the VM "
-                   "layer reads the host task's slices as 'vCPU asleep, not woken yet' in some runs (3 bursts named "
-                   "of ~80 in one, 53 in the run before): the vCPU's wake-up is not always found in the trace")
 def test_a_host_fifo_task_is_named_with_the_time_it_took_from_the_kvm_guest(tmp_path: Path) -> None:
     run, bursts = explained_run(tmp_path, "x86_64", "kvm")
     assert_named_with_its_slice(bursts)
@@ -176,9 +173,6 @@ def test_a_host_fifo_task_is_named_with_the_time_it_took_from_the_kvm_guest(tmp_
 
 
 @needs_arm
-@pytest.mark.xfail(strict=False, reason="open regression (2026-11-29, after issue 38's VM-layer states): under "
-                   "aarch64 TCG the VM layer reads most of the stressor's 10 ms slices as 'vCPU asleep, not woken "
-                   "yet' (1 burst named of the run's ~40): the vCPU's wake-up is not found in the trace")
 def test_an_aarch64_guest_aligns_its_clock_over_virtio_mmio_and_the_task_is_named(tmp_path: Path) -> None:
     _, bursts = explained_run(tmp_path, "aarch64", "tcg")
     assert_named_with_its_slice(bursts)

@@ -381,7 +381,7 @@ def test_a_guest_sample_is_placed_by_the_start_exchange_widened_by_the_drift_bou
     from rtvirt.explain.vm import DRIFT_BOUND_PPM, VmSource, _GuestPlacement
 
     source = VmSource("measured", (1,), "tcg")
-    placement = _GuestPlacement(source)
+    placement = _GuestPlacement(source.clock_map, source.host_cpus)
     assert placement.to_trace(5_000_000_000) is None  # no exchange yet: the samples wait
     exchange = ClockExchange(connect=lambda: None)  # type: ignore[arg-type,return-value]
     source.attach(400, {0: 500}, exchange)

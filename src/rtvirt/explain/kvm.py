@@ -374,7 +374,8 @@ class KvmSource:
             assert instance.path is not None and self.samples is not None and self.keep is not None
             self.recorder = start_recording(instance, FlightRecorder(
                 instance.path, self.host_cpus, self.samples, self.keep, bound_bytes=self.buffer_mb << 20,
-                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self), access=self.access))  # type: ignore[arg-type]
+                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self.clock_map, self.host_cpus),
+                access=self.access))
 
     def _count_exits(self, instance: TracefsInstance) -> None:
         """The kernel's own count of every exit by reason (a hist trigger on the instance's kvm_exit), where the

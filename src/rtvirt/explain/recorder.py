@@ -110,7 +110,9 @@ class _Chunk:
     first_ns: int
     last_ns: int
     data: bytes  # the chunk's trace text, zlib-compressed (the bound holds several times more than the text)
-    first_switch_ns: int | None  # the first sched_switch in it (walk-back anchor), None if it has none
+    # where a window's walk-back may stop in it: its first sched_switch (None if it has none); in a trace read
+    # without context (walk_back off), its first line
+    anchor_ns: int | None
     lines: int
     next_first_ns: int | None = None  # where the next chunk begins (None: not read yet)
 
@@ -134,8 +136,8 @@ class _Cpu:
 
 
 def _anchored(chunk: _Chunk, before_ns: int) -> bool:
-    """The chunk holds a sched_switch before ``before_ns``."""
-    return chunk.first_switch_ns is not None and chunk.first_switch_ns < before_ns
+    """The chunk holds its anchor (a sched_switch) before ``before_ns``."""
+    return chunk.anchor_ns is not None and chunk.anchor_ns < before_ns
 
 
 def _first_switch(text: str) -> int | None:
@@ -151,12 +153,16 @@ class FlightRecorder:
     ``bound_bytes`` of compressed trace per CPU around the windows ``rule`` says can become explained outliers.
     ``margin_ns``: how far around a window the attribution reads (host.MARGIN_NS). ``access``: whose tracefs
     (default: this machine's); on another machine the trace clock's present is the newest trace time read.
-    ``placement``: how samples map onto the trace (default: the same clock and CPUs)."""
+    ``placement``: how samples map onto the trace (default: the same clock and CPUs). ``walk_back``: a window's
+    trace reaches back to a sched_switch before it (what was running when it began); off for a trace read
+    without such context (the VM layer's wake-ups, which has no switches: it would hold everything from the
+    first line for every window)."""
 
     def __init__(self, instance_path: Path, cpus: Sequence[int], samples: Path, rule: KeepRule, *,
                  bound_bytes: int, margin_ns: int, access: PipeAccess | None = None,
-                 placement: SampleMap | None = None) -> None:
+                 placement: SampleMap | None = None, walk_back: bool = True) -> None:
         self.path, self.samples, self.rule = instance_path, samples, rule
+        self.walk_back = walk_back
         self.placement: SampleMap = placement or SameClock()
         self.bound_bytes, self.margin_ns = bound_bytes, margin_ns
         self.cpus = tuple(cpus)
@@ -258,7 +264,8 @@ class FlightRecorder:
             self._newest_ns = max(self._newest_ns, last)
             if state.newest is not None:
                 state.newest.next_first_ns = first
-            state.newest = _Chunk(state.next_seq, first, last, data, _first_switch(text), end - start)
+            anchor = _first_switch(text) if self.walk_back else first
+            state.newest = _Chunk(state.next_seq, first, last, data, anchor, end - start)
             state.chunks.append(state.newest)
             state.next_seq += 1
             state.bytes += len(data)

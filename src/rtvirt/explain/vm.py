@@ -415,17 +415,20 @@ def exit_occupancies(events: list[KvmEvent], threads: VmThreads, resumes: Mappin
 
 
 class _GuestPlacement:
-    """Where a guest's sample lies in the VM trace (explain.recorder.SampleMap): on any of the traced pCPUs, at
-    the host time the clock exchange gives, give or take its uncertainty and the drift bound since the start."""
+    """Where a guest's sample lies in the VM trace (explain.recorder.SampleMap): on any of the instance's traced
+    ``cpus``, at the host time the clock exchange gives, give or take its uncertainty and the drift bound since
+    the start."""
 
-    def __init__(self, source: VmSource) -> None:
-        self.source = source
+    def __init__(self, clock_map: Callable[[], ClockMap | None], cpus: tuple[int, ...]) -> None:
+        self.clock_map, self.cpus = clock_map, cpus
 
     def trace_cpus(self, sample_cpu: int) -> tuple[int, ...]:
-        return self.source.host_cpus  # (a vCPU's pCPU is not known from its index when it is not pinned)
+        # (a vCPU's pCPU is not known from its index when it is not pinned; its wake-ups are recorded on the
+        # waker's CPU, any of them)
+        return self.cpus
 
     def to_trace(self, sample_ns: int) -> tuple[int, int] | None:
-        clock = self.source.clock_map()
+        clock = self.clock_map()
         if clock is None:
             return None
         drift = abs(sample_ns - clock.guest_0) * DRIFT_BOUND_PPM // 1_000_000
@@ -510,7 +513,8 @@ class VmSource:
             assert instance.path is not None and self.samples is not None and self.keep is not None
             self.recorder = start_recording(instance, FlightRecorder(
                 instance.path, self.host_cpus, self.samples, self.keep, bound_bytes=self.buffer_mb << 20,
-                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self), access=self.access))
+                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self.clock_map, self.host_cpus),
+                access=self.access))
 
     def attach(self, qemu_pid: int, vcpus: Mapping[int, int], exchange: ClockExchange | None) -> None:
         """The VM is placed (its vCPU threads exist, it has not run yet): remember who is who."""
@@ -550,7 +554,7 @@ class VmSource:
             assert instance.path is not None and self.samples is not None and self.keep is not None
             self._wake_recorder = start_recording(instance, FlightRecorder(
                 instance.path, cpus, self.samples, self.keep, bound_bytes=WAKEUP_RING_KB << 10,
-                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self)))
+                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self.clock_map, cpus), walk_back=False))
 
     def stop(self) -> None:
         if self._exchange is not None:
@@ -599,7 +603,7 @@ class VmSource:
                 occupancies.append(dataclasses.replace(occupancy, start_ns=start, end_ns=end))
         notes = list(clock.notes) + self._problems
         bound, dropped = bound_notes(self.recorder, self._dropped, context, self.buffer_mb * 1024, "vCPU")
-        notes += bound
+        notes += bound + self._wakeups_lost()
         if self.recorder is not None and abs(clock.rate - 1) * 1e6 > DRIFT_BOUND_PPM:
             notes.append(f"the guest's clock drifted {(clock.rate - 1) * 1e6:+.0f} ppm, beyond the "
                          f"{DRIFT_BOUND_PPM} ppm the flight recorder allowed for: windows late in the run may "
@@ -612,6 +616,17 @@ class VmSource:
         drift, said = drift_allowance(clock, context.windows)
         return LayerTrace("vm", True, None, occupancies, clock.uncertainty_ns + drift + TEXT_RESOLUTION_NS, dropped,
                           notes + said)
+
+
+    def _wakeups_lost(self) -> list[str]:
+        """What the wake-up recorder's bound cost: windows whose vCPU wake-ups were not all kept read a woken
+        vCPU as asleep."""
+        recorder = self._wake_recorder
+        if recorder is None or not (recorder.lost or recorder.dropped_lines):
+            return []
+        return [f"the flight recorder's bound on the vCPU threads' wake-ups ({WAKEUP_RING_KB} KiB per CPU) dropped "
+                f"{recorder.dropped_lines} of them, part of {len(recorder.lost)} outlier windows' (a vCPU woken "
+                "there reads as asleep)"]
 
 
 def _near_windows(windows: np.ndarray) -> Callable[[int, int, int], bool]:
