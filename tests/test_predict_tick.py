@@ -65,7 +65,7 @@ def test_the_tick_phase_is_read_back_from_a_reservations_holes(phase_ms: float) 
     assert measured is not None and measured.lattice_share == 1
     assert measured.phase_ns == pytest.approx(phase_ms * 1e6, abs=1_000)
     assert measured.resume_jitter_ns == 0 and set(measured.resume_latencies_ns) == {0}  # the model resumes on time
-    assert measured.unseen_charge_ns == pytest.approx(0, abs=3_000)  # and is charged what it is seen running
+    assert measured.unseen_charge_ns == pytest.approx(0, abs=5_000)  # and is charged what it is seen running
     # a reservation whose periods restarted elsewhere after 2 s (it fell behind), the ticks where they were: the
     # phase of the periods most holes ended on
     later = simulate(build({"scheduler": "deadline", "enforcement": {"tick": "4ms", "phase": "1.5ms"}},

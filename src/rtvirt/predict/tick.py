@@ -129,14 +129,23 @@ def _unseen_charge(starts_ns: Sequence[int], lengths_ns: Sequence[int], ticks: f
     shortest = period_ns - runtime_ns - tick_ns  # a runtime of at most one budget overruns less than a tick
     if shortest <= 0:
         return 0
-    throttles = [(start, start + length) for start, length in zip(starts_ns, lengths_ns, strict=True)
-                 if length >= shortest // 2 and abs(_offset(start, ticks, tick_ns)) <= tick_ns / 40]
+    # throttles, and stalls: a gap of an eighth of a tick or more off the ticks is no interrupt handler but the
+    # outer hypervisor's (steal time, which the kernel does not charge), so the interval it falls in is left out
+    throttles: list[tuple[int, int, bool]] = []  # (start, end, a stall since the previous throttle)
+    stalled = False
+    for start, length in zip(starts_ns, lengths_ns, strict=True):
+        on_tick = abs(_offset(start, ticks, tick_ns)) <= tick_ns / 40
+        if length >= shortest // 2 and on_tick:
+            throttles.append((start, start + length, stalled))
+            stalled = False
+        elif length >= tick_ns // 8:
+            stalled = True
     # intervals between throttles: (time seen running, periods the deadline moved); None where periods restarted
     intervals: list[tuple[int, int] | None] = []
-    for (_, end), (next_start, next_end) in itertools.pairwise(throttles):
+    for (_, end, _), (next_start, next_end, stall) in itertools.pairwise(throttles):
         periods = (next_end - end) / period_ns
         moved = round(periods)
-        kept = moved >= 1 and abs(periods - moved) * period_ns <= tick_ns / 4
+        kept = not stall and moved >= 1 and abs(periods - moved) * period_ns <= tick_ns / 4
         intervals.append((next_start - end, moved) if kept else None)
     added = seen = counted = 0
     for kept, stretch in itertools.groupby(intervals, key=lambda interval: interval is not None):
