@@ -140,7 +140,7 @@ def test_near_a_phase_where_the_runtime_runs_out_at_a_tick_tens_of_us_change_the
     throttles (3 x 2.78 + 2 x 4.78 ms) nearly use the 18 ms five periods give, so the small surplus decides how
     often another pattern of holes comes in. The run measured 81.5 holes/s; the model resuming anywhere in the
     spread of the resumptions (the late ones counted as often as the usual ones) said 70.8/s; charged only what
-    the probe sees, 77/s; the kernel's own resumptions and its unseen charge, 81/s."""
+    the probe sees, 74/s; the kernel's own resumptions and its unseen charge, 81/s."""
     spread = _long_hole_rate(_holes(2_782, list(range(0, 118, 3)))[1])
     seen_only = _long_hole_rate(_holes(2_782, KERNEL_LATENCIES_US)[1])
     charged = [_long_hole_rate(_holes(2_782 + 24, KERNEL_LATENCIES_US, seed)[1]) for seed in (1, 2, 3)]
