@@ -88,8 +88,10 @@ struct Config {
     Time fair_slice = 4000000, major_frame = 0;
     // Budgets checked only at a periodic tick (Linux SCHED_DEADLINE without HRTICK_DL): ticks at
     // enforcement_phase + k * enforcement_tick; 0 = budgets are enforced exactly. A replenished reservation
-    // resumes after a wake-up latency drawn uniformly from [0, resume_jitter].
+    // resumes after a wake-up latency drawn uniformly from [0, resume_jitter], or, when resume_latencies is
+    // not empty, drawn from those values with equal chance (a measured distribution's quantiles).
     Time enforcement_tick = 0, enforcement_phase = 0, resume_jitter = 0;
+    std::vector<Time> resume_latencies;
     std::vector<int> guest;  // per VM
     std::vector<VCpuSpec> vcpus;
     std::vector<TaskSpec> tasks;

@@ -38,6 +38,7 @@ Config to_config(const py::dict& d) {
     c.enforcement_tick = get<Time>(d, "enforcement_tick", 0);
     c.enforcement_phase = get<Time>(d, "enforcement_phase", 0);
     c.resume_jitter = get<Time>(d, "resume_jitter", 0);
+    c.resume_latencies = get<std::vector<Time>>(d, "resume_latencies", {});
     c.gantt_from = get<Time>(d, "gantt_from", 0);
     c.gantt_to = get<Time>(d, "gantt_to", 0);
     for (auto name : d["guest"].cast<py::list>()) c.guest.push_back(guest_index(name.cast<std::string>()));

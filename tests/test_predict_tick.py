@@ -60,10 +60,12 @@ def test_the_tick_phase_is_read_back_from_a_reservations_holes(phase_ms: float) 
     gaps = simulate(model).gaps
     offset = 1_234_567_890_123  # a measurement's clock starts anywhere
     starts = [start + offset for start in gaps["start_ns"].to_pylist()]
-    measured = tick_phase(starts, gaps["gap_ns"].to_pylist(), 4_000_000, 10_000_000, min_hole_ns=3_500_000)
+    measured = tick_phase(starts, gaps["gap_ns"].to_pylist(), 4_000_000, 10_000_000, min_hole_ns=3_500_000,
+                          runtime_ns=3_000_000)
     assert measured is not None and measured.lattice_share == 1
     assert measured.phase_ns == pytest.approx(phase_ms * 1e6, abs=1_000)
-    assert measured.resume_jitter_ns == 0  # the model resumes on time
+    assert measured.resume_jitter_ns == 0 and set(measured.resume_latencies_ns) == {0}  # the model resumes on time
+    assert measured.unseen_charge_ns == pytest.approx(0, abs=5_000)  # and is charged what it is seen running
     # a reservation whose periods restarted elsewhere after 2 s (it fell behind), the ticks where they were: the
     # phase of the periods most holes ended on
     later = simulate(build({"scheduler": "deadline", "enforcement": {"tick": "4ms", "phase": "1.5ms"}},
@@ -96,17 +98,70 @@ def test_the_resumptions_spread_is_read_back_and_keeps_the_phase() -> None:
     assert measured.resume_jitter_ns == pytest.approx(36_000, abs=6_000)
 
 
+def _holes(phase_us: int, latencies_us: list[int], seed: int = 1) -> tuple[list[int], list[int]]:
+    """(starts, lengths) of a 3 ms / 10 ms reservation's holes over 4 s, ticks ``phase_us`` after its periods'
+    starts, resuming after one of ``latencies_us``."""
+    model = build({"scheduler": "deadline", "enforcement": {"tick": "4ms", "phase": f"{phase_us}us",
+                                                             "resume_latencies": [f"{x}us" for x in latencies_us]}},
+                  [{"name": "g", "vcpu": [{"runtime": "3ms", "period": "10ms"}], "gap": {"threshold": "20us"}}],
+                  duration="4s", simulation={"seed": seed})
+    gaps = simulate(model).gaps
+    return gaps["start_ns"].to_pylist(), gaps["gap_ns"].to_pylist()
+
+
+def _long_hole_rate(lengths: list[int]) -> float:
+    return sum(length >= 3_500_000 for length in lengths) / 4
+
+
+# the kernel here: resumes a few us after the replenishment, one time in ten about 110 us later
+KERNEL_LATENCIES_US = [0] * 6 + [2] * 6 + [4] * 6 + [6] * 4 + [8] * 3 + [110] * 3
+
+
+@pytest.mark.parametrize("phase_us", [1_200, 2_100, 2_780, 3_700])
+def test_the_runtime_charged_unseen_is_read_back_from_the_runtime_balance(phase_us: int) -> None:
+    """The kernel charges a reservation from when it picks its task, before the probe runs again, to the
+    throttling tick's handling, after the probe's last timestamp: 20-30 us a resumption here that no hole shows.
+    A model charged 25 us more than its probe sees (its ticks 25 us later, its holes seen 25 us earlier) gives
+    that charge back from the holes alone, and the measured resumptions as the latencies it draws from."""
+    starts, lengths = _holes(phase_us + 25, KERNEL_LATENCIES_US)
+    seen_starts, seen_lengths = [s - 25_000 for s in starts], [length + 25_000 for length in lengths]
+    measured = tick_phase(seen_starts, seen_lengths, 4_000_000, 10_000_000, min_hole_ns=3_500_000,
+                          runtime_ns=3_000_000)
+    assert measured is not None
+    assert measured.phase_ns == pytest.approx(phase_us * 1_000, abs=2_000)
+    assert measured.unseen_charge_ns == pytest.approx(25_000, abs=4_000)
+    latencies = measured.resume_latencies_ns
+    assert len(latencies) == 40 and latencies == tuple(sorted(latencies))
+    assert max(latencies[:30]) <= 10_000 and latencies[-1] == pytest.approx(110_000, abs=5_000)
+
+
+def test_near_a_phase_where_the_runtime_runs_out_at_a_tick_tens_of_us_change_the_rate() -> None:
+    """Issue 39's failed run: ticks 2.78 ms after the period's start, where three first-tick and two second-tick
+    throttles (3 x 2.78 + 2 x 4.78 ms) nearly use the 18 ms five periods give, so the small surplus decides how
+    often another pattern of holes comes in. The run measured 81.5 holes/s; the model resuming anywhere in the
+    spread of the resumptions (the late ones counted as often as the usual ones) said 70.8/s; charged only what
+    the probe sees, 74/s; the kernel's own resumptions and its unseen charge, 81/s."""
+    spread = _long_hole_rate(_holes(2_782, list(range(0, 118, 3)))[1])
+    seen_only = _long_hole_rate(_holes(2_782, KERNEL_LATENCIES_US)[1])
+    charged = [_long_hole_rate(_holes(2_782 + 24, KERNEL_LATENCIES_US, seed)[1]) for seed in (1, 2, 3)]
+    assert all(rate == pytest.approx(81.5, rel=0.05) for rate in charged), charged
+    assert spread < 0.9 * 81.5 and seen_only < 0.96 * 81.5, (spread, seen_only)
+
+
 def test_a_deadline_reservation_is_derived_with_the_kernels_tick_and_phase() -> None:
     scenario = parse_scenario('name = "t"\nduration = "1s"\n[workload]\nprobe = "gap"\n[[environments]]\n'
                               'kind = "partition"\ncpus = "1"\n'
                               'sched = { policy = "deadline", runtime = "3ms", period = "10ms" }\n[predict]\n')
-    tick = EnforcementTick(4_000_000, 250, MeasuredPhase(2_100_000, 30_000, 1.0), phase_from="measured in run-x")
+    tick = EnforcementTick(4_000_000, 250, MeasuredPhase(2_100_000, 30_000, 1.0, (0, 4_000, 30_000), 20_000),
+                           phase_from="measured in run-x")
     derived = derive_model(scenario.environments[0], scenario.probe_workloads()[0], [], 1_000_000_000,
                            PredictSpec.model_validate({}), tick=tick)
     enforcement = derived.model.hypervisor.enforcement
-    assert (enforcement.tick, enforcement.phase, enforcement.resume_jitter) == (4_000_000, 2_100_000, 30_000)
-    assert any("4 ms scheduler tick (HZ 250" in line and "2.100 ms" in line and "run-x" in line
-               for line in derived.mapping), derived.mapping
+    # the model's ticks where the kernel's accounting sees them: 20 us of runtime charged unseen later
+    assert (enforcement.tick, enforcement.phase) == (4_000_000, 2_120_000)
+    assert enforcement.resume_latencies == [0, 4_000, 30_000] and enforcement.resume_jitter == 0
+    assert any("4 ms scheduler tick (HZ 250" in line and "2.100 ms" in line and "20 us of runtime charged" in line
+               and "run-x" in line for line in derived.mapping), derived.mapping
     exact = derive_model(scenario.environments[0], scenario.probe_workloads()[0], [], 1_000_000_000,
                          PredictSpec.model_validate({}))
     assert exact.model.hypervisor.enforcement.tick == 0 and any("exactly" in n for n in exact.notes)
@@ -125,15 +180,23 @@ def test_a_bad_enforcement_value_exits_2_naming_the_field(tmp_path: Path) -> Non
 def test_a_pinned_deadline_reservation_is_predicted_with_its_tick(tmp_path: Path) -> None:
     """Issue 39: a pinned SCHED_DEADLINE 3 ms / 10 ms partition, enforced at this kernel's 4 ms tick: the model
     without the tick predicted 7 ms holes at 100/s where the kernel gave 61.5/s with a 13.65 ms median in one run
-    and a 6.68 ms median in another. With the tick at its measured phase, rate and median agree within 15 %."""
+    and a 6.68 ms median in another. With the tick at its measured phase, rate and median agree within 15 %, in
+    each of two runs (each starts its reservation at another phase; near some phases tens of microseconds of
+    wake-up latency and unseen charge decide the rate: one CI run measured 80/s where the model said 98/s)."""
     scenario = tmp_path / "dl.toml"
     scenario.write_text(
         'name = "dl-tick"\nduration = "4s"\n[workload]\nprobe = "gap"\nparams = { threshold = "20us" }\n'
         f'[[environments]]\nkind = "partition"\nname = "dl"\ncpus = "{LAST_CPU}"\n'
         'sched = { policy = "deadline", runtime = "3ms", period = "10ms" }\n[predict]\n')
-    results = tmp_path / "results"
+    for attempt in range(2):
+        (tmp_path / f"run{attempt}").mkdir()
+        _check_pinned_prediction(scenario, tmp_path / f"run{attempt}")
+
+
+def _check_pinned_prediction(scenario: Path, where: Path) -> None:
+    results = where / "results"
     run_cli("run", str(scenario), "--out", str(results), "--no-report", timeout=300, check=True)
-    report = tmp_path / "report.json"
+    report = where / "report.json"
     run_cli("report", str(results), "--format", "json", "--out", str(report), check=True)
     prediction = json.loads(report.read_text())["predictions"][0]
     assert any("4 ms scheduler tick" in line and "measured in" in line for line in prediction["mapping"]), \

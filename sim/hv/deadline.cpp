@@ -9,13 +9,15 @@
 // With an enforcement tick (a kernel without HRTICK_DL), the runtime is checked only at the tick, when the
 // server blocks or when it is preempted: a running server overruns up to the next tick and carries the overrun
 // as a negative runtime into its replenishment. A replenished server resumes after a wake-up latency drawn
-// from [0, resume_jitter]: where its runtime runs out just at a tick, that latency decides the next holes.
+// from [0, resume_jitter] or from the measured resume_latencies: where its runtime runs out just at a tick,
+// that latency decides the next holes.
 #include "schedulers.h"
 
 namespace rtv {
 
 struct Deadline final : HvScheduler {
     Time slice, tick, phase, jitter;
+    std::vector<Time> latencies;
     Rng rng;
     int64_t counter = 0;
     std::vector<bool> throttled;
@@ -23,7 +25,7 @@ struct Deadline final : HvScheduler {
     std::vector<int> order, background;
     explicit Deadline(const Config& cfg)
         : slice(cfg.fair_slice), tick(cfg.enforcement_tick), phase(cfg.enforcement_phase), jitter(cfg.resume_jitter),
-          rng(cfg.seed ^ 0xD1B54A32D192ED03ULL) {}
+          latencies(cfg.resume_latencies), rng(cfg.seed ^ 0xD1B54A32D192ED03ULL) {}
 
     static bool is_server(const VCpu& v) { return v.spec.runtime > 0; }
     static Time rel_deadline(const VCpu& v) { return v.spec.deadline > 0 ? v.spec.deadline : v.spec.period; }
@@ -35,6 +37,12 @@ struct Deadline final : HvScheduler {
         return into == 0 ? t : t + tick - into;
     }
     bool is_enforcement_point(Time t) const { return tick <= 0 || ((t - phase) % tick + tick) % tick == 0; }
+
+    Time resume_latency() {
+        if (!latencies.empty())
+            return latencies[static_cast<size_t>(rng.uniform(0, static_cast<Time>(latencies.size()) - 1))];
+        return jitter > 0 ? rng.uniform(0, jitter) : 0;
+    }
 
     void throttle(VCpu& v) {
         throttled[static_cast<size_t>(v.index)] = true;
@@ -143,7 +151,7 @@ struct Deadline final : HvScheduler {
                     v.dl = to + rel_deadline(v);
                     v.q = v.spec.runtime;
                 }
-                Time latency = jitter > 0 ? rng.uniform(0, jitter) : 0;
+                Time latency = resume_latency();
                 if (latency > 0) {  // replenished, running again once woken
                     replenish_at[i] = to + latency;
                     continue;

@@ -62,6 +62,9 @@ class Enforcement(_Strict):
     phase: Ms = Field(0, ge=0, description="time of the first tick; servers start their first period at 0")
     resume_jitter: Ms = Field(0, ge=0, description="a replenished server resumes after a wake-up latency drawn "
                                                    "uniformly from [0, resume_jitter]")
+    resume_latencies: list[Ms] = Field(default_factory=list, max_length=1000,
+                                       description="instead of resume_jitter: the latency drawn from these "
+                                                   "values with equal chance (a measured distribution's quantiles)")
 
 
 class Hypervisor(_Strict):

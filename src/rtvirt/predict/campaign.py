@@ -124,7 +124,7 @@ def _measured_tick(spec: PredictSpec, environment: Any, plans: list[Any], config
         samples = run.samples(["t_ns", field]).to_pydict()
         runtime, length = period
         measured = tick_phase(samples["t_ns"], samples[field], tick.tick_ns, length,
-                              min_hole_ns=max(1, (length - runtime) // 2))
+                              min_hole_ns=max(1, (length - runtime) // 2), runtime_ns=runtime)
         return tick if measured is None else replace(tick, measured=measured, phase_from=f"measured in {run.run_id}")
     return None
 

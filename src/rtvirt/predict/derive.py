@@ -80,14 +80,19 @@ def _host_like(env: EnvironmentConfig, priority: int, crowded: bool, what: str) 
 
 def _deadline_enforcement(tick: EnforcementTick | None) -> tuple[dict[str, Any], list[str], list[str]]:
     """The hypervisor table's enforcement, its mapping line and notes, for SCHED_DEADLINE on the measured
-    kernel: at its tick (and where it falls in the period, when measured), or exact when nothing says so."""
+    kernel: at its tick (and where it falls in the period, when measured), or exact when nothing says so.
+
+    The model charges runtime only while its reservation is seen running: the runtime the kernel charged
+    unseen each resumption moves the model's ticks that much later, where the kernel's accounting sees them."""
     if tick is None:
         return {}, [], ["SCHED_DEADLINE runtimes modelled as enforced exactly: the measured kernel's tick is "
                         "not known (HZ not in its audit) or HRTICK_DL is on"]
     phase = tick.measured
-    return ({"enforcement": {"tick": f"{tick.tick_ns}ns", "phase": f"{phase.phase_ns if phase else 0}ns",
-                             "resume_jitter": f"{phase.resume_jitter_ns if phase else 0}ns"}},
-            [f"SCHED_DEADLINE {tick.describe()}"], [])
+    enforcement: dict[str, Any] = {"tick": f"{tick.tick_ns}ns", "phase": "0ns"}
+    if phase is not None:
+        enforcement["phase"] = f"{(phase.phase_ns + phase.unseen_charge_ns) % tick.tick_ns}ns"
+        enforcement["resume_latencies"] = [f"{latency}ns" for latency in phase.resume_latencies_ns]
+    return {"enforcement": enforcement}, [f"SCHED_DEADLINE {tick.describe()}"], []
 
 
 def _partition(env: Any, priority: int, crowded: bool, tick: EnforcementTick | None) -> _Platform:

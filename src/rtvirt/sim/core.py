@@ -172,7 +172,7 @@ def core_config(model: Model, *, duration_ns: int | None = None, seed: int | Non
         "credit_accounting": hv.credit.accounting, "credit_rate_limit": hv.credit.rate_limit,
         "fair_slice": hv.fair.slice, "major_frame": hv.arinc653.major_frame if hv.arinc653 else 0,
         "enforcement_tick": hv.enforcement.tick, "enforcement_phase": hv.enforcement.phase,
-        "resume_jitter": hv.enforcement.resume_jitter,
+        "resume_jitter": hv.enforcement.resume_jitter, "resume_latencies": list(hv.enforcement.resume_latencies),
         "guest": [vm.scheduler for vm in model.vm], "vcpus": vcpus, "tasks": tasks, "chains": chains,
         "gantt_from": gantt[0] if gantt else 0, "gantt_to": gantt[1] if gantt else 0,
     }
