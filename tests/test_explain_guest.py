@@ -336,8 +336,15 @@ def test_the_guests_flight_recorder_keeps_the_early_bursts_of_a_run_longer_than_
                        if part.cause.startswith("guest task rtvirt-stress/")})
     # the bursts 8 s apart (an outlier window may hold the same burst twice: keep one time per burst)
     bursts = [t for i, t in enumerate(burst_at) if i == 0 or t - burst_at[i - 1] > 1.0]
-    assert len(bursts) >= 2 and bursts[0] < 8.5, burst_at
     guest = next(layer for layer in explanation.layers if layer.layer == "guest")
+    # (what a failure needs to be told apart: a window the recorder lost is in its notes; one it kept but the
+    # attribution did not name has parts of other causes; a burst that made no outlier is not among the largest)
+    records = read_stream(run_dir / "samples.rtvs").records
+    largest = sorted(((int(v) / 1e6, round((int(t) - start) / 1e9, 2)) for t, v in
+                      zip(records["t_ns"], records["value"], strict=True)), reverse=True)[:8]
+    early = sorted({(round((part.sample_t_ns - start) / 1e9, 2), part.cause[:60]) for part in explanation.parts
+                    if part.sample_t_ns - start < 9_000_000_000})[:12]
+    assert len(bursts) >= 2 and bursts[0] < 8.5, (burst_at, guest.notes, largest, early)
     held = next(note for note in guest.notes if note.startswith("the flight recorder held at most"))
     assert int(held.split("at most ")[1].split(" KiB")[0]) <= 1024, held
     assert not [note for note in guest.notes if "outlier windows lost trace" in note], guest.notes

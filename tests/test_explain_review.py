@@ -726,3 +726,23 @@ def test_a_preempt_rt_kernels_lines_with_seven_flag_characters_are_read() -> Non
              "          <idle>-0       (-------) [000] d.h2.1.     4.868000: local_timer_entry: vector=236"]
     assert [(e.ts_ns, e.pid, e.event) for e in parse_trace(lines)] == [(4_867_160_000, 1, "sched_switch"),
                                                                        (4_868_000_000, 0, "local_timer_entry")]
+
+
+def test_5_time_the_guest_read_as_stolen_wins_over_an_outer_layers_uncertain_edge() -> None:
+    """A KVM lab's VM layer over a bare-metal guest is placed within ±7 ms (its console's round trips): a host task's
+    2 ms hole lies wholly inside its uncertain edge. The guest read those 2 ms as stolen from KVM's steal-time
+    area, exactly on its own clock: that names the hole, not 'uncertain'. A certain outer occupancy still wins."""
+    window = np.zeros(1, dtype=WINDOW)
+    window[0] = (10_000_000, 12_000_000, 0, 2_000_000)
+    vm = LayerTrace("vm", seen=True, alignment_ns=7_000_000, occupancies=[
+        Occupancy("vm", 9_000_000, 12_100_000, "VM exit unknown", "vm-exit", 0)])
+    guest = LayerTrace("guest", seen=True, alignment_ns=0, occupancies=[
+        Occupancy("guest", 10_050_000, 11_950_000, "stolen by the host: vCPU runnable, not running", "stolen", 0)])
+    parts = attribute(window, [vm, guest], threshold_ns=0, threshold_rule="set", outliers=1).parts
+    stolen = sum(p.duration_ns for p in parts if p.kind == "stolen")
+    assert stolen == 1_900_000, [(p.cause, p.duration_ns) for p in parts]
+    assert {p.kind for p in parts} == {"stolen", "uncertain"}  # the ends it does not cover stay uncertain
+    # placed exactly, the outer layer's own occupancy keeps its precedence
+    vm.alignment_ns = 0
+    parts = attribute(window, [vm, guest], threshold_ns=0, threshold_rule="set", outliers=1).parts
+    assert {p.cause for p in parts} == {"VM exit unknown"}

@@ -39,10 +39,15 @@ def _flags(cpuinfo: str) -> set[str]:
     return set(match.group(1).split()) if match else set()
 
 
-def kvm_accelerates(flags: set[str], modules: set[str]) -> tuple[bool, str]:
+def kvm_accelerates(flags: set[str], modules: set[str], arm64: bool = False, dev_kvm: bool = False
+                    ) -> tuple[bool, str]:
     """Whether KVM runs guests on the CPU here (hardware virtualization, real or emulated by an outer
-    hypervisor) and why we think so: /dev/kvm alone says nothing (a paravirtual KVM such as PVM provides it
-    on a CPU without VMX or SVM, and emulates)."""
+    hypervisor) and why we think so: on x86 /dev/kvm alone says nothing (a paravirtual KVM such as PVM provides
+    it on a CPU without VMX or SVM, and emulates); on arm64 KVM is built in and registers /dev/kvm only once it
+    initialised at EL2, so there it does."""
+    if arm64:
+        return (True, "arm64 KVM initialised at EL2 (/dev/kvm exists only then)") if dev_kvm else \
+            (False, "arm64 without /dev/kvm: the kernel did not start at EL2, or KVM is not built in")
     vendor = "kvm_intel" if "vmx" in flags else "kvm_amd" if "svm" in flags else None
     if vendor is None:
         others = sorted(modules - {"kvm", "kvm_intel", "kvm_amd"})
@@ -71,11 +76,14 @@ def kvm_settings(view: SystemView) -> dict[str, Any]:
         values = view.read_many([f"/sys/module/{module}/parameters/{n}" for n in ordered], VALUE_LIMIT)
         modules[module] = {n: values[f"/sys/module/{module}/parameters/{n}"] for n in ordered}
     flags = _flags(cpuinfo)
-    accelerates, why = kvm_accelerates(flags, loaded)
+    dev_kvm = bool(view.glob("/dev", "kvm", 1))
+    # (an arm64 /proc/cpuinfo lists "Features" and "CPU architecture: 8", x86's "flags")
+    arm64 = re.search(r"^CPU architecture\s*:\s*8", cpuinfo, re.M) is not None
+    accelerates, why = kvm_accelerates(flags, loaded, arm64, dev_kvm)
     return {
         "kernel": (files["/proc/sys/kernel/osrelease"] or "")[:128] or None,
         "cmdline": (files["/proc/cmdline"] or "")[:1024] or None,
-        "dev_kvm": bool(view.glob("/dev", "kvm", 1)),
+        "dev_kvm": dev_kvm,
         "cpu_virtualization": sorted(flags & {"vmx", "svm", "npt", "ept", "tsc_deadline_timer", "hypervisor",
                                               "constant_tsc", "nonstop_tsc"}),
         "other_kvm_modules": sorted(loaded - set(KVM_MODULES)),
