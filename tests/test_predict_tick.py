@@ -202,6 +202,15 @@ def _check_pinned_prediction(scenario: Path, where: Path) -> None:
     assert any("4 ms scheduler tick" in line and "measured in" in line for line in prediction["mapping"]), \
         prediction["mapping"]
     simulated, measured = prediction["simulated"], prediction["measured"]
+    assert measured["share"] == pytest.approx(simulated["share"], rel=0.15)  # the time in holes, whatever the phase
+    seeded = simulated["long_gap_rates_by_seed"]  # (the model draws each resumption's latency: five seeds)
+    assert len(seeded) == 5 and simulated["long_gap_rate_per_s"] == seeded[0], seeded
+    if max(seeded) > 1.1 * min(seeded):
+        # ticks among the resumptions: which pattern of holes 4 s mostly see is chance, in the model as in the
+        # kernel, and the report says so; the run lies within the model's own spread (and 15 %)
+        assert any("depends on chance" in finding for finding in prediction["findings"]), prediction["findings"]
+        assert 0.85 * min(seeded) <= measured["long_gap_rate_per_s"] <= 1.15 * max(seeded), (seeded, measured)
+        return
     assert measured["long_gap_rate_per_s"] == pytest.approx(simulated["long_gap_rate_per_s"], rel=0.15)
     if simulated["long_gap_median_stable"] and measured["long_gap_median_stable"]:
         assert measured["long_gap_median_ns"] == pytest.approx(simulated["long_gap_median_ns"], rel=0.15)
@@ -228,3 +237,30 @@ def test_the_analysed_bound_holds_for_every_tick_phase(runtime_ms: int) -> None:
         assert max(holes) <= bound, (step, max(holes), bound)
         longest = max(longest, max(holes))
     assert longest > 10_000_000 + 10_000_000 - 2 * runtime_ms * 1_000_000  # past the exact server's blackout
+
+
+def test_where_the_model_depends_on_chance_the_report_gives_its_spread_over_seeds(tmp_path: Path) -> None:
+    """The helper's scan of the tick phase found windows (ticks within the resumptions' spread of a period's start)
+    where the seeds of one model disagree by more than 15 % over 4 s: there a single run cannot be predicted, and
+    the report says so with the range. Elsewhere the seeds agree and no such finding is made."""
+    from rtvirt.predict.campaign import predict_configuration
+    from rtvirt.predict.compare import predictions
+    from rtvirt.predict.derive import Derived
+    from rtvirt.store import list_runs
+
+    spreads = {}
+    for phase_us in (20, 2_782):
+        model = build({"scheduler": "deadline", "enforcement": {
+            "tick": "4ms", "phase": f"{phase_us}us", "resume_latencies": [f"{x}us" for x in KERNEL_LATENCIES_US]}},
+            [{"name": "g", "vcpu": [{"runtime": "3ms", "period": "10ms"}], "gap": {"threshold": "20us"}}],
+            duration="4s")
+        results = tmp_path / f"phase-{phase_us}"
+        predict_configuration(Derived(model, "gap:g.0", "gap", [], []), results, "dl / solo")
+        (row,) = predictions(list_runs(results))
+        seeded = row.simulated.long_gap_rates_by_seed
+        assert seeded is not None and len(seeded) == 5 and seeded[0] == row.simulated.long_gap_rate, seeded
+        chance = [finding for finding in row.findings if "depends on chance" in finding]
+        assert bool(chance) == (max(seeded) > 1.1 * min(seeded)), (seeded, row.findings)
+        spreads[phase_us] = max(seeded) / min(seeded)
+    # ticks 20 us after the periods' starts: 55 to 92 holes/s by seed; at issue 39's run's phase they agree
+    assert spreads[20] > 1.3 and spreads[2_782] < 1.05, spreads

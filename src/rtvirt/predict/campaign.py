@@ -23,6 +23,7 @@ from .tick import EnforcementTick, enforcement_tick, tick_phase
 __all__ = ["predict_configuration", "predict_campaign", "check_predict", "SIMULATED_SUFFIX", "bound_of"]
 
 SIMULATED_SUFFIX = " (simulated)"
+EXTRA_SEEDS = (2, 3, 4, 5)  # a model that draws is simulated again with these seeds (the spread is reported)
 _STATE_PREFIX = "predict/"
 
 
@@ -73,17 +74,52 @@ def predict_configuration(derived: Derived, results: Path, config: str, *, scena
 
     analysis = analyse_model(derived.model)
     bound, why = bound_of(derived.model, analysis, derived.compare)
-    info = {"config": config, "compare": derived.compare, "metric": derived.metric, "bound_ns": bound,
-            "bound_method": why, "mapping": derived.mapping, "notes": derived.notes, "scenario": scenario,
-            "long_gap_ns": long_gap_ns}
+    info: dict[str, Any] = {"config": config, "compare": derived.compare, "metric": derived.metric,
+                            "bound_ns": bound, "bound_method": why, "mapping": derived.mapping,
+                            "notes": derived.notes, "scenario": scenario, "long_gap_ns": long_gap_ns}
     analysis_run, _ = write_analysis_run(analysis, results, model_path=f"derived:{config}",
                                          extra={"predict": info})
     result = simulate(derived.model)
+    if derived.metric == "gap" and _draws(derived.model):
+        info["seed_rates"] = _seed_rates(derived.model, derived.compare, result, long_gap_ns)
     run, _ = write_simulated_run(result, results, model_path=f"derived:{config}", params={},
                                  label=config + SIMULATED_SUFFIX,
                                  extra={"predict": {**info, "analysis_run": analysis_run.run_id},
                                         "scenario": scenario})
     return run.run_id, analysis_run.run_id
+
+
+def _draws(model: Model) -> bool:
+    """Whether the model's outcome depends on its seed: it draws each resumption's latency from several."""
+    enforcement = getattr(model.hypervisor, "enforcement", None)
+    return len(set(getattr(enforcement, "resume_latencies", None) or ())) > 1
+
+
+def _seed_rates(model: Model, compare: str, first: Any, long_gap_ns: int | None) -> dict[str, Any]:
+    """The rate of long gaps the model gives with its own seed and EXTRA_SEEDS more: where its ticks fall among
+    the resumptions, which pattern of holes a run of a few seconds mostly sees is chance (in the kernel too), and
+    the spread over seeds says how far one run may be from another (predict.compare names it)."""
+    import numpy as np
+
+    from ..sim import simulate
+
+    vcpu = compare.removeprefix("gap:")
+
+    def lengths(result: Any) -> Any:
+        gaps = result.gaps
+        names = gaps["vcpu"].to_pylist()
+        return np.array([g for g, name in zip(gaps["gap_ns"].to_pylist(), names, strict=True) if name == vcpu],
+                        dtype=np.int64)
+
+    first_gaps = lengths(first)
+    # (the long-gap threshold compare uses: the scenario's, else half the model's median gap)
+    threshold = long_gap_ns or (int(np.median(first_gaps)) // 2 if first_gaps.size else 0)
+    seconds = model.simulation.duration / 1e9
+    rates = [float((first_gaps >= threshold).sum()) / seconds]
+    for seed in EXTRA_SEEDS:
+        reseeded = model.model_copy(update={"simulation": model.simulation.model_copy(update={"seed": seed})})
+        rates.append(float((lengths(simulate(reseeded)) >= threshold).sum()) / seconds)
+    return {"seeds": [model.simulation.seed, *EXTRA_SEEDS], "long_gap_ns": threshold, "rates_per_s": rates}
 
 
 def _scenario_dir(state: Any) -> Path:
