@@ -26,6 +26,9 @@ from rtvirt.store import load_run
 LAST_CPU = max(os.sched_getaffinity(0))
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 
+# a run that ended: complete, or short where a loaded machine's timer missed periods (counted, so accounted for)
+FINISHED = ("complete", "short")
+
 HOST_SCENARIO = """\
 name = "directions"
 duration = "{duration}"
@@ -134,7 +137,10 @@ def test_resume_does_not_measure_again_a_run_whose_manifest_was_written_before_t
     resumed = run_cli("run", "--no-report", "--resume", "--out", str(results), "--no-progress")
     assert resumed.returncode == 0, resumed.stderr
     after = json.loads(state_path.read_text())
-    assert after["finished"] is True and after["runs"][key] | {"status": "complete", "run_id": run_id} == \
+    # the state takes the manifest's outcome (short where the loaded machine's timer missed periods)
+    status = json.loads((results / "runs" / run_id / "manifest.json").read_text())["status"]
+    assert status in FINISHED
+    assert after["finished"] is True and after["runs"][key] | {"status": status, "run_id": run_id} == \
         after["runs"][key]
     assert sorted(p.name for p in (results / "runs").iterdir()) == before  # nothing measured again
 
@@ -154,7 +160,7 @@ def test_kill_9_then_resume_keeps_finished_runs_and_leaves_no_strays(tmp_path: P
         if states:
             state_path = states[0]
             runs = json.loads(state_path.read_text())["runs"]
-            done = [k for k, r in runs.items() if r["status"] == "complete"]
+            done = [k for k, r in runs.items() if r["status"] in FINISHED]
             # kill while a disturbed run is in progress (probe and stressor both alive)
             if len(done) >= 1 and any(r["status"] == "running" and "same-core" in k for k, r in runs.items()):
                 time.sleep(1.0)
@@ -169,7 +175,7 @@ def test_kill_9_then_resume_keeps_finished_runs_and_leaves_no_strays(tmp_path: P
         time.sleep(0.1)
     assert _tagged_processes(tag) == []
     before = json.loads(state_path.read_text())["runs"]
-    finished = {k: r["run_id"] for k, r in before.items() if r["status"] == "complete"}
+    finished = {k: r["run_id"] for k, r in before.items() if r["status"] in FINISHED}
     manifests = {k: (results / "runs" / rid / "manifest.json").read_bytes() for k, rid in finished.items()}
     assert finished
 
@@ -178,7 +184,7 @@ def test_kill_9_then_resume_keeps_finished_runs_and_leaves_no_strays(tmp_path: P
     assert resumed.returncode == 0, resumed.stderr + resumed.stdout
     after = json.loads(state_path.read_text())
     assert after["finished"] is True
-    assert {r["status"] for r in after["runs"].values()} == {"complete"} and len(after["runs"]) == 6
+    assert {r["status"] for r in after["runs"].values()} <= set(FINISHED) and len(after["runs"]) == 6
     for key, run_id in finished.items():
         assert after["runs"][key]["run_id"] == run_id
         assert (results / "runs" / run_id / "manifest.json").read_bytes() == manifests[key]
@@ -243,7 +249,7 @@ def test_timeline_events_switch_stress_on_and_off(tmp_path: Path) -> None:
     state = CampaignState.create(tmp_path, scenario.name, text, "events.toml", 1.0)
     outcome = run_campaign(scenario, state, tmp_path, show_progress=False, write_report=False).outcomes[
         "host/same-core/-/r1"]
-    assert outcome.status == "complete", outcome.reason
+    assert outcome.status in FINISHED, outcome.reason
     run = load_run(tmp_path / "runs" / outcome.run_id)
     events = {e["event"]: e["t_ns"] / 1e9 for e in run.manifest["timeline"]}
     assert abs(events["stress-on"] - 1.0) < 0.5 and abs(events["stress-off"] - 2.0) < 0.5
@@ -291,7 +297,7 @@ def test_watchdog_fails_runs_with_their_reason_and_moves_on(tmp_path: Path) -> N
     assert "did not boot within 1s" in outcomes["qemu/solo/-/r1"].reason
     assert outcomes["partition/solo/-/r1"].status == "failed"
     assert "deadline" in outcomes["partition/solo/-/r1"].reason
-    assert outcomes["host/solo/-/r1"].status == "complete"
+    assert outcomes["host/solo/-/r1"].status in FINISHED
     saved = json.loads(state.path.read_text())["runs"]
     assert saved["qemu/solo/-/r1"]["reason"] == outcomes["qemu/solo/-/r1"].reason
     assert not list(Path("/sys/fs/cgroup/cpuset").glob(f"rtvirt-{os.getpid()}-*"))

@@ -5,6 +5,7 @@ import nothing heavy); errors map to exit codes (2 bad input, 1 failure, 3 verdi
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 import sys
 from importlib import import_module
@@ -117,6 +118,9 @@ def app() -> None:
 
 def main() -> None:
     signal.signal(signal.SIGTERM, stop_as_interrupt)
+    # a crash in a C library we call (libvirt's client crashed in its stream code, 3 times in a day of lab
+    # campaigns) prints every thread's Python stack: where it was is then known, not only that it died
+    faulthandler.enable()
     try:
         app.main(prog_name="rtvirt", standalone_mode=True)
     except KeyboardInterrupt:  # pragma: no cover - an interrupt between the command's end and the exit

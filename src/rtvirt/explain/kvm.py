@@ -33,9 +33,9 @@ from typing import Any
 
 from .clocksync import ClockMap
 from .model import CollectContext, Layer, LayerTrace, Occupancy
-from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes, start_recording
+from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes
 from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, TracefsAccess, TracefsInstance, TracingUnavailable, body_fields
-from .vm import KEEP_AROUND_NS, _GuestPlacement, _near_windows, _printable, drift_allowance
+from .vm import _near_windows, _printable, drift_allowance, start_guest_tracing
 
 __all__ = ["EXIT_REASONS", "KVM_EVENTS", "KvmSource", "KvmTrace", "exit_name", "exit_statistics",
            "kvm_occupancies", "read_kvm_events"]
@@ -357,11 +357,10 @@ class KvmSource:
     def start(self) -> None:
         if self._instance is not None or self._why_not is not None:
             return
-        recording = self.keep is not None and self.samples is not None
-        ring_kb = min(RING_KB, self.buffer_mb * 1024) if recording else self.buffer_mb * 1024
-        instance = TracefsInstance(self.host_cpus, KVM_EVENTS, buffer_kb=ring_kb, access=self.access)
         try:
-            instance.start()
+            instance, self.recorder = start_guest_tracing(
+                self.host_cpus, KVM_EVENTS, buffer_mb=self.buffer_mb, recording_ring_kb=RING_KB,
+                samples=self.samples, keep=self.keep, clock_map=self.clock_map, access=self.access)
         except TracingUnavailable as exc:
             self._why_not = str(exc)
             return
@@ -370,12 +369,6 @@ class KvmSource:
         if missing:
             self._problems.append(f"the KVM host's kernel has no {', '.join(missing)}: exits are not seen")
         self._count_exits(instance)
-        if recording:
-            assert instance.path is not None and self.samples is not None and self.keep is not None
-            self.recorder = start_recording(instance, FlightRecorder(
-                instance.path, self.host_cpus, self.samples, self.keep, bound_bytes=self.buffer_mb << 20,
-                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self.clock_map, self.host_cpus),
-                access=self.access))
 
     def _count_exits(self, instance: TracefsInstance) -> None:
         """The kernel's own count of every exit by reason (a hist trigger on the instance's kvm_exit), where the

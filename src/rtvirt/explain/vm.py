@@ -21,7 +21,7 @@ import dataclasses
 import heapq
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -449,6 +449,25 @@ def drift_allowance(clock: ClockMap, windows: np.ndarray) -> tuple[int, list[str
                    f"({DRIFT_BOUND_PPM} ppm at most)"]
 
 
+def start_guest_tracing(cpus: tuple[int, ...], events: Sequence[str], *, buffer_mb: int, recording_ring_kb: int,
+                        samples: Path | None, keep: KeepRule | None, clock_map: Callable[[], ClockMap | None],
+                        access: TracefsAccess | None) -> tuple[TracefsInstance, FlightRecorder | None]:
+    """A started instance tracing ``events`` on a guest's pCPUs (the VM and KVM layers) and, when a run's samples
+    are followed (``samples`` and ``keep``), its flight recorder, which places them through the guest's clock
+    exchange; without one, a buffer of ``buffer_mb`` per pCPU read at the end. Raises TracingUnavailable."""
+    recording = keep is not None and samples is not None
+    # drained every DRAIN_S by the recorder: the kernel's ring only bridges its pauses
+    ring_kb = min(recording_ring_kb, buffer_mb * 1024) if recording else buffer_mb * 1024
+    instance = TracefsInstance(cpus, events, buffer_kb=ring_kb, access=access)
+    instance.start()
+    if not recording:
+        return instance, None
+    assert instance.path is not None and samples is not None and keep is not None
+    return instance, start_recording(instance, FlightRecorder(
+        instance.path, cpus, samples, keep, bound_bytes=buffer_mb << 20, margin_ns=KEEP_AROUND_NS,
+        placement=_GuestPlacement(clock_map, cpus), access=access))
+
+
 class VmSource:
     """The VM layer of one QEMU guest or libvirt domain: armed before launch on the vCPUs' host CPUs (``None``:
     unpinned, every CPU rtvirt may use), told its vCPU threads and clock exchange once QEMU placed them
@@ -496,25 +515,16 @@ class VmSource:
             return
         events = ["sched:sched_switch", "sched:sched_wakeup"]
         events += ["kvm:kvm_exit", "kvm:kvm_entry"] if self.exits else []
-        recording = self.keep is not None and self.samples is not None
-        # drained every DRAIN_S by the recorder: the kernel's ring only bridges its pauses
-        # (four times the host layer's: every switch and wake-up of every thread on the pCPUs, QEMU's many among
-        # them, while the recorder's thread may be starved on a loaded machine)
-        ring_kb = min(4 * RING_KB, self.buffer_mb * 1024) if recording else self.buffer_mb * 1024
-        instance = TracefsInstance(self.host_cpus, events, buffer_kb=ring_kb, access=self.access)
         try:
-            instance.start()
+            # (a ring four times the host layer's: every switch and wake-up of every thread on the pCPUs, QEMU's
+            # many among them, while the recorder's thread may be starved on a loaded machine)
+            self._instance, self.recorder = start_guest_tracing(
+                self.host_cpus, events, buffer_mb=self.buffer_mb, recording_ring_kb=4 * RING_KB, samples=self.samples,
+                keep=self.keep, clock_map=self.clock_map, access=self.access)
         except TracingUnavailable as exc:
             self._why_not = str(exc)
             return
-        self._instance = instance
-        self._problems += [f"event {event} does not exist on this kernel" for event in instance.missing_events]
-        if recording:
-            assert instance.path is not None and self.samples is not None and self.keep is not None
-            self.recorder = start_recording(instance, FlightRecorder(
-                instance.path, self.host_cpus, self.samples, self.keep, bound_bytes=self.buffer_mb << 20,
-                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self.clock_map, self.host_cpus),
-                access=self.access))
+        self._problems += [f"event {event} does not exist on this kernel" for event in self._instance.missing_events]
 
     def attach(self, qemu_pid: int, vcpus: Mapping[int, int], exchange: ClockExchange | None) -> None:
         """The VM is placed (its vCPU threads exist, it has not run yet): remember who is who."""
