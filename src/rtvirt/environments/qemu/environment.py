@@ -10,6 +10,7 @@ got (realtime.py), and only then let the guest run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -462,7 +463,10 @@ class QemuEnvironment(Environment):
             for source in (self._vm_source, self._kvm_source):
                 if source is not None:
                     source.attach(self._proc.pid, vcpu_threads, self._clock)
-            monitor.cmd("cont")
+            # (a guest that refuses its parameters quits at once: QEMU may be gone before it answers; how the guest
+            # ended is read from its console)
+            with contextlib.suppress(EOFError):
+                monitor.cmd("cont")
             if self._accel and self._accel["accel"] == "kvm":
                 self._realtime["tsc"] = self.where.tsc_offsets(self._proc.pid)
                 if self._kvm_source is not None:
@@ -473,7 +477,8 @@ class QemuEnvironment(Environment):
         except OSError as exc:
             raise RunError(f"qemu: QMP failed ({exc}): {self._stderr_tail()}") from None
         finally:
-            monitor.close()
+            with contextlib.suppress(EOFError, OSError):  # (QEMU already gone: see "cont")
+                monitor.close()
 
     def _place(self, vcpu_threads: dict[int, int], iothreads: dict[str, int]) -> None:
         """vCPU threads on their pCPUs with their policy; I/O threads on theirs; every other thread of QEMU (the
