@@ -627,7 +627,6 @@ class VmSource:
         return LayerTrace("vm", True, None, occupancies, clock.uncertainty_ns + drift + TEXT_RESOLUTION_NS, dropped,
                           notes + said)
 
-
     def _wakeups_lost(self) -> list[str]:
         """What the wake-up recorder's bound cost: windows whose vCPU wake-ups were not all kept read a woken
         vCPU as asleep."""

@@ -91,34 +91,34 @@ def predict_configuration(derived: Derived, results: Path, config: str, *, scena
 
 def _draws(model: Model) -> bool:
     """Whether the model's outcome depends on its seed: it draws each resumption's latency from several."""
-    enforcement = getattr(model.hypervisor, "enforcement", None)
-    return len(set(getattr(enforcement, "resume_latencies", None) or ())) > 1
+    return len(set(model.hypervisor.enforcement.resume_latencies)) > 1
 
 
 def _seed_rates(model: Model, compare: str, first: Any, long_gap_ns: int | None) -> dict[str, Any]:
-    """The rate of long gaps the model gives with its own seed and EXTRA_SEEDS more: where its ticks fall among
-    the resumptions, which pattern of holes a run of a few seconds mostly sees is chance (in the kernel too), and
-    the spread over seeds says how far one run may be from another (predict.compare names it)."""
+    """The rate of long gaps the model gives with its own seed and EXTRA_SEEDS more, counted as predict.compare
+    counts them: where its ticks fall among the resumptions, which pattern of holes a run of a few seconds mostly
+    sees is chance (in the kernel too), and the spread over seeds says how far one run may be from another."""
     import numpy as np
 
     from ..sim import simulate
+    from ..stats import HistogramBuilder
+    from .compare import distribution, long_gap_threshold
 
     vcpu = compare.removeprefix("gap:")
-
-    def lengths(result: Any) -> Any:
-        gaps = result.gaps
-        names = gaps["vcpu"].to_pylist()
-        return np.array([g for g, name in zip(gaps["gap_ns"].to_pylist(), names, strict=True) if name == vcpu],
-                        dtype=np.int64)
-
-    first_gaps = lengths(first)
-    # (the long-gap threshold compare uses: the scenario's, else half the model's median gap)
-    threshold = long_gap_ns or (int(np.median(first_gaps)) // 2 if first_gaps.size else 0)
     seconds = model.simulation.duration / 1e9
-    rates = [float((first_gaps >= threshold).sum()) / seconds]
-    for seed in EXTRA_SEEDS:
-        reseeded = model.model_copy(update={"simulation": model.simulation.model_copy(update={"seed": seed})})
-        rates.append(float((lengths(simulate(reseeded)) >= threshold).sum()) / seconds)
+
+    def gaps(result: Any) -> Any:
+        names = result.gaps["vcpu"].to_pylist()
+        builder = HistogramBuilder()
+        builder.add(np.array([g for g, name in zip(result.gaps["gap_ns"].to_pylist(), names, strict=True)
+                              if name == vcpu], dtype=np.int64))
+        return builder.finish() if builder.has_samples else None
+
+    results = [first] + [simulate(model.model_copy(update={"simulation": model.simulation.model_copy(
+        update={"seed": seed})})) for seed in EXTRA_SEEDS]
+    histograms = [gaps(result) for result in results]
+    threshold = long_gap_threshold(histograms[0], long_gap_ns)
+    rates = [distribution(histogram, seconds, threshold).long_gap_rate or 0.0 for histogram in histograms]
     return {"seeds": [model.simulation.seed, *EXTRA_SEEDS], "long_gap_ns": threshold, "rates_per_s": rates}
 
 

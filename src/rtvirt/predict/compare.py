@@ -19,7 +19,7 @@ from ..stats import Histogram, HistogramBuilder
 from ..store import StoredRun
 from ..units import parse_duration
 
-__all__ = ["Prediction", "predictions", "PESSIMISM_FACTOR", "distribution"]
+__all__ = ["Prediction", "predictions", "PESSIMISM_FACTOR", "distribution", "long_gap_threshold"]
 
 PESSIMISM_FACTOR = 2.0  # a bound above this many times the largest observed value is called pessimistic
 DEFAULT_LONG_GAP_NS = 1_000_000
@@ -110,6 +110,12 @@ def distribution(histogram: Histogram | None, seconds: float, long_gap_ns: int |
     return result
 
 
+def long_gap_threshold(simulated: Histogram | None, set_ns: int | None) -> int:
+    """The gaps counted as the model's holes: at least the scenario's ``long_gap`` (``set_ns``), else half the
+    model's median gap."""
+    return int(set_ns or (simulated.quantile(0.5) // 2 if simulated else DEFAULT_LONG_GAP_NS))
+
+
 def _simulated_values(run: StoredRun, compare: str, metric: str) -> Histogram | None:
     columns = ["kind", "response_ns"] if metric == "gap" else ["kind", "t_ns", "start_ns"]
     builder = HistogramBuilder()
@@ -192,18 +198,13 @@ def predictions(runs: list[StoredRun]) -> list[Prediction]:
             continue
         config, compare, metric = str(info.get("config")), str(info.get("compare")), str(info.get("metric"))
         simulated_hist = _simulated_values(run, compare, metric)
-        long_gap = None
-        if metric == "gap":  # the model's holes: half its median gap unless the scenario says
-            long_gap = int(info.get("long_gap_ns") or (simulated_hist.quantile(0.5) // 2 if simulated_hist
-                                                         else DEFAULT_LONG_GAP_NS))
+        long_gap = long_gap_threshold(simulated_hist, info.get("long_gap_ns")) if metric == "gap" else None
         measured_runs = measured.get(config, [])
         parts = [h for h in (r.histogram() for r in measured_runs) if h is not None]
         measured_hist = Histogram.merged(parts) if parts else None
         simulated = distribution(simulated_hist, _seconds(run), long_gap)
         seeded = info.get("seed_rates")
-        # (rates over the same threshold: this one's median may be interpolated a nanosecond apart)
-        if isinstance(seeded, dict) and long_gap is not None and abs(int(seeded.get("long_gap_ns") or 0) -
-                                                                     long_gap) <= 1_000:
+        if isinstance(seeded, dict) and seeded.get("long_gap_ns") == long_gap:  # (rates over the same threshold)
             simulated.long_gap_rates_by_seed = [float(rate) for rate in seeded.get("rates_per_s") or []]
         row = Prediction(
             config, compare, metric, info.get("bound_ns"), str(info.get("bound_method") or ""), simulated,
