@@ -161,4 +161,25 @@ PYTHON=${PYTHON:-python3}
 "$VENV/bin/python" -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" setuptools wheel
 extras=$(IFS=,; echo "${PIP_EXTRAS[*]}")
 "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".${extras:+[$extras]}"
+
+# Debian 12's libvirt client (9.0) can crash a threaded program with SIGSEGV: CVE-2024-4418, a temporary event
+# source left pointing at a returned thread's stack (fixed in libvirt 10.3). rtvirt's libvirt environment and KVM
+# lab loaded it with an event loop thread and died of it now and then, so on bookworm the venv gets the client
+# library of bookworm-backports (libvirt0 only, unpacked into the venv; nothing installed or upgraded on the
+# system, whose libvirtd stays Debian 12's). rtvirt loads it in place of the system's (docs/environments-libvirt.md).
+LIBVIRT_CLIENT_DIR="$VENV/lib/rtvirt-libvirt"
+if [[ " ${PIP_EXTRAS[*]} " == *" libvirt "* && ! -e $LIBVIRT_CLIENT_DIR/libvirt.so.0 ]] \
+    && grep -qs '^VERSION_CODENAME=bookworm' /etc/os-release && command -v apt-get >/dev/null; then
+  fetch=$(mktemp -d)
+  mkdir -p "$fetch/lists/partial" "$fetch/cache/archives/partial"
+  echo "deb http://deb.debian.org/debian bookworm-backports main" >"$fetch/sources.list"
+  apt_private=(-o Dir::Etc::sourcelist="$fetch/sources.list" -o Dir::Etc::sourceparts=- -o Dir::State::Lists="$fetch/lists"
+               -o Dir::Cache="$fetch/cache" -o APT::Sandbox::User=root)
+  apt-get "${apt_private[@]}" update -qq
+  (cd "$fetch" && apt-get "${apt_private[@]}" download -qq libvirt0/bookworm-backports)
+  dpkg-deb -x "$fetch"/libvirt0_*.deb "$fetch/root"
+  mkdir -p "$LIBVIRT_CLIENT_DIR"
+  cp -a "$fetch"/root/usr/lib/*/libvirt.so.0* "$fetch"/root/usr/lib/*/libvirt-qemu.so.0* "$LIBVIRT_CLIENT_DIR/"
+  rm -rf "$fetch"
+fi
 echo "setup: ready ($("$VENV/bin/rtvirt" --version))"

@@ -4,7 +4,9 @@ the storage pool that carries guest images to its host."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
+import sys
 import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -29,9 +31,27 @@ KEEPALIVE_COUNT = 6
 LAB_KEEPALIVE_COUNT = 120
 
 
+# the fixed libvirt client library scripts/setup.sh puts in the venv (see import_libvirt)
+_CLIENT_DIR = Path(sys.prefix) / "lib" / "rtvirt-libvirt"
+
 _EVENT_LOOP_LOCK = threading.Lock()
 _event_loop: threading.Thread | None = None
 
+
+def import_libvirt() -> Any | None:
+    """The libvirt module (None without libvirt-python), bound to the client library set-up put in the venv when
+    there is one: Debian 12's libvirt 9 client crashes threaded programs now and then (CVE-2024-4418, fixed in
+    10.3), so scripts/setup.sh unpacks a fixed one there. Loaded before libvirt-python's extension, it is the
+    libvirt.so.0 that extension binds to (the dynamic linker reuses a library already loaded under that name)."""
+    if _CLIENT_DIR.is_dir():
+        for name in ("libvirt.so.0", "libvirt-qemu.so.0"):
+            with contextlib.suppress(OSError):  # unloadable (another distribution's): the system's is used
+                ctypes.CDLL(str(_CLIENT_DIR / name), mode=ctypes.RTLD_GLOBAL)
+    try:
+        import libvirt
+    except ImportError:
+        return None
+    return libvirt
 
 def _libvirt() -> Any:
     """The libvirt module, imported on first use (the CLI must start fast), with its stderr printer off and
@@ -41,10 +61,9 @@ def _libvirt() -> Any:
     virStreamRecv: with a blocking reader on a connection, libvirt 9's client can leave another thread's
     call (virDomainGetXMLDesc while a stressor guest's console was being read) waiting for its reply forever.
     """
-    try:
-        import libvirt
-    except ImportError:
-        raise RunError("libvirt: the libvirt-python package is missing (run scripts/setup.sh)") from None
+    libvirt = import_libvirt()
+    if libvirt is None:
+        raise RunError("libvirt: the libvirt-python package is missing (run scripts/setup.sh)")
     global _event_loop
     with _EVENT_LOOP_LOCK:
         if _event_loop is None:

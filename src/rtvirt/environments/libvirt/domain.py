@@ -121,7 +121,9 @@ class LibvirtEnvironment(LibvirtTeardown):
         connection = self._conn()
         if not self._versions:
             with contextlib.suppress(Exception):
+                # libvirtd's library, and the client library this process talks to it with
                 self._versions = {"libvirt": _version(connection.conn.getLibVersion()),
+                                  "libvirt_client": _version(_libvirt().getVersion()),
                                   "hypervisor": _version(connection.conn.getVersion())}
         if not self._type:
             self._type = self._choose_type(connection)

@@ -20,9 +20,10 @@ LIBVIRT_URI = "qemu:///system"
 
 def libvirt_domains(uri: str = LIBVIRT_URI) -> list[dict[str, Any]] | None:
     """Each running libvirt domain's vCPU pinning, vCPU scheduling and emulator pinning; None without libvirtd."""
-    try:
-        import libvirt
-    except ImportError:
+    from ...environments.libvirt.connection import import_libvirt
+
+    libvirt = import_libvirt()
+    if libvirt is None:
         return None
     libvirt.registerErrorHandler(lambda *_: None, None)  # errors come as exceptions; no stderr noise
     try:
