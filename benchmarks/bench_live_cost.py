@@ -12,7 +12,11 @@ nothing beside the campaign. Rounds alternate (neither, live, neither, ...) so t
 hit both alike. Prints mean and p99 of each, the ratios live/neither (goal: within noise, at most 1.05) with a
 95 % interval from resampling the pairs (bench_explain_cost's), the server's CPU time, and the load average.
 
-    .venv/bin/python benchmarks/bench_live_cost.py [--pairs 5] [--duration 10s]
+`--control` adds a third round to each pair: instead of the watchers, a plain busy loop on their CPUs taking as
+much CPU time as they took in the pair's live round, in bursts once a second as they run. It tells apart what the
+live view's own work costs from what any work of that size on the other CPUs costs the probe on this machine.
+
+    .venv/bin/python benchmarks/bench_live_cost.py [--pairs 5] [--duration 10s] [--control]
 """
 
 from __future__ import annotations
@@ -146,6 +150,27 @@ def one_round(scenario: Path, results: Path, work: Path, live: bool,
     return pq.read_table(run, columns=["latency_ns"])["latency_ns"].to_numpy().astype(np.int64), used
 
 
+BURNER = """import sys, time
+busy = float(sys.argv[1])  # seconds of CPU per second
+while True:
+    start = time.monotonic()
+    while time.monotonic() - start < busy:
+        pass
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - start)))
+"""
+
+
+def burned_round(scenario: Path, results: Path, work: Path, busy_per_s: float, cpus: set[int]) -> np.ndarray:
+    """One campaign of one run beside a busy loop on ``cpus`` taking ``busy_per_s`` CPU seconds each second."""
+    with started_on(cpus):
+        burner = subprocess.Popen([sys.executable, "-c", BURNER, f"{busy_per_s:.4f}"])
+    try:
+        return one_round(scenario, results, work, False, cpus)[0]
+    finally:
+        burner.kill()
+        burner.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=5, help="alternating neither/live pairs")
@@ -153,10 +178,12 @@ def main() -> None:
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                         help="the server, Chromium and Prometheus on the CPUs the probe does not measure on (as "
                              "`rtvirt run --serve` places its server; --no-pin: wherever the scheduler puts them)")
+    parser.add_argument("--control", action="store_true",
+                        help="a third round per pair: a busy loop taking the live round's CPU time on its CPUs")
     args = parser.parse_args()
     measured = max(os.sched_getaffinity(0))  # the host environment's default measured CPU
     cpus = set(os.sched_getaffinity(0)) - {measured} if args.pin else set(os.sched_getaffinity(0))
-    neither, watched_runs, cpu = [], [], []
+    neither, watched_runs, cpu, burned = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="rtvirt-bench-live-") as tmp:
         work = Path(tmp)
         scenario = work / "live-cost.toml"
@@ -166,15 +193,21 @@ def main() -> None:
             values, used = one_round(scenario, work / "results", work, True, cpus)
             watched_runs.append(values)
             cpu.append(used)
+            if args.control:  # as much CPU a second as the watchers took over the run (its samples: 1 ms apart)
+                busy = min(0.9, sum(used) / max(1.0, values.size / 1000))
+                burned.append(burned_round(scenario, work / "results", work, busy, cpus))
             print(f"pair {pair + 1}: neither mean {neither[-1].mean():8.0f} ns p99 "
                   f"{np.percentile(neither[-1], 99):8.0f} ns | live mean {values.mean():8.0f} ns p99 "
                   f"{np.percentile(values, 99):8.0f} ns | CPU s: server {used[0]:.2f}, Chromium {used[1]:.2f}, "
-                  f"Prometheus {used[2]:.2f}", flush=True)
+                  f"Prometheus {used[2]:.2f}" + (f" | busy loop mean {burned[-1].mean():8.0f} ns p99 "
+                                                  f"{np.percentile(burned[-1], 99):8.0f} ns" if burned else ""),
+                  flush=True)
     live, plain = np.concatenate(watched_runs), np.concatenate(neither)
     print(f"\ntimer probe -i 1ms -p 99 on CPU {measured}, the watchers on CPU(s) {sorted(cpus)}; {args.duration} runs "
           f"x {args.pairs} alternating pairs; load average at the end {' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     print(f"{'':8} {'samples':>9} {'mean ns':>10} {'p99 ns':>10} {'max ns':>10} {'median ns':>10}")
-    for name, values in (("neither", plain), ("live", live)):
+    rows = [("neither", plain), ("live", live)] + ([("busy", np.concatenate(burned))] if burned else [])
+    for name, values in rows:
         print(f"{name:8} {values.size:9d} {values.mean():10.0f} {np.percentile(values, 99):10.0f} "
               f"{values.max():10d} {np.median(values):10.0f}")
     for index, name in enumerate(("rtvirt serve", "Chromium", "Prometheus")):
@@ -186,6 +219,10 @@ def main() -> None:
         goal = f"goal <= {GOAL:.2f}: {verdict(low, high, GOAL)}" if name != "median" else \
             "no goal: the typical wake-up"
         print(f"ratio live/neither {name}: {ratio:.3f} (95 % interval {low:.3f}-{high:.3f}; {goal})")
+        if burned:
+            ratio = pooled_statistic(np.concatenate(burned), name) / pooled_statistic(plain, name)
+            low, high = ratio_interval(burned, neither, name, rng)
+            print(f"ratio busy/neither {name}: {ratio:.3f} (95 % interval {low:.3f}-{high:.3f}; the control)")
 
 
 if __name__ == "__main__":
