@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import sys
 import threading
@@ -43,15 +44,21 @@ def import_libvirt() -> Any | None:
     there is one: Debian 12's libvirt 9 client crashes threaded programs now and then (CVE-2024-4418, fixed in
     10.3), so scripts/setup.sh unpacks a fixed one there. Loaded before libvirt-python's extension, it is the
     libvirt.so.0 that extension binds to (the dynamic linker reuses a library already loaded under that name)."""
-    if _CLIENT_DIR.is_dir():
-        for name in ("libvirt.so.0", "libvirt-qemu.so.0"):
-            with contextlib.suppress(OSError):  # unloadable (another distribution's): the system's is used
-                ctypes.CDLL(str(_CLIENT_DIR / name), mode=ctypes.RTLD_GLOBAL)
+    _load_client_library()
     try:
         import libvirt
     except ImportError:
         return None
     return libvirt
+
+@functools.cache
+def _load_client_library() -> None:
+    """Load the venv's libvirt client libraries, once per process (every libvirt call site, the event loop's
+    stream callbacks among them, asks for the module)."""
+    if _CLIENT_DIR.is_dir():
+        for name in ("libvirt.so.0", "libvirt-qemu.so.0"):
+            with contextlib.suppress(OSError):  # unloadable (another distribution's): the system's is used
+                ctypes.CDLL(str(_CLIENT_DIR / name), mode=ctypes.RTLD_GLOBAL)
 
 def _libvirt() -> Any:
     """The libvirt module, imported on first use (the CLI must start fast), with its stderr printer off and
