@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -384,9 +385,29 @@ sched = {{ policy = "deadline", runtime = "3ms", period = "10ms" }}
 """
 
 
+@pytest.fixture
+def idle_neighbour() -> Iterator[Path]:
+    """A sibling cpuset over every CPU that holds no task, with a child cpuset (as libvirtd leaves its ``machine``
+    cpuset once its last domain stops): it keeps a v1 cpuset from becoming exclusive until rtvirt narrows it."""
+    top = V1_CPUSET / f"idle-neighbour-{os.getpid()}"
+    for directory in (top, top / "vm"):
+        directory.mkdir()
+        for name in ("cpuset.cpus", "cpuset.mems"):  # a task can join a v1 cpuset only once it has both
+            (directory / name).write_text((V1_CPUSET / name).read_text())
+    try:
+        yield top
+    finally:
+        for directory in (top / "vm", top):
+            directory.rmdir()
+
+
+def _neighbour_paths(neighbour: Path) -> list[str]:
+    return [str(neighbour / "cpuset.cpus"), str(neighbour / "vm" / "cpuset.cpus")]
+
+
 @needs_v1_root
-def test_deadline_partition_completes_pinned_with_its_reservation(tmp_path: Path) -> None:
-    paths = _touched_paths()
+def test_deadline_partition_completes_pinned_with_its_reservation(tmp_path: Path, idle_neighbour: Path) -> None:
+    paths = _touched_paths() + _neighbour_paths(idle_neighbour)
     before = _snapshot(paths)
     scenario = tmp_path / "dl.toml"
     scenario.write_text(DEADLINE_SCENARIO.format(duration="2s", host="", cpu=LAST_CPU))
@@ -395,7 +416,11 @@ def test_deadline_partition_completes_pinned_with_its_reservation(tmp_path: Path
     [run_dir] = (tmp_path / "results" / "runs").iterdir()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["campaign"]["outcome"] == "complete"
-    assert manifest["environment_detail"]["exclusive_cpuset"]["root_sched_load_balance"] == 0
+    exclusive = manifest["environment_detail"]["exclusive_cpuset"]
+    assert exclusive["root_sched_load_balance"] == 0 and exclusive["cpu_exclusive"] is True
+    others = ",".join(str(c) for c in range(os.cpu_count() or 1) if c != LAST_CPU)
+    assert f"{idle_neighbour.name}/vm={others}" in exclusive["narrowed_idle_cpusets"], exclusive
+    assert _snapshot(paths) == before  # the neighbour has its CPUs back
     records = read_stream(run_dir / "samples.rtvs").records
     assert set(records["cpu"].tolist()) == {LAST_CPU}
     # What the kernel guarantees for runtime 3 ms / period 10 ms (CBS): 30 % of the CPU over time, and a throttled
@@ -462,8 +487,8 @@ def test_ctrl_c_mid_campaign_restores_everything(tmp_path: Path) -> None:
 
 
 @needs_v1_root
-def test_kill_9_mid_campaign_then_resume_restores_everything(tmp_path: Path) -> None:
-    paths = _touched_paths()
+def test_kill_9_mid_campaign_then_resume_restores_everything(tmp_path: Path, idle_neighbour: Path) -> None:
+    paths = _touched_paths() + _neighbour_paths(idle_neighbour)
     before = _snapshot(paths)
     results = tmp_path / "results"
     proc = _start_tuned_campaign(tmp_path, "3s")
@@ -481,6 +506,27 @@ def test_kill_9_mid_campaign_then_resume_restores_everything(tmp_path: Path) -> 
         Ledger().reclaim()  # whatever the test's outcome, leave the machine as found
     assert _snapshot(paths) == before and _rtvirt_cpusets() == []
     assert DEFAULT_LEDGER.exists() and not Ledger().held()
+
+
+@needs_v1_root
+def test_a_neighbour_cpuset_holding_tasks_is_left_alone_and_named(tmp_path: Path, idle_neighbour: Path) -> None:
+    before = _snapshot(_neighbour_paths(idle_neighbour))
+    sleeper = subprocess.Popen(["sleep", "60"])
+    tree = CgroupTree()
+    cgroup = tree.create(f"rtvirt-{os.getpid()}-busy", (LAST_CPU,), None, 0)
+    exclusive = Exclusive(tree, process_holder("busy-neighbour"))
+    try:
+        (idle_neighbour / "vm" / "tasks").write_text(str(sleeper.pid))
+        exclusive.apply(cgroup, (LAST_CPU,))
+        assert exclusive.notes["cpu_exclusive"] is False
+        assert f"sibling cpuset(s) {idle_neighbour.name} share its CPUs and hold tasks" in exclusive.notes["warning"]
+        assert _snapshot(_neighbour_paths(idle_neighbour)) == before  # a cpuset with work in it is not narrowed
+    finally:
+        cgroup.remove()
+        exclusive.undo()
+        sleeper.kill()
+        sleeper.wait()  # an exited task leaves its cpuset, so the fixture can remove it
+    assert not Ledger().held()
 
 
 @needs_v1_root

@@ -10,6 +10,7 @@ changed on the way (the v1 root cpuset's load balancing) go through the settings
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from pathlib import Path
@@ -204,20 +205,42 @@ class Exclusive:
             raise RunError(f"partition: cannot make {directory} exclusive: {exc.filename}: {exc.strerror}") from None
 
     def _v1_exclusive(self, directory: Path) -> None:
+        flag = directory / "cpuset.cpu_exclusive"
         try:
-            (directory / "cpuset.cpu_exclusive").write_text("1")
-            self.notes["cpu_exclusive"] = True
+            flag.write_text("1")
         except OSError as exc:  # EINVAL: a sibling cpuset (another tool's, another rtvirt's) holds these CPUs too
-            if exc.errno != 22:
+            if exc.errno != errno.EINVAL:
                 raise
-            holders = [p.name for p in directory.parent.iterdir() if p.is_dir() and p != directory
-                       and set(_cpus_of(p)) & set(_cpus_of(directory))]
-            self.notes["cpu_exclusive"] = False
-            self.notes["warning"] = (f"cpuset {directory.name} is not exclusive: sibling cpuset(s) "
-                                     f"{', '.join(holders[:4]) or '?'} share its CPUs")
+            ours = set(_cpus_of(directory))
+            holders = [p for p in directory.parent.iterdir() if p.is_dir() and p != directory and
+                       set(_cpus_of(p)) & ours]
+            busy = [p for p in holders if _holds_tasks(p)]
+            if busy:
+                self.notes["cpu_exclusive"] = False
+                self.notes["warning"] = (f"cpuset {directory.name} is not exclusive: sibling cpuset(s) "
+                                         f"{', '.join(p.name for p in busy[:4])} share its CPUs and hold tasks")
+            else:
+                self._narrow_idle(holders, ours)
+                flag.write_text("1")
+                self.notes["cpu_exclusive"] = True
+        else:
+            self.notes["cpu_exclusive"] = True
         # with the root cpuset not load balanced, each load-balanced cpuset below is a scheduling domain
         self.ledger.change(self.holder, str(self.tree.root / "cpuset" / "cpuset.sched_load_balance"), "0")
         self.notes["root_sched_load_balance"] = 0
+
+    def _narrow_idle(self, cpusets: list[Path], cpus: set[int]) -> None:
+        """Take ``cpus`` out of sibling cpusets that hold no task (the ``machine`` cpuset libvirtd leaves behind
+        when its last domain stops), deepest first as v1 wants a child's CPUs within its parent's; the ledger puts
+        them back (parents first) when the partition is undone, or when a killed rtvirt is reclaimed."""
+        narrowed = []
+        for top in cpusets:
+            for cpuset in sorted((p for p in [top, *top.rglob("*")] if (p / "cpuset.cpus").is_file()),
+                                 key=lambda p: len(p.parts), reverse=True):
+                remaining = [c for c in _cpus_of(cpuset) if c not in cpus]
+                self.ledger.change(self.holder, str(cpuset / "cpuset.cpus"), ",".join(map(str, remaining)) + "\n")
+                narrowed.append(f"{cpuset.relative_to(top.parent)}={','.join(map(str, remaining)) or 'none'}")
+        self.notes["narrowed_idle_cpusets"] = narrowed
 
     def _partition_root(self, directory: Path, cpus: tuple[int, ...]) -> None:
         cpu_list = ",".join(map(str, cpus))
@@ -309,6 +332,11 @@ def _remove_one(directory: Path) -> None:
             directory.rmdir()
         elif directory.exists():
             raise
+
+
+def _holds_tasks(cpuset: Path) -> bool:
+    """Whether a v1 cpuset or any cpuset below it has a task."""
+    return any((p / "tasks").read_text().strip() for p in [cpuset, *cpuset.rglob("*")] if (p / "tasks").is_file())
 
 
 def _cpus_of(directory: Path) -> tuple[int, ...]:
