@@ -6,14 +6,16 @@ explanation: a task of the KVM lab's host at SCHED_FIFO 90 on the vCPU's CPU, 2 
 domU on the same pCPU busy 5 ms every 20 ms.
 
 Under TCG each of KVM's exits and entries costs about 0.3 ms of the emulated board's time (the stream's own
-short gaps that lost nothing to anyone), so a KVM hole is the task's 2 ms plus one such round trip; the stolen
-time KVM counted in it is the task's alone. The KVM lab's clock exchange with the bare-metal guest is ±6-7 ms
+short gaps that lost nothing to anyone), and putting a preempted vCPU back more, so a KVM hole is the task's 2 ms
+plus what the lab's own trace says KVM spent around it; the stolen time KVM counted in it is the task's alone.
+The KVM lab's clock exchange with the bare-metal guest is ±6-7 ms
 there (its virtio console's round trips), so its VM layer cannot place a 2 ms hole: the guest layer names it,
 from the stolen time the guest read in KVM's PV time structure.
 """
 
 from __future__ import annotations
 
+import bisect
 import sys
 from pathlib import Path
 from typing import Any
@@ -154,18 +156,40 @@ def test_the_bare_metal_timer_keeps_its_1khz_grid_on_both_arm_labs(runs: dict[st
 def test_a_kvm_lab_host_task_comes_back_as_holes_of_its_slice_named_stolen(runs: dict[str, Path]) -> None:
     run = _run(runs, "kvm-holes", "kvm-arm")
     holes = injected_holes(run / "samples.rtvs", 10 * MS)  # (most holes, 10 ms apart within 10 %)
-    exit_ns = float(np.median(holes.exits))
-    # the time KVM counted as stolen in each hole is the task's 2 ms within 10 %; the hole is that plus one exit
+    # the time KVM counted as stolen in each hole is the task's 2 ms within 10 %
     assert abs(np.median(holes.stolen) - 2 * MS) <= 0.2 * MS, np.percentile(holes.stolen, [10, 50, 90])
-    assert abs(np.median(holes.lengths) - 2 * MS) <= 0.2 * MS + exit_ns, (np.percentile(holes.lengths, [10, 50, 90]),
-                                                                          exit_ns)
+    # The hole around it is what the lab's own trace says the vCPU spent out of the guest for those preemptions
+    # (kvm_exit to kvm_entry on the lab's clock: the task's slice, then KVM putting the vCPU back, 0.2-0.4 ms
+    # under TCG and more when this machine is busy), plus the world switch on either side that the tracepoints do
+    # not see: what an ordinary exit costs the guest (its short gaps) less what the trace gives such an exit.
+    stored = read_explanation(run)
+    out_of_guest, ordinary = _preempted_exits(stored, "rtvirt-stress")
+    expected = np.median(out_of_guest) + np.median(holes.exits) - np.median(ordinary)
+    assert abs(np.median(holes.lengths) - expected) <= 0.2 * MS, (
+        np.percentile(holes.lengths, [10, 50, 90]), np.percentile(out_of_guest, [10, 50, 90]),
+        np.median(holes.exits), np.median(ordinary))
     # the explanation names what KVM counted: the guest layer's stolen parts cover it
     assert np.median(holes.named * holes.lengths / holes.stolen) >= 0.9, np.percentile(holes.named, [10, 50, 90])
-    stored = read_explanation(run)
     stolen = {part.sample_t_ns for part in stored.parts if part.kind == "stolen" and part.layer == "guest"}
     assert len(stolen) >= holes.lengths.size // 2, ({(part.layer, part.kind) for part in stored.parts},
                                                      len(stolen), holes.lengths.size)
     assert read_stream(run / "samples.rtvs").header["stolen"] == "kvm-pv-time"
+
+
+def _preempted_exits(stored: Any, comm: str) -> tuple[np.ndarray, np.ndarray]:
+    """From the VM layer's trace of the lab (its clock): the durations of the VM exits during which ``comm`` ran in
+    the vCPU's place, and of the other exits."""
+    [vm] = [layer for layer in stored.layers if layer.layer == "vm"]
+    preempted = sorted((o.start_ns, o.end_ns) for o in vm.occupancies
+                       if o.kind == "vcpu-preempted" and o.detail.get("comm") == comm)
+    starts = [start for start, _ in preempted]
+    around, other = [], []
+    for exit_ in (o for o in vm.occupancies if o.kind == "vm-exit"):
+        index = bisect.bisect_right(starts, exit_.end_ns) - 1
+        inside = index >= 0 and exit_.start_ns <= preempted[index][0] and preempted[index][1] <= exit_.end_ns
+        (around if inside else other).append(exit_.end_ns - exit_.start_ns)
+    assert len(around) >= len(preempted) // 2 and other, (len(around), len(preempted), len(other))
+    return np.array(around), np.array(other)
 
 
 def test_a_competing_domu_comes_back_as_holes_of_its_slice_named_with_the_domain(runs: dict[str, Path]) -> None:

@@ -343,6 +343,26 @@ def test_17b_svm_exit_reasons_in_lower_case_are_read() -> None:
                                         "VM exit vintr"], [o.cause for o in exits]
 
 
+def test_17b_arm64_exits_are_named_by_their_exception_class() -> None:
+    """arm64 KVM prints an exception type and class, not a reason (the ARM lab's exits read "unknown" before)."""
+    from rtvirt.explain.kvm import exit_name
+    from rtvirt.explain.vm import VmThreads, exit_occupancies, read_events
+
+    bodies = ["IRQ: HSR_EC: 0x0000 (UNKNOWN), PC: 0xffff800008010a24",
+              "TRAP: HSR_EC: 0x0024 (DABT_LOW), PC: 0xffff800008c2d3f8",
+              "TRAP: HSR_EC: 0x0001 (WFx), PC: 0x0000000040001234",
+              "TRAP: HSR_EC: 0x0016 (HVC64), PC: 0x0000000040000800"]
+    lines = []
+    for index, body in enumerate(bodies):
+        lines += [line(10, "CPU 0/KVM", 600, f"kvm_exit: {body}").replace("100.000010", f"100.{100 + 2 * index:06d}"),
+                  line(10, "CPU 0/KVM", 600, f"kvm_entry: PC: 0x{index:016x}").replace(
+                      "100.000010", f"100.{101 + 2 * index:06d}")]
+    exits = exit_occupancies(read_events(parse_trace(lines)).kvm, VmThreads("vm", {0: 600}, 599), {})
+    assert [o.cause for o in exits] == ["VM exit IRQ", "VM exit DABT_LOW", "VM exit WFx", "VM exit HVC64"], \
+        [o.cause for o in exits]
+    assert exit_name("DABT_LOW")[1].startswith("a guest data abort") and exit_name("WFx")[0] == "WFx"
+
+
 # ---- 10, 15: the VM layer names the vCPU's state ---------------------------------------------------------------
 
 VCPU = ("CPU 0/TCG", 500, 120)

@@ -35,7 +35,7 @@ from .clocksync import ClockMap
 from .model import CollectContext, Layer, LayerTrace, Occupancy
 from .recorder import RING_KB, FlightRecorder, KeepRule, bound_notes
 from .tracefs import TEXT_RESOLUTION_NS, TraceEvent, TracefsAccess, TracefsInstance, TracingUnavailable, body_fields
-from .vm import _near_windows, _printable, drift_allowance, start_guest_tracing
+from .vm import _near_windows, drift_allowance, exit_reason, start_guest_tracing
 
 __all__ = ["EXIT_REASONS", "KVM_EVENTS", "KvmSource", "KvmTrace", "exit_name", "exit_statistics",
            "kvm_occupancies", "read_kvm_events"]
@@ -80,8 +80,17 @@ EXIT_REASONS: dict[str, tuple[str, str]] = {
     **{raw: ("INVLPG", "a TLB invalidation") for raw in ("INVLPG", "invlpg", "invlpga", "INVPCID", "invpcid")},
     "avic_incomplete_ipi": ("APIC_ACCESS", "an IPI AVIC could not deliver"),
     "avic_unaccelerated_access": ("APIC_ACCESS", "a LAPIC access AVIC does not accelerate"),
+    # arm64: the exception type, or a trap's exception class (arch/arm64/include/asm/esr.h)
+    "IRQ": ("IRQ", "a host interrupt arrived"),
+    "SERROR": ("SERROR", "an asynchronous external abort (SError)"),
+    "WFx": ("WFx", "the guest waited for an interrupt or event (WFI/WFE: idle)"),
+    "DABT_LOW": ("DABT_LOW", "a guest data abort: MMIO to an emulated device, or memory not mapped yet"),
+    "IABT_LOW": ("IABT_LOW", "a guest instruction abort: memory not mapped yet"),
+    "HVC64": ("HVC64", "a hypercall (PSCI, PV time, ...)"),
+    "SMC64": ("SMC64", "a secure monitor call KVM handles (PSCI)"),
+    "SYS64": ("SYS64", "a trapped system register access"),
+    "FP_ASIMD": ("FP_ASIMD", "the guest's first FP/SIMD use since its state was switched out"),
 }
-_EXIT = re.compile(r"reason (?P<reason>.+?) rip 0x")
 _INJECTED = re.compile(r"(?:irq (?P<dec>\d+)|(?P<kind>IRQ|Soft/INTn) 0x(?P<hex>[0-9a-f]+))")
 _ACCEPTED = re.compile(r"apicid (?P<apic>[0-9a-f]+) vec (?P<vector>\d+)")
 _LAPIC_DELTA = re.compile(r"delta (?P<delta>-?\d+)")
@@ -129,8 +138,7 @@ def read_kvm_events(events: Iterable[TraceEvent]) -> KvmTrace:
         name, body = event.event, event.body
         found: KvmEvent | None = None
         if name == "kvm_exit":
-            match = _EXIT.search(body)
-            found = KvmEvent(event.ts_ns, event.cpu, event.pid, "exit", _printable(match["reason"]) if match else "")
+            found = KvmEvent(event.ts_ns, event.cpu, event.pid, "exit", exit_reason(body))
         elif name == "kvm_entry":
             found = KvmEvent(event.ts_ns, event.cpu, event.pid, "entry")
         elif name == "kvm_inj_virq" and (match := _INJECTED.search(body)) is not None:

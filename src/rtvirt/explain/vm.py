@@ -64,8 +64,20 @@ def _printable(text: str) -> str:
 SWITCH = re.compile(r"prev_comm=(?P<prev_comm>.*) prev_pid=(?P<prev_pid>\d+) prev_prio=(?P<prev_prio>-?\d+) "
                     r"prev_state=(?P<prev_state>\S+) ==> next_comm=(?P<next_comm>.*) next_pid=(?P<next_pid>\d+) "
                     r"next_prio=(?P<next_prio>-?\d+)")
-# VMX prints its exit reasons in capitals (HLT, EPT_VIOLATION), SVM in lower case (hlt, npf, msr, io, intr, vintr)
-EXIT_REASON = re.compile(r"reason (?P<reason>[A-Za-z0-9_]+)")
+# VMX prints its exit reasons in capitals (HLT, EPT_VIOLATION), SVM in lower case (hlt, npf, msr, io, intr, vintr,
+# "PF excp"); arm64 prints the exception type, then for a trap its class: "TRAP: HSR_EC: 0x0024 (DABT_LOW), PC: ..."
+_X86_EXIT = re.compile(r"reason (?P<reason>.+?) rip 0x")
+_ARM64_EXIT = re.compile(r"(?P<type>[A-Z_]+): HSR_EC: 0x[0-9a-fA-F]+ \((?P<class>[A-Za-z0-9_]+)\)")
+
+
+def exit_reason(body: str) -> str:
+    """A kvm_exit event's reason as the kernel names it (x86: the exit reason; arm64: the exception class of a
+    trap, else the exception type: IRQ, SERROR, ...); "" when the body says none."""
+    if (x86 := _X86_EXIT.search(body)) is not None:
+        return _printable(x86["reason"])
+    if (arm := _ARM64_EXIT.search(body)) is not None:
+        return arm["class"] if arm["type"] == "TRAP" else arm["type"]
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +152,8 @@ def read_events(events: Iterable[TraceEvent], in_order: bool = False) -> ParsedT
         elif event.event == GAP_EVENT:  # the kernel lost events here (its ring overran): nothing known across
             parsed.resumes.setdefault(event.cpu, []).append(event.ts_ns)
         elif event.event in ("kvm_exit", "kvm_entry"):
-            reason = EXIT_REASON.search(event.body)
             parsed.kvm.append(KvmEvent(event.ts_ns, event.cpu, event.pid, event.event == "kvm_entry",
-                                       _printable(reason["reason"]) if reason else ""))
+                                       exit_reason(event.body) if event.event == "kvm_exit" else ""))
     return parsed
 
 
