@@ -235,11 +235,10 @@ class Exclusive:
         them back (parents first) when the partition is undone, or when a killed rtvirt is reclaimed."""
         narrowed = []
         for top in cpusets:
-            for cpuset in sorted((p for p in [top, *top.rglob("*")] if (p / "cpuset.cpus").is_file()),
-                                 key=lambda p: len(p.parts), reverse=True):
-                remaining = [c for c in _cpus_of(cpuset) if c not in cpus]
-                self.ledger.change(self.holder, str(cpuset / "cpuset.cpus"), ",".join(map(str, remaining)) + "\n")
-                narrowed.append(f"{cpuset.relative_to(top.parent)}={','.join(map(str, remaining)) or 'none'}")
+            for cpuset in sorted(_subtree(top), key=lambda p: len(p.parts), reverse=True):
+                remaining = ",".join(str(c) for c in _cpus_of(cpuset) if c not in cpus)
+                self.ledger.change(self.holder, str(cpuset / "cpuset.cpus"), remaining + "\n")
+                narrowed.append(f"{cpuset.relative_to(top.parent)}={remaining or 'none'}")
         self.notes["narrowed_idle_cpusets"] = narrowed
 
     def _partition_root(self, directory: Path, cpus: tuple[int, ...]) -> None:
@@ -334,9 +333,14 @@ def _remove_one(directory: Path) -> None:
             raise
 
 
+def _subtree(cpuset: Path) -> list[Path]:
+    """A v1 cpuset and every cpuset below it."""
+    return [cpuset, *(p for p in cpuset.rglob("*") if p.is_dir())]
+
+
 def _holds_tasks(cpuset: Path) -> bool:
     """Whether a v1 cpuset or any cpuset below it has a task."""
-    return any((p / "tasks").read_text().strip() for p in [cpuset, *cpuset.rglob("*")] if (p / "tasks").is_file())
+    return any((p / "tasks").read_text().strip() for p in _subtree(cpuset))
 
 
 def _cpus_of(directory: Path) -> tuple[int, ...]:

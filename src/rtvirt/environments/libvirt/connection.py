@@ -51,6 +51,7 @@ def import_libvirt() -> Any | None:
         return None
     return libvirt
 
+
 @functools.cache
 def _load_client_library() -> None:
     """Load the venv's libvirt client libraries, once per process (every libvirt call site, the event loop's
@@ -59,6 +60,7 @@ def _load_client_library() -> None:
         for name in ("libvirt.so.0", "libvirt-qemu.so.0"):
             with contextlib.suppress(OSError):  # unloadable (another distribution's): the system's is used
                 ctypes.CDLL(str(_CLIENT_DIR / name), mode=ctypes.RTLD_GLOBAL)
+
 
 def _libvirt() -> Any:
     """The libvirt module, imported on first use (the CLI must start fast), with its stderr printer off and
