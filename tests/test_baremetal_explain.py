@@ -118,7 +118,11 @@ name = "same-core"
 [[disturbances.stressors]]
 stressor = "cpu"
 where = "same-core"
-params = {{ priority = 50, slice = "10ms", period = "50ms" }}
+# 50.25 ms, not 50: the task's windows walk over the probe's 1 ms grid. On a whole number of periods they keep one
+# phase for the run, and a window opening while the probe thread is between its wake-up and its next arm (half of
+# each period in this machine's emulated KVM) is no sample's latency, only overruns: a run of such windows had 1
+# outlier where the others had 58.
+params = {{ priority = 50, slice = "10ms", period = "50.25ms" }}
 
 [explain]
 layers = ["vm", "guest"]
@@ -157,8 +161,9 @@ def explained_run(tmp_path: Path, arch: str, accel: str) -> tuple[Path, list[int
 
 
 def assert_named_with_its_slice(bursts: list[int]) -> None:
-    """Each burst from the held sample's expiry on (what came before it is in no outlier): 9-10 ms of the 10."""
-    assert len(bursts) >= 5, bursts
+    """Each burst from the held sample's expiry on (what came before it is in no outlier): 9-10 ms of the 10; at
+    least a quarter of the ~60 windows open on a waiting probe."""
+    assert len(bursts) >= 15, bursts
     assert abs(np.median(bursts) - 10 * MS) <= 0.1 * 10 * MS, bursts
 
 
