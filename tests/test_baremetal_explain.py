@@ -11,6 +11,7 @@ SCHED_FIFO on the vCPU's pCPU.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -25,7 +26,9 @@ from rtvirt.environments.sched import SchedPolicy
 from rtvirt.explain.stored import read_explanation
 from rtvirt.probes import PROBES
 from rtvirt.procs import Supervisor
-from rtvirt.store import resolve_runs
+from rtvirt.results.report import render
+from rtvirt.results.reportdata import collect
+from rtvirt.store import load_run, resolve_runs
 from rtvirt.stream import SampleStream, read_stream
 from rtvirt.stressors import start_stressor
 
@@ -175,6 +178,20 @@ def test_a_host_fifo_task_is_named_with_the_time_it_took_from_the_kvm_guest(tmp_
     assert stream.header["stolen"] == "kvm-steal-time"
     guest = next(layer for layer in read_explanation(run).layers if layer.layer == "guest")
     assert any("stolen time read by the guest from KVM's steal-time area" in note for note in guest.notes)
+    assert_missed_periods_are_said(run)
+
+
+def assert_missed_periods_are_said(run: Path) -> None:
+    """The periods each 10 ms hold took from the 1 ms probe (overruns, in no sample) are in the explanation's
+    text, its JSON and the report's table of what each explanation could see: the agent's own count."""
+    missed = load_run(run).manifest["expectation"]["overruns"]
+    assert missed >= 15 * 8, missed  # the named bursts at least, 9 periods each less a late edge
+    text = run_cli("explain", str(run), check=True).stdout.splitlines()
+    assert text[2].startswith(f"  also: {missed} periods passed without a sample (the probe's overruns)"), text[:3]
+    assert json.loads(run_cli("explain", str(run), "--json", check=True).stdout)["missed_periods"] == missed
+    document = json.loads(render(collect(run), "json"))
+    (coverage,) = [table for table in document["tables"] if table["title"].startswith("What each explanation")]
+    assert coverage["rows"][0][coverage["header"].index("periods missed")] == str(missed), coverage
 
 
 @needs_arm

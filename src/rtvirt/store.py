@@ -32,10 +32,10 @@ from .fileio import write_atomically
 from .identity import run_identity
 from .quantity import Quantity, run_quantity
 from .stats import Histogram, HistogramBuilder, Summary, summarize_histogram, summarize_stream
-from .stream import SampleStream
+from .stream import MISSED_PERIOD_STATS, SampleStream
 
 __all__ = ["RunDir", "Manifest", "StoredRun", "new_run", "write_run", "write_measured_run", "write_failed_run",
-           "write_digest", "load_run",
+           "write_digest", "load_run", "missed_periods",
            "list_runs", "resolve_runs", "histogram_table", "open_parquet", "write_histogram", "MANIFEST_VERSION"]
 
 MANIFEST_VERSION = 1
@@ -463,6 +463,12 @@ def _read_parquet(path: Path, columns: list[str] | None = None, read_dictionary:
         raise InputError(f"{path}: file not found") from None
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+def missed_periods(manifest: dict[str, Any]) -> int:
+    """The periods a stored run's probe counted as missed (its manifest's probe_stats: "overruns thread 0", ...)."""
+    return sum(value for name, value in (manifest.get("probe_stats") or {}).items()
+               if str(name).split(" ", 1)[0] in MISSED_PERIOD_STATS and isinstance(value, int))
 
 
 def load_run(path: Path) -> StoredRun:

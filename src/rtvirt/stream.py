@@ -22,8 +22,8 @@ import pyarrow as pa
 
 from .errors import InputError, RunError
 
-__all__ = ["MAGIC", "RECORD", "STOLEN", "STOLEN_COLUMNS", "SampleStream", "StreamReader", "read_stream",
-           "recover_from_copy", "merge_stream_copy"]
+__all__ = ["MAGIC", "MISSED_PERIOD_STATS", "RECORD", "STOLEN", "STOLEN_COLUMNS", "SampleStream", "StreamReader",
+           "read_stream", "recover_from_copy", "merge_stream_copy"]
 
 MAGIC = b"RTVIRT\x00S"
 SUPPORTED_VERSIONS = (1,)
@@ -37,6 +37,9 @@ META_DROPPED, META_END, META_STAT, META_STOLEN = 1, 2, 3, 4
 STOLEN = np.dtype([("t_ns", "<i8"), ("thread", "<i2"), ("runnable_ns", "<i8"), ("offline_ns", "<i8")])
 STOLEN_COLUMNS = ("stolen_runnable_ns", "stolen_offline_ns")
 END_REASONS = {0: "complete", 1: "signal", 2: "error"}
+# a probe's counts of periods it missed, measured as missed: the timer probe's and the wakeup sender's overruns
+# (its thread late past whole periods), the wakeup probe's skipped periods (its receiver had not taken the last)
+MISSED_PERIOD_STATS = ("overruns", "skipped")
 MAX_HEADER = 1 << 20
 
 
@@ -53,6 +56,12 @@ class SampleStream:
     error: str | None = None  # the agent's message when it ended with an error (set by the probe runner)
     corrupt: str | None = None  # where and why reading stopped at a record no writer makes (prefix kept)
     stolen: np.ndarray = field(default_factory=lambda: np.empty(0, STOLEN))  # STOLEN records (header "stolen")
+
+    @property
+    def missed_periods(self) -> int | None:
+        """Periods the probe counted as missed (MISSED_PERIOD_STATS); None when it counts none."""
+        counted = [value for (_, name), value in self.stats.items() if name in MISSED_PERIOD_STATS]
+        return int(sum(counted)) if counted else None
 
     @property
     def measures_stolen(self) -> bool:

@@ -21,9 +21,6 @@ from ..stream import SampleStream
 __all__ = ["delivery_record", "delivery_problem", "expectation_record", "SHORT_FRACTION"]
 
 SHORT_FRACTION = 0.9  # fewer samples than this share of the promised count: a short run, with the reason
-# a probe's counts of periods it missed, measured as missed: the timer probe's and the wakeup sender's overruns
-# (its thread late past whole periods), the wakeup probe's skipped periods (its receiver had not taken the last)
-MISSED_PERIOD_STATS = ("overruns", "skipped")
 LATE_FRACTION = 0.1  # a first sample later than this share of the duration: the probe started late
 
 
@@ -58,7 +55,7 @@ def expectation_record(stream: SampleStream, expected: int | None, duration_ns: 
     if not expected:
         return None
     taken = int(stream.records.size)
-    overruns = int(sum(value for (_, name), value in stream.stats.items() if name in MISSED_PERIOD_STATS))
+    overruns = stream.missed_periods or 0
     record: dict[str, Any] = {"expected": expected, "taken": taken, "overruns": overruns,
                               "ratio": round(taken / expected, 4), "short": taken < SHORT_FRACTION * expected}
     if record["short"]:

@@ -86,6 +86,10 @@ def _print_text(document: dict[str, Any]) -> None:
     echo(f"run {document['run_id']} ({document['probe']}): threshold {_us(document['threshold_ns'])} "
          f"[{document['threshold_rule']}]")
     echo(f"  {headline_text(document)}")
+    if document["missed_periods"]:
+        echo(f"  also: {plural(document['missed_periods'], 'period')} passed without a sample (the probe's "
+             "overruns): a hold over them is in the outlier before them only when it began before the probe's "
+             "thread woke; one that began after is in no outlier (the gap probe sees every hole)")
     for layer in document["layers"]:
         echo(f"  {_layer_line(layer)}")
         for note in layer["notes"]:

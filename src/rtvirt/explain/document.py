@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from ..errors import InputError
+from ..store import missed_periods
 from .attribute import MergedPart, headline, merged_parts, summarize_parts
 from .model import Explanation, Part
 
@@ -60,6 +61,7 @@ def explanation_document(explanation: Explanation, manifest: dict[str, Any], pat
         "threshold_rule": f"--threshold {_us(threshold_ns)}" if threshold_ns is not None else
         explanation.threshold_rule,
         "outliers": outliers, "explained": len(by_rank), "headline": headline(parts),
+        "missed_periods": missed_periods(manifest),
         "summary": summary,
         "layers": [{key: value for key, value in dataclasses.asdict(layer).items() if key != "occupancies"}
                    for layer in explanation.layers],

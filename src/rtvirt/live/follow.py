@@ -194,9 +194,8 @@ class RunFollower:
         """END read: the agent's own counts replace what was inferred."""
         stream = self._reader.finish()
         self.ended, self.end_reason = True, stream.end_reason
-        counted = [value for (_, name), value in stream.stats.items() if name == "overruns"]
-        if counted:
-            self.overruns = int(sum(counted))
+        if stream.missed_periods is not None:
+            self.overruns = stream.missed_periods
         self.windows.close_all()
 
     def elapsed_s(self) -> float:

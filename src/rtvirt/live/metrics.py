@@ -23,6 +23,7 @@ from prometheus_client.core import (
     StateSetMetricFamily,
 )
 
+from ..store import missed_periods
 from .follow import PROMETHEUS_BUCKETS_NS, RunFollower
 
 __all__ = ["RunMetrics", "CampaignMetrics", "LiveCollector", "stored_metrics", "followed_metrics", "RUN_LABELS",
@@ -78,10 +79,8 @@ def stored_metrics(labels: tuple[str, str, str], manifest: dict[str, Any], histo
                                minlength=buckets.size).astype(np.int64)
         samples, total, top = int(counts.sum()), int((values * counts).sum()), int(values[-1])
         outliers = int(counts[values > threshold_ns].sum())
-    overruns = sum(int(value) for name, value in (manifest.get("probe_stats") or {}).items()
-                   if str(name).startswith("overruns ") and isinstance(value, int))
     return RunMetrics(labels, str(manifest.get("status") or "failed"), str(manifest.get("value_field") or "")
-                      .endswith("_ns"), samples, total, buckets, top, outliers, overruns, threshold_ns,
+                      .endswith("_ns"), samples, total, buckets, top, outliers, missed_periods(manifest), threshold_ns,
                       planned_s, planned_s)
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..explain.attribute import headline
 from ..fileio import write_atomically
 from ..quantity import Quantity
+from ..store import missed_periods
 from ..timeprofile.levels import event_offsets
 from ..timeprofile.windows import TOP_KEPT
 from .explained import CAUSES_SHOWN
@@ -239,7 +240,8 @@ def explanation_tables(data: ReportData) -> list[_Table]:
             counts = headline(explanation.parts)
             coverage.append([view.run.run_id, c.label, explanation.threshold_rule, str(explanation.outliers),
                              f"{len({part.rank for part in explanation.parts})}: {counts['traced']} traced, "
-                             f"{counts['held']} held back, {counts['unexplained']} unexplained", seen, unseen,
+                             f"{counts['held']} held back, {counts['unexplained']} unexplained",
+                             str(missed_periods(view.run.manifest)), seen, unseen,
                              str(sum(layer.dropped_events for layer in explanation.layers)), _plain(notes)])
     exits = [[view.run.run_id, c.label, str(row["vcpu"]), f"{row['reason']} ({row['raw_reason']})",
               str(row["count"]), str(row["timed"]), _us(_number(row["total_ns"])), _us(_number(row["mean_ns"])),
@@ -252,8 +254,9 @@ def explanation_tables(data: ReportData) -> list[_Table]:
          ["configuration", "layer", "culprit", "outliers", "time (µs)", "share", "variants"], causes),
         ("Worst outliers part by part (µs from the planned wake-up)",
          ["configuration", "run", "rank", "CPU", "latency (µs)", "layer", "cause", "from (µs)", "for (µs)"], parts),
-        ("What each explanation could see", ["run", "configuration", "threshold", "outliers", "explained",
-                                            "layers seen (alignment)", "not seen", "dropped events", "notes"],
+        ("What each explanation could see (periods missed: in no sample, so in no outlier)",
+         ["run", "configuration", "threshold", "outliers", "explained", "periods missed", "layers seen (alignment)",
+          "not seen", "dropped events", "notes"],
          coverage),
         *([("VM exits by reason (perf kvm stat; time over the exits the trace holds whole)",
             ["run", "configuration", "vCPU", "reason", "exits", "timed", "time (µs)", "mean (µs)", "max (µs)"],
