@@ -363,6 +363,30 @@ def test_17b_arm64_exits_are_named_by_their_exception_class() -> None:
     assert exit_name("DABT_LOW")[1].startswith("a guest data abort") and exit_name("WFx")[0] == "WFx"
 
 
+def test_an_exit_starts_where_the_interrupt_that_caused_it_woke_a_task_on_the_vcpus_pcpu() -> None:
+    """KVM traces kvm_exit after it enabled interrupts again: the host task's timer interrupt took the vCPU out of
+    the guest and woke the task (at +300) before kvm_exit (+420). The exit starts at the wake-up; a wake-up
+    recorded on another CPU, and one on the pCPU before the vCPU's entry, say nothing of it."""
+    from rtvirt.explain.vm import VmThreads, exit_occupancies, read_events
+
+    wake = "sched_wakeup: comm=rtvirt-stress pid=700 prio=9 target_cpu={:03d}"
+    lines = [line(50, "rtvirt-stress", 700, wake.format(CPU)),  # before the entry: the vCPU was not in the guest
+             line(100, "CPU 0/KVM", 600, "kvm_entry: PC: 0x0000000040001000"),
+             line(200, "kswapd0", 90, wake.format(CPU), cpu=CPU + 1),  # another CPU's
+             line(300, "CPU 0/KVM", 600, wake.format(CPU)),
+             line(420, "CPU 0/KVM", 600, "kvm_exit: IRQ: HSR_EC: 0x0000 (UNKNOWN), PC: 0x0000000040001000"),
+             switch(450, ("CPU 0/KVM", 600, 120), "R", ("rtvirt-stress", 700, 9)),
+             switch(2450, ("rtvirt-stress", 700, 9), "S", ("CPU 0/KVM", 600, 120)),
+             line(2600, "CPU 0/KVM", 600, "kvm_entry: PC: 0x0000000040001000"),
+             line(2700, "CPU 0/KVM", 600, "kvm_exit: IRQ: HSR_EC: 0x0000 (UNKNOWN), PC: 0x0000000040001000"),
+             line(2760, "CPU 0/KVM", 600, "kvm_entry: PC: 0x0000000040001000")]
+    trace = read_events(parse_trace(lines))
+    first, second = exit_occupancies(trace.kvm, VmThreads("vm", {0: 600}, 599), {}, trace.wakeups)
+    assert (first.start_ns, first.end_ns) == (ns(300), ns(2600)), first
+    assert first.detail["before_kvm_exit_ns"] == ns(420) - ns(300)
+    assert (second.start_ns, second.end_ns) == (ns(2700), ns(2760)) and "before_kvm_exit_ns" not in second.detail
+
+
 # ---- 10, 15: the VM layer names the vCPU's state ---------------------------------------------------------------
 
 VCPU = ("CPU 0/TCG", 500, 120)

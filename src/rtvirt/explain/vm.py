@@ -96,11 +96,12 @@ class Switch:
 
 @dataclass(frozen=True, slots=True)
 class Wakeup:
-    """A task woken onto ``target_cpu`` (recorded on whichever traced CPU woke it)."""
+    """A task woken onto ``target_cpu``, recorded on ``cpu`` (whichever traced CPU woke it)."""
 
     ts_ns: int
     pid: int
     target_cpu: int
+    cpu: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +149,8 @@ def read_events(events: Iterable[TraceEvent], in_order: bool = False) -> ParsedT
         elif event.event == "sched_wakeup":
             fields = body_fields(event.body)
             if fields.get("pid", "").isdigit() and fields.get("target_cpu", "").isdigit():
-                parsed.wakeups.append(Wakeup(event.ts_ns, int(fields["pid"]), int(fields["target_cpu"])))
+                parsed.wakeups.append(Wakeup(event.ts_ns, int(fields["pid"]), int(fields["target_cpu"]),
+                                             event.cpu))
         elif event.event == GAP_EVENT:  # the kernel lost events here (its ring overran): nothing known across
             parsed.resumes.setdefault(event.cpu, []).append(event.ts_ns)
         elif event.event in ("kvm_exit", "kvm_entry"):
@@ -394,11 +396,31 @@ def vcpu_occupancies(trace: ParsedTrace, threads: VmThreads) -> list[Occupancy]:
     return sorted(timeline.found, key=lambda o: (o.cpu, o.start_ns))
 
 
-def exit_occupancies(events: list[KvmEvent], threads: VmThreads, resumes: Mapping[int, list[int]]
-                     ) -> list[Occupancy]:
+def exit_occupancies(events: list[KvmEvent], threads: VmThreads, resumes: Mapping[int, list[int]],
+                     wakeups: Iterable[Wakeup] = ()) -> list[Occupancy]:
     """Each VM exit of a vCPU thread, from kvm_exit to its next kvm_entry, named by its reason (not across a
-    stretch of its CPU's trace that was not kept)."""
+    stretch of its CPU's trace that was not kept).
+
+    KVM traces kvm_exit only after it has enabled interrupts again, so the interrupt that made the vCPU exit is
+    handled before it: where that interrupt woke a task on the vCPU's pCPU (a host task whose timer fired, the
+    wake-up the trace keeps), the vCPU had left the guest by that wake-up, and the exit starts there
+    (``detail.before_kvm_exit_ns``: by how much). Nothing runs on that pCPU between an entry and the guest's
+    exit, so no earlier event can be the guest's."""
     by_tid = {tid: index for index, tid in threads.vcpus.items()}
+    woken_on: dict[int, list[int]] = {}
+    for wakeup in wakeups:
+        woken_on.setdefault(wakeup.cpu, []).append(wakeup.ts_ns)
+    for times in woken_on.values():
+        times.sort()
+    entered: dict[int, int] = {}  # tid -> its last kvm_entry
+
+    def left_guest(exit_: KvmEvent) -> int:
+        """When the vCPU was out of the guest at the latest: the first wake-up on its pCPU since its entry."""
+        entry, times = entered.get(exit_.pid), woken_on.get(exit_.cpu, [])
+        if entry is None:
+            return exit_.ts_ns
+        first = bisect.bisect_right(times, entry)
+        return times[first] if first < len(times) and times[first] < exit_.ts_ns else exit_.ts_ns
 
     def unbroken(start: KvmEvent, end: KvmEvent) -> bool:
         return all(bisect.bisect_right(times, start.ts_ns) == bisect.bisect_right(times, end.ts_ns)
@@ -416,9 +438,13 @@ def exit_occupancies(events: list[KvmEvent], threads: VmThreads, resumes: Mappin
         if start is not None and start.ts_ns < event.ts_ns and unbroken(start, event):
             index = by_tid[event.pid]
             reason = start.reason or "unknown"
-            found.append(Occupancy("vm", start.ts_ns, event.ts_ns, f"VM exit {reason}", "vm-exit", index,
-                                   {"reason": reason, "host_cpu": start.cpu, "vcpu": index},
+            begun = left_guest(start)
+            detail: dict[str, str | int] = {"reason": reason, "host_cpu": start.cpu, "vcpu": index}
+            if begun < start.ts_ns:
+                detail["before_kvm_exit_ns"] = start.ts_ns - begun
+            found.append(Occupancy("vm", begun, event.ts_ns, f"VM exit {reason}", "vm-exit", index, detail,
                                    culprit=f"VM exit {reason}"))
+        entered[event.pid] = event.ts_ns
     return found
 
 
@@ -615,7 +641,7 @@ class VmSource:
                               + (problem or "no clock exchange took place"))
         threads = VmThreads(self.vm, self._vcpus, self._qemu_pid, frozenset(self._vmm_tids))
         found = vcpu_occupancies(self._trace, threads) + exit_occupancies(self._trace.kvm, threads,
-                                                                          self._trace.resumes)
+                                                                          self._trace.resumes, self._trace.wakeups)
         keep = _near_windows(context.windows)
         occupancies = []
         for occupancy in found:
