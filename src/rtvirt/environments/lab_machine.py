@@ -37,6 +37,9 @@ OWNER_FILE = "owner.pid"
 QEMU_PID_FILE = "qemu.pid"
 CONSOLE_LIMIT = 1 << 20  # bytes of the console's end read back (it is untrusted and can grow)
 SSH_RETRY_S = 60.0  # time the lab's sshd gets to accept a connection after the ready mark
+# time a lab's sshd gets to send its banner when a run in the lab failed: a stalled lab kernel sends none while
+# its QEMU keeps a CPU of this machine busy (seen: a KVM lab stuck starting a domain, 82 % of a CPU, no banner)
+BANNER_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,8 @@ class LabMachine:
         self._connection: SshConnection | None = None
         self._target: SshTarget | None = None
         self._started = 0.0
+        self._ssh_port = 0
+        self._unanswering: str | None = None  # why rtvirt stopped the lab, once it stopped answering
         root = cache_dir() / self.root_name
         root.mkdir(parents=True, exist_ok=True)
         self.directory = Path(tempfile.mkdtemp(prefix="lab-", dir=root))
@@ -158,9 +163,10 @@ class LabMachine:
         host_public = " ".join(_keypair(host, f"rtvirt-{self.root_name}").split()[:2])
         return LabKeys(host, host_public, client, _keypair(client, f"rtvirt-{self.root_name}"))
 
-    def start(self, argv: list[str]) -> None:
-        """Start the lab's QEMU (``argv``): its serial console must go to ``self.console``."""
-        self._started = time.monotonic()
+    def start(self, argv: list[str], ssh_port: int) -> None:
+        """Start the lab's QEMU (``argv``): its serial console must go to ``self.console``, its sshd forwarded
+        from 127.0.0.1:``ssh_port``."""
+        self._started, self._ssh_port = time.monotonic(), ssh_port
         self._proc = self.supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         (self.directory / QEMU_PID_FILE).write_text(str(self._proc.pid))
 
@@ -182,11 +188,12 @@ class LabMachine:
                                f"console: {self.console_tail()}")
             time.sleep(0.2)
 
-    def connect(self, port: int, keys: LabKeys) -> None:
+    def connect(self, keys: LabKeys) -> None:
         """SSH to the lab as root with its host key pinned, retrying for a minute while its sshd comes up."""
         from ..remote import SshTarget, connect
 
         assert self._proc is not None
+        port = self._ssh_port
         known_hosts = self.directory / "known_hosts"
         known_hosts.write_text(f"[127.0.0.1]:{port} {keys.host_public}\n")
         (self.directory / "ssh_config").write_text("")  # never the user's ~/.ssh/config
@@ -222,7 +229,28 @@ class LabMachine:
         return None
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None and self.failure() is None
+        return (self._unanswering is None and self._proc is not None and self._proc.poll() is None
+                and self.failure() is None)
+
+    def answers(self, timeout: float = BANNER_TIMEOUT_S) -> bool:
+        """Whether the lab's sshd sends its banner within ``timeout``: QEMU accepts the forwarded connection
+        itself, so a lab whose kernel stalled still accepts, but says nothing."""
+        try:
+            with socket.create_connection(("127.0.0.1", self._ssh_port), timeout=timeout) as sock:
+                sock.settimeout(timeout)
+                return sock.recv(4) == b"SSH-"
+        except OSError:
+            return False
+
+    def stop_if_unanswering(self, after: str, timeout: float = BANNER_TIMEOUT_S) -> bool:
+        """Stop the lab when it no longer answers (``after``: what failed in it), so that it takes no more CPU
+        from the campaign's later runs; they fail at once, naming why. Whether it was stopped."""
+        if self._proc is None or self.answers(timeout):
+            return False
+        self._unanswering = (f"it stopped answering (no SSH banner within {timeout:.0f} s) after {after}; rtvirt "
+                             "stopped it so that it takes no CPU from later runs")
+        self.supervisor.stop(self._proc, grace=2.0)
+        return True
 
     def died(self, grace: float = 3.0) -> bool:
         """Whether the lab is dead or dies within ``grace`` seconds: asked when something in it just failed (a
@@ -236,7 +264,7 @@ class LabMachine:
 
     def why_stopped(self) -> str:
         """Why a lab that is not alive stopped: its failure, QEMU's exit, or the console's last lines."""
-        failure = self.failure()
+        failure = self._unanswering or self.failure()
         if failure is not None:
             return failure
         status = self._proc.poll() if self._proc is not None else None

@@ -60,9 +60,9 @@ class KvmLab(LabMachine):
         initrd.write_bytes(base.read_bytes() + lab_files(keys.host_key, keys.client_public))
         self.accel = choose_accel(self.config.accel, self.arch.name)
         port = free_port()
-        self.start(self._qemu_argv(kernel, initrd, port))
+        self.start(self._qemu_argv(kernel, initrd, port), port)
         self.await_ready()
-        self.connect(port, keys)
+        self.connect(keys)
         self.facts = self._read_facts()
         return self
 
@@ -123,8 +123,9 @@ class KvmLab(LabMachine):
             raise RunError(f"the KVM lab stopped: {self.why_stopped()}")
 
     def blamed(self, exc: RunError) -> RunError:
-        """``exc``, or, when the lab died under it (what failed was the lab), an error that says so."""
-        if self.died():
+        """``exc``, or, when the lab died under it or stopped answering (what failed was the lab: it is stopped
+        then), an error that says so."""
+        if self.died() or self.stop_if_unanswering(f"a run in it failed: {str(exc)[:300]}"):
             return RunError(f"the KVM lab stopped: {self.why_stopped()} ({exc})")
         return exc
 

@@ -234,8 +234,8 @@ class QemuEnvironment(Environment):
 
     def _failure(self, exc: RunError) -> RunError:
         """``exc``, or what it is a symptom of: the lab that died under it, or the KVM host's lost connection."""
-        if self._lab is not None and self._lab.died():
-            return self._lab.blamed(exc)
+        if self._lab is not None and (blamed := self._lab.blamed(exc)) is not exc:
+            return blamed
         lost = self._connection_lost()
         return RunError(lost) if lost else exc
 

@@ -74,9 +74,9 @@ class XenLab(LabMachine):
         initrd = self._initrd(base, keys)
         self.accel = choose_accel(self.config.accel, self.arch.name)
         port = free_port()
-        self.start(self._qemu_argv(kernel, initrd, port))
+        self.start(self._qemu_argv(kernel, initrd, port), port)
         self.await_ready()
-        self.connect(port, keys)
+        self.connect(keys)
         return self
 
     def _initrd(self, base: Path, keys: LabKeys) -> Path:
