@@ -18,7 +18,9 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -40,6 +42,7 @@ SSH_RETRY_S = 60.0  # time the lab's sshd gets to accept a connection after the 
 # time a lab's sshd gets to send its banner when a run in the lab failed: a stalled lab kernel sends none while
 # its QEMU keeps a CPU of this machine busy (seen: a KVM lab stuck starting a domain, 82 % of a CPU, no banner)
 BANNER_TIMEOUT_S = 30.0
+WATCH_EVERY_S = 30.0  # between banner checks while a call into the lab blocks (two silent checks stop the lab)
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,11 @@ class LabMachine:
         return (self._unanswering is None and self._proc is not None and self._proc.poll() is None
                 and self.failure() is None)
 
+    @property
+    def ssh_port(self) -> int:
+        """The port on 127.0.0.1 that QEMU forwards to the lab's sshd."""
+        return self._ssh_port
+
     def answers(self, timeout: float = BANNER_TIMEOUT_S) -> bool:
         """Whether the lab's sshd sends its banner within ``timeout``: QEMU accepts the forwarded connection
         itself, so a lab whose kernel stalled still accepts, but says nothing."""
@@ -242,15 +250,42 @@ class LabMachine:
         except OSError:
             return False
 
+    @contextlib.contextmanager
+    def watched(self, doing: str, every: float = WATCH_EVERY_S, timeout: float = BANNER_TIMEOUT_S) -> Iterator[None]:
+        """While ``doing`` (a call into the lab that can block for minutes: libvirt's gives up after its keepalive,
+        10 minutes in a lab), the lab's banner is checked every ``every`` s; a lab silent twice in a row is stopped,
+        so the blocked call fails at once (its connection closes) and names the lab rather than a timeout."""
+        done = threading.Event()
+
+        def watch() -> None:
+            silent = 0
+            while not done.wait(every):
+                silent = 0 if self.answers(timeout) else silent + 1
+                if silent >= 2 and not done.is_set():
+                    self._stop_silent(f"{doing} blocked", timeout)
+                    return
+
+        threading.Thread(target=watch, name=f"{self.what} watch", daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()  # (a check under way ends within its timeout and then stops nothing)
+
     def stop_if_unanswering(self, after: str, timeout: float = BANNER_TIMEOUT_S) -> bool:
         """Stop the lab when it no longer answers (``after``: what failed in it), so that it takes no more CPU
         from the campaign's later runs; they fail at once, naming why. Whether it was stopped."""
         if self._proc is None or self.answers(timeout):
             return False
+        self._stop_silent(after, timeout)
+        return True
+
+    def _stop_silent(self, after: str, timeout: float) -> None:
+        proc = self._proc
+        if proc is None:
+            return
         self._unanswering = (f"it stopped answering (no SSH banner within {timeout:.0f} s) after {after}; rtvirt "
                              "stopped it so that it takes no CPU from later runs")
-        self.supervisor.stop(self._proc, grace=2.0)
-        return True
+        self.supervisor.stop(proc, grace=2.0)
 
     def died(self, grace: float = 3.0) -> bool:
         """Whether the lab is dead or dies within ``grace`` seconds: asked when something in it just failed (a

@@ -159,7 +159,10 @@ class LibvirtEnvironment(LibvirtTeardown):
 
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         try:
-            return self._launch(agent, args, out)
+            # (the domain's start can block in libvirt until its keepalive gives up: a silent lab is stopped)
+            watch = self._lab.watched(f"starting a domain of {self.config.label}") if self._lab else None
+            with watch or contextlib.nullcontext():
+                return self._launch(agent, args, out)
         except RunError as exc:
             raise self._lab_failure(exc) from None
 
