@@ -22,6 +22,15 @@ RTVIRT = [sys.executable, "-m", "rtvirt"]
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# A suite stopped with SIGTERM (`timeout`, a CI job cancelled) unwinds as on Ctrl-C, so each test's clean-up stops
+# what it started: a pytest killed by `timeout` once left a docs example's campaign running with two KVM labs.
+signal.signal(signal.SIGTERM, _terminated)
+
+
 def run_cli(
     *args: str, timeout: float = 120, check: bool = False, **kwargs: object
 ) -> subprocess.CompletedProcess[str]:
@@ -34,18 +43,26 @@ def run_cli(
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            stdout, stderr = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
+        stdout, stderr = _stop_cli(proc)
         raise AssertionError(f"rtvirt {' '.join(args)} did not end within {timeout:.0f}s (stopped); stderr ends:\n"
                              f"{stderr[-3000:]}\nstdout ends:\n{stdout[-1000:]}") from None
+    except BaseException:  # the suite was stopped (Ctrl-C, SIGTERM): its rtvirt stops too, through its clean-up
+        _stop_cli(proc)
+        raise
     result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if check and result.returncode != 0:
         raise AssertionError(f"rtvirt {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
     return result
+
+
+def _stop_cli(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """SIGTERM to an rtvirt of run_cli (its clean-up path: VMs destroyed, samples kept), SIGKILL after 30 s."""
+    proc.terminate()
+    try:
+        return proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
 
 
 def live_processes() -> list[tuple[int, list[str]]]:
