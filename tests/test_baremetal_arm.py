@@ -71,11 +71,13 @@ def finished(env: QemuEnvironment, out: Path, status: int, gic: int = 2) -> Samp
 
 @pytest.mark.parametrize("gic", [2, 3])
 def test_the_virtual_timer_keeps_its_1khz_grid_on_gicv2_and_gicv3(tmp_path: Path, gic: int) -> None:
-    env, out, status = boot(tmp_path, "timer", {"duration": "1s", "interval": "1ms"}, gic=gic)
+    # 3 s: the suite's parallel phase runs this beside the ARM labs' campaign on 2 cores, where the emulated
+    # board got 8 % of real time once (80 samples and 920 overruns of a 1 s run)
+    env, out, status = boot(tmp_path, "timer", {"duration": "3s", "interval": "1ms"}, gic=gic)
     stream = finished(env, out, status, gic)
     r = stream.records
-    # every period of the second is a sample or a counted overrun (a loaded TCG host misses many)
-    assert r.size >= 100 and r.size + stream.stats[(0, "overruns")] == 1000, (r.size, stream.stats)
+    # every period of the run is a sample or a counted overrun (a loaded TCG host misses many)
+    assert r.size >= 100 and r.size + stream.stats[(0, "overruns")] == 3000, (r.size, stream.stats)
     assert np.all(r["value"] >= r["aux"].astype(np.int64))  # the handler runs before the thread
     steps = np.diff(r["t_ns"].astype(np.int64))
     periods = np.round(steps / MS)
