@@ -718,10 +718,10 @@ def test_12_an_unpinned_thread_is_read_on_the_cpu_its_timer_fired_on_until_it_wa
 
 # ---- 16: the Xen alignment does not confirm an offset a periodic schedule makes ambiguous -----------------------
 
-def _periodic_run(jitter: bool) -> tuple[Any, np.ndarray]:
+def _periodic_run(irregular: float) -> tuple[Any, np.ndarray]:
     """An RTDS-like vCPU (domain 5): in each 10 ms period it runs 4 ms and waits 6 ms for its budget; a gap
-    probe's gaps are those waits, on a sample clock equal to the TSC / 2.4 GHz. ``jitter``: each wait a
-    different length (the periods are then told apart)."""
+    probe's gaps are those waits, on a sample clock equal to the TSC / 2.4 GHz. ``irregular``: the share of
+    the waits shortened by up to 1.5 ms, each by its own amount (those periods are then told apart)."""
     from rtvirt.explain.xentrace import Trace
 
     rng = np.random.default_rng(3)
@@ -729,7 +729,7 @@ def _periodic_run(jitter: bool) -> tuple[Any, np.ndarray]:
     gaps = []
     for period in range(300):
         begin = period * 10_000_000
-        wait = 6_000_000 - (int(rng.integers(0, 1_500_000)) if jitter else 0)
+        wait = 6_000_000 - (int(rng.integers(50_000, 1_500_000)) if rng.random() < irregular else 0)
         running, waiting = begin, begin + 10_000_000 - wait
         trace.runstates.setdefault((5, 0), []).extend([(running * 12 // 5, "running", 0),
                                                       (waiting * 12 // 5, "runnable", 0)])
@@ -744,19 +744,25 @@ def _periodic_run(jitter: bool) -> tuple[Any, np.ndarray]:
 def test_16_an_alignment_a_periodic_schedule_makes_ambiguous_is_not_stated_as_exact() -> None:
     """Every wait looks like the next: offsets whole periods apart put as many gaps around a wait. The
     alignment used to pick one and state its residual (microseconds); it is now refused as ambiguous, and a run
-    whose waits differ is still aligned where it belongs."""
+    whose waits differ is still aligned where it belongs, also when only a tenth of them differ (CI's clean run:
+    26 of 300 stolen spans held a wait under the true offset alone, 9 under one 30 ms away; compared by how many
+    windows each matched, 289 and 278, they were refused as ambiguous)."""
     from rtvirt.explain.xen import XenDomains, explain_trace
 
-    trace, samples = _periodic_run(jitter=False)
-    outliers = np.zeros(10, dtype=WINDOW)
-    outliers["start_ns"], outliers["end_ns"] = samples["start_ns"][100:110], samples["end_ns"][100:110]
-    outliers["latency_ns"] = outliers["end_ns"] - outliers["start_ns"]
-    layer = explain_trace([trace], XenDomains(measuring=5), outliers, 2_400_000, samples=samples)
+    def explained(irregular: float) -> LayerTrace:
+        trace, samples = _periodic_run(irregular)
+        outliers = np.zeros(10, dtype=WINDOW)
+        outliers["start_ns"], outliers["end_ns"] = samples["start_ns"][100:110], samples["end_ns"][100:110]
+        outliers["latency_ns"] = outliers["end_ns"] - outliers["start_ns"]
+        return explain_trace([trace], XenDomains(measuring=5), outliers, 2_400_000, samples=samples)
+
+    layer = explained(0.0)
     assert not layer.seen and "ambiguous" in (layer.why_not or ""), (layer.why_not, layer.notes)
-    trace, samples = _periodic_run(jitter=True)
-    outliers["start_ns"], outliers["end_ns"] = samples["start_ns"][100:110], samples["end_ns"][100:110]
-    layer = explain_trace([trace], XenDomains(measuring=5), outliers, 2_400_000, samples=samples)
-    assert layer.seen and layer.alignment_ns < 1000, (layer.why_not, layer.notes)
+    for irregular in (1.0, 0.1):  # 0.1: 30 waits differ (a sign test needs 9 that only one offset explains)
+        layer = explained(irregular)
+        assert layer.seen and layer.alignment_ns < 1000, (irregular, layer.why_not, layer.notes)
+        # where it belongs: the first outlier's wait (period 100's) ends at 1010 ms on both clocks
+        assert any(abs(o.end_ns - 1_010_000_000) < 1000 for o in layer.occupancies), (irregular, layer.occupancies)
 
 
 # ---- found while staging: a PREEMPT_RT kernel's trace lines ---------------------------------------------------

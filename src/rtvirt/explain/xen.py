@@ -44,11 +44,13 @@ TRACE_PREFIX = "xentrace-"
 XEN_BUFFER_PAGES = 256  # Xen's own per-pCPU buffer (set once per boot: xentrace -S); xentrace empties it
 POLL_MS = 20
 STOP_WAIT_S = 60.0
-MATCH_CANDIDATES = 12  # the largest windows proposing an alignment
+MATCH_CANDIDATES = 12  # the largest windows proposing an alignment, and as many of the rarest lengths
+LENGTH_ALIKE_NS = 50_000  # windows this close in length are alike (a periodic schedule's waits)
 MATCH_BINS = 20  # the most proposed offsets (EDGE_NS wide) tried
 MIN_WAIT_NS = 100_000  # shorter waits do not take part in the alignment
 EDGE_NS = 300_000  # a wait and its window share an edge within this (nested TCG: the guest sees time late)
-RIVAL_SHARE = 0.9  # another offset matching this share of the best one's windows makes the alignment ambiguous
+RIVAL_SHARE = 0.9  # another offset matching this share of the best one's windows contends with it
+SIGN_TEST_Z = 3.0  # windows only the best offset explains must outnumber a contender's own by this many sigma
 CONTRADICTED_SHARE = 0.1  # sample ends placed where the vCPU did not run that make an alignment wrong
 CONTEXT_NS = 5_000_000  # occupancies kept this far around a window (the report's timelines)
 MAX_OCCUPANCIES = 20_000
@@ -356,17 +358,28 @@ def stretches(trace: Trace, vcpu: tuple[int, int]) -> list[Stretch]:
 @dataclass(frozen=True, slots=True)
 class Alignment:
     """sample_ns = slope * tsc + offset, within uncertainty_ns (the largest residual of the matched pairs);
-    ``rival``: another offset (ns) that put almost as many windows around a wait (a periodic schedule aliases),
-    and how many (0: none)."""
+    ``rival``: another offset (ns from this one) that a periodic schedule makes as good: the windows holding a
+    wait under this alignment alone, and under the rival alone (None: every other offset is clearly worse)."""
 
     slope: float
     offset: float
     uncertainty_ns: int
     matched: int
-    rival: tuple[float, int] = (0.0, 0)
+    rival: tuple[float, int, int] | None = None
 
     def to_ns(self, tsc: int) -> int:
         return int(round(self.slope * tsc + self.offset))
+
+
+@dataclass(frozen=True, slots=True)
+class _Fit:
+    slope: float
+    offset: float
+    residuals: np.ndarray  # per window: how far its closest wait's shared edge lies from it (inf: holds none)
+    tolerance: float  # the residuals that count as a match: within 5 median residuals (+5 us)
+
+    def matched(self, tolerance: float | None = None) -> np.ndarray:
+        return self.residuals <= (self.tolerance if tolerance is None else tolerance)
 
 
 def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_tick: float) -> Alignment | None:
@@ -382,8 +395,13 @@ def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_ti
     lengths = ends - starts
     first, last = ready.astype(np.float64), resumes.astype(np.float64)
     waits = (last - first) * ns_per_tick
+    # the largest windows, and the rarest lengths: in a periodic schedule only the waits that differ point at
+    # one offset (the others, alike, point at every period's)
+    rarity = (np.searchsorted(np.sort(lengths), lengths + LENGTH_ALIKE_NS, side="right")
+              - np.searchsorted(np.sort(lengths), lengths - LENGTH_ALIKE_NS, side="left"))
     votes: list[np.ndarray] = []
-    for index in np.argsort(-lengths)[:MATCH_CANDIDATES]:
+    for index in np.union1d(np.argsort(-lengths)[:MATCH_CANDIDATES],
+                            np.lexsort((-lengths, rarity))[:MATCH_CANDIDATES]):
         fits = (waits >= 0.3 * lengths[index]) & (waits <= lengths[index] + EDGE_NS)
         votes += [starts[index] - first[fits] * ns_per_tick, ends[index] - last[fits] * ns_per_tick]
     offsets = np.concatenate(votes)
@@ -391,15 +409,30 @@ def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_ti
         return None
     bins = np.floor(offsets / EDGE_NS)
     values, counts = np.unique(bins, return_counts=True)
-    tried: list[tuple[int, float]] = []
-    for bin_value in values[np.argsort(-counts)[:MATCH_BINS]]:
-        candidate = float(np.median(offsets[bins == bin_value]))
-        tried.append((len(np.unique(_contained(starts, ends, first * ns_per_tick + candidate,
-                                                last * ns_per_tick + candidate)[0])), candidate))
-    best = max(tried, default=None, key=lambda t: t[0])
-    if best is None or best[0] < 3:
+    fitted = [_fit(starts, ends, first, last, ns_per_tick, float(np.median(offsets[bins == bin_value])))
+              for bin_value in values[np.argsort(-counts)[:MATCH_BINS]]]
+    traced = (float(first.min()), float(last.max()))
+    best = max(fitted, key=lambda fit: int(fit.matched().sum()))
+    # offsets well apart that matched nearly as many windows contend; the windows two disagree on decide between
+    # them, not how many each matched (a periodic schedule's alike waits, the run's edges)
+    contenders = [fit for fit in fitted if fit.matched().sum() >= RIVAL_SHARE * best.matched().sum()]
+    for fit in contenders:
+        if _apart(best, fit, traced) and _sign_test(fit, best, starts, ends, traced)[2]:
+            best = fit
+    matched = best.matched()
+    if matched.sum() < 3:
         return None
-    slope, offset = ns_per_tick, best[1]
+    rivals = [(distance, *_sign_test(best, fit, starts, ends, traced)) for fit in contenders
+              if (distance := _apart(best, fit, traced))]
+    undecided = [(distance, ours, theirs) for distance, ours, theirs, decided in rivals if not decided]
+    return Alignment(best.slope, best.offset, int(np.ceil(best.residuals[matched].max())), int(matched.sum()),
+                     min(undecided, key=lambda r: r[1] - r[2], default=None))
+
+
+def _fit(starts: np.ndarray, ends: np.ndarray, first: np.ndarray, last: np.ndarray, slope: float,
+         offset: float) -> _Fit:
+    """The line through the shared edges of the waits a proposed ``offset`` puts inside windows (the closest
+    ones), matched again with it, three times."""
 
     def shared_edges() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(window, TSC of the shared edge, its sample-clock time, residual) of each wait inside a window."""
@@ -411,23 +444,41 @@ def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_ti
                 np.where(by_start, starts[windows_at], ends[windows_at]).astype(np.float64),
                 np.minimum(np.abs(from_start), np.abs(from_end)))
 
-    for _ in range(3):  # fit a line through the shared edges (the closest ones), then match again with it
+    for _ in range(3):
         _, ticks, edges, residuals = shared_edges()
-        close = residuals <= 5 * np.median(residuals) + 5_000
+        close = residuals <= 5 * np.median(residuals) + 5_000 if len(residuals) else residuals > 0
         if close.sum() >= 4 and np.ptp(ticks[close]) > 0:
             slope, offset = (float(v) for v in np.polyfit(ticks[close], edges[close], 1))
     windows_at, _, _, residuals = shared_edges()
-    close = residuals <= 5 * np.median(residuals) + 5_000 if len(residuals) else residuals > 0
-    if len(np.unique(windows_at[close])) < 3:
-        return None
-    uncertainty = int(np.ceil(residuals[close].max()))
-    # the fit only confirms the offset it was given: another, well apart, that matched nearly as many windows
-    # (RTDS's period makes every wait look like the next) leaves the choice between them unproven
-    rivals = [(matched, candidate) for matched, candidate in tried
-              if abs(candidate - best[1]) > max(2 * EDGE_NS, 4 * uncertainty) and matched >= RIVAL_SHARE * best[0]]
-    rival = max(rivals, key=lambda r: r[0], default=(0, 0.0))
-    return Alignment(slope, offset, uncertainty, len(np.unique(windows_at[close])),
-                     (rival[1] - best[1], rival[0]))
+    closest = np.full(len(starts), np.inf)
+    np.minimum.at(closest, windows_at, residuals)
+    return _Fit(slope, offset, closest, 5 * float(np.median(residuals)) + 5_000 if len(residuals) else 0.0)
+
+
+def _apart(best: _Fit, fit: _Fit, traced: tuple[float, float]) -> float:
+    """How far ``fit`` places the traced span's middle from where ``best`` does (ns), when that is well apart
+    (more than twice EDGE_NS and four times the best's largest residual); else 0."""
+    middle = sum(traced) / 2
+    distance = (fit.slope - best.slope) * middle + fit.offset - best.offset
+    matched = best.matched()
+    apart = max(2 * EDGE_NS, 4 * float(best.residuals[matched].max()) if matched.any() else 0.0)
+    return distance if abs(distance) > apart else 0.0
+
+
+def _sign_test(ours: _Fit, theirs: _Fit, starts: np.ndarray, ends: np.ndarray,
+               traced: tuple[float, float]) -> tuple[int, int, bool]:
+    """(windows holding a wait under ``ours`` alone, under ``theirs`` alone, whether ours wins by SIGN_TEST_Z
+    sigma): matched as closely as the tighter of the two asks, over the windows both place within the
+    ``traced`` TSC span (the first wait's start to the last one's end: beyond it neither could hold one)."""
+
+    def within(fit: _Fit) -> np.ndarray:
+        return ((starts - fit.offset) / fit.slope >= traced[0]) & ((ends - fit.offset) / fit.slope <= traced[1])
+
+    tolerance, both = min(ours.tolerance, theirs.tolerance), within(ours) & within(theirs)
+    mine, other = ours.matched(tolerance) & both, theirs.matched(tolerance) & both
+    alone, rival_alone = int((mine & ~other).sum()), int((other & ~mine).sum())
+    wins = alone + rival_alone > 0 and alone - rival_alone >= SIGN_TEST_Z * np.sqrt(alone + rival_alone)
+    return alone, rival_alone, bool(wins)
 
 
 def _contained(starts: np.ndarray, ends: np.ndarray, first: np.ndarray,
@@ -480,12 +531,13 @@ def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndar
                           why_not="Xen's clock could not be aligned with the domU's: fewer than three outlier windows "
                                   "hold a wait of the measuring vCPU that starts or ends with them (Xen did not hold "
                                   "the vCPU back in these windows, or the trace missed them)")
-    if alignment.rival[1]:
+    if alignment.rival is not None:
+        distance, for_best, for_rival = alignment.rival
         return LayerTrace("xen", seen=False, dropped_events=lost, notes=notes,
-                          why_not=f"Xen's clock could not be aligned with the domU's unambiguously: offsets "
-                                  f"{abs(alignment.rival[0]) / 1e6:.1f} ms apart put {alignment.matched} and "
-                                  f"{alignment.rival[1]} windows around a wait of the measuring vCPU (a periodic "
-                                  "schedule makes each wait look like the next)")
+                          why_not=f"Xen's clock could not be aligned with the domU's unambiguously: of two offsets "
+                                  f"{abs(distance) / 1e6:.1f} ms apart, {for_best} windows hold a wait of the "
+                                  f"measuring vCPU under one alone and {for_rival} under the other alone (a periodic "
+                                  "schedule makes each wait look like the next; the windows that differ decide)")
     checked, contradicted = _contradicted(alignment, every, samples if samples is not None and len(samples)
                                           else windows)
     if contradicted > max(2, CONTRADICTED_SHARE * checked):
