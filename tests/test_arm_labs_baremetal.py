@@ -6,8 +6,9 @@ explanation: a task of the KVM lab's host at SCHED_FIFO 90 on the vCPU's CPU, 2 
 domU on the same pCPU busy 5 ms every 20 ms.
 
 Under TCG each of KVM's exits and entries costs about 0.3 ms of the emulated board's time (the stream's own
-short gaps that lost nothing to anyone), and putting a preempted vCPU back more, so a KVM hole is the task's 2 ms
-plus what the lab's own trace says KVM spent around it; the stolen time KVM counted in it is the task's alone.
+short gaps that lost nothing to anyone), and putting a preempted vCPU back more, so a KVM hole is the task's run
+plus what the lab's own trace says KVM spent around it; the stolen time KVM counted in it runs from the task's
+wake-up to the vCPU thread's return, as that trace says.
 The KVM lab's clock exchange with the bare-metal guest is ±6-7 ms
 there (its virtio console's round trips), so its VM layer cannot place a 2 ms hole: the guest layer names it,
 from the stolen time the guest read in KVM's PV time structure.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -156,20 +158,28 @@ def test_the_bare_metal_timer_keeps_its_1khz_grid_on_both_arm_labs(runs: dict[st
 def test_a_kvm_lab_host_task_comes_back_as_holes_of_its_slice_named_stolen(runs: dict[str, Path]) -> None:
     run = _run(runs, "kvm-holes", "kvm-arm")
     holes = injected_holes(run / "samples.rtvs", 10 * MS)  # (most holes, 10 ms apart within 10 %)
-    # the time KVM counted as stolen in each hole is the task's 2 ms within 10 %
-    assert abs(np.median(holes.stolen) - 2 * MS) <= 0.2 * MS, np.percentile(holes.stolen, [10, 50, 90])
+    stored = read_explanation(run)
+    exits = _preempted_exits(stored, "rtvirt-stress")
+    # The time KVM counted as stolen in each hole is what the lab's own trace says: KVM adds the vCPU thread's
+    # run_delay, which the scheduler starts at the task's wake-up (it skips the clock update of the switch the
+    # wake-up forces), not at the thread's switch-out; it ends when the thread runs again. The task itself ran up
+    # to its 2 ms: it ends its window at the planned time, so a late wake-up on the starved board shortens it
+    # (counted from the switch-out alone the prediction fell 0.09-0.19 ms short; one suite's stolen median was
+    # 1.74 ms against the 2 ms injected).
+    assert abs(np.median(holes.stolen) - np.median(exits.woken_to_back)) <= 0.1 * MS, (
+        np.percentile(holes.stolen, [10, 50, 90]), np.percentile(exits.woken_to_back, [10, 50, 90]))
+    assert np.median(exits.task) <= 2 * MS + 0.1 * MS and np.median(holes.stolen) >= MS, (
+        np.percentile(exits.task, [10, 50, 90]), np.percentile(holes.stolen, [10, 50, 90]))
     # The hole around it is what the lab's own trace says the vCPU spent out of the guest for those preemptions
     # (on the lab's clock, from the task's wake-up by the timer interrupt that made the vCPU exit, ~70 us before
     # kvm_exit, to kvm_entry: the task's slice, then KVM putting the vCPU back, 0.2-0.4 ms under TCG and more when
     # this machine is busy), plus the world switch on either side that the tracepoints do not see: what an
     # ordinary exit costs the guest (its short gaps) less what the trace gives such an exit. (Timed from kvm_exit
     # alone, the prediction fell 0.12-0.20 ms short in four runs.)
-    stored = read_explanation(run)
-    out_of_guest, ordinary = _preempted_exits(stored, "rtvirt-stress")
-    expected = np.median(out_of_guest) + np.median(holes.exits) - np.median(ordinary)
+    expected = np.median(exits.around) + np.median(holes.exits) - np.median(exits.ordinary)
     assert abs(np.median(holes.lengths) - expected) <= 0.2 * MS, (
-        np.percentile(holes.lengths, [10, 50, 90]), np.percentile(out_of_guest, [10, 50, 90]),
-        np.median(holes.exits), np.median(ordinary))
+        np.percentile(holes.lengths, [10, 50, 90]), np.percentile(exits.around, [10, 50, 90]),
+        np.median(holes.exits), np.median(exits.ordinary))
     # the explanation names what KVM counted: the guest layer's stolen parts cover it
     assert np.median(holes.named * holes.lengths / holes.stolen) >= 0.9, np.percentile(holes.named, [10, 50, 90])
     stolen = {part.sample_t_ns for part in stored.parts if part.kind == "stolen" and part.layer == "guest"}
@@ -178,20 +188,38 @@ def test_a_kvm_lab_host_task_comes_back_as_holes_of_its_slice_named_stolen(runs:
     assert read_stream(run / "samples.rtvs").header["stolen"] == "kvm-pv-time"
 
 
-def _preempted_exits(stored: Any, comm: str) -> tuple[np.ndarray, np.ndarray]:
-    """From the VM layer's trace of the lab (its clock): the durations of the VM exits during which ``comm`` ran in
-    the vCPU's place, and of the other exits."""
+@dataclass
+class PreemptedExits:
+    """From the VM layer's trace of the lab (its clock): the durations of the VM exits during which a task ran in
+    the vCPU's place (``around``), of that task's stretches in them (``task``), from each such exit's start (the
+    wake-up that made it) to the vCPU thread's return to its pCPU (``woken_to_back``), and of the other exits."""
+
+    around: np.ndarray
+    task: np.ndarray
+    woken_to_back: np.ndarray
+    ordinary: np.ndarray
+
+
+def _preempted_exits(stored: Any, comm: str) -> PreemptedExits:
     [vm] = [layer for layer in stored.layers if layer.layer == "vm"]
-    preempted = sorted((o.start_ns, o.end_ns) for o in vm.occupancies
-                       if o.kind == "vcpu-preempted" and o.detail.get("comm") == comm)
-    starts = [start for start, _ in preempted]
-    around, other = [], []
+    preempted = sorted((o.start_ns, o.end_ns, o.detail.get("comm")) for o in vm.occupancies
+                       if o.kind == "vcpu-preempted")
+    starts = [start for start, _, _ in preempted]
+    around, task, back, other = [], [], [], []
     for exit_ in (o for o in vm.occupancies if o.kind == "vm-exit"):
-        index = bisect.bisect_right(starts, exit_.end_ns) - 1
-        inside = index >= 0 and exit_.start_ns <= preempted[index][0] and preempted[index][1] <= exit_.end_ns
-        (around if inside else other).append(exit_.end_ns - exit_.start_ns)
-    assert len(around) >= len(preempted) // 2 and other, (len(around), len(preempted), len(other))
-    return np.array(around), np.array(other)
+        inside = preempted[bisect.bisect_left(starts, exit_.start_ns):bisect.bisect_right(starts, exit_.end_ns)]
+        inside = [(start, end, name) for start, end, name in inside if end <= exit_.end_ns]
+        mine = [end - start for start, end, name in inside if name == comm]
+        if not mine:
+            other.append(exit_.end_ns - exit_.start_ns)
+            continue
+        around.append(exit_.end_ns - exit_.start_ns)
+        task += mine
+        if "before_kvm_exit_ns" in exit_.detail:  # started at the wake-up, not at kvm_exit
+            back.append(max(end for _, end, _ in inside) - exit_.start_ns)
+    tasks = sum(1 for *_, name in preempted if name == comm)
+    assert len(around) >= tasks // 2 and len(back) >= len(around) // 2 and other, (len(around), tasks, len(back))
+    return PreemptedExits(np.array(around), np.array(task), np.array(back), np.array(other))
 
 
 def test_a_competing_domu_comes_back_as_holes_of_its_slice_named_with_the_domain(runs: dict[str, Path]) -> None:
