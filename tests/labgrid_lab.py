@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from sshd_server import SshServer, free_port
+from sshd_server import SshServer, free_port, listening
 
 BIN = Path(sys.executable).parent  # labgrid's commands live beside the venv's python
 EXPORTER = "rtvirt-test-exporter"
@@ -47,7 +46,7 @@ class LabgridLab:
         self.address = f"127.0.0.1:{port}"
         coordinator = self._daemon([str(BIN / "labgrid-coordinator"), "--listen", self.address], "coordinator.log")
         deadline = time.monotonic() + 30
-        while not _listening(port):
+        while not listening(port):
             if coordinator.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"labgrid-coordinator did not start: {self.log('coordinator.log')}")
             time.sleep(0.05)
@@ -97,8 +96,3 @@ class LabgridLab:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0

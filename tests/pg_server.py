@@ -11,10 +11,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from rtvirt.environments.lab_machine import free_port
 
 USER = "rtvirt"
 PASSWORD = "s3cret-Pw"
@@ -27,16 +28,10 @@ def _bin(name: str) -> str:
     return found[-1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PgServer:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="rtvirt-pg-"))
-        self.port = _free_port()
+        self.port = free_port()
         self._databases = 0
         self._as_root = os.geteuid() == 0
 

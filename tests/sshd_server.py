@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rtvirt.environments.lab_machine import free_port
+
 SSHD = "/usr/sbin/sshd"
 
 CONFIG = """\
@@ -49,10 +51,10 @@ SetEnv SHLVL=1
 """
 
 
-def free_port() -> int:
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port`` now (the suite's one port check)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _keygen(path: Path) -> str:
@@ -149,9 +151,8 @@ class SshServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 return False
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return True
+            if listening(self.port):
+                return True
             time.sleep(0.05)
         return False
 

@@ -20,6 +20,7 @@ from conftest import RAN, run_cli, steal_live_stream
 
 from rtvirt.agents import agent_path
 from rtvirt.campaign.delivery import delivery_problem, delivery_record, expectation_record
+from rtvirt.environments.lab_machine import free_port
 from rtvirt.stream import RECORD, SampleStream, read_stream, recover_from_copy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -445,14 +446,6 @@ def test_a_port_that_comes_late_loses_nothing_because_init_waits_for_it(tmp_path
     assert stream.end_reason == "complete" and stream.written == stream.records.size > 0
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.mark.parametrize("host", ["confirms", "stays silent", "loses the connection"])
 def test_a_xen_domus_stream_relay_offers_its_copy_only_when_the_host_did_not_confirm(tmp_path: Path, host: str) -> None:
     """The domU's side of the Xen Linux stream (console.STREAM_RELAY) run here with busybox, as in the domU: the
@@ -469,7 +462,7 @@ def test_a_xen_domus_stream_relay_offers_its_copy_only_when_the_host_did_not_con
         (tools / applet).symlink_to("/bin/busybox")
     work = tmp_path / "domu"
     (work / "rtvirt-copy").mkdir(parents=True)
-    port, copy_port = _free_port(), _free_port()
+    port, copy_port = free_port(), free_port()
     live, copy = tmp_path / "live.rtvs", tmp_path / "copy.rtvs"
     with live.open("wb") as sink, copy.open("wb") as copy_sink:
         listener = subprocess.Popen(["/bin/busybox", "nc", "-l", "-p", str(port)], stdin=subprocess.PIPE,

@@ -21,6 +21,7 @@ import pytest
 from conftest import guest_stressor_cause
 
 from rtvirt.environments.base import SharedResources
+from rtvirt.environments.lab_machine import free_port
 from rtvirt.environments.xen import XenConfig, XenEnvironment
 from rtvirt.explain.config import ExplainConfig
 from rtvirt.explain.guest import read_guest_trace
@@ -313,7 +314,8 @@ def test_the_bare_metal_guest_reads_the_time_xen_stole_from_each_sample(
         bare_rtds_run: tuple[Explanation, Path]) -> None:
     """Our bare-metal kernel as the RTDS domU (budget 4 ms of 10 ms): its gap probe reads the vCPU's runstate area
     around every gap, and the stolen time it reports per sample is non-zero where the budget ran out, never more
-    than the gap, and the runnable time xentrace saw in the same windows within the Xen layer's stated alignment."""
+    than the gap, and the runnable time xentrace saw in the same windows within twice the Xen layer's stated
+    alignment (a length has two edges, each placed within it)."""
     explanation, run = bare_rtds_run
     stream = read_stream(run / "samples.rtvs")
     assert stream.header["stolen"] == "xen-runstate" and stream.end_reason == "complete"
@@ -345,7 +347,10 @@ def test_the_bare_metal_guest_reads_the_time_xen_stole_from_each_sample(
         seen_by_xentrace = sum(max(0, min(o.end_ns, end) - max(o.start_ns, start)) for o in xen.occupancies
                                if o.detail.get("runstate") == "runnable")
         compared.append(abs(int(runnable[sample]) - seen_by_xentrace))
-    within = float(np.mean(np.array(compared) <= xen.alignment_ns))
+    # the alignment bounds how far the guest's and xentrace's view of one edge differ (its largest residual): a
+    # length differs by up to twice that (held to once the alignment, 55-100 % of the windows were within in five
+    # lab runs, and a suite failed at 74 %; twice: 85-100 % in four)
+    within = float(np.mean(np.array(compared) <= 2 * xen.alignment_ns))
     print(f"stolen vs xentrace over {len(compared)} budget windows: |difference| median {np.median(compared):.0f} ns, "
           f"max {max(compared)} ns, alignment {xen.alignment_ns} ns, within {within:.0%}; notes {xen.notes}")
     assert within >= 0.8, (sorted(compared), xen.alignment_ns, xen.notes)
@@ -410,14 +415,11 @@ def test_a_stressor_inside_a_linux_domu_is_named_by_the_domus_own_trace(xen_lab:
 def test_dom0_listeners_nobody_connected_to_are_ended_and_their_pid_files_removed(tmp_path: Path) -> None:
     """A listener (the stream copy's, the guest trace's) that no domU connected to does not end with its SSH
     channel: the run ends it by the pid it noted, and only while that pid is still a busybox."""
-    import socket
     import subprocess
 
     from rtvirt.environments.xen.console import LISTENER, LISTENERS_END
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     listener = subprocess.Popen(["sh", "-c", LISTENER, "rtvirt-listen", str(tmp_path), str(port)],
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     try:

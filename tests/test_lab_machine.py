@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sshd_server import CONFIG, SSHD, SshServer
+from sshd_server import CONFIG, SSHD, SshServer, listening
 
 from rtvirt.environments.lab_machine import LabMachine, free_port
 from rtvirt.procs import Supervisor
@@ -26,9 +26,8 @@ QEMU = shutil.which("qemu-system-x86_64")
 def _listening(port: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        if listening(port):
+            return
         time.sleep(0.05)
     raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
 

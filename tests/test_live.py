@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from conftest import RTVIRT, run_cli
 from live_page import LivePage, start_serve, stop
+from sshd_server import free_port, listening
 
 from rtvirt.live.follow import MAX_WINDOWS, PROMETHEUS_BUCKETS_NS, RunFollower
 from rtvirt.stream import FLAG_META, MAGIC, META_END, META_STAT, RECORD
@@ -129,9 +130,7 @@ def _prometheus(tmp_path: Path, target: str) -> tuple[subprocess.Popen[bytes], s
     """Debian's Prometheus on 127.0.0.1 with a scratch configuration scraping ``target`` every second."""
     binary = shutil.which("prometheus")
     assert binary, "Prometheus is not installed (scripts/setup.sh live)"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n"
                       f"  - job_name: rtvirt\n    static_configs:\n      - targets: ['{target}']\n")
@@ -141,16 +140,11 @@ def _prometheus(tmp_path: Path, target: str) -> tuple[subprocess.Popen[bytes], s
     api = f"http://127.0.0.1:{port}/api/v1/"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if _port_open(port) and _get(f"http://127.0.0.1:{port}/-/ready")[0] == 200:
+        if listening(port) and _get(f"http://127.0.0.1:{port}/-/ready")[0] == 200:
             return proc, api
         time.sleep(0.2)
     proc.kill()
     raise AssertionError(f"Prometheus did not start: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _query(api: str, expression: str) -> list[dict[str, Any]]:
@@ -216,15 +210,13 @@ def test_prometheus_scrapes_a_running_campaign_and_counts_what_the_run_stored(tm
 @pytest.mark.slow
 def test_run_serve_serves_while_the_campaign_runs_and_stops_with_it(tmp_path: Path) -> None:
     results = tmp_path / "results"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     campaign = _campaign(_scenario(tmp_path, "serve", duration="3s", repetitions=1), results, "--serve", "--listen",
                          f"127.0.0.1:{port}")
     seen = 0
     deadline = time.monotonic() + 120
     while not seen and time.monotonic() < deadline and campaign.poll() is None:
-        if _port_open(port):
+        if listening(port):
             document = json.loads(_get(f"http://127.0.0.1:{port}/api/state")[2])
             running = [run.get("live", {}).get("samples", 0) for machine in document["machines"]
                        for c in machine["campaigns"] for run in c["runs"] if run["status"] == "running"]
@@ -232,7 +224,7 @@ def test_run_serve_serves_while_the_campaign_runs_and_stops_with_it(tmp_path: Pa
         time.sleep(0.2)
     _, err = _finish(campaign)
     assert seen > 0  # the running run's samples, served by the campaign's own server
-    assert not _port_open(port)  # stopped with the command
+    assert not listening(port)  # stopped with the command
     assert f"serving http://127.0.0.1:{port}/" in err, err
 
 
