@@ -51,6 +51,7 @@ MIN_WAIT_NS = 100_000  # shorter waits do not take part in the alignment
 EDGE_NS = 300_000  # a wait and its window share an edge within this (nested TCG: the guest sees time late)
 RIVAL_SHARE = 0.9  # another offset matching this share of the best one's windows contends with it
 SIGN_TEST_Z = 3.0  # windows only the best offset explains must outnumber a contender's own by this many sigma
+STOLEN_SPANS = "stolen spans the guest read from its runstate area"  # sample_windows' basis when the guest read them
 CONTRADICTED_SHARE = 0.1  # sample ends placed where the vCPU did not run that make an alignment wrong
 CONTEXT_NS = 5_000_000  # occupancies kept this far around a window (the report's timelines)
 MAX_OCCUPANCIES = 20_000
@@ -319,7 +320,7 @@ def sample_windows(path: Path | None) -> tuple[np.ndarray, str] | None:
     kept = ends - starts >= MIN_WAIT_NS
     windows = np.zeros(int(kept.sum()), dtype=[("start_ns", "<i8"), ("end_ns", "<i8"), ("cpu", "<i2")])
     windows["start_ns"], windows["end_ns"], windows["cpu"] = starts[kept], ends[kept], records["cpu"][kept]
-    return windows, "stolen spans the guest read from its runstate area" if stream.measures_stolen else "sample windows"
+    return windows, STOLEN_SPANS if stream.measures_stolen else "sample windows"
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,13 +360,17 @@ def stretches(trace: Trace, vcpu: tuple[int, int]) -> list[Stretch]:
 class Alignment:
     """sample_ns = slope * tsc + offset, within uncertainty_ns (the largest residual of the matched pairs);
     ``rival``: another offset (ns from this one) that a periodic schedule makes as good: the windows holding a
-    wait under this alignment alone, and under the rival alone (None: every other offset is clearly worse)."""
+    wait under this alignment alone, and under the rival alone (None: every other offset is clearly worse);
+    ``alike``: every such rival explains no window this one does not, and puts waits alike to this one's (lengths
+    within EDGE_NS) in the windows both explain: it is no better anywhere, so this one stands, and only where in
+    the trace a window lies is unsure (whole periods of a periodic schedule)."""
 
     slope: float
     offset: float
     uncertainty_ns: int
     matched: int
     rival: tuple[float, int, int] | None = None
+    alike: bool = False
 
     def to_ns(self, tsc: int) -> int:
         return int(round(self.slope * tsc + self.offset))
@@ -376,16 +381,19 @@ class _Fit:
     slope: float
     offset: float
     residuals: np.ndarray  # per window: how far its closest wait's shared edge lies from it (inf: holds none)
+    waits: np.ndarray  # per window: that closest wait (-1: none)
     tolerance: float  # the residuals that count as a match: within 5 median residuals (+5 us)
 
     def matched(self, tolerance: float | None = None) -> np.ndarray:
         return self.residuals <= (self.tolerance if tolerance is None else tolerance)
 
 
-def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_tick: float) -> Alignment | None:
+def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_tick: float,
+          whole: bool = False) -> Alignment | None:
     """Map TSC to the sample clock so that the vCPU's waits to run (``ready`` to ``resumes``, TSC) fall inside
     the outlier windows: a wait Xen imposed lies within the window it caused, sharing its start (a preemption)
-    or its end (the resumption); the window may be longer (time the guest lost elsewhere). None when fewer than
+    or its end (the resumption); the window may be longer (time the guest lost elsewhere). ``whole``: the windows
+    are the waits themselves (the guest's stolen spans), so both edges are held to match. None when fewer than
     three windows hold a wait under any mapping."""
     if len(windows) == 0 or len(resumes) == 0:
         return None
@@ -409,7 +417,7 @@ def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_ti
         return None
     bins = np.floor(offsets / EDGE_NS)
     values, counts = np.unique(bins, return_counts=True)
-    fitted = [_fit(starts, ends, first, last, ns_per_tick, float(np.median(offsets[bins == bin_value])))
+    fitted = [_fit(starts, ends, first, last, ns_per_tick, float(np.median(offsets[bins == bin_value])), whole)
               for bin_value in values[np.argsort(-counts)[:MATCH_BINS]]]
     traced = (float(first.min()), float(last.max()))
     best = max(fitted, key=lambda fit: int(fit.matched().sum()))
@@ -422,17 +430,21 @@ def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_ti
     matched = best.matched()
     if matched.sum() < 3:
         return None
-    rivals = [(distance, *_sign_test(best, fit, starts, ends, traced)) for fit in contenders
+    rivals = [(fit, distance, *_sign_test(best, fit, starts, ends, traced)) for fit in contenders
               if (distance := _apart(best, fit, traced))]
-    undecided = [(distance, ours, theirs) for distance, ours, theirs, decided in rivals if not decided]
+    undecided = [(fit, distance, ours, theirs) for fit, distance, ours, theirs, decided in rivals if not decided]
+    closest = min(undecided, key=lambda r: r[2] - r[3], default=None)
+    wait_ns = (last - first) * ns_per_tick
     return Alignment(best.slope, best.offset, int(np.ceil(best.residuals[matched].max())), int(matched.sum()),
-                     min(undecided, key=lambda r: r[1] - r[2], default=None))
+                     closest[1:] if closest else None,
+                     bool(undecided) and all(theirs == 0 and _alike(best, fit, wait_ns)
+                                             for fit, _, _, theirs in undecided))
 
 
 def _fit(starts: np.ndarray, ends: np.ndarray, first: np.ndarray, last: np.ndarray, slope: float,
-         offset: float) -> _Fit:
+         offset: float, whole: bool) -> _Fit:
     """The line through the shared edges of the waits a proposed ``offset`` puts inside windows (the closest
-    ones), matched again with it, three times."""
+    ones), matched again with it, three times; ``whole``: a wait's residual is its farther edge's."""
 
     def shared_edges() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(window, TSC of the shared edge, its sample-clock time, residual) of each wait inside a window."""
@@ -442,7 +454,7 @@ def _fit(starts: np.ndarray, ends: np.ndarray, first: np.ndarray, last: np.ndarr
         by_start = np.abs(from_start) <= np.abs(from_end)
         return (windows_at, np.where(by_start, first[waits_at], last[waits_at]),
                 np.where(by_start, starts[windows_at], ends[windows_at]).astype(np.float64),
-                np.minimum(np.abs(from_start), np.abs(from_end)))
+                (np.maximum if whole else np.minimum)(np.abs(from_start), np.abs(from_end)))
 
     for _ in range(3):
         _, ticks, edges, residuals = shared_edges()
@@ -450,9 +462,12 @@ def _fit(starts: np.ndarray, ends: np.ndarray, first: np.ndarray, last: np.ndarr
         if close.sum() >= 4 and np.ptp(ticks[close]) > 0:
             slope, offset = (float(v) for v in np.polyfit(ticks[close], edges[close], 1))
     windows_at, _, _, residuals = shared_edges()
-    closest = np.full(len(starts), np.inf)
-    np.minimum.at(closest, windows_at, residuals)
-    return _Fit(slope, offset, closest, 5 * float(np.median(residuals)) + 5_000 if len(residuals) else 0.0)
+    _, waits_at = _contained(starts, ends, first * slope + offset, last * slope + offset)
+    order = np.lexsort((residuals, windows_at))  # per window, its closest wait first
+    chosen = order[np.unique(windows_at[order], return_index=True)[1]]
+    closest, waits = np.full(len(starts), np.inf), np.full(len(starts), -1)
+    closest[windows_at[chosen]], waits[windows_at[chosen]] = residuals[chosen], waits_at[chosen]
+    return _Fit(slope, offset, closest, waits, 5 * float(np.median(residuals)) + 5_000 if len(residuals) else 0.0)
 
 
 def _apart(best: _Fit, fit: _Fit, traced: tuple[float, float]) -> float:
@@ -463,6 +478,13 @@ def _apart(best: _Fit, fit: _Fit, traced: tuple[float, float]) -> float:
     matched = best.matched()
     apart = max(2 * EDGE_NS, 4 * float(best.residuals[matched].max()) if matched.any() else 0.0)
     return distance if abs(distance) > apart else 0.0
+
+
+def _alike(best: _Fit, fit: _Fit, wait_ns: np.ndarray) -> bool:
+    """Whether ``fit`` puts, in every window both explain, a wait whose length is the best's within EDGE_NS (what
+    the matching itself cannot tell apart)."""
+    both = best.matched() & fit.matched()
+    return bool(both.any()) and bool(np.all(np.abs(wait_ns[best.waits[both]] - wait_ns[fit.waits[both]]) <= EDGE_NS))
 
 
 def _sign_test(ours: _Fit, theirs: _Fit, starts: np.ndarray, ends: np.ndarray,
@@ -525,13 +547,21 @@ def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndar
     waits = [s for s in every if (s.end - s.ready) * ns_per_tick >= MIN_WAIT_NS]
     alignment = align(np.array([s.ready for s in waits], dtype=np.int64),
                       np.array([s.end for s in waits], dtype=np.int64),
-                      samples if samples is not None and len(samples) else windows, ns_per_tick)
+                      samples if samples is not None and len(samples) else windows, ns_per_tick,
+                      whole=basis == STOLEN_SPANS and samples is not None and len(samples) > 0)
     if alignment is None:
         return LayerTrace("xen", seen=False, dropped_events=lost, notes=notes,
                           why_not="Xen's clock could not be aligned with the domU's: fewer than three outlier windows "
                                   "hold a wait of the measuring vCPU that starts or ends with them (Xen did not hold "
                                   "the vCPU back in these windows, or the trace missed them)")
-    if alignment.rival is not None:
+    if alignment.rival is not None and alignment.alike:
+        distance, for_best, for_rival = alignment.rival
+        notes.append(f"Xen's clock is not certain to whole periods: an offset {abs(distance) / 1e6:.1f} ms apart (a "
+                     f"periodic schedule makes each wait look like the next) explains no window this one does not "
+                     f"({for_best} only this one does) and puts alike waits (lengths within {EDGE_NS / 1e3:.0f} us) "
+                     "in the others: the windows are given what they would be under either, but which period of "
+                     "the trace each lies in is not certain")
+    elif alignment.rival is not None:
         distance, for_best, for_rival = alignment.rival
         return LayerTrace("xen", seen=False, dropped_events=lost, notes=notes,
                           why_not=f"Xen's clock could not be aligned with the domU's unambiguously: of two offsets "
