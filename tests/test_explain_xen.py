@@ -28,7 +28,8 @@ from rtvirt.explain.guest import read_guest_trace
 from rtvirt.explain.model import Explanation, LayerTrace
 from rtvirt.explain.sources import session_for
 from rtvirt.explain.stored import read_explanation
-from rtvirt.explain.xen import _exhaustions, align, reclaim_xentrace
+from rtvirt.explain.xen import _exhaustions, reclaim_xentrace
+from rtvirt.explain.xenalign import align
 from rtvirt.explain.xentrace import (
     TRC_RTDS_BUDGET_BURN,
     TRC_RTDS_BUDGET_REPLENISH,
@@ -442,10 +443,14 @@ def test_dom0_listeners_nobody_connected_to_are_ended_and_their_pid_files_remove
 @pytest.mark.timeout(1500)
 def test_the_flight_recorder_keeps_the_segments_of_a_long_runs_largest_samples(xen_lab: Any) -> None:
     """A 24 s gap probe in the bare-metal RTDS domU whose budget is its whole period except from 8 s to 13 s of
-    the run (40 ms of 400 ms: gaps of 360 ms, a dozen), traced in 4 s xentrace segments with a bound that holds two
-    or three of the largest: the segments of the budget's middle stretch are kept, the run's largest gaps are
-    explained by budget exhaustion, and the dropped segments are named. (xentrace's own circular buffer keeps a
-    run's end, where the budget is whole again.) The budget's gaps must stand out of the nested lab's own stalls,
+    the run (20-140 ms of 400 ms, changed about every period: a dozen gaps of 260-380 ms), traced in 4 s
+    xentrace segments with a bound that holds three or four of the largest: the segments of the budget's middle
+    stretch are kept, the run's largest gaps are explained by budget exhaustion, and the dropped segments are
+    named. (The samples are placed on this host's clock by when they arrive, late by up to seconds through the
+    bare-metal guest's console relay: with two segments kept, the kept pair was once a segment past the stretch
+    and held four of its gaps. With one budget, all gaps alike, offsets a period apart explained all but one or
+    two windows alike and the alignment was refused or left in doubt. xentrace's own circular buffer would keep
+    the run's end, where the budget is whole again.) The budget's gaps must stand out of the nested lab's own stalls,
     which the outer hypervisor's load makes: 20-58 ms at load 5, up to 190 ms at load 10 (with 4 ms of 10 ms,
     6 ms gaps, the run's largest samples were those stalls and the budget explained 2-38 % of its top 100)."""
     shared, work = xen_lab
@@ -455,7 +460,7 @@ def test_the_flight_recorder_keeps_the_segments_of_a_long_runs_largest_samples(x
     env = XenEnvironment(config, shared.supervisor, workdir, shared)
     session = session_for(env, ExplainConfig(threshold=THRESHOLD_US, layers=["xen"], top=10))
     (source,) = session.sources
-    # 4 s segments under a bound that holds two or three of the largest seen so far: set from this run's own
+    # 4 s segments under a bound that holds three or four of the largest seen so far: set from this run's own
     # segments (190-390 KiB on a quiet host, smaller on a loaded one, where a fixed 900 KiB once held them all)
     source.segment_s, source.bound_kb = 4, 1 << 20
     out = workdir / "samples.rtvs"
@@ -467,7 +472,7 @@ def test_the_flight_recorder_keeps_the_segments_of_a_long_runs_largest_samples(x
             sizes = [segment.size for segment in list(source.recorder.kept)] + \
                 [segment.size for segment, _ in list(source.recorder.dropped)]
             if sizes:
-                source.recorder.bound_bytes = int(2.5 * max(sizes))
+                source.recorder.bound_bytes = int(3.5 * max(sizes))
 
     watcher = threading.Thread(target=bound_to_the_largest_segments, daemon=True)
     try:
@@ -480,7 +485,10 @@ def test_the_flight_recorder_keeps_the_segments_of_a_long_runs_largest_samples(x
         launched = env.launch("rtvirt-probe", probe.command(params, "")[1:], out)
         assert env._dom0 is not None
         dom0, domid = env._dom0, str(env._measuring_domid)
-        for at_s, period, budget in ((8, "400000", "40000"), (13, "10000", "10000")):
+        budgets_ms = (40, 90, 20, 120, 60, 30, 100, 50, 140, 70, 25, 110, 80)
+        changes = [*((8 + 0.4 * step, "400000", str(budget_ms * 1000)) for step, budget_ms in enumerate(budgets_ms)),
+                   (13, "10000", "10000")]
+        for at_s, period, budget in changes:
             change = threading.Timer(at_s, dom0.xl, ("sched-rtds", "-d", domid, "-v", "all", "-p", period,
                                                      "-b", budget, "-e", "0"))
             change.start()

@@ -13,12 +13,13 @@ nothing is inferred across it. (Before, xentrace ran in consecutive segments of 
 0.1-0.4 s untraced.)
 
 The samples are on the domU's clock and Xen's records on its TSC, and their map is only found from the kept
-trace afterwards (explain.xen.align). What this host knows while the run goes is when samples arrived: a sample
+trace afterwards (explain.xenalign). What this host knows while the run goes is when samples arrived: a sample
 ended no later than it was read, so each read batch bounds host clock - sample clock by ``read time - its
 newest sample's end``. The tightest such bound read within ``OFFSET_SPAN_NS`` of a sample (the batch whose
 newest sample came quickest; near, so that the clocks' drift does not add up) places it at most one read
 interval plus the quickest delivery late (the bare-metal guest's console relay delivers in bursts: a batch's
-own bound was seconds late). A segment holds the samples so placed within its host time span ± ``SLACK_NS``.
+own bound was seconds late). A segment holds the samples so placed within its host time span ± ``SLACK_NS``;
+those placed in it or up to ``SLACK_NS`` after it (placed late) count first.
 """
 
 from __future__ import annotations
@@ -130,15 +131,21 @@ class _Samples:
         return bool(self._read_at) and \
             segment.host_end_ns + SLACK_NS <= self._host_end(self._newest_end, self._read_at[-1])
 
-    def score(self, segment: Segment) -> tuple[int, int]:
-        """How many of the largest samples (those to be explained) can lie in ``segment``, and the largest."""
+    def score(self, segment: Segment) -> tuple[int, int, int]:
+        """How many of the largest samples (those to be explained) lie in ``segment`` if placed late (in it, or up
+        to SLACK_NS after it: a placement is a bound the sample ended before), how many can lie in it at all
+        (placed within SLACK_NS of it either way: the segment's own placement is late too), and the largest of
+        those. A stretch of large samples near a segment boundary is within the slack of the segments on both
+        sides; the late placement of the console's samples (seconds, in bursts) made the later one win."""
         def host_end(item: tuple[int, int, int]) -> int:
             placed = self._placed.get(item)
             return placed if placed is not None else self._host_end(item[1], item[2])
 
-        inside = [item[0] for item in self._largest
-                  if segment.host_start_ns - SLACK_NS <= host_end(item) <= segment.host_end_ns + SLACK_NS]
-        return len(inside), max(inside, default=0)
+        ends = [(item[0], host_end(item)) for item in self._largest]
+        placed = sum(1 for _, end in ends if segment.host_start_ns <= end <= segment.host_end_ns + SLACK_NS)
+        near = [value for value, end in ends
+                if segment.host_start_ns - SLACK_NS <= end <= segment.host_end_ns + SLACK_NS]
+        return placed, len(near), max(near, default=0)
 
 
 class SegmentRecorder:
