@@ -29,8 +29,8 @@ class Alignment:
     ``rival``: another offset (ns from this one) that a periodic schedule makes as good: the windows holding a
     wait under this alignment alone, and under the rival alone (None: every other offset is clearly worse);
     ``alike``: every such rival explains no window this one does not, and puts waits alike to this one's (lengths
-    within EDGE_NS) in the windows both explain: it is no better anywhere, so this one stands, and only where in
-    the trace a window lies is unsure (whole periods of a periodic schedule)."""
+    within what the matching tells apart, _alike) in the windows both explain: it is no better anywhere, so this
+    one stands, and only where in the trace a window lies is unsure (whole periods of a periodic schedule)."""
 
     slope: float
     offset: float
@@ -72,8 +72,9 @@ def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_ti
     waits = (last - first) * ns_per_tick
     # the largest windows, and the rarest lengths: in a periodic schedule only the waits that differ point at
     # one offset (the others, alike, point at every period's)
-    rarity = (np.searchsorted(np.sort(lengths), lengths + LENGTH_ALIKE_NS, side="right")
-              - np.searchsorted(np.sort(lengths), lengths - LENGTH_ALIKE_NS, side="left"))
+    ordered = np.sort(lengths)
+    rarity = (np.searchsorted(ordered, lengths + LENGTH_ALIKE_NS, side="right")
+              - np.searchsorted(ordered, lengths - LENGTH_ALIKE_NS, side="left"))
     votes: list[np.ndarray] = []
     for index in np.union1d(np.argsort(-lengths)[:MATCH_CANDIDATES],
                             np.lexsort((-lengths, rarity))[:MATCH_CANDIDATES]):
@@ -113,23 +114,22 @@ def _fit(starts: np.ndarray, ends: np.ndarray, first: np.ndarray, last: np.ndarr
     """The line through the shared edges of the waits a proposed ``offset`` puts inside windows (the closest
     ones), matched again with it, three times; ``whole``: a wait's residual is its farther edge's."""
 
-    def shared_edges() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(window, TSC of the shared edge, its sample-clock time, residual) of each wait inside a window."""
+    def shared_edges() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(window, wait, TSC of the shared edge, its sample-clock time, residual) of each wait inside a window."""
         windows_at, waits_at = _contained(starts, ends, first * slope + offset, last * slope + offset)
         from_start = starts[windows_at] - (first[waits_at] * slope + offset)
         from_end = ends[windows_at] - (last[waits_at] * slope + offset)
         by_start = np.abs(from_start) <= np.abs(from_end)
-        return (windows_at, np.where(by_start, first[waits_at], last[waits_at]),
+        return (windows_at, waits_at, np.where(by_start, first[waits_at], last[waits_at]),
                 np.where(by_start, starts[windows_at], ends[windows_at]).astype(np.float64),
                 (np.maximum if whole else np.minimum)(np.abs(from_start), np.abs(from_end)))
 
     for _ in range(3):
-        _, ticks, edges, residuals = shared_edges()
+        _, _, ticks, edges, residuals = shared_edges()
         close = residuals <= 5 * np.median(residuals) + 5_000 if len(residuals) else residuals > 0
         if close.sum() >= 4 and np.ptp(ticks[close]) > 0:
             slope, offset = (float(v) for v in np.polyfit(ticks[close], edges[close], 1))
-    windows_at, _, _, residuals = shared_edges()
-    _, waits_at = _contained(starts, ends, first * slope + offset, last * slope + offset)
+    windows_at, waits_at, _, _, residuals = shared_edges()
     order = np.lexsort((residuals, windows_at))  # per window, its closest wait first
     chosen = order[np.unique(windows_at[order], return_index=True)[1]]
     closest, waits = np.full(len(starts), np.inf), np.full(len(starts), -1)
