@@ -381,10 +381,12 @@ def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndar
         notes.append(f"the measuring vCPU's longest wait to run in the whole trace: "
                      f"{(longest.end - longest.ready) * ns_per_tick / 1e3:.0f} us")
     waits = [s for s in every if (s.end - s.ready) * ns_per_tick >= MIN_WAIT_NS]
+    # every sample's window (or stolen span) when the stream gave them, else the outliers alone
+    by_samples = samples is not None and len(samples) > 0
+    aligned_with = samples if samples is not None and by_samples else windows
     alignment = align(np.array([s.ready for s in waits], dtype=np.int64),
-                      np.array([s.end for s in waits], dtype=np.int64),
-                      samples if samples is not None and len(samples) else windows, ns_per_tick,
-                      whole=basis == STOLEN_SPANS and samples is not None and len(samples) > 0)
+                      np.array([s.end for s in waits], dtype=np.int64), aligned_with, ns_per_tick,
+                      whole=by_samples and basis == STOLEN_SPANS)
     if alignment is None:
         return LayerTrace("xen", seen=False, dropped_events=lost, notes=notes,
                           why_not="Xen's clock could not be aligned with the domU's: fewer than three outlier windows "
@@ -404,14 +406,13 @@ def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndar
                                   f"{abs(distance) / 1e6:.1f} ms apart, {for_best} windows hold a wait of the "
                                   f"measuring vCPU under one alone and {for_rival} under the other alone (a periodic "
                                   "schedule makes each wait look like the next; the windows that differ decide)")
-    checked, contradicted = _contradicted(alignment, every, samples if samples is not None and len(samples)
-                                          else windows)
+    checked, contradicted = _contradicted(alignment, every, aligned_with)
     if contradicted > max(2, CONTRADICTED_SHARE * checked):
         return LayerTrace("xen", seen=False, dropped_events=lost, notes=notes,
                           why_not=f"Xen's clock could not be aligned with the domU's: the alignment found puts "
                                   f"{contradicted} of {checked} sample ends where the measuring vCPU was not "
                                   "running (its thread stamps each sample while it runs)")
-    used = basis if samples is not None and len(samples) else "outlier windows"
+    used = basis if by_samples else "outlier windows"
     notes.append(f"aligned by {alignment.matched} {used} holding a "
                  f"wait of the measuring vCPU "
                  f"(TSC at {1e6 / alignment.slope / 1e3:.3f} MHz; largest residual "

@@ -88,10 +88,11 @@ def align(ready: np.ndarray, resumes: np.ndarray, windows: np.ndarray, ns_per_ti
     fitted = [_fit(starts, ends, first, last, ns_per_tick, float(np.median(offsets[bins == bin_value])), whole)
               for bin_value in values[np.argsort(-counts)[:MATCH_BINS]]]
     traced = (float(first.min()), float(last.max()))
-    best = max(fitted, key=lambda fit: int(fit.matched().sum()))
+    matches = [int(fit.matched().sum()) for fit in fitted]
     # offsets well apart that matched nearly as many windows contend; the windows two disagree on decide between
     # them, not how many each matched (a periodic schedule's alike waits, the run's edges)
-    contenders = [fit for fit in fitted if fit.matched().sum() >= RIVAL_SHARE * best.matched().sum()]
+    contenders = [fit for fit, count in zip(fitted, matches, strict=True) if count >= RIVAL_SHARE * max(matches)]
+    best = fitted[matches.index(max(matches))]
     for fit in contenders:
         if _apart(best, fit, traced) and _sign_test(fit, best, starts, ends, traced)[2]:
             best = fit
