@@ -45,11 +45,9 @@ class LabgridLab:
         port = free_port()
         self.address = f"127.0.0.1:{port}"
         coordinator = self._daemon([str(BIN / "labgrid-coordinator"), "--listen", self.address], "coordinator.log")
-        deadline = time.monotonic() + 30
-        while not listening(port):
-            if coordinator.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"labgrid-coordinator did not start: {self.log('coordinator.log')}")
-            time.sleep(0.05)
+        deadline = time.monotonic() + 30  # for the coordinator and the exporter together
+        if not listening(port, within=30, alive=lambda: coordinator.poll() is None):
+            raise RuntimeError(f"labgrid-coordinator did not start: {self.log('coordinator.log')}")
         config = self.dir / "exporter.yaml"
         config.write_text("".join(f"{name}:\n  NetworkService:\n    address: 127.0.0.1\n    username: {sshd.user}\n"
                                   f"    port: {sshd.port}\n" for name, sshd in self.boards.items()))

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rtvirt.environments.lab_machine import free_port
@@ -51,10 +52,17 @@ SetEnv SHLVL=1
 """
 
 
-def listening(port: int) -> bool:
-    """Whether something accepts connections on 127.0.0.1:``port`` now (the suite's one port check)."""
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+def listening(port: int, within: float = 0.0, alive: Callable[[], bool] = lambda: True) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``, asked until ``within`` s have passed while
+    ``alive()`` holds (the process that should listen there still runs); the suite's one port check."""
+    deadline = time.monotonic() + within
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        if time.monotonic() >= deadline or not alive():
+            return False
+        time.sleep(0.05)
 
 
 def _keygen(path: Path) -> str:
@@ -146,15 +154,9 @@ class SshServer:
         raise RuntimeError(f"sshd did not start: {(self.dir / 'sshd.log').read_text()[-500:]}")
 
     def _wait_listening(self) -> bool:
-        assert self.proc is not None
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            if listening(self.port):
-                return True
-            time.sleep(0.05)
-        return False
+        proc = self.proc
+        assert proc is not None
+        return listening(self.port, within=10, alive=lambda: proc.poll() is None)
 
     def target(self, **fields: object):  # -> rtvirt.remote.SshTarget
         from rtvirt.remote import SshTarget

@@ -24,12 +24,7 @@ QEMU = shutil.which("qemu-system-x86_64")
 
 
 def _listening(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if listening(port):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+    assert listening(port, within=timeout), f"nothing listens on 127.0.0.1:{port} after {timeout} s"
 
 
 @pytest.fixture
