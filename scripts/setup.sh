@@ -124,7 +124,7 @@ if ((${#missing[@]})); then
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${unstarted[@]}" >/dev/null
       for pkg in "${NEVER_START[@]}"; do  # nor at the next boot (a package enables its unit), recommended ones too
         if command -v systemctl >/dev/null; then systemctl disable "$pkg.service" >/dev/null 2>&1 || true; fi
-        if pgrep -x "$pkg" >/dev/null; then
+        if pgrep -x "${pkg:0:15}" >/dev/null; then  # (a process's name is its command's first 15 characters)
           echo "setup: $pkg runs after its installation: stop it (rtvirt needs its files, never its service)" >&2
           exit 1
         fi

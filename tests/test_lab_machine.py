@@ -3,11 +3,13 @@ starting a domain kept libvirt's call blocked for 10 minutes and 82 % of a CPU o
 campaign, and every later run paid for it. The check is sshd's banner on the lab's forwarded port: QEMU accepts that
 connection itself, so a stalled lab accepts and says nothing. Both sides for real: an sshd as the lab's process
 answers; a QEMU with nothing booted behind its forward does not, and is stopped, naming why, after a failed run or
-while a call into it blocks (which it then releases)."""
+while a call into it blocks (which it then releases). A campaign boots a lab that stopped under a run again for its
+later runs, a bounded number of times (open_lab)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import time
@@ -17,7 +19,9 @@ from pathlib import Path
 import pytest
 from sshd_server import CONFIG, SSHD, SshServer, listening
 
-from rtvirt.environments.lab_machine import LabMachine, free_port
+from rtvirt.environments.base import SharedResources
+from rtvirt.environments.lab_machine import MAX_REBOOTS, LabMachine, free_port, open_lab
+from rtvirt.errors import RunError
 from rtvirt.procs import Supervisor
 
 QEMU = shutil.which("qemu-system-x86_64")
@@ -46,18 +50,28 @@ def answering() -> Iterator[LabMachine]:
             shutil.rmtree(keys.dir, ignore_errors=True)
 
 
-@pytest.fixture
-def silent() -> Iterator[tuple[LabMachine, int]]:
-    """A lab whose QEMU forwards its port to a guest that booted nothing, and that QEMU's pid."""
+def _start_silent(supervisor: Supervisor, earlier: list[str] | None = None) -> LabMachine:
+    """A lab whose QEMU forwards its port to a guest that booted nothing."""
     assert QEMU is not None, "qemu-system-x86_64 is missing (scripts/setup.sh installs it)"
     port = free_port()
+    lab = LabMachine(supervisor, 60 * 10**9, earlier)
+    try:
+        lab.start([QEMU, "-accel", "tcg", "-display", "none", "-nodefaults", "-no-reboot",
+                   "-serial", f"file:{lab.console}", "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
+                   "-device", "virtio-net-pci,netdev=n0,romfile="], port)
+        _listening(port)
+    except BaseException:
+        lab.close()
+        raise
+    return lab
+
+
+@pytest.fixture
+def silent() -> Iterator[tuple[LabMachine, int]]:
+    """A silent lab (_start_silent), and its QEMU's pid."""
     with Supervisor() as supervisor:
-        lab = LabMachine(supervisor, 60 * 10**9)
+        lab = _start_silent(supervisor)
         try:
-            lab.start([QEMU, "-accel", "tcg", "-display", "none", "-nodefaults", "-no-reboot",
-                       "-serial", f"file:{lab.console}", "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
-                       "-device", "virtio-net-pci,netdev=n0,romfile="], port)
-            _listening(port)
             yield lab, int((lab.directory / "qemu.pid").read_text())
         finally:
             lab.close()
@@ -95,6 +109,37 @@ def test_a_lab_that_accepts_but_never_answers_is_stopped_and_says_why(silent: tu
                                         "domain start timed out; rtvirt stopped it"), lab.why_stopped()
 
 
+class _BeatingLab(LabMachine):
+    heartbeat = True
+
+
+@pytest.mark.parametrize(("beat_ago", "said"), [(None, "no heartbeat on its console"),
+                                                (2.0, "its kernel still ran"), (45.0, "its kernel fell silent too")])
+def test_a_silent_lab_says_what_its_heartbeat_said(beat_ago: float | None, said: str) -> None:
+    with Supervisor() as supervisor:
+        lab = _start_silent(supervisor)
+        lab.__class__ = _BeatingLab  # the same machine, as if its init printed heartbeats
+        lab._started -= 100  # ... and had run for 100 s
+        try:
+            uptime = 100 - (beat_ago or 0)
+            if beat_ago is not None:  # what the KVM lab's init prints (kvmlab/image.py ROOT_INIT)
+                with lab.console.open("a") as console:
+                    console.write(f"RTVIRT-KVM-LAB-READY 18.24 13.95\nRTVIRT-LAB-ALIVE {uptime - 10:.2f} 20.00 1.00 "
+                                  f"1.00 1.00 1/99 42 \nRTVIRT-LAB-ALIVE {uptime:.2f} 30.00 3.10 2.05 1.00 2/99 43 \n")
+            asked = time.monotonic()
+            assert lab.stop_if_unanswering("a run in it failed: test", timeout=2)
+            why = lab.why_stopped()
+            found = re.search(r"after a run in it failed: test; (?P<said>[a-z ]+)(?: \(last heartbeat at (?P<up>\d+) "
+                              r"s of uptime, about (?P<ago>\d+) s ago, load (?P<load>[\d. ]+)\))?; rtvirt stopped it",
+                              why)
+            assert found is not None and found["said"] == said, why
+            if beat_ago is not None:  # the heartbeat's age as it was when the banner was asked for, give or take
+                assert int(found["up"]) == round(uptime) and found["load"] == "3.10 2.05 1.00", why
+                assert beat_ago - 1 <= int(found["ago"]) <= beat_ago + (time.monotonic() - asked) + 1, why
+        finally:
+            lab.close()
+
+
 def test_a_call_blocked_on_a_silent_lab_is_released_when_the_watch_stops_it(silent: tuple[LabMachine, int]) -> None:
     lab, pid = silent
     started = time.monotonic()
@@ -109,3 +154,38 @@ def test_a_call_blocked_on_a_silent_lab_is_released_when_the_watch_stops_it(sile
     assert time.monotonic() - started < 30 and not lab.alive() and _gone(pid)
     assert lab.why_stopped().startswith("it stopped answering (no SSH banner within 1 s) after starting a domain "
                                         "blocked"), lab.why_stopped()
+
+
+def test_a_campaign_boots_a_lab_that_stopped_again_a_bounded_number_of_times(tmp_path: Path) -> None:
+    with SharedResources() as shared:
+        boots: list[LabMachine] = []
+
+        def boot(earlier: list[str]) -> LabMachine:
+            boots.append(_start_silent(shared.supervisor, earlier))
+            return boots[-1]
+
+        def lab() -> LabMachine:
+            return open_lab(shared, "lab:test", boot, lambda made: made)
+
+        stopped: list[str] = []
+        first = lab()
+        assert lab() is first and len(boots) == 1  # the campaign's runs share one boot while it runs
+        for stop in range(MAX_REBOOTS + 1):
+            running = lab()
+            (console := running.console).write_text(f"console of boot {stop + 1}\n")
+            # a run in it failed and it does not answer: it is stopped, its console kept in the run's work dir
+            lost = running.lost("domain start timed out", tmp_path / f"run{stop}", timeout=2)
+            assert lost is not None and lost.startswith("the lab stopped: it stopped answering"), lost
+            assert (tmp_path / f"run{stop}" / "lab-console.log").read_text() == f"console of boot {stop + 1}\n"
+            stopped.append(running.why_stopped())
+            if stop < MAX_REBOOTS:
+                again = lab()  # the next run gets a fresh boot, which knows why the earlier ones stopped
+                assert again is not running and again.alive() and not console.exists()
+                assert again.boot_record() == {"boot_of_campaign": stop + 2, "earlier_boots_stopped": stopped}
+        with pytest.raises(RunError, match=f"the lab stopped {MAX_REBOOTS + 1} times in this campaign and is not "
+                                           "booted again; the last time: it stopped answering"):
+            lab()
+        with pytest.raises(RunError, match="is not booted again"):  # every later run at once, without a boot
+            lab()
+        assert len(boots) == MAX_REBOOTS + 1
+    assert all(not made.directory.exists() for made in boots)

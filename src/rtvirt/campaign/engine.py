@@ -3,7 +3,8 @@
 Per run: start the environment, start the disturbance (before or after the workload, or on timeline
 events), run the probe with its stream written straight into the run directory, watch it (guest boot,
 crash, hang), stop everything, write the manifest (with the system audit), update the campaign state.
-A failed run is recorded with its reason and the campaign moves on. Ctrl-C / SIGTERM (KeyboardInterrupt)
+A failed run is recorded with its reason and the campaign moves on; one whose lab (a machine rtvirt booted to
+host the platform) stopped under it is run again, on the lab's fresh boot. Ctrl-C / SIGTERM (KeyboardInterrupt)
 stops every process and VM of the current run, keeps its samples (partial) and ends the campaign;
 ``--resume`` picks up from the state file.
 """
@@ -12,12 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -26,20 +26,21 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from ..consoles import make_console
 from ..environments import ENVIRONMENTS, Environment, Launched, SharedResources
-from ..errors import InputError, RtvirtError, RunError
+from ..environments.lab_machine import MAX_REBOOTS
+from ..errors import InputError, RtvirtError
 from ..explain.tracefs import reclaim_instances
 from ..params import CommonParams
 from ..probes import PROBES
 from ..procs import Supervisor
 from ..scenario.matrix import PlannedRun, expand, scaled_params
-from ..scenario.schema import Scenario, StressorUse
+from ..scenario.schema import Scenario
 from ..scenario.studies import study_provenance
 from ..store import RunDir, new_run, write_failed_run, write_measured_run
 from ..stores.provenance import content_sha256
 from ..stream import SampleStream, StreamReader, recover_from_copy
-from ..stressors import STRESSORS, RunningStressor
 from ..sysaudit import audit_system
 from .delivery import delivery_problem, delivery_record, expectation_record
+from .disturbance import POLL_S, Disturbance, Teardown, bounded
 from .hooks import HookRunner
 from .hosttune import tuned_host
 from .state import FINISHED, CampaignState
@@ -49,10 +50,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CampaignResult", "run_campaign", "execute_run"]
 
-T = TypeVar("T")
-
-POLL_S = 0.2
-MAX_REASON = 500
 
 
 @dataclass
@@ -61,6 +58,7 @@ class RunOutcome:
     reason: str = ""
     run_id: str | None = None
     manifest: dict[str, Any] | None = None
+    platform_lost: str | None = None  # a failed run's lab stopped under it (Environment.platform_lost): why
 
 
 @dataclass
@@ -70,144 +68,6 @@ class CampaignResult:
     outcomes: dict[str, RunOutcome] = field(default_factory=dict)
     interrupted: bool = False
     report: Path | None = None
-
-
-class _Disturbance:
-    """The stressors of one run, switched on and off as the timeline says."""
-
-    def __init__(self, uses: list[StressorUse], env: Environment, supervisor: Supervisor) -> None:
-        self.uses, self.env, self.supervisor = uses, env, supervisor
-        self._host: list[RunningStressor] = []
-        self._vms: list[Environment] = []
-        self.on = False
-        self._vm_count = 0
-        self._paused = False  # the disturbing guests are booted and paused, waiting for stress-on
-        self.summaries: list[dict[str, Any]] = []  # what each host stressor did (bogo-ops, CPU time)
-
-    def _cpus(self, where: str) -> tuple[int, ...]:
-        allowed = self.env.platform_cpus()
-        measured = self.env.measured_cpus()
-        if where == "same-core":
-            return measured[:1]
-        if where == "other-core":
-            others = tuple(c for c in allowed if c not in measured)
-            if not others:
-                raise RunError("other-core stress: every usable CPU carries the measured workload")
-            return others
-        return allowed
-
-    def prepare(self) -> None:
-        """Boot a timeline's disturbing guests before the workload starts, paused until stress-on: booted
-        at stress-on, they would start the stress a boot time late (tens of seconds under TCG)."""
-        for use in self.uses:
-            if use.where == "other-vm" and not self._start_vms(use, pausable_only=True):
-                self.close_guests()  # guests of a kind that cannot pause boot at stress-on
-                return
-        for vm in self._vms:
-            vm.set_paused(True)
-        self._paused = bool(self._vms)
-
-    def start(self) -> None:
-        if self.on:
-            return
-        self.on = True
-        if self._paused:
-            for vm in self._vms:
-                vm.set_paused(False)
-        for use in self.uses:
-            if use.where == "other-vm":
-                if not self._paused:
-                    self._start_vms(use)
-                continue
-            if use.where == "inside" and not (self.env.on_host or self.env.inside_on_platform):
-                # a guest runs it as a job of its own beside the workload (the host: on all its cores)
-                self.env.add_guest_job("rtvirt-stress", _guest_stressor_args(use))
-                continue
-            cpus = self._cpus(use.where)
-            params = {**use.params, "cpus": list(cpus), "workers": use.workers
-                      if use.where not in ("all-cores", "inside")
-                      else max(use.workers, len(cpus)), "duration": 0}
-            self._host.append(self.env.start_stressor(use.stressor, params, use.engine))
-
-    def _start_vms(self, use: StressorUse, pausable_only: bool = False) -> bool:
-        """Boot ``use``'s disturbing guests (False: they cannot pause, and ``pausable_only`` asked so)."""
-        others = tuple(c for c in sorted(os.sched_getaffinity(0)) if c not in self.env.measured_cpus())
-        pinned = self.env.config.pin and bool(others)
-        if use.guest_cpus is not None:  # the study says where the disturbing guest runs
-            others, pinned = self.env.guest_placement(use.guest_cpus) or self._cpus(use.guest_cpus), True
-        for _ in range(use.vms):
-            self._vm_count += 1
-            # a chosen kernel only for QEMU disturbing guests (the scenario schema checks the kinds)
-            vm = self.env.stressor_guest(self._vm_count, others if pinned else None,
-                                         **({"guest": use.guest} if use.guest else {}))
-            if pausable_only and not vm.pausable:
-                return False
-            vm.launch("rtvirt-stress", _guest_stressor_args(use), None)
-            self._vms.append(vm)
-        # stress counts as on once the guests run their stressors, not while they boot
-        while not all(vm.booted for vm in self._vms):
-            problem = self.check()
-            if problem:
-                raise RunError(problem)
-            time.sleep(POLL_S)
-        return True
-
-    def stop(self) -> None:
-        if not self.on:
-            return
-        self.on = False
-        for stressor in self._host:
-            try:
-                summary = stressor.stop()
-            except RtvirtError as exc:  # a stressor that died is recorded, not fatal to the run's samples
-                self.summaries.append({"stressor": stressor.spec.name, "error": _bounded(str(exc))})
-                continue
-            self.summaries.append(summary.model_dump(mode="json", exclude={"per_worker"}))
-        self._host = []
-        self.close_guests()
-
-    def close_guests(self) -> None:
-        """Close every disturbing guest, also when closing one fails (then raises once all were tried)."""
-        teardown = _Teardown()
-        for vm in self._vms:
-            teardown.attempt(vm.close)
-        self._vms, self._paused = [], False
-        if teardown.problems:
-            raise RunError("; ".join(teardown.problems))
-
-    def check(self) -> str | None:
-        for vm in self._vms:
-            reason = vm.check()
-            if reason:
-                return f"disturbing guest {vm.config.label}: {reason}"
-        return None
-
-
-class _Teardown:
-    """Steps of a teardown that must all be tried: a failing one (an ``xl`` that hangs in a lab under load) is
-    remembered and the next runs, so the samples get their manifest and no domain or process is skipped."""
-
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-
-    def attempt(self, step: Callable[[], T]) -> T | None:
-        """``step()``, or None when it failed."""
-        try:
-            return step()
-        except RtvirtError as exc:
-            self.problems.append(str(exc))
-            return None
-
-
-def _guest_stressor_args(use: StressorUse) -> list[str]:
-    """Arguments of the stressor agent run inside a guest (it runs until the guest stops)."""
-    spec = STRESSORS[use.stressor]
-    return spec.command(spec.params(**{**use.params, "workers": use.workers, "duration": 0}), "")[1:]
-
-
-def _bounded(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_REASON else text[:MAX_REASON] + "..."
 
 
 @dataclass
@@ -229,6 +89,7 @@ class _RunRecord:
     platform_delivery: dict[str, Any] = field(default_factory=dict)
     platform_audit: dict[str, Any] = field(default_factory=dict)
     copy: Path | None = None  # the guest's own copy of its stream
+    platform_lost: str | None = None  # the lab under a failed run stopped: why (Environment.platform_lost)
 
     def mark(self, action: str) -> None:
         self.marks.append((time.monotonic(), action))
@@ -273,7 +134,7 @@ class _RunExecution:
         workdir = self.run.path / "work"
         with Supervisor() as supervisor:
             env = ENVIRONMENTS[self.env_config.kind](self.env_config, supervisor, workdir, self.shared)
-            disturbance = _Disturbance(self.disturbance_spec.stressors, env, supervisor)
+            disturbance = Disturbance(self.disturbance_spec.stressors, env, supervisor)
             record.started_at = time.monotonic()  # the watchdog counts the set-up too (a guest's boot)
             try:
                 self._set_up(env, disturbance)
@@ -291,7 +152,7 @@ class _RunExecution:
         for leftover in workdir.glob("**/initramfs.cpio"):
             leftover.unlink(missing_ok=True)
 
-    def _set_up(self, env: Environment, disturbance: _Disturbance) -> None:
+    def _set_up(self, env: Environment, disturbance: Disturbance) -> None:
         """Hooks, the environment, the probe's parameters, the tracing and the disturbance that starts first."""
         record, plan = self.record, self.plan
         if self.hooks is not None:
@@ -316,7 +177,7 @@ class _RunExecution:
             record.mark("stress-on")
             time.sleep(plan.settle_ns / 1e9)
 
-    def _watch(self, env: Environment, disturbance: _Disturbance) -> str:
+    def _watch(self, env: Environment, disturbance: Disturbance) -> str:
         """Launch the probe and follow it to its end: samples counted as they come, the timeline's stress
         switched, the platform and the watchdog asked; returns why the run failed ("" when it did not)."""
         record, plan = self.record, self.plan
@@ -357,7 +218,7 @@ class _RunExecution:
             reason = f"probe exited with status {status}: {launched.error_tail() or 'no message'}"
         return reason
 
-    def _follow_timeline(self, disturbance: _Disturbance, pending: list[tuple[int, str]], elapsed_s: float) -> None:
+    def _follow_timeline(self, disturbance: Disturbance, pending: list[tuple[int, str]], elapsed_s: float) -> None:
         """Switch the stress on and off as the timeline says, ``elapsed_s`` into the workload."""
         plan, elapsed_ns = self.plan, elapsed_s * 1e9
         if plan.start_order == "test-first" and not disturbance.on and elapsed_ns >= plan.settle_ns:
@@ -371,9 +232,9 @@ class _RunExecution:
                 disturbance.stop()
             self.record.mark(action)
 
-    def _tear_down(self, env: Environment, disturbance: _Disturbance, supervisor: Supervisor) -> _Teardown:
+    def _tear_down(self, env: Environment, disturbance: Disturbance, supervisor: Supervisor) -> Teardown:
         """Stop the tracing, the disturbance and the environment, keeping what they said; every step is tried."""
-        record, teardown = self.record, _Teardown()
+        record, teardown = self.record, Teardown()
         if record.explaining is not None:
             record.explaining.stop()  # as soon as the agent ended: never raises, the trace is bounded
         if disturbance.on:
@@ -386,6 +247,10 @@ class _RunExecution:
         record.copy = teardown.attempt(env.stream_copy)
         record.platform_audit = teardown.attempt(env.platform_audit) or {}
         record.env_warnings = env.warnings()
+        if record.reason and not record.interrupted:
+            record.platform_lost = teardown.attempt(lambda: env.platform_lost(record.reason))
+            if record.platform_lost and record.platform_lost not in record.reason:  # the cause before its symptom
+                record.reason = f"{record.platform_lost} ({record.reason})"
         teardown.attempt(env.close)
         supervisor.stop_all()
         if self.hooks is not None:
@@ -458,7 +323,8 @@ class _RunExecution:
                              "events": [{"t_ns": at, "action": action} for at, action in plan.events],
                              "stressors": [u.model_dump(mode="json") for u in self.disturbance_spec.stressors],
                              "stressor_results": self.stressor_results,
-                             "outcome": status, "reason": _bounded(said) or None}}
+                             "outcome": status, "reason": bounded(said) or None,
+                             **({"platform_lost": bounded(record.platform_lost)} if record.platform_lost else {})}}
 
     def store(self, stream: SampleStream | None, verdict: _Judgement) -> RunOutcome:
         """Write the run: its samples, explanation and manifest, or, without samples, a failed run's manifest."""
@@ -471,9 +337,9 @@ class _RunExecution:
                                                             or stream.end_reason != "complete")):
             reason = reason or "the probe produced no samples"
             status = "interrupted" if record.interrupted else "failed"
-            extra["campaign"] |= {"outcome": status, "reason": _bounded(reason)}
+            extra["campaign"] |= {"outcome": status, "reason": bounded(reason)}
             write_failed_run(self.run, name=self.scenario.name, params=run_params, extra=extra)
-            return RunOutcome(status, _bounded(reason), self.run.run_id)
+            return RunOutcome(status, bounded(reason), self.run.run_id, platform_lost=self._lost(status))
         if record.explaining is not None and stream.records.size:
             extra["explain"] = record.explaining.explain_into(self.run.path, stream, record.launched.agent_pids()
                                                               if record.launched else ())
@@ -482,7 +348,10 @@ class _RunExecution:
                 extra["campaign"] |= {"outcome": status}
         manifest = write_measured_run(self.run, stream, name=self.scenario.name, params=run_params,
                                       group_by=self.probe.group_by, extra=extra, short=status == "short")
-        return RunOutcome(status, _bounded(reason or verdict.note), self.run.run_id, manifest)
+        return RunOutcome(status, bounded(reason or verdict.note), self.run.run_id, manifest, self._lost(status))
+
+    def _lost(self, status: str) -> str | None:
+        return self.record.platform_lost if status == "failed" else None
 
 
 def execute_run(scenario: Scenario, plan: PlannedRun, results: Path, *, run_timeout_ns: int,
@@ -516,13 +385,13 @@ def _reclaim(scenario: Scenario, availability: dict[int, str | None], shared: Sh
         try:
             removed = ENVIRONMENTS[env.kind].reclaim(env, shared)
         except RtvirtError as exc:
-            console.print(f"[yellow]warning:[/] {env.label}: leftovers not reclaimed: {_bounded(str(exc))}",
+            console.print(f"[yellow]warning:[/] {env.label}: leftovers not reclaimed: {bounded(str(exc))}",
                           markup=True, highlight=False)
             continue
         for what in removed:
-            console.print(f"reclaimed {_bounded(what)}", markup=False, highlight=False)
+            console.print(f"reclaimed {bounded(what)}", markup=False, highlight=False)
     for what in reclaim_instances():  # the tracefs instances of a killed explained run
-        console.print(f"reclaimed {_bounded(what)}", markup=False, highlight=False)
+        console.print(f"reclaimed {bounded(what)}", markup=False, highlight=False)
 
 
 def run_campaign(scenario: Scenario, state: CampaignState, results: Path, *, console: Console | None = None,
@@ -581,7 +450,8 @@ def _run_plans(scenario: Scenario, state: CampaignState, results: Path, plans: l
                availability: dict[int, str | None], system: dict[str, Any], progress: Progress,
                hooks: HookRunner, shared: SharedResources, result: CampaignResult,
                on_run_end: Callable[[RunOutcome], None] | None = None) -> None:
-    """Every unfinished run of the matrix in turn (the body of :func:`run_campaign`)."""
+    """Every unfinished run of the matrix in turn (the body of :func:`run_campaign`); a run whose lab stopped
+    under it is run again (on the lab's fresh boot)."""
     expected_s = sum(p.duration_ns for p in plans if not state.is_finished(p.key)) / 1e9
     matrix: TaskID = progress.add_task(f"campaign {scenario.name}", total=max(expected_s, 1e-9), status="")
     for index, plan in enumerate(plans, 1):
@@ -591,43 +461,72 @@ def _run_plans(scenario: Scenario, state: CampaignState, results: Path, plans: l
             continue
         unavailable = availability[plan.environment]
         if unavailable and scenario.skip_unavailable:
-            state.record(plan.key, status="skipped", reason=_bounded(unavailable), config=plan.config)
+            state.record(plan.key, status="skipped", reason=bounded(unavailable), config=plan.config)
             result.outcomes[plan.key] = RunOutcome("skipped", unavailable)
             progress.advance(matrix, plan.duration_ns / 1e9)
             continue
-        run_task = progress.add_task(f"{index}/{len(plans)} {plan.key}", total=1.0, status="starting")
-        done_before = progress.tasks[matrix].completed
-
-        def show(fraction: float, samples: int, peak: int | None, task: TaskID = run_task,
-                 base: float = done_before, plan: PlannedRun = plan) -> None:
-            top = "-" if peak is None else f"{peak / 1000:.1f} us"
-            progress.update(task, completed=fraction, status=f"{samples} samples, max {top}")
-            progress.update(matrix, completed=base + fraction * plan.duration_ns / 1e9)
-
-        def remember_run_dir(run_id: str, key: str = plan.key) -> None:
-            state.record(key, run_id=run_id)  # so a killed campaign's state names the unfinished run
-
         killed = state.runs.get(plan.key, {})
         if killed.get("status") == "running" and killed.get("run_id") and \
                 _salvage_killed_run(scenario, plan, results, str(killed["run_id"])):
             state.record(plan.key, salvaged=[*killed.get("salvaged", []), killed["run_id"]])
-        state.record(plan.key, status="running", config=plan.config)
-        outcome = execute_run(scenario, plan, results, run_timeout_ns=scenario.run_timeout, system=system,
-                              on_progress=show, on_run_dir=remember_run_dir, shared=shared,
-                              hooks=hooks)
-        progress.remove_task(run_task)
-        progress.update(matrix, completed=done_before + plan.duration_ns / 1e9)
-        state.record(plan.key, status=outcome.status, run_id=outcome.run_id, reason=outcome.reason)
+        measure = _PlanMeasurement(scenario, state, results, system, progress, matrix, hooks, shared)
+        outcome = measure(plan, f"{index}/{len(plans)}")
+        # each attempt lost with its lab is made again in the lab's next boot (open_lab bounds the boots)
+        for _ in range(MAX_REBOOTS):
+            if not outcome.platform_lost:
+                break
+            state.record(plan.key, lost=[*state.runs[plan.key].get("lost", []), outcome.run_id])
+            if on_run_end is not None:  # (a shared store keeps the lost attempt too)
+                on_run_end(outcome)
+            progress.console.print(f"[yellow]again[/] {plan.key}: its lab stopped under it; running it once more",
+                                   markup=True, highlight=False)
+            outcome = measure(plan, f"{index}/{len(plans)} again")
         result.outcomes[plan.key] = outcome
-        colour = {"complete": "green", "failed": "red"}.get(outcome.status, "yellow")
-        progress.console.print(f"[{colour}]{outcome.status}[/] {plan.key}"
-                               + (f": {outcome.reason}" if outcome.reason else ""), markup=True,
-                               highlight=False)
         if on_run_end is not None:
             on_run_end(outcome)
         if outcome.status == "interrupted":
             result.interrupted = True
             return
+
+
+@dataclass
+class _PlanMeasurement:
+    """One measurement of a planned run within the campaign's progress display and state."""
+
+    scenario: Scenario
+    state: CampaignState
+    results: Path
+    system: dict[str, Any]
+    progress: Progress
+    matrix: TaskID
+    hooks: HookRunner
+    shared: SharedResources
+
+    def __call__(self, plan: PlannedRun, label: str) -> RunOutcome:
+        progress, state = self.progress, self.state
+        run_task = progress.add_task(f"{label} {plan.key}", total=1.0, status="starting")
+        done_before = progress.tasks[self.matrix].completed
+
+        def show(fraction: float, samples: int, peak: int | None) -> None:
+            top = "-" if peak is None else f"{peak / 1000:.1f} us"
+            progress.update(run_task, completed=fraction, status=f"{samples} samples, max {top}")
+            progress.update(self.matrix, completed=done_before + fraction * plan.duration_ns / 1e9)
+
+        def remember_run_dir(run_id: str) -> None:
+            state.record(plan.key, run_id=run_id)  # so a killed campaign's state names the unfinished run
+
+        state.record(plan.key, status="running", config=plan.config)
+        outcome = execute_run(self.scenario, plan, self.results, run_timeout_ns=self.scenario.run_timeout,
+                              system=self.system, on_progress=show, on_run_dir=remember_run_dir,
+                              shared=self.shared, hooks=self.hooks)
+        progress.remove_task(run_task)
+        progress.update(self.matrix, completed=done_before + plan.duration_ns / 1e9)
+        state.record(plan.key, status=outcome.status, run_id=outcome.run_id, reason=outcome.reason)
+        colour = {"complete": "green", "failed": "red"}.get(outcome.status, "yellow")
+        progress.console.print(f"[{colour}]{outcome.status}[/] {plan.key}"
+                               + (f": {outcome.reason}" if outcome.reason else ""), markup=True,
+                               highlight=False)
+        return outcome
 
 
 def _finished_outcome(entry: dict[str, Any], results: Path) -> RunOutcome:

@@ -134,12 +134,20 @@ class Launched:
         return self.proc.error_tail()[-300:]
 
 
+def _close(obj: object) -> None:
+    closer = getattr(obj, "close", None)
+    if callable(closer):
+        with contextlib.suppress(Exception):  # closing everything matters more than one error
+            closer()
+
+
 class SharedResources:
     """Expensive things several runs of one campaign reuse, closed together at its end.
 
-    ``get(key, factory)`` returns the object made for ``key``, making it on first use; objects with a
-    ``close()`` method are closed in reverse order of creation. Long-lived processes (a Xen lab's QEMU)
-    are started through ``supervisor``, which outlives single runs and dies with rtvirt.
+    ``get(key, factory)`` returns the object made for ``key``, making it on first use (and anew once
+    ``usable`` rejects it: a lab that stopped); objects with a ``close()`` method are closed in reverse order
+    of creation. Long-lived processes (a Xen lab's QEMU) are started through ``supervisor``, which outlives
+    single runs and dies with rtvirt.
     """
 
     def __init__(self) -> None:
@@ -147,8 +155,10 @@ class SharedResources:
         self._objects: dict[str, Any] = {}
         self._lock = threading.RLock()  # a factory may get() what it needs (a target audit: its link)
 
-    def get(self, key: str, factory: Callable[[], T]) -> T:
+    def get(self, key: str, factory: Callable[[], T], usable: Callable[[T], bool] | None = None) -> T:
         with self._lock:
+            if key in self._objects and usable is not None and not usable(self._objects[key]):
+                _close(self._objects.pop(key))
             if key not in self._objects:
                 self._objects[key] = factory()
             return self._objects[key]  # type: ignore[no-any-return]
@@ -158,10 +168,7 @@ class SharedResources:
             objects = list(reversed(self._objects.values()))
             self._objects.clear()
         for obj in objects:
-            closer = getattr(obj, "close", None)
-            if callable(closer):
-                with contextlib.suppress(Exception):  # closing everything matters more than one error
-                    closer()
+            _close(obj)
         self.supervisor.stop_all()
 
     def __enter__(self) -> SharedResources:
@@ -226,6 +233,12 @@ class Environment(ABC):
 
     def check(self) -> str | None:
         """Watchdog hook: None while healthy, else why the run must be abandoned."""
+        return None
+
+    def platform_lost(self, failure: str) -> str | None:
+        """Asked once a run failed (``failure``: why): why the machine rtvirt booted to host it (a lab) stopped
+        under it, or None when it did not or there is none. Such a run measured the lab's end, not the platform
+        under test: its campaign runs it once more on a fresh boot."""
         return None
 
     def after_launch(self, launched: Launched) -> None:  # noqa: B027 - an optional hook

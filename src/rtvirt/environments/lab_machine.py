@@ -20,10 +20,10 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from ..errors import RunError
 from ..procs import Supervisor
@@ -31,8 +31,12 @@ from .guest_image import cache_dir
 
 if TYPE_CHECKING:
     from ..remote import SshConnection, SshTarget
+    from .base import SharedResources
 
-__all__ = ["LabKeys", "LabMachine", "free_port", "reclaim_labs", "run_step", "sshd_config"]
+__all__ = ["HEARTBEAT_MARK", "HEARTBEAT_S", "MAX_REBOOTS", "LabKeys", "LabMachine", "free_port", "open_lab",
+           "reclaim_labs", "run_step", "sshd_config"]
+
+T = TypeVar("T")
 
 
 OWNER_FILE = "owner.pid"
@@ -43,6 +47,9 @@ SSH_RETRY_S = 60.0  # time the lab's sshd gets to accept a connection after the 
 # its QEMU keeps a CPU of this machine busy (seen: a KVM lab stuck starting a domain, 82 % of a CPU, no banner)
 BANNER_TIMEOUT_S = 30.0
 WATCH_EVERY_S = 30.0  # between banner checks while a call into the lab blocks (two silent checks stop the lab)
+MAX_REBOOTS = 2  # boots of a campaign's lab after the first, each once the one before stopped under a run
+# what a lab's init prints on its console every HEARTBEAT_S seconds: its uptime and load average
+HEARTBEAT_MARK, HEARTBEAT_S = "RTVIRT-LAB-ALIVE", 10
 
 
 @dataclass(frozen=True)
@@ -141,11 +148,15 @@ class LabMachine:
     removes the lab's directory."""
 
     what: ClassVar[str] = "lab"  # how messages name it ("xen lab", "kvm lab")
+    title: ClassVar[str] = "lab"  # how a sentence names it ("the KVM lab stopped")
+    console_kept: ClassVar[str] = "lab-console.log"  # a lab's console, kept in the run it stopped under
+    heartbeat: ClassVar[bool] = False  # its init prints HEARTBEAT_MARK lines on its console
     root_name: ClassVar[str] = "lab"  # its labs' directory under the cache
     ready_mark: ClassVar[str] = "RTVIRT-LAB-READY"  # what the lab's init prints once its sshd runs
 
-    def __init__(self, supervisor: Supervisor, boot_timeout_ns: int) -> None:
+    def __init__(self, supervisor: Supervisor, boot_timeout_ns: int, earlier: list[str] | None = None) -> None:
         self.supervisor = supervisor
+        self.earlier = list(earlier or [])  # why the campaign's earlier boots of this lab stopped (open_lab)
         self.boot_timeout_s = boot_timeout_ns / 1e9
         self.boot_seconds: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -213,6 +224,10 @@ class LabMachine:
                     raise
                 time.sleep(1.0)
         self.boot_seconds = round(time.monotonic() - self._started, 1)
+
+    def boot_record(self) -> dict[str, object]:
+        """What a run's manifest says of this boot's place in its campaign."""
+        return {"boot_of_campaign": len(self.earlier) + 1, "earlier_boots_stopped": self.earlier}
 
     @property
     def ssh_target(self) -> SshTarget:
@@ -283,9 +298,36 @@ class LabMachine:
         proc = self._proc
         if proc is None:
             return
-        self._unanswering = (f"it stopped answering (no SSH banner within {timeout:.0f} s) after {after}; rtvirt "
-                             "stopped it so that it takes no CPU from later runs")
+        self._unanswering = (f"it stopped answering (no SSH banner within {timeout:.0f} s) after {after}; "
+                             f"{self.heartbeat_said()}rtvirt stopped it so that it takes no CPU from later runs")
         self.supervisor.stop(proc, grace=2.0)
+
+    def lost(self, failure: str, workdir: Path, timeout: float = BANNER_TIMEOUT_S) -> str | None:
+        """Asked once a run in the lab failed (``failure``: why): why the lab stopped, when it died under the run
+        or stopped answering (it is stopped then), else None. The lab's console is then kept in the run's
+        ``workdir``: the campaign's later runs boot a fresh lab (``open_lab``), and this one's directory goes."""
+        if not (self.died() or self.stop_if_unanswering(f"a run in it failed: {failure[:300]}", timeout)):
+            return None
+        self.keep_console(workdir / self.console_kept)
+        return f"the {self.title} stopped: {self.why_stopped()}"
+
+    def heartbeat_said(self) -> str:
+        """What the console's heartbeat says of a lab that stopped answering (a kernel that still ran, the network
+        or sshd stalled; or a kernel silent too), as a clause ending in "; "; "" for a lab without one."""
+        if not self.heartbeat:
+            return ""
+        beats = [line.split()[1:] for line in self.console_text(1 << 16).splitlines()
+                 if line.startswith(HEARTBEAT_MARK)]
+        if not beats:
+            return "no heartbeat on its console; "
+        try:
+            uptime, load = float(beats[-1][0]), " ".join(f"{float(value):.2f}" for value in beats[-1][2:5])
+        except (IndexError, ValueError):  # (repr: the console is the lab's, untrusted)
+            return f"its last heartbeat is unreadable: {' '.join(beats[-1])[:100]!r}; "
+        # the lab's uptime counts from about its QEMU's start, this side's clock from self._started
+        ago = time.monotonic() - self._started - uptime
+        state = "its kernel still ran" if ago < 3 * HEARTBEAT_S else "its kernel fell silent too"
+        return f"{state} (last heartbeat at {uptime:.0f} s of uptime, about {max(ago, 0):.0f} s ago, load {load}); "
 
     def died(self, grace: float = 3.0) -> bool:
         """Whether the lab is dead or dies within ``grace`` seconds: asked when something in it just failed (a
@@ -314,6 +356,11 @@ class LabMachine:
             f.seek(max(0, self.console.stat().st_size - limit))
             return f.read().decode("utf-8", errors="replace")
 
+    def keep_console(self, dest: Path) -> None:
+        """Copy the console's last CONSOLE_LIMIT bytes to ``dest`` (the lab's own directory goes with it)."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(self.console_text())
+
     def console_tail(self) -> str:
         lines = [line.strip() for line in self.console_text().splitlines() if line.strip()]
         return " | ".join(line[:160] for line in lines[-3:]) or "empty"
@@ -326,3 +373,34 @@ class LabMachine:
             self.supervisor.stop(self._proc, grace=2.0)
             self._proc = None
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def open_lab(shared: SharedResources, key: str, boot: Callable[[list[str]], T],
+             lab_of: Callable[[T], LabMachine]) -> T:
+    """The campaign's boot of the lab ``key`` names (``boot(why earlier boots stopped)``; ``lab_of`` finds the
+    lab in what it made), made on first use, and made again (up to MAX_REBOOTS times) once it stopped under a
+    run: the campaign's later runs go on in a fresh lab. A boot that failed is not tried again by every later run
+    of the campaign: each of them fails with its reason at once."""
+    failed: dict[str, str] = shared.get(f"{key}:failed", dict)
+    if "why" in failed:
+        raise RunError(failed["why"])
+    stopped: list[str] = shared.get(f"{key}:stopped", list)  # why each earlier boot of the campaign stopped
+
+    def usable(made: T) -> bool:
+        lab = lab_of(made)
+        if lab.alive():
+            return True
+        stopped.append(lab.why_stopped()[:300])
+        return False
+
+    def make() -> T:
+        if len(stopped) > MAX_REBOOTS:
+            failed["why"] = (f"the lab stopped {len(stopped)} times in this campaign and is not booted again; "
+                             f"the last time: {stopped[-1]}")
+            raise RunError(failed["why"])
+        try:
+            return boot(list(stopped))
+        except RunError as exc:
+            failed["why"] = str(exc)
+            raise
+    return shared.get(key, make, usable)

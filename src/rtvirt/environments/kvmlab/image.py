@@ -18,7 +18,7 @@ from ...agents import AGENTS, agent_path
 from ...fileio import mark_used, prune_cache, write_atomically
 from ..debian_root import DOC_FILES, debian_root, handover_init
 from ..guest_image import Cpio, _fetch_kernel, _modules_in_load_order, arch_cache, busybox, cache_dir
-from ..lab_machine import sshd_config
+from ..lab_machine import HEARTBEAT_MARK, HEARTBEAT_S, sshd_config
 from .arch import LabArch
 
 __all__ = ["LAB_AGENT_DIR", "LAB_FAILED_MARK", "LAB_READY_MARK", "ROOT_PACKAGES", "boot_initramfs", "lab_files",
@@ -74,7 +74,8 @@ n=0; until virsh -q -c qemu:///system version >/dev/null 2>&1 || [ $n -gt 300 ];
 virsh -q -c qemu:///system version >/dev/null 2>&1 ||
   fail "libvirtd does not serve: $(grep error /var/log/libvirtd.log | tail -n 2)"
 echo "{LAB_READY_MARK} $(cat /proc/uptime)"
-while :; do sleep 3600; done
+# a heartbeat: a lab that stops answering over SSH shows on its console whether its kernel still ran, how loaded
+while :; do sleep {HEARTBEAT_S}; echo "{HEARTBEAT_MARK} $(cat /proc/uptime /proc/loadavg | tr '\n' ' ')"; done
 """
 
 SSHD_CONFIG = sshd_config(f"PATH={LAB_AGENT_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")

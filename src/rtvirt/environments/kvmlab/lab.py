@@ -15,7 +15,7 @@ from typing import Any
 from ...errors import RunError
 from ...procs import Supervisor
 from ..base import SharedResources
-from ..lab_machine import LabMachine, free_port, reclaim_labs
+from ..lab_machine import LabMachine, free_port, open_lab, reclaim_labs
 from .arch import LAB_ARCHES
 from .config import KvmLabConfig
 from .image import LAB_FAILED_MARK, LAB_READY_MARK, boot_initramfs, lab_files, root_image
@@ -38,11 +38,14 @@ class KvmLab(LabMachine):
     """One boot of the KVM lab in QEMU; ``connection`` drives it over SSH, ``close`` stops QEMU."""
 
     what = "kvm lab"
+    title = "KVM lab"
+    console_kept = "kvm-lab-console.log"
+    heartbeat = True
     root_name = LAB_ROOT
     ready_mark = LAB_READY_MARK
 
-    def __init__(self, config: KvmLabConfig, arch: str, supervisor: Supervisor) -> None:
-        super().__init__(supervisor, config.boot_timeout)
+    def __init__(self, config: KvmLabConfig, arch: str, supervisor: Supervisor, earlier: list[str]) -> None:
+        super().__init__(supervisor, config.boot_timeout, earlier)
         self.config = config
         self.arch = LAB_ARCHES[arch]
         self.accel: dict[str, str] = {}
@@ -103,7 +106,8 @@ class KvmLab(LabMachine):
                 "qemu": lines[2], "libvirt": lines[3].split()[-1],
                 "accel": accel, "accel_reason": self.accel.get("reason"),
                 "boot_seconds": self.boot_seconds, "root_image": self.root.name if self.root else None,
-                "pcpus": self.config.pcpus, "memory_mib": self.config.memory}
+                "pcpus": self.config.pcpus, "memory_mib": self.config.memory,
+                **self.boot_record()}
 
     def warning(self) -> str:
         """What every run in this lab says of its timings (the accelerator under the lab, what is emulated)."""
@@ -122,12 +126,10 @@ class KvmLab(LabMachine):
         if not self.alive():
             raise RunError(f"the KVM lab stopped: {self.why_stopped()}")
 
-    def blamed(self, exc: RunError) -> RunError:
-        """``exc``, or, when the lab died under it or stopped answering (what failed was the lab: it is stopped
-        then), an error that says so."""
-        if self.died() or self.stop_if_unanswering(f"a run in it failed: {str(exc)[:300]}"):
-            return RunError(f"the KVM lab stopped: {self.why_stopped()} ({exc})")
-        return exc
+    def blamed(self, exc: RunError, workdir: Path) -> RunError:
+        """``exc``, or, when what failed was the lab (``lost``), an error that says so."""
+        lost = self.lost(str(exc), workdir)
+        return exc if lost is None else RunError(f"{lost} ({exc})")
 
     def failure(self) -> str | None:
         """What the lab's console says went wrong: our init's own failure mark, or a kernel panic."""
@@ -142,22 +144,13 @@ class KvmLab(LabMachine):
 
 
 def open_kvm_lab(config: KvmLabConfig, arch: str, shared: SharedResources) -> KvmLab:
-    """The campaign's boot of the ``arch`` lab ``config`` describes, made on first use. A boot that failed is not
-    tried again by every later run of the campaign: each of them fails with its reason at once."""
-    failed: dict[str, str] = shared.get(f"{config.key(arch)}:failed", dict)
-    if "why" in failed:
-        raise RunError(failed["why"])
-
-    def boot() -> KvmLab:
-        lab = KvmLab(config, arch, shared.supervisor)
+    """The campaign's boot of the ``arch`` lab ``config`` describes (``open_lab``: booted again once it stopped
+    under a run; a boot that failed is not tried again)."""
+    def boot(earlier: list[str]) -> KvmLab:
+        lab = KvmLab(config, arch, shared.supervisor, earlier)
         try:
-            lab.boot()
-        except RunError as exc:
-            failed["why"] = str(exc)
-            lab.close()
-            raise
+            return lab.boot()
         except BaseException:
             lab.close()
             raise
-        return lab
-    return shared.get(config.key(arch), boot)
+    return open_lab(shared, config.key(arch), boot, lambda lab: lab)

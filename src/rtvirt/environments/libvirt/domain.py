@@ -114,8 +114,11 @@ class LibvirtEnvironment(LibvirtTeardown):
         except RunError as exc:
             raise self._lab_failure(exc) from None
 
+    def platform_lost(self, failure: str) -> str | None:
+        return self._lab.lost(failure, self.workdir) if self._lab is not None else None
+
     def _lab_failure(self, exc: RunError) -> RunError:
-        return exc if self._lab is None else self._lab.blamed(exc)
+        return exc if self._lab is None else self._lab.blamed(exc, self.workdir)
 
     def _start(self) -> None:
         connection = self._conn()

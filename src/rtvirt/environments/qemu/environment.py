@@ -232,9 +232,12 @@ class QemuEnvironment(Environment):
             except RunError as exc:
                 raise self._failure(exc) from None
 
+    def platform_lost(self, failure: str) -> str | None:
+        return self._lab.lost(failure, self.workdir) if self._lab is not None else None
+
     def _failure(self, exc: RunError) -> RunError:
         """``exc``, or what it is a symptom of: the lab that died under it, or the KVM host's lost connection."""
-        if self._lab is not None and (blamed := self._lab.blamed(exc)) is not exc:
+        if self._lab is not None and (blamed := self._lab.blamed(exc, self.workdir)) is not exc:
             return blamed
         lost = self._connection_lost()
         return RunError(lost) if lost else exc

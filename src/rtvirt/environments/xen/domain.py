@@ -73,6 +73,10 @@ class XenEnvironment(XenTeardown):
             return reclaim_xen_labs()  # a lab's domains and pools died with its QEMU
         return _open_dom0(config, shared).reclaim()
 
+    def platform_lost(self, failure: str) -> str | None:
+        lab = self._dom0.lab if self._dom0 is not None else None
+        return lab.lost(failure, self.workdir) if lab is not None else None
+
     def start(self) -> None:
         if self._dom0 is not None:
             return
@@ -290,7 +294,8 @@ class XenEnvironment(XenTeardown):
                                       "accel": lab.accel.get("accel"), "boot_seconds": lab.boot_seconds,
                                       "pcpus": lab.config.pcpus, "dom0_vcpus": lab.dom0_vcpus,
                                       "hypervisor": lab.hypervisor.name if lab.hypervisor else None,
-                                      "dom0_root": lab.dom0_root.name if lab.dom0_root else None}
+                                      "dom0_root": lab.dom0_root.name if lab.dom0_root else None,
+                                      **lab.boot_record()}
         description["applied"] = self._readback
         if self._parent is None:
             description["disturbing_domus"] = self._disturbers

@@ -46,14 +46,17 @@ class XenLab(LabMachine):
     """One boot of Xen + dom0 in QEMU; ``connection`` drives dom0 over SSH. ``close`` stops QEMU."""
 
     what = "xen lab"
+    title = "Xen lab"
+    console_kept = "xen-lab-console.log"
     root_name = LAB_ROOT
     ready_mark = DOM0_READY_MARK
 
-    def __init__(self, config: XenLabConfig, dom0_vcpus: int, supervisor: Supervisor, arch: str = "x86_64") -> None:
+    def __init__(self, config: XenLabConfig, dom0_vcpus: int, supervisor: Supervisor, arch: str = "x86_64",
+                 earlier: list[str] | None = None) -> None:
         if dom0_vcpus >= config.pcpus:
             raise RunError(f"xen lab: dom0_vcpus ({dom0_vcpus}) leaves no pCPU of the lab's {config.pcpus} "
                            "for domUs")
-        super().__init__(supervisor, config.boot_timeout)
+        super().__init__(supervisor, config.boot_timeout, earlier)
         self.config = config
         self.dom0_vcpus = dom0_vcpus
         self.arch = XEN_LAB_ARCHES[arch]

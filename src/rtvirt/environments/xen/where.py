@@ -7,6 +7,7 @@ from pathlib import Path
 from ...errors import RunError
 from ...remote.local import LocalTransport
 from ..base import SharedResources
+from ..lab_machine import LabMachine, open_lab
 from .config import XenConfig
 from .dom0 import RUN_DIR, Dom0
 from .dom0_image import DOMU_INITRAMFS, DOMU_KERNEL
@@ -18,15 +19,19 @@ from .xl import _vcpu_list
 
 def _open_dom0(config: XenConfig, shared: SharedResources) -> Dom0:
     if _resolve_where(config) == "lab":
-        def boot() -> Dom0:
-            lab = XenLab(config.lab, config.dom0_vcpus, shared.supervisor, config.arch)
+        def boot(earlier: list[str]) -> Dom0:
+            lab = XenLab(config.lab, config.dom0_vcpus, shared.supervisor, config.arch, earlier)
             try:
                 lab.boot()
             except BaseException:
                 lab.close()
                 raise
             return Dom0(lab.connection, lab, DOMU_KERNEL, DOMU_INITRAMFS, config.arch)
-        return shared.get(config.lab.key(config.dom0_vcpus, config.arch), boot)
+
+        def lab_of(dom0: Dom0) -> LabMachine:
+            assert dom0.lab is not None
+            return dom0.lab
+        return open_lab(shared, config.lab.key(config.dom0_vcpus, config.arch), boot, lab_of)
 
     def local() -> Dom0:
         problem = _console_log_problem()
