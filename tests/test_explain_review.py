@@ -749,14 +749,15 @@ def test_16_an_alignment_a_periodic_schedule_makes_ambiguous_is_not_stated_as_ex
     it belongs, also when only a tenth of them differ (CI's clean run:
     26 of 300 stolen spans held a wait under the true offset alone, 9 under one 30 ms away; compared by how many
     windows each matched, 289 and 278, they were refused as ambiguous)."""
-    from rtvirt.explain.xen import XenDomains, explain_trace
+    from rtvirt.explain.xen import SampleWindows, XenDomains, explain_trace
 
     def explained(irregular: float) -> LayerTrace:
         trace, samples = _periodic_run(irregular)
         outliers = np.zeros(10, dtype=WINDOW)
         outliers["start_ns"], outliers["end_ns"] = samples["start_ns"][100:110], samples["end_ns"][100:110]
         outliers["latency_ns"] = outliers["end_ns"] - outliers["start_ns"]
-        return explain_trace([trace], XenDomains(measuring=5), outliers, 2_400_000, samples=samples)
+        return explain_trace([trace], XenDomains(measuring=5), outliers, 2_400_000,
+                             samples=SampleWindows(samples, stolen=False))
 
     # all alike: no offset explains a window the chosen one does not, so it stands, the doubt stated, and each
     # window is given its 6 ms wait as under any of them

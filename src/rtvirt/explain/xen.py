@@ -266,11 +266,9 @@ class XenTraceSource:
             problems = "; ".join(self.recorder.problems) if self.recorder is not None else ""
             return LayerTrace("xen", seen=False, why_not=f"the flight recorder kept no xentrace segment {problems}"
                               .strip())
-        samples = sample_windows(domains.stream)
         layer = explain_trace(traces, domains, context.windows, self.cpu_khz,
                               wrapped=self.recorder is None and self.local_trace.stat().st_size >= self.memory_bytes
-                              - 4096, samples=samples[0] if samples else None,
-                              basis=samples[1] if samples else "outlier windows",
+                              - 4096, samples=sample_windows(domains.stream),
                               run_start=run_start_ns(context.header))
         if self.recorder is not None:
             layer.notes += [*self.recorder.problems,
@@ -290,12 +288,24 @@ def _segments_note(recorder: SegmentRecorder, segment_s: float, bound_bytes: int
     return note
 
 
-def sample_windows(path: Path | None) -> tuple[np.ndarray, str] | None:
-    """What to align Xen's clock with, from the run's stream file: where the guest read its stolen time from its
-    runstate area (the bare-metal guest), each sample's stolen span of at least MIN_WAIT_NS (explain.guest's
-    stolen_spans: the very waits xentrace records, on the guest's clock); else every sample's window of at least
-    MIN_WAIT_NS (the outliers alone may be too few); with what they are (for the notes). None when the stream
-    cannot be read."""
+@dataclass(frozen=True)
+class SampleWindows:
+    """What Xen's clock is aligned with, from the run's stream: every sample's window of at least MIN_WAIT_NS (the
+    outliers alone may be too few), or, where the guest read its stolen time from its runstate area (the
+    bare-metal guest), each sample's stolen span (explain.guest's stolen_spans: the very waits xentrace records,
+    on the guest's clock), which a wait then matches at both edges."""
+
+    windows: np.ndarray
+    stolen: bool
+
+    @property
+    def basis(self) -> str:
+        """What the windows are, as the notes say."""
+        return STOLEN_SPANS if self.stolen else "sample windows"
+
+
+def sample_windows(path: Path | None) -> SampleWindows | None:
+    """The run's SampleWindows, read from its stream file; None when there is none or it cannot be read."""
     from ..stream import read_stream
 
     if path is None:
@@ -315,7 +325,7 @@ def sample_windows(path: Path | None) -> tuple[np.ndarray, str] | None:
     kept = ends - starts >= MIN_WAIT_NS
     windows = np.zeros(int(kept.sum()), dtype=[("start_ns", "<i8"), ("end_ns", "<i8"), ("cpu", "<i2")])
     windows["start_ns"], windows["end_ns"], windows["cpu"] = starts[kept], ends[kept], records["cpu"][kept]
-    return windows, STOLEN_SPANS if stream.measures_stolen else "sample windows"
+    return SampleWindows(windows, stream.measures_stolen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,12 +362,10 @@ def stretches(trace: Trace, vcpu: tuple[int, int]) -> list[Stretch]:
 
 
 def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndarray, cpu_khz: int | None,
-                  wrapped: bool = False, samples: np.ndarray | None = None, basis: str = "sample windows",
-                  run_start: int = 0) -> LayerTrace:
+                  wrapped: bool = False, samples: SampleWindows | None = None, run_start: int = 0) -> LayerTrace:
     """Occupancies of the Xen layer around the outlier ``windows``, on the sample clock, from the read traces
     (one xentrace file, or the flight recorder's segments, oldest first: nothing is inferred across the holes
-    between them); the clocks are aligned with ``samples`` (every sample's window, or the guest's stolen spans:
-    ``basis`` says which) when given, else with the outliers."""
+    between them); the clocks are aligned with ``samples`` when it holds any window, else with the outliers."""
     assert domains.measuring is not None
     records, lost = sum(trace.records for trace in traces), sum(trace.lost_records for trace in traces)
     notes = [f"xentrace: {records} scheduler records"]
@@ -382,11 +390,11 @@ def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndar
                      f"{(longest.end - longest.ready) * ns_per_tick / 1e3:.0f} us")
     waits = [s for s in every if (s.end - s.ready) * ns_per_tick >= MIN_WAIT_NS]
     # every sample's window (or stolen span) when the stream gave them, else the outliers alone
-    by_samples = samples is not None and len(samples) > 0
-    aligned_with = samples if samples is not None and by_samples else windows
+    given = samples if samples is not None and len(samples.windows) else None
+    aligned_with = given.windows if given is not None else windows
     alignment = align(np.array([s.ready for s in waits], dtype=np.int64),
                       np.array([s.end for s in waits], dtype=np.int64), aligned_with, ns_per_tick,
-                      whole=by_samples and basis == STOLEN_SPANS)
+                      whole=given is not None and given.stolen)
     if alignment is None:
         return LayerTrace("xen", seen=False, dropped_events=lost, notes=notes,
                           why_not="Xen's clock could not be aligned with the domU's: fewer than three outlier windows "
@@ -412,7 +420,7 @@ def explain_trace(traces: Sequence[Trace], domains: XenDomains, windows: np.ndar
                           why_not=f"Xen's clock could not be aligned with the domU's: the alignment found puts "
                                   f"{contradicted} of {checked} sample ends where the measuring vCPU was not "
                                   "running (its thread stamps each sample while it runs)")
-    used = basis if by_samples else "outlier windows"
+    used = given.basis if given is not None else "outlier windows"
     notes.append(f"aligned by {alignment.matched} {used} holding a "
                  f"wait of the measuring vCPU "
                  f"(TSC at {1e6 / alignment.slope / 1e3:.3f} MHz; largest residual "
