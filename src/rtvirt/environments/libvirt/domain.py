@@ -298,9 +298,11 @@ class LibvirtEnvironment(LibvirtTeardown):
         super().close()
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
+        # on the measured domain's host: its lab as the scenario file says it (a duration dumped as a Python int
+        # reads back as seconds, which made another lab, booted beside it, for the disturbing domains)
         where = ({"uri": self.config.uri} if self.config.host == "local" else
-                 {"host": self.config.host, "lab": self.config.lab.model_dump()} if self.config.host == "lab" else
-                 {"host": self.config.host})
+                 {"host": self.config.host, "lab": self.config.lab.model_dump(mode="json")}
+                 if self.config.host == "lab" else {"host": self.config.host})
         config = LibvirtConfig.model_validate({
             "kind": "libvirt", "name": f"stress-vm-{index}", **where,
             "domain_type": self._type.get("type", self.config.domain_type),

@@ -84,8 +84,10 @@ def qemu_stressor_guest(env: Environment, index: int, host_cpus: tuple[int, ...]
     memory = getattr(env.config, "memory", None)
     where: dict[str, Any] = {}
     if isinstance(env.config, QemuConfig):  # on the KVM host (the lab) of the measured guest
-        where = env.config.model_dump(include={"host", "remote_dir", "lab" if env.config.host == LAB_HOST else "ssh"}
-                                      if env.config.host != LOCAL_HOST else {"host"})
+        # (as the scenario file says them: a duration dumped as a Python int reads back as seconds, which made
+        # another lab, booted beside the measured guest's, for its disturbing guests)
+        where = env.config.model_dump(mode="json", include={"host", "remote_dir", "lab" if env.config.host == LAB_HOST
+                                                            else "ssh"} if env.config.host != LOCAL_HOST else {"host"})
     # a bare-metal stressor guest is of the measured guest's architecture (an aarch64 study's competing domains)
     board = {"arch": env.config.arch, "gic_version": env.config.gic_version} \
         if guest == "baremetal" and isinstance(env.config, QemuConfig) else {}
