@@ -64,6 +64,9 @@ def _boot_once(image: GuestImage, accel: str, workdir: Path, timeout_s: float) -
     return None
 
 
+ARCH_CAPABILITIES_REFUSED = "failed to set MSR 0x10a"  # QEMU's words when KVM refuses the host CPU's value
+
+
 def choose_accel(requested: str = "auto", arch: str | None = None) -> dict[str, Any]:
     """Which accelerator to use, and why: a calibration boot under KVM decides (cached per host setup).
 
@@ -82,7 +85,7 @@ def choose_accel(requested: str = "auto", arch: str | None = None) -> dict[str, 
     if requested == "kvm":
         if not kvm_usable:
             raise RunError("qemu: accel 'kvm' requested but /dev/kvm is missing or not accessible")
-        return {"accel": "kvm", "reason": "requested"}
+        return {"accel": "kvm", "reason": "requested", **_host_cpu_refusal()}
     if not kvm_usable:
         return {"accel": "tcg", "reason": "/dev/kvm is missing or not accessible"}
     key = f"{platform.release()}|{qemu_version()}|{_cpu_model()}"
@@ -103,6 +106,25 @@ def choose_accel(requested: str = "auto", arch: str | None = None) -> dict[str, 
     shutil.rmtree(workdir, ignore_errors=True)
     write_atomically(cache_file, json.dumps({"key": key, **decision}))
     return decision
+
+
+def _host_cpu_refusal() -> dict[str, str]:
+    """The CPU model a KVM guest of this machine gets when its KVM refuses the host's (``cpu``, and why), else
+    nothing. Seen here: a 6.18 host kernel whose KVM refuses the IA32_ARCH_CAPABILITIES value it reports (MSR
+    0x10a), so QEMU 7.2 aborts at start with ``-cpu host``; without that MSR the host's model starts."""
+    if native_arch() != "x86_64":
+        return {}
+    try:
+        probe = subprocess.run([QEMU, "-accel", "kvm", "-cpu", "host", "-S", "-m", "64", "-machine", "q35",
+                                "-display", "none", "-nodefaults", "-qmp", "stdio"], capture_output=True, text=True,
+                               input='{"execute":"qmp_capabilities"}\n{"execute":"quit"}\n', timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}  # (the run's own start then says what is wrong)
+    if probe.returncode == 0 or ARCH_CAPABILITIES_REFUSED not in probe.stderr:
+        return {}
+    return {"cpu": "host,-arch-capabilities",
+            "cpu_reason": "this machine's KVM refuses the host CPU's IA32_ARCH_CAPABILITIES (MSR 0x10a), so QEMU "
+                          "cannot start -cpu host: the guest gets the host's CPU model without that MSR"}
 
 
 def probe_kvm_host(transport: HostTransport, binary: str = QEMU) -> dict[str, Any]:

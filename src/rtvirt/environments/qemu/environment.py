@@ -334,7 +334,7 @@ class QemuEnvironment(Environment):
     def _common_command(self, smp: int) -> list[str]:
         """QEMU paused (-S), its console, QMP and KVM's real-time settings (realtime.py)."""
         assert self._accel is not None and self._workspace is not None
-        options = self._options = realtime_options(self.config, self._accel["accel"])
+        options = self._options = realtime_options(self.config, self._accel)
         self._realtime = {"cpu_model": options.cpu, **options.record, "iothreads": options.iothreads}
         qmp, self._qmp = self._workspace.socket("qmp")
         arch, accel = self.config.arch, self._accel["accel"]

@@ -32,10 +32,13 @@ class RealtimeOptions:
     record: dict[str, Any] = field(default_factory=dict)
 
 
-def realtime_options(config: QemuConfig, accel: str) -> RealtimeOptions:
-    """The settings of ``config`` under ``accel``; ``record`` says what each became (not applied: why)."""
-    kvm = accel == "kvm"
-    options = RealtimeOptions(cpu="host" if kvm else "max")
+def realtime_options(config: QemuConfig, accel: dict[str, Any]) -> RealtimeOptions:
+    """The settings of ``config`` under ``accel`` (choose_accel's: its CPU model where the host's is refused);
+    ``record`` says what each became (not applied: why)."""
+    kvm = accel["accel"] == "kvm"
+    options = RealtimeOptions(cpu=accel.get("cpu", "host") if kvm else "max")
+    if "cpu_reason" in accel:
+        options.record["cpu_model_reason"] = accel["cpu_reason"]
     if config.mem_lock or config.cpu_pm:
         options.argv += ["-overcommit", f"mem-lock={'on' if config.mem_lock else 'off'},"
                                         f"cpu-pm={'on' if config.cpu_pm else 'off'}"]
