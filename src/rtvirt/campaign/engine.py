@@ -454,6 +454,7 @@ def _run_plans(scenario: Scenario, state: CampaignState, results: Path, plans: l
     under it is run again (on the lab's fresh boot)."""
     expected_s = sum(p.duration_ns for p in plans if not state.is_finished(p.key)) / 1e9
     matrix: TaskID = progress.add_task(f"campaign {scenario.name}", total=max(expected_s, 1e-9), status="")
+    measure = _PlanMeasurement(scenario, state, results, system, progress, matrix, hooks, shared)
     for index, plan in enumerate(plans, 1):
         _adopt_finished_run(state, plan.key, results)
         if state.is_finished(plan.key):
@@ -469,7 +470,6 @@ def _run_plans(scenario: Scenario, state: CampaignState, results: Path, plans: l
         if killed.get("status") == "running" and killed.get("run_id") and \
                 _salvage_killed_run(scenario, plan, results, str(killed["run_id"])):
             state.record(plan.key, salvaged=[*killed.get("salvaged", []), killed["run_id"]])
-        measure = _PlanMeasurement(scenario, state, results, system, progress, matrix, hooks, shared)
         outcome = measure(plan, f"{index}/{len(plans)}")
         # each attempt lost with its lab is made again in the lab's next boot (open_lab bounds the boots)
         for _ in range(MAX_REBOOTS):

@@ -3,6 +3,7 @@ over SSH what its CPU and KVM modules say (host.kvm)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -108,6 +109,7 @@ def choose_accel(requested: str = "auto", arch: str | None = None) -> dict[str, 
     return decision
 
 
+@functools.cache  # (this machine's kernel and QEMU do not change under a running rtvirt: probed once)
 def _host_cpu_refusal() -> dict[str, str]:
     """The CPU model a KVM guest of this machine gets when its KVM refuses the host's (``cpu``, and why), else
     nothing. Seen here: a 6.18 host kernel whose KVM refuses the IA32_ARCH_CAPABILITIES value it reports (MSR
