@@ -3,8 +3,9 @@ SCHED_FIFO on the vCPU's pCPU.
 
 - x86_64 under KVM (this machine's /dev/kvm, which emulates the guest but offers KVM's paravirtual features): the
   guest reads KVM's steal-time area around every sample, so the gap probe's holes of a 2 ms / 10 ms duty cycle carry
-  their stolen time; an explained campaign run (the guest takes part in the host's clock exchange over a second
-  virtio console) names the host task with the time it took in each outlier.
+  the task's stolen time, which tells them from the holes KVM makes by itself; an explained campaign run (the
+  guest takes part in the host's clock exchange over a second virtio console) names the host task
+  with the time it took in each outlier.
 - aarch64 under TCG: the same duty cycle shows as holes of its length, and an explained run aligns its clock over
   the virtio-mmio console and names the task.
 """
@@ -83,15 +84,21 @@ def test_kvm_steal_time_per_sample_recovers_the_host_tasks_holes(tmp_path: Path)
     stream = gap_beside_duty_cycle(tmp_path, "x86_64", "kvm")
     assert stream.header["stolen"] == "kvm-steal-time" and stream.header["guest"]["tsc_source"] == "kvmclock"
     assert stream.header["guest"]["timer"] == "tsc-deadline"
-    holes = holes_of_the_duty_cycle(stream)
     runnable, offline = stream.stolen_per_sample()
-    at_hole = np.isin(stream.records["t_ns"], holes["t_ns"])
-    stolen = runnable[at_hole]
+    values = stream.records["value"].astype(np.int64)
     assert not offline.any()  # KVM counts runnable time only
-    # the vCPU thread waited runnable behind the host task for each hole: the guest read (nearly) all of it
-    close = np.abs(stolen - holes["value"].astype(np.int64)) <= 0.1 * holes["value"]
-    assert close.mean() >= 0.9, (close.mean(), np.median(stolen / holes["value"]))
-    assert np.all(stolen <= holes["value"])  # never more than its window
+    assert np.all(runnable <= values)  # never more than its window
+    # The holes are told apart by the time KVM counted in them, not by their length: some machines' /dev/kvm holds
+    # the guest off by itself (this one's, emulated, for about 1 ms at a time: 255 holes of 1 ms or more with no
+    # stolen time in a CI run, beside the task's 272). The task's windows are the holes that lost 1 ms or more: one
+    # per 10 ms window (a few merge on a loaded machine), each carrying the task's 2 ms, which the guest read.
+    task = runnable >= 1 * MS
+    assert 200 <= task.sum() <= 330, task.sum()
+    starts = stream.records["t_ns"][task].astype(np.int64)
+    assert abs(np.median(np.diff(starts)) - 10 * MS) <= 0.1 * 10 * MS, np.median(np.diff(starts))
+    assert abs(np.median(runnable[task]) - 2 * MS) <= 0.1 * 2 * MS, np.percentile(runnable[task], [10, 50, 90])
+    # each of those holes is the task's window and what KVM did around it: at least the 2 ms, never a whole period
+    assert np.all(values[task] >= runnable[task]) and np.median(values[task]) < 10 * MS
 
 
 @needs_arm

@@ -30,6 +30,7 @@ from rtvirt.host.checks import tune_steps
 from rtvirt.host.checks.base import affinity_setting, chosen
 from rtvirt.host.ledger import DEFAULT_LEDGER, Ledger, process_holder
 from rtvirt.host.tuned import isolated_cores_set, tuned_daemon_running, tuned_profile_files, tuned_selection
+from rtvirt.host.tuned_adm import daemon_runs
 from rtvirt.procs import Supervisor, process_start_time
 from rtvirt.scenario import parse_scenario
 from rtvirt.stream import read_stream
@@ -198,6 +199,11 @@ def test_tuned_is_used_only_with_its_daemon_and_isolates_the_rt_cpus(tmp_path: P
     assert not tuned_daemon_running(str(pid_file))
     pid_file.write_text("garbage")
     assert not tuned_daemon_running(str(pid_file))
+    # tuned-adm's switch is taken as done only when the daemon runs what was asked (a post-loaded profile aside):
+    # tuned-adm exits 0 having only written /etc/tuned when its D-Bus call went unanswered
+    assert daemon_runs("virtual-guest", "virtual-guest") and daemon_runs("a b post", "a b")
+    assert daemon_runs("", "") and not daemon_runs("realtime-virtual-guest", "virtual-guest")
+    assert not daemon_runs("virtual-guest", "") and not daemon_runs("", "virtual-guest")
     debian = "# Examples:\n# isolated_cores=2,4-7\nisolated_cores=${f:calc_isolated_cores:1}\n\nisolate_managed_irq=Y\n"
     written = isolated_cores_set(debian, (1, 3))
     assert written.splitlines() == ["# Examples:", "# isolated_cores=2,4-7", "", "isolate_managed_irq=Y",

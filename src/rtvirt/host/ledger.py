@@ -15,7 +15,6 @@ import fcntl
 import json
 import os
 import re
-import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from ..fileio import write_atomically
 from ..params import parse_cpulist
 from ..procs import process_start_time
 from .checks.base import AFFINITY_PREFIX, cpu_list
+from .tuned_adm import run_tuned_adm
 
 __all__ = ["Ledger", "Change", "DEFAULT_LEDGER", "process_holder", "CLI_HOLDER", "holder_alive", "read_raw"]
 
@@ -93,7 +93,7 @@ def _put_back(path: str, value: str) -> None:
         # a bare profile name: an entry an earlier rtvirt recorded (the ledger lasts until reboot)
         argv = (["tuned-adm", "off"] if not value else ["tuned-adm", "auto_profile"] if mode == "auto"
                 else ["tuned-adm", "profile", *(names if mode == "manual" else value).split()])
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        done = run_tuned_adm(argv, "" if not value else names if mode in ("auto", "manual") else value)
         if done.returncode != 0:
             raise OSError(5, f"{' '.join(argv)} failed: {(done.stderr.strip() or done.stdout.strip())[:200]}", path)
         return

@@ -13,7 +13,6 @@ profile (and the profiles it includes) writes, and writes back those tuned did n
 from __future__ import annotations
 
 import configparser
-import errno
 import glob
 import os
 import re
@@ -24,26 +23,14 @@ from typing import Any
 from .checks.base import Step
 from .ledger import Ledger, read_raw
 from .profiles import Profile
+from .tuned_adm import run_tuned_adm, tuned_daemon_running
 
 __all__ = ["apply_tuned_profile", "tuned_daemon_running", "isolated_cores_set", "tuned_selection",
            "tuned_profile_files"]
 
-TUNED_PID_FILE = "/run/tuned/tuned.pid"  # tuned's daemon writes it, in the foreground too
 TUNED_CONFIG_DIR = "/etc/tuned"
 TUNED_PROFILE_DIRS = ("/etc/tuned", "/usr/lib/tuned")  # a profile of /etc/tuned overrides the shipped one
 THP = "/sys/kernel/mm/transparent_hugepage/enabled"
-
-
-def tuned_daemon_running(pid_file: str = TUNED_PID_FILE) -> bool:
-    """Whether tuned's daemon runs: without it ``tuned-adm profile`` only presets a profile for the daemon's next
-    start and asks ``service tuned restart`` to do it (which fails without an init system: nothing is applied)."""
-    try:
-        os.kill(int(read_raw(pid_file) or ""), 0)
-    except ValueError:
-        return False
-    except OSError as exc:
-        return exc.errno == errno.EPERM
-    return True
 
 
 def isolated_cores_set(variables: str, cpus: tuple[int, ...]) -> str:
@@ -132,6 +119,6 @@ def apply_tuned_profile(profile: Profile, cpus: tuple[int, ...], ledger: Ledger,
     if found is not None:
         ledger.change(holder, variables, isolated_cores_set(found, cpus))
     # tuned-adm waits until the daemon has applied the profile (13 s in a TCG guest) or says why not
-    done = subprocess.run(["tuned-adm", "profile", profile.tuned], capture_output=True, text=True, timeout=300)
+    done = run_tuned_adm(["tuned-adm", "profile", profile.tuned], profile.tuned)
     return {"profile": profile.tuned, "applied": done.returncode == 0, "failed": done.returncode != 0,
             "previous": previous or None, "reason": (done.stderr.strip() or done.stdout.strip())[:300] or None}
