@@ -70,17 +70,15 @@ def test_under_kvm_a_host_fifo_task_comes_back_as_holes_with_their_stolen_time(
     assert _complete(streams["gap-beside-fifo"], gic).header["stolen"] == "kvm-pv-time"
     # its 2 ms of every 10 ms: KVM counts the time the vCPU's thread waited runnable, and the explanation names
     # all of it
-    holes = injected_holes(streams["gap-beside-fifo"], 10 * MS)
+    holes = injected_holes(streams["gap-beside-fifo"], 2 * MS, 10 * MS)
     assert np.all(np.abs(holes.named * holes.lengths - holes.stolen) <= 1000), (holes.named, holes.stolen)
-    # The rest of each hole is KVM's own exit and entry around the switch to the task and back. Under TCG these run
-    # as fast as this machine's load lets the emulated CPU run them (a median 200-380 us seen at load average 3-10,
-    # microseconds on hardware), so they are judged against the same run's exits that lost no time (the host's own
-    # interrupts, a median 170-180 us in the same runs; the gap probe's 50 us threshold keeps them), not against a
-    # fixed share of the hole, which load took from 91 % to 82 %: the hole is the task's 2 ms within 10 % plus one
-    # such exit, and what KVM did not count is at most three of them (a wake-up and two switches more than an exit).
+    # What KVM counted is the task's window: from its wake-up to the vCPU thread's return, at most its 2 ms (+5 %),
+    # and shorter when the starved board wakes the task late, since it ends its window at the planned time (medians
+    # of 1.74-1.84 ms seen; the lab test, tests/test_arm_labs_baremetal.py, checks it against the lab's own trace).
+    assert 0.8 * 2 * MS <= np.median(holes.stolen) <= 1.05 * 2 * MS, np.percentile(holes.stolen, [10, 50, 90])
+    # The rest of each hole is KVM's own exit, vcpu_put and vcpu_load and entry around the switch to the task and
+    # back: microseconds on hardware, 0.4-0.8 ms of this emulated board's time (GICv2's list registers go through
+    # emulated MMIO), against 0.17-0.43 ms for an exit that lost no time: each a fraction of the task's window.
     assert holes.exits.size >= 100, holes.exits.size  # the host's 250 Hz tick alone makes 750
-    exit_ns = float(np.median(holes.exits))
-    assert abs(np.median(holes.lengths) - 2 * MS) <= 0.2 * MS + exit_ns, (np.percentile(holes.lengths, [10, 50, 90]),
-                                                                          exit_ns)
-    assert np.median(holes.lengths - holes.stolen) <= 3 * exit_ns, (np.percentile(holes.lengths - holes.stolen,
-                                                                                  [10, 50, 90]), exit_ns)
+    assert np.median(holes.lengths - holes.stolen) <= 0.5 * np.median(holes.stolen), (
+        np.percentile(holes.lengths - holes.stolen, [10, 50, 90]), np.median(holes.exits))

@@ -71,8 +71,8 @@ def test_a_xen_domu_keeps_the_timers_1khz_grid(domains: dict[str, tuple[Path, st
 def test_a_competing_domain_comes_back_as_holes_named_stolen_by_xen(domains: dict[str, tuple[Path, str]]) -> None:
     stream = _read(domains, "gap-beside-domain")
     assert stream.end_reason == "complete"
-    # its 5 ms of every 20 ms: Xen's runstate area counts them runnable, the explanation names them (97 % measured)
-    assert_injected_holes(domains["gap-beside-domain"][0], 5 * MS, 20 * MS, stolen_share=0.9)
+    # its 5 ms of every 20 ms: Xen's runstate area counts them runnable, the explanation names them
+    assert_injected_holes(domains["gap-beside-domain"][0], 5 * MS, 20 * MS)
 
 
 def test_a_ctrl_c_from_dom0_stops_the_domu_with_every_sample_written(domains: dict[str, tuple[Path, str]]) -> None:

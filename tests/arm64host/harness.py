@@ -424,10 +424,10 @@ def stolen_share_of_holes(path: Path, floor_ns: int = 1_000_000) -> dict[int, fl
 
 @dataclass
 class InjectedHoles:
-    """The holes of a gap stream that carry an interferer's stolen time (at least half their length), as the guest
-    saw them: their lengths, the stolen time the hypervisor counted in each, their starts, and the share of each
-    that the explanation (the guest layer alone) names as stolen; ``exits``: the stream's shorter gaps that lost no
-    time to anyone (the hypervisor's own exits for the host's interrupts)."""
+    """The holes of a gap stream that carry an interferer's window (at least half its slice of stolen time, and
+    mostly stolen time), as the guest saw them: their lengths, the stolen time the hypervisor counted in each, their
+    starts, and the share of each that the explanation (the guest layer alone) names as stolen; ``exits``: the
+    stream's shorter gaps that lost no time to anyone (the hypervisor's own exits for the host's interrupts)."""
 
     lengths: np.ndarray
     stolen: np.ndarray
@@ -436,10 +436,16 @@ class InjectedHoles:
     exits: np.ndarray
 
 
-def injected_holes(path: Path, period_ns: int) -> InjectedHoles:
-    """The holes beside an interferer every ``period_ns`` that the hypervisor accounts for (a 3 s gap run), checked
-    to be most holes and ``period_ns`` apart within 10 % (median). Holes without stolen time are this machine's load
-    on the emulated board, which no layer inside it sees."""
+def injected_holes(path: Path, slice_ns: int, period_ns: int) -> InjectedHoles:
+    """The holes of a 3 s (or longer) gap run beside an interferer busy ``slice_ns`` every ``period_ns``: those in
+    which the hypervisor counted at least half a slice as stolen, checked to be at least half the interferer's
+    windows and ``period_ns`` apart within 10 % (median). A window that fell into a longer stall of the board (the hole
+    mostly not stolen) is left out: its length is the stall's.
+
+    They are told apart by the time the hypervisor counted in them, not by their length: this machine's emulated
+    boards stall by themselves for a millisecond or more (as many such holes as the task's in a KVM lab run), and a
+    competing Xen domU that sleeps between its windows takes the pCPU again for a moment when it wakes mid-period
+    (holes of 1.1-1.8 ms with 0.6-1.3 ms stolen, named with that domU, every 20 ms in a Xen lab run)."""
     import numpy as np
 
     from rtvirt.stream import read_stream
@@ -450,9 +456,9 @@ def injected_holes(path: Path, period_ns: int) -> InjectedHoles:
     runnable, offline = stream.stolen_per_sample()
     assert not offline.any() and np.all(runnable <= values)  # runnable only, never more than its window
     holes = values >= 1_000_000
-    injected = holes & (runnable >= values // 2)
-    expected = 3_000_000_000 // period_ns
-    assert injected.sum() >= expected // 2 and injected.sum() >= holes.sum() // 2, (injected.sum(), holes.sum())
+    injected = holes & (runnable >= slice_ns // 2) & (runnable >= values // 2)
+    duration = int(records["t_ns"][-1]) - int(records["t_ns"][0])
+    assert injected.sum() >= duration // period_ns // 2, (injected.sum(), duration // period_ns)
     starts = records["t_ns"][injected].astype(np.int64)
     assert abs(np.median(np.diff(starts)) - period_ns) <= 0.1 * period_ns, np.median(np.diff(starts))
     shares = stolen_share_of_holes(path)
@@ -460,11 +466,17 @@ def injected_holes(path: Path, period_ns: int) -> InjectedHoles:
                          np.array([shares[t] for t in starts.tolist()]), values[~holes & (runnable == 0)])
 
 
-def assert_injected_holes(path: Path, slice_ns: int, period_ns: int, stolen_share: float) -> None:
-    """The injected holes (``injected_holes``) are ``slice_ns`` long within 10 % (median), and the explanation names
-    a median ``stolen_share`` of their length as stolen."""
+def assert_injected_holes(path: Path, slice_ns: int, period_ns: int) -> None:
+    """The holes of a competing Xen domU busy ``slice_ns`` every ``period_ns`` (``injected_holes``): Xen counted
+    each window as stolen (the slice within 10 %, median), the explanation names what Xen counted, and the rest of
+    each hole is Xen's own switch out and back."""
     import numpy as np
 
-    found = injected_holes(path, period_ns)
-    assert abs(np.median(found.lengths) - slice_ns) <= 0.1 * slice_ns, np.percentile(found.lengths, [10, 50, 90])
-    assert np.median(found.named) >= stolen_share, np.percentile(found.named, [10, 50, 90])
+    found = injected_holes(path, slice_ns, period_ns)
+    assert abs(np.median(found.stolen) - slice_ns) <= 0.1 * slice_ns, np.percentile(found.stolen, [10, 50, 90])
+    # (the guest layer's parts are what the guest read per sample, to the microsecond of the stream's records)
+    assert np.median(np.abs(found.named * found.lengths - found.stolen)) <= 1000, np.percentile(found.named, [10, 50])
+    # Xen's switch costs this emulated board 0.3-0.6 ms of its time (microseconds on hardware): the explanation
+    # named 90-94 % of each hole in this machine's runs, 97 % in a faster one's
+    assert np.median(found.lengths - found.stolen) <= 0.15 * slice_ns, np.percentile(found.lengths - found.stolen,
+                                                                                    [10, 50, 90])
