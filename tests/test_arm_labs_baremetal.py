@@ -173,15 +173,14 @@ def test_a_kvm_lab_host_task_comes_back_as_holes_of_its_slice_named_stolen(runs:
     # The hole around it is what the lab's own trace says the vCPU spent out of the guest for those preemptions
     # (on the lab's clock, from the task's wake-up by the timer interrupt that made the vCPU exit, ~70 us before
     # kvm_exit, to kvm_entry: the task's slice, then KVM putting the vCPU back, 0.2-0.4 ms under TCG and more when
-    # this machine is busy), plus the world switch on either side that the tracepoints do not see. That part is
-    # measured on ordinary exits only (what one costs the guest, its short gaps, less what the trace gives it), and
-    # a preemption's was 1.0 times it on the faster machine of 2026-11-30's first campaign (2.383 ms holes against
-    # 2.375 predicted) and 1.5 and 2.0 times it in two campaigns on this slower one (0.23-0.31 ms): the hole lies
-    # between the trace's time and that plus twice the unseen switch, within 0.2 ms. (Timed from kvm_exit alone,
-    # the trace's time fell 0.12-0.20 ms short in four runs.)
+    # this machine is busy), plus the world switch on either side that the tracepoints do not see. On the faster
+    # machine of 2026-11-30's first campaign that unseen part was what an ordinary exit's is (its gap in the guest
+    # less its time in the trace: 2.383 ms holes against 2.375 predicted); on this slower one it was 1.5-3.3 times
+    # that in three campaigns (0.46-0.61 ms), varying with the machine's load. What is asserted: the hole holds the
+    # trace's time (within 0.2 ms), and what the trace does not see of it is less than the window KVM counted.
+    # (Timed from kvm_exit alone, the trace's time fell 0.12-0.20 ms short in four runs.)
     traced = np.median(exits.around)
-    unseen = np.median(holes.exits) - np.median(exits.ordinary)
-    assert traced - 0.2 * MS <= np.median(holes.lengths) <= traced + 2 * unseen + 0.2 * MS, (
+    assert traced - 0.2 * MS <= np.median(holes.lengths) < traced + np.median(holes.stolen), (
         np.percentile(holes.lengths, [10, 50, 90]), np.percentile(exits.around, [10, 50, 90]),
         np.median(holes.exits), np.median(exits.ordinary))
     # the explanation names what KVM counted: the guest layer's stolen parts cover it
