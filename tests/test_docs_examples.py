@@ -288,9 +288,18 @@ def _shown(command: Command, make_lines: tuple[str, ...]) -> list[str]:
     return lines
 
 
+# A run that this machine's load left short of its samples (periods its measuring thread overran) has the status
+# "short" where the doc, written on a quiet machine, shows "complete"; its line then says why (seen in a suite: a host
+# timer run with 873 of 1000 samples beside the parallel phase's tests).
+_LOAD_SHORT_REASON = "counted as overruns, not as samples"
+_SHORT_STATUS = re.compile(r"^short(?= )|(?<=│ )short(?= +│)")  # a run's line, or its status cell in a table
+
+
 def compare_output(command: Command, output: str, mode: str, ids: dict[str, str], make_lines: tuple[str, ...]) -> None:
     """Every line the doc shows appears in the output, in order; maps the run ids the doc shows to the real ones."""
     actual = output.split("\n")
+    if _LOAD_SHORT_REASON in output:
+        actual = [_SHORT_STATUS.sub("complete", line) for line in actual]
     position = 0
     for shown in _shown(command, make_lines):
         want = shown.rstrip() if mode == "exact" else skeleton(shown)

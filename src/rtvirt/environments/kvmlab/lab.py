@@ -34,6 +34,13 @@ def reclaim_kvm_labs() -> list[str]:
     return reclaim_labs(LAB_ROOT, "KVM lab")
 
 
+# The lab's kernel. Warnings reach its console: a soft lockup's stack is printed at that level, which "quiet" hid.
+# A CPU that schedules nothing for 60 s panics it, so that a stalled lab stops at once and is booted again: in one CI
+# run the lab's CPU 0 sat in a soft lockup inside the nested guest's QEMU for nine minutes (CPU 1's timers stopped
+# too) before the run noticed the lab's silence. 60 s, not the kernel's 20, since this machine can starve the lab's
+# emulated CPUs for seconds.
+LAB_KERNEL_OPTIONS = "loglevel=5 watchdog_thresh=30 softlockup_panic=1 panic=-1"
+
 class KvmLab(LabMachine):
     """One boot of the KVM lab in QEMU; ``connection`` drives it over SSH, ``close`` stops QEMU."""
 
@@ -79,7 +86,7 @@ class KvmLab(LabMachine):
                 "-cpu", "host" if kvm else self.arch.tcg_cpu, "-smp", str(self.config.pcpus),
                 "-m", str(self.config.memory), "-display", "none", "-nodefaults", "-no-reboot",
                 "-serial", f"file:{self.console}", "-kernel", str(kernel), "-initrd", str(initrd),
-                "-append", f"console={self.arch.console} quiet panic=-1 rdinit=/init",
+                "-append", f"console={self.arch.console} {LAB_KERNEL_OPTIONS} rdinit=/init",
                 "-drive", f"file={self.root},format=raw,if=virtio,snapshot=on",
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
                 "-device", "virtio-net-pci,netdev=n0"]
