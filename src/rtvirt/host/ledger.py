@@ -91,9 +91,10 @@ def _put_back(path: str, value: str) -> None:
     if path == f"{COMMAND_PREFIX}tuned":  # tuned's selection as found (tune.tuned_selection)
         mode, _, names = value.partition(" ")
         # a bare profile name: an entry an earlier rtvirt recorded (the ledger lasts until reboot)
+        wanted = "" if not value else names if mode in ("auto", "manual") else value
         argv = (["tuned-adm", "off"] if not value else ["tuned-adm", "auto_profile"] if mode == "auto"
-                else ["tuned-adm", "profile", *(names if mode == "manual" else value).split()])
-        done = run_tuned_adm(argv, "" if not value else names if mode in ("auto", "manual") else value)
+                else ["tuned-adm", "profile", *wanted.split()])
+        done = run_tuned_adm(argv, wanted)
         if done.returncode != 0:
             raise OSError(5, f"{' '.join(argv)} failed: {(done.stderr.strip() or done.stdout.strip())[:200]}", path)
         return

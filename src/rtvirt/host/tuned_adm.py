@@ -20,7 +20,6 @@ __all__ = ["TUNED_PID_FILE", "daemon_profile", "daemon_runs", "run_tuned_adm", "
 TUNED_PID_FILE = "/run/tuned/tuned.pid"  # tuned's daemon writes it, in the foreground too
 ATTEMPTS = 3
 REPLY_TIMEOUT_S = 120  # the daemon answers between its profile switches, which take minutes in a loaded guest
-NO_DAEMON = ("org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner")
 
 
 def tuned_daemon_running(pid_file: str = TUNED_PID_FILE) -> bool:

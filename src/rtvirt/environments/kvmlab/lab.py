@@ -41,6 +41,7 @@ def reclaim_kvm_labs() -> list[str]:
 # emulated CPUs for seconds.
 LAB_KERNEL_OPTIONS = "loglevel=5 watchdog_thresh=30 softlockup_panic=1 panic=-1"
 
+
 class KvmLab(LabMachine):
     """One boot of the KVM lab in QEMU; ``connection`` drives it over SSH, ``close`` stops QEMU."""
 
