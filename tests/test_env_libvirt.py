@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import RAN, assert_ran, run_cli, steal_live_stream
@@ -619,6 +620,38 @@ def test_a_parameter_the_bare_metal_guest_refuses_is_bad_input_in_libvirt(libvir
     assert "invalid value for '--threshold': '12abc'" in str(error.value)
     assert not out.exists() or out.stat().st_size == 0
     assert _our_domains() == []
+
+
+@pytest.mark.vm
+def test_a_domain_whose_qemu_dies_as_it_starts_fails_its_run_by_name(libvirtd: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The domain's QEMU killed (-9) after libvirt started it paused and before it is resumed (where a KVM lab
+    that died took a campaign down with libvirt's own "virDomainResume() failed" traceback): the run fails with
+    an error naming the domain's start, and nothing of it stays."""
+    opened = LibvirtEnvironment._open_stream
+    killed: list[int] = []
+
+    def killing_its_qemu(env: LibvirtEnvironment, *args: Any) -> Any:
+        stream = opened(env, *args)  # the console's (a run without output opens no other)
+        pid = int(Path(f"/run/libvirt/qemu/{env._name}.pid").read_text().strip())
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return stream
+
+    monkeypatch.setattr(LibvirtEnvironment, "_open_stream", killing_its_qemu)
+    config = LibvirtConfig(kind="libvirt", domain_type="qemu", guest="baremetal")
+    args = agent_args(PROBES["timer"].params(duration=1_000_000_000, interval="1ms"))
+    with Supervisor() as supervisor, SharedResources() as shared:
+        env = LibvirtEnvironment(config, supervisor, tmp_path / "vm", shared)
+        try:
+            with pytest.raises(RunError, match=r"starting rtvirt-"):
+                env.launch("rtvirt-probe", ["timer", *args], None)
+        finally:
+            env.close()
+    assert killed and _our_domains() == []
 
 
 @pytest.mark.vm

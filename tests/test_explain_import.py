@@ -149,7 +149,9 @@ def test_a_dat_recorded_beside_the_run_names_the_interferer_and_its_burst(traced
 def test_a_trace_whose_clock_is_off_states_the_offset_as_its_alignment(traced: dict[str, Any],
                                                                        tmp_path: Path) -> None:
     """The same text trace with every stamp 200 us early: each switch-in lies 200 us further from its window's
-    end, and the stated alignment grows by as much (a later clock leaves the switch-ins after the windows: refused)."""
+    end, and the stated alignment grows by as much (a later clock leaves the switch-ins after the windows: refused).
+    The alignment is a quantile of the windows: a window whose nearest switch-in the shift moves across its end
+    drops out, and the quantile moves by a rank (a CI run: 8.0 us became 209.1 us, the next distance up)."""
     path = traced["run"]["path"]
     aligned = json.loads(run_cli("explain", path, "--trace", str(traced["text"]), "--threshold", "300us", "--json",
                                  check=True).stdout)
@@ -168,7 +170,7 @@ def test_a_trace_whose_clock_is_off_states_the_offset_as_its_alignment(traced: d
     early = json.loads(run_cli("explain", path, "--trace", str(shifted(-200)), "--threshold", "300us", "--json",
                                check=True).stdout)
     after = next(layer for layer in early["layers"] if layer["layer"] == "host")["alignment_ns"]
-    assert 200_000 <= after <= before + 200_000, (before, after)
+    assert after >= 200_000 and abs(after - before - 200_000) <= 20_000, (before, after)
     late = run_cli("explain", path, "--trace", str(shifted(200)), "--threshold", "300us")
     assert late.returncode == 2 and "switched in at the end of" in late.stderr, late.stderr
 

@@ -168,6 +168,11 @@ class LibvirtEnvironment(LibvirtTeardown):
                 return self._launch(agent, args, out)
         except RunError as exc:
             raise self._lab_failure(exc) from None
+        except _libvirt().libvirtError as exc:  # the connection failed midway: libvirtd, or the lab it runs in, died
+            what = f"starting {self._name or self.config.label}"
+            failed = (self._connection.failure(what, exc) if self._connection is not None
+                      else RunError(f"libvirt ({self.uri}): {what}: {_error_text(exc)}"))
+            raise self._lab_failure(failed) from None
 
     def _launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
         libvirt = _libvirt()
