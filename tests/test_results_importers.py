@@ -85,13 +85,20 @@ def test_jitterdebugger_raw_samples(tmp_path: Path) -> None:
     summary = _summary(tmp_path, manifest)
     assert summary["samples"] == records.size > 100
     assert summary["max_ns"] == records["value"].max() * 1000
-    # jitterdebugger's own histogram (results.json, in us) counts nearly the same samples (its raw writer and
-    # its histogram stop at slightly different moments); the medians agree, so the unit was read right.
+    # jitterdebugger's own results.json counts nearly the same samples (its raw writer and its counters stop at
+    # slightly different moments) and holds a histogram of those under 1000 us, one bin per us: the raw values
+    # under 1000 us fill the same bins (the unit was read right). Under load a quarter of the samples can lie
+    # above 1 ms, beyond the histogram (a CI run: 439 of 1,929).
     own = lenient_json((out / "results.json").read_text())["cpu"]
-    values = np.concatenate([np.repeat(np.array(list(map(int, c["histogram"]))), list(c["histogram"].values()))
+    counted = sum(int(c["count"]) for c in own.values())
+    assert abs(counted - records.size) <= 0.1 * counted
+    assert summary["max_ns"] <= max(int(c["max"]) for c in own.values()) * 1000
+    binned = np.concatenate([np.repeat(np.array(list(map(int, c["histogram"]))), list(c["histogram"].values()))
                              for c in own.values()])
-    assert abs(values.size - records.size) <= 0.1 * values.size
-    assert abs(summary["median_ns"] - np.median(values) * 1000) <= 2000
+    below = records["value"][records["value"] < 1000]
+    assert abs(binned.size - below.size) <= 0.1 * binned.size
+    assert abs(np.median(below) - np.median(binned)) <= 2
+    assert abs(summary["median_ns"] - np.median(records["value"]) * 1000) <= 1000
 
 
 RTLA = """# RTLA timerlat histogram
