@@ -85,7 +85,7 @@ def _gone(pid: int, within: float = 10.0) -> bool:
         try:
             if "zombie" in Path(f"/proc/{pid}/status").read_text().lower():
                 return True
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # gone before, or while, its status was read
             return True
         if time.monotonic() > deadline:
             return False
