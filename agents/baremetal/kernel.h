@@ -157,12 +157,15 @@ _Noreturn void guest_exit(int status);
 typedef struct virtio_transport virtio_transport; /* the arch's: one device's registers */
 /* The arch's transport operations for one device (x86_64/virtio_pci.c, aarch64/virtio_mmio.c) */
 virtio_transport *virtio_console_find(unsigned index); /* the index-th console device, in the platform's order */
-void virtio_reset_and_ack(virtio_transport *t);         /* status: reset, ACKNOWLEDGE | DRIVER, features none */
+/* reset, ACKNOWLEDGE | DRIVER, and of the device's first 32 feature bits those in `wanted` (returned) */
+uint32_t virtio_reset_and_ack(virtio_transport *t, uint32_t wanted);
 uint16_t virtio_queue_size(virtio_transport *t, uint16_t queue); /* selects it */
 bool virtio_queue_place(virtio_transport *t, uint16_t queue, uint8_t *memory, uint16_t size);
 void virtio_driver_ok(virtio_transport *t);
 void virtio_notify(virtio_transport *t, uint16_t queue);
-/* The consoles: the first is the stream's, the second (explained runs) the clock exchange's */
+/* The consoles: the first is the stream's, the second (explained runs) the clock exchange's; each is port 1 of
+ * its device when the device offers multiport (a virtserialport, which QEMU holds back while its chardev is full),
+ * else port 0 (a virtconsole, whose overflow QEMU drops) */
 typedef struct vconsole vconsole;
 vconsole *vconsole_open(unsigned index); /* NULL: no such device */
 void vconsole_write(vconsole *c, const uint8_t *p, size_t n);

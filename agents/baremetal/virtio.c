@@ -1,16 +1,31 @@
 /* virtio-console devices, on the arch's transport (x86_64/virtio_pci.c: legacy virtio-pci on PCI bus 0;
- * aarch64/virtio_mmio.c: virtio-mmio from the device tree). Without the multiport feature port 0 (a
- * `virtconsole`) is reached through queues 0 (receive) and 1 (transmit); each write hands the host one buffer
- * of up to a ring chunk, so the host writes whole chunks to its chardev where a UART hands it single bytes.
+ * aarch64/virtio_mmio.c: virtio-mmio from the device tree). A device that offers the multiport feature (QEMU's
+ * max_ports > 1) is driven through port 1, a `virtserialport`: while its chardev takes no more, QEMU holds our
+ * buffer until it does. Without multiport, port 0 (a `virtconsole`) is reached through queues 0 and 1; QEMU drops
+ * what its chardev refuses there (a full pty or pipe), so the stream is only whole while the host keeps up. Each
+ * write hands the host one buffer of up to a ring chunk, so the host writes whole chunks to its chardev where a
+ * UART hands it single bytes.
  *
  * The first console carries the sample stream; a second one, which the host adds to an explained run, the clock
  * exchange (clocksync.c). Both are driven by polling: the guest enables no device interrupt. */
 #include "kernel.h"
 
-enum { RECEIVE_QUEUE = 0, TRANSMIT_QUEUE = 1, MAX_QUEUE = 256, DESC_DEVICE_WRITES = 2, MAX_CONSOLES = 2 };
+/* queues: port 0's receive and transmit, then (multiport) the control pair, then port 1's pair */
+enum { RECEIVE_QUEUE = 0, TRANSMIT_QUEUE = 1, CONTROL_RECEIVE_QUEUE = 2, CONTROL_TRANSMIT_QUEUE = 3,
+       PORT1_RECEIVE_QUEUE = 4, PORT1_TRANSMIT_QUEUE = 5, MAX_QUEUE = 256, DESC_DEVICE_WRITES = 2,
+       MAX_CONSOLES = 2 };
+enum { F_MULTIPORT = 1u << 1 }; /* VIRTIO_CONSOLE_F_MULTIPORT */
+/* control events (virtio 5.3.6.2); the port we use */
+enum { DEVICE_READY = 0, PORT_READY = 3, PORT_OPEN = 6, OUR_PORT = 1, CONTROL_BUFFERS = 8 };
+enum { PORT_OPEN_WAIT_NS = 10000000000ull }; /* the host's side opens with QEMU or before the guest runs */
 /* the legacy layout (which the modern one also takes): descriptors, the available ring, then the used ring on
  * the next 4 KiB boundary */
 enum { VRING_BYTES = 2 * 4096 + MAX_QUEUE * (16 + 2 + 8) + 4096 };
+
+struct control_message {
+    uint32_t id;
+    uint16_t event, value;
+};
 
 struct desc {
     uint64_t addr;
@@ -32,9 +47,12 @@ typedef struct {
 
 struct vconsole {
     virtio_transport *device;
-    vqueue transmit, receive;
+    vqueue transmit, receive, control_transmit, control_receive;
+    uint16_t control_seen; /* control messages read so far (the control receive queue's used index) */
     _Alignas(4096) uint8_t transmit_ring[VRING_BYTES], receive_ring[VRING_BYTES];
+    _Alignas(4096) uint8_t control_transmit_ring[VRING_BYTES], control_receive_ring[VRING_BYTES];
     uint8_t received[64]; /* the receive queue's buffer: the host's lines are short */
+    struct control_message sent, control[CONTROL_BUFFERS][4]; /* a PORT_NAME message carries a name: cut */
 };
 
 static struct vconsole consoles[MAX_CONSOLES];
@@ -67,6 +85,59 @@ static void queue_post(vconsole *c, vqueue *q, const void *p, size_t n, uint16_t
     virtio_notify(c->device, q->index);
 }
 
+/* One control message to the device, waited for until it took it. */
+static void control_send(vconsole *c, uint32_t id, uint16_t event, uint16_t value) {
+    c->sent = (struct control_message){id, event, value};
+    queue_post(c, &c->control_transmit, &c->sent, sizeof c->sent, 0);
+    while (*c->control_transmit.used_idx != c->control_transmit.posted) cpu_relax();
+}
+
+/* Whether the device has said, by `deadline`, that the host's side of our port is open (QEMU discards what
+ * a port is sent until then). Every control buffer is offered at once, and offered again once read: QEMU
+ * drops a control message that finds none (PORT_ADD, PORT_NAME and PORT_OPEN come together). */
+static bool host_opened(vconsole *c, uint64_t deadline) {
+    vqueue *q = &c->control_receive;
+    while (cycles() < deadline) {
+        if (*q->used_idx == c->control_seen) {
+            cpu_relax();
+            continue;
+        }
+        rmb(); /* the used entry and the message after the index that announced them */
+        uint32_t slot = q->used[c->control_seen % q->size].id;
+        struct control_message m = c->control[slot % CONTROL_BUFFERS][0];
+        c->control_seen++;
+        q->avail[2 + q->posted % q->size] = (uint16_t)slot;
+        wmb();
+        q->avail[1] = ++q->posted;
+        wmb();
+        virtio_notify(c->device, q->index);
+        if (m.id == OUR_PORT && m.event == PORT_OPEN && m.value) return true; /* (0: closed again; wait on) */
+    }
+    return false;
+}
+
+/* The multiport handshake for our port: the driver is ready, the port is ready and open on our side; then the
+ * host's word that its side is open. */
+static bool open_port(vconsole *c) {
+    vqueue *q = &c->control_receive;
+    for (uint16_t i = 0; i < CONTROL_BUFFERS && i < q->size; i++) {
+        q->descs[i].addr = (uint64_t)(uintptr_t)c->control[i];
+        q->descs[i].len = sizeof c->control[i];
+        q->descs[i].flags = DESC_DEVICE_WRITES;
+        q->descs[i].next = 0;
+        q->avail[2 + q->posted % q->size] = i;
+        q->posted++;
+    }
+    wmb();
+    q->avail[1] = q->posted;
+    wmb();
+    virtio_notify(c->device, q->index);
+    control_send(c, UINT32_MAX, DEVICE_READY, 1);
+    control_send(c, OUR_PORT, PORT_READY, 1);
+    control_send(c, OUR_PORT, PORT_OPEN, 1);
+    return host_opened(c, cycles() + ns_to_cycles(PORT_OPEN_WAIT_NS));
+}
+
 vconsole *vconsole_open(unsigned index) {
     if (index >= MAX_CONSOLES) return NULL;
     vconsole *c = &consoles[index];
@@ -74,14 +145,23 @@ vconsole *vconsole_open(unsigned index) {
     virtio_transport *device = virtio_console_find(index);
     if (!device) return NULL;
     c->device = device;
-    virtio_reset_and_ack(device); /* no multiport: port 0 is the console */
-    if (!queue_setup(c, &c->receive, RECEIVE_QUEUE, c->receive_ring) ||
-        !queue_setup(c, &c->transmit, TRANSMIT_QUEUE, c->transmit_ring)) {
+    bool multiport = virtio_reset_and_ack(device, F_MULTIPORT) & F_MULTIPORT;
+    bool placed = multiport ? queue_setup(c, &c->receive, PORT1_RECEIVE_QUEUE, c->receive_ring) &&
+                                  queue_setup(c, &c->transmit, PORT1_TRANSMIT_QUEUE, c->transmit_ring) &&
+                                  queue_setup(c, &c->control_receive, CONTROL_RECEIVE_QUEUE, c->control_receive_ring) &&
+                                  queue_setup(c, &c->control_transmit, CONTROL_TRANSMIT_QUEUE,
+                                              c->control_transmit_ring)
+                            : queue_setup(c, &c->receive, RECEIVE_QUEUE, c->receive_ring) &&
+                                  queue_setup(c, &c->transmit, TRANSMIT_QUEUE, c->transmit_ring);
+    if (!placed) {
         c->device = NULL;
         return NULL;
     }
     virtio_driver_ok(device);
     queue_post(c, &c->receive, c->received, sizeof c->received, DESC_DEVICE_WRITES); /* the host's lines wait */
+    if (multiport && !open_port(c))
+        run_error("virtio-console: the host did not open port 1 of its multiport device within 10 s (QEMU "
+                  "discards what a port is sent until its chardev is connected)");
     return c;
 }
 

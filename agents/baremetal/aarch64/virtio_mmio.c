@@ -42,13 +42,15 @@ virtio_transport *virtio_console_find(unsigned index) {
     return NULL;
 }
 
-/* Reset, then ACKNOWLEDGE | DRIVER and no features but VERSION_1 (which a modern device requires): no multiport,
- * port 0 is the console. */
-void virtio_reset_and_ack(virtio_transport *t) {
+/* Reset, then ACKNOWLEDGE | DRIVER and of the first feature word those wanted, with VERSION_1 (which a modern
+ * device requires) */
+uint32_t virtio_reset_and_ack(virtio_transport *t, uint32_t wanted) {
     set(t, STATUS, 0);
     set(t, STATUS, STATUS_ACK | STATUS_DRIVER);
+    set(t, DEVICE_FEATURES_SEL, 0);
+    uint32_t accepted = reg(t, DEVICE_FEATURES) & wanted;
     set(t, DRIVER_FEATURES_SEL, 0);
-    set(t, DRIVER_FEATURES, 0);
+    set(t, DRIVER_FEATURES, accepted);
     if (t->version == 2) {
         set(t, DRIVER_FEATURES_SEL, 1);
         set(t, DRIVER_FEATURES, VERSION_1_FEATURE_WORD);
@@ -56,6 +58,7 @@ void virtio_reset_and_ack(virtio_transport *t) {
     } else {
         set(t, GUEST_PAGE_SIZE, 4096);
     }
+    return accepted;
 }
 
 uint16_t virtio_queue_size(virtio_transport *t, uint16_t queue) {

@@ -6,7 +6,7 @@
 
 enum { PCI_ADDR = 0xCF8, PCI_DATA = 0xCFC, VIRTIO_VENDOR = 0x1AF4, VIRTIO_CONSOLE_LEGACY = 0x1003 };
 /* legacy virtio-pci I/O registers */
-enum { VP_GUEST_FEATURES = 4, VP_QUEUE_PFN = 8, VP_QUEUE_SIZE = 12, VP_QUEUE_SELECT = 14, VP_QUEUE_NOTIFY = 16,
+enum { VP_HOST_FEATURES = 0, VP_GUEST_FEATURES = 4, VP_QUEUE_PFN = 8, VP_QUEUE_SIZE = 12, VP_QUEUE_SELECT = 14, VP_QUEUE_NOTIFY = 16,
        VP_STATUS = 18 };
 enum { STATUS_ACK = 1, STATUS_DRIVER = 2, STATUS_DRIVER_OK = 4 };
 
@@ -39,10 +39,12 @@ virtio_transport *virtio_console_find(unsigned index) {
     return NULL;
 }
 
-void virtio_reset_and_ack(virtio_transport *t) {
+uint32_t virtio_reset_and_ack(virtio_transport *t, uint32_t wanted) {
     outb(t->io_base + VP_STATUS, 0);
     outb(t->io_base + VP_STATUS, STATUS_ACK | STATUS_DRIVER);
-    outl(t->io_base + VP_GUEST_FEATURES, 0);
+    uint32_t accepted = inl(t->io_base + VP_HOST_FEATURES) & wanted;
+    outl(t->io_base + VP_GUEST_FEATURES, accepted);
+    return accepted;
 }
 
 uint16_t virtio_queue_size(virtio_transport *t, uint16_t queue) {

@@ -140,9 +140,10 @@ def qemu_devices(arch: str, out: str | None, clock: str | None = None) -> list[s
     for name, chardev in (("rtvirtout", out), ("rtvirtclock", clock)):
         if chardev is None:
             continue
-        # port 0 of its own bus, no multiport: the guest's driver needs no more
-        devices += ["-device", f"{bus_device},max_ports=1,id={name}-bus", "-chardev", chardev,
-                    "-device", f"virtconsole,chardev={name},bus={name}-bus.0"]
+        # port 1 of its own multiport bus, a virtserialport: QEMU holds the guest's buffer while the chardev is
+        # full (a pipe to a KVM host's follower), where a virtconsole on port 0 would drop what it refused
+        devices += ["-device", f"{bus_device},max_ports=2,id={name}-bus", "-chardev", chardev,
+                    "-device", f"virtserialport,chardev={name},bus={name}-bus.0,nr=1"]
     return devices
 
 

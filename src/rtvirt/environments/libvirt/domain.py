@@ -35,10 +35,10 @@ from ..kvmlab.config import LAB_HOST
 from ..qemu import ACK_PORT, OUTPUT_PORT, TCG_WARNING, choose_accel
 from .config import LibvirtConfig
 from .connection import DOMAIN_PREFIX, LibvirtConnection, _connection, _error_text, _libvirt, _version
-from .domain_xml import OWNER_NS, XML_LIMIT
+from .domain_xml import BAREMETAL_CHANNEL, OWNER_NS, XML_LIMIT
 from .host import MEMLOCK_OVERHEAD_MIB, _v1_cpu_controller, hugepage_problem
 from .rt_throttling import RT_REFUSED, RtThrottlingLifted, _rt_refusal_diagnosis
-from .streams import BAREMETAL_CONSOLE, RunningDomain
+from .streams import RunningDomain
 from .teardown import LibvirtTeardown, _destroy_and_undefine
 
 if TYPE_CHECKING:
@@ -191,7 +191,7 @@ class LibvirtEnvironment(LibvirtTeardown):
             # that holds what libvirt has not read yet)
             confirm = ["--confirm=virtio"] if out is not None and agent == "rtvirt-probe" else []
             self._baremetal_cmdline = baremetal.command_line(agent, [*args, *confirm])
-            channel = BAREMETAL_CONSOLE
+            channel = BAREMETAL_CHANNEL
             definition = self._domain_xml(connection.kernel(baremetal.kernel_path(self.config.arch)), None,
                                           out is not None)
         else:

@@ -18,6 +18,8 @@ from .connection import POOL_NAME
 from .host import MEMLOCK_OVERHEAD_MIB
 from .state import LibvirtDomainState
 
+BAREMETAL_CHANNEL = "org.rtvirt.baremetal.samples"  # the bare-metal guest's stream: port 1 of its virtio-serial
+
 OWNER_NS = "https://github.com/rtvirt/rtvirt/libvirt-owner"
 XML_LIMIT = 1 << 16  # characters of the applied domain XML kept in the manifest
 
@@ -111,14 +113,17 @@ class LibvirtDomainXml(LibvirtDomainState):
         ET.SubElement(ET.SubElement(devices, "serial", type="pty"), "target", port="0")
         ET.SubElement(ET.SubElement(devices, "console", type="pty"), "target", type="serial", port="0")
         if initrd is None:
-            # the bare-metal guest's driver writes to port 0 of a virtio-console without multiport
-            # (ports = 1): libvirt makes a second <console> of target virtio that virtconsole
-            controller = ET.SubElement(devices, "controller", type="virtio-serial", index="0", ports="1")
+            # the bare-metal guest's driver writes to port 1 of a multiport virtio-serial device (ports = 2): a
+            # virtserialport, which QEMU holds back while libvirtd has not read what it sent (a virtconsole on port
+            # 0 would drop it)
+            controller = ET.SubElement(devices, "controller", type="virtio-serial", index="0", ports="2")
             if board.baremetal_console_address:
                 ET.SubElement(controller, "address", type=board.baremetal_console_address)
             if with_output:
-                # a pty: libvirt puts the stream's end of it in raw mode, so binary records pass unchanged
-                ET.SubElement(ET.SubElement(devices, "console", type="pty"), "target", type="virtio")
+                channel = ET.SubElement(devices, "channel", type="unix")
+                ET.SubElement(channel, "source", mode="bind")
+                ET.SubElement(channel, "target", type="virtio", name=BAREMETAL_CHANNEL)
+                ET.SubElement(channel, "address", type="virtio-serial", controller="0", bus="0", port="1")
         else:
             ET.SubElement(devices, "controller", type="virtio-serial", index="0")
         if self._copy_volume:  # the guest's own disk: the copy of its stream

@@ -15,7 +15,6 @@ from .connection import _domain_gone, _error_text, _libvirt
 from .domain_xml import LibvirtDomainXml
 from .stream_reader import _StreamToFile
 
-BAREMETAL_CONSOLE = "console1"  # libvirt's alias of the bare-metal guest's virtio console (console0 is COM1)
 DRAIN_TIMEOUT_S = 10.0  # time the stream readers get to write the last samples after the guest stopped
 
 
@@ -61,9 +60,7 @@ class LibvirtStreams(LibvirtDomainXml):
         libvirt = _libvirt()
         stream = self._conn().conn.newStream(libvirt.VIR_STREAM_NONBLOCK)
         try:
-            if channel == BAREMETAL_CONSOLE:
-                self._domain.openConsole(channel, stream, 0)
-            elif channel is None:
+            if channel is None:
                 self._domain.openConsole(None, stream, 0)
             else:
                 self._domain.openChannel(channel, stream, 0)
@@ -119,9 +116,8 @@ class LibvirtStreams(LibvirtDomainXml):
         return local
 
     def delivery(self) -> dict[str, Any]:
-        channel = ("libvirt console (virtio-console)" if self.config.guest == "baremetal"
-                   else "libvirt channel (virtio-serial)")
-        return {"channel": channel, "handshake": "RTVIRT-ACK", **delivery_said(self.console_text())}
+        return {"channel": "libvirt channel (virtio-serial)", "handshake": "RTVIRT-ACK",
+                **delivery_said(self.console_text())}
 
     def drain(self) -> None:
         """Wait until the stream readers wrote everything the stopped guest sent."""
