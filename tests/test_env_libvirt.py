@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -620,6 +621,31 @@ def test_a_parameter_the_bare_metal_guest_refuses_is_bad_input_in_libvirt(libvir
     assert "invalid value for '--threshold': '12abc'" in str(error.value)
     assert not out.exists() or out.stat().st_size == 0
     assert _our_domains() == []
+
+
+@pytest.mark.parametrize("with_output", [True, False])
+def test_the_bare_metal_stream_is_port_1_of_a_multiport_device_only_where_a_stream_is_read(
+        tmp_path: Path, with_output: bool) -> None:
+    """The measured guest's stream: a channel at port 1, which QEMU throttles (port 0, a virtconsole, drops what a
+    full chardev refuses). A disturbing guest reads nothing back: no multiport, or its driver would wait for a
+    port 1 that no host opens (a suite run: both stressor domains ended with "did not open port 1")."""
+    config = LibvirtConfig(kind="libvirt", domain_type="qemu", guest="baremetal")
+    with Supervisor() as supervisor:
+        env = LibvirtEnvironment(config, supervisor, tmp_path)
+        env._type = {"type": "qemu"}
+        env._baremetal_cmdline = "timer --duration=1000000"
+        xml = ET.fromstring(env._domain_xml("/k", None, with_output))
+    controller = xml.find("devices/controller[@type='virtio-serial']")
+    assert controller is not None and controller.get("ports") == ("2" if with_output else "1")
+    channels = xml.findall("devices/channel")
+    assert [c for c in xml.findall("devices/console") if c.find("target[@type='virtio']") is not None] == []
+    if with_output:
+        (channel,) = channels
+        assert channel.find("target").attrib == {"type": "virtio", "name": "org.rtvirt.baremetal.samples"}  # type: ignore[union-attr]
+        assert channel.find("address").attrib == {  # type: ignore[union-attr]
+            "type": "virtio-serial", "controller": "0", "bus": "0", "port": "1"}
+    else:
+        assert channels == []
 
 
 @pytest.mark.vm

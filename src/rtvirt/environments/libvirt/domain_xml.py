@@ -115,8 +115,10 @@ class LibvirtDomainXml(LibvirtDomainState):
         if initrd is None:
             # the bare-metal guest's driver writes to port 1 of a multiport virtio-serial device (ports = 2): a
             # virtserialport, which QEMU holds back while libvirtd has not read what it sent (a virtconsole on port
-            # 0 would drop it)
-            controller = ET.SubElement(devices, "controller", type="virtio-serial", index="0", ports="2")
+            # 0 would drop it). A guest without output (a disturbing guest) gets no multiport, so no port to wait
+            # for being opened: what it writes to port 0, which does not exist, QEMU discards
+            controller = ET.SubElement(devices, "controller", type="virtio-serial", index="0",
+                                       ports="2" if with_output else "1")
             if board.baremetal_console_address:
                 ET.SubElement(controller, "address", type=board.baremetal_console_address)
             if with_output:
