@@ -10,10 +10,9 @@
  * exchange (clocksync.c). Both are driven by polling: the guest enables no device interrupt. */
 #include "kernel.h"
 
-/* queues: port 0's receive and transmit, then (multiport) the control pair, then port 1's pair */
-enum { RECEIVE_QUEUE = 0, TRANSMIT_QUEUE = 1, CONTROL_RECEIVE_QUEUE = 2, CONTROL_TRANSMIT_QUEUE = 3,
-       PORT1_RECEIVE_QUEUE = 4, PORT1_TRANSMIT_QUEUE = 5, MAX_QUEUE = 256, DESC_DEVICE_WRITES = 2,
-       MAX_CONSOLES = 2 };
+/* queue pairs, receive then transmit: port 0's, then (multiport) the control pair, then port 1's */
+enum { RECEIVE_QUEUE = 0, CONTROL_RECEIVE_QUEUE = 2, CONTROL_TRANSMIT_QUEUE = 3, PORT1_RECEIVE_QUEUE = 4,
+       MAX_QUEUE = 256, DESC_DEVICE_WRITES = 2, MAX_CONSOLES = 2 };
 enum { F_MULTIPORT = 1u << 1 }; /* VIRTIO_CONSOLE_F_MULTIPORT */
 /* control events (virtio 5.3.6.2); the port we use */
 enum { DEVICE_READY = 0, PORT_READY = 3, PORT_OPEN = 6, OUR_PORT = 1, CONTROL_BUFFERS = 8 };
@@ -71,25 +70,40 @@ static bool queue_setup(vconsole *c, vqueue *q, uint16_t index, uint8_t *memory)
     return virtio_queue_place(c->device, index, memory, size);
 }
 
-/* Hand the host one buffer (to read, or with DESC_DEVICE_WRITES to fill); it is done with it once
- * *used_idx reaches q->posted. */
-static void queue_post(vconsole *c, vqueue *q, const void *p, size_t n, uint16_t flags) {
-    q->descs[0].addr = (uint64_t)(uintptr_t)p;
-    q->descs[0].len = (uint32_t)n;
-    q->descs[0].flags = flags;
-    q->descs[0].next = 0;
-    q->avail[2 + q->posted % q->size] = 0;
-    wmb(); /* the descriptor before the index that offers it */
+static void describe(vqueue *q, uint16_t id, const void *p, size_t n, uint16_t flags) {
+    q->descs[id].addr = (uint64_t)(uintptr_t)p;
+    q->descs[id].len = (uint32_t)n;
+    q->descs[id].flags = flags;
+    q->descs[id].next = 0;
+}
+
+/* Offer the host descriptor `id` (already described). */
+static void offer(vconsole *c, vqueue *q, uint16_t id) {
+    q->avail[2 + q->posted % q->size] = id;
+    wmb(); /* the descriptor and the ring entry before the index that offers them */
     q->avail[1] = ++q->posted;
     wmb();
     virtio_notify(c->device, q->index);
 }
 
-/* One control message to the device, waited for until it took it. */
+/* Hand the host one buffer (to read, or with DESC_DEVICE_WRITES to fill); it is done with it once
+ * *used_idx reaches q->posted. */
+static void queue_post(vconsole *c, vqueue *q, const void *p, size_t n, uint16_t flags) {
+    describe(q, 0, p, n, flags);
+    offer(c, q, 0);
+}
+
+/* Hand the host one buffer to read and wait until it has taken it (the caller reuses the memory next). */
+static void queue_send(vconsole *c, vqueue *q, const void *p, size_t n) {
+    queue_post(c, q, p, n, 0);
+    while (*q->used_idx != q->posted) cpu_relax();
+    rmb();
+}
+
+/* One control message to the device. */
 static void control_send(vconsole *c, uint32_t id, uint16_t event, uint16_t value) {
     c->sent = (struct control_message){id, event, value};
-    queue_post(c, &c->control_transmit, &c->sent, sizeof c->sent, 0);
-    while (*c->control_transmit.used_idx != c->control_transmit.posted) cpu_relax();
+    queue_send(c, &c->control_transmit, &c->sent, sizeof c->sent);
 }
 
 /* Whether the device has said, by `deadline`, that the host's side of our port is open (QEMU discards what
@@ -106,11 +120,7 @@ static bool host_opened(vconsole *c, uint64_t deadline) {
         uint32_t slot = q->used[c->control_seen % q->size].id;
         struct control_message m = c->control[slot % CONTROL_BUFFERS][0];
         c->control_seen++;
-        q->avail[2 + q->posted % q->size] = (uint16_t)slot;
-        wmb();
-        q->avail[1] = ++q->posted;
-        wmb();
-        virtio_notify(c->device, q->index);
+        offer(c, q, (uint16_t)slot);
         if (m.id == OUR_PORT && m.event == PORT_OPEN && m.value) return true; /* (0: closed again; wait on) */
     }
     return false;
@@ -121,17 +131,9 @@ static bool host_opened(vconsole *c, uint64_t deadline) {
 static bool open_port(vconsole *c) {
     vqueue *q = &c->control_receive;
     for (uint16_t i = 0; i < CONTROL_BUFFERS && i < q->size; i++) {
-        q->descs[i].addr = (uint64_t)(uintptr_t)c->control[i];
-        q->descs[i].len = sizeof c->control[i];
-        q->descs[i].flags = DESC_DEVICE_WRITES;
-        q->descs[i].next = 0;
-        q->avail[2 + q->posted % q->size] = i;
-        q->posted++;
+        describe(q, i, c->control[i], sizeof c->control[i], DESC_DEVICE_WRITES);
+        offer(c, q, i);
     }
-    wmb();
-    q->avail[1] = q->posted;
-    wmb();
-    virtio_notify(c->device, q->index);
     control_send(c, UINT32_MAX, DEVICE_READY, 1);
     control_send(c, OUR_PORT, PORT_READY, 1);
     control_send(c, OUR_PORT, PORT_OPEN, 1);
@@ -146,14 +148,11 @@ vconsole *vconsole_open(unsigned index) {
     if (!device) return NULL;
     c->device = device;
     bool multiport = virtio_reset_and_ack(device, F_MULTIPORT) & F_MULTIPORT;
-    bool placed = multiport ? queue_setup(c, &c->receive, PORT1_RECEIVE_QUEUE, c->receive_ring) &&
-                                  queue_setup(c, &c->transmit, PORT1_TRANSMIT_QUEUE, c->transmit_ring) &&
-                                  queue_setup(c, &c->control_receive, CONTROL_RECEIVE_QUEUE, c->control_receive_ring) &&
-                                  queue_setup(c, &c->control_transmit, CONTROL_TRANSMIT_QUEUE,
-                                              c->control_transmit_ring)
-                            : queue_setup(c, &c->receive, RECEIVE_QUEUE, c->receive_ring) &&
-                                  queue_setup(c, &c->transmit, TRANSMIT_QUEUE, c->transmit_ring);
-    if (!placed) {
+    uint16_t port_queues = multiport ? PORT1_RECEIVE_QUEUE : RECEIVE_QUEUE; /* its receive queue, then transmit */
+    if (!queue_setup(c, &c->receive, port_queues, c->receive_ring) ||
+        !queue_setup(c, &c->transmit, port_queues + 1, c->transmit_ring) ||
+        (multiport && (!queue_setup(c, &c->control_receive, CONTROL_RECEIVE_QUEUE, c->control_receive_ring) ||
+                       !queue_setup(c, &c->control_transmit, CONTROL_TRANSMIT_QUEUE, c->control_transmit_ring)))) {
         c->device = NULL;
         return NULL;
     }
@@ -165,12 +164,7 @@ vconsole *vconsole_open(unsigned index) {
     return c;
 }
 
-/* Hand the host one buffer and wait until it has taken it (the caller reuses the memory next). */
-void vconsole_write(vconsole *c, const uint8_t *p, size_t n) {
-    queue_post(c, &c->transmit, p, n, 0);
-    while (*c->transmit.used_idx != c->transmit.posted) cpu_relax();
-    rmb();
-}
+void vconsole_write(vconsole *c, const uint8_t *p, size_t n) { queue_send(c, &c->transmit, p, n); }
 
 /* One line the host wrote to the console (without its newline), waited for until `deadline` (counter); false
  * when none came complete by then (line holds what did). What follows the newline in the same buffer is lost:
