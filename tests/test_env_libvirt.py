@@ -36,6 +36,7 @@ from rtvirt.environments.libvirt import (
 from rtvirt.environments.libvirt.connection import _libvirt
 from rtvirt.environments.libvirt.host import _meminfo_kib, _mounts, _v1_cpu_controller
 from rtvirt.environments.libvirt.rt_throttling import RT_SYSCTL
+from rtvirt.environments.tcg_clock import host_cycles_khz
 from rtvirt.errors import InputError, RunError
 from rtvirt.probes import PROBES
 from rtvirt.procs import Supervisor
@@ -695,6 +696,10 @@ def test_a_preempt_rt_guest_boots_in_libvirt_and_its_manifest_says_so(libvirtd: 
     # the client library set-up gives the venv on Debian 12, not the system's libvirt 9 with CVE-2024-4418
     client = tuple(int(part) for part in detail["libvirt_client"].split("."))
     assert client >= (10, 3, 0) and detail["libvirt"].startswith("9."), detail
+    # the TCG domain's kernel took its TSC's rate from this host (tcg_clock), and its clock kept time by it
+    assert f"tsc_early_khz={host_cycles_khz()}</cmdline>" in detail["domain_xml"]
+    rate = manifest["stream_header"]["cycles_hz"]
+    assert abs(rate / (host_cycles_khz() * 1000) - 1) < 0.01, rate
     # the end-of-stream handshake over the domain's second channel: the agent heard every record confirmed
     delivery = manifest["delivery"]
     assert delivery["confirmation"] == "sent" and delivery["guest_said"] == "confirmed"

@@ -11,7 +11,9 @@ import pytest
 from rtvirt.environments.console_log import CONSOLE_HEAD_BYTES, CONSOLE_TAIL_BYTES, bound_console_file, keep_console
 from rtvirt.environments.guest_image import EXIT_MARK, READY_MARK, GuestJob, job_archive
 from rtvirt.environments.qemu import TCG_WARNING, QemuConfig, QemuEnvironment
+from rtvirt.environments.qemu import environment as qemu_environment
 from rtvirt.environments.sched import SchedPolicy, apply_policy
+from rtvirt.environments.tcg_clock import clock_failure, host_cycles_khz
 from rtvirt.errors import RunError
 from rtvirt.procs import Supervisor
 from rtvirt.stream import read_stream
@@ -78,9 +80,48 @@ def test_tcg_guest_boots_and_streams_timer_samples_to_the_host(tmp_path: Path) -
     assert description["acceleration"] == "tcg" and env.warnings() == [TCG_WARNING]
     assert description["vcpu_threads"]["0"]["host_cpu"] == cpu
     assert description["boot_seconds"] is not None
+    # its kernel took its TSC's rate from the host (tcg_clock): the agent in the guest measured its cycle counter
+    # against the guest's clock at that rate, within the 1 % the kernel's own refinement may move it
+    assert description["realtime"]["guest_tsc"] == f"tsc_early_khz={host_cycles_khz()}"
+    assert abs(stream.header["cycles_hz"] / (host_cycles_khz() * 1000) - 1) < 0.01, stream.header["cycles_hz"]
     # the guest's console stays in its work directory, as printable text, to its last words
     kept = (tmp_path / "vm" / "console.log").read_text()
     assert READY_MARK in kept and f"{EXIT_MARK} 0" in kept and not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", kept)
+
+
+@pytest.mark.vm
+def test_a_guest_whose_clock_runs_fast_fails_its_run_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the suite once met by chance (a loaded host, a libvirt domain's kernel calibrating its TSC at 80 MHz
+    # for a 2445 MHz counter: latencies 30 times too long), made on purpose: the kernel is given that rate.
+    wrong = f"tsc_early_khz={host_cycles_khz() // 30}"
+    monkeypatch.setattr(qemu_environment, "tsc_kernel_args", lambda *_: [wrong])
+    cpu = max(os.sched_getaffinity(0))
+    config = QemuConfig(kind="qemu", cpus=(cpu,), accel="tcg", vcpu_sched=SchedPolicy(policy="other"))
+    with Supervisor() as supervisor:
+        env = QemuEnvironment(config, supervisor, tmp_path / "vm")
+        try:
+            launched = env.launch("rtvirt-probe", ["timer", "--duration=1000000000"], tmp_path / "samples.rtvs")
+            with pytest.raises(RunError, match=r"the guest's clock ran fast: \d+\.\d s of uptime when it was ready, "
+                                               r"\d+\.\d s after the host started it \(at least (\d+\.\d) times "
+                                               r"real time\)"
+                               ) as failed:
+                launched.follow(timeout=240, watch=env.check)
+        finally:
+            env.close()
+    assert env.describe()["realtime"]["guest_tsc"] == wrong
+    assert float(re.search(r"at least (\d+\.\d) times", str(failed.value)).group(1)) > 5  # type: ignore[union-attr]
+
+
+def test_a_ready_line_says_whether_the_guests_clock_kept_time() -> None:
+    linux = "rtvirt: ports\nRTVIRT-READY 3.27 0.01\nmore"
+    assert clock_failure(linux, since_launch_s=5.0) is None
+    assert "3.3 s of uptime when it was ready, 1.0 s after" in (clock_failure(linux, since_launch_s=1.0) or "")
+    # the bare-metal guest's counter runs from its vCPU's reset, before a paused QEMU is resumed: not an uptime
+    assert clock_failure("RTVIRT-READY 161270000 us after reset (TSC invariant)", since_launch_s=5.3) is None
+    lab = "RTVIRT-KVM-LAB-READY 40.00 12.00"
+    assert clock_failure(lab, 30.0) is None  # another mark than the guests'
+    assert clock_failure(lab, 30.0, mark="RTVIRT-KVM-LAB-READY") is not None
+    assert clock_failure("RTVIRT-READY", 0.1) is None  # no uptime yet: nothing to say
 
 
 def test_a_console_is_kept_bounded_to_its_beginning_and_end_as_printable_text(tmp_path: Path) -> None:

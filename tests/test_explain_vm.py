@@ -412,6 +412,11 @@ def test_clock_map_from_two_exchanges_states_offset_rate_and_the_larger_bound() 
     assert clock is not None and clock.uncertainty_ns == 900_000 and "+100 ppm" in clock.notes[0]
     assert clock.to_guest(15_000_000_000) == 7_000_500_000
     assert clock.to_host(clock.to_guest(17_345_678_901)) == 17_345_678_901
+    assert len(clock.notes) == 1
+    # the libvirt domain of a suite run whose kernel had calibrated its TSC at a thirtieth of its rate
+    exchange.points[-1] = SyncPoint("end", host_ns=20_000_000_000, guest_ns=306_759_477_550, half_rtt_ns=900_000)
+    fast = exchange.clock_map()
+    assert fast is not None and "ran 30.476 times the host's: its samples' times" in fast.notes[-1]
 
 
 STOPS, STOP_S, STOP_EVERY_S = 40, 0.020, 0.100

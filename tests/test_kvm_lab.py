@@ -24,6 +24,7 @@ from conftest import RAN, RTVIRT, assert_ran, run_cli
 
 from rtvirt.environments.guest_image import cache_dir
 from rtvirt.environments.kvmlab.lab import LAB_ROOT, KvmLab
+from rtvirt.environments.tcg_clock import host_cycles_khz
 from rtvirt.errors import InputError
 from rtvirt.results.report import write_report
 from rtvirt.scenario import builtin_scenarios
@@ -158,6 +159,9 @@ def test_rtvirts_own_qemu_runs_a_guest_under_the_labs_kvm_over_ssh(
     assert detail["qemu"] in libvirt_lab["qemu"]
     # the lab runs under TCG: the guest boots its kernel's ELF (a bzImage would decompress itself emulated)
     assert detail["realtime"]["kernel_file"] == "ELF (PVH entry)"
+    # the lab's kernel took its TSC's rate from this host (tcg_clock); its KVM gives the nested guest its own
+    assert f"tsc_early_khz={host_cycles_khz()}" in detail["kvm_host"]["cmdline"], detail["kvm_host"]
+    assert detail["realtime"]["guest_tsc"] == "the guest's own"
     assert detail["guest"] == "linux" and manifest["summary"]["all"]["samples"] > 0
     assert manifest["system"]["platform"]["kvm_host"]["kernel"] == libvirt_lab["kernel"]
     assert any("nested KVM under" in w for w in manifest["system"]["warnings"])

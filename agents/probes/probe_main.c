@@ -35,7 +35,8 @@ static const rtv_opt common_opts[] = {
 };
 
 static void usage(void) {
-    fprintf(stderr, "usage: rtvirt-probe NAME [--option=value ...]\n\ncommon options:\n");
+    fprintf(stderr, "usage: rtvirt-probe NAME [--option=value ...]\n"
+                    "       rtvirt-probe --list | --cycles-hz\n\ncommon options:\n");
     rtv_print_options(common_opts);
     for (size_t i = 0; i < NPROBES; i++) {
         fprintf(stderr, "\n%s: %s\n", probes[i]->name, probes[i]->summary);
@@ -47,6 +48,10 @@ int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help")) {
         usage();
         return argc < 2 ? RTV_EXIT_USAGE : RTV_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--cycles-hz")) { /* the cycle counter's rate: a TCG guest's TSC runs at it */
+        printf("%.0f\n", rtv_cycles_hz());
+        return RTV_EXIT_OK;
     }
     if (!strcmp(argv[1], "--list")) {
         for (size_t i = 0; i < NPROBES; i++) printf("%s\n", probes[i]->name);

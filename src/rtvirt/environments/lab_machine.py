@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 from ..errors import RunError
 from ..procs import Supervisor
 from .guest_image import cache_dir
+from .tcg_clock import clock_failure
 
 if TYPE_CHECKING:
     from ..remote import SshConnection, SshTarget
@@ -201,6 +202,9 @@ class LabMachine:
                 raise RunError(f"{self.what}: the lab did not come up within {self.boot_timeout_s:.0f}s; "
                                f"console: {self.console_tail()}")
             time.sleep(0.2)
+        clock = clock_failure(self.console_text(), time.monotonic() - self._started, self.ready_mark)
+        if clock is not None:
+            raise RunError(f"{self.what}: {clock}")
 
     def connect(self, keys: LabKeys) -> None:
         """SSH to the lab as root with its host key pinned, retrying for a minute while its sshd comes up."""

@@ -32,6 +32,7 @@ CLOCK_PORT = "rtvirt.clock"
 PINGS = 32  # round trips per exchange: the shortest one counts
 LINE_LIMIT = 200  # bytes of one guest line we read (it is untrusted)
 REPLY_TIMEOUT_S = 5.0
+RATE_TOLERANCE_PPM = 10_000  # a guest kernel refines its TSC's rate to well within 1 % of the truth
 REPLY = re.compile(rb"R (\d{1,6}) now at (\d{1,20}) nsecs")
 
 # The guest's half, a function of /init (guest_image.INIT_SCRIPT): builtins only, so that no fork sits between
@@ -172,9 +173,12 @@ def clock_map(points: list[SyncPoint]) -> ClockMap | None:
     last = ends[-1]
     rate = (last.guest_ns - first.guest_ns) / max(1, last.host_ns - first.host_ns)
     drift_ppm = (rate - 1.0) * 1e6
-    return ClockMap(first.host_ns, first.guest_ns, rate, max(first.half_rtt_ns, last.half_rtt_ns),
-                    (f"guest clock aligned at start and end (+-{first.half_rtt_ns / 1000:.0f} us, "
-                     f"+-{last.half_rtt_ns / 1000:.0f} us); it ran {drift_ppm:+.0f} ppm against the host's",))
+    notes = [f"guest clock aligned at start and end (+-{first.half_rtt_ns / 1000:.0f} us, "
+             f"+-{last.half_rtt_ns / 1000:.0f} us); it ran {drift_ppm:+.0f} ppm against the host's"]
+    if abs(drift_ppm) > RATE_TOLERANCE_PPM:  # a kernel that mis-measured its clock's rate (tcg_clock)
+        notes.append(f"the guest's clock ran {rate:.3f} times the host's: its samples' times and latencies are "
+                     "not in real time")
+    return ClockMap(first.host_ns, first.guest_ns, rate, max(first.half_rtt_ns, last.half_rtt_ns), tuple(notes))
 
 
 # The host's half on a KVM host reached over a transport (ScriptedClockExchange): QEMU's clock port is a chardev

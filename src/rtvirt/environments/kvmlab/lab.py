@@ -16,6 +16,7 @@ from ...errors import RunError
 from ...procs import Supervisor
 from ..base import SharedResources
 from ..lab_machine import LabMachine, free_port, open_lab, reclaim_labs
+from ..tcg_clock import tsc_kernel_args
 from .arch import LAB_ARCHES
 from .config import KvmLabConfig
 from .image import LAB_FAILED_MARK, LAB_READY_MARK, boot_initramfs, lab_files, root_image
@@ -87,7 +88,8 @@ class KvmLab(LabMachine):
                 "-cpu", "host" if kvm else self.arch.tcg_cpu, "-smp", str(self.config.pcpus),
                 "-m", str(self.config.memory), "-display", "none", "-nodefaults", "-no-reboot",
                 "-serial", f"file:{self.console}", "-kernel", str(kernel), "-initrd", str(initrd),
-                "-append", f"console={self.arch.console} {LAB_KERNEL_OPTIONS} rdinit=/init",
+                "-append", " ".join([f"console={self.arch.console}", LAB_KERNEL_OPTIONS, "rdinit=/init",
+                                     *tsc_kernel_args(self.arch.name, self.accel["accel"], here=True)]),
                 "-drive", f"file={self.root},format=raw,if=virtio,snapshot=on",
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
                 "-device", "virtio-net-pci,netdev=n0"]

@@ -13,6 +13,7 @@ from ...explain.guest_channel import GUEST_TRACE_PORT
 from ...procs import process_start_time
 from ..guest_image import COPY_DISK, LINUX_COMMAND_LINE
 from ..qemu import ACK_PORT, OUTPUT_PORT
+from ..tcg_clock import tsc_kernel_args
 from .config import parse_cputune
 from .connection import POOL_NAME
 from .host import MEMLOCK_OVERHEAD_MIB
@@ -100,7 +101,8 @@ class LibvirtDomainXml(LibvirtDomainState):
             ET.SubElement(os_element, "cmdline").text = self._baremetal_cmdline
         else:
             ET.SubElement(os_element, "initrd").text = initrd
-            ET.SubElement(os_element, "cmdline").text = board.linux_cmdline
+            ET.SubElement(os_element, "cmdline").text = " ".join([board.linux_cmdline, *tsc_kernel_args(
+                config.arch, "tcg" if self._type["type"] == "qemu" else "kvm", config.local)])
         features = ET.SubElement(root, "features")
         if board.acpi:
             ET.SubElement(features, "acpi")

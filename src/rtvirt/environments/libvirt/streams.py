@@ -11,6 +11,7 @@ from ...errors import InputError, RunError
 from .. import baremetal
 from ..guest_image import EXIT_MARK, READY_MARK, agent_failure, delivery_said
 from ..qemu import ACK_PORT
+from ..tcg_clock import clock_failure
 from .connection import _domain_gone, _error_text, _libvirt
 from .domain_xml import LibvirtDomainXml
 from .stream_reader import _StreamToFile
@@ -160,6 +161,8 @@ class LibvirtStreams(LibvirtDomainXml):
             if time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
                 return f"the guest did not boot within {self.config.boot_timeout / 1e9:.0f}s"
             return None
+        if (clock := clock_failure(console, self._ready_at - self._launched_at)) is not None:
+            return clock
         if stopped is not None:
             self.drain()
             if self.config.guest == "baremetal":

@@ -43,6 +43,7 @@ from ..guest_image import (
     job_archive,
 )
 from ..kvmlab.config import LAB_HOST, LOCAL_HOST
+from ..tcg_clock import clock_failure, tsc_kernel_args
 from .accel import QEMU, TCG_WARNING, read_console
 from .config import QemuConfig
 from .deadline import DeadlineCpuset, apply_once_moved
@@ -354,9 +355,15 @@ class QemuEnvironment(Environment):
         return [*common,
                 "-kernel", self._workspace.stage(image.boot_kernel(self._cpu_behind())),
                 "-initrd", self._workspace.initramfs(image.initramfs, jobs, self.workdir),
-                "-append", " ".join([LINUX_COMMAND_LINE,
-                                     *self._options.kernel_args]),
+                "-append", " ".join([LINUX_COMMAND_LINE, *self._options.kernel_args, *self._tsc_args()]),
                 "-device", "virtio-serial-pci"]
+
+    def _tsc_args(self) -> list[str]:
+        """The guest kernel's TSC rate where it is this host's counter (tcg_clock), recorded."""
+        assert self._accel is not None
+        args = tsc_kernel_args(self.config.arch, self._accel["accel"], self.where.here)
+        self._realtime["guest_tsc"] = args[0] if args else "the guest's own"
+        return args
 
     def _cpu_behind(self) -> str:
         """What really executes the guest's instructions, whose kernel file the guest boots (GuestImage.boot_kernel:
@@ -562,6 +569,8 @@ class QemuEnvironment(Environment):
             if time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
                 return f"the guest did not boot within {self.config.boot_timeout / 1e9:.0f}s"
             return None
+        if (clock := clock_failure(console, self._ready_at - self._launched_at)) is not None:
+            return clock
         if self._proc.poll() is not None:
             if self.config.guest == "baremetal":
                 failure = baremetal.failure_exception(console)

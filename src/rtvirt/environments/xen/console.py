@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import RunError
 from ..guest_image import EXIT_MARK, READY_MARK, delivery_said
+from ..tcg_clock import clock_failure
 from .dom0 import XL_TIMEOUT_S
 from .pools import XenPools
 
@@ -206,6 +207,9 @@ class XenConsole(XenPools):
             return None
         if not self.booted and time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
             return f"the domU did not boot within {self.config.boot_timeout / 1e9:.0f}s"
+        if self._ready_at is not None and (clock := clock_failure(self.console_text(),
+                                                                 self._ready_at - self._launched_at)) is not None:
+            return clock
         status = self._process.poll()
         if status not in (None, 0) and self._relay is not None:
             failure = self._relay.failure(self.console_text())
