@@ -33,6 +33,7 @@ __all__ = [
     "Interrupted",
     "first_validation_error",
     "stop_as_interrupt",
+    "stop_on_signals",
 ]
 
 EXIT_OK = 0
@@ -83,3 +84,31 @@ def first_validation_error(exc: ValidationError, top_level: str = "(top level)")
 def stop_as_interrupt(signum: int, frame: object) -> None:
     """A SIGTERM handler: the process stops its work as on Ctrl-C (KeyboardInterrupt: samples kept)."""
     raise KeyboardInterrupt
+
+
+REDELIVER_AFTER_S = 0.01
+
+
+def stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM stop this process's work as KeyboardInterrupt, also when they land where Python ignores
+    exceptions: in a weakref callback or ``__del__`` the garbage collector runs, the KeyboardInterrupt is printed as
+    "Exception ignored" and lost, and the work goes on (a campaign interrupted at such a moment ran to its end and
+    exited 0). Such a one is delivered again, as a SIGINT from a thread of its own a moment later: raised from
+    the hook itself, the handler would run inside the hook, where exceptions are ignored too. Should it land in
+    another such place, it comes back here and goes out again."""
+    import contextlib
+    import signal
+    import sys
+    import threading
+
+    def redeliver(unraisable: sys.UnraisableHookArgs) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            timer = threading.Timer(REDELIVER_AFTER_S, signal.raise_signal, (signal.SIGINT,))
+            timer.daemon = True
+            with contextlib.suppress(RuntimeError):  # the interpreter is shutting down: the work ended anyway
+                timer.start()
+            return
+        sys.__unraisablehook__(unraisable)
+
+    signal.signal(signal.SIGTERM, stop_as_interrupt)
+    sys.unraisablehook = redeliver

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import RtvirtError, stop_as_interrupt
+from ..errors import RtvirtError, stop_on_signals
 from ..fileio import write_atomically
 from ..procs import die_with_parent, process_state
 
@@ -50,7 +50,7 @@ def run_target_campaign(results: Path, state_path: Path) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     results, state_path, outcome_path, lab_pid = argv
-    signal.signal(signal.SIGTERM, stop_as_interrupt)
+    stop_on_signals()
     die_with_parent(signal.SIGTERM)
     if _lab_waits(int(lab_pid)):
         outcome = run_target_campaign(Path(results), Path(state_path))

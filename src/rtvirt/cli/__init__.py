@@ -6,7 +6,6 @@ import nothing heavy); errors map to exit codes (2 bad input, 1 failure, 3 verdi
 from __future__ import annotations
 
 import faulthandler
-import signal
 import sys
 from importlib import import_module
 from typing import Any, NamedTuple, NoReturn
@@ -14,7 +13,7 @@ from typing import Any, NamedTuple, NoReturn
 import click
 
 from .. import __version__
-from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, RtvirtError, stop_as_interrupt
+from ..errors import EXIT_INTERRUPTED, EXIT_USAGE, RtvirtError, stop_on_signals
 
 __all__ = ["main", "app", "COMMANDS", "CommandEntry"]
 
@@ -117,7 +116,7 @@ def app() -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, stop_as_interrupt)
+    stop_on_signals()
     # a crash in a C library we call (libvirt's client crashed in its stream code, 3 times in a day of lab
     # campaigns) prints every thread's Python stack: where it was is then known, not only that it died
     faulthandler.enable()
