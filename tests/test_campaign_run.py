@@ -79,6 +79,15 @@ def _sigterm_once_streaming(scenarios: list[Path], results: Path, settle_s: floa
     return proc.returncode, stderr
 
 
+STARVED_MS = 100  # of steal during a 10 s campaign: the host VM did not run for that long
+
+
+def _steal_ms() -> int:
+    """Time this VM's host took from it, over all its CPUs (/proc/stat's steal column)."""
+    steal_ticks = int(Path("/proc/stat").read_text().split("\n", 1)[0].split()[8])
+    return steal_ticks * 1000 // os.sysconf("SC_CLK_TCK")
+
+
 def _p99(manifest: dict) -> float:
     return float(manifest["summary"]["all"]["p99_ns"])
 
@@ -88,16 +97,25 @@ def _p99(manifest: dict) -> float:
 def test_same_core_stress_raises_p99_against_solo_and_other_core(tmp_path: Path) -> None:
     text = HOST_SCENARIO.format(duration="3s", repetitions=1)
     scenario = parse_scenario(text, "directions.toml")
-    state = CampaignState.create(tmp_path, scenario.name, text, "directions.toml", 1.0)
-    result = run_campaign(scenario, state, tmp_path, show_progress=False, write_report=False)
-    outcomes = result.outcomes
-    assert {o.status for o in outcomes.values()} == {"complete"}, {k: o.reason for k, o in outcomes.items()}
+    # This machine is a VM: its host once starved it during the campaign (all three runs lost 7-12 % of their
+    # samples to overruns, each with a 32-36 ms worst case), and our run rightly said "short". Such a campaign
+    # is made again once, only when the kernel's steal counter shows the host took the time.
+    for attempt in (1, 2):
+        results = tmp_path / f"attempt-{attempt}"
+        state = CampaignState.create(results, scenario.name, text, "directions.toml", 1.0)
+        steal_before = _steal_ms()
+        outcomes = run_campaign(scenario, state, results, show_progress=False, write_report=False).outcomes
+        stolen_ms = _steal_ms() - steal_before
+        if {o.status for o in outcomes.values()} == {"complete"} or stolen_ms < STARVED_MS:
+            break
+    assert {o.status for o in outcomes.values()} == {"complete"}, (
+        {k: o.reason for k, o in outcomes.items()}, f"{stolen_ms} ms stolen", attempt)
     p99 = {key.split("/")[1]: _p99(o.manifest) for key, o in outcomes.items()}
     # the interferer holds the measured core for 1 ms in every 4.9 ms at the same top priority
     assert p99["same-core"] > 1.5 * p99["solo"], p99
     assert p99["same-core"] > 1.5 * p99["other-core"], p99
     assert p99["same-core"] > 200_000, p99
-    same = load_run(tmp_path / "runs" / outcomes["host/same-core/test-first/r1"].run_id).manifest
+    same = load_run(results / "runs" / outcomes["host/same-core/test-first/r1"].run_id).manifest
     assert [e["event"] for e in same["timeline"]] == ["workload-start", "stress-on", "stress-off"]
     assert same["system"]["preemption"] and isinstance(same["system"]["warnings"], list)
     assert same["config"] == "host / same-core" and same["environment"] == "host"
