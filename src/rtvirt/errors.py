@@ -32,7 +32,6 @@ __all__ = [
     "VerdictFailed",
     "Interrupted",
     "first_validation_error",
-    "stop_as_interrupt",
     "stop_on_signals",
 ]
 
@@ -81,7 +80,7 @@ def first_validation_error(exc: ValidationError, top_level: str = "(top level)")
     return path, error["msg"].removeprefix("Value error, ")
 
 
-def stop_as_interrupt(signum: int, frame: object) -> None:
+def _stop_as_interrupt(signum: int, frame: object) -> None:
     """A SIGTERM handler: the process stops its work as on Ctrl-C (KeyboardInterrupt: samples kept)."""
     raise KeyboardInterrupt
 
@@ -110,5 +109,5 @@ def stop_on_signals() -> None:
             return
         sys.__unraisablehook__(unraisable)
 
-    signal.signal(signal.SIGTERM, stop_as_interrupt)
+    signal.signal(signal.SIGTERM, _stop_as_interrupt)
     sys.unraisablehook = redeliver

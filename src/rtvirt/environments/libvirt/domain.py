@@ -134,10 +134,6 @@ class LibvirtEnvironment(LibvirtTeardown):
                 and self.config.local and os.geteuid() == 0 and _v1_cpu_controller() is not None):
             self._rt = self.shared.get("libvirt:rt-throttling", RtThrottlingLifted)
 
-    def _accel(self) -> str:
-        """QEMU's accelerator behind the chosen domain type (kvm or tcg)."""
-        return "kvm" if self._type["type"] == "kvm" else "tcg"
-
     def _cpu_behind(self) -> str:
         """What really executes the guest's instructions: in a KVM lab under TCG, TCG (its KVM is nested in an
         emulated CPU), so the guest boots the kernel's ELF as under TCG (a bzImage's decompressor is emulated

@@ -53,6 +53,10 @@ ET.register_namespace("rtvirt", OWNER_NS)
 class LibvirtDomainXml(LibvirtDomainState):
     """Writes the domain's XML and compares it with what libvirt applied."""
 
+    def _accel(self) -> str:
+        """QEMU's accelerator behind the chosen domain type (kvm or tcg)."""
+        return "kvm" if self._type["type"] == "kvm" else "tcg"
+
     def _cputune(self) -> ET.Element:
         if self.config.cputune is not None:
             return parse_cputune(self.config.cputune)
@@ -102,7 +106,7 @@ class LibvirtDomainXml(LibvirtDomainState):
         else:
             ET.SubElement(os_element, "initrd").text = initrd
             ET.SubElement(os_element, "cmdline").text = " ".join([board.linux_cmdline, *tsc_kernel_args(
-                config.arch, "tcg" if self._type["type"] == "qemu" else "kvm", config.local)])
+                config.arch, self._accel(), config.local)])
         features = ET.SubElement(root, "features")
         if board.acpi:
             ET.SubElement(features, "acpi")

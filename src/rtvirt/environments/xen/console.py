@@ -207,9 +207,8 @@ class XenConsole(XenPools):
             return None
         if not self.booted and time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
             return f"the domU did not boot within {self.config.boot_timeout / 1e9:.0f}s"
-        if self._ready_at is not None and (clock := clock_failure(self.console_text(),
-                                                                 self._ready_at - self._launched_at)) is not None:
-            return clock
+        if self._clock_failure is not None:
+            return self._clock_failure
         status = self._process.poll()
         if status not in (None, 0) and self._relay is not None:
             failure = self._relay.failure(self.console_text())
@@ -225,6 +224,9 @@ class XenConsole(XenPools):
             now = time.monotonic()
             if now - self._console_checked >= STATUS_INTERVAL_S:
                 self._console_checked = now
-                if READY_MARK in self.console_text():
+                console = self.console_text()
+                if READY_MARK in console:
                     self._ready_at = now
+                    # judged once: reading the console again is a command in dom0
+                    self._clock_failure = clock_failure(console, now - self._launched_at)
         return self._ready_at is not None

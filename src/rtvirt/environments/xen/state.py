@@ -32,6 +32,7 @@ class XenDomainState(Environment):
         self._relay: SampleRelay | None = None
         self._launched_at = 0.0
         self._ready_at: float | None = None
+        self._clock_failure: str | None = None  # tcg_clock's verdict on the domU's ready line
         self._console_checked = 0.0
         self._console = ""
         self._readback: dict[str, Any] = {}
