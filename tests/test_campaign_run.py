@@ -21,6 +21,7 @@ from rtvirt.environments import ENVIRONMENTS
 from rtvirt.environments.host import HostEnvironment
 from rtvirt.errors import RunError
 from rtvirt.scenario import parse_scenario
+from rtvirt.stats import quantile
 from rtvirt.store import load_run
 
 LAST_CPU = max(os.sched_getaffinity(0))
@@ -88,13 +89,14 @@ def _steal_ms() -> int:
     return steal_ticks * 1000 // os.sysconf("SC_CLK_TCK")
 
 
-def _p99(manifest: dict) -> float:
-    return float(manifest["summary"]["all"]["p99_ns"])
+def _quantile(results: Path, outcome: Any, q: float) -> float:
+    latencies = load_run(results / "runs" / outcome.run_id).samples().column("latency_ns").to_numpy()
+    return quantile(latencies, q)
 
 
 @pytest.mark.skipif(not TWO_CPUS, reason="other-core stress needs a second CPU")
 @pytest.mark.quiet  # p99 with and without a stressor on the measured CPU: no other test's load there
-def test_same_core_stress_raises_p99_against_solo_and_other_core(tmp_path: Path) -> None:
+def test_same_core_stress_raises_p95_against_solo_and_other_core(tmp_path: Path) -> None:
     text = HOST_SCENARIO.format(duration="3s", repetitions=1)
     scenario = parse_scenario(text, "directions.toml")
     # This machine is a VM: its host once starved it during the campaign (all three runs lost 7-12 % of their
@@ -110,11 +112,13 @@ def test_same_core_stress_raises_p99_against_solo_and_other_core(tmp_path: Path)
             break
     assert {o.status for o in outcomes.values()} == {"complete"}, (
         {k: o.reason for k, o in outcomes.items()}, f"{stolen_ms} ms stolen", attempt)
-    p99 = {key.split("/")[1]: _p99(o.manifest) for key, o in outcomes.items()}
-    # the interferer holds the measured core for 1 ms in every 4.9 ms at the same top priority
-    assert p99["same-core"] > 1.5 * p99["solo"], p99
-    assert p99["same-core"] > 1.5 * p99["other-core"], p99
-    assert p99["same-core"] > 200_000, p99
+    # The interferer holds the measured core for 1 ms in every 4.9 ms at the same top priority: a fifth of the
+    # samples wait for it, so it shows at p95. The top 1 % on this VM also holds its host's stalls (seen in CI:
+    # seven of 31-32 ms in a solo run that stayed complete, p99 1.48 ms against 1.00 ms same-core).
+    p95 = {key.split("/")[1]: _quantile(results, o, 0.95) for key, o in outcomes.items()}
+    assert p95["same-core"] > 1.5 * p95["solo"], p95
+    assert p95["same-core"] > 1.5 * p95["other-core"], p95
+    assert outcomes["host/same-core/test-first/r1"].manifest["summary"]["all"]["p99_ns"] > 200_000
     same = load_run(results / "runs" / outcomes["host/same-core/test-first/r1"].run_id).manifest
     assert [e["event"] for e in same["timeline"]] == ["workload-start", "stress-on", "stress-off"]
     assert same["system"]["preemption"] and isinstance(same["system"]["warnings"], list)
