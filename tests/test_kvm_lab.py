@@ -135,6 +135,9 @@ def test_linux_preempt_rt_and_bare_metal_guests_run_under_the_labs_kvm(
         lab = detail["kvm_lab"]
         # the manifest says KVM: kvm-amd with nested paging, the lab's kernel, its QEMU and libvirt versions
         assert lab["kvm_module"] == "kvm-amd" and lab["nested_paging"] is True, lab
+        # a stalled lab panics (then rtvirt boots it again): its kernel took the options, as it reads them back
+        assert lab["stall_panics"] == {"softlockup_panic": 1, "panic_on_rcu_stall": 1, "watchdog_thresh": 30,
+                                       "panic": -1, "rcu_cpu_stall_timeout": 60}, lab
         assert lab["kernel"].endswith("-amd64") and lab["qemu"].startswith("QEMU emulator version ")
         assert detail["hypervisor"] in lab["qemu"] and detail["libvirt"] == lab["libvirt"]
         assert detail["guest"] == guest and manifest["summary"]["all"]["samples"] > 0

@@ -39,8 +39,14 @@ def reclaim_kvm_labs() -> list[str]:
 # A CPU that schedules nothing for 60 s panics it, so that a stalled lab stops at once and is booted again: in one CI
 # run the lab's CPU 0 sat in a soft lockup inside the nested guest's QEMU for nine minutes (CPU 1's timers stopped
 # too) before the run noticed the lab's silence. 60 s, not the kernel's 20, since this machine can starve the lab's
-# emulated CPUs for seconds.
-LAB_KERNEL_OPTIONS = "loglevel=5 watchdog_thresh=30 softlockup_panic=1 panic=-1"
+# emulated CPUs for seconds. The soft-lockup watchdog runs on the stuck CPU itself and may never fire (a later lab sat
+# stalled for eight minutes with only RCU's stall report, from the other CPU): an RCU stall of 60 s panics it too.
+LAB_KERNEL_OPTIONS = ("loglevel=5 watchdog_thresh=30 softlockup_panic=1 rcupdate.rcu_cpu_stall_timeout=60 "
+                      "sysctl.kernel.panic_on_rcu_stall=1 panic=-1")
+# where the lab's kernel says what it took of those options, for every run's record of the lab
+STALL_PANIC_SETTINGS = {**{name: f"/proc/sys/kernel/{name}"
+                           for name in ("softlockup_panic", "panic_on_rcu_stall", "watchdog_thresh", "panic")},
+                        "rcu_cpu_stall_timeout": "/sys/module/rcupdate/parameters/rcu_cpu_stall_timeout"}
 
 
 class KvmLab(LabMachine):
@@ -103,6 +109,9 @@ class KvmLab(LabMachine):
                   f"{self.arch.lab_qemu} --version | head -n1; libvirtd --version; "
                   "dmesg | grep -m4 -o -e 'All CPU(s) started at EL[0-9]' -e 'Hyp mode initialized successfully' "
                   "-e 'vgic[-a-z0-9]* interrupt IRQ[0-9]*' -e 'GICv[0-9]'; true")
+        settings = self.connection.run(["cat", *STALL_PANIC_SETTINGS.values()], timeout=60)
+        values = settings.check("kvm lab: reading its stall panics").stdout.split()
+        stall_panics = dict(zip(STALL_PANIC_SETTINGS, values, strict=False))
         said = self.connection.run(["sh", "-c", script], timeout=120).check("kvm lab: reading its versions")
         lines = [line.strip()[:200] for line in said.stdout.splitlines()]
         if len(lines) < 4:
@@ -113,6 +122,8 @@ class KvmLab(LabMachine):
                 "kvm_module": self.arch.kvm_name, "kernel": lines[0],
                 "nested_paging": {"1": True, "Y": True, "0": False, "N": False}.get(lines[1]),
                 "kernel_said": [re.sub(r"[^ -~]", "?", line) for line in lines[4:8]],
+                "stall_panics": {name: int(value) for name, value in stall_panics.items()
+                                 if value.lstrip("-").isdigit()},
                 "qemu": lines[2], "libvirt": lines[3].split()[-1],
                 "accel": accel, "accel_reason": self.accel.get("reason"),
                 "boot_seconds": self.boot_seconds, "root_image": self.root.name if self.root else None,
