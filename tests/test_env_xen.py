@@ -28,12 +28,13 @@ from conftest import RAN, RTVIRT, assert_ran, run_cli
 from sshd_server import SshServer, descendants, free_port, process_name
 
 from rtvirt.environments.guest_image import EXIT_MARK, READY_MARK, _fetch_kernel, cache_dir, guest_image, kernel_elf
-from rtvirt.environments.xen import XenConfig, XenEnvironment, local_domu_files
+from rtvirt.environments.xen import XenConfig, XenEnvironment, XenLabConfig, local_domu_files
 from rtvirt.environments.xen.console import Dom0Listeners
-from rtvirt.environments.xen.lab import LAB_ROOT
+from rtvirt.environments.xen.lab import LAB_ROOT, XenLab
 from rtvirt.environments.xen.relays import ListenerRelay
 from rtvirt.environments.xen.xl import _mode_refusal
-from rtvirt.errors import InputError
+from rtvirt.errors import InputError, RunError
+from rtvirt.procs import Supervisor
 from rtvirt.remote.connection import SshConnection
 from rtvirt.scenario import builtin_scenarios
 from rtvirt.scenario.loader import load_scenario, parse_scenario
@@ -410,6 +411,38 @@ def test_a_neighbour_domu_on_the_same_pcpu_takes_time_that_one_pinned_apart_does
     measuring, neighbour = (work / "console.log").read_text(), (work / "stress-vm-1" / "console.log").read_text()
     assert READY_MARK in measuring and f"{EXIT_MARK} 0" in measuring, measuring[-2000:]
     assert READY_MARK in neighbour, neighbour[-2000:]
+
+
+class _NeverReadyXenLab(XenLab):
+    """A Xen lab waited for on a mark its dom0 never prints: its boot times out with Xen and dom0 running."""
+
+    ready_mark = "RTVIRT-NEVER-PRINTED"
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(600)
+def test_a_lab_that_does_not_come_up_says_where_xens_cpus_and_dom0_were(tmp_path: Path) -> None:
+    """A lab boot that times out presses Xen's debug keys on the serial console: the error names each pCPU's and
+    dom0 vCPU's place, the dump is in the console's log, and the console's input goes back to dom0."""
+    config = XenLabConfig.model_validate({"pcpus": 2, "memory": 1536, "boot_timeout": "40s"})
+    with Supervisor() as supervisor:
+        lab = _NeverReadyXenLab(config, 1, supervisor)
+        try:
+            with pytest.raises(RunError) as raised:
+                lab.boot()
+            message = str(raised.value)
+            print(message)
+            assert "did not come up within 40s; Xen's debug keys: pCPU0 at " in message, message
+            assert "pCPU1 at " in message and "dom0 vCPU0 at " in message, message
+            console = lab.console_text()
+            assert "'d' pressed -> dumping registers" in console and "'0' pressed -> dumping Dom0's registers" in \
+                console and "Serial input to DOM0" in console[console.index("'0' pressed"):], console[-3000:]
+            # with the input back at dom0, Xen takes a key as nothing of its own
+            assert lab.type_on_console([b"h"], answer_within=3.0)
+            assert "'h' pressed" not in lab.console_text(), lab.console_text()[-2000:]
+        finally:
+            lab.close()
+    assert not lab.directory.exists()
 
 
 # the two tests whose rtvirt owns a lab of its own share a worker: each checks that no lab is left without its owner,

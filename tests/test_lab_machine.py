@@ -190,3 +190,42 @@ def test_a_campaign_boots_a_lab_that_stopped_again_a_bounded_number_of_times(tmp
             lab()
         assert len(boots) == MAX_REBOOTS + 1
     assert all(not made.directory.exists() for made in boots)
+
+
+def test_a_boot_that_hangs_is_booted_again_and_one_that_fails_naming_why_is_not() -> None:
+    with SharedResources() as shared:
+        hung: list[LabMachine] = []
+
+        def boot_hanging_twice(earlier: list[str]) -> LabMachine:
+            lab = _start_silent(shared.supervisor, earlier)
+            lab.boot_timeout_s = 1.0  # nothing on its console: it does not come up
+            if len(hung) == 2:
+                return lab  # the third boot is taken as up
+            hung.append(lab)
+            try:
+                lab.await_ready()
+            finally:
+                lab.close()
+            raise AssertionError("a silent lab came up")
+
+        third = open_lab(shared, "lab:hangs", boot_hanging_twice, lambda made: made)
+        assert third.alive() and len(hung) == 2 and all(not lab.directory.exists() for lab in hung)
+        assert third.boot_record() == {"boot_of_campaign": 3, "earlier_boots_stopped": [
+            "lab: the lab did not come up within 1s; console: empty"] * 2}
+
+        failing: list[LabMachine] = []
+
+        def boot_failing(earlier: list[str]) -> LabMachine:
+            assert QEMU is not None
+            failing.append(lab := LabMachine(shared.supervisor, 60 * 10**9, earlier))
+            try:
+                lab.start([QEMU, "-no-such-option"], free_port())
+                lab.await_ready()
+            finally:
+                lab.close()
+            raise AssertionError("QEMU ran with an option it does not have")
+
+        for _ in range(2):  # the second run of the campaign fails at once, with the same reason
+            with pytest.raises(RunError, match="lab: QEMU exited while the lab booted: .*no-such-option"):
+                open_lab(shared, "lab:fails", boot_failing, lambda made: made)
+        assert len(failing) == 1

@@ -52,13 +52,13 @@ class SharingXenLab(XenLab):
     """A :class:`XenLab` whose dom0 mounts ``shares`` (host directories) at ``/mnt/<tag>``."""
 
     def __init__(self, config: XenLabConfig, dom0_vcpus: int, supervisor: Supervisor,
-                 shares: tuple[LabShare, ...]) -> None:
+                 shares: tuple[LabShare, ...], earlier: list[str] | None = None) -> None:
         for share in shares:
             # QEMU's option syntax: a comma would start another option
             if not re.fullmatch(r"[a-z][a-z0-9_]{0,30}", share.tag) or "," in str(share.path):
                 raise RunError(f"xen lab: cannot share {share.path} as {share.tag!r} (tag: lower-case word; "
                                "path: no comma)")
-        super().__init__(config, dom0_vcpus, supervisor)
+        super().__init__(config, dom0_vcpus, supervisor, earlier=earlier)
         self.shares = shares
 
     def _initrd(self, base: Path, keys: LabKeys) -> Path:

@@ -26,6 +26,7 @@ from ..guest_image import Cpio
 from ..lab_machine import LabKeys, LabMachine, free_port, reclaim_labs
 from .arch import XEN_LAB_ARCHES
 from .config import XenLabConfig
+from .debug_keys import DEBUG_KEYS, summary
 from .dom0_image import DOM0_READY_MARK, dom0_image
 from .dom0_root import DOM0_FAILED_MARK, dom0_root_image
 from .hypervisor import rt_hypervisor
@@ -36,6 +37,7 @@ __all__ = ["LAB_ROOT", "LabKeys", "XenLab", "reclaim_xen_labs"]
 LAB_ROOT = "xen-lab"
 PANIC_MARK = "Panic on CPU"
 PANIC_WINDOW = 1 << 16
+DEBUG_KEY_ANSWER_S = 3.0  # time Xen gets to print each debug key's dump (seconds under TCG on a busy machine)
 
 
 def reclaim_xen_labs() -> list[str]:
@@ -102,10 +104,19 @@ class XenLab(LabMachine):
                        f"dom0_max_vcpus={self.dom0_vcpus} dom0_vcpus_pin sched=credit2")
         return [self.arch.qemu, "-accel", self.accel["accel"], "-cpu", "host" if kvm else self.arch.tcg_cpu,
                 "-smp", str(self.config.pcpus), "-m", str(self.config.memory),
-                "-display", "none", "-nodefaults", "-no-reboot", "-serial", f"file:{self.console}",
+                "-display", "none", "-nodefaults", "-no-reboot", *self.serial_args(),
                 *self.arch.boot_args(self.hypervisor, xen_options, kernel, initrd, self.dom0_root),
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
                 "-device", f"{self.arch.net_device},netdev=n0"]
+
+    def hang_report(self) -> str:
+        """Xen's own account of the hang: its debug keys pressed on the serial console (the dump kept in the
+        console's log), summed up as where each pCPU and dom0 vCPU was."""
+        start = self.console_size()
+        if self._proc is None or self._proc.poll() is not None or \
+                not self.type_on_console(DEBUG_KEYS, answer_within=DEBUG_KEY_ANSWER_S):
+            return ""
+        return f"Xen's debug keys: {summary(self.console_since(start))}; "
 
     def failure(self) -> str | None:
         """Xen's panic message if the hypervisor crashed (QEMU keeps running a halted machine), or the arm64 dom0
