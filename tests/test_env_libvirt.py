@@ -282,6 +282,27 @@ def test_sigterm_mid_run_destroys_the_domain_and_restores_rt_throttling(libvirtd
 
 @TWO_CPUS
 @pytest.mark.vm
+def test_a_guest_reset_from_outside_fails_its_run_with_qemus_reason(libvirtd: str, tmp_path: Path) -> None:
+    """libvirt says "shut off" however a domain ended (ours are destroyed when the guest resets: on_reboot);
+    QEMU's SHUTDOWN event says why, and the run's failure carries it."""
+    results = tmp_path / "results"
+    scenario = _scenario(tmp_path / "reset.toml", "60s", 'kind = "libvirt"\nname = "lvr"\ndomain_type = "qemu"')
+    proc, _, _ = _run_until_streaming(scenario, results, "lvr")
+    (domain,) = [name for name in _our_domains() if name.startswith(f"{DOMAIN_PREFIX}lvr-")]
+    reset = subprocess.run(["virsh", "-c", URI, "qemu-monitor-command", domain, '{"execute": "system_reset"}'],
+                           capture_output=True, text=True, timeout=60)
+    assert reset.returncode == 0, reset.stderr
+    assert proc.wait(timeout=180) == 1, (results.parent / "lvr-run.log").read_text()[-2000:]
+    state = json.loads(next(results.glob("campaigns/*/state.json")).read_text())
+    entry = state["runs"]["lvr/solo/-/r1"]
+    assert entry["status"] == "failed", entry
+    # the first event's reason, not the "host-signal" of the SHUTDOWN that libvirt's kill of QEMU makes next
+    assert "the guest stopped before its agent finished (QEMU: shutdown, host-qmp-system-reset: the guest was " \
+           "reset over QEMU's monitor)" in entry["reason"], entry
+    assert not [name for name in _our_domains() if name.startswith(f"{DOMAIN_PREFIX}lvr-")]
+
+
+@pytest.mark.vm
 def test_other_vm_stress_is_a_second_libvirt_domain(libvirtd: str, tmp_path: Path) -> None:
     env = f'kind = "libvirt"\nname = "lv2"\ndomain_type = "qemu"\ncpus = [{MEASURED}]'
     disturbance = ('[[disturbances]]\nname = "neighbour"\n'

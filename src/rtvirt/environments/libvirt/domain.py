@@ -239,6 +239,7 @@ class LibvirtEnvironment(LibvirtTeardown):
                     f"false ({_error_text(exc)})") from None
             raise RunError(f"libvirt ({self.uri}) could not start {self._name}: {_error_text(exc)}") from None
         self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
+        self._watch_qemu_shutdown()
         self._place_for_tracing()
         self._open_stream(None, self._console_file, self._console)
         if out is not None:

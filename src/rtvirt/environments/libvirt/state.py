@@ -44,6 +44,8 @@ class LibvirtDomainState(Environment):
         self._console_file = self.workdir / "console.log"
         self._launched_at = 0.0
         self._ready_at: float | None = None
+        self._qemu_stop_watches: list[int] = []  # callbacks of QEMU's RESET and SHUTDOWN events (streams.py)
+        self._qemu_stop: tuple[str, str] | None = None  # the first of those events QEMU sent, and its reason
         self._applied_xml = ""
         self._rt: RtThrottlingLifted | None = None
         self._versions: dict[str, str] = {}

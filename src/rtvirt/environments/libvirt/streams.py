@@ -3,6 +3,9 @@ libvirt's event loop) into the run directory, and the domain in the shape of an 
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,19 @@ from .domain_xml import LibvirtDomainXml
 from .stream_reader import _StreamToFile
 
 DRAIN_TIMEOUT_S = 10.0  # time the stream readers get to write the last samples after the guest stopped
+QEMU_EVENT_WAIT_S = 2.0  # time QEMU's event gets to arrive on libvirt's event loop after the domain stopped
+QEMU_STOP_EVENTS = ("RESET", "SHUTDOWN")
+# QEMU's reasons for a RESET or SHUTDOWN event (qapi ShutdownCause), as a run's failure says them
+SHUTDOWN_CAUSES = {
+    "guest-shutdown": "the guest powered itself off",
+    "guest-reset": "the guest reset itself, as its kernel does on a panic (panic=-1) or a triple fault",
+    "guest-panic": "the guest's kernel panicked",
+    "host-signal": "QEMU was sent a signal on its host (libvirt's, when the domain was destroyed)",
+    "host-qmp-quit": "QEMU was told to quit over its monitor",
+    "host-qmp-system-reset": "the guest was reset over QEMU's monitor",
+    "host-ui": "QEMU's window was closed",
+    "host-error": "QEMU stopped on an error",
+}
 
 
 class RunningDomain:
@@ -125,6 +141,51 @@ class LibvirtStreams(LibvirtDomainXml):
         for reader in self._readers:
             reader.join(timeout=DRAIN_TIMEOUT_S)
 
+    def _watch_qemu_shutdown(self) -> None:
+        """Listen for QEMU's RESET and SHUTDOWN events of the domain: QEMU's own word on why it stops (the guest
+        powered off, reset itself, was signalled), where libvirt's state says "shut off" for all of them. The
+        first event is the cause: libvirt then ends QEMU with a signal, and QEMU's second SHUTDOWN says only
+        that (seen: "host-qmp-system-reset", then "host-signal"). A libvirtd that does not offer QEMU's events
+        leaves the failure without them."""
+        libvirt = _libvirt()
+        import libvirt_qemu
+
+        def on_event(_conn: Any, _dom: Any, event: str, _seconds: int, _micros: int, details: str,
+                     _opaque: Any) -> None:
+            try:
+                reason = json.loads(str(details)[:2000]).get("reason")
+            except (ValueError, AttributeError):
+                reason = None
+            if self._qemu_stop is None:
+                self._qemu_stop = (str(event)[:20], str(reason)[:40] if reason else "unknown")
+
+        for event in QEMU_STOP_EVENTS:
+            with contextlib.suppress(libvirt.libvirtError):
+                self._qemu_stop_watches.append(libvirt_qemu.qemuMonitorEventRegister(
+                    self._conn().conn, self._domain, event, on_event, None, 0))
+
+    def _stop_watching_qemu_shutdown(self) -> None:
+        watches, self._qemu_stop_watches = self._qemu_stop_watches, []
+        if not watches or self._connection is None:
+            return
+        libvirt = _libvirt()
+        import libvirt_qemu
+
+        for watch in watches:
+            with contextlib.suppress(libvirt.libvirtError):
+                libvirt_qemu.qemuMonitorEventDeregister(self._connection.conn, watch)
+
+    def qemu_said(self) -> str:
+        """QEMU's reason for the domain's stop, as a clause for a failure ("" when it gave none)."""
+        deadline = time.monotonic() + QEMU_EVENT_WAIT_S
+        while self._qemu_stop is None and self._qemu_stop_watches and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._qemu_stop is None:
+            return ""
+        event, reason = self._qemu_stop
+        said = ", ".join(re.sub(r"[^a-z0-9-]", "?", word) for word in (event.lower(), reason))
+        return f" (QEMU: {said}: {SHUTDOWN_CAUSES.get(reason, 'a reason rtvirt does not know')})"
+
     def _samples_complete(self) -> bool:
         """Whether the samples the guest sent end with the agent's END record for a complete run."""
         from ...stream import read_stream  # numpy/pyarrow: not at CLI start
@@ -157,7 +218,7 @@ class LibvirtStreams(LibvirtDomainXml):
             if stopped is not None:
                 said = " ".join(self.console_text()[-300:].split())
                 return (f"the domain {self._name} stopped before the guest booted{' (crashed)' if stopped else ''}"
-                        f"; console: {said or '(nothing)'}")
+                        f"{self.qemu_said()}; console: {said or '(nothing)'}")
             if time.monotonic() - self._launched_at > self.config.boot_timeout / 1e9:
                 return f"the guest did not boot within {self.config.boot_timeout / 1e9:.0f}s"
             return None
@@ -175,7 +236,7 @@ class LibvirtStreams(LibvirtDomainXml):
                 # libvirt kills QEMU as soon as the guest powers off and the console's last lines can be
                 # lost with it under load; the agent's END record on the channel says it finished
                 return None
-            return failure
+            return f"{failure}{self.qemu_said()}" if failure else None
         channel = self._channel_reader
         if channel is not None and channel.ended and (channel.ended != "end of stream"
                                                       or time.monotonic() - channel.ended_at > DRAIN_TIMEOUT_S):

@@ -71,6 +71,7 @@ class LibvirtTeardown(LibvirtStreams):
             reader.pump()
             reader.stop()
         self._readers = []
+        self._stop_watching_qemu_shutdown()
         bound_console_file(self._console_file)  # kept in the run, bounded
         if self._ack_stream is not None:
             with contextlib.suppress(Exception):  # the guest has gone, or goes now: nothing to finish
