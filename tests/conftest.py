@@ -236,12 +236,17 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def has_samples(stream: Path) -> bool:
-    """A stream being written holds data records (polled as a follower reads it: read_stream refuses a stream
+    """A stream being written holds data records."""
+    return samples_so_far(stream) > 0
+
+
+def samples_so_far(stream: Path) -> int:
+    """The data records a stream being written holds (polled as a follower reads it: read_stream refuses a stream
     whose header is not there yet, and the header alone is several hundred bytes)."""
     from rtvirt.stream import StreamReader
 
     reader = StreamReader(stream)
     try:
-        return reader.poll().size > 0
+        return int(reader.poll().size)
     finally:
         reader.close()
