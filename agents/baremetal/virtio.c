@@ -161,6 +161,9 @@ vconsole *vconsole_open(unsigned index) {
     if (multiport && !open_port(c))
         run_error("virtio-console: the host did not open port 1 of its multiport device within 10 s (QEMU "
                   "discards what a port is sent until its chardev is connected)");
+    /* QEMU ignores a receive queue's notification while the port is not open on our side, and reads the host's
+     * socket only once told the port can take data: notify again now that it is open */
+    if (multiport) virtio_notify(device, c->receive.index);
     return c;
 }
 
