@@ -431,7 +431,6 @@ def test_a_lab_that_does_not_come_up_says_where_xens_cpus_and_dom0_were(tmp_path
             with pytest.raises(RunError) as raised:
                 lab.boot()
             message = str(raised.value)
-            print(message)
             assert "did not come up within 40s; Xen's debug keys: pCPU0 at " in message, message
             assert "pCPU1 at " in message and "dom0 vCPU0 at " in message, message
             console = lab.console_text()

@@ -23,7 +23,7 @@ from conftest import RAN
 from xen_lab_shares import LabShare, SharingXenLab
 
 from rtvirt.environments.base import SharedResources
-from rtvirt.environments.lab_machine import open_lab
+from rtvirt.environments.lab_machine import booted, open_lab
 from rtvirt.environments.xen import XenLabConfig, is_dom0, local_domu_files
 from rtvirt.store import load_run
 from rtvirt.stream import read_stream
@@ -126,16 +126,11 @@ def dom0_campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
     seen: dict[str, Any] = {"work": work}
     started = time.monotonic()
     with SharedResources() as shared:
+        config = XenLabConfig.model_validate({"pcpus": 3, "memory": 2560, "dom0_memory": 1024})
+        shares = (LabShare("hostroot", Path("/")), LabShare("results", work, writable=True))
+
         def boot(earlier: list[str]) -> SharingXenLab:
-            config = XenLabConfig.model_validate({"pcpus": 3, "memory": 2560, "dom0_memory": 1024})
-            made = SharingXenLab(config, 2, shared.supervisor,
-                                 (LabShare("hostroot", Path("/")), LabShare("results", work, writable=True)), earlier)
-            try:
-                made.boot()
-            except BaseException:
-                made.close()
-                raise
-            return made
+            return booted(SharingXenLab(config, 2, shared.supervisor, shares, earlier))
 
         # booted as a campaign boots its lab: a boot that hangs is booted again, its hang report kept
         lab = open_lab(shared, "xen-dom0-test", boot, lambda made: made)

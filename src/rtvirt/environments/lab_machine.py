@@ -38,6 +38,7 @@ __all__ = ["HEARTBEAT_MARK", "HEARTBEAT_S", "MAX_REBOOTS", "LabKeys", "LabMachin
            "reclaim_labs", "run_step", "sshd_config"]
 
 T = TypeVar("T")
+L = TypeVar("L", bound="LabMachine")
 
 
 OWNER_FILE = "owner.pid"
@@ -185,6 +186,10 @@ class LabMachine:
         host, client = self.directory / "host_ed25519", self.directory / "client_ed25519"
         host_public = " ".join(_keypair(host, f"rtvirt-{self.root_name}").split()[:2])
         return LabKeys(host, host_public, client, _keypair(client, f"rtvirt-{self.root_name}"))
+
+    def boot(self) -> LabMachine:
+        """Build what the lab boots, start QEMU, wait for it and connect (each kind's own)."""
+        raise NotImplementedError
 
     def start(self, argv: list[str], ssh_port: int) -> None:
         """Start the lab's QEMU (``argv``): its serial console must go to ``self.console``, its sshd forwarded
@@ -429,6 +434,16 @@ class LabMachine:
             self.supervisor.stop(self._proc, grace=2.0)
             self._proc = None
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def booted(lab: L) -> L:
+    """``lab`` booted; closed (QEMU stopped, its directory gone) when its boot fails or is interrupted."""
+    try:
+        lab.boot()
+    except BaseException:
+        lab.close()
+        raise
+    return lab
 
 
 def open_lab(shared: SharedResources, key: str, boot: Callable[[list[str]], T],

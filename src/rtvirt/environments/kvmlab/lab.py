@@ -15,7 +15,7 @@ from typing import Any
 from ...errors import RunError
 from ...procs import Supervisor
 from ..base import SharedResources
-from ..lab_machine import LabMachine, free_port, open_lab, reclaim_labs
+from ..lab_machine import LabMachine, booted, free_port, open_lab, reclaim_labs
 from ..tcg_clock import tsc_kernel_args
 from .arch import LAB_ARCHES
 from .config import KvmLabConfig
@@ -168,10 +168,5 @@ def open_kvm_lab(config: KvmLabConfig, arch: str, shared: SharedResources) -> Kv
     """The campaign's boot of the ``arch`` lab ``config`` describes (``open_lab``: booted again once it stopped
     under a run; a boot that failed is not tried again)."""
     def boot(earlier: list[str]) -> KvmLab:
-        lab = KvmLab(config, arch, shared.supervisor, earlier)
-        try:
-            return lab.boot()
-        except BaseException:
-            lab.close()
-            raise
+        return booted(KvmLab(config, arch, shared.supervisor, earlier))
     return open_lab(shared, config.key(arch), boot, lambda lab: lab)

@@ -32,8 +32,10 @@ def summary(dump: str) -> str:
     lines = dump.splitlines()
     for at, line in enumerate(lines):
         state = STATE.search(line)
-        where = next((m for m in map(WHERE.search, lines[at + 1:at + 6]) if m), None) if state else None
-        if state is None or where is None:
+        if state is None:
+            continue
+        where = next((m for m in map(WHERE.search, lines[at + 1:at + 6]) if m), None)
+        if where is None:
             continue
         host, guest, vcpu, running = state.group(2, 3, 4, 5)
         who = (f"pCPU{host}" if host is not None else f"pCPU{guest} in {running}" if guest is not None

@@ -7,7 +7,7 @@ from pathlib import Path
 from ...errors import RunError
 from ...remote.local import LocalTransport
 from ..base import SharedResources
-from ..lab_machine import LabMachine, open_lab
+from ..lab_machine import LabMachine, booted, open_lab
 from .config import XenConfig
 from .dom0 import RUN_DIR, Dom0
 from .dom0_image import DOMU_INITRAMFS, DOMU_KERNEL
@@ -20,12 +20,7 @@ from .xl import _vcpu_list
 def _open_dom0(config: XenConfig, shared: SharedResources) -> Dom0:
     if _resolve_where(config) == "lab":
         def boot(earlier: list[str]) -> Dom0:
-            lab = XenLab(config.lab, config.dom0_vcpus, shared.supervisor, config.arch, earlier)
-            try:
-                lab.boot()
-            except BaseException:
-                lab.close()
-                raise
+            lab = booted(XenLab(config.lab, config.dom0_vcpus, shared.supervisor, config.arch, earlier))
             return Dom0(lab.connection, lab, DOMU_KERNEL, DOMU_INITRAMFS, config.arch)
 
         def lab_of(dom0: Dom0) -> LabMachine:
