@@ -543,6 +543,10 @@ def test_a_libvirtd_that_stops_answering_fails_our_calls_instead_of_hanging(libv
                 unread._connection = connection
                 with pytest.raises(RunError, match=lost):
                     unread.measured_cpus()
+            # a run's stream copy after it (a KVM lab's run failed "cannot create the storage pool ... client
+            # socket is closed", not naming the connection it had lost)
+            with pytest.raises(RunError, match=lost):
+                connection.sparse_volume("rtvirt-lost-test", 1 << 20)
             for uri in (libvirtd, over_ssh):
                 with pytest.raises(RunError, match=f"{re.escape(uri)} did not answer within 3s: libvirtd there"):
                     LibvirtConnection(uri)

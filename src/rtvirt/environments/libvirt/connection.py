@@ -171,8 +171,7 @@ class LibvirtConnection:
                     pool = self.conn.storagePoolCreateXML(ET.tostring(definition, encoding="unicode"),
                                                           libvirt.VIR_STORAGE_POOL_CREATE_WITH_BUILD)
                 except libvirt.libvirtError as exc:
-                    raise RunError(f"libvirt ({self.uri}): cannot create the storage pool {POOL_NAME} at "
-                                   f"{POOL_PATH}: {_error_text(exc)}") from None
+                    raise self.failure(f"cannot create the storage pool {POOL_NAME} at {POOL_PATH}", exc) from None
             if not pool.isActive():
                 pool.create(0)
             return pool
@@ -201,7 +200,7 @@ class LibvirtConnection:
                 stream.sendAll(lambda _stream, nbytes, f: f.read(nbytes), data)
             stream.finish()
         except libvirt.libvirtError as exc:
-            raise RunError(f"libvirt ({self.uri}): uploading {source.name} failed: {_error_text(exc)}") from None
+            raise self.failure(f"uploading {source.name} failed", exc) from None
         return str(volume.path())
 
     def sparse_volume(self, name: str, capacity: int) -> str:
@@ -215,7 +214,7 @@ class LibvirtConnection:
         try:
             return str(self.pool().createXML(ET.tostring(volume_xml, encoding="unicode"), 0).path())
         except libvirt.libvirtError as exc:
-            raise RunError(f"libvirt ({self.uri}): cannot create the volume {name}: {_error_text(exc)}") from None
+            raise self.failure(f"cannot create the volume {name}", exc) from None
 
     def download_written_part(self, name: str, local: Path, chunk: int = 4 << 20) -> None:
         """Copy volume ``name`` into ``local`` up to the first chunk of zeros (what a guest wrote from its
@@ -236,7 +235,7 @@ class LibvirtConnection:
                     if not data.strip(b"\0") or len(data) < chunk:
                         return
         except libvirt.libvirtError as exc:
-            raise RunError(f"libvirt ({self.uri}): cannot read the volume {name}: {_error_text(exc)}") from None
+            raise self.failure(f"cannot read the volume {name}", exc) from None
 
     def kernel(self, source: Path) -> str:
         """The guest kernel in the pool, uploaded once per content (kept as a cache like ~/.cache/rtvirt)."""
