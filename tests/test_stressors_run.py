@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -314,3 +315,30 @@ def test_a_stop_while_the_stressor_starts_still_summarises(tmp_path: Path, monke
     assert not starter.is_alive() and "escaped" not in result, repr(result.get("escaped"))
     assert result["summary"].end == "signal" and result["summary"].workers == 1
     assert not Path(f"/proc/{agent}").exists()
+
+
+def test_the_files_of_a_stressor_killed_with_its_rtvirt_are_removed_by_the_next_one() -> None:
+    """kill -9 of rtvirt leaves its stressor's working directory behind (nothing of it runs to remove it): the
+    next stressor started on the machine removes it, and never another live process's."""
+    temp = Path(tempfile.gettempdir())
+    killed = subprocess.Popen([str(Path(sys.executable).with_name("rtvirt")), "stress", "cpu", "-D", "0", "-w", "1",
+                               "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (left := list(temp.glob(f"rtvirt-stress-{killed.pid}-*"))):
+            assert killed.poll() is None and time.monotonic() < deadline, \
+                f"no working directory named after rtvirt {killed.pid} (exit status {killed.poll()})"
+            time.sleep(0.1)
+        with start_stressor("cpu", {"duration": 0, "workers": 1}) as running:  # one of ours, alive beside it
+            os.kill(killed.pid, signal.SIGKILL)
+            killed.wait(10)
+            assert all(path.exists() for path in left)  # what kill -9 left
+            with start_stressor("cpu", {"duration": 0, "workers": 1}) as after:
+                assert not any(path.exists() for path in left)
+                assert len(list(temp.glob(f"rtvirt-stress-{os.getpid()}-*"))) == 2  # ours, both kept
+                after.stop()
+            running.stop()
+        assert not list(temp.glob(f"rtvirt-stress-{os.getpid()}-*"))
+    finally:
+        killed.kill()
+        killed.wait(10)

@@ -12,8 +12,10 @@ import atexit
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +41,20 @@ def process_start_time(pid: int) -> str | None:
     we left (a ledger entry, a tracefs instance), also after the pid is reused; None once it is gone."""
     fields = _stat_fields(pid)
     return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def owned_prefix(prefix: str) -> str:
+    """``prefix`` followed by this process's pid and start time: a temporary directory named so is one that
+    ``remove_orphaned_dirs`` removes once this process is gone (a kill -9 leaves it behind)."""
+    return f"{prefix}{os.getpid()}-{process_start_time(os.getpid())}-"
+
+
+def remove_orphaned_dirs(prefix: str) -> None:
+    """The temporary directories named by ``owned_prefix(prefix)`` whose process is gone."""
+    for entry in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        owner = entry.name.removeprefix(prefix).split("-")
+        if len(owner) == 3 and owner[0].isdigit() and process_start_time(int(owner[0])) != owner[1]:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def process_state(pid: int) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shlex
 import shutil
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import EXIT_USAGE, CommandTimeout, RunError
-from ..procs import process_start_time
+from ..procs import owned_prefix, remove_orphaned_dirs
 from .target import SshTarget
 from .transport import OUTPUT_LIMIT, RemoteResult
 
@@ -321,10 +320,9 @@ class SshConnection:
         chardev sockets of a remote QEMU are then used exactly as local ones. Listening starts at once; a
         connection made before the remote socket exists is refused, and the client tries again."""
         if self._forward_dir is None:
-            _remove_dead_forward_dirs()
+            remove_orphaned_dirs(FORWARD_PREFIX)
             # short (a socket path fits 108 bytes), and named after its owner so that a killed one's is removed
-            self._forward_dir = tempfile.mkdtemp(prefix=f"{FORWARD_PREFIX}{os.getpid()}-"
-                                                        f"{process_start_time(os.getpid())}-")
+            self._forward_dir = tempfile.mkdtemp(prefix=owned_prefix(FORWARD_PREFIX))
         local = f"{self._forward_dir}/{len(self._forwards)}.sock"
 
         async def go() -> Any:
@@ -371,14 +369,6 @@ class SshConnection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _remove_dead_forward_dirs() -> None:
-    """The forwarding directories (their sockets) of rtvirt processes that were killed."""
-    for entry in Path(tempfile.gettempdir()).glob(f"{FORWARD_PREFIX}*"):
-        owner = entry.name.removeprefix(FORWARD_PREFIX).split("-")
-        if len(owner) == 3 and owner[0].isdigit() and process_start_time(int(owner[0])) != owner[1]:
-            shutil.rmtree(entry, ignore_errors=True)
 
 
 def connect(target: SshTarget) -> SshConnection:

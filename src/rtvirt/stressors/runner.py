@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from ..agents import agent_path
 from ..errors import InputError, PrivilegeError, RunError, first_validation_error
-from ..procs import Supervisor
+from ..procs import Supervisor, owned_prefix, remove_orphaned_dirs
 from .base import PartSummary, StressorSpec, StressParams, StressSummary
 from .registry import stressor_spec
 from .running import StressorClock, native_summary
@@ -42,6 +42,8 @@ ENGINES: tuple[Engine, ...] = ("native", "stress-ng")
 # stress-ng stressor name -> our part name, for reading its metrics back.
 _STRESS_NG_PARTS = {"cpu": "cpu", "cache": "cache", "vm": "mem", "hdd": "io", "timer": "irq"}
 _TAIL_CHARS = 2000  # bound on what we keep of a child's stderr for messages
+# + <pid>-<start time>-<random>: a stressor's files (its output, stress-ng's), removed by the next one if we were killed
+WORKDIR_PREFIX = "rtvirt-stress-"
 
 
 @dataclass
@@ -110,7 +112,8 @@ class RunningStressor(StressorClock):
         self.spec, self.params, self.engine = spec, params, engine
         self._own_supervisor = supervisor is None
         self.supervisor = supervisor or Supervisor()
-        self._workdir = tempfile.TemporaryDirectory(prefix="rtvirt-stress-")
+        remove_orphaned_dirs(WORKDIR_PREFIX)
+        self._workdir = tempfile.TemporaryDirectory(prefix=owned_prefix(WORKDIR_PREFIX))
         work = Path(self._workdir.name)
         self._yaml_path = work / "metrics.yaml"
         try:
