@@ -28,7 +28,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-from ..procs import process_start_time
+from ..procs import owned_prefix, process_start_time
 
 __all__ = ["TracefsInstance", "TracefsAccess", "PipeAccess", "LocalTracefs", "TraceEvent", "TracingUnavailable",
            "parse_trace", "body_fields", "line_stamp", "events_around", "untraced_switch_in", "tracefs_root",
@@ -334,7 +334,7 @@ class LocalTracefs:
         return LocalPipe(path)  # read by the recorder's own thread, which keeps off away_from
 
     def instance_name(self, serial: int) -> str:
-        return f"{INSTANCE_PREFIX}{os.getpid()}-{process_start_time(os.getpid())}-{serial}"
+        return f"{owned_prefix(INSTANCE_PREFIX)}{serial}"
 
     def policies(self, pids: Collection[int]) -> dict[int, tuple[str, str]]:
         found = {}
