@@ -114,6 +114,35 @@ def test_stress_over_ssh(server: SshServer) -> None:
     assert our_agents_running() == []
 
 
+def test_the_local_files_of_a_remote_stressor_killed_with_its_rtvirt_are_removed_by_the_next_one(
+        server: SshServer) -> None:
+    """kill -9 of rtvirt leaves the directory where its remote stressor's output arrived: the next stressor over
+    SSH removes it, and its agent on the target ended with the connection."""
+    temp = Path(tempfile.gettempdir())
+    killed = subprocess.Popen([*RTVIRT, "stress", "cpu", *target_args(server), "--duration", "0", "--no-progress"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (left := list(temp.glob(f"rtvirt-remote-stress-{killed.pid}-*"))) or not our_agents_running():
+            if killed.poll() is not None:
+                pytest.fail(f"rtvirt stress ended (status {killed.returncode}): {killed.communicate()[1][-2000:]}")
+            assert time.monotonic() < deadline, f"no directory named after rtvirt {killed.pid} or no agent in 60 s"
+            time.sleep(0.1)
+        killed.kill()
+        killed.wait(10)
+        assert all(path.exists() for path in left)  # what kill -9 left
+        result = run_cli("stress", "cpu", *target_args(server), "--duration", "1s", "--json")
+        assert result.returncode == 0, result.stderr
+        assert not any(path.exists() for path in left)
+        gone = time.monotonic() + 10
+        while our_agents_running() and time.monotonic() < gone:
+            time.sleep(0.05)
+        assert our_agents_running() == []
+    finally:
+        killed.kill()
+        killed.wait(10)
+
+
 def test_connection_killed_mid_run_keeps_samples_and_fetches_copy(server: SshServer, results_dir: Path) -> None:
     copies_before = set(Path("/var/tmp/rtvirt/runs").glob("timer-*"))
     args = [*RTVIRT, "probe", "timer", *target_args(server), "--duration", "20s", "--interval", "1ms",

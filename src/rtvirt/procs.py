@@ -57,6 +57,13 @@ def remove_orphaned_dirs(prefix: str) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
+def owned_temp_dir(prefix: str) -> tempfile.TemporaryDirectory[str]:
+    """A new temporary directory named by ``owned_prefix(prefix)``, once those of earlier processes that were
+    killed before removing theirs are gone."""
+    remove_orphaned_dirs(prefix)
+    return tempfile.TemporaryDirectory(prefix=owned_prefix(prefix))
+
+
 def process_state(pid: int) -> str | None:
     """The state letter of process ``pid`` (R, S, D, T, Z...); None once it is gone."""
     fields = _stat_fields(pid)

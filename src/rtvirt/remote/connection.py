@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
-import shutil
 import tempfile
 import threading
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import EXIT_USAGE, CommandTimeout, RunError
-from ..procs import owned_prefix, remove_orphaned_dirs
+from ..procs import owned_temp_dir
 from .target import SshTarget
 from .transport import OUTPUT_LIMIT, RemoteResult
 
@@ -187,7 +186,7 @@ class SshConnection:
         self._processes: list[RemoteProcess] = []
         self._arch: str | None = None
         self._forwards: list[Any] = []  # unix socket listeners (forward_unix), closed with the connection
-        self._forward_dir: str | None = None
+        self._forward_dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def label(self) -> str:
@@ -320,10 +319,9 @@ class SshConnection:
         chardev sockets of a remote QEMU are then used exactly as local ones. Listening starts at once; a
         connection made before the remote socket exists is refused, and the client tries again."""
         if self._forward_dir is None:
-            remove_orphaned_dirs(FORWARD_PREFIX)
             # short (a socket path fits 108 bytes), and named after its owner so that a killed one's is removed
-            self._forward_dir = tempfile.mkdtemp(prefix=owned_prefix(FORWARD_PREFIX))
-        local = f"{self._forward_dir}/{len(self._forwards)}.sock"
+            self._forward_dir = owned_temp_dir(FORWARD_PREFIX)
+        local = f"{self._forward_dir.name}/{len(self._forwards)}.sock"
 
         async def go() -> Any:
             return await self.connection.forward_local_path(local, remote_path)
@@ -352,7 +350,7 @@ class SshConnection:
             with contextlib.suppress(Exception):
                 _event_loop().call_soon_threadsafe(listener.close)
         if self._forward_dir is not None:
-            shutil.rmtree(self._forward_dir, ignore_errors=True)
+            self._forward_dir.cleanup()
             self._forward_dir = None
         if self._conn is not None:
             conn, self._conn = self._conn, None

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, RunError
+from ..procs import owned_temp_dir
 from ..stressors.base import StressorSpec, StressParams, StressSummary
 from ..stressors.registry import stressor_spec
 from ..stressors.runner import resolve_params
@@ -18,6 +18,9 @@ from .probe import DEFAULT_REMOTE_DIR
 from .target import SshTarget
 
 __all__ = ["RemoteStressor", "start_on_target"]
+
+# + <pid>-<start time>-<random>: the stressor's output as it arrives, removed by the next one if we were killed
+WORKDIR_PREFIX = "rtvirt-remote-stress-"
 
 
 class RemoteStressor(StressorClock):
@@ -32,7 +35,7 @@ class RemoteStressor(StressorClock):
     def __init__(self, link: TargetLink, spec: StressorSpec, params: StressParams, *, owns_link: bool = False,
                  start_timeout: float = 30.0) -> None:
         self.link, self.spec, self.params, self._owns_link = link, spec, params, owns_link
-        self._workdir = tempfile.TemporaryDirectory(prefix="rtvirt-remote-stress-")
+        self._workdir = owned_temp_dir(WORKDIR_PREFIX)
         self._out = Path(self._workdir.name) / "stdout"
         self._summary: StressSummary | None = None
         self.problems: list[str] = []

@@ -17,7 +17,6 @@ import os
 import resource
 import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pydantic import ValidationError
 
 from ..agents import agent_path
 from ..errors import InputError, PrivilegeError, RunError, first_validation_error
-from ..procs import Supervisor, owned_prefix, remove_orphaned_dirs
+from ..procs import Supervisor, owned_temp_dir
 from .base import PartSummary, StressorSpec, StressParams, StressSummary
 from .registry import stressor_spec
 from .running import StressorClock, native_summary
@@ -112,8 +111,7 @@ class RunningStressor(StressorClock):
         self.spec, self.params, self.engine = spec, params, engine
         self._own_supervisor = supervisor is None
         self.supervisor = supervisor or Supervisor()
-        remove_orphaned_dirs(WORKDIR_PREFIX)
-        self._workdir = tempfile.TemporaryDirectory(prefix=owned_prefix(WORKDIR_PREFIX))
+        self._workdir = owned_temp_dir(WORKDIR_PREFIX)
         work = Path(self._workdir.name)
         self._yaml_path = work / "metrics.yaml"
         try:
