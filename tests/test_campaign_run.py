@@ -328,6 +328,34 @@ def test_watchdog_fails_runs_with_their_reason_and_moves_on(tmp_path: Path) -> N
     assert not list(Path("/sys/fs/cgroup/cpuset").glob(f"rtvirt-{os.getpid()}-*"))
 
 
+SLOW_BOOT_SCENARIO = """\
+name = "slow-boot"
+duration = "1s"
+run_timeout = "1s"
+
+[workload]
+probe = "timer"
+
+[[environments]]
+kind = "qemu"
+accel = "tcg"
+boot_timeout = "90s"
+"""
+
+
+@pytest.mark.vm
+def test_a_guest_boot_within_its_boot_timeout_is_not_cut_by_the_run_timeout(tmp_path: Path) -> None:
+    """run_timeout bounds a run beyond its duration; the guest's boot, which takes seconds under TCG, is bounded by
+    its boot_timeout: a run_timeout shorter than the boot does not stop the run."""
+    scenario = parse_scenario(SLOW_BOOT_SCENARIO, "slow-boot.toml")
+    state = CampaignState.create(tmp_path, scenario.name, SLOW_BOOT_SCENARIO, "slow-boot.toml", 1.0)
+    outcome = run_campaign(scenario, state, tmp_path, show_progress=False, write_report=False).outcomes[
+        "qemu/solo/-/r1"]
+    assert outcome.status in FINISHED, outcome.reason
+    manifest = load_run(tmp_path / "runs" / outcome.run_id).manifest
+    assert manifest["summary"]["all"]["samples"] > 0
+
+
 QUIET_GAP_SCENARIO = """\
 name = "quiet-gap"
 duration = "1s"

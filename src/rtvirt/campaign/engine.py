@@ -135,7 +135,7 @@ class _RunExecution:
         with Supervisor() as supervisor:
             env = ENVIRONMENTS[self.env_config.kind](self.env_config, supervisor, workdir, self.shared)
             disturbance = Disturbance(self.disturbance_spec.stressors, env, supervisor)
-            record.started_at = time.monotonic()  # the watchdog counts the set-up too (a guest's boot)
+            record.started_at = time.monotonic()  # the watchdog counts the set-up too (a lab's, a guest's boot)
             try:
                 self._set_up(env, disturbance)
                 record.reason = self._watch(env, disturbance)
@@ -188,7 +188,10 @@ class _RunExecution:
         reader = StreamReader(self.run.stream_path)
         pending = list(plan.events)
         samples, peak = 0, None
-        deadline = started_at + (plan.duration_ns + self.run_timeout_ns) / 1e9
+        # until the workload starts the run is in set-up and its guest's boot, which boot_timeout bounds (the
+        # environment says when a boot overran it): the watchdog then allows that much more than run_timeout,
+        # and from the workload's start its duration plus run_timeout
+        boot_s = getattr(self.env_config, "boot_timeout", 0) / 1e9
         while launched.poll() is None:
             time.sleep(POLL_S)
             new = reader.poll()
@@ -210,13 +213,25 @@ class _RunExecution:
             problem = env.check() or disturbance.check()
             if problem:
                 return problem
-            if time.monotonic() > deadline:
-                return f"watchdog: the run did not end within {(deadline - started_at):.0f}s"
+            if overrun := self._watchdog(started_at, boot_s):
+                return overrun
         reason = env.check() or ""
         status = launched.returncode
         if not reason and status not in (0, None):
             reason = f"probe exited with status {status}: {launched.error_tail() or 'no message'}"
         return reason
+
+    def _watchdog(self, started_at: float, boot_s: float) -> str:
+        """Why the watchdog stops the run now ("" while it may go on)."""
+        timeout_s = self.run_timeout_ns / 1e9
+        if self.record.workload_start is None:
+            if time.monotonic() - started_at > boot_s + timeout_s:
+                return f"watchdog: the workload did not start within {boot_s + timeout_s:.0f}s of the run's start"
+            return ""
+        allowed_s = self.plan.duration_ns / 1e9 + timeout_s
+        if time.monotonic() - self.record.workload_start > allowed_s:
+            return f"watchdog: the run did not end within {allowed_s:.0f}s of its workload's start"
+        return ""
 
     def _follow_timeline(self, disturbance: Disturbance, pending: list[tuple[int, str]], elapsed_s: float) -> None:
         """Switch the stress on and off as the timeline says, ``elapsed_s`` into the workload."""

@@ -225,7 +225,8 @@ class Scenario(_Strict):
     duration: Seconds = Field(description="measured time per run (bare numbers in s)", gt=0)  # type: ignore[valid-type]
     repetitions: int = Field(1, ge=1, le=1000, description="runs per configuration, each with a fresh start")
     run_timeout: Seconds = Field(300_000_000_000, gt=0,  # type: ignore[valid-type]
-                                 description="watchdog: extra time a run may take beyond its duration")
+                                 description="watchdog: extra time a run may take beyond its duration "
+                                             "and its guest's boot_timeout")
     skip_unavailable: bool = Field(True, description="leave out environments that cannot run here "
                                                      "(recorded as skipped); false makes them fail")
     workload: Workload = Field(default_factory=lambda: Workload.model_validate({}))
