@@ -367,12 +367,12 @@ class LabMachine:
 
     def lost(self, failure: str, workdir: Path, timeout: float = BANNER_TIMEOUT_S) -> str | None:
         """Asked once a run in the lab failed (``failure``: why): why the lab stopped, when it died under the run
-        or stopped answering (it is stopped then), else None. The lab's console is then kept in the run's
-        ``workdir``: the campaign's later runs boot a fresh lab (``open_lab``), and this one's directory goes."""
-        if not (self.died() or self.stop_if_unanswering(f"a run in it failed: {failure[:300]}", timeout)):
-            return None
+        or stopped answering (it is stopped then), else None. Either way the lab's console is kept in the run's
+        ``workdir``: what the lab's kernel (and Xen) said while the run failed in it, which a lab that goes on
+        running overwrites and a lab that stopped takes along with its directory."""
+        stopped = self.died() or self.stop_if_unanswering(f"a run in it failed: {failure[:300]}", timeout)
         self.keep_console(workdir / self.console_kept)
-        return f"the {self.title} stopped: {self.why_stopped()}"
+        return f"the {self.title} stopped: {self.why_stopped()}" if stopped else None
 
     def heartbeat_said(self) -> str:
         """What the console's heartbeat says of a lab that stopped answering (a kernel that still ran, the network
