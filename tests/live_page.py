@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -23,9 +25,12 @@ from tornado.websocket import websocket_connect
 class LivePage:
     def __init__(self, url: str, timeout: float = 60.0) -> None:
         self.profile = Path(tempfile.mkdtemp(prefix="rtvirt-chromium-"))
+        # a process group of its own: its helper processes are waited for before the profile is removed (close);
+        # its own temporary directories (org.chromium.Chromium.*, left in /tmp after a SIGTERM) go with the profile
         self.proc = subprocess.Popen([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}",
                                       "--remote-debugging-port=0", "--window-size=1280,2000", url],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                     env={**os.environ, "TMPDIR": str(self.profile)})
         self._loop = asyncio.new_event_loop()
         self._id = 0
         port_file = self.profile / "DevToolsActivePort"
@@ -85,12 +90,18 @@ class LivePage:
     def close(self) -> None:
         if getattr(self, "_socket", None) is not None:
             self._socket.close()
-        self.proc.terminate()
+        _signal_group(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            _signal_group(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        # Chromium's helpers end after the browser, and its network service still writes into the profile then:
+        # removed before they ended, the profile came back with that one file (seen after a suite of 2026-12-01)
+        deadline = time.monotonic() + 20
+        while _signal_group(self.proc.pid, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _signal_group(self.proc.pid, signal.SIGKILL)
         self._loop.close()
         shutil.rmtree(self.profile, ignore_errors=True)
 
@@ -99,6 +110,15 @@ class LivePage:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _signal_group(group: int, signum: int) -> bool:
+    """Send ``signum`` to every process of ``group`` (0: none, a check); False once the group has no process."""
+    try:
+        os.killpg(group, signum)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def start_serve(*args: str, env: dict[str, str] | None = None,

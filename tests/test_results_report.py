@@ -4,6 +4,7 @@ and the HTML rendered by real headless Chromium without console errors and with 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import tempfile
@@ -109,10 +110,10 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 def _chromium(url: str, screenshot: Path) -> str:
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory() as profile:  # also its TMPDIR: Chromium's own temporary directories go with it
         result = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr",
                                  "--v=0", "--window-size=1280,2400", f"--screenshot={screenshot}", url],
-                                capture_output=True, text=True, timeout=90)
+                                capture_output=True, text=True, timeout=90, env={**os.environ, "TMPDIR": profile})
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stderr
 
