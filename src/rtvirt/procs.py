@@ -45,11 +45,11 @@ def process_start_time(pid: int) -> str | None:
 
 def owned_prefix(prefix: str) -> str:
     """``prefix`` followed by this process's pid and start time: a temporary directory named so is one that
-    ``remove_orphaned_dirs`` removes once this process is gone (a kill -9 leaves it behind)."""
+    ``_remove_orphaned_dirs`` removes once this process is gone (a kill -9 leaves it behind)."""
     return f"{prefix}{os.getpid()}-{process_start_time(os.getpid())}-"
 
 
-def remove_orphaned_dirs(prefix: str) -> None:
+def _remove_orphaned_dirs(prefix: str) -> None:
     """The temporary directories named by ``owned_prefix(prefix)`` whose process is gone."""
     for entry in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
         owner = entry.name.removeprefix(prefix).split("-")
@@ -60,7 +60,7 @@ def remove_orphaned_dirs(prefix: str) -> None:
 def owned_temp_dir(prefix: str) -> tempfile.TemporaryDirectory[str]:
     """A new temporary directory named by ``owned_prefix(prefix)``, once those of earlier processes that were
     killed before removing theirs are gone."""
-    remove_orphaned_dirs(prefix)
+    _remove_orphaned_dirs(prefix)
     return tempfile.TemporaryDirectory(prefix=owned_prefix(prefix))
 
 

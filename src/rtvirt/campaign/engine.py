@@ -181,17 +181,12 @@ class _RunExecution:
         """Launch the probe and follow it to its end: samples counted as they come, the timeline's stress
         switched, the platform and the watchdog asked; returns why the run failed ("" when it did not)."""
         record, plan = self.record, self.plan
-        started_at = record.started_at
         assert record.params is not None
         record.launched = launched = env.launch("rtvirt-probe", self.probe.command(record.params, "")[1:],
                                                 self.run.stream_path)
         reader = StreamReader(self.run.stream_path)
         pending = list(plan.events)
         samples, peak = 0, None
-        # until the workload starts the run is in set-up and its guest's boot, which boot_timeout bounds (the
-        # environment says when a boot overran it): the watchdog then allows that much more than run_timeout,
-        # and from the workload's start its duration plus run_timeout
-        boot_s = getattr(self.env_config, "boot_timeout", 0) / 1e9
         while launched.poll() is None:
             time.sleep(POLL_S)
             new = reader.poll()
@@ -213,7 +208,7 @@ class _RunExecution:
             problem = env.check() or disturbance.check()
             if problem:
                 return problem
-            if overrun := self._watchdog(started_at, boot_s):
+            if overrun := self._watchdog():
                 return overrun
         reason = env.check() or ""
         status = launched.returncode
@@ -221,11 +216,15 @@ class _RunExecution:
             reason = f"probe exited with status {status}: {launched.error_tail() or 'no message'}"
         return reason
 
-    def _watchdog(self, started_at: float, boot_s: float) -> str:
-        """Why the watchdog stops the run now ("" while it may go on)."""
+    def _watchdog(self) -> str:
+        """Why the watchdog stops the run now ("" while it may go on). Until the workload starts the run is in
+        set-up and its guest's boot, which the environment bounds by boot_timeout (and says when a boot overran
+        it): the watchdog allows that much more than run_timeout; from the workload's start, its duration plus
+        run_timeout."""
         timeout_s = self.run_timeout_ns / 1e9
         if self.record.workload_start is None:
-            if time.monotonic() - started_at > boot_s + timeout_s:
+            boot_s = getattr(self.env_config, "boot_timeout", 0) / 1e9
+            if time.monotonic() - self.record.started_at > boot_s + timeout_s:
                 return f"watchdog: the workload did not start within {boot_s + timeout_s:.0f}s of the run's start"
             return ""
         allowed_s = self.plan.duration_ns / 1e9 + timeout_s
