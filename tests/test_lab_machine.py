@@ -50,11 +50,12 @@ def answering() -> Iterator[LabMachine]:
             shutil.rmtree(keys.dir, ignore_errors=True)
 
 
-def _start_silent(supervisor: Supervisor, earlier: list[str] | None = None) -> LabMachine:
+def _start_silent(supervisor: Supervisor, earlier: list[str] | None = None,
+                  kind: type[LabMachine] = LabMachine) -> LabMachine:
     """A lab whose QEMU forwards its port to a guest that booted nothing."""
     assert QEMU is not None, "qemu-system-x86_64 is missing (scripts/setup.sh installs it)"
     port = free_port()
-    lab = LabMachine(supervisor, 60 * 10**9, earlier)
+    lab = kind(supervisor, 60 * 10**9, earlier)
     try:
         lab.start([QEMU, "-accel", "tcg", "-display", "none", "-nodefaults", "-no-reboot",
                    "-serial", f"file:{lab.console}", "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
@@ -217,6 +218,28 @@ def test_a_boot_that_hangs_is_booted_again_and_one_that_fails_naming_why_is_not(
         assert third.alive() and len(hung) == 2 and all(not lab.directory.exists() for lab in hung)
         assert third.boot_record() == {"boot_of_campaign": 3, "earlier_boots_stopped": [
             "lab: the lab did not come up within 1s; console: empty"] * 2}
+
+        # a boot that a stall detector's panic ended hung too (the KVM lab's RCU-stall panic while it booted beside
+        # other nested labs, in a suite of 2026-12-01): booted again, not given up as a named failure
+        class Stalled(LabMachine):
+            def failure(self) -> str:
+                return "the lab's kernel panicked: Kernel panic - not syncing: RCU Stall"
+
+        stalled: list[LabMachine] = []
+
+        def boot_stalling_once(earlier: list[str]) -> LabMachine:
+            if stalled:
+                return _start_silent(shared.supervisor, earlier)
+            stalled.append(lab := _start_silent(shared.supervisor, earlier, Stalled))
+            try:
+                lab.await_ready()
+            finally:
+                lab.close()
+            raise AssertionError("a lab whose kernel panicked came up")
+
+        again = open_lab(shared, "lab:stalls", boot_stalling_once, lambda made: made)
+        assert again.alive() and again.boot_record() == {"boot_of_campaign": 2, "earlier_boots_stopped": [
+            "lab: the lab's kernel panicked: Kernel panic - not syncing: RCU Stall"]}
 
         failing: list[LabMachine] = []
 

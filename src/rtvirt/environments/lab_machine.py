@@ -53,6 +53,9 @@ CONSOLE_SOCKET = "console.sock"  # the serial console's input (a hypervisor's de
 SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, its NUL excluded)
 STOPPED_LIMIT = 700  # characters kept of why a boot stopped (a hang's report names every CPU)
 MAX_REBOOTS = 2  # boots of a campaign's lab after the first, each once the one before stopped under a run
+# the panics a kernel's stall detectors end a hang with (softlockup_panic, panic_on_rcu_stall, set in the KVM lab):
+# a boot that ends so hung, under load, and is booted again as one that said nothing
+STALL_PANICS = ("softlockup: hung tasks", "RCU Stall")
 # what a lab's init prints on its console every HEARTBEAT_S seconds: its uptime and load average
 HEARTBEAT_MARK, HEARTBEAT_S = "RTVIRT-LAB-ALIVE", 10
 
@@ -254,7 +257,8 @@ class LabMachine:
                                f"{error.strip()[-300:] or 'no message'}; console: {self.console_tail()}")
             failure = self.failure()
             if failure is not None:
-                raise RunError(f"{self.what}: {failure}")
+                raise (LabHung if any(stall in failure for stall in STALL_PANICS) else RunError)(
+                    f"{self.what}: {failure}")
             if time.monotonic() > deadline:
                 tail = self.console_tail()  # (before the hang report adds to the console)
                 raise LabHung(f"{self.what}: the lab did not come up within {self.boot_timeout_s:.0f}s; "
@@ -450,9 +454,9 @@ def open_lab(shared: SharedResources, key: str, boot: Callable[[list[str]], T],
              lab_of: Callable[[T], LabMachine]) -> T:
     """The campaign's boot of the lab ``key`` names (``boot(why earlier boots stopped)``; ``lab_of`` finds the
     lab in what it made), made on first use, and made again (up to MAX_REBOOTS times) once it stopped under a
-    run or its boot hung: the campaign's later runs go on in a fresh lab. A boot that failed otherwise (QEMU's
-    exit, a panic: a reason named) is not tried again by every later run of the campaign: each of them fails with
-    its reason at once."""
+    run or its boot hung (a stall panic included): the campaign's later runs go on in a fresh lab. A boot that
+    failed otherwise (QEMU's exit, another panic: a reason named) is not tried again by every later run of the
+    campaign: each of them fails with its reason at once."""
     failed: dict[str, str] = shared.get(f"{key}:failed", dict)
     if "why" in failed:
         raise RunError(failed["why"])
