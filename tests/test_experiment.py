@@ -4,6 +4,7 @@ same records with 1 or 2 local workers, after Ctrl-C + --resume, and on a real D
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -172,14 +173,18 @@ def test_ctrl_c_keeps_finished_chunks_and_resume_completes_identically(tmp_path:
     text = SMALL.replace("count = 16", "count = 48")
     path = experiment_file(tmp_path, text)
     results = tmp_path / "interrupted"
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
     proc = subprocess.Popen([*RTVIRT, "experiment", str(path), "--results", str(results), "--workers", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmpdir)})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(list(results.glob("runs/*/records/*.parquet"))) < 3:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
+    assert not list(tmpdir.iterdir()), "the local Dask cluster's scratch directory outlived it"
     run = only_run(results)
     kept = len(list((run / "records").glob("*.parquet")))
     assert 3 <= kept < 3 * 12

@@ -36,7 +36,9 @@ schedulers = ["fifo-deferrable", "deadline"]
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    # Dask's scratch directory (lock files it leaves) goes beside the log rather than in /tmp
+    return subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "DASK_TEMPORARY_DIRECTORY": str(log.parent)})
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

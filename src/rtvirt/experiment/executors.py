@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import InputError
+from ..procs import owned_temp_dir
 
 __all__ = ["Pool", "LocalDaskPool", "DaskPool", "open_pool", "pool_map"]
 
 _CONNECT_TIMEOUT_S = 10
 _RETRIES = 3  # a chunk whose worker died is rerun elsewhere; this bounds chunks that fail by themselves
+SCRATCH_PREFIX = "rtvirt-dask-"
 
 
 class Pool(Protocol):
@@ -61,15 +63,24 @@ class LocalDaskPool(DaskPool):
     """A dask.distributed LocalCluster of ``workers`` processes, closed (every process gone) by ``close``."""
 
     def __init__(self, workers: int) -> None:
+        import dask
         from distributed import Client, LocalCluster
 
+        # Dask's scheduler and workers keep lock files in a scratch directory that outlives them
+        # (TMPDIR/dask-scratch-space by default): ours is removed with the cluster.
+        self._scratch = owned_temp_dir(SCRATCH_PREFIX)
         # Ctrl-C is the driver's to handle (it keeps what is finished, then closes the cluster): worker
         # processes started while SIGINT is ignored keep ignoring it, so they do not die mid-chunk with a traceback.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            self._cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                         dashboard_address=None, silence_logs=logging.ERROR)
+            with dask.config.set({"temporary-directory": self._scratch.name}):
+                self._cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                             dashboard_address=None, silence_logs=logging.ERROR,
+                                             local_directory=self._scratch.name)
             self._client = Client(self._cluster)
+        except BaseException:
+            self._scratch.cleanup()
+            raise
         finally:
             signal.signal(signal.SIGINT, previous)
         self.workers = workers
@@ -78,7 +89,10 @@ class LocalDaskPool(DaskPool):
         try:
             self._client.close()
         finally:
-            self._cluster.close()
+            try:
+                self._cluster.close()
+            finally:
+                self._scratch.cleanup()
 
 
 def open_pool(cluster: str | None, workers: int | None) -> Pool:
