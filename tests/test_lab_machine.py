@@ -15,6 +15,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from sshd_server import CONFIG, SSHD, SshServer, listening
@@ -198,6 +199,15 @@ def test_a_campaign_boots_a_lab_that_stopped_again_a_bounded_number_of_times(tmp
     assert all(not made.directory.exists() for made in boots)
 
 
+def _await_a_boot_that_fails(lab: LabMachine, if_up: str) -> NoReturn:
+    """Wait for ``lab`` to come up, which it must not (await_ready raises why), then close it."""
+    try:
+        lab.await_ready()
+    finally:
+        lab.close()
+    raise AssertionError(if_up)
+
+
 def test_a_boot_that_hangs_is_booted_again_and_one_that_fails_naming_why_is_not() -> None:
     with SharedResources() as shared:
         hung: list[LabMachine] = []
@@ -208,11 +218,7 @@ def test_a_boot_that_hangs_is_booted_again_and_one_that_fails_naming_why_is_not(
             if len(hung) == 2:
                 return lab  # the third boot is taken as up
             hung.append(lab)
-            try:
-                lab.await_ready()
-            finally:
-                lab.close()
-            raise AssertionError("a silent lab came up")
+            _await_a_boot_that_fails(lab, "a silent lab came up")
 
         third = open_lab(shared, "lab:hangs", boot_hanging_twice, lambda made: made)
         assert third.alive() and len(hung) == 2 and all(not lab.directory.exists() for lab in hung)
@@ -231,11 +237,7 @@ def test_a_boot_that_hangs_is_booted_again_and_one_that_fails_naming_why_is_not(
             if stalled:
                 return _start_silent(shared.supervisor, earlier)
             stalled.append(lab := _start_silent(shared.supervisor, earlier, Stalled))
-            try:
-                lab.await_ready()
-            finally:
-                lab.close()
-            raise AssertionError("a lab whose kernel panicked came up")
+            _await_a_boot_that_fails(lab, "a lab whose kernel panicked came up")
 
         again = open_lab(shared, "lab:stalls", boot_stalling_once, lambda made: made)
         assert again.alive() and again.boot_record() == {"boot_of_campaign": 2, "earlier_boots_stopped": [
