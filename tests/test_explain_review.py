@@ -122,6 +122,29 @@ def test_1b_a_handler_running_at_the_planned_wake_up_keeps_its_time() -> None:
     assert found.get("irq 24 eth0") == 20_000, found
 
 
+def test_a_thread_still_running_at_its_planned_wake_up_is_held_off_its_sleep_not_late_in_its_interrupt() -> None:
+    """As a CI run's guest trace had it: the probe, woken late for its previous period, still runs at this one's
+    planned wake-up (+100); a FIFO 90 stressor woken at +80 takes the CPU from it at +300 for 40 ms, and only then
+    does the probe sleep for the time already past, and its timer fires at once. The 40 ms are the stressor's,
+    taken before the thread slept: no interrupt was late, and the first callback after the planned time (the
+    one at +40 650) is not the wake-up the stressor delayed."""
+    lines = [switch(0, IDLE, "R", PROBE),
+             *timer_irq(80, "rtvirt-probe", AGENT, 85, now_us=80.1),  # wakes the stressor
+             switch(300, PROBE, "R", STRESSOR),
+             switch(40_300, STRESSOR, "S", PROBE),
+             switch(40_600, PROBE, "S", IDLE),
+             *timer_irq(40_601, "<idle>", 0, 40_604, now_us=40_601.1),
+             switch(40_606, IDLE, "R", PROBE)]
+    parts, _ = host_parts(lines, windows((ns(100), ns(40_608))))
+    found = shares(parts)
+    took = "task rtvirt-stress/77 SCHED_FIFO/RR 90 (took the CPU before the measuring thread slept for this wake-up)"
+    assert found.get(took) == 40_000_000, found
+    assert not [cause for cause in found if "before the timer interrupt" in cause or "late to an idle" in cause], \
+        found
+    assert {p.variant for p in parts if p.cause == took} == {"took the CPU before the measuring thread slept for "
+                                                             "this wake-up"}
+
+
 # ---- 4: the agent's other threads are not the measurer; timerlat's thread is ---------------------------------
 
 def test_4_the_agents_writer_is_a_task_and_timerlats_kthread_is_the_measurer() -> None:

@@ -8,6 +8,7 @@ later runs, a bounded number of times (open_lab)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -62,10 +63,29 @@ def _start_silent(supervisor: Supervisor, earlier: list[str] | None = None,
                    "-serial", f"file:{lab.console}", "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
                    "-device", "virtio-net-pci,netdev=n0,romfile="], port)
         _listening(port)
+        _console_opened(lab)
     except BaseException:
         lab.close()
         raise
     return lab
+
+
+def _console_opened(lab: LabMachine, timeout: float = 30.0) -> None:
+    """Wait until QEMU holds the lab's console file open: QEMU opens (and truncates) it after its network
+    backends, so its forwarded port listening does not say a test may write the console yet (a CI run's test
+    wrote it in between and read it back empty)."""
+    fds, deadline = Path(f"/proc/{(lab.directory / 'qemu.pid').read_text()}/fd"), time.monotonic() + timeout
+    while not _holds_open(fds, lab.console):
+        assert time.monotonic() < deadline, f"QEMU did not open {lab.console} within {timeout} s"
+        time.sleep(0.05)
+
+
+def _holds_open(fds: Path, path: Path) -> bool:
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):  # (an fd closed since the listing)
+            if os.readlink(fd) == str(path):
+                return True
+    return False
 
 
 @pytest.fixture

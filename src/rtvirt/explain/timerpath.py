@@ -6,6 +6,9 @@ expired first at or after the planned time: the callback's event carries the tim
 (``now``), which the text trace's microsecond stamps cannot give (they are rounded: an on-time interrupt may print
 before the planned wake-up). From there:
 
+- a thread still on its CPU at its planned wake-up (late from its previous one) had not slept for it: until its
+  last switch-out before the interrupt, what ran instead *took the CPU before the measuring thread slept* (it
+  then sleeps for a time already past, and its timer fires at once); the interrupt is judged from that sleep;
 - what held the CPU from the planned wake-up until that interrupt entered is *before the timer interrupt*: a
   task that kept interrupts off or was current while an outer hypervisor held the CPU (its CPU's steal around
   the window says which is likely), or an idle CPU, which the interrupt should have woken at once: beyond the
@@ -32,11 +35,12 @@ from .model import Occupancy
 from .outer import StealReading
 from .tracefs import TEXT_RESOLUTION_NS
 
-__all__ = ["timer_path", "thread_moves", "agent_bound", "BEFORE_INTERRUPT", "AHEAD_OF_RT", "LATE_TO_IDLE",
-           "AGENT_RETURN_MIN_NS"]
+__all__ = ["timer_path", "thread_moves", "agent_bound", "BEFORE_INTERRUPT", "AHEAD_OF_RT", "BEFORE_SLEEP",
+           "LATE_TO_IDLE", "AGENT_RETURN_MIN_NS"]
 
 BEFORE_INTERRUPT = "before the timer interrupt"
 AHEAD_OF_RT = "kept the CPU after the real-time thread was woken"
+BEFORE_SLEEP = "took the CPU before the measuring thread slept for this wake-up"
 LATE_TO_IDLE = "timer interrupt late to an idle CPU"
 NESTED = frozenset({"irq", "softirq", "irq-vector", "timer"})
 # the measuring thread's way from its switch-in back to its clock read (kernel return path, vDSO read) is its own
@@ -122,9 +126,33 @@ def _marked(occupancy: Occupancy, begin: int, end: int, cause: str, kind: str, v
                                detail={**occupancy.detail, **detail})
 
 
+def _measurer(occupancy: Occupancy) -> bool:
+    """The measuring thread switched in: its own time, or the part of it agent_bound left unexplained."""
+    return occupancy.kind == "agent" or (occupancy.kind == "unexplained" and "return_bound_ns" in occupancy.detail)
+
+
+def _slept_at(near: list[Occupancy], start: int, arrival: int) -> int:
+    """When the measuring thread slept for the window's wake-up: ``start`` for one asleep by its planned time, as a
+    thread on time is; for one still on the CPU then (late from its previous wake-up), its last switch-out before
+    the interrupt entered. Until then no timer of its was armed to come late."""
+    if not any(_measurer(o) and o.start_ns <= start < o.end_ns for o in near):
+        return start
+    return max([o.end_ns for o in near if _measurer(o) and start < o.end_ns <= arrival], default=start)
+
+
+def _before_sleep(occupancy: Occupancy, begin: int, end: int) -> Occupancy:
+    """A stretch after the planned wake-up, before the measuring thread (still on the CPU then) slept for it: a
+    task that took the CPU from it, or idle while it neither ran nor slept (blocked, or not run)."""
+    if occupancy.kind == "idle-exit":
+        return _marked(occupancy, begin, end, "idle before the measuring thread slept for this wake-up (it "
+                       "blocked, or was not run)", "idle-exit", "before the measuring thread slept", {})
+    return _marked(occupancy, begin, end, f"{occupancy.cause} ({BEFORE_SLEEP})", "task", BEFORE_SLEEP, {})
+
+
 def _before_interrupt(occupancy: Occupancy, begin: int, end: int, path: _Path, steal: StealReading | None,
-                      idle: tuple[str, int] | None, window_start: int) -> Occupancy:
-    """A stretch before the timer interrupt entered, named by who was current."""
+                      idle: tuple[str, int] | None, window_start: int, slept: int) -> Occupancy:
+    """A stretch before the timer interrupt entered, named by who was current (``slept``: when the thread slept
+    for it, from which an idle CPU's interrupt is judged)."""
     detail: dict[str, str | int] = {"interrupt_entered_ns": path.arrival - window_start}
     if path.delivery_ns is not None:
         detail["expiry_to_timer_ns"] = path.delivery_ns
@@ -137,7 +165,7 @@ def _before_interrupt(occupancy: Occupancy, begin: int, end: int, path: _Path, s
     exit_ns = idle[1] if idle is not None else 0
     if idle is not None:
         detail.update(idle_state=idle[0], idle_exit_latency_ns=idle[1])
-    if path.arrival - window_start <= exit_ns + 2 * TEXT_RESOLUTION_NS:
+    if path.arrival - max(window_start, slept) <= exit_ns + 2 * TEXT_RESOLUTION_NS:
         return _marked(occupancy, begin, end, f"idle: waking up ({idle[0] if idle else 'idle state not known'})",
                        "idle-exit", "waking up", detail)
     state = f"its deepest idle state {idle[0]} exits within {idle[1] / 1e3:g} us" if idle is not None else \
@@ -207,11 +235,17 @@ def timer_path(occupancies: list[Occupancy], windows: np.ndarray, steal: Steal |
         if path is None:
             continue
         reading = steal(fired, start, end) if steal is not None else None
+        slept_at = _slept_at(near[fired], start, path.arrival)
         for occupancy in near[fired]:
-            if occupancy.kind in ("task", "idle-exit"):
-                for begin, stop in _uncovered(occupancy, start, path.arrival, nested[fired]):
-                    mark = _before_interrupt(occupancy, begin, stop, path, reading, (idle or {}).get(fired), start)
-                    marks[(mark.cpu, begin, stop, mark.cause)] = mark
+            if occupancy.kind not in ("task", "idle-exit"):
+                continue
+            for begin, stop in _uncovered(occupancy, start, slept_at, nested[fired]):
+                mark = _before_sleep(occupancy, begin, stop)
+                marks[(mark.cpu, begin, stop, mark.cause)] = mark
+            for begin, stop in _uncovered(occupancy, slept_at, path.arrival, nested[fired]):
+                mark = _before_interrupt(occupancy, begin, stop, path, reading, (idle or {}).get(fired), start,
+                                         slept_at)
+                marks[(mark.cpu, begin, stop, mark.cause)] = mark
         if path.woken is None:
             continue
         for occupancy in near[cpu]:
