@@ -124,6 +124,8 @@ def test_a_campaign_on_a_kvm_host_over_ssh_runs_its_qemu_and_stressors_there(ser
         assert kvm_host["accelerates"] is False and "halt_poll_ns" in kvm_host["modules"]["kvm"]
         assert detail["qemu"].startswith("QEMU emulator version")
         assert detail["vcpu_threads"]["0"]["host_cpu"] == CPU
+        # read there once a second, the last reading while its vCPU thread lived
+        assert detail["vcpu_cpu_seconds"] > 0 and detail["vcpu_cpu_seconds_after_boot"] >= 0, detail
         assert manifest["delivery"]["via"].startswith("a FIFO on") and manifest["delivery"]["guest_said"] \
             == "confirmed"
         assert manifest["system"]["platform"]["kvm_host"]["kernel"] == os.uname().release
@@ -220,3 +222,32 @@ def test_bad_host_text_is_refused_with_exit_2(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_remote_vcpu_cpu_time_keeps_its_last_sum_when_a_vcpu_thread_ends_before_qemu() -> None:
+    """The script a KVM host runs for the vCPU threads' CPU time, run here on a process whose busy thread ends 1.5 s
+    before the process does (QEMU's vCPU threads exit before its main thread): its sums never fall back (they
+    fell to 0 once the thread was gone: the KVM lab's runs recorded 0.0 s of vCPU time, and a negative time after
+    the boot)."""
+    from rtvirt.environments.qemu.where import _CPU_TIMES
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import threading, time\n"
+        "def busy():\n    end = time.monotonic() + 1.5\n    while time.monotonic() < end: pass\n"
+        "thread = threading.Thread(target=busy); thread.start(); print(thread.native_id, flush=True)\n"
+        "thread.join(); time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        tid = child.stdout.readline().strip()
+        script = subprocess.Popen(["sh", "-c", _CPU_TIMES, "rtvirt-cpu-times", str(child.pid), tid],
+                                  stdout=subprocess.PIPE, text=True)
+        time.sleep(4.5)  # the thread's 1.5 s and three readings after it
+        ended = script.poll() is not None
+        script.kill()
+        said = script.communicate()[0].split()
+    finally:
+        child.kill()
+        child.wait()
+    ticks = [int(line) for line in said[1:]]
+    assert ticks and ticks[-1] > 0 and ticks == sorted(ticks), said
+    assert ended  # the readings stop with the thread
