@@ -351,7 +351,11 @@ def test_the_guests_flight_recorder_keeps_the_early_bursts_of_a_run_longer_than_
                       zip(records["t_ns"], records["value"], strict=True)), reverse=True)[:8]
     early = sorted({(round((part.sample_t_ns - start) / 1e9, 2), part.cause[:60]) for part in explanation.parts
                     if part.sample_t_ns - start < 9_000_000_000})[:12]
-    assert len(bursts) >= 2 and bursts[0] < 8.5, (burst_at, guest.notes, largest, early)
+    # the first burst the probe saw: within 8 s of its first sample (the stressor starts first, its bursts' phase
+    # against the probe's start varies: seen 0.08 s and 1.17 s from the stream's start to the first sample, the
+    # burst before it at -0.08 s and 0.76 s)
+    first = (int(records["t_ns"][0]) - start) / 1e9
+    assert len(bursts) >= 2 and bursts[0] < first + 8.5, (first, burst_at, guest.notes, largest, early)
     held = next(note for note in guest.notes if note.startswith("the flight recorder held at most"))
     assert int(held.split("at most ")[1].split(" KiB")[0]) <= 1024, held
     assert not [note for note in guest.notes if "outlier windows lost trace" in note], guest.notes

@@ -134,7 +134,8 @@ def test_a_thread_still_running_at_its_planned_wake_up_is_held_off_its_sleep_not
              switch(40_300, STRESSOR, "S", PROBE),
              switch(40_600, PROBE, "S", IDLE),
              *timer_irq(40_601, "<idle>", 0, 40_604, now_us=40_601.1),
-             switch(40_606, IDLE, "R", PROBE)]
+             switch(40_606, IDLE, "R", PROBE),
+             switch(40_610, PROBE, "S", IDLE)]
     parts, _ = host_parts(lines, windows((ns(100), ns(40_608))))
     found = shares(parts)
     took = "task rtvirt-stress/77 SCHED_FIFO/RR 90 (took the CPU before the measuring thread slept for this wake-up)"
@@ -143,6 +144,24 @@ def test_a_thread_still_running_at_its_planned_wake_up_is_held_off_its_sleep_not
         found
     assert {p.variant for p in parts if p.cause == took} == {"took the CPU before the measuring thread slept for "
                                                              "this wake-up"}
+
+
+def test_another_measuring_thread_on_the_cpu_at_the_planned_wake_up_does_not_make_it_this_threads_own() -> None:
+    """Two measuring threads on one CPU: the other one (pid 52) is current at this thread's planned wake-up (+100)
+    and is preempted by the stressor; this thread (pid 50) was asleep all along, so the stressor's time is before
+    its timer interrupt, not time taken before it slept."""
+    other = ("rtvirt-probe", 52, 19)
+    lines = [switch(0, IDLE, "R", other),
+             switch(200, other, "R", STRESSOR),
+             switch(400, STRESSOR, "S", other),
+             switch(420, other, "S", IDLE),
+             *timer_irq(450, "<idle>", 0, 453, now_us=450.1),
+             switch(455, IDLE, "R", PROBE),
+             switch(475, PROBE, "S", IDLE)]
+    parts, _ = host_parts(lines, windows((ns(100), ns(470))), agents=(AGENT, 52))
+    found = shares(parts)
+    assert found.get("before the timer interrupt: task rtvirt-stress/77 SCHED_FIFO/RR 90") == 200_000, found
+    assert not [cause for cause in found if "before the measuring thread slept" in cause], found
 
 
 # ---- 4: the agent's other threads are not the measurer; timerlat's thread is ---------------------------------

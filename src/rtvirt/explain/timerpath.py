@@ -26,7 +26,7 @@ vector, a timer callback) covers: a handler that was running when the planned wa
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -131,13 +131,21 @@ def _measurer(occupancy: Occupancy) -> bool:
     return occupancy.kind == "agent" or (occupancy.kind == "unexplained" and "return_bound_ns" in occupancy.detail)
 
 
-def _slept_at(near: list[Occupancy], start: int, arrival: int) -> int:
-    """When the measuring thread slept for the window's wake-up: ``start`` for one asleep by its planned time, as a
-    thread on time is; for one still on the CPU then (late from its previous wake-up), its last switch-out before
-    the interrupt entered. Until then no timer of its was armed to come late."""
-    if not any(_measurer(o) and o.start_ns <= start < o.end_ns for o in near):
+def _thread_at(measurers: Iterable[Occupancy], cpu: int, end: int) -> int | None:
+    """The pid of the measuring thread switched in on ``cpu`` at ``end`` (a window's clock read)."""
+    ran = [o for o in measurers if o.cpu == cpu and o.start_ns <= end < o.end_ns + TEXT_RESOLUTION_NS]
+    pid = max(ran, key=lambda o: o.start_ns).detail.get("pid") if ran else None
+    return pid if isinstance(pid, int) else None
+
+
+def _slept_at(near: list[Occupancy], start: int, arrival: int, thread: int | None) -> int:
+    """When the window's measuring thread (pid ``thread``) slept for its wake-up: ``start`` for one asleep by its
+    planned time, as a thread on time is; for one still on the CPU then (late from its previous wake-up), its last
+    switch-out before the interrupt entered. Until then no timer of its was armed to come late."""
+    mine = [o for o in near if _measurer(o) and o.detail.get("pid") == thread]
+    if thread is None or not any(o.start_ns <= start < o.end_ns for o in mine):
         return start
-    return max([o.end_ns for o in near if _measurer(o) and start < o.end_ns <= arrival], default=start)
+    return max([o.end_ns for o in mine if start < o.end_ns <= arrival], default=start)
 
 
 def _before_sleep(occupancy: Occupancy, begin: int, end: int) -> Occupancy:
@@ -198,10 +206,9 @@ def thread_moves(occupancies: list[Occupancy], windows: np.ndarray) -> list[list
     moves = []
     for start, end, cpu in zip(windows["start_ns"].tolist(), windows["end_ns"].tolist(), windows["cpu"].tolist(),
                                strict=True):
-        ran = [o for o in agents if o.cpu == cpu and o.start_ns <= end < o.end_ns + TEXT_RESOLUTION_NS]
-        if not ran:
+        thread = _thread_at(agents, cpu, end)
+        if thread is None:
             continue
-        thread = max(ran, key=lambda o: o.start_ns).detail.get("pid")
         before = [o for o in agents if o.detail.get("pid") == thread and o.end_ns <= start + TEXT_RESOLUTION_NS]
         paths = {on: _wake_up(index.overlapping(on, start, end), start, end) for on in index.lists}
         woken = {on: path for on, path in paths.items() if path is not None and path.woken is not None}
@@ -235,7 +242,8 @@ def timer_path(occupancies: list[Occupancy], windows: np.ndarray, steal: Steal |
         if path is None:
             continue
         reading = steal(fired, start, end) if steal is not None else None
-        slept_at = _slept_at(near[fired], start, path.arrival)
+        slept_at = _slept_at(near[fired], start, path.arrival,
+                             _thread_at((o for o in near[cpu] if _measurer(o)), cpu, end))
         for occupancy in near[fired]:
             if occupancy.kind not in ("task", "idle-exit"):
                 continue
