@@ -284,7 +284,11 @@ def test_timeline_events_switch_stress_on_and_off(tmp_path: Path) -> None:
     during = latency[(t > events["stress-on"] + 0.2) & (t < events["stress-off"] - 0.2)]
     outside = latency[(t < events["stress-on"] - 0.2) | (t > events["stress-off"] + 0.2)]
     assert during.size > 100 and outside.size > 100
-    assert float(np.percentile(during, 99)) > 1.5 * float(np.percentile(outside, 99))
+    # the stressor holds the CPU a fifth of the time (1 ms in 4.9): the 90th percentile shows it, where the 99th
+    # is the outer host's (a suite run here: outside the stress 2 % of wake-ups over 200 us, p99 777 us, the
+    # longest 4 ms, at FIFO 99 on this VM; during it p90 521 us against 43 us outside, p99 925 against 777 us)
+    assert float(np.percentile(during, 90)) > 3 * float(np.percentile(outside, 90)), (
+        np.percentile(during, [50, 90, 99]), np.percentile(outside, [50, 90, 99]))
 
 
 WATCHDOG_SCENARIO = """\
