@@ -220,10 +220,6 @@ def test_bad_host_text_is_refused_with_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2 and "host" in result.stderr and "Traceback" not in result.stderr
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_the_remote_vcpu_cpu_time_keeps_its_last_sum_when_a_vcpu_thread_ends_before_qemu() -> None:
     """The script a KVM host runs for the vCPU threads' CPU time, run here on a process whose busy thread ends 1.5 s
     before the process does (QEMU's vCPU threads exit before its main thread): its sums never fall back (they
@@ -251,3 +247,7 @@ def test_the_remote_vcpu_cpu_time_keeps_its_last_sum_when_a_vcpu_thread_ends_bef
     ticks = [int(line) for line in said[1:]]
     assert ticks and ticks[-1] > 0 and ticks == sorted(ticks), said
     assert ended  # the readings stop with the thread
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -160,7 +160,7 @@ def _before_sleep(occupancy: Occupancy, begin: int, end: int) -> Occupancy:
 def _before_interrupt(occupancy: Occupancy, begin: int, end: int, path: _Path, steal: StealReading | None,
                       idle: tuple[str, int] | None, window_start: int, slept: int) -> Occupancy:
     """A stretch before the timer interrupt entered, named by who was current (``slept``: when the thread slept
-    for it, from which an idle CPU's interrupt is judged)."""
+    for it, the window's start or later, from which an idle CPU's interrupt is judged)."""
     detail: dict[str, str | int] = {"interrupt_entered_ns": path.arrival - window_start}
     if path.delivery_ns is not None:
         detail["expiry_to_timer_ns"] = path.delivery_ns
@@ -173,7 +173,7 @@ def _before_interrupt(occupancy: Occupancy, begin: int, end: int, path: _Path, s
     exit_ns = idle[1] if idle is not None else 0
     if idle is not None:
         detail.update(idle_state=idle[0], idle_exit_latency_ns=idle[1])
-    if path.arrival - max(window_start, slept) <= exit_ns + 2 * TEXT_RESOLUTION_NS:
+    if path.arrival - slept <= exit_ns + 2 * TEXT_RESOLUTION_NS:
         return _marked(occupancy, begin, end, f"idle: waking up ({idle[0] if idle else 'idle state not known'})",
                        "idle-exit", "waking up", detail)
     state = f"its deepest idle state {idle[0]} exits within {idle[1] / 1e3:g} us" if idle is not None else \

@@ -97,11 +97,10 @@ for t in $(ls "/proc/$pid/task"); do
 done
 echo "$n"
 """
-# The CPU time of QEMU $1's threads $2... once a second while QEMU lives: the clock tick rate, then one line a
-# second of their utime+stime in ticks, read with shell builtins (the fields after the comm, which may hold anything)
-# the vCPU threads' summed CPU ticks, once a second while QEMU lives; a vCPU thread gone (QEMU ending: its vCPUs
-# exit before its main thread) ends the readings, whose last sum stands: one without it would be short (the
-# KVM lab's runs recorded 0.0 s, and a negative time after the boot)
+# The CPU time of QEMU $1's threads $2... once a second while they live: the clock tick rate, then one line a
+# second of their utime+stime in ticks, read with shell builtins (the fields after the comm, which may hold anything).
+# A thread gone (QEMU ending: its vCPUs exit before its main thread) ends the readings, whose last sum stands: one
+# without it would be short (the KVM lab's runs recorded 0.0 s, and a negative time after the boot)
 _CPU_TIMES = r"""set -f; pid=$1; shift; getconf CLK_TCK
 ticks() { n=$((${12} + ${13})); }
 while [ -e "/proc/$pid" ]; do
