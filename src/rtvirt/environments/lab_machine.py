@@ -251,14 +251,17 @@ class LabMachine:
         assert self._proc is not None
         deadline = self._started + self.boot_timeout_s
         while self.ready_mark not in self.console_text():
-            if self._proc.poll() is not None:
-                error = self._proc.stderr.read(2000).decode(errors="replace") if self._proc.stderr else ""
-                raise RunError(f"{self.what}: QEMU exited while the lab booted: "
-                               f"{error.strip()[-300:] or 'no message'}; console: {self.console_tail()}")
+            exited = self._proc.poll() is not None
+            # (read after QEMU's end: a lab kernel's panic ends its QEMU at once, as panic=-1 under -no-reboot
+            # does; a CI run's KVM lab had so exited, 77 s into its boot, when this loop next read its console)
             failure = self.failure()
             if failure is not None:
                 raise (LabHung if any(stall in failure for stall in STALL_PANICS) else RunError)(
                     f"{self.what}: {failure}")
+            if exited:
+                error = self._proc.stderr.read(2000).decode(errors="replace") if self._proc.stderr else ""
+                raise RunError(f"{self.what}: QEMU exited while the lab booted: "
+                               f"{error.strip()[-300:] or 'no message'}; console: {self.console_tail()}")
             if time.monotonic() > deadline:
                 tail = self.console_tail()  # (before the hang report adds to the console)
                 raise LabHung(f"{self.what}: the lab did not come up within {self.boot_timeout_s:.0f}s; "
