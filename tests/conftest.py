@@ -235,6 +235,64 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+# what the suite starts that must not outlive it: a clean-up that fails quietly leaves one running, and the tests
+# after it (the quiet phase's timings above all) pay for it unseen
+OUTLIVING_KINDS = ("qemu-system", "libvirtd", "virtlogd", "postgres", "prometheus", "chromium", "stress-ng", "dask",
+                   "-m rtvirt", "rtvirt-agent", "xl ", "sshd")
+_SESSION_STARTED: list[int] = []  # clock ticks since boot when this session started
+
+
+def _ticks_now() -> int:
+    with open("/proc/uptime") as f:
+        return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _SESSION_STARTED.append(_ticks_now())
+
+
+def _outliving(since: int) -> list[str]:
+    """The processes of OUTLIVING_KINDS started since ``since`` that are orphans or still this process's own."""
+    processes = live_processes()
+    parent = {pid: int(fields[1]) for pid, fields in processes}
+
+    def mine(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    left = []
+    for pid, fields in processes:
+        if int(fields[19]) < since or not (int(fields[1]) == 1 or mine(pid)):  # (fields[19]: its start time)
+            continue
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(kind in command for kind in OUTLIVING_KINDS):
+            left.append(f"{pid}: {command[:300]}")
+    return left
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The session fails when something it started outlives it (20 s allowed for what is stopping); an xdist
+    worker leaves the check to the controller, which makes it once every worker has ended."""
+    if hasattr(session.config, "workerinput") or not _SESSION_STARTED:
+        return
+    deadline = time.monotonic() + 20
+    while (left := _outliving(_SESSION_STARTED[0])) and time.monotonic() < deadline:
+        time.sleep(1)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write("\n")
+            reporter.write_line("processes this session started outlive it:\n  " + "\n  ".join(left), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def has_samples(stream: Path) -> bool:
     """A stream being written holds data records."""
     return samples_so_far(stream) > 0

@@ -157,7 +157,7 @@ def test_the_bare_metal_timer_keeps_its_1khz_grid_on_both_arm_labs(runs: dict[st
 
 def test_a_kvm_lab_host_task_comes_back_as_holes_of_its_slice_named_stolen(runs: dict[str, Path]) -> None:
     run = _run(runs, "kvm-holes", "kvm-arm")
-    holes = injected_holes(run / "samples.rtvs", 2 * MS, 10 * MS)  # (most windows, 10 ms apart within 10 %)
+    holes = injected_holes(run / "samples.rtvs", 2 * MS, 10 * MS)  # (most windows, on a 10 ms grid within 10 %)
     stored = read_explanation(run)
     exits = _preempted_exits(stored, "rtvirt-stress", MS)
     # The time KVM counted as stolen in each hole is what the lab's own trace says: KVM adds the vCPU thread's

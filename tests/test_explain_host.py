@@ -492,6 +492,29 @@ def _replay(lines: list[str], records: np.ndarray, bound: int, placement: Any = 
     return recorder, recorder.finish()[MEASURED]
 
 
+
+def _assert_kept_only_what_windows_need(lines: list[str], kept_text: str, spans: list[tuple[int, int, int]]) -> None:
+    """Every event line the recorder kept lies in a CHUNK_NS cell of trace time that some span needs: from the cell
+    of the last sched_switch before the span (what was running when it began) to the cell of its end; and much of
+    the trace lies in no such cell, so this can fail. (How much the windows need is this machine's: its own stalls
+    add outliers, 374 beside the stressor's 142 in one CI run, where the windows needed half the trace.)"""
+    from rtvirt.explain.recorder import CHUNK_NS, SWITCH
+    from rtvirt.explain.tracefs import line_stamp
+
+    stamps = [line_stamp(line) or 0 for line in lines]
+    switches = [stamp for stamp, line in zip(stamps, lines, strict=True) if SWITCH in line]
+    needed: set[int] = set()
+    for _, start, end in spans:
+        before = bisect.bisect_left(switches, start)
+        first = switches[before - 1] if before else start
+        needed.update(range(first // CHUNK_NS, end // CHUNK_NS + 1))
+    whole = set(lines)
+    outside = [line for line in kept_text.splitlines()
+               if line in whole and (line_stamp(line) or 0) // CHUNK_NS not in needed]
+    assert not outside, outside[:3]
+    assert sum(stamp // CHUNK_NS not in needed for stamp in stamps) > len(lines) // 10, len(needed)
+
+
 def test_the_recorders_kept_trace_reads_exactly_as_the_whole_one(recorded: dict[str, Any]) -> None:
     """On one trace (the whole run's), what the recorder keeps gives the attribution the same events as the
     whole trace, for every outlier window it did not report lost: within 1 MiB (nothing lost), and within
@@ -500,14 +523,13 @@ def test_the_recorders_kept_trace_reads_exactly_as_the_whole_one(recorded: dict[
 
     whole = TracefsInstance([MEASURED], ["sched:sched_switch"])
     whole.texts = {MEASURED: "\n".join(recorded["whole"])}
-    whole_chars = len(whole.texts[MEASURED])
     windows = recorded["windows"]
     needed = None
     for bound in (1024 * 1024, None):
         recorder, kept_text = _replay(recorded["whole"], recorded["records"], bound or needed * 2 // 3)
         kept = TracefsInstance([MEASURED], ["sched:sched_switch"])
         kept.texts = {MEASURED: kept_text}
-        assert len(kept_text) < 0.5 * whole_chars  # it kept the windows, not everything
+        _assert_kept_only_what_windows_need(recorded["whole"], kept_text, _spans(windows, MARGIN_NS))
         assert max(recorder.peak_bytes().values()) <= (bound or needed * 2 // 3)
         lost = np.array([(int(cpu), int(start), int(latency)) in recorder.lost
                          for start, cpu, latency in windows[["start_ns", "cpu", "latency_ns"]].tolist()], dtype=bool)
@@ -549,7 +571,7 @@ def test_a_guests_samples_placed_on_the_trace_clock_keep_the_same_windows(record
     windows = recorded["windows"]
     recorder, kept_text = _replay(recorded["whole"], guest, 1 << 20, Exchanged(shift), shift)
     assert not recorder.lost and recorder.dropped_lines == 0
-    assert len(kept_text) < 0.5 * len(whole.texts[MEASURED])
+    _assert_kept_only_what_windows_need(recorded["whole"], kept_text, _spans(windows, MARGIN_NS + uncertainty))
     kept = TracefsInstance([MEASURED], ["sched:sched_switch"])
     kept.texts = {MEASURED: kept_text}
     for cpu, start, end in _spans(windows, MARGIN_NS + uncertainty):

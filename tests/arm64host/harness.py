@@ -460,7 +460,12 @@ def injected_holes(path: Path, slice_ns: int, period_ns: int) -> InjectedHoles:
     duration = int(records["t_ns"][-1]) - int(records["t_ns"][0])
     assert injected.sum() >= duration // period_ns // 2, (injected.sum(), duration // period_ns)
     starts = records["t_ns"][injected].astype(np.int64)
-    assert abs(np.median(np.diff(starts)) - period_ns) <= 0.1 * period_ns, np.median(np.diff(starts))
+    # the kept holes recur on the interferer's period: consecutive ones a whole number of periods apart. (On a board
+    # starved enough that the task ran a median 1.39 ms of its 2 ms, the hypervisor counted under half a slice in
+    # 38 % of its windows, so the kept holes were a median of 18.2 ms apart: two periods.)
+    apart = np.diff(starts)
+    off_grid = np.abs(apart - np.maximum(np.rint(apart / period_ns), 1) * period_ns)
+    assert np.median(off_grid) <= 0.1 * period_ns, np.percentile(apart, [10, 50, 90])
     shares = stolen_share_of_holes(path)
     return InjectedHoles(values[injected], runnable[injected].astype(np.int64), starts,
                          np.array([shares[t] for t in starts.tolist()]), values[~holes & (runnable == 0)])
