@@ -20,12 +20,11 @@ from typing import Any
 
 import pytest
 import tomli_w
-from conftest import RAN, RTVIRT, assert_ran, run_cli
+from conftest import RAN, RTVIRT, assert_given_host_tsc_rate, assert_ran, run_cli
 
 from rtvirt.environments.guest_image import cache_dir
 from rtvirt.environments.kvmlab.lab import LAB_ROOT, KvmLab
 from rtvirt.environments.lab_machine import MAX_REBOOTS
-from rtvirt.environments.tcg_clock import host_cycles_khz
 from rtvirt.errors import InputError
 from rtvirt.results.report import write_report
 from rtvirt.scenario import builtin_scenarios
@@ -164,7 +163,7 @@ def test_rtvirts_own_qemu_runs_a_guest_under_the_labs_kvm_over_ssh(
     # the lab runs under TCG: the guest boots its kernel's ELF (a bzImage would decompress itself emulated)
     assert detail["realtime"]["kernel_file"] == "ELF (PVH entry)"
     # the lab's kernel took its TSC's rate from this host (tcg_clock); its KVM gives the nested guest its own
-    assert f"tsc_early_khz={host_cycles_khz()}" in detail["kvm_host"]["cmdline"], detail["kvm_host"]
+    assert_given_host_tsc_rate(detail["kvm_host"]["cmdline"])
     assert detail["realtime"]["guest_tsc"] == "the guest's own"
     assert detail["guest"] == "linux" and manifest["summary"]["all"]["samples"] > 0
     # its vCPU thread's CPU time, read in the lab while the thread lived (3 of 5 lab runs said 0.0 s before)
