@@ -240,20 +240,11 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 # after it (the quiet phase's timings above all) pay for it unseen
 OUTLIVING_KINDS = ("qemu-system", "libvirtd", "virtlogd", "postgres", "prometheus", "chromium", "stress-ng", "dask",
                    "-m rtvirt", "rtvirt-agent", "xl ", "sshd")
-_SESSION_STARTED: list[int] = []  # clock ticks since boot when this session started
-
-
-def _ticks_now() -> int:
-    with open("/proc/uptime") as f:
-        return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    _SESSION_STARTED.append(_ticks_now())
 
 
 def _outliving(since: int) -> list[str]:
-    """The processes of OUTLIVING_KINDS started since ``since`` that are orphans or still this process's own."""
+    """The processes of OUTLIVING_KINDS started since ``since`` (clock ticks since boot) that are orphans or
+    still this process's own."""
     processes = live_processes()
     parent = {pid: int(fields[1]) for pid, fields in processes}
 
@@ -281,10 +272,13 @@ def _outliving(since: int) -> list[str]:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The session fails when something it started outlives it (20 s allowed for what is stopping); an xdist
     worker leaves the check to the controller, which makes it once every worker has ended."""
-    if hasattr(session.config, "workerinput") or not _SESSION_STARTED:
+    from rtvirt.procs import process_start_time
+
+    if hasattr(session.config, "workerinput"):
         return
+    started = int(process_start_time(os.getpid()) or 0)  # (this pytest's: what started since is the session's)
     deadline = time.monotonic() + 20
-    while (left := _outliving(_SESSION_STARTED[0])) and time.monotonic() < deadline:
+    while (left := _outliving(started)) and time.monotonic() < deadline:
         time.sleep(1)
     if left:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")

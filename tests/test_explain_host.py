@@ -492,7 +492,6 @@ def _replay(lines: list[str], records: np.ndarray, bound: int, placement: Any = 
     return recorder, recorder.finish()[MEASURED]
 
 
-
 def _assert_kept_only_what_windows_need(lines: list[str], kept_text: str, spans: list[tuple[int, int, int]]) -> None:
     """Every event line the recorder kept lies in a CHUNK_NS cell of trace time that some span needs: from the cell
     of the last sched_switch before the span (what was running when it began) to the cell of its end; and much of

@@ -25,7 +25,7 @@ from sshd_server import CONFIG, SSHD, SshServer, listening
 from rtvirt.environments.base import SharedResources
 from rtvirt.environments.lab_machine import MAX_REBOOTS, LabMachine, free_port, open_lab
 from rtvirt.errors import RunError
-from rtvirt.procs import Supervisor
+from rtvirt.procs import Supervisor, process_state
 
 QEMU = shutil.which("qemu-system-x86_64")
 
@@ -221,10 +221,10 @@ def test_a_campaign_boots_a_lab_that_stopped_again_a_bounded_number_of_times(tmp
 
 
 def _kill_and_wait(pid: int, timeout: float = 30.0) -> None:
-    """SIGKILL ``pid`` (a child of this process) and wait until it has exited (a zombie not yet reaped)."""
+    """SIGKILL ``pid`` (a child of this process) and wait until it has exited."""
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+    while process_state(pid) not in ("Z", None):  # (a zombie not yet reaped, or reaped)
         assert time.monotonic() < deadline, f"{pid} did not end within {timeout} s"
         time.sleep(0.05)
 
