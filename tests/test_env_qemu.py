@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import assert_given_host_tsc_rate
 
 from rtvirt.environments.console_log import CONSOLE_HEAD_BYTES, CONSOLE_TAIL_BYTES, bound_console_file, keep_console
 from rtvirt.environments.guest_image import EXIT_MARK, READY_MARK, GuestJob, job_archive
@@ -76,13 +77,16 @@ def test_tcg_guest_boots_and_streams_timer_samples_to_the_host(tmp_path: Path) -
     # the end-of-stream handshake: the host confirmed, and the agent heard it confirm every record it wrote
     assert launched.confirmation == "sent"
     assert delivery["guest_said"] == "confirmed" and delivery["guest_records"] == stream.records.size
-    assert stream.records.size >= 100  # 1 s at 1 ms, generously low for a loaded TCG host
+    # every 1 ms period of the second is a sample or a counted overrun: a starved TCG guest misses many (in a
+    # suite run its vCPU did not run for 1.15 s, leaving 5 samples and 995 overruns)
+    overruns = stream.stats[(0, "overruns")]
+    assert stream.records.size >= 2 and stream.records.size + overruns == 1000, (stream.records.size, overruns)
     assert description["acceleration"] == "tcg" and env.warnings() == [TCG_WARNING]
     assert description["vcpu_threads"]["0"]["host_cpu"] == cpu
     assert description["boot_seconds"] is not None
     # its kernel took its TSC's rate from the host (tcg_clock): the agent in the guest measured its cycle counter
     # against the guest's clock at that rate, within the 1 % the kernel's own refinement may move it
-    assert description["realtime"]["guest_tsc"] == f"tsc_early_khz={host_cycles_khz()}"
+    assert_given_host_tsc_rate(description["realtime"]["guest_tsc"])
     assert abs(stream.header["cycles_hz"] / (host_cycles_khz() * 1000) - 1) < 0.01, stream.header["cycles_hz"]
     # the guest's console stays in its work directory, as printable text, to its last words
     kept = (tmp_path / "vm" / "console.log").read_text()
