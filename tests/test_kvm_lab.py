@@ -11,6 +11,7 @@ left running are checked.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -321,6 +322,12 @@ def test_a_lab_that_cannot_boot_fails_its_runs_naming_why_and_keeps_the_others(t
         assert runs[key]["status"] == "failed", runs[key]
         assert (f"the lab stopped {MAX_REBOOTS + 1} times in this campaign and is not booted again; the last time: "
                 "kvm lab: the lab did not come up within 10s; console: ") in runs[key]["reason"], runs[key]
+        # the hung boot's console is kept where the reason says: what it quotes of the console's end is in it
+        said = re.search(r"console: (.*) \(the boot's console: (/\S+\.log)\)", runs[key]["reason"])
+        assert said is not None, runs[key]["reason"]
+        kept = " ".join(Path(said.group(2)).read_text().split())  # (a run's reason has its spaces collapsed)
+        quoted = [] if said.group(1) == "empty" else said.group(1).split(" | ")
+        assert [line for line in quoted if line not in kept] == [] and bool(quoted) == bool(kept), kept
 
 
 @pytest.mark.parametrize(("table", "path", "message"), [

@@ -23,7 +23,16 @@ import pytest
 from sshd_server import CONFIG, SSHD, SshServer, listening
 
 from rtvirt.environments.base import SharedResources
-from rtvirt.environments.lab_machine import MAX_REBOOTS, LabMachine, free_port, open_lab
+from rtvirt.environments.guest_image import cache_dir
+from rtvirt.environments.lab_machine import (
+    FAILED_BOOTS,
+    KEPT_FAILED_BOOTS,
+    MAX_REBOOTS,
+    LabMachine,
+    booted,
+    free_port,
+    open_lab,
+)
 from rtvirt.errors import RunError
 from rtvirt.procs import Supervisor, process_state
 
@@ -230,12 +239,25 @@ def _kill_and_wait(pid: int, timeout: float = 30.0) -> None:
 
 
 def _await_a_boot_that_fails(lab: LabMachine, if_up: str) -> NoReturn:
-    """Wait for ``lab`` to come up, which it must not (await_ready raises why), then close it."""
-    try:
-        lab.await_ready()
-    finally:
-        lab.close()
+    """Boot ``lab`` as a kind's boot does (``booted``), its boot being the wait to come up, which it must not
+    (await_ready raises why): it is closed, its console kept."""
+    lab.boot = lab.await_ready  # type: ignore[method-assign,assignment]
+    booted(lab)
     raise AssertionError(if_up)
+
+
+def _kept_consoles(reasons: list[str]) -> tuple[list[str], list[str]]:
+    """Each of a campaign's reasons why a boot stopped without the kept console it names at its end, and that
+    console's text (the file is checked to be where the lab kinds keep them)."""
+    bare, consoles = [], []
+    for reason in reasons:
+        match = re.fullmatch(r"(.*) \(the boot's console: (.+)\)", reason, re.DOTALL)
+        assert match is not None, reason
+        kept = Path(match.group(2))
+        assert kept.parent == cache_dir() / "lab" / FAILED_BOOTS, kept
+        bare.append(match.group(1))
+        consoles.append(kept.read_text())
+    return bare, consoles
 
 
 def test_a_boot_that_hangs_is_booted_again_and_one_that_fails_naming_why_is_not() -> None:
@@ -252,8 +274,10 @@ def test_a_boot_that_hangs_is_booted_again_and_one_that_fails_naming_why_is_not(
 
         third = open_lab(shared, "lab:hangs", boot_hanging_twice, lambda made: made)
         assert third.alive() and len(hung) == 2 and all(not lab.directory.exists() for lab in hung)
-        assert third.boot_record() == {"boot_of_campaign": 3, "earlier_boots_stopped": [
-            "lab: the lab did not come up within 1s; console: empty"] * 2}
+        record = third.boot_record()
+        assert record["boot_of_campaign"] == 3
+        reasons, consoles = _kept_consoles(record["earlier_boots_stopped"])  # type: ignore[arg-type]
+        assert reasons == ["lab: the lab did not come up within 1s; console: empty"] * 2 and consoles == [""] * 2
 
         # a boot that a stall detector's panic ended hung too (the KVM lab's RCU-stall panic while it booted beside
         # other nested labs, in a suite of 2026-12-01): booted again, not given up as a named failure
@@ -270,8 +294,9 @@ def test_a_boot_that_hangs_is_booted_again_and_one_that_fails_naming_why_is_not(
             _await_a_boot_that_fails(lab, "a lab whose kernel panicked came up")
 
         again = open_lab(shared, "lab:stalls", boot_stalling_once, lambda made: made)
-        assert again.alive() and again.boot_record() == {"boot_of_campaign": 2, "earlier_boots_stopped": [
-            "lab: the lab's kernel panicked: Kernel panic - not syncing: RCU Stall"]}
+        assert again.alive() and again.boot_record()["boot_of_campaign"] == 2
+        assert _kept_consoles(again.boot_record()["earlier_boots_stopped"])[0] == [  # type: ignore[arg-type]
+            "lab: the lab's kernel panicked: Kernel panic - not syncing: RCU Stall"]
 
         # the same when the panic ended the lab's QEMU at once (the KVM lab's kernel runs with panic=-1 and its QEMU
         # with -no-reboot): a CI run's KVM lab had so exited 77 s into its boot, and was given up as a failure
@@ -292,8 +317,11 @@ def test_a_boot_that_hangs_is_booted_again_and_one_that_fails_naming_why_is_not(
             _await_a_boot_that_fails(lab, "a lab whose QEMU ended came up")
 
         after = open_lab(shared, "lab:panics", boot_panicking_once, lambda made: made)
-        assert after.alive() and after.boot_record() == {"boot_of_campaign": 2, "earlier_boots_stopped": [
-            "lab: the lab's kernel panicked: Kernel panic - not syncing: RCU Stall"]}
+        assert after.alive() and after.boot_record()["boot_of_campaign"] == 2
+        # its console is kept, to the panic's line, though the lab's directory went with its QEMU
+        reasons, consoles = _kept_consoles(after.boot_record()["earlier_boots_stopped"])  # type: ignore[arg-type]
+        assert reasons == ["lab: the lab's kernel panicked: Kernel panic - not syncing: RCU Stall"]
+        assert consoles == ["Kernel panic - not syncing: RCU Stall\n"]
 
         failing: list[LabMachine] = []
 
@@ -311,3 +339,15 @@ def test_a_boot_that_hangs_is_booted_again_and_one_that_fails_naming_why_is_not(
             with pytest.raises(RunError, match="lab: QEMU exited while the lab booted: .*no-such-option"):
                 open_lab(shared, "lab:fails", boot_failing, lambda made: made)
         assert len(failing) == 1
+
+
+def test_the_consoles_of_failed_boots_are_kept_newest_first_and_bounded() -> None:
+    kept: list[Path] = []
+    with Supervisor() as supervisor:
+        for n in range(KEPT_FAILED_BOOTS + 2):
+            lab = LabMachine(supervisor, 10**9)
+            lab.console.write_text(f"boot {n}\n")
+            kept.append(lab.keep_failed_boot())
+            lab.close()
+    assert [path.read_text() for path in kept[2:]] == [f"boot {n}\n" for n in range(2, KEPT_FAILED_BOOTS + 2)]
+    assert not kept[0].exists() and not kept[1].exists()  # (the oldest went; other tests' boots may be there too)

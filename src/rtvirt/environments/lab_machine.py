@@ -6,7 +6,8 @@ its owner's pid, QEMU's pid, its serial console and a fresh host key and client 
 campaign's supervisor (it dies with rtvirt, PR_SET_PDEATHSIG); a user-mode network whose only forward is the
 lab's sshd on 127.0.0.1; the ready mark awaited on the console; then an SSH connection with the host key pinned
 in a known_hosts file written before the boot, never the user's ``~/.ssh/config``. ``reclaim_labs`` removes
-labs whose rtvirt died (kill -9) and kills their QEMU should it have survived.
+labs whose rtvirt died (kill -9) and kills their QEMU should it have survived. A boot that fails leaves its
+console in ``<root>/failed-boots`` (the last ``KEPT_FAILED_BOOTS``), named in the reason the boot failed.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ WATCH_EVERY_S = 30.0  # between banner checks while a call into the lab blocks (
 CONSOLE_SOCKET = "console.sock"  # the serial console's input (a hypervisor's debug keys), in the lab's directory
 SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, its NUL excluded)
 STOPPED_LIMIT = 700  # characters kept of why a boot stopped (a hang's report names every CPU)
+FAILED_BOOTS = "failed-boots"  # where, under a lab kind's root, the consoles of boots that failed are kept
+KEPT_FAILED_BOOTS = 10  # of them, the newest (a campaign boots a lab at most MAX_REBOOTS + 1 times)
 MAX_REBOOTS = 2  # boots of a campaign's lab after the first, each once the one before stopped under a run
 # the panics a kernel's stall detectors end a hang with (softlockup_panic, panic_on_rcu_stall, set in the KVM lab):
 # a boot that ends so hung, under load, and is booted again as one that said nothing
@@ -429,6 +432,18 @@ class LabMachine:
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(self.console_text())
 
+    def keep_failed_boot(self) -> Path:
+        """Keep the console of this lab's failed boot beside the kind's labs (its directory goes once it is closed,
+        and the boot belongs to no run yet), the newest KEPT_FAILED_BOOTS of them; where it went."""
+        kept = self.directory.parent / FAILED_BOOTS
+        now = time.time_ns()  # (named by when, to the ns: the names sort oldest first)
+        when = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now // 10**9))}.{now % 10**9:09d}Z"
+        dest = kept / f"{when}-{self.directory.name}.log"
+        self.keep_console(dest)
+        for old in sorted(kept.glob("*.log"))[:-KEPT_FAILED_BOOTS]:
+            old.unlink(missing_ok=True)
+        return dest
+
     def console_tail(self) -> str:
         lines = [line.strip() for line in self.console_text().splitlines() if line.strip()]
         return " | ".join(line[:160] for line in lines[-3:]) or "empty"
@@ -444,9 +459,20 @@ class LabMachine:
 
 
 def booted(lab: L) -> L:
-    """``lab`` booted; closed (QEMU stopped, its directory gone) when its boot fails or is interrupted."""
+    """``lab`` booted; closed (QEMU stopped, its directory gone) when its boot fails or is interrupted. The console
+    of a boot that failed is kept (``keep_failed_boot``), its place named at the end of the reason (which a
+    campaign's record of its boots keeps STOPPED_LIMIT characters of)."""
     try:
         lab.boot()
+    except RunError as exc:
+        try:
+            where = f" (the boot's console: {lab.keep_failed_boot()})"
+        except OSError as error:
+            where = f" (its console could not be kept: {error.strerror})"
+        finally:
+            lab.close()
+        kind = LabHung if isinstance(exc, LabHung) else RunError  # (a hang stays one: the lab is booted again)
+        raise kind(str(exc)[:STOPPED_LIMIT - len(where)] + where) from exc
     except BaseException:
         lab.close()
         raise
