@@ -157,6 +157,34 @@ def steal_live_stream(results: Path, min_bytes: int = 2048,
 # guests and labs check does not depend on how many samples that left.
 RAN = ("complete", "short")
 
+# a SCHED_FIFO 50 task of 10 ms every 50 ms on the measured vCPU's pCPU, started before the guest (its agent
+# copied to a KVM host before the guest starts, not during the run): a scenario's timeline and disturbance
+FIFO_TASK_ON_THE_VCPUS_PCPU = """[timeline]
+start_order = ["stress-first"]
+settle = "1s"
+
+[[disturbances]]
+name = "same-core"
+[[disturbances.stressors]]
+stressor = "cpu"
+where = "same-core"
+params = { priority = 50, slice = "10ms", period = "50ms" }
+"""
+
+
+def fifo_task_named_and_exits_counted(explained: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """`rtvirt explain --json` of a KVM guest's run beside FIFO_TASK_ON_THE_VCPUS_PCPU: the task is one culprit
+    of the VM layer, named with its policy and priority where the vCPU did not run, and the KVM host's kernel
+    counted the run's exits; returns the KVM layer's exits by their raw reason."""
+    assert any(row["cause"] == "task rtvirt-stress" and row["layer"] == "vm" for row in explained["summary"]), \
+        sorted(row["cause"] for row in explained["summary"])[:20]
+    part = next(p for outlier in explained["worst"] for p in outlier["parts"]
+                if p["cause"].startswith("vCPU not running: rtvirt-stress/"))
+    assert part["detail"]["policy"] == "real-time" and part["detail"]["priority"] == 50, part
+    (kvm_layer,) = [layer for layer in explained["layers"] if layer["layer"] == "kvm"]
+    assert any("counted by the KVM host's kernel" in note for note in kvm_layer["notes"]), kvm_layer["notes"]
+    return {row["raw_reason"]: row for row in kvm_layer["tables"]["kvm_exits"]}
+
 
 def assert_ran(result: subprocess.CompletedProcess[str]) -> None:
     """`rtvirt run` measured every run to its end: exit 0, or 1 when runs were short and none failed."""

@@ -3,9 +3,9 @@ TCG here) driven by the libvirt kind over SSH, beside the Xen lab in one campaig
 
 Lab boots are few: one `rtvirt run` (one KVM lab boot, one Xen lab boot) runs every guest the checks below read;
 Ctrl-C costs one boot, kill -9 + --resume with a lab that dies three (the dead lab is booted again for the
-campaign's later runs, and the run it died under is run again there), a lab that cannot boot none. Nothing here
-compares timings (nested under TCG they are not representative): the manifests, the report's rows and what is
-left running are checked.
+campaign's later runs, and the run it died under is run again there), a lab that cannot boot none, an explained
+libvirt domain beside a host task one. Nothing here compares timings (nested under TCG they are not
+representative): the manifests, the report's rows and what is left running are checked.
 """
 
 from __future__ import annotations
@@ -21,7 +21,15 @@ from typing import Any
 
 import pytest
 import tomli_w
-from conftest import RAN, RTVIRT, assert_given_host_tsc_rate, assert_ran, run_cli
+from conftest import (
+    FIFO_TASK_ON_THE_VCPUS_PCPU,
+    RAN,
+    RTVIRT,
+    assert_given_host_tsc_rate,
+    assert_ran,
+    fifo_task_named_and_exits_counted,
+    run_cli,
+)
 
 from rtvirt.environments.guest_image import cache_dir
 from rtvirt.environments.kvmlab.lab import LAB_ROOT, KvmLab
@@ -328,6 +336,52 @@ def test_a_lab_that_cannot_boot_fails_its_runs_naming_why_and_keeps_the_others(t
         kept = " ".join(Path(said.group(2)).read_text().split())  # (a run's reason has its spaces collapsed)
         quoted = [] if said.group(1) == "empty" else said.group(1).split(" | ")
         assert [line for line in quoted if line not in kept] == [] and bool(quoted) == bool(kept), kept
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(1500)
+def test_a_libvirt_domain_in_the_lab_is_explained_by_the_labs_vm_and_kvm_layers(tmp_path: Path) -> None:
+    """A libvirt domain over qemu+ssh:// in the lab, explained: the lab's tracefs over SSH (VM and KVM layers), the
+    clock exchange on a pipe channel whose host half runs in the lab, and a same-core SCHED_FIFO 50 task run in
+    the lab (not on this machine) on the vCPU's pCPU, named as what ran while the vCPU did not."""
+    scenario = tmp_path / "explained.toml"
+    scenario.write_text('''name = "libvirt-lab-explained"
+duration = "3s"
+run_timeout = "15m"
+[workload]
+probe = "timer"
+params = { interval = "1ms" }
+[[environments]]
+kind = "libvirt"
+name = "lab-kvm"
+host = "lab"
+vcpu_sched = { policy = "fifo", priority = 1 }
+boot_timeout = "10m"
+''' + FIFO_TASK_ON_THE_VCPUS_PCPU + '''
+[explain]
+threshold = "1ms"
+layers = ["vm", "kvm"]
+''')
+    results = tmp_path / "results"
+    result = run_cli("run", "--no-report", str(scenario), "--out", str(results), "--no-progress", timeout=1400)
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    (run_dir,) = (results / "runs").iterdir()
+    manifest = load_run(run_dir).manifest
+    detail = manifest["environment_detail"]
+    assert manifest["status"] in RAN, manifest["campaign"]  # (short: the periods a starved vCPU's probe missed)
+    assert detail["domain_type"] == "kvm" and detail["kvm_lab"]["kvm_module"] == "kvm-amd", detail["kvm_lab"]
+    # the clock port is a pipe channel: its FIFOs are in the lab, its host half ran there
+    assert re.search(r"<channel type='pipe'>\s*<source path='/tmp/rtvirt-clock\.\w{8}/clock'/>\s*"
+                     r"<target type='virtio' name='rtvirt\.clock'", detail["domain_xml"]), detail["domain_xml"]
+    assert manifest["explain"]["layers"] == {"vm": "seen", "kvm": "seen"}, manifest["explain"]
+
+    explained = json.loads(run_cli("explain", str(run_dir), "--json", check=True).stdout)
+    layers = {layer["layer"]: layer for layer in explained["layers"]}
+    assert any(note.startswith("guest clock aligned at start and end") for note in layers["vm"]["notes"]), \
+        layers["vm"]["notes"]
+    # the stressor ran in the lab: the lab's trace names it on the vCPU's pCPU, at its policy and priority
+    exits = fifo_task_named_and_exits_counted(explained)
+    assert {"hlt", "msr"} <= set(exits) and exits["hlt"]["reason"] == "HLT", sorted(exits)
 
 
 @pytest.mark.parametrize(("table", "path", "message"), [

@@ -161,7 +161,7 @@ def test_cots_profiles_and_interrupt_latency_configurations() -> None:
     stand_ins = {f"{group}: {env} / {d}" for group, env in (("virtualised", "vm"),
                                                              ("virtualised-baremetal", "vm-baremetal"))
                  for d in ("alone", "two-more-vms", "extra-interrupt-source")}
-    kvm = {f"kvm-baremetal: kvm-baremetal / {d}" for d in ("alone", "two-more-vms")}
+    kvm = {f"kvm-baremetal: kvm-baremetal / {d}" for d in ("alone", "two-more-vms", "extra-interrupt-source")}
     assert configs == {"native: native / alone"} | stand_ins | kvm
     assert next(e for e in interrupt.environments if e.label == "vm-baremetal").guest == "baremetal"
     # every published row names configurations the built-in runs
@@ -274,15 +274,16 @@ def test_the_whole_interrupt_latency_study_at_a_small_scale(tmp_path: Path,
     QEMU here and as libvirt domains in the KVM lab (one lab boot)."""
     results = tmp_path / "results"
     runs, report = _whole_study("interrupt-latency", 0.02, results, tmp_path_factory, timeout=1500)
-    assert len(runs) == 9
+    assert len(runs) == 10
     status = {row[0]: row[1] for row in _table(report, "Study interrupt-latency")}
     assert status["this campaign"].startswith("the study's configuration")
     assert status["duration"] == "scaled: 0.02 of the study's durations"
     assert status["repetitions"] == "1 per configuration, fewer than the study's 3"
     table = _table(report, "Interrupt-latency study")
-    # the QEMU stand-ins and the KVM lab's bare-metal guest for each of the paper's rows; the extra source on QEMU
+    # the QEMU stand-ins and the KVM lab's bare-metal guest for each of the paper's rows (the extra source of the
+    # KVM row run in the lab, over SSH)
     assert [row[0] for row in table] == ["native"] + [f"virtualised, {c}" for c in ["alone"] * 3 + ["two more VMs"] * 3
-                                                      + ["extra interrupt source"] * 2]
+                                                      + ["extra interrupt source"] * 3]
     rows = {(row[0], row[1]): row for row in table}
     native = rows[("native", "native: native / alone")]
     assert native[5:8] == ["2.28", "2.50", "3.03"]  # as the paper's table prints them
@@ -303,6 +304,13 @@ def test_the_whole_interrupt_latency_study_at_a_small_scale(tmp_path: Path,
     extra = rows[("virtualised, extra interrupt source",
                   "virtualised-baremetal: vm-baremetal / extra-interrupt-source")]
     assert extra[5:8] == ["4.95", "5.84", "17.70"] and extra[8].startswith("avg: ") and " · max: " in extra[8]
+    # the KVM row's interrupt source ran in the lab, on the lab's CPU of the RT vCPU
+    manifest = load_run(results / "runs" / runs["kvm-baremetal/kvm-baremetal/extra-interrupt-source/stress-first/r1"][
+        "run_id"]).manifest
+    (irq,) = manifest["campaign"]["stressor_results"]
+    assert irq["stressor"] == "irq" and irq["bogo_ops"] > 0, irq
+    assert irq["cpus"] == manifest["environment_detail"]["vcpu_cpus"][:1] and "kvm_lab" in manifest[
+        "environment_detail"], (irq, manifest["environment_detail"]["vcpu_cpus"])
 
 
 def _stressor_stats(results: Path, run_id: str) -> dict[str, int]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from ..errors import InputError, RunError
+from ..errors import RunError
 from ..params import CpuList
 from ..remote.connection import STDERR_HEAD_BYTES
 from ..remote.target import RemoteDir, SshTargetFields
@@ -162,15 +162,9 @@ class SshEnvironment(Environment):
         return f"the connection to {self.link.target.label} was lost; samples received kept; {found}"
 
     def start_stressor(self, stressor: str, params: dict[str, Any], engine: str) -> Any:
-        if engine != "native":
-            raise InputError(f"stressor {stressor}: engine {engine!r} cannot run on an ssh target "
-                             "(only rtvirt's own agents are copied there); use engine = \"native\"")
-        from ..remote.stressor import RemoteStressor
-        from ..stressors import get_stressor
-        from ..stressors.runner import resolve_params
+        from ..remote.stressor import start_over_link
 
-        spec = get_stressor(stressor)
-        running = RemoteStressor(self.link, spec, resolve_params(spec, params))
+        running = start_over_link(self.link, stressor, params, engine, "an ssh target")
         self._stressors.append(running)
         return running
 

@@ -111,6 +111,17 @@ class RemoteStressor(StressorClock):
         self.stop()
 
 
+def start_over_link(link: TargetLink, stressor: str, params: Mapping[str, Any], engine: str,
+                    where: str) -> RemoteStressor:
+    """Start ``stressor`` beside a run on the machine ``link`` reaches (``where`` names it in errors): rtvirt's own
+    agent, copied there, over the run's connection."""
+    if engine != "native":
+        raise InputError(f"stressor {stressor}: engine {engine!r} cannot run on {where} "
+                         "(only rtvirt's own agents are copied there); use engine = \"native\"")
+    spec = stressor_spec(stressor)
+    return RemoteStressor(link, spec, resolve_params(spec, params))
+
+
 def start_on_target(stressor: str | StressorSpec, params: StressParams | Mapping[str, Any] | None, engine: str,
                     target: SshTarget) -> RemoteStressor:
     """Start ``stressor`` on an SSH target (our native agent only) over a connection of its own."""

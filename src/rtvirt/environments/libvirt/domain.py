@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import RunError
+from ...errors import InputError, RunError
 from ...explain.clocksync import CLOCK_PORT
 from ...explain.guest_channel import GUEST_TRACE_FILE, GUEST_TRACE_PORT
 from ...explain.vcpus import forget_vcpus, register_vcpus
@@ -31,7 +31,7 @@ from ..guest_image import (
     guest_port_path,
     job_archive,
 )
-from ..kvmlab.config import LAB_HOST
+from ..kvmlab.config import LAB_HOST, LOCAL_HOST
 from ..qemu import ACK_PORT, OUTPUT_PORT, TCG_WARNING, choose_accel
 from .config import LibvirtConfig
 from .connection import DOMAIN_PREFIX, LibvirtConnection, _connection, _error_text, _libvirt, _version
@@ -44,6 +44,8 @@ from .teardown import LibvirtTeardown, _destroy_and_undefine
 if TYPE_CHECKING:
     from ...explain.config import ExplainConfig
     from ...explain.model import TraceSource
+    from ...remote import TargetLink
+    from ...remote.connection import SshConnection
 
 VOLUME_SUFFIXES = (".initrd", ".copy")  # a domain's own volumes in the pool: its initramfs, its stream's copy
 MEMLOCK_REFUSED = "cannot limit locked memory"  # libvirt's message when QEMU's RLIMIT_MEMLOCK cannot be raised
@@ -255,19 +257,65 @@ class LibvirtEnvironment(LibvirtTeardown):
         self._beside.append(beside_job(self.config.label, self.config.guest, self._domain is not None, agent, args))
 
     def trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
-        """The VM layer (explain.vm) of a domain on this host (a remote host's CPUs cannot be traced from here)
-        and the guest layer (explain.guest), which comes on a channel of the domain's wherever it runs."""
-        from ...explain.sources import vm_source  # numpy and the tracer: only for an explained run
+        """The VM layer (explain.vm) on the domain's host CPUs, under KVM the KVM layer there (explain.kvm), and
+        the guest layer (explain.guest), which comes on a channel of the domain's wherever it runs. A remote host's
+        CPUs are traced through an SSH connection to it: the lab's, or one to ``host = "user@host"`` (a raw
+        ``qemu+ssh://`` URI names no target of ours to connect to: the guest layer only)."""
+        from ...explain.remote import RemoteTracefs
+        from ...explain.sources import kvm_source, vm_source  # numpy and the tracer: only for an explained run
+        from .tracing import make_clock_pipes
 
         guest = self._guest_trace_sources(config)
-        if not self.config.local or "vm" not in config.layers:
+        if "vm" not in config.layers or (not self.config.local and self.config.host == LOCAL_HOST):
             return guest
         self.start()
-        vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin else None
-        self._vm_source = vm_source(self.config.label, vcpu_cpus, self._accel(), config,
-                                    no_clock="the bare-metal guest takes no part in the clock exchange"
-                                    if self.config.guest == "baremetal" else None)
-        return [self._vm_source, *guest]
+        host = self._kvm_host()
+        access = None if host is None else RemoteTracefs(host, host.label)
+        vcpu_cpus = tuple(sorted(set(self._host_cpus()[:self.config.vcpus]))) if self.config.pin \
+            else tuple(self._online_cpus())
+        kvm = "kvm" in config.layers and self._accel() == "kvm"
+        no_clock = "the bare-metal guest takes no part in the clock exchange" if self.config.guest == "baremetal" \
+            else None
+        self._vm_source = vm_source(self.config.label, vcpu_cpus, self._accel(), config, no_clock, access=access,
+                                    exits=False if kvm else None)
+        self._kvm_source = kvm_source(self.config.label, vcpu_cpus, config, no_clock, access=access) if kvm else None
+        if host is not None and no_clock is None:
+            self._clock_pipes = make_clock_pipes(host)
+        return [self._vm_source, *([self._kvm_source] if self._kvm_source else []), *guest]
+
+    def _kvm_host(self) -> SshConnection | None:
+        """The connection to the domain's host for tracing it: None for this host (``_host_link``)."""
+        link = self._host_link()
+        return None if link is None else link.connection()
+
+    def _host_link(self) -> TargetLink | None:
+        """The campaign's SSH link to the host whose libvirtd runs the domain: the lab's, or ``host = "user@host"``'s
+        (its host key checked as for any target); None for this host, or a raw ``qemu+ssh://`` URI (no target of
+        ours to connect to)."""
+        if self.config.local or self.config.host == LOCAL_HOST:
+            return None
+        from ...remote import TargetLink, parse_target
+        from ...remote.probe import DEFAULT_REMOTE_DIR
+
+        target = self.kvm_lab().ssh_target if self.config.host == LAB_HOST else \
+            parse_target(self.config.host, option=f"environment {self.config.label}: host")
+        return self.shared.get(f"libvirt-host:{target.model_dump_json()}",
+                               lambda: TargetLink(target, DEFAULT_REMOTE_DIR))
+
+    def start_stressor(self, stressor: str, params: dict[str, Any], engine: str) -> Any:
+        """Same-core/other-core stressors run where the vCPUs' pCPUs are: on the domain's host (over SSH for the
+        lab or a remote host, as the qemu kind runs them on a KVM host)."""
+        if self.config.local:
+            return super().start_stressor(stressor, params, engine)
+        link = self._host_link()
+        if link is None:
+            raise InputError(f"environment {self.config.label}: a stressor beside a domain at {self.config.uri} "
+                             "would run on this machine, not its host; give the host as host = \"user@host\"")
+        from ...remote.stressor import start_over_link
+
+        running = start_over_link(link, stressor, params, engine, f"the KVM host {link.target.label}")
+        self._stressors.append(running)
+        return running
 
     def _guest_trace_sources(self, config: ExplainConfig) -> list[TraceSource]:
         """The guest layer (explain.guest), as in the qemu environment; the trace comes on a channel of its own."""
@@ -278,10 +326,10 @@ class LibvirtEnvironment(LibvirtTeardown):
         return sources
 
     def _place_for_tracing(self) -> None:
-        """The started (paused) domain's vCPU threads, named for every explanation on this host, and the VM
-        layer told them and its clock exchange before the guest runs."""
-        if not self.config.local:
-            return
+        """The started (paused) domain's vCPU threads, named for every explanation on this host, and the VM and
+        KVM layers told them and the clock exchange before the guest runs."""
+        if not self.config.local and self._vm_source is None:
+            return  # (another machine's threads are named only where its trace is read)
         from .tracing import clock_exchange, qemu_pid, vcpu_threads
 
         try:
@@ -291,13 +339,38 @@ class LibvirtEnvironment(LibvirtTeardown):
                 return  # naming another domain's vCPUs is a courtesy; tracing this one needs them
             raise
         register_vcpus(self.config.label, self._vcpu_threads)
-        if self._vm_source is not None and self._vcpu_threads:
-            self._vm_source.attach(qemu_pid(next(iter(self._vcpu_threads.values()))), self._vcpu_threads,
-                                   clock_exchange(self._applied_xml))
+        if self._vm_source is None or not self._vcpu_threads:
+            return
+        host = self._kvm_host()
+        pid = qemu_pid(next(iter(self._vcpu_threads.values())), host)
+        if host is None:
+            exchange: Any = clock_exchange(self._applied_xml)
+        elif self._clock_pipes:
+            from ...explain.clocksync import ScriptedClockExchange
+
+            exchange = ScriptedClockExchange(host, self._clock_pipes)
+            exchange.start()  # before the guest runs: its first clock line waits for it
+        else:
+            exchange = None
+        for source in (self._vm_source, self._kvm_source):
+            if source is not None:
+                source.attach(pid, self._vcpu_threads, exchange)
 
     def close(self) -> None:
         forget_vcpus(self._vcpu_threads)
+        for stressor in self._stressors:  # normally stopped by the run already
+            if stressor.running:
+                stressor.stop()
+        self._stressors.clear()
         super().close()
+        stem, self._clock_pipes = self._clock_pipes, ""
+        if stem:  # (the domain is gone: nothing holds its FIFOs open)
+            from .tracing import remove_clock_pipes
+
+            with contextlib.suppress(RunError):
+                host = self._kvm_host()
+                if host is not None:
+                    remove_clock_pipes(host, stem)
 
     def stressor_guest(self, index: int, host_cpus: tuple[int, ...] | None, guest: str = "linux") -> Environment:
         # on the measured domain's host: its lab as the scenario file says it (a duration dumped as a Python int

@@ -144,8 +144,12 @@ class LibvirtDomainXml(LibvirtDomainState):
             # (an explained run: the clock exchange of the VM layer, the guest's own trace sent after its main job)
             for port in (OUTPUT_PORT, ACK_PORT, *((CLOCK_PORT,) if self._vm_source is not None else ()),
                          *((GUEST_TRACE_PORT,) if self._guest_trace_files else ())):
-                channel = ET.SubElement(devices, "channel", type="unix")
-                ET.SubElement(channel, "source", mode="bind")
+                if port == CLOCK_PORT and self._clock_pipes:  # (a KVM host over SSH: FIFOs the exchange runs on)
+                    channel = ET.SubElement(devices, "channel", type="pipe")
+                    ET.SubElement(channel, "source", path=self._clock_pipes)
+                else:
+                    channel = ET.SubElement(devices, "channel", type="unix")
+                    ET.SubElement(channel, "source", mode="bind")
                 ET.SubElement(channel, "target", type="virtio", name=port)
         ET.SubElement(devices, "memballoon", model="none")
         return ET.tostring(root, encoding="unicode")

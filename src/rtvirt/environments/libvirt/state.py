@@ -51,6 +51,9 @@ class LibvirtDomainState(Environment):
         self._versions: dict[str, str] = {}
         self._image: GuestImage | None = None
         self._vm_source: Any = None  # explain.vm.VmSource of an explained run (trace_sources)
+        self._kvm_source: Any = None  # explain.kvm.KvmSource of an explained run under KVM
+        self._clock_pipes = ""  # on a KVM host over SSH: the stem of the clock channel's FIFOs there
+        self._stressors: list[Any] = []  # same-core/other-core stressors on a remote host, over SSH
         self._vcpu_threads: dict[int, int] = {}
         self._lab: KvmLab | None = None  # the campaign's KVM lab (host = "lab")
         self._online: list[int] | None = None  # the host's online CPUs (a remote host's, read once)

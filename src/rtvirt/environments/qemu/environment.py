@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import InputError, RunError
+from ...errors import RunError
 from ...explain.clocksync import CLOCK_PORT
 from ...explain.guest_channel import GUEST_TRACE_FILE, GUEST_TRACE_PORT
 from ...explain.vcpus import forget_vcpus, register_vcpus
@@ -213,15 +213,9 @@ class QemuEnvironment(Environment):
         kind runs them on its target (our native agents, copied there)."""
         if not isinstance(self.where, RemoteQemuHost):
             return super().start_stressor(stressor, params, engine)
-        if engine != "native":
-            raise InputError(f"stressor {stressor}: engine {engine!r} cannot run on the KVM host {self.where.label} "
-                             "(only rtvirt's own agents are copied there); use engine = \"native\"")
-        from ...remote.stressor import RemoteStressor
-        from ...stressors import get_stressor
-        from ...stressors.runner import resolve_params
+        from ...remote.stressor import start_over_link
 
-        spec = get_stressor(stressor)
-        running = RemoteStressor(self.where.link, spec, resolve_params(spec, params))
+        running = start_over_link(self.where.link, stressor, params, engine, f"the KVM host {self.where.label}")
         self._stressors.append(running)
         return running
 

@@ -1,0 +1,41 @@
+"""The host half of a remote libvirt domain's clock channel (environments.libvirt.tracing): FIFOs made on the
+host over SSH (a real sshd on this machine, so the host's files can be looked at), named by a checked path, and
+taken away; a thread's process read from that host's /proc."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from sshd_server import SshServer
+
+from rtvirt.environments.libvirt.tracing import make_clock_pipes, qemu_pid, remove_clock_pipes
+from rtvirt.errors import RunError
+from rtvirt.remote import connect
+
+
+def test_the_clock_fifos_are_made_on_the_host_over_ssh_and_removed() -> None:
+    with SshServer() as server:
+        host = connect(server.target())
+        try:
+            stem = make_clock_pipes(host)
+            directory = Path(stem).parent
+            assert stat.S_IMODE(directory.stat().st_mode) == 0o700  # mktemp -d: the run's own
+            for end in (".in", ".out"):
+                mode = Path(stem + end).stat().st_mode
+                assert stat.S_ISFIFO(mode) and stat.S_IMODE(mode) == 0o600, (end, oct(mode))
+            other = make_clock_pipes(host)
+            assert Path(other).parent != directory  # every domain its own
+            remove_clock_pipes(host, stem)
+            remove_clock_pipes(host, other)
+            assert not directory.exists() and not Path(other).parent.exists()
+            # the QEMU a vCPU thread belongs to, from the host's /proc: here this test's own thread
+            assert qemu_pid(os.getpid(), host) == os.getpid() == qemu_pid(os.getpid())
+            with pytest.raises(RunError, match="/proc/999999999/status"):
+                qemu_pid(999_999_999, host)
+            with pytest.raises(AssertionError):
+                remove_clock_pipes(host, "/tmp/../etc/clock")  # only what make_clock_pipes names
+        finally:
+            host.close()
