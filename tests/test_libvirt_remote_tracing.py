@@ -39,3 +39,17 @@ def test_the_clock_fifos_are_made_on_the_host_over_ssh_and_removed() -> None:
                 remove_clock_pipes(host, "/tmp/../etc/clock")  # only what make_clock_pipes names
         finally:
             host.close()
+
+
+def test_a_host_stressor_beside_a_domain_at_a_raw_remote_uri_is_refused_by_name(tmp_path: Path) -> None:
+    # no SSH target of ours reaches that host: run here, the stressor would not be beside the domain at all
+    from rtvirt.environments.libvirt import LibvirtConfig, LibvirtEnvironment
+    from rtvirt.errors import InputError
+    from rtvirt.procs import Supervisor
+
+    config = LibvirtConfig.model_validate({"kind": "libvirt", "name": "far", "uri": "qemu+ssh://root@192.0.2.1/system"})
+    with Supervisor() as supervisor:
+        env = LibvirtEnvironment(config, supervisor, tmp_path / "far")
+        with pytest.raises(InputError, match=r"environment far: a stressor beside a domain at qemu\+ssh://root@"
+                                             r"192\.0\.2\.1/system would run on this machine"):
+            env.start_stressor("cpu", {"cpus": [0]}, "native")
