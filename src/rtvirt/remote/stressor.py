@@ -17,7 +17,7 @@ from .agents import TargetLink
 from .probe import DEFAULT_REMOTE_DIR
 from .target import SshTarget
 
-__all__ = ["RemoteStressor", "start_on_target"]
+__all__ = ["RemoteStressor", "start_on_target", "start_over_link", "stop_left_running"]
 
 # + <pid>-<start time>-<random>: the stressor's output as it arrives, removed by the next one if we were killed
 WORKDIR_PREFIX = "rtvirt-remote-stress-"
@@ -120,6 +120,15 @@ def start_over_link(link: TargetLink, stressor: str, params: Mapping[str, Any], 
                          "(only rtvirt's own agents are copied there); use engine = \"native\"")
     spec = stressor_spec(stressor)
     return RemoteStressor(link, spec, resolve_params(spec, params))
+
+
+def stop_left_running(stressors: list[RemoteStressor]) -> None:
+    """Stop those of an environment's ``stressors`` still running at its close (normally the run stopped them)
+    and forget them all."""
+    for stressor in stressors:
+        if stressor.running:
+            stressor.stop()
+    stressors.clear()
 
 
 def start_on_target(stressor: str | StressorSpec, params: StressParams | Mapping[str, Any] | None, engine: str,

@@ -358,10 +358,10 @@ class LibvirtEnvironment(LibvirtTeardown):
 
     def close(self) -> None:
         forget_vcpus(self._vcpu_threads)
-        for stressor in self._stressors:  # normally stopped by the run already
-            if stressor.running:
-                stressor.stop()
-        self._stressors.clear()
+        if self._stressors:  # (on a remote host over SSH; the SSH modules are imported only then)
+            from ...remote.stressor import stop_left_running
+
+            stop_left_running(self._stressors)
         super().close()
         stem, self._clock_pipes = self._clock_pipes, ""
         if stem:  # (the domain is gone: nothing holds its FIFOs open)

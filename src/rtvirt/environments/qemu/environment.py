@@ -658,10 +658,10 @@ class QemuEnvironment(Environment):
         if self._vcpu_cpuset is not None:
             cpuset, self._vcpu_cpuset = self._vcpu_cpuset, None
             cpuset.remove()
-        for stressor in self._stressors:  # normally stopped by the run already
-            if stressor.running:
-                stressor.stop()
-        self._stressors.clear()
+        if self._stressors:  # (on a KVM host over SSH; the SSH modules are imported only then)
+            from ...remote.stressor import stop_left_running
+
+            stop_left_running(self._stressors)
         if self._workspace is not None:
             self._workspace.close()  # (a KVM host's relays of the console end here)
             self._workspace = None
