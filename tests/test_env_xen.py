@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -431,8 +432,12 @@ def test_a_lab_that_does_not_come_up_says_where_xens_cpus_and_dom0_were(tmp_path
             with pytest.raises(RunError) as raised:
                 lab.boot()
             message = str(raised.value)
-            assert "did not come up within 40s; Xen's debug keys: pCPU0 at " in message, message
+            # QEMU's view of its CPUs first (registers kept beside the console), then Xen's own
+            assert re.search(r"did not come up within 40s; QEMU saw its CPUs \(3 looks 0.5 s apart\): "
+                             r"CPU 0 at [^;]*, CPL \d, interrupts o(?:n|ff)[^;]*; CPU 1 at [^;]*, its QEMU "
+                             r"thread busy \d+ %; Xen's debug keys: pCPU0 at ", message), message
             assert "pCPU1 at " in message and "dom0 vCPU0 at " in message, message
+            assert (lab.directory / "cpus.txt").read_text().count("CPU#1") == 3
             console = lab.console_text()
             assert "'d' pressed -> dumping registers" in console and "'0' pressed -> dumping Dom0's registers" in \
                 console and "Serial input to DOM0" in console[console.index("'0' pressed"):], console[-3000:]

@@ -33,7 +33,7 @@ from conftest import (
 
 from rtvirt.environments.guest_image import cache_dir
 from rtvirt.environments.kvmlab.lab import LAB_ROOT, KvmLab
-from rtvirt.environments.lab_machine import MAX_REBOOTS
+from rtvirt.environments.lab_machine import CPU_DUMP_MARK, MAX_REBOOTS
 from rtvirt.errors import InputError
 from rtvirt.results.report import write_report
 from rtvirt.scenario import builtin_scenarios
@@ -328,14 +328,26 @@ def test_a_lab_that_cannot_boot_fails_its_runs_naming_why_and_keeps_the_others(t
     # once, naming the last hang (the second is not booted again)
     for key in ("lab1/solo/-/r1", "lab2/solo/-/r1"):
         assert runs[key]["status"] == "failed", runs[key]
-        assert (f"the lab stopped {MAX_REBOOTS + 1} times in this campaign and is not booted again; the last time: "
-                "kvm lab: the lab did not come up within 10s; console: ") in runs[key]["reason"], runs[key]
-        # the hung boot's console is kept where the reason says: what it quotes of the console's end is in it
-        said = re.search(r"console: (.*) \(the boot's console: (/\S+\.log)\)", runs[key]["reason"])
-        assert said is not None, runs[key]["reason"]
-        kept = " ".join(Path(said.group(2)).read_text().split())  # (a run's reason has its spaces collapsed)
-        quoted = [] if said.group(1) == "empty" else said.group(1).split(" | ")
-        assert [line for line in quoted if line not in kept] == [] and bool(quoted) == bool(kept), kept
+        reason = runs[key]["reason"]
+        # the hung boot's console is kept where the reason says, right after what failed
+        said = re.search(r"^the lab stopped (\d) times in this campaign and is not booted again; the last time: "
+                         r"kvm lab: the lab did not come up within 10s \(the boot's console: (/\S+\.log)\); "
+                         r"QEMU saw its CPUs \(3 looks 0.5 s apart\): CPU 0 at ", reason)
+        assert said is not None and said.group(1) == str(MAX_REBOOTS + 1), reason
+        # each CPU's place as QEMU saw it: an address, named where the lab's kernel symbols know it (kept from an
+        # earlier boot of this lab kernel), and how busy its QEMU thread was
+        # the kept console ends with that clause whole (the run's reason is bounded) and the registers QEMU dumped;
+        # what the reason quotes of the console's end (if the bound kept it) is in the console before them
+        kept_text = Path(said.group(2)).read_text()
+        console, _, registers = kept_text.partition(CPU_DUMP_MARK)
+        places = re.findall(r"CPU (\d) at (?:\d places: )?[0-9a-f]+[^;]*?, CPL \d, interrupts o(?:n|ff)(?:, halted)?, "
+                            r"its QEMU thread busy \d+ %", registers.split("\n---", 1)[0])
+        assert places == ["0", "1"], registers[:1000]
+        assert registers.count("CPU#1") == 3 and re.search(r"[RE]IP=[0-9a-f]+", registers), kept_text[-2000:]
+        kept = " ".join(console.split())  # (a run's reason has its spaces collapsed)
+        quoted = re.search(r"; console: (.*?)(?:\.\.\.)?$", reason)
+        lines = [] if quoted is None or quoted.group(1) == "empty" else quoted.group(1).split(" | ")
+        assert [line for line in lines[:-1] if line not in kept] == [], kept  # (the last line may be cut)
 
 
 @pytest.mark.vm

@@ -247,15 +247,15 @@ def _await_a_boot_that_fails(lab: LabMachine, if_up: str) -> NoReturn:
 
 
 def _kept_consoles(reasons: list[str]) -> tuple[list[str], list[str]]:
-    """Each of a campaign's reasons why a boot stopped without the kept console it names at its end, and that
-    console's text (the file is checked to be where the lab kinds keep them)."""
+    """Each of a campaign's reasons why a boot stopped without the kept console it names after what failed, and
+    that console's text (the file is checked to be where the lab kinds keep them)."""
     bare, consoles = [], []
     for reason in reasons:
-        match = re.fullmatch(r"(.*) \(the boot's console: (.+)\)", reason, re.DOTALL)
-        assert match is not None, reason
-        kept = Path(match.group(2))
+        match = re.search(r" \(the boot's console: (/[^)]+)\)(;|$)", reason)
+        assert match is not None and ";" not in reason[:match.start()], reason
+        kept = Path(match.group(1))
         assert kept.parent == cache_dir() / "lab" / FAILED_BOOTS, kept
-        bare.append(match.group(1))
+        bare.append(reason[:match.start()] + reason[match.end(1) + 1:])
         consoles.append(kept.read_text())
     return bare, consoles
 

@@ -29,14 +29,15 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 from ..errors import RunError
 from ..procs import Supervisor
 from .guest_image import cache_dir
+from .lab_cpus import KernelSymbols, cpu_report
 from .tcg_clock import clock_failure
 
 if TYPE_CHECKING:
     from ..remote import SshConnection, SshTarget
     from .base import SharedResources
 
-__all__ = ["HEARTBEAT_MARK", "HEARTBEAT_S", "MAX_REBOOTS", "LabKeys", "LabMachine", "free_port", "open_lab",
-           "reclaim_labs", "run_step", "sshd_config"]
+__all__ = ["CPU_DUMP_MARK", "HEARTBEAT_MARK", "HEARTBEAT_S", "MAX_REBOOTS", "LabKeys", "LabMachine", "free_port",
+           "open_lab", "reclaim_labs", "run_step", "sshd_config"]
 
 T = TypeVar("T")
 L = TypeVar("L", bound="LabMachine")
@@ -50,9 +51,11 @@ SSH_RETRY_S = 60.0  # time the lab's sshd gets to accept a connection after the 
 # its QEMU keeps a CPU of this machine busy (seen: a KVM lab stuck starting a domain, 82 % of a CPU, no banner)
 BANNER_TIMEOUT_S = 30.0
 WATCH_EVERY_S = 30.0  # between banner checks while a call into the lab blocks (two silent checks stop the lab)
+CPU_DUMP = "cpus.txt"  # the registers of the lab's CPUs, as QEMU dumped them when the lab hung (hang_report)
+CPU_DUMP_MARK = "--- rtvirt: the lab's CPUs as its QEMU saw them when it hung ---"
 CONSOLE_SOCKET = "console.sock"  # the serial console's input (a hypervisor's debug keys), in the lab's directory
 SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, its NUL excluded)
-STOPPED_LIMIT = 700  # characters kept of why a boot stopped (a hang's report names every CPU)
+STOPPED_LIMIT = 1000  # characters kept of why a boot stopped (a hang's report names every CPU, twice for Xen)
 FAILED_BOOTS = "failed-boots"  # where, under a lab kind's root, the consoles of boots that failed are kept
 KEPT_FAILED_BOOTS = 10  # of them, the newest (a campaign boots a lab at most MAX_REBOOTS + 1 times)
 MAX_REBOOTS = 2  # boots of a campaign's lab after the first, each once the one before stopped under a run
@@ -181,6 +184,7 @@ class LabMachine:
         self._started = 0.0
         self._ssh_port = 0
         self._unanswering: str | None = None  # why rtvirt stopped the lab, once it stopped answering
+        self.symbols = KernelSymbols()  # what names the addresses of a hang's report (the KVM lab's kernel)
         root = cache_dir() / self.root_name
         root.mkdir(parents=True, exist_ok=True)
         self.directory = Path(tempfile.mkdtemp(prefix="lab-", dir=root))
@@ -234,8 +238,15 @@ class LabMachine:
 
     def hang_report(self) -> str:
         """What the lab can still say of itself once it hangs (its boot, or later), as a sentence ending in "; ",
-        or "": the Xen lab presses Xen's debug keys."""
-        return ""
+        or "": where QEMU saw its CPUs (their registers kept beside its console, ``keep_console``); the Xen lab
+        presses Xen's debug keys too."""
+        if self._proc is None or self._proc.poll() is not None:
+            return ""
+        said, dump = cpu_report(self.directory, self._proc.pid, self.symbols)
+        if dump:  # (the clause too: a run's bounded reason may cut it)
+            with (self.directory / CPU_DUMP).open("a") as out:
+                out.write(f"{said}\n{dump}\n")
+        return said
 
     def console_size(self) -> int:
         return self.console.stat().st_size if self.console.exists() else 0
@@ -428,9 +439,12 @@ class LabMachine:
         return self.console_since(max(0, self.console_size() - limit), limit)
 
     def keep_console(self, dest: Path) -> None:
-        """Copy the console's last CONSOLE_LIMIT bytes to ``dest`` (the lab's own directory goes with it)."""
+        """Copy the console's last CONSOLE_LIMIT bytes to ``dest`` (the lab's own directory goes with it), and the
+        registers of a hang's report after it."""
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(self.console_text())
+        dump = self.directory / CPU_DUMP
+        registers = dump.read_text(errors="replace")[-CONSOLE_LIMIT:] if dump.exists() else ""
+        dest.write_text(self.console_text() + (f"\n{CPU_DUMP_MARK}\n{registers}" if registers else ""))
 
     def keep_failed_boot(self) -> Path:
         """Keep the console of this lab's failed boot beside the kind's labs (its directory goes once it is closed,
@@ -460,8 +474,8 @@ class LabMachine:
 
 def booted(lab: L) -> L:
     """``lab`` booted; closed (QEMU stopped, its directory gone) when its boot fails or is interrupted. The console
-    of a boot that failed is kept (``keep_failed_boot``), its place named at the end of the reason (which a
-    campaign's record of its boots keeps STOPPED_LIMIT characters of)."""
+    of a boot that failed is kept (``keep_failed_boot``), its place named in the reason after what failed (a
+    campaign's record of its boots keeps STOPPED_LIMIT characters of it)."""
     try:
         lab.boot()
     except RunError as exc:
@@ -472,7 +486,9 @@ def booted(lab: L) -> L:
         finally:
             lab.close()
         kind = LabHung if isinstance(exc, LabHung) else RunError  # (a hang stays one: the lab is booted again)
-        raise kind(str(exc)[:STOPPED_LIMIT - len(where)] + where) from exc
+        # where the console went, right after what failed (before the details a run's bounded reason may cut)
+        what, details = (str(exc).split("; ", 1) + [""])[:2]
+        raise kind((what + where + (f"; {details}" if details else ""))[:STOPPED_LIMIT]) from exc
     except BaseException:
         lab.close()
         raise

@@ -8,6 +8,8 @@ environment that drives a remote KVM host uses; ``libvirt_uri`` reaches its libv
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 from ...errors import RunError
 from ...procs import Supervisor
 from ..base import SharedResources
+from ..lab_cpus import KernelSymbols, monitor_args
 from ..lab_machine import LabMachine, booted, free_port, open_lab, reclaim_labs
 from ..tcg_clock import tsc_kernel_args
 from .arch import LAB_ARCHES
@@ -41,7 +44,8 @@ def reclaim_kvm_labs() -> list[str]:
 # too) before the run noticed the lab's silence. 60 s, not the kernel's 20, since this machine can starve the lab's
 # emulated CPUs for seconds. The soft-lockup watchdog runs on the stuck CPU itself and may never fire (a later lab sat
 # stalled for eight minutes with only RCU's stall report, from the other CPU): an RCU stall of 60 s panics it too.
-LAB_KERNEL_OPTIONS = ("loglevel=5 watchdog_thresh=30 softlockup_panic=1 rcupdate.rcu_cpu_stall_timeout=60 "
+# Its kernel at the addresses of its System.map (nokaslr): what names where QEMU saw its CPUs once it hung (lab_cpus).
+LAB_KERNEL_OPTIONS = ("nokaslr loglevel=5 watchdog_thresh=30 softlockup_panic=1 rcupdate.rcu_cpu_stall_timeout=60 "
                       "sysctl.kernel.panic_on_rcu_stall=1 panic=-1")
 # where the lab's kernel says what it took of those options, for every run's record of the lab
 STALL_PANIC_SETTINGS = {**{name: f"/proc/sys/kernel/{name}"
@@ -66,6 +70,7 @@ class KvmLab(LabMachine):
         self.accel: dict[str, str] = {}
         self.root: Path | None = None
         self.facts: dict[str, Any] = {}
+        self.kallsyms: Path | None = None  # the lab kernel's text symbols, to name where its CPUs were should it hang
 
     def boot(self) -> KvmLab:
         """Build what the lab boots (cached), start QEMU, wait for sshd and libvirtd, connect, read its versions."""
@@ -73,6 +78,9 @@ class KvmLab(LabMachine):
 
         self.root = root_image(self.arch)
         kernel, base = boot_initramfs(self.arch)
+        digest = hashlib.sha256(kernel.read_bytes()).hexdigest()[:16]  # (a rebuilt kernel may keep its name)
+        self.kallsyms = self.root.with_name(f"kallsyms-{self.arch.name}-{digest}.txt")
+        self.symbols = KernelSymbols.read(self.kallsyms)
         keys = self.keys()
         initrd = self.directory / "boot.cpio"
         initrd.write_bytes(base.read_bytes() + lab_files(keys.host_key, keys.client_public))
@@ -82,6 +90,7 @@ class KvmLab(LabMachine):
         self.await_ready()
         self.connect(keys)
         self.facts = self._read_facts()
+        self.symbols = self._read_symbols()
         return self
 
     def _qemu_argv(self, kernel: Path, initrd: Path, port: int) -> list[str]:
@@ -93,12 +102,26 @@ class KvmLab(LabMachine):
         return [self.arch.qemu, "-machine", self.arch.machine, "-accel", self.accel["accel"],
                 "-cpu", "host" if kvm else self.arch.tcg_cpu, "-smp", str(self.config.pcpus),
                 "-m", str(self.config.memory), "-display", "none", "-nodefaults", "-no-reboot",
-                "-serial", f"file:{self.console}", "-kernel", str(kernel), "-initrd", str(initrd),
+                "-serial", f"file:{self.console}", *monitor_args(self.directory),
+                "-kernel", str(kernel), "-initrd", str(initrd),
                 "-append", " ".join([f"console={self.arch.console}", LAB_KERNEL_OPTIONS, "rdinit=/init",
                                      *tsc_kernel_args(self.arch.name, self.accel["accel"], here=True)]),
                 "-drive", f"file={self.root},format=raw,if=virtio,snapshot=on",
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
                 "-device", "virtio-net-pci,netdev=n0"]
+
+    def _read_symbols(self) -> KernelSymbols:
+        """The lab kernel's text symbols (read once per root image, kept beside it: nokaslr puts them at the same
+        addresses in every boot) and its modules' load addresses (this boot's)."""
+        assert self.kallsyms is not None
+        if not self.kallsyms.exists():
+            text = self.connection.run(["awk", '($2 == "t" || $2 == "T") && NF == 3', "/proc/kallsyms"],
+                                       timeout=300).check("kvm lab: reading its kernel's symbols").stdout
+            partial = self.kallsyms.with_suffix(f".{os.getpid()}.part")
+            partial.write_text(text)
+            partial.replace(self.kallsyms)
+        modules = self.connection.run(["cat", "/proc/modules"], timeout=60).check("kvm lab: reading its modules")
+        return KernelSymbols.read(self.kallsyms, modules.stdout)
 
     def _read_facts(self) -> dict[str, Any]:
         """What the manifests say of the lab: what QEMU emulated, its kernel, its KVM (the module and its nested

@@ -23,6 +23,7 @@ from pathlib import Path
 from ...errors import RunError
 from ...procs import Supervisor
 from ..guest_image import Cpio
+from ..lab_cpus import monitor_args
 from ..lab_machine import LabKeys, LabMachine, free_port, reclaim_labs
 from .arch import XEN_LAB_ARCHES
 from .config import XenLabConfig
@@ -104,7 +105,7 @@ class XenLab(LabMachine):
                        f"dom0_max_vcpus={self.dom0_vcpus} dom0_vcpus_pin sched=credit2")
         return [self.arch.qemu, "-accel", self.accel["accel"], "-cpu", "host" if kvm else self.arch.tcg_cpu,
                 "-smp", str(self.config.pcpus), "-m", str(self.config.memory),
-                "-display", "none", "-nodefaults", "-no-reboot", *self.serial_args(),
+                "-display", "none", "-nodefaults", "-no-reboot", *self.serial_args(), *monitor_args(self.directory),
                 *self.arch.boot_args(self.hypervisor, xen_options, kernel, initrd, self.dom0_root),
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
                 "-device", f"{self.arch.net_device},netdev=n0"]
@@ -112,10 +113,11 @@ class XenLab(LabMachine):
     def hang_report(self) -> str:
         """Xen's own account of the hang: its debug keys pressed on the serial console (the dump kept in the
         console's log), summed up as where each pCPU and dom0 vCPU was."""
+        cpus = super().hang_report()  # (first: QEMU's view before the keys set Xen to work)
         start = self.console_size()
         if not self.type_on_console(DEBUG_KEYS, answer_within=DEBUG_KEY_ANSWER_S):  # (QEMU gone: refused)
-            return ""
-        return f"Xen's debug keys: {summary(self.console_since(start))}; "
+            return cpus
+        return f"{cpus}Xen's debug keys: {summary(self.console_since(start))}; "
 
     def failure(self) -> str | None:
         """Xen's panic message if the hypervisor crashed (QEMU keeps running a halted machine), or the arm64 dom0
