@@ -33,6 +33,7 @@ from conftest import (
 
 from rtvirt.environments.guest_image import cache_dir
 from rtvirt.environments.kvmlab.lab import LAB_ROOT, KvmLab
+from rtvirt.environments.lab_cpus import KernelSymbols
 from rtvirt.environments.lab_machine import CPU_DUMP_MARK, MAX_REBOOTS
 from rtvirt.errors import InputError
 from rtvirt.results.report import write_report
@@ -154,6 +155,23 @@ def test_linux_preempt_rt_and_bare_metal_guests_run_under_the_labs_kvm(
         facts.append(_lab_build(lab, boots))
     assert _manifest(kvm_lab_campaign, "guests/kvm-linux-rt/solo/-/r1")["environment_detail"]["preempt_rt"] is True
     assert len(set(facts)) == 1  # one lab for the campaign
+
+
+@pytest.mark.vm
+@pytest.mark.timeout(2700)
+def test_a_booted_lab_keeps_its_kernels_symbols_to_name_where_a_hung_labs_cpus_were(
+        kvm_lab_campaign: tuple[Path, dict[str, Any]]) -> None:
+    """The campaign's lab (nokaslr) left its kernel's text symbols beside the root image, whole: they name an
+    address in its kernel as a hang's report would (tests/test_lab_cpus.py reads a real QEMU's registers)."""
+    (kallsyms,) = (cache_dir() / "kvm-lab").glob("kallsyms-x86_64-*.txt")
+    lines = kallsyms.read_text().splitlines()
+    by_name = {line.split()[2]: int(line.split()[0], 16) for line in lines}
+    assert by_name["_stext"] == 0xffffffff81000000  # where the kernel was linked: nokaslr took
+    # whole: to the end of the kernel's text and of its init text (about 50,000 symbols, 2 MB)
+    assert len(lines) > 40_000 and by_name["_stext"] < by_name["_etext"] < by_name["_einittext"], len(lines)
+    symbols = KernelSymbols.read(kallsyms)
+    assert symbols.name(by_name["default_idle"] + 0xb) == "default_idle+0xb"
+    assert symbols.name(by_name["_einittext"] + 0x100000) == "not the lab kernel's"
 
 
 @pytest.mark.vm

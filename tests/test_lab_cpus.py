@@ -29,6 +29,9 @@ def test_a_machine_in_its_firmware_is_seen_cpu_by_cpu_with_its_threads_business(
             time.sleep(0.1)
         time.sleep(2)  # (past the firmware's start)
         said, dump = cpu_report(tmp_path, proc.pid, KernelSymbols())
+        # a symbol table whose one "function" spans the first 64 KiB: the firmware's stack words name it
+        low = KernelSymbols(addresses=[0], names=["low_64k"])
+        low_said, low_dump = cpu_report(tmp_path, proc.pid, low)
     finally:
         proc.kill()
         proc.wait()
@@ -38,6 +41,12 @@ def test_a_machine_in_its_firmware_is_seen_cpu_by_cpu_with_its_threads_business(
     assert [cpu for cpu, _, _ in cpus] == ["0", "1"], said
     assert all(int(busy) < 50 for _, _, busy in cpus), said  # halted CPUs: their threads wait
     assert dump.count("CPU#0") == 3 and dump.count("CPU#1") == 3 and "EIP=" in dump, dump[:500]
+    # no symbols, no stacks; with them, each CPU's top 64 stack words, read from QEMU, and what they name
+    assert "stack" not in said and "x /64gx" not in dump
+    for cpu in (0, 1):
+        words = low_dump.split(f"--- CPU {cpu}: x /64gx $esp ---\n", 1)[1].split("\n---", 1)[0]
+        assert len(re.findall(r"\b0x[0-9a-f]{16}\b", words)) == 64, words
+    assert re.search(r"CPU 0's stack holds low_64k\+0x[0-9a-f]+", low_said), low_said
     # QEMU gone: nothing to say, and nothing raised
     assert cpu_report(tmp_path / "elsewhere", proc.pid, KernelSymbols()) == ("", "")
 

@@ -28,6 +28,8 @@ QMP_SOCKET = "qmp.sock"
 SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, its NUL excluded)
 SAMPLES, SAMPLE_GAP_S = 3, 0.5
 QMP_TIMEOUT_S = 5.0
+STACK_WORDS, STACK_NAMED = 64, 8  # words read from the top of a CPU's stack; kernel functions they name, kept
+OUTSIDE = "not the lab kernel's"
 DUMP_LIMIT = 64 << 10  # bytes of each `info registers -a` answer kept (it is the lab's state: bounded)
 _CPU_HEADER = re.compile(r"^CPU#(\d+)$", re.M)
 _PC = re.compile(r"(?:^|\s)(?:RIP|EIP|PC)=([0-9a-f]+)", re.M)
@@ -84,18 +86,20 @@ class KernelSymbols:
         # (a text symbol more than 64 KiB below the address: past the kernel's text, not in it)
         if at >= 0 and address - self.addresses[at] < 1 << 16 and self.names[at] not in ("_etext", "_end"):
             return f"{self.names[at]}+{address - self.addresses[at]:#x}"
-        return "not the lab kernel's"
+        return OUTSIDE
 
 
-def _qmp(sock: Path, command: str) -> str:
-    """``command``'s answer from the human monitor, through the QMP socket ``sock``."""
+def _qmp(sock: Path, command: str, cpu: int | None = None) -> str:
+    """``command``'s answer from the human monitor (on CPU ``cpu``: registers in it are that CPU's), through the
+    QMP socket ``sock``."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(QMP_TIMEOUT_S)
         conn.connect(str(sock))
         stream = conn.makefile("rwb")
         stream.readline()  # the greeting
         for request in ({"execute": "qmp_capabilities"},
-                        {"execute": "human-monitor-command", "arguments": {"command-line": command}}):
+                        {"execute": "human-monitor-command",
+                         "arguments": {"command-line": command, **({} if cpu is None else {"cpu-index": cpu})}}):
             stream.write(json.dumps(request).encode() + b"\n")
             stream.flush()
             while True:  # (events may come before the answer)
@@ -174,5 +178,26 @@ def cpu_report(directory: Path, qemu_pid: int, symbols: KernelSymbols) -> tuple[
             if f"CPU {cpu}" in after else ""
         parts.append(f"CPU {cpu} at {where}, {seen[-1][1]}{thread}")
     said = "; ".join(parts) or "no CPU in QEMU's answer"
-    return (f"QEMU saw its CPUs ({SAMPLES} looks {SAMPLE_GAP_S} s apart): {said}; ",
-            "\n".join(f"--- info registers -a, look {n + 1} ---\n{dump}" for n, dump in enumerate(dumps)))
+    stacks = _stacks(sock, sorted(samples[-1]), symbols)
+    return (f"QEMU saw its CPUs ({SAMPLES} looks {SAMPLE_GAP_S} s apart): {said}; "
+            + "".join(f"CPU {cpu}'s stack holds {', '.join(named)}; " for cpu, named, _ in stacks if named),
+            "\n".join([*(f"--- info registers -a, look {n + 1} ---\n{dump}" for n, dump in enumerate(dumps)),
+                       *(f"--- CPU {cpu}: x /{STACK_WORDS}gx $esp ---\n{words}" for cpu, _, words in stacks)]))
+
+
+def _stacks(sock: Path, cpus: list[int], symbols: KernelSymbols) -> list[tuple[int, list[str], str]]:
+    """For each of ``cpus`` (x86, where the lab kernel's symbols were read): the kernel functions its stack's top
+    STACK_WORDS words name, innermost first (return addresses among them: a backtrace with some noise), and the
+    words as QEMU printed them."""
+    if not symbols.addresses:
+        return []
+    stacks = []
+    for cpu in cpus:
+        try:  # ($esp: the monitor's name for the whole stack pointer, RSP included)
+            words = _qmp(sock, f"x /{STACK_WORDS}gx $esp", cpu).replace("\r\n", "\n")
+        except (OSError, ValueError):
+            continue
+        named = [symbols.name(int(word, 16)) for word in re.findall(r"\b0x([0-9a-f]{16})\b", words)]
+        kernel = [name for name in named if name and name != OUTSIDE]
+        stacks.append((cpu, list(dict.fromkeys(kernel))[:STACK_NAMED], words))
+    return stacks

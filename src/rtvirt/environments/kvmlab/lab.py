@@ -28,6 +28,7 @@ __all__ = ["LAB_ROOT", "LAB_WARNING", "KvmLab", "open_kvm_lab", "reclaim_kvm_lab
 
 
 LAB_ROOT = "kvm-lab-runs"
+KALLSYMS_LIMIT = 32 << 20  # bytes of the lab kernel's text symbols read (Debian's 6.1 amd64: 2 MB)
 KERNEL_PANIC = "Kernel panic - not syncing"
 FAILURE_WINDOW = 1 << 16
 LAB_WARNING = ("nested KVM under {accel} (a KVM lab in QEMU on this machine; emulated: {emulated}): its timings are "
@@ -116,10 +117,11 @@ class KvmLab(LabMachine):
         assert self.kallsyms is not None
         if not self.kallsyms.exists():
             text = self.connection.run(["awk", '($2 == "t" || $2 == "T") && NF == 3', "/proc/kallsyms"],
-                                       timeout=300).check("kvm lab: reading its kernel's symbols").stdout
-            partial = self.kallsyms.with_suffix(f".{os.getpid()}.part")
-            partial.write_text(text)
-            partial.replace(self.kallsyms)
+                                       timeout=300, limit=KALLSYMS_LIMIT).check("kvm lab: reading its symbols").stdout
+            if len(text) < KALLSYMS_LIMIT:  # (cut at the limit, the table would name addresses past it wrongly)
+                partial = self.kallsyms.with_suffix(f".{os.getpid()}.part")
+                partial.write_text(text)
+                partial.replace(self.kallsyms)
         modules = self.connection.run(["cat", "/proc/modules"], timeout=60).check("kvm lab: reading its modules")
         return KernelSymbols.read(self.kallsyms, modules.stdout)
 
