@@ -31,6 +31,8 @@ QMP_TIMEOUT_S = 5.0
 STACK_WORDS, STACK_NAMED = 64, 8  # words read from the top of a CPU's stack; kernel functions they name, kept
 OUTSIDE = "not the lab kernel's"
 DUMP_LIMIT = 64 << 10  # bytes of each `info registers -a` answer kept (it is the lab's state: bounded)
+# where a section of the kernel's text starts or ends: the same address as a function, which names it better
+_SECTION_MARK = re.compile(r"^_+\w*_(start|end)$|^_[se](init)?text$")
 _CPU_HEADER = re.compile(r"^CPU#(\d+)$", re.M)
 _PC = re.compile(r"(?:^|\s)(?:RIP|EIP|PC)=([0-9a-f]+)", re.M)
 _X86_STATE = re.compile(r"[RE]FL=([0-9a-f]+) .*?CPL=(\d).*?HLT=(\d)")
@@ -62,7 +64,7 @@ class KernelSymbols:
         if kallsyms is not None and kallsyms.exists():
             for line in kallsyms.read_text(errors="replace").splitlines():
                 parts = line.split()
-                if len(parts) == 3 and parts[1] in ("t", "T"):
+                if len(parts) == 3 and parts[1] in ("t", "T") and not _SECTION_MARK.match(parts[2]):
                     symbols.addresses.append(int(parts[0], 16))
                     symbols.names.append(parts[2])
             order = sorted(range(len(symbols.addresses)), key=symbols.addresses.__getitem__)
@@ -84,7 +86,7 @@ class KernelSymbols:
                 return f"{module}+{address - start:#x}"
         at = bisect.bisect_right(self.addresses, address) - 1
         # (a text symbol more than 64 KiB below the address: past the kernel's text, not in it)
-        if at >= 0 and address - self.addresses[at] < 1 << 16 and self.names[at] not in ("_etext", "_end"):
+        if at >= 0 and address - self.addresses[at] < 1 << 16:
             return f"{self.names[at]}+{address - self.addresses[at]:#x}"
         return OUTSIDE
 
