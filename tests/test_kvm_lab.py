@@ -149,6 +149,7 @@ def test_linux_preempt_rt_and_bare_metal_guests_run_under_the_labs_kvm(
         assert lab["stall_panics"] == {"softlockup_panic": 1, "panic_on_rcu_stall": 1, "watchdog_thresh": 30,
                                        "panic": -1, "rcu_cpu_stall_timeout": 60}, lab
         assert lab["kernel"].endswith("-amd64") and lab["qemu"].startswith("QEMU emulator version ")
+        assert lab["emulator"].startswith("QEMU emulator version ")  # (this machine's QEMU, emulating the lab)
         assert detail["hypervisor"] in lab["qemu"] and detail["libvirt"] == lab["libvirt"]
         assert detail["guest"] == guest and manifest["summary"]["all"]["samples"] > 0
         assert any("nested KVM under" in w for w in manifest["system"]["warnings"])

@@ -33,6 +33,7 @@ from rtvirt.environments.lab_machine import (
     free_port,
     open_lab,
 )
+from rtvirt.environments.qemu.accel import qemu_version
 from rtvirt.errors import RunError
 from rtvirt.procs import Supervisor, process_state
 
@@ -219,7 +220,8 @@ def test_a_campaign_boots_a_lab_that_stopped_again_a_bounded_number_of_times(tmp
             if stop < MAX_REBOOTS:
                 again = lab()  # the next run gets a fresh boot, which knows why the earlier ones stopped
                 assert again is not running and again.alive() and not console.exists()
-                assert again.boot_record() == {"boot_of_campaign": stop + 2, "earlier_boots_stopped": stopped}
+                assert again.boot_record() == {"emulator": qemu_version(), "boot_of_campaign": stop + 2,
+                                               "earlier_boots_stopped": stopped}
         with pytest.raises(RunError, match=f"the lab stopped {MAX_REBOOTS + 1} times in this campaign and is not "
                                            "booted again; the last time: it stopped answering"):
             lab()

@@ -178,6 +178,7 @@ class LabMachine:
         self.earlier = list(earlier or [])  # why the campaign's earlier boots of this lab stopped (open_lab)
         self.boot_timeout_s = boot_timeout_ns / 1e9
         self.boot_seconds: float | None = None
+        self.emulator: str | None = None  # the first line of its QEMU's --version
         self._proc: subprocess.Popen[bytes] | None = None
         self._connection: SshConnection | None = None
         self._target: SshTarget | None = None
@@ -204,6 +205,10 @@ class LabMachine:
     def start(self, argv: list[str], ssh_port: int) -> None:
         """Start the lab's QEMU (``argv``): its serial console must go to ``self.console``, its sshd forwarded
         from 127.0.0.1:``ssh_port``."""
+        from .qemu.accel import qemu_version
+
+        # the emulator's own version, for every run's record: the lab's stalls are faults of its emulation
+        self.emulator = qemu_version(argv[0])
         self._started, self._ssh_port = time.monotonic(), ssh_port
         self._proc = self.supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         (self.directory / QEMU_PID_FILE).write_text(str(self._proc.pid))
@@ -309,8 +314,9 @@ class LabMachine:
         self.boot_seconds = round(time.monotonic() - self._started, 1)
 
     def boot_record(self) -> dict[str, object]:
-        """What a run's manifest says of this boot's place in its campaign."""
-        return {"boot_of_campaign": len(self.earlier) + 1, "earlier_boots_stopped": self.earlier}
+        """What a run's manifest says of this boot: the QEMU that emulates the lab, its place in its campaign."""
+        return {"emulator": self.emulator, "boot_of_campaign": len(self.earlier) + 1,
+                "earlier_boots_stopped": self.earlier}
 
     @property
     def ssh_target(self) -> SshTarget:
