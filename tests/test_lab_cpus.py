@@ -55,7 +55,8 @@ def test_addresses_are_named_by_a_kernels_symbols_and_its_modules(tmp_path: Path
     # this machine's own kernel's symbols, in the form the lab's are kept (text symbols of /proc/kallsyms)
     kallsyms = tmp_path / "kallsyms.txt"
     kallsyms.write_text("".join(line for line in Path("/proc/kallsyms").read_text().splitlines(keepends=True)
-                                if line.split()[1] in ("t", "T") and "[" not in line))
+                                if line.split()[1] in ("t", "T") and "[" not in line)
+                        + "ffffffffff000000 T evil\x1b[31m;name\n")  # (a lab's symbol names are untrusted)
     line = next(line for line in kallsyms.read_text().splitlines() if line.endswith(" default_idle"))
     idle = int(line.split()[0], 16)
     assert idle != 0  # (root reads the real addresses)
@@ -66,6 +67,7 @@ def test_addresses_are_named_by_a_kernels_symbols_and_its_modules(tmp_path: Path
     assert symbols.name(0xffffffffc0b00010) == "evil?name+0x10"  # (the module's name is the lab's: untrusted)
     assert symbols.name(0x7f0000001000) == "not the lab kernel's"  # (a nested guest's user space, say)
     assert KernelSymbols().name(idle) is None  # nothing read: the address alone
+    assert symbols.name(0xffffffffff000004) == "evil??31m?name+0x4"
 
 
 def test_no_socket_where_its_path_would_not_fit(tmp_path: Path) -> None:

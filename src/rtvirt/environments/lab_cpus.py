@@ -66,7 +66,7 @@ class KernelSymbols:
                 parts = line.split()
                 if len(parts) == 3 and parts[1] in ("t", "T") and not _SECTION_MARK.match(parts[2]):
                     symbols.addresses.append(int(parts[0], 16))
-                    symbols.names.append(parts[2])
+                    symbols.names.append(re.sub(r"[^\w.]", "?", parts[2])[:80])  # (the lab's: untrusted)
             order = sorted(range(len(symbols.addresses)), key=symbols.addresses.__getitem__)
             symbols.addresses = [symbols.addresses[i] for i in order]
             symbols.names = [symbols.names[i] for i in order]
