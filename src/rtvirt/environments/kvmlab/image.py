@@ -77,8 +77,8 @@ virsh -q -c qemu:///system version >/dev/null 2>&1 ||
 # (preempt_notifier_key in __schedule, apic_sw_disabled), which rewrites kernel text at every domain's start and
 # end while the first VM comes and the last goes. Under this machine's TCG another lab CPU can go on executing the
 # text from before the rewrite: in two stalls here a lab CPU looped for good through int3 exceptions with interrupts
-# off, once both at __schedule's preempt-notifier site (docs/environments-kvm-lab.md). Held at one, those keys stay
-# (a VM's start and end rewrote 16 sites without the holder, 12 with it: the other 12 are not known yet).
+# off, once both at __schedule's preempt-notifier site (docs/environments-kvm-lab.md). Held at one, those keys stay:
+# a VM's start and end rewrite no kernel text with the holder (4 sites without it).
 # (x86 only so far: the stalls were seen there; one that does not start leaves the lab as it was, and says so)
 if [ "$(uname -m)" = x86_64 ]; then
   qemu-system-x86_64 -name rtvirt-key-holder -accel kvm -machine q35 -cpu host -smp 1 -m 16 -S -display none \
