@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Supervisor", "die_with_parent", "stops_deferred", "terminate_group", "process_start_time"]
+__all__ = ["Supervisor", "cpu_ticks", "die_with_parent", "stops_deferred", "terminate_group",
+           "process_start_time"]
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -34,6 +35,12 @@ def _stat_fields(pid: int) -> list[str] | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def cpu_ticks(stat: str) -> int:
+    """The clock ticks a process or thread has run (utime + stime), from the text of its /proc stat file."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
 
 
 def process_start_time(pid: int) -> str | None:

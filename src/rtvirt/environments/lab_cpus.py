@@ -2,7 +2,7 @@
 
 A lab that stops answering may say nothing on its console: in a CI run the KVM lab's kernel printed nothing for
 119 s, not even the stall panics it is booted with, so neither of its CPUs ran its kernel's timer interrupts.
-Only the emulator can tell then. Each lab's QEMU gets a QMP socket in the lab's directory; on a hang rtvirt asks
+Only the emulator can tell then. Each lab's QEMU gets a QMP socket (``LabMachine.monitor_args``); on a hang rtvirt asks
 it for every CPU's registers a few times, half a second apart (``info registers -a``), and reads how busy each of
 QEMU's CPU threads was meanwhile (/proc). A CPU whose program counter stays put while its thread is busy spins in
 place; one whose thread is idle waits. Addresses are named against the lab kernel's text symbols and its modules'
@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["QMP_SOCKET", "KernelSymbols", "cpu_report", "monitor_args"]
+from ..procs import cpu_ticks
 
-QMP_SOCKET = "qmp.sock"
-SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, its NUL excluded)
+__all__ = ["KernelSymbols", "cpu_report"]
+
 SAMPLES, SAMPLE_GAP_S = 3, 0.5
 QMP_TIMEOUT_S = 5.0
 STACK_WORDS, STACK_NAMED = 64, 8  # words read from the top of a CPU's stack; kernel functions they name, kept
@@ -39,16 +39,6 @@ _X86_STATE = re.compile(r"[RE]FL=([0-9a-f]+) .*?CPL=(\d).*?HLT=(\d)")
 _ARM_STATE = re.compile(r"PSTATE=([0-9a-f]+) \S+ (EL\d[ht])")
 
 
-def monitor_args(directory: Path) -> list[str]:
-    """QEMU's arguments for CPU threads named after their CPU ("CPU 0/TCG") and a QMP socket in ``directory``; no
-    socket where its path is too long for one or holds a comma (QEMU's option syntax): a hang's report is empty."""
-    named = ["-name", "rtvirt-lab,debug-threads=on"]
-    sock = directory / QMP_SOCKET
-    if len(os.fsencode(sock)) > SOCKET_PATH_MAX or "," in str(directory):
-        return named
-    return [*named, "-qmp", f"unix:{sock},server=on,wait=off"]
-
-
 @dataclass
 class KernelSymbols:
     """The lab kernel's text symbols (System.map's format: /proc/kallsyms) and its modules' ranges (/proc/modules),
@@ -59,7 +49,8 @@ class KernelSymbols:
     modules: list[tuple[int, int, str]] = field(default_factory=list)  # (start, size, name)
 
     @classmethod
-    def read(cls, kallsyms: Path | None, proc_modules: str = "") -> KernelSymbols:
+    def read(cls, kallsyms: Path | None) -> KernelSymbols:
+        """The text symbols of ``kallsyms`` (none when there is no such file)."""
         symbols = cls()
         if kallsyms is not None and kallsyms.exists():
             for line in kallsyms.read_text(errors="replace").splitlines():
@@ -70,11 +61,14 @@ class KernelSymbols:
             order = sorted(range(len(symbols.addresses)), key=symbols.addresses.__getitem__)
             symbols.addresses = [symbols.addresses[i] for i in order]
             symbols.names = [symbols.names[i] for i in order]
+        return symbols
+
+    def add_modules(self, proc_modules: str) -> None:
+        """The modules' ranges of a /proc/modules text (a boot's own: modules load anywhere)."""
         for line in proc_modules.splitlines():  # name size refcount users state address
             parts = line.split()
             if len(parts) >= 6 and parts[5].startswith("0x") and parts[1].isdigit():
-                symbols.modules.append((int(parts[5], 16), int(parts[1]), re.sub(r"[^\w-]", "?", parts[0])[:40]))
-        return symbols
+                self.modules.append((int(parts[5], 16), int(parts[1]), re.sub(r"[^\w-]", "?", parts[0])[:40]))
 
     def name(self, address: int) -> str | None:
         """``symbol+offset`` or ``module+offset`` for ``address``; "not the lab kernel's" outside both, and None
@@ -145,18 +139,17 @@ def _thread_ticks(pid: int) -> dict[str, int]:
     for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             comm = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            if comm.startswith("CPU "):
+                ticks[comm.split("/")[0]] = cpu_ticks((task / "stat").read_text())
+        except (OSError, IndexError):  # (a thread that ended meanwhile)
             continue
-        if comm.startswith("CPU "):
-            ticks[comm.split("/")[0]] = int(fields[11]) + int(fields[12])
     return ticks
 
 
-def cpu_report(directory: Path, qemu_pid: int, symbols: KernelSymbols) -> tuple[str, str]:
+def cpu_report(sock: Path, qemu_pid: int, symbols: KernelSymbols) -> tuple[str, str]:
     """(a clause ending in "; " on where each of the lab's CPUs was and how busy QEMU kept it, the registers as
-    QEMU dumped them), or ("", "") when its QEMU cannot be asked (no socket, QEMU gone)."""
-    sock = directory / QMP_SOCKET
+    QEMU dumped them), asked of the QEMU whose QMP socket is ``sock``; ("", "") when it cannot be asked (no
+    socket, QEMU gone)."""
     if not sock.exists():
         return "", ""
     dumps: list[str] = []

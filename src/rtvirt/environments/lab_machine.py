@@ -54,6 +54,7 @@ WATCH_EVERY_S = 30.0  # between banner checks while a call into the lab blocks (
 CPU_DUMP = "cpus.txt"  # the registers of the lab's CPUs, as QEMU dumped them when the lab hung (hang_report)
 CPU_DUMP_MARK = "--- rtvirt: the lab's CPUs as its QEMU saw them when it hung ---"
 CONSOLE_SOCKET = "console.sock"  # the serial console's input (a hypervisor's debug keys), in the lab's directory
+QMP_SOCKET = "qmp.sock"  # QEMU's monitor, which a hang's report asks where the lab's CPUs are (monitor_args)
 SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, its NUL excluded)
 STOPPED_LIMIT = 1000  # characters kept of why a boot stopped (a hang's report names every CPU, twice for Xen)
 FAILED_BOOTS = "failed-boots"  # where, under a lab kind's root, the consoles of boots that failed are kept
@@ -213,14 +214,27 @@ class LabMachine:
         self._proc = self.supervisor.start(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         (self.directory / QEMU_PID_FILE).write_text(str(self._proc.pid))
 
+    def _socket(self, name: str) -> Path | None:
+        """The Unix socket ``name`` in the lab's directory, or None where its path is longer than a socket's or the
+        directory's holds a comma (QEMU's option syntax: a comma would start an option)."""
+        sock = self.directory / name
+        return None if len(os.fsencode(sock)) > SOCKET_PATH_MAX or "," in str(self.directory) else sock
+
     def serial_args(self) -> list[str]:
-        """QEMU's arguments for the lab's serial console: logged to ``self.console`` and, where the lab directory's
-        path fits a Unix socket's, open for input on a socket beside it (``type_on_console``)."""
-        sock = self.directory / CONSOLE_SOCKET
-        if len(os.fsencode(sock)) > SOCKET_PATH_MAX or "," in str(self.directory):
-            return ["-serial", f"file:{self.console}"]  # (QEMU's option syntax: a comma would start an option)
+        """QEMU's arguments for the lab's serial console: logged to ``self.console`` and, where a socket fits in the
+        lab's directory, open for input on a socket beside it (``type_on_console``)."""
+        sock = self._socket(CONSOLE_SOCKET)
+        if sock is None:
+            return ["-serial", f"file:{self.console}"]
         return ["-chardev", f"socket,id=console,path={sock},server=on,wait=off,logfile={self.console}",
                 "-serial", "chardev:console"]
+
+    def monitor_args(self) -> list[str]:
+        """QEMU's arguments for CPU threads named after their CPU ("CPU 0/TCG") and, where a socket fits in the
+        lab's directory, a QMP socket there, which a hang's report asks (``hang_report``; without it, empty)."""
+        named = ["-name", "rtvirt-lab,debug-threads=on"]
+        sock = self._socket(QMP_SOCKET)
+        return named if sock is None else [*named, "-qmp", f"unix:{sock},server=on,wait=off"]
 
     def type_on_console(self, keys: list[bytes], answer_within: float) -> bool:
         """Type each of ``keys`` on the lab's serial console, ``answer_within`` s apart, reading meanwhile what it
@@ -247,7 +261,7 @@ class LabMachine:
         presses Xen's debug keys too."""
         if self._proc is None or self._proc.poll() is not None:
             return ""
-        said, dump = cpu_report(self.directory, self._proc.pid, self.symbols)
+        said, dump = cpu_report(self.directory / QMP_SOCKET, self._proc.pid, self.symbols)
         if dump:  # (the clause too: a run's bounded reason may cut it)
             with (self.directory / CPU_DUMP).open("a") as out:
                 out.write(f"{said}\n{dump}\n")
@@ -493,8 +507,8 @@ def booted(lab: L) -> L:
             lab.close()
         kind = LabHung if isinstance(exc, LabHung) else RunError  # (a hang stays one: the lab is booted again)
         # where the console went, right after what failed (before the details a run's bounded reason may cut)
-        what, details = (str(exc).split("; ", 1) + [""])[:2]
-        raise kind((what + where + (f"; {details}" if details else ""))[:STOPPED_LIMIT]) from exc
+        what, semicolon, details = str(exc).partition("; ")
+        raise kind((what + where + semicolon + details)[:STOPPED_LIMIT]) from exc
     except BaseException:
         lab.close()
         raise

@@ -17,7 +17,7 @@ from typing import Any
 from ...errors import RunError
 from ...procs import Supervisor
 from ..base import SharedResources
-from ..lab_cpus import KernelSymbols, monitor_args
+from ..lab_cpus import KernelSymbols
 from ..lab_machine import LabMachine, booted, free_port, open_lab, reclaim_labs
 from ..tcg_clock import tsc_kernel_args
 from .arch import LAB_ARCHES
@@ -91,7 +91,7 @@ class KvmLab(LabMachine):
         self.await_ready()
         self.connect(keys)
         self.facts = self._read_facts()
-        self.symbols = self._read_symbols()
+        self._read_symbols()
         return self
 
     def _qemu_argv(self, kernel: Path, initrd: Path, port: int) -> list[str]:
@@ -103,7 +103,7 @@ class KvmLab(LabMachine):
         return [self.arch.qemu, "-machine", self.arch.machine, "-accel", self.accel["accel"],
                 "-cpu", "host" if kvm else self.arch.tcg_cpu, "-smp", str(self.config.pcpus),
                 "-m", str(self.config.memory), "-display", "none", "-nodefaults", "-no-reboot",
-                "-serial", f"file:{self.console}", *monitor_args(self.directory),
+                "-serial", f"file:{self.console}", *self.monitor_args(),
                 "-kernel", str(kernel), "-initrd", str(initrd),
                 "-append", " ".join([f"console={self.arch.console}", LAB_KERNEL_OPTIONS, "rdinit=/init",
                                      *tsc_kernel_args(self.arch.name, self.accel["accel"], here=True)]),
@@ -111,9 +111,9 @@ class KvmLab(LabMachine):
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
                 "-device", "virtio-net-pci,netdev=n0"]
 
-    def _read_symbols(self) -> KernelSymbols:
-        """The lab kernel's text symbols (read once per root image, kept beside it: nokaslr puts them at the same
-        addresses in every boot) and its modules' load addresses (this boot's)."""
+    def _read_symbols(self) -> None:
+        """The lab kernel's text symbols, read from the booted lab when no earlier boot of its kernel kept them
+        (nokaslr puts them at the same addresses in every boot), and this boot's modules' load addresses."""
         assert self.kallsyms is not None
         if not self.kallsyms.exists():
             text = self.connection.run(["awk", '($2 == "t" || $2 == "T") && NF == 3', "/proc/kallsyms"],
@@ -122,8 +122,9 @@ class KvmLab(LabMachine):
                 partial = self.kallsyms.with_suffix(f".{os.getpid()}.part")
                 partial.write_text(text)
                 partial.replace(self.kallsyms)
+                self.symbols = KernelSymbols.read(self.kallsyms)
         modules = self.connection.run(["cat", "/proc/modules"], timeout=60).check("kvm lab: reading its modules")
-        return KernelSymbols.read(self.kallsyms, modules.stdout)
+        self.symbols.add_modules(modules.stdout)
 
     def _read_facts(self) -> dict[str, Any]:
         """What the manifests say of the lab: what QEMU emulated, its kernel, its KVM (the module and its nested

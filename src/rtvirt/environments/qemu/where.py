@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import RunError
-from ...procs import process_start_time
+from ...procs import cpu_ticks, process_start_time
 from ...remote.local import LocalTransport
 from ...remote.transport import HostProcess, HostTransport, controller_id, file_digest, install
 from ...sysaudit import LocalSystem, SystemView
@@ -313,11 +313,6 @@ class ThreadPlace:
     policy: SchedPolicy | None = None
 
 
-def _ticks(stat: str) -> int:
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
 # ---- this machine ------------------------------------------------------------------------------------------
 
 
@@ -370,7 +365,7 @@ class LocalWorkspace(Workspace):
 
     def cpu_seconds(self, pid: int, tids: list[int]) -> float | None:
         try:
-            ticks = sum(_ticks(Path(f"/proc/{pid}/task/{tid}/stat").read_text()) for tid in tids)
+            ticks = sum(cpu_ticks(Path(f"/proc/{pid}/task/{tid}/stat").read_text()) for tid in tids)
         except OSError:  # QEMU has ended: keep the last reading
             return None
         return ticks / os.sysconf("SC_CLK_TCK")

@@ -23,7 +23,6 @@ from pathlib import Path
 from ...errors import RunError
 from ...procs import Supervisor
 from ..guest_image import Cpio
-from ..lab_cpus import monitor_args
 from ..lab_machine import LabKeys, LabMachine, free_port, reclaim_labs
 from .arch import XEN_LAB_ARCHES
 from .config import XenLabConfig
@@ -105,7 +104,7 @@ class XenLab(LabMachine):
                        f"dom0_max_vcpus={self.dom0_vcpus} dom0_vcpus_pin sched=credit2")
         return [self.arch.qemu, "-accel", self.accel["accel"], "-cpu", "host" if kvm else self.arch.tcg_cpu,
                 "-smp", str(self.config.pcpus), "-m", str(self.config.memory),
-                "-display", "none", "-nodefaults", "-no-reboot", *self.serial_args(), *monitor_args(self.directory),
+                "-display", "none", "-nodefaults", "-no-reboot", *self.serial_args(), *self.monitor_args(),
                 *self.arch.boot_args(self.hypervisor, xen_options, kernel, initrd, self.dom0_root),
                 "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{port}-:22",
                 "-device", f"{self.arch.net_device},netdev=n0"]
