@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RAN, assert_given_host_tsc_rate, assert_ran, run_cli, steal_live_stream
+from conftest import (
+    FIFO_TASK_ON_THE_VCPUS_PCPU,
+    RAN,
+    assert_given_host_tsc_rate,
+    assert_ran,
+    run_cli,
+    steal_live_stream,
+)
 from sshd_server import SshServer
 
 from rtvirt.agents import agent_args
@@ -390,6 +397,52 @@ def test_remote_uris_over_a_real_sshd(libvirtd: str, tmp_path: Path) -> None:
     assert stream.end_reason == "complete" and stream.records.size == stream.written > 0
     assert set(stream.dropped.values()) == {0}
     assert detail["uri"] == uri and detail["boot_seconds"] is not None
+    assert _our_domains() == []
+
+
+def test_a_host_over_ssh_is_reached_traced_and_disturbed_through_rtvirts_own_ssh(libvirtd: str,
+                                                                                   tmp_path: Path) -> None:
+    """host = "root@127.0.0.1:PORT" with ``ssh`` options (a key and a known_hosts file of this test's sshd, not
+    root's own): libvirtd's socket is forwarded over rtvirt's SSH link to that host, which also traces the
+    domain's vCPU pCPU (the VM layer), runs the same-core FIFO stressor there, and carries the clock exchange
+    over a pipe channel whose FIFOs are made there. This machine's libvirtd runs QEMU as libvirt-qemu, not root,
+    as a stock host's does. A host key that known_hosts does not trust is refused: the run fails naming it."""
+    with SshServer() as server:
+        where = (f'host = "{server.user}@127.0.0.1:{server.port}"\n'
+                 f'ssh = {{ identity_file = "{server.client_key}", known_hosts = "{server.known_hosts}" }}\n')
+        env = (f'kind = "libvirt"\nname = "over-ssh"\n{where}domain_type = "qemu"\ncpus = [{MEASURED}]\n'
+               f'emulator_cpus = [{EMULATOR}]\nboot_timeout = "5m"')
+        scenario = _scenario(tmp_path / "ssh.toml", "3s", env,
+                             FIFO_TASK_ON_THE_VCPUS_PCPU + '[explain]\nthreshold = "1ms"\nlayers = ["vm"]\n')
+        result = run_cli("run", "--no-report", str(scenario), "--out", str(tmp_path / "results"), "--no-progress",
+                         timeout=600)
+        assert "Traceback" not in result.stderr, result.stderr[-3000:]
+        (run_dir,) = (tmp_path / "results" / "runs").iterdir()
+        manifest = load_run(run_dir).manifest
+        assert manifest["status"] in RAN, manifest["campaign"]
+        detail = manifest["environment_detail"]
+        assert detail["libvirtd"] == f"{server.user}@127.0.0.1:{server.port}:/run/libvirt/libvirt-sock " \
+                                     "(over rtvirt's SSH)", detail["libvirtd"]
+        pipes = re.search(r"<channel type='pipe'>\s*<source path='(/tmp/rtvirt-clock\.\w{8})/clock'/>",
+                          detail["domain_xml"])
+        assert pipes, detail["domain_xml"]
+        assert not Path(pipes[1]).exists(), "the clock FIFOs outlived their domain"
+        assert manifest["explain"]["layers"]["vm"] == "seen", manifest["explain"]
+
+        bad_hosts = tmp_path / "known_hosts"
+        bad_hosts.write_text(server.known_hosts.read_text().replace("127.0.0.1", "127.0.0.2"))
+        refused = _scenario(tmp_path / "refused.toml", "1s", env.replace(str(server.known_hosts), str(bad_hosts)))
+        result = run_cli("run", "--no-report", str(refused), "--out", str(tmp_path / "refused"), "--no-progress",
+                         timeout=300)
+    # as a KVM host of the qemu kind that cannot be reached: the run fails naming why, the campaign goes on
+    assert result.returncode == 1 and re.search(r"failed over-ssh/solo/-/r1: ssh target root@127\.0\.0\.1:\d+: its "
+                                                r"host key is not trusted", result.stderr), result.stderr
+    explained = json.loads(run_cli("explain", str(run_dir), "--json", check=True).stdout)
+    layers = {layer["layer"]: layer for layer in explained["layers"]}
+    assert any(note.startswith("guest clock aligned at start and end") for note in layers["vm"]["notes"]), \
+        layers["vm"]["notes"]
+    assert any(row["cause"] == "task rtvirt-stress" and row["layer"] == "vm" for row in explained["summary"]), \
+        sorted(row["cause"] for row in explained["summary"])[:20]
     assert _our_domains() == []
 
 

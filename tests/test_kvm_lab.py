@@ -139,10 +139,12 @@ def test_linux_preempt_rt_and_bare_metal_guests_run_under_the_labs_kvm(
                        ("qsort/kvm-baremetal/solo/-/r1", "baremetal")):
         manifest = _manifest(kvm_lab_campaign, key)
         detail = manifest["environment_detail"]
-        # libvirt in the lab, reached over SSH with the lab's key and its pinned host key, picked KVM itself
+        # libvirt in the lab, its socket forwarded over rtvirt's SSH link to the lab (the lab's key and its pinned
+        # host key), picked KVM itself
         assert detail["host"] == "lab" and detail["domain_type"] == "kvm", detail
         assert detail["domain_type_reason"] == "the KVM lab offers KVM"
-        assert detail["uri"].startswith("qemu+libssh://root@127.0.0.1:") and "known_hosts=" in detail["uri"]
+        assert re.fullmatch(r"root@127\.0\.0\.1:\d+:/run/libvirt/libvirt-sock \(over rtvirt's SSH\)",
+                            detail["libvirtd"]), detail["libvirtd"]
         assert "<cpu mode='host-passthrough'" in detail["domain_xml"]
         lab = detail["kvm_lab"]
         # the manifest says KVM: kvm-amd with nested paging, the lab's kernel, its QEMU and libvirt versions
@@ -459,6 +461,8 @@ layers = ["vm", "kvm"]
     ('host = "lab"\nlab = { pcpus = 0 }', "environments[0].lab.pcpus", "greater than or equal to 1"),
     ('host = "lab"\nlab = { arch = "aarch64" }', "environments[0].lab.arch", "Extra inputs are not permitted"),
     ('host = "lab"\narch = "mips"', "environments[0].arch", "'x86_64' or 'aarch64'"),
+    ('host = "lab"\nssh = { connect_timeout = 5 }', "environments[0]", 'ssh is for host = "user@host[:port]"'),
+    ('ssh = { proxy_jump = "a;b" }', "environments[0].ssh.proxy_jump", "String should match pattern"),
 ])
 def test_malformed_host_and_lab_tables_are_rejected_with_their_field_path(table: str, path: str,
                                                                         message: str) -> None:
@@ -468,11 +472,24 @@ def test_malformed_host_and_lab_tables_are_rejected_with_their_field_path(table:
     assert path in str(error.value) and message in str(error.value)
 
 
-def test_a_kvm_host_over_ssh_is_a_qemu_ssh_uri_checked_against_known_hosts() -> None:
+def test_a_libvirt_kvm_host_over_ssh_is_reached_by_rtvirts_link_with_its_ssh_options() -> None:
+    """host = "user@host" of the libvirt kind: one SSH link per host and campaign, made with the environment's
+    ``ssh`` options (the tests of test_env_libvirt.py use it for real, over a local sshd)."""
+    from rtvirt.environments import SharedResources
+    from rtvirt.environments.libvirt.reach import host_link, libvirtd_of
+
     scenario = parse_scenario('name = "ok"\nduration = "1s"\n[workload]\nprobe = "timer"\n[[environments]]\n'
-                              'kind = "libvirt"\nhost = "root@bench-kvm:2222"\n')
+                              'kind = "libvirt"\nhost = "root@bench-kvm:2222"\n'
+                              'ssh = { known_hosts = "/etc/bench/known_hosts", proxy_jump = "me@gate" }\n')
     (env,) = scenario.environments
-    assert env.remote_uri() == "qemu+ssh://root@bench-kvm:2222/system?no_tty=1" and not env.local
+    with SharedResources() as shared:
+        link = host_link(env, shared)
+        assert link is not None and not env.local
+        assert (link.target.user, link.target.host, link.target.port) == ("root", "bench-kvm", 2222)
+        assert str(link.target.known_hosts) == "/etc/bench/known_hosts" and link.target.proxy_jump == "me@gate"
+        forwarded = libvirtd_of(env, shared)
+        assert forwarded is not None and forwarded.link is link  # nothing connects before a domain needs it
+        assert forwarded.place() == "root@bench-kvm:2222:/run/libvirt/libvirt-sock (over rtvirt's SSH)"
 
 
 @pytest.mark.parametrize("kind", ["libvirt", "qemu"])

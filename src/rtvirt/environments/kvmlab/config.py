@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from ...errors import InputError
+from ...remote.target import SshOptions
 from ...units import duration_field
 
 __all__ = ["LAB_HOST", "LOCAL_HOST", "KvmHost", "KvmHostFields", "KvmLabConfig"]
@@ -66,11 +67,21 @@ class KvmHostFields(BaseModel):
                                                   'against known_hosts)')
     lab: KvmLabConfig = Field(default_factory=lambda: KvmLabConfig.model_validate({}),
                               description='the emulated machine of the KVM lab (host = "lab")')
+    ssh: SshOptions = Field(default_factory=SshOptions,  # type: ignore[arg-type]
+                            description="how to reach a KVM host over SSH (identity_file, known_hosts, ssh_config, "
+                                        "proxy_jump, connect_timeout)")
 
     @model_validator(mode="after")
     def _lab_table_needs_the_lab(self) -> Any:
         if self.host != LAB_HOST and "lab" in self.model_fields_set:
             raise ValueError('lab: the lab table sets up a KVM lab, which host = "lab" boots; add host = "lab"')
+        return self
+
+    @model_validator(mode="after")
+    def _ssh_needs_a_host_over_ssh(self) -> Any:
+        if self.host in (LOCAL_HOST, LAB_HOST) and "ssh" in self.model_fields_set:
+            raise ValueError(f"ssh: host = {self.host!r} is not reached over SSH by your options (the lab's own key "
+                             "and pinned host key reach it); ssh is for host = \"user@host[:port]\"")
         return self
 
     @property

@@ -3,7 +3,7 @@ where no KVM host is at hand, reached over SSH like any KVM host on a bench.
 
 One boot per campaign: every environment whose ``lab`` table is the same shares it (``open_kvm_lab``). Its
 ``ssh_target`` (127.0.0.1, the forwarded port, the lab's client key, its host key pinned) is what any
-environment that drives a remote KVM host uses; ``libvirt_uri`` reaches its libvirtd over that same SSH.
+environment that drives a remote KVM host uses, its libvirtd included (libvirt.reach: forwarded over that SSH).
 """
 
 from __future__ import annotations
@@ -159,14 +159,6 @@ class KvmLab(LabMachine):
     def warning(self) -> str:
         """What every run in this lab says of its timings (the accelerator under the lab, what is emulated)."""
         return LAB_WARNING.format(accel=self.accel.get("accel", "?").upper(), emulated=self.facts.get("emulated", "?"))
-
-    def libvirt_uri(self) -> str:
-        """qemu+libssh:// to the lab's libvirtd: libvirt's libssh transport takes the lab's client key and the
-        known_hosts file that pins its host key as URI parameters (its ``ssh`` transport runs the ssh binary,
-        which has no parameter for a known_hosts file and would consult the user's own)."""
-        target = self.ssh_target
-        return (f"qemu+libssh://root@127.0.0.1:{target.port}/system?keyfile={target.identity_file}"
-                f"&known_hosts={target.known_hosts}&known_hosts_verify=normal&sshauth=privkey&no_tty=1")
 
     def ensure_alive(self) -> None:
         """A lab that stopped (its QEMU gone, a panic) fails the run that would use it, naming why."""

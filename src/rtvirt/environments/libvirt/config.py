@@ -13,7 +13,7 @@ from ...params import CpuList, parse_cpulist
 from ...units import duration_field
 from ..base import EnvironmentConfig
 from ..guest_image import GuestArch, GuestKind, arch_field, guest_field, stream_copy_field
-from ..kvmlab.config import LAB_HOST, LOCAL_HOST, KvmHostFields
+from ..kvmlab.config import LOCAL_HOST, KvmHostFields
 from .host import memlock_problem, numa_problem, resctrl_problem
 
 __all__ = ["LibvirtConfig", "VcpuSched", "parse_cputune"]
@@ -123,12 +123,6 @@ class LibvirtConfig(EnvironmentConfig, KvmHostFields):
         """Whether the URI names this machine's libvirtd (no host part)."""
         return self.host == LOCAL_HOST and not urlsplit(self.uri).netloc
 
-    def remote_uri(self) -> str:
-        """The URI of ``uri``, or of a KVM host given as ``host = "user@host[:port]"`` (qemu+ssh://, the ssh
-        binary checking its host key against known_hosts as for any ssh); not for the lab, whose URI is its own."""
-        if self.host == LAB_HOST:
-            raise ValueError("the KVM lab's URI comes from its boot")
-        return self.uri if self.host == LOCAL_HOST else f"qemu+ssh://{self.host}/system?no_tty=1"
 
 def parse_cputune(text: str) -> ET.Element:
     """A ``<cputune>`` element from text, checked enough that libvirt's own errors are about values only."""

@@ -129,16 +129,17 @@ class LibvirtConnection:
     """A connection to one libvirtd (one per domain, one for reclaim), and the storage pool that carries
     guest images to its host."""
 
-    def __init__(self, uri: str, lab: bool = False) -> None:
+    def __init__(self, uri: str, lab: bool = False, place: str | None = None) -> None:
         libvirt = _libvirt()
         self.uri = uri
+        self.place = place or uri  # for messages: a forwarded daemon's host and socket, not the forward's path
         self._keepalive_count = LAB_KEEPALIVE_COUNT if lab else KEEPALIVE_COUNT
         self.lock = threading.Lock()
         self._kernels: dict[str, str] = {}
         try:
             self.conn = _open_bounded(libvirt, uri, CONNECT_TIMEOUT_S)
         except libvirt.libvirtError as exc:
-            raise RunError(f"libvirt: cannot connect to {uri}: {_error_text(exc)} (libvirtd must run there: "
+            raise RunError(f"libvirt: cannot connect to {self.place}: {_error_text(exc)} (libvirtd must run there: "
                            "`systemctl start libvirtd`, or without systemd `virtlogd -d && libvirtd -d`)") from None
         with contextlib.suppress(libvirt.libvirtError):  # drivers without keepalive (test://) run no daemon
             self.conn.setKeepAlive(KEEPALIVE_INTERVAL_S, self._keepalive_count)
@@ -152,8 +153,8 @@ class LibvirtConnection:
         says only "client socket is closed"), that it was lost and why a connection closes."""
         with contextlib.suppress(Exception):
             if self.conn.isAlive():
-                return RunError(f"libvirt ({self.uri}): {what}: {_error_text(exc)}")
-        return RunError(f"libvirt: the connection to libvirtd at {self.uri} was lost ({what}: {_error_text(exc)}); "
+                return RunError(f"libvirt ({self.place}): {what}: {_error_text(exc)}")
+        return RunError(f"libvirt: the connection to libvirtd at {self.place} was lost ({what}: {_error_text(exc)}); "
                         f"libvirt closes a connection when libvirtd does not answer its keepalive for "
                         f"{KEEPALIVE_INTERVAL_S * self._keepalive_count} s (stopped, hung or starved of CPU) or when "
                         "its transport (the SSH session) ends")
@@ -259,8 +260,8 @@ class LibvirtConnection:
             return False
         return True
 
-def _connection(shared: SharedResources, uri: str) -> LibvirtConnection:
-    return shared.get(f"libvirt:{uri}", lambda: LibvirtConnection(uri))
+def _connection(shared: SharedResources, uri: str, place: str | None = None) -> LibvirtConnection:
+    return shared.get(f"libvirt:{uri}", lambda: LibvirtConnection(uri, place=place))
 
 def _domain_gone(exc: Any) -> bool:
     """Whether a libvirtError says the domain no longer exists (not that the connection failed)."""

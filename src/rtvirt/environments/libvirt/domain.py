@@ -37,6 +37,7 @@ from .config import LibvirtConfig
 from .connection import DOMAIN_PREFIX, LibvirtConnection, _connection, _error_text, _libvirt, _version
 from .domain_xml import BAREMETAL_CHANNEL, OWNER_NS, XML_LIMIT
 from .host import MEMLOCK_OVERHEAD_MIB, _v1_cpu_controller, hugepage_problem
+from .reach import host_link, libvirtd_of
 from .rt_throttling import RT_REFUSED, RtThrottlingLifted, _rt_refusal_diagnosis
 from .streams import RunningDomain
 from .teardown import LibvirtTeardown, _destroy_and_undefine
@@ -75,8 +76,9 @@ class LibvirtEnvironment(LibvirtTeardown):
 
             return reclaim_kvm_labs()  # a lab's domains died with its QEMU
         libvirt = _libvirt()
-        uri = config.remote_uri()
-        connection = _connection(shared, uri)
+        forwarded = libvirtd_of(config, shared)
+        uri, place = (config.uri, config.uri) if forwarded is None else (forwarded.uri(), forwarded.place())
+        connection = _connection(shared, uri, place)
         removed = []
         me = socket.gethostname()[:64]
         for domain in connection.conn.listAllDomains(0):
@@ -93,7 +95,7 @@ class LibvirtEnvironment(LibvirtTeardown):
             _destroy_and_undefine(domain, uri)
             for suffix in VOLUME_SUFFIXES:
                 connection.delete_volume(f"{name}{suffix}")
-            removed.append(f"libvirt domain {name} ({uri})")
+            removed.append(f"libvirt domain {name} ({place})")
         # an initrd or stream copy whose domain is gone (its run lost libvirtd): a domain is defined before its
         # volumes exist, so a running campaign's volumes always have their domain
         defined = {str(domain.name()) for domain in connection.conn.listAllDomains(0)}
@@ -101,7 +103,7 @@ class LibvirtEnvironment(LibvirtTeardown):
             of_domain = next((volume.removesuffix(s) for s in VOLUME_SUFFIXES if volume.endswith(s)), None)
             if volume.startswith(DOMAIN_PREFIX) and of_domain is not None and of_domain not in defined and \
                     connection.delete_volume(volume):
-                removed.append(f"libvirt volume {volume} ({uri})")
+                removed.append(f"libvirt volume {volume} ({place})")
         if config.local and os.geteuid() == 0:
             restored = RtThrottlingLifted.restore_after_kill()
             if restored:
@@ -169,7 +171,7 @@ class LibvirtEnvironment(LibvirtTeardown):
         except _libvirt().libvirtError as exc:  # the connection failed midway: libvirtd, or the lab it runs in, died
             what = f"starting {self._name or self.config.label}"
             failed = (self._connection.failure(what, exc) if self._connection is not None
-                      else RunError(f"libvirt ({self.uri}): {what}: {_error_text(exc)}"))
+                      else RunError(f"libvirt ({self.libvirtd}): {what}: {_error_text(exc)}"))
             raise self._lab_failure(failed) from None
 
     def _launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
@@ -221,7 +223,7 @@ class LibvirtEnvironment(LibvirtTeardown):
             # defined before its initrd exists, so that reclaim never sees a volume without its domain
             self._domain = connection.conn.defineXML(definition)
         except libvirt.libvirtError as exc:
-            raise RunError(f"libvirt ({self.uri}) rejected the domain: {_error_text(exc)}") from None
+            raise RunError(f"libvirt ({self.libvirtd}) rejected the domain: {_error_text(exc)}") from None
         self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
         if initrd is not None:
             connection.upload(self._initrd_volume, initrd)
@@ -231,15 +233,15 @@ class LibvirtEnvironment(LibvirtTeardown):
             self._domain.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
         except libvirt.libvirtError as exc:
             if RT_REFUSED in str(exc):
-                raise RunError(_rt_refusal_diagnosis(self.uri, self.config.local)) from None
+                raise RunError(_rt_refusal_diagnosis(self.libvirtd, self.config.local)) from None
             if MEMLOCK_REFUSED in str(exc):
                 raise RunError(
-                    f"libvirt ({self.uri}) could not lock guest memory (memory_locked = true): raising QEMU's "
+                    f"libvirt ({self.libvirtd}) could not lock guest memory (memory_locked = true): raising QEMU's "
                     f"RLIMIT_MEMLOCK to {self.config.memory + MEMLOCK_OVERHEAD_MIB} MiB needs CAP_SYS_RESOURCE, "
                     "which libvirtd lacks there (a container or a restricted capability bounding set: see CapBnd "
                     "in /proc/<libvirtd pid>/status); give libvirtd that capability or set memory_locked = "
                     f"false ({_error_text(exc)})") from None
-            raise RunError(f"libvirt ({self.uri}) could not start {self._name}: {_error_text(exc)}") from None
+            raise RunError(f"libvirt ({self.libvirtd}) could not start {self._name}: {_error_text(exc)}") from None
         self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
         self._watch_qemu_shutdown()
         self._place_for_tracing()
@@ -289,18 +291,7 @@ class LibvirtEnvironment(LibvirtTeardown):
         return None if link is None else link.connection()
 
     def _host_link(self) -> TargetLink | None:
-        """The campaign's SSH link to the host whose libvirtd runs the domain: the lab's, or ``host = "user@host"``'s
-        (its host key checked as for any target); None for this host, or a raw ``qemu+ssh://`` URI (no target of
-        ours to connect to)."""
-        if self.config.local or self.config.host == LOCAL_HOST:
-            return None
-        from ...remote import TargetLink, parse_target
-        from ...remote.probe import DEFAULT_REMOTE_DIR
-
-        target = self.kvm_lab().ssh_target if self.config.host == LAB_HOST else \
-            parse_target(self.config.host, option=f"environment {self.config.label}: host")
-        return self.shared.get(f"libvirt-host:{target.model_dump_json()}",
-                               lambda: TargetLink(target, DEFAULT_REMOTE_DIR))
+        return host_link(self.config, self.shared)
 
     def start_stressor(self, stressor: str, params: dict[str, Any], engine: str) -> Any:
         """Same-core/other-core stressors run where the vCPUs' pCPUs are: on the domain's host (over SSH for the
@@ -388,9 +379,10 @@ class LibvirtEnvironment(LibvirtTeardown):
 
     def describe(self) -> dict[str, Any]:
         boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
-        lab = {"kvm_lab": self._lab.facts, "uri": self.uri} if self._lab is not None else {}
-        return {**super().describe(), **lab, "domain": self._name or None, "domain_type": self._type.get("type"),
-                "domain_type_reason": self._type.get("reason"), **self._versions, "boot_seconds": boot_s,
+        lab = {"kvm_lab": self._lab.facts} if self._lab is not None else {}
+        return {**super().describe(), **lab, "libvirtd": self.libvirtd, "domain": self._name or None,
+                "domain_type": self._type.get("type"), "domain_type_reason": self._type.get("reason"),
+                **self._versions, "boot_seconds": boot_s,
                 **guest_description(self.config.guest, self._image),
                 "vcpu_cpus": list(self._host_cpus()[:self.config.vcpus]) if self.config.pin else None,
                 "channel_bytes": self._channel_reader.received if self._channel_reader else None,

@@ -13,6 +13,7 @@ from ..guest_image import GuestImage, GuestJob
 from ..qemu import default_emulator_cpus
 from .config import LibvirtConfig, parse_cputune
 from .connection import LibvirtConnection, _libvirt
+from .reach import libvirtd_of
 from .rt_throttling import RtThrottlingLifted
 from .stream_reader import _StreamToFile
 
@@ -57,13 +58,20 @@ class LibvirtDomainState(Environment):
         self._vcpu_threads: dict[int, int] = {}
         self._lab: KvmLab | None = None  # the campaign's KVM lab (host = "lab")
         self._online: list[int] | None = None  # the host's online CPUs (a remote host's, read once)
+        self.libvirtd = self.config.uri  # where the domain's libvirtd is, for messages (a remote host's: ``uri``)
 
     @property
     def uri(self) -> str:
-        """The libvirtd the domain lives in: the configuration's, or the campaign's KVM lab's (booted on first use)."""
+        """The URI of the libvirtd the domain lives in: the configuration's, or the remote host's forwarded over
+        its SSH link (reach.py; a lab booted on first use)."""
         if self.config.host == "lab":
-            return self.kvm_lab().libvirt_uri()
-        return self.config.remote_uri()
+            self.kvm_lab()
+        forwarded = libvirtd_of(self.config, self.shared)
+        if forwarded is None:
+            return self.config.uri
+        uri = forwarded.uri()
+        self.libvirtd = forwarded.place()
+        return uri
 
     def kvm_lab(self) -> KvmLab:
         """The campaign's boot of the KVM lab this environment names (host = "lab")."""
@@ -124,5 +132,6 @@ class LibvirtDomainState(Environment):
         # each domain has its own connection, closed with it: its streams never queue behind another
         # domain's on one client, and no connection (an SSH session for remote URIs) outlives its run
         if self._connection is None:
-            self._connection = LibvirtConnection(self.uri, lab=self.config.host == "lab")
+            uri = self.uri
+            self._connection = LibvirtConnection(uri, lab=self.config.host == "lab", place=self.libvirtd)
         return self._connection

@@ -82,7 +82,7 @@ class LibvirtStreams(LibvirtDomainXml):
             else:
                 self._domain.openChannel(channel, stream, 0)
         except libvirt.libvirtError as exc:
-            raise RunError(f"libvirt ({self.uri}): cannot open the {channel or 'console'} of "
+            raise RunError(f"libvirt ({self.libvirtd}): cannot open the {channel or 'console'} of "
                            f"{self._name}: {_error_text(exc)}") from None
         reader = _StreamToFile(stream, path, keep)
         reader.start()

@@ -23,8 +23,11 @@ if TYPE_CHECKING:
 
 QMP_REPLY_LIMIT = 1 << 16
 # on a KVM host: a directory of the run's own with the clock channel's two FIFOs (QEMU's pipe chardev opens
-# <stem>.in and <stem>.out); its path printed for us to check
-_CLOCK_PIPES = 'd=$(mktemp -d /tmp/rtvirt-clock.XXXXXXXX) && mkfifo -m 600 "$d/clock.in" "$d/clock.out" && echo "$d"'
+# <stem>.in and <stem>.out); its path printed for us to check. QEMU may run as another user (Debian's libvirt:
+# libvirt-qemu), which libvirt's DAC driver makes the FIFOs' owner: it must pass through the directory (711), which
+# it cannot list
+_CLOCK_PIPES = ('d=$(mktemp -d /tmp/rtvirt-clock.XXXXXXXX) && chmod 711 "$d" && '
+                'mkfifo -m 600 "$d/clock.in" "$d/clock.out" && echo "$d"')
 _CLOCK_DIR = re.compile(r"/tmp/rtvirt-clock\.[A-Za-z0-9]{8}")
 
 

@@ -8,11 +8,11 @@ from pydantic import Field, model_validator
 
 from ...agents import native_arch
 from ...params import CpuList
-from ...remote.target import RemoteDir, SshOptions
+from ...remote.target import RemoteDir
 from ...units import duration_field
 from ..base import EnvironmentConfig
 from ..guest_image import GuestKind, guest_field, stream_copy_field
-from ..kvmlab.config import LAB_HOST, LOCAL_HOST, KvmHostFields
+from ..kvmlab.config import KvmHostFields
 from ..sched import SchedPolicy
 
 __all__ = ["GuestIdle", "QemuConfig"]
@@ -33,10 +33,7 @@ class QemuConfig(EnvironmentConfig, KvmHostFields):
                                               description="time the guest may take to boot (bare numbers in s)")
     guest: GuestKind = guest_field()
     stream_copy: bool = stream_copy_field()
-    # where QEMU runs (docs/environments-kvm.md): host and lab (KvmHostFields), and how a KVM host is reached
-    ssh: SshOptions = Field(default_factory=SshOptions,  # type: ignore[arg-type]
-                            description="how to reach a KVM host over SSH (identity_file, known_hosts, ssh_config, "
-                                        "proxy_jump, connect_timeout)")
+    # where QEMU runs (docs/environments-kvm.md): host, lab and ssh (KvmHostFields)
     remote_dir: RemoteDir = Field("/var/tmp/rtvirt",
                             description="directory on a KVM host for the guest images (cached by content) and each "
                                         "QEMU's sockets and disk")
@@ -70,7 +67,4 @@ class QemuConfig(EnvironmentConfig, KvmHostFields):
                              "rtvirt makes only on this machine; on a KVM host use policy \"fifo\" or pin = false")
         if self.guest == "baremetal" and self.guest_idle != "default":
             raise ValueError("guest_idle: the bare-metal guest has its own idle loop (guest_idle = \"default\")")
-        if self.host in (LOCAL_HOST, LAB_HOST) and "ssh" in self.model_fields_set:
-            raise ValueError(f"ssh: host = {self.host!r} is not reached over SSH by your options (the lab's own key "
-                             "and pinned host key reach it); ssh is for host = \"user@host[:port]\"")
         return self
