@@ -45,7 +45,6 @@ from .teardown import LibvirtTeardown, _destroy_and_undefine
 if TYPE_CHECKING:
     from ...explain.config import ExplainConfig
     from ...explain.model import TraceSource
-    from ...remote import TargetLink
     from ...remote.connection import SshConnection
 
 VOLUME_SUFFIXES = (".initrd", ".copy")  # a domain's own volumes in the pool: its initramfs, its stream's copy
@@ -286,19 +285,16 @@ class LibvirtEnvironment(LibvirtTeardown):
         return [self._vm_source, *([self._kvm_source] if self._kvm_source else []), *guest]
 
     def _kvm_host(self) -> SshConnection | None:
-        """The connection to the domain's host for tracing it: None for this host (``_host_link``)."""
-        link = self._host_link()
+        """The connection to the domain's host for tracing it: None for this host (reach.host_link)."""
+        link = host_link(self.config, self.shared)
         return None if link is None else link.connection()
-
-    def _host_link(self) -> TargetLink | None:
-        return host_link(self.config, self.shared)
 
     def start_stressor(self, stressor: str, params: dict[str, Any], engine: str) -> Any:
         """Same-core/other-core stressors run where the vCPUs' pCPUs are: on the domain's host (over SSH for the
         lab or a remote host, as the qemu kind runs them on a KVM host)."""
         if self.config.local:
             return super().start_stressor(stressor, params, engine)
-        link = self._host_link()
+        link = host_link(self.config, self.shared)
         if link is None:
             raise InputError(f"environment {self.config.label}: a stressor beside a domain at {self.config.uri} "
                              "would run on this machine, not its host; give the host as host = \"user@host\"")
