@@ -422,7 +422,7 @@ def test_a_host_over_ssh_is_reached_traced_and_disturbed_through_rtvirts_own_ssh
         assert manifest["status"] in RAN, manifest["campaign"]
         detail = manifest["environment_detail"]
         assert detail["libvirtd"] == f"{server.user}@127.0.0.1:{server.port}:/run/libvirt/libvirt-sock " \
-                                     "(over rtvirt's SSH)", detail["libvirtd"]
+                                     "(over rtvirt's SSH)" and detail["uri"] is None, detail["libvirtd"]
         pipes = re.search(r"<channel type='pipe'>\s*<source path='(/tmp/rtvirt-clock\.\w{8})/clock'/>",
                           detail["domain_xml"])
         assert pipes, detail["domain_xml"]

@@ -376,7 +376,9 @@ class LibvirtEnvironment(LibvirtTeardown):
     def describe(self) -> dict[str, Any]:
         boot_s = None if self._ready_at is None else round(self._ready_at - self._launched_at, 2)
         lab = {"kvm_lab": self._lab.facts} if self._lab is not None else {}
-        return {**super().describe(), **lab, "libvirtd": self.libvirtd, "domain": self._name or None,
+        # a remote host's libvirtd is where ``libvirtd`` says: the configuration's unused default URI is not
+        return {**super().describe(), **lab, "uri": self.config.uri if self.config.host == LOCAL_HOST else None,
+                "libvirtd": self.libvirtd, "domain": self._name or None,
                 "domain_type": self._type.get("type"), "domain_type_reason": self._type.get("reason"),
                 **self._versions, "boot_seconds": boot_s,
                 **guest_description(self.config.guest, self._image),
