@@ -267,7 +267,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 # what the suite starts that must not outlive it: a clean-up that fails quietly leaves one running, and the tests
 # after it (the quiet phase's timings above all) pay for it unseen
 OUTLIVING_KINDS = ("qemu-system", "libvirtd", "virtlogd", "postgres", "prometheus", "chromium", "stress-ng", "dask",
-                   "-m rtvirt", "rtvirt-agent", "xl ", "sshd")
+                   "-m rtvirt", "rtvirt-stress", "rtvirt-probe", "rtvirt-trace", "rtvirt-a653", "xl ", "sshd")
 
 
 def _outliving(since: int) -> list[str]:

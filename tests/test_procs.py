@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from rtvirt.procs import Supervisor, stops_deferred
+from rtvirt.procs import Supervisor, process_state, stops_deferred
 
 
 def test_ctrl_c_during_the_block_is_raised_after_it() -> None:
@@ -89,3 +92,33 @@ def test_a_ctrl_c_that_python_ignores_inside_a_gc_callback_is_delivered_again(ho
     # Python's own hook prints the lost interrupt and goes on; ours stops the work right after the callback
     assert out.strip() == ("interrupted" if hook == "installed" else "went on"), (out, err)
     assert ("Exception ignored" in err) == (hook != "installed"), err
+
+
+_ORPHANED_BEFORE_IT_ASKED = """
+import os, sys, time
+from rtvirt.procs import die_with_parent
+parent = os.getpid()
+child = os.fork()
+if child == 0:
+    while os.getppid() == parent:  # the window a kill -9 can hit: the parent gone between fork and prctl
+        time.sleep(0.01)
+    die_with_parent(parent=parent)
+    open(sys.argv[1], "w").write("outlived its parent")
+    os._exit(0)
+print(child, flush=True)
+os._exit(0)
+"""
+
+
+def test_a_child_whose_parent_died_before_it_asked_to_die_with_it_ends_at_once(tmp_path: Path) -> None:
+    """The kernel's parent-death signal comes only for a parent that dies after it was asked for: a stressor
+    started as its rtvirt was SIGKILLed kept a CPU busy for the rest of a suite. die_with_parent then ends the
+    child itself."""
+    marker = tmp_path / "outlived"
+    started = subprocess.run([sys.executable, "-c", _ORPHANED_BEFORE_IT_ASKED, str(marker)], capture_output=True,
+                             text=True, timeout=60, check=True)
+    child = int(started.stdout)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child}").exists() and process_state(child) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process_state(child) in (None, "Z") and not marker.exists()

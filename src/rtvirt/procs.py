@@ -77,11 +77,15 @@ def process_state(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
-def die_with_parent(signum: int = signal.SIGKILL) -> None:
+def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> None:
     """The kernel sends this process ``signum`` when its parent dies: a parent that is SIGKILLed takes its
     children along. The kernel ties this to the *thread* that forked, so children are started from long-lived
-    threads only (rtvirt starts them all from the main thread)."""
+    threads only (rtvirt starts them all from the main thread). ``parent``, the pid that forked us: a parent
+    killed between the fork and this call sends nothing (seen: a stressor with no end kept a CPU busy for the
+    rest of a test session), so the child ends here as the signal would have ended it."""
     _libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    if parent is not None and os.getppid() != parent:
+        os._exit(128 + signum)
 
 
 @contextlib.contextmanager
@@ -153,8 +157,10 @@ class Supervisor:
     ) -> subprocess.Popen[Any]:
         """Start ``argv``; ``before_exec`` runs in the child before exec (e.g. to join a cgroup)."""
 
+        parent = os.getpid()
+
         def prepare_child() -> None:  # in the child between fork and exec
-            die_with_parent()
+            die_with_parent(parent=parent)
             if before_exec is not None:
                 before_exec()
 
