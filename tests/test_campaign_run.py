@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import RAN, assert_ran, live_processes, run_cli, samples_so_far
+from conftest import RAN, assert_ran, children_of, run_cli, samples_so_far
 
 from rtvirt.campaign import CampaignState, run_campaign
 from rtvirt.environments import ENVIRONMENTS
@@ -351,22 +351,17 @@ boot_timeout = "90s"
 HELD_BOOT_S = 5.0
 
 
-def _hold_the_boot(directory: Path, found: threading.Event, stop_looking: threading.Event) -> None:
-    """SIGSTOP the QEMU whose command line names ``directory`` as soon as it appears (in its firmware, before the
-    kernel calibrates its clock), HELD_BOOT_S long: its boot is then longer than duration + run_timeout on any
-    machine, as it would be on a starved one."""
+def _hold_the_boot(found: threading.Event, stop_looking: threading.Event) -> None:
+    """SIGSTOP the guest's QEMU (this test's child) as soon as it appears (in its firmware, before the kernel
+    calibrates its clock), HELD_BOOT_S long: its boot is then longer than duration + run_timeout on any machine,
+    as it would be on a starved one."""
     while not stop_looking.wait(0.005):
-        for pid, _fields in live_processes():
-            try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if command[0].endswith(b"qemu-system-x86_64") and any(str(directory).encode() in a for a in command):
-                os.kill(pid, signal.SIGSTOP)
-                found.set()
-                time.sleep(HELD_BOOT_S)
-                os.kill(pid, signal.SIGCONT)
-                return
+        for pid in children_of(os.getpid(), "qemu-system-x86"):
+            os.kill(pid, signal.SIGSTOP)
+            found.set()
+            time.sleep(HELD_BOOT_S)
+            os.kill(pid, signal.SIGCONT)
+            return
 
 
 @pytest.mark.vm
@@ -380,7 +375,7 @@ def test_a_guest_boot_within_its_boot_timeout_is_not_cut_by_the_run_timeout(tmp_
     scenario = parse_scenario(SLOW_BOOT_SCENARIO, "slow-boot.toml")
     state = CampaignState.create(tmp_path, scenario.name, SLOW_BOOT_SCENARIO, "slow-boot.toml", 1.0)
     found, stop_looking = threading.Event(), threading.Event()
-    holder = threading.Thread(target=_hold_the_boot, args=(tmp_path, found, stop_looking), daemon=True)
+    holder = threading.Thread(target=_hold_the_boot, args=(found, stop_looking), daemon=True)
     holder.start()
     try:
         outcome = run_campaign(scenario, state, tmp_path, show_progress=False, write_report=False).outcomes[

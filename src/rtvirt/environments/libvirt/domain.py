@@ -37,7 +37,7 @@ from .config import LibvirtConfig
 from .connection import DOMAIN_PREFIX, LibvirtConnection, _connection, _error_text, _libvirt, _version
 from .domain_xml import BAREMETAL_CHANNEL, OWNER_NS, XML_LIMIT
 from .host import MEMLOCK_OVERHEAD_MIB, _v1_cpu_controller, hugepage_problem
-from .reach import host_link, libvirtd_of
+from .reach import host_link, libvirtd_address
 from .rt_throttling import RT_REFUSED, RtThrottlingLifted, _rt_refusal_diagnosis
 from .streams import RunningDomain
 from .teardown import LibvirtTeardown, _destroy_and_undefine
@@ -75,8 +75,7 @@ class LibvirtEnvironment(LibvirtTeardown):
 
             return reclaim_kvm_labs()  # a lab's domains died with its QEMU
         libvirt = _libvirt()
-        forwarded = libvirtd_of(config, shared)
-        uri, place = (config.uri, config.uri) if forwarded is None else (forwarded.uri(), forwarded.place())
+        uri, place = libvirtd_address(config, shared)
         connection = _connection(shared, uri, place)
         removed = []
         me = socket.gethostname()[:64]

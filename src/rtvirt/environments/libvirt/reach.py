@@ -80,3 +80,11 @@ def libvirtd_of(config: LibvirtConfig, shared: SharedResources) -> ForwardedLibv
         return None
     return shared.get(f"libvirtd:{link.target.model_dump_json()}", lambda: ForwardedLibvirtd(link))
 
+
+def libvirtd_address(config: LibvirtConfig, shared: SharedResources) -> tuple[str, str]:
+    """The URI libvirt opens for ``config``'s domains, and where that daemon is for messages and manifests: the
+    configured URI for both, or a remote host's forward and its host and socket."""
+    forwarded = libvirtd_of(config, shared)
+    if forwarded is None:
+        return config.uri, config.uri
+    return forwarded.uri(), forwarded.place()

@@ -13,7 +13,7 @@ from ..guest_image import GuestImage, GuestJob
 from ..qemu import default_emulator_cpus
 from .config import LibvirtConfig, parse_cputune
 from .connection import LibvirtConnection, _libvirt
-from .reach import libvirtd_of
+from .reach import libvirtd_address
 from .rt_throttling import RtThrottlingLifted
 from .stream_reader import _StreamToFile
 
@@ -66,11 +66,7 @@ class LibvirtDomainState(Environment):
         its SSH link (reach.py; a lab booted on first use)."""
         if self.config.host == "lab":
             self.kvm_lab()
-        forwarded = libvirtd_of(self.config, self.shared)
-        if forwarded is None:
-            return self.config.uri
-        uri = forwarded.uri()
-        self.libvirtd = forwarded.place()
+        uri, self.libvirtd = libvirtd_address(self.config, self.shared)
         return uri
 
     def kvm_lab(self) -> KvmLab:
