@@ -443,7 +443,13 @@ def test_several_scenarios_run_as_campaigns_of_one_command_and_resume_together(t
     documents = json.loads(resumed.stdout)["campaigns"]
     assert [d["scenario"] for d in documents] == ["first", "second"]
     assert [len(d["runs"]) for d in documents] == [3, 3]
-    assert {r["status"] for d in documents for r in d["runs"].values()} == {"complete"}
+    # every run finished and measured its periods: a timer run the loaded machine made miss over a tenth of them
+    # is `short` with the misses counted as overran (CI's parallel phase once did), which still exits 0
+    runs = [r for d in documents for r in d["runs"].values()]
+    assert {r["status"] for r in runs} <= set(FINISHED), runs
+    for run in runs:
+        expectation = load_run(results / "runs" / run["run_id"]).manifest.get("expectation") or {}
+        assert expectation["taken"] + expectation["overruns"] >= 0.9 * expectation["expected"], expectation
     assert all(json.loads(p.read_text())["finished"] for p in states.values())
     # --no-report: the runs are stored, no campaign wrote a report
     assert [d["report"] for d in documents] == [None, None] and not list(results.glob("campaigns/*/report.*"))
