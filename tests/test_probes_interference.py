@@ -81,12 +81,13 @@ def test_timer_latency_rises_with_the_interferer(tmp_path: Path) -> None:
     # (Percentiles, not the maximum: the host itself may take this vCPU away for tens of ms now and then.)
     assert 0.04 <= np.mean(values > 200_000) <= 0.3
     assert 0.5 * MS <= np.percentile(values, 99) <= 2.2 * MS
-    # the slow wake-ups are the interferer's: waits above 0.5 ms (three in twenty wake-ups fall in a slice's first
-    # 1.5 ms) are far more common than in the quieter of a solo run before and one after. Not the solo p99: on
-    # this machine, itself a VM, the outer hypervisor's noise put it at 645 us once and at 248 us in both solo
-    # runs of a quiet phase another time, while the disturbed runs' p99 was 1.2-1.5 ms
+    # the slow wake-ups are the interferer's: it adds waits above 0.5 ms (three in twenty wake-ups fall in a
+    # slice's first 1.5 ms) to what the quieter of a solo run before and one after had, at least half its 15 %.
+    # Added, not multiplied: the outer hypervisor's noise on this machine, itself a VM, is there with or without the
+    # interferer. It put the solo p99 at 645 us once and at 248 us in a quiet phase another time; in a CI run 3.0 %
+    # of the quieter solo run's wake-ups waited over 0.5 ms, with 13.8 % in the disturbed run
     solo_share = min(np.mean(solo.records["value"] > 0.5 * MS) for solo in (before, after))
-    assert np.mean(values > 0.5 * MS) > 5 * solo_share, (np.mean(values > 0.5 * MS), solo_share)
+    assert np.mean(values > 0.5 * MS) - solo_share >= 0.075, (np.mean(values > 0.5 * MS), solo_share)
 
 
 def _slow_share(stream: SampleStream, limit: float) -> float:
