@@ -110,8 +110,8 @@ settle = "1s"
 
 [explain]
 layers = ["vm", "xen", "guest"]
-threshold = "1500us"  # every injected hole an outlier (p99.9 would pick the board's few largest stalls)
-top = 1000
+threshold = "1ms"  # every injected hole an outlier (p99.9 would pick the board's few largest stalls)
+top = 5000
 """
 
 
@@ -186,11 +186,15 @@ def test_a_kvm_lab_host_task_comes_back_as_holes_of_its_slice_named_stolen(runs:
     assert traced - 0.2 * MS <= np.median(holes.lengths) < traced + np.median(holes.stolen), (
         np.percentile(holes.lengths, [10, 50, 90]), np.percentile(exits.around, [10, 50, 90]),
         np.median(holes.exits), np.median(exits.ordinary))
-    # the explanation names what KVM counted: the guest layer's stolen parts cover it
+    # the explanation names what KVM counted: the guest layer's stolen parts cover it, in every hole (each one an
+    # outlier: a CI run named 269 of its 599 holes with a threshold of 1.5 ms, which a starved board's late
+    # wake-ups put shortened windows under, and a top of 1000, which the board's own stalls can crowd)
     assert np.median(holes.named * holes.lengths / holes.stolen) >= 0.9, np.percentile(holes.named, [10, 50, 90])
     stolen = {part.sample_t_ns for part in stored.parts if part.kind == "stolen" and part.layer == "guest"}
-    assert len(stolen) >= holes.lengths.size // 2, ({(part.layer, part.kind) for part in stored.parts},
-                                                     len(stolen), holes.lengths.size)
+    named = np.isin(holes.starts, np.array(sorted(stolen), dtype=np.int64))
+    assert stored.threshold_ns <= np.min(holes.lengths) and named.all(), (
+        {(part.layer, part.kind) for part in stored.parts}, stored.threshold_ns, stored.outliers, len(stolen),
+        holes.lengths.size, named.sum())
     assert read_stream(run / "samples.rtvs").header["stolen"] == "kvm-pv-time"
 
 
