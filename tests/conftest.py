@@ -272,20 +272,24 @@ OUTLIVING_KINDS = ("qemu-system", "libvirtd", "virtlogd", "postgres", "prometheu
 
 def _outliving(since: int) -> list[str]:
     """The processes of OUTLIVING_KINDS started since ``since`` (clock ticks since boot) that are orphans or
-    still this process's own."""
+    still this process's own. An orphan's new parent is init or the nearest subreaper above it (a CI runner, a
+    container's init): any ancestor of this process."""
     processes = live_processes()
     parent = {pid: int(fields[1]) for pid, fields in processes}
 
-    def mine(pid: int) -> bool:
+    def ancestors(pid: int) -> list[int]:
+        line = []
         while pid > 1:
             pid = parent.get(pid, 0)
-            if pid == os.getpid():
-                return True
-        return False
+            line.append(pid)
+        return line
 
+    adopters = {1, *ancestors(os.getpid())}
     left = []
     for pid, fields in processes:
-        if int(fields[19]) < since or not (int(fields[1]) == 1 or mine(pid)):  # (fields[19]: its start time)
+        if int(fields[19]) < since:  # (fields[19]: its start time)
+            continue
+        if not (int(fields[1]) in adopters or os.getpid() in ancestors(pid)):
             continue
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
