@@ -55,18 +55,19 @@ def _codename() -> str:
 
 
 def _candidate_versions(packages: tuple[str, ...], arch: str) -> str:
-    """``package=version`` of each package as apt here would install it (its index after apt-get update)."""
+    """``package=version`` of each package as apt here would install it (its index after apt-get update). One
+    ``apt-cache policy`` for all of them: each call loads apt's whole cache (the KVM lab's 8 packages one at a
+    time took 5.9 s of every lab boot here, 13 s under the suite's load; at once 0.7 s)."""
+    names = [apt_name(package, arch) for package in packages]
+    output = run_step(["apt-cache", "policy", *names], Path("/"), "lab root: apt-cache policy", timeout=120)
+    candidates = dict(re.findall(r"^(\S+):\n(?:[ \t].*\n)*?\s+Candidate:\s*(\S+)", output, re.MULTILINE))
     found = []
-    for package in packages:
-        name = apt_name(package, arch)
-        output = run_step(["apt-cache", "policy", name], Path("/"), f"lab root: apt-cache policy {name}",
-                          timeout=60)
-        match = re.search(r"Candidate:\s*(\S+)", output)
-        if not match or match.group(1) == "(none)":
+    for package, name in zip(packages, names, strict=True):
+        if candidates.get(name, "(none)") == "(none)":
             hint = "" if arch == native_arch() else f"; dpkg --add-architecture {DEBIAN_ARCHES[arch]} first"
             raise RunError(f"lab root: apt knows no {name} (apt-get update{hint}; a lab's root is made from "
                            "Debian's archive; scripts/setup.sh kvm arm does both)")
-        found.append(f"{package}={match.group(1)}")
+        found.append(f"{package}={candidates[name]}")
     return "\n".join(found)
 
 
