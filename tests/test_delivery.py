@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,8 @@ from conftest import RAN, run_cli, steal_live_stream
 
 from rtvirt.agents import agent_path
 from rtvirt.campaign.delivery import delivery_problem, delivery_record, expectation_record
+from rtvirt.campaign.engine import RunOutcome
+from rtvirt.campaign.lab import LabCampaign
 from rtvirt.environments.lab_machine import free_port
 from rtvirt.stream import RECORD, SampleStream, read_stream, recover_from_copy
 
@@ -119,6 +122,13 @@ def test_a_run_far_short_of_its_promise_says_why(tmp_path: Path) -> None:
     overran = SampleStream(steady.header, steady.records, stats={**steady.stats, (0, "overruns"): 2})
     counted = expectation_record(overran, steady.records.size * 10 // 9 + 2, span_ns)
     assert counted is not None and counted["short"] and not counted["unaccounted"] and counted["overruns"] == 2
+    # `rtvirt run` and `rtvirt lab` both judge by that: the counted one is measured, the other is not
+    outcomes = {"counted": RunOutcome("short", manifest={"expectation": counted}),
+                "missing": RunOutcome("short", manifest={"expectation": below}), "ok": RunOutcome("complete"),
+                "failed": RunOutcome("failed", "its guest did not boot")}
+    assert [key for key, outcome in outcomes.items() if not outcome.measured] == ["missing", "failed"]
+    target = LabCampaign("ecu-b", "cfg-1", runs={key: o.status for key, o in outcomes.items() if key != "failed"})
+    assert target.status == "complete" and replace(target, unmeasured=["missing"]).status == "failed runs"
     short = expectation_record(steady, 100 * steady.records.size, span_ns)
     assert short is not None and short["expected"] == 100 * steady.records.size
     assert "starved" in short["why"] and "overruns" in short["why"]

@@ -54,11 +54,21 @@ __all__ = ["CampaignResult", "run_campaign", "execute_run"]
 
 @dataclass
 class RunOutcome:
-    status: str  # complete | failed | interrupted | skipped
+    status: str  # complete | short | failed | interrupted | skipped
     reason: str = ""
     run_id: str | None = None
     manifest: dict[str, Any] | None = None
     platform_lost: str | None = None  # a failed run's lab stopped under it (Environment.platform_lost): why
+
+    @property
+    def measured(self) -> bool:
+        """Whether the run measured what it was asked to (docs/scenarios.md, "Exit status"): not failed, and not
+        short of samples that were neither taken nor counted as overran periods (a starved probe's missed
+        periods are a measurement, which its table row and report show as short)."""
+        if self.status == "failed":
+            return False
+        expectation = (self.manifest or {}).get("expectation") or {}
+        return self.status != "short" or not expectation.get("unaccounted", True)
 
 
 @dataclass

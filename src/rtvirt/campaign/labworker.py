@@ -45,6 +45,7 @@ def run_target_campaign(results: Path, state_path: Path) -> dict[str, Any]:
         return {"reason": str(exc)[:500]}
     return {"interrupted": result.interrupted,
             "runs": {key: o.status for key, o in result.outcomes.items()},
+            "unmeasured": [key for key, o in result.outcomes.items() if not o.measured],
             "run_ids": [o.run_id for o in result.outcomes.values() if o.run_id]}
 
 

@@ -201,16 +201,6 @@ def _live_delivery(store: RunStore, campaigns: list[tuple[Scenario, CampaignStat
     return deliver
 
 
-def _unmeasured(outcome: RunOutcome) -> bool:
-    """The campaign did not measure what it was asked to (docs/scenarios.md, "Exit status"): a failed run, or a
-    short one with samples neither taken nor counted as overran periods (a starved probe's missed periods are a
-    measurement, which its table row and report show as short)."""
-    if outcome.status == "failed":
-        return True
-    expectation = (outcome.manifest or {}).get("expectation") or {}
-    return outcome.status == "short" and expectation.get("unaccounted", True)
-
-
 def _print_result(result: CampaignResult) -> None:
     console.print(_summary_table(result))
     _print_reasons(result)
@@ -286,5 +276,5 @@ def run(scenarios: tuple[str, ...], results: str, scale: float | None, repetitio
     if any(result.interrupted for result in done):
         err_console.print(f"[yellow]interrupted[/]: {resume_hint}")
         sys.exit(EXIT_INTERRUPTED)
-    if any(_unmeasured(o) for result in done for o in result.outcomes.values()):
+    if any(not o.measured for result in done for o in result.outcomes.values()):
         sys.exit(1)
