@@ -220,6 +220,41 @@ def test_bad_host_text_is_refused_with_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2 and "host" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_an_image_is_looked_for_on_the_kvm_host_once_a_campaign_though_each_use_touches_it(
+        server: SshServer, tmp_path: Path) -> None:
+    """Staging a guest image costs the KVM host a command only at its first use in a campaign (a KVM lab under TCG
+    pays 0.1-0.2 s for each): a cached image's every use refreshes its mtime (mark_used), which once made every run
+    look for both images again. A changed content is a new copy."""
+    from rtvirt.environments.qemu.where import RemoteQemuHost
+    from rtvirt.fileio import mark_used
+    from rtvirt.remote.agents import TargetLink
+
+    host = RemoteQemuHost(TargetLink(server.target(), str(tmp_path / "remote")))
+    connection = host.transport
+    commands: list[str] = []
+    real_run = connection.run
+
+    def counted(argv, *args, **kwargs):  # type: ignore[no-untyped-def]
+        commands.append(" ".join(argv)[:80])
+        return real_run(argv, *args, **kwargs)
+
+    connection.run = counted  # type: ignore[method-assign]
+    image = tmp_path / "vmlinux.elf"
+    image.write_bytes(b"kernel" * 1000)
+    try:
+        first = host.stage(image)
+        copied = len(commands)
+        time.sleep(0.05)
+        mark_used(image)
+        assert host.stage(image) == first and len(commands) == copied, commands
+        image.write_bytes(b"rebuilt" * 1000)
+        second = host.stage(image)
+    finally:
+        connection.close()
+    assert copied >= 2 and len(commands) > copied and second != first, commands  # looked for, then put
+    assert Path(first).read_bytes() == b"kernel" * 1000 and Path(second).read_bytes() == b"rebuilt" * 1000
+
+
 def test_the_remote_vcpu_cpu_time_keeps_its_last_sum_when_a_vcpu_thread_ends_before_qemu() -> None:
     """The script a KVM host runs for the vCPU threads' CPU time, run here on a process whose busy thread ends 1.5 s
     before the process does (QEMU's vCPU threads exit before its main thread): its sums never fall back (they

@@ -194,6 +194,8 @@ def test_rtvirts_own_qemu_runs_a_guest_under_the_labs_kvm_over_ssh(
     assert detail["qemu"] in libvirt_lab["qemu"]
     # the lab runs under TCG: the guest boots its kernel's ELF (a bzImage would decompress itself emulated)
     assert detail["realtime"]["kernel_file"] == "ELF (PVH entry)"
+    # and through qboot, not SeaBIOS, whose device probing is nested exits there
+    assert detail["realtime"]["firmware"].startswith("qboot (/usr/share/qemu/qboot.rom)"), detail["realtime"]
     # the lab's kernel took its TSC's rate from this host (tcg_clock); its KVM gives the nested guest its own
     assert_given_host_tsc_rate(detail["kvm_host"]["cmdline"])
     assert detail["realtime"]["guest_tsc"] == "the guest's own"

@@ -50,10 +50,12 @@ if TYPE_CHECKING:
 
 __all__ = ["LocalQemuHost", "QemuHost", "QemuProcess", "RemoteQemuHost", "ThreadPlace", "Workspace"]
 
-# The watchdog around a remote QEMU ($1: its directory; QEMU's argument vector follows). QEMU gets no stdin; the
-# script's stdin is the SSH session, which a background reader watches: its end (rtvirt stops the process, is
-# killed, or the connection goes) ends QEMU. The script reports QEMU's pid, then ends with QEMU's status.
-WATCHDOG = r"""dir=$1; shift
+# The watchdog around a remote QEMU ($1: its directory; $2, $3: the sparse disk it makes first and its size, "-"
+# for none: a command of its own would cost a process start more; QEMU's argument vector follows). QEMU gets no
+# stdin; the script's stdin is the SSH session, which a background reader watches: its end (rtvirt stops the
+# process, is killed, or the connection goes) ends QEMU. The script reports QEMU's pid, then ends with QEMU's status.
+WATCHDOG = r"""dir=$1; disk=$2; size=$3; shift 3
+[ "$disk" = - ] || truncate -s "$size" -- "$disk" || exit 1
 exec 3<&0
 "$@" < /dev/null 3<&- &
 qemu=$!
@@ -443,6 +445,7 @@ class RemoteWorkspace(Workspace):
         if not _SOCKET_DIR.match(self.sockets):
             raise RunError(f"qemu on {host.label}: mktemp made {self.sockets[:100]!r}")
         self._followers: list[HostProcess] = []
+        self._disk: tuple[str, Path, int] | None = None  # (there, here, bytes): made as QEMU starts
         self._cpu_times: HostProcess | None = None
         self._cpu_lines = b""
         self._clock_ticks: int | None = None
@@ -484,13 +487,18 @@ class RemoteWorkspace(Workspace):
         return f"pipe,id={chardev},path={stem}", ScriptedClockExchange(self.transport, stem)
 
     def disk(self, local: Path, size: int) -> str:
+        """Made by QEMU's watchdog as it starts (RemoteQemuHost.start)."""
         remote = f"{self.directory}/{local.name}"
-        self.transport.run(["truncate", "-s", str(size), remote]).check(f"qemu on {self.host.label}: disk")
-        self._disk = (remote, local)
+        self._disk = (remote, local, size)
         return remote
 
+    @property
+    def disk_to_make(self) -> list[str]:
+        """The watchdog's arguments of the disk it makes: its path and size, or "-" twice."""
+        return [self._disk[0], str(self._disk[2])] if self._disk is not None else ["-", "-"]
+
     def fetch_disk(self, local: Path) -> Path | None:
-        disk = getattr(self, "_disk", None)
+        disk = self._disk
         if disk is None:
             return None
         try:
@@ -550,7 +558,7 @@ class RemoteQemuHost(QemuHost):
         self.owner = f"{controller_id()}-{os.getpid()}-{process_start_time(os.getpid())}"
         self._probed: dict[str, dict[str, Any]] = {}
         self._online: tuple[int, ...] | None = None
-        self._staged: dict[tuple[Path, int, int], str] = {}  # (file, size, mtime) -> its copy there
+        self._staged: set[str] = set()  # the copies there known to exist (named by their content)
 
     @property
     def transport(self) -> HostTransport:  # type: ignore[override]
@@ -593,7 +601,8 @@ class RemoteQemuHost(QemuHost):
 
     def start(self, argv: list[str], workspace: Workspace) -> QemuProcess:
         assert isinstance(workspace, RemoteWorkspace)
-        process = self.transport.spawn(["sh", "-c", WATCHDOG, "rtvirt-qemu", workspace.directory, *argv], None)
+        process = self.transport.spawn(["sh", "-c", WATCHDOG, "rtvirt-qemu", workspace.directory,
+                                        *workspace.disk_to_make, *argv], None)
         started = QemuProcess(process, None, workspace.followers)
         deadline = time.monotonic() + 30
         while started.pid is None:
@@ -604,14 +613,13 @@ class RemoteQemuHost(QemuHost):
 
     def stage(self, local: Path) -> str:
         """The copy there of the local file ``local`` (an image), named by its content; copied on first use, and
-        looked for once per campaign."""
-        status = local.stat()
-        key = (local, status.st_size, status.st_mtime_ns)
-        if key not in self._staged:
-            remote = f"{self.remote_dir}/images/{file_digest(local)}-{local.name[:64]}"
+        looked for once per campaign. Known by the digest, not the file's mtime: a cached image's every use
+        touches it (fileio.mark_used), and each look is a command (0.1-0.2 s in a KVM lab under TCG)."""
+        remote = f"{self.remote_dir}/images/{file_digest(local)}-{local.name[:64]}"
+        if remote not in self._staged:
             install(self.transport, local, remote)
-            self._staged[key] = remote
-        return self._staged[key]
+            self._staged.add(remote)
+        return remote
 
     def place(self, pid: int, named: dict[int, ThreadPlace], others: tuple[int, ...] | None) -> int:
         argv = ["sh", "-c", _PLACE, "rtvirt-place", str(pid), _cpus(others)]
