@@ -73,6 +73,12 @@ ip addr add 10.0.2.15/24 dev eth0
 ip route add default via 10.0.2.2
 chroot /host /usr/sbin/sshd -f /run/kvmhost/sshd_config -E /run/kvmhost/sshd.log
 [ -c /dev/kvm ] && echo "kvm: /dev/kvm is there"
+# a paused VM for the host's lifetime, as the KVM lab's init starts one: it holds KVM's static keys, so that the
+# tests' VMs starting and ending rewrite no kernel text, which under TCG once left a lab's CPU looping for good
+# (docs/environments-kvm-lab.md); an explanation test's run here once sat ten minutes without a guest console line
+chroot /host qemu-system-x86_64 -name rtvirt-key-holder -accel kvm -machine q35 -cpu host -smp 1 -m 16 -S \
+  -display none -nodefaults -no-user-config -daemonize -pidfile /run/kvmhost/key-holder.pid &&
+  echo "kvm: the key holder runs"
 echo RTVIRT-KVM-HOST-READY
 while true; do sleep 3600; done
 """
@@ -132,9 +138,10 @@ class NestedKvmHost:
                 self.stop()
                 raise RunError(f"the nested KVM host did not come up: {self.console_text()[-2000:]}")
             time.sleep(0.5)
-        if "kvm: /dev/kvm is there" not in self.console_text():
+        if "kvm: /dev/kvm is there" not in self.console_text() or "kvm: the key holder runs" not in \
+                self.console_text():
             self.stop()
-            raise RunError(f"the nested KVM host has no /dev/kvm: {self.console_text()[-2000:]}")
+            raise RunError(f"the nested KVM host has no /dev/kvm or no key holder: {self.console_text()[-2000:]}")
         self._await_sshd(deadline)
         return self
 
@@ -161,6 +168,11 @@ class NestedKvmHost:
         return (f'host = "root@127.0.0.1:{self.port}"\n'
                 f'ssh = {{ known_hosts = "{self.known_hosts}", identity_file = "{self.client_key}", '
                 f'ssh_config = "{self.dir / "ssh_config"}", connect_timeout = 60 }}\n')
+
+    def qemus_besides_the_holder(self, connection) -> list[str]:  # type: ignore[no-untyped-def]
+        """Pids of QEMUs running on the KVM host other than its key holder (``connection``: an SshConnection)."""
+        holder = connection.run(["cat", "/run/kvmhost/key-holder.pid"]).stdout.strip()
+        return [pid for pid in connection.run(["pgrep", "-f", "qemu-system"]).stdout.split() if pid != holder]
 
     def console_text(self) -> str:
         return self.console.read_text(errors="replace") if self.console.exists() else ""

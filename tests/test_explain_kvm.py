@@ -186,7 +186,10 @@ threshold = "1ms"
 layers = ["vm", "kvm"]
 ''')
     results = tmp_path / "results"
-    result = run_cli("run", str(scenario), "--out", str(results), "--no-report", timeout=1800)
+    try:  # (within the test's own timeout, so that a run that hangs says why)
+        result = run_cli("run", str(scenario), "--out", str(results), "--no-report", timeout=480)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nthe KVM host's console ends:\n{kvm_host.console_text()[-3000:]}") from None
     assert result.returncode == 0, result.stderr
     (run_dir,) = (results / "runs").iterdir()
     manifest = load_run(run_dir).manifest
@@ -220,7 +223,7 @@ layers = ["vm", "kvm"]
     assert report.returncode == 0 and "VM exits by reason" in (tmp_path / "report.md").read_text()
     left = connect(kvm_host.target())
     try:  # nothing of the run is left on the KVM host: no QEMU, no tracefs instance
-        assert left.run(["pgrep", "-f", "qemu-system"]).stdout.strip() == ""
+        assert kvm_host.qemus_besides_the_holder(left) == []
         assert "rtvirt-" not in left.run(["ls", "/sys/kernel/tracing/instances"]).stdout
     finally:
         left.close()
