@@ -441,8 +441,11 @@ def test_a_host_over_ssh_is_reached_traced_and_disturbed_through_rtvirts_own_ssh
     layers = {layer["layer"]: layer for layer in explained["layers"]}
     assert any(note.startswith("guest clock aligned at start and end") for note in layers["vm"]["notes"]), \
         layers["vm"]["notes"]
-    assert any(row["cause"] == "task rtvirt-stress" and row["layer"] == "vm" for row in explained["summary"]), \
-        sorted(row["cause"] for row in explained["summary"])[:20]
+    # the stressor is what held the vCPU back, most of the time after its thread was woken (by QEMU's main loop on
+    # the emulator's CPU: the host's wake-ups are traced on every CPU; on the vCPU's pCPU alone, 68 of 70 holds
+    # said "vCPU asleep, not woken yet" and the stressor was named in one)
+    top = max(explained["summary"], key=lambda row: row["share"])
+    assert top["cause"] == "task rtvirt-stress" and top["layer"] == "vm", explained["summary"][:5]
     assert _our_domains() == []
 
 

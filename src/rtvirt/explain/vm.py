@@ -581,16 +581,33 @@ class VmSource:
             own = " || ".join(f"pid == {int(tid)}" for tid in vcpus.values())
             vmm = "".join(f" || pid == {tid}" for tid in sorted(self._vmm_tids)[:MAX_FILTERED_THREADS])
             self._instance.set_filter("sched:sched_wakeup", f"prio < 100 || {own}{vmm}")
-            if here:  # (on a KVM host over SSH the main instance's pCPUs are all that is traced of them)
-                self._trace_wakeups(own)
+            self._trace_wakeups(own)
+
+    def _waking_cpus(self) -> tuple[int, ...]:
+        """Where a vCPU thread's waker may run: every CPU this process may use here; every online CPU of a KVM host
+        over SSH (its QEMU's main loop wakes a halted vCPU from the emulator's CPUs, and a wake-up of a task on a
+        busy CPU is traced on the waker's: without them a vCPU asleep when a task took its pCPU stayed "asleep,
+        not woken yet" through the task's whole hold, 68 of 70 such holds in one run over SSH)."""
+        if self.access is None or self.access.here:
+            return tuple(sorted(set(os.sched_getaffinity(0)) | set(self.host_cpus)))
+        from ..params import parse_cpulist
+
+        try:
+            online = parse_cpulist(self.access.read("/sys/devices/system/cpu/online").strip())
+        except (OSError, ValueError) as exc:
+            self._problems.append(f"the vCPU threads' wake-ups on other CPUs are not traced: {exc}")
+            return ()
+        return tuple(sorted(set(online) | set(self.host_cpus)))
 
     def _trace_wakeups(self, own: str) -> None:
-        """The vCPU threads' own wake-ups, on every CPU this process may use and the vCPUs' (only those: the
-        kernel filters the rest out), so that a sleeping vCPU's wait is told from its wait for its pCPU."""
-        cpus = tuple(sorted(set(os.sched_getaffinity(0)) | set(self.host_cpus)))
+        """The vCPU threads' own wake-ups, on every CPU their wakers may run on (only those: the kernel filters the
+        rest out), so that a sleeping vCPU's wait is told from its wait for its pCPU."""
+        cpus = self._waking_cpus()
+        if not cpus:
+            return
         recording = self.recorder is not None and self.samples is not None and self.keep is not None
         instance = TracefsInstance(cpus, ["sched:sched_wakeup"], buffer_kb=WAKEUP_RING_KB,
-                                   filters={"sched:sched_wakeup": own})
+                                   filters={"sched:sched_wakeup": own}, access=self.access)
         try:
             instance.start()
         except TracingUnavailable as exc:
@@ -601,7 +618,8 @@ class VmSource:
             assert instance.path is not None and self.samples is not None and self.keep is not None
             self._wake_recorder = start_recording(instance, FlightRecorder(
                 instance.path, cpus, self.samples, self.keep, bound_bytes=self.buffer_mb << 20,
-                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self.clock_map, cpus), walk_back=False))
+                margin_ns=KEEP_AROUND_NS, placement=_GuestPlacement(self.clock_map, cpus), walk_back=False,
+                access=self.access))
 
     def stop(self) -> None:
         if self._exchange is not None:
