@@ -479,6 +479,8 @@ def test_a_failing_teardown_fails_its_run_keeps_its_samples_and_the_campaign_goe
     outcomes = run_campaign(scenario, state, tmp_path, show_progress=False, write_report=False).outcomes
     first, second = outcomes["host/solo/-/r1"], outcomes["host/solo/-/r2"]
     assert first.status == "failed" and first.reason.startswith("teardown: ") and "xl cpupool-list" in first.reason
-    assert second.status == "complete" and closed == ["host", "host"]
+    # the second run ends as any run does on this machine: short when the parallel phase's load made its timer miss
+    # periods (CI once saw 56 of 300), counted as overruns
+    assert second.status in FINISHED and closed == ["host", "host"]
     manifest = load_run(tmp_path / "runs" / first.run_id).manifest
     assert manifest["campaign"]["outcome"] == "failed" and manifest["summary"]["all"]["samples"] > 100
