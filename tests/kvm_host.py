@@ -21,6 +21,7 @@ from pathlib import Path
 from sshd_server import _keygen, free_port
 
 from rtvirt.environments.guest_image import BUSYBOX, Cpio, _fetch_kernel, _modules_in_load_order, cache_dir, kernel_elf
+from rtvirt.environments.kvmlab.image import KEY_HOLDER_QEMU
 from rtvirt.errors import RunError
 from rtvirt.procs import Supervisor
 
@@ -49,7 +50,7 @@ LogLevel ERROR
 SetEnv SHLVL=1
 """
 
-INIT = r"""#!/bin/busybox sh
+INIT = rf"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
@@ -76,8 +77,7 @@ chroot /host /usr/sbin/sshd -f /run/kvmhost/sshd_config -E /run/kvmhost/sshd.log
 # a paused VM for the host's lifetime, as the KVM lab's init starts one: it holds KVM's static keys, so that the
 # tests' VMs starting and ending rewrite no kernel text, which under TCG once left a lab's CPU looping for good
 # (docs/environments-kvm-lab.md); an explanation test's run here once sat ten minutes without a guest console line
-chroot /host qemu-system-x86_64 -name rtvirt-key-holder -accel kvm -machine q35 -cpu host -smp 1 -m 16 -S \
-  -display none -nodefaults -no-user-config -daemonize -pidfile /run/kvmhost/key-holder.pid &&
+chroot /host {KEY_HOLDER_QEMU} -pidfile /run/kvmhost/key-holder.pid &&
   echo "kvm: the key holder runs"
 echo RTVIRT-KVM-HOST-READY
 while true; do sleep 3600; done

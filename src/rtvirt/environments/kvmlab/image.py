@@ -48,6 +48,11 @@ cp /rtvirt/lab/authorized_keys /newroot/root/.ssh/authorized_keys
 cp /rtvirt/bin/* /newroot{LAB_AGENT_DIR}/
 """, LAB_INIT)
 
+# A paused one-vCPU VM that holds KVM's static keys for a KVM host's lifetime (why: ROOT_INIT below); the test
+# suite's nested KVM host starts the same one, each with its own -pidfile
+KEY_HOLDER_QEMU = ("qemu-system-x86_64 -name rtvirt-key-holder -accel kvm -machine q35 -cpu host -smp 1 -m 16 -S"
+                   " -display none -nodefaults -no-user-config -daemonize")
+
 # the root's init (no systemd): tmpfs, cgroup v2, the network QEMU's user mode gives, sshd, virtlogd and libvirtd
 ROOT_INIT = rf"""#!/bin/sh
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -81,8 +86,7 @@ virsh -q -c qemu:///system version >/dev/null 2>&1 ||
 # a VM's start and end rewrite no kernel text with the holder (4 sites without it).
 # (x86 only so far: the stalls were seen there; one that does not start leaves the lab as it was, and says so)
 if [ "$(uname -m)" = x86_64 ]; then
-  qemu-system-x86_64 -name rtvirt-key-holder -accel kvm -machine q35 -cpu host -smp 1 -m 16 -S -display none \
-    -nodefaults -no-user-config -daemonize -pidfile /run/rtvirt-key-holder.pid ||
+  {KEY_HOLDER_QEMU} -pidfile /run/rtvirt-key-holder.pid ||
     echo "RTVIRT-KEY-HOLDER-FAILED: KVM's static keys will be rewritten at every domain's start and end"
 fi
 echo "{LAB_READY_MARK} $(cat /proc/uptime)"
