@@ -221,15 +221,24 @@ def test_bad_host_text_is_refused_with_exit_2(tmp_path: Path) -> None:
 
 
 def test_an_image_is_looked_for_on_the_kvm_host_once_a_campaign_though_each_use_touches_it(
-        server: SshServer, tmp_path: Path) -> None:
+        server: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Staging a guest image costs the KVM host a command only at its first use in a campaign (a KVM lab under TCG
-    pays 0.1-0.2 s for each): a cached image's every use refreshes its mtime (mark_used), which once made every run
-    look for both images again. A changed content is a new copy."""
-    from rtvirt.environments.qemu.where import RemoteQemuHost
-    from rtvirt.fileio import mark_used
+    pays 0.1-0.2 s for each), and this machine one hash of it: a cached image's every use refreshes its mtime
+    (mark_used), which once made every run look for both images again. An image rebuilt as the cache does (a new
+    file renamed into place), even of the same size, is a new copy."""
+    from rtvirt.environments.qemu import where
+    from rtvirt.fileio import mark_used, write_atomically
     from rtvirt.remote.agents import TargetLink
 
-    host = RemoteQemuHost(TargetLink(server.target(), str(tmp_path / "remote")))
+    hashed: list[Path] = []
+    real_digest = where.file_digest
+
+    def counted_digest(path: Path) -> str:
+        hashed.append(path)
+        return real_digest(path)
+
+    monkeypatch.setattr(where, "file_digest", counted_digest)
+    host = where.RemoteQemuHost(TargetLink(server.target(), str(tmp_path / "remote")))
     connection = host.transport
     commands: list[str] = []
     real_run = connection.run
@@ -247,12 +256,14 @@ def test_an_image_is_looked_for_on_the_kvm_host_once_a_campaign_though_each_use_
         time.sleep(0.05)
         mark_used(image)
         assert host.stage(image) == first and len(commands) == copied, commands
-        image.write_bytes(b"rebuilt" * 1000)
+        assert hashed == [image]
+        write_atomically(image, b"KERNEL" * 1000)
         second = host.stage(image)
     finally:
         connection.close()
     assert copied >= 2 and len(commands) > copied and second != first, commands  # looked for, then put
-    assert Path(first).read_bytes() == b"kernel" * 1000 and Path(second).read_bytes() == b"rebuilt" * 1000
+    assert Path(first).read_bytes() == b"kernel" * 1000 and Path(second).read_bytes() == b"KERNEL" * 1000
+    assert hashed == [image, image]
 
 
 def test_the_remote_vcpu_cpu_time_keeps_its_last_sum_when_a_vcpu_thread_ends_before_qemu() -> None:
