@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ...explain.clocksync import CLOCK_PORT
 from ...explain.guest_channel import GUEST_TRACE_PORT
 from ...procs import process_start_time
-from ..guest_image import COPY_DISK, LINUX_COMMAND_LINE
+from ..guest_image import COPY_DISK, LINUX_COMMAND_LINE, LINUX_GUEST_PORTS
 from ..qemu import ACK_PORT, OUTPUT_PORT
 from ..tcg_clock import tsc_kernel_args
 from .config import parse_cputune
@@ -133,7 +133,7 @@ class LibvirtDomainXml(LibvirtDomainState):
                 ET.SubElement(channel, "target", type="virtio", name=BAREMETAL_CHANNEL)
                 ET.SubElement(channel, "address", type="virtio-serial", controller="0", bus="0", port="1")
         else:
-            ET.SubElement(devices, "controller", type="virtio-serial", index="0")
+            ET.SubElement(devices, "controller", type="virtio-serial", index="0", ports=str(LINUX_GUEST_PORTS))
         if self._copy_volume:  # the guest's own disk: the copy of its stream
             disk = ET.SubElement(devices, "disk", type="volume", device="disk")
             ET.SubElement(disk, "driver", name="qemu", type="raw")

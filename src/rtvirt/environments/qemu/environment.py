@@ -30,6 +30,7 @@ from ..guest_image import (
     COPY_DISK_BYTES,
     GUEST_AGENT_DIR,
     LINUX_COMMAND_LINE,
+    LINUX_GUEST_PORTS,
     READY_MARK,
     GuestImage,
     GuestJob,
@@ -351,7 +352,7 @@ class QemuEnvironment(Environment):
                 "-kernel", self._workspace.stage(image.boot_kernel(self._cpu_behind())),
                 "-initrd", self._workspace.initramfs(image.initramfs, jobs, self.workdir),
                 "-append", " ".join([LINUX_COMMAND_LINE, *self._options.kernel_args, *self._tsc_args()]),
-                "-device", "virtio-serial-pci"]
+                "-device", f"virtio-serial-pci,max_ports={LINUX_GUEST_PORTS}"]
 
     def _tsc_args(self) -> list[str]:
         """The guest kernel's TSC rate where it is this host's counter (tcg_clock), recorded."""
