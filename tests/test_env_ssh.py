@@ -22,6 +22,7 @@ import pytest
 from conftest import RAN, RTVIRT, run_cli
 from sshd_server import REMOTE_BIN, SshServer, descendants, our_agents_running, process_name
 
+from rtvirt.params import cpu_list
 from rtvirt.stream import StreamReader
 from rtvirt.sysaudit import audit_system
 
@@ -265,6 +266,40 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 
 
+def _probe_running_here() -> bool:
+    return any(line.endswith("/rtvirt-probe") for line in our_agents_running())
+
+
+@contextlib.contextmanager
+def cpus_of_rtvirt_while_probing() -> Iterator[set[str]]:
+    """The CPU lists (Cpus_allowed_list) of every thread of the rtvirt commands this test started, read while
+    our probe agent runs on the target (this machine); a reading counts when the agent ran before and after it."""
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):
+            if not _probe_running_here():
+                continue
+            found = set()
+            for pid in descendants(os.getpid()):
+                with contextlib.suppress(OSError):
+                    if b"-m\0rtvirt\0" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        for task in Path(f"/proc/{pid}/task").iterdir():
+                            found |= {line.split(":", 1)[1].strip() for line in (task / "status").read_text()
+                                      .splitlines() if line.startswith("Cpus_allowed_list:")}
+            if _probe_running_here():
+                seen.update(found)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        watcher.join()
+
+
 def _fields_toml(server: SshServer) -> str:
     return (f'host = "127.0.0.1"\nport = {server.port}\nuser = "{server.user}"\n'
             f'identity_file = "{server.client_key}"\nknown_hosts = "{server.known_hosts}"\n')
@@ -338,11 +373,15 @@ argv = ["touch", "{marks}/campaign-end"]
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        result = run_cli("run", str(scenario), "--out", str(results), "--json", timeout=300)
+        with cpus_of_rtvirt_while_probing() as rtvirt_cpus:
+            result = run_cli("run", str(scenario), "--out", str(results), "--json", timeout=300)
     finally:
         done.set()
         watcher.join()
     assert result.returncode == 0, result.stderr
+    # the target is this machine: rtvirt kept its threads off the CPU measured there (its last) while it measured
+    measured = max(os.sched_getaffinity(0))
+    assert rtvirt_cpus == {cpu_list(set(os.sched_getaffinity(0)) - {measured})}, rtvirt_cpus
     manifests = [json.loads(p.read_text()) for p in results.glob("runs/*/manifest.json")]
     assert "rtvirt-stress" in seen_on_second and "rtvirt-probe" not in seen_on_second, \
         (seen_on_second, [m["timeline"] for m in manifests])
@@ -352,6 +391,8 @@ argv = ["touch", "{marks}/campaign-end"]
         # short: the timer probe on this (loaded) machine overran periods, which is not what this test checks
         assert manifest["status"] in RAN, manifest["campaign"]
         assert manifest["system"]["platform"]["target"]["arch"] == os.uname().machine
+        assert any(f"own threads kept to CPUs {cpu_list(set(os.sched_getaffinity(0)) - {measured})}, off the "
+                   f"measured {measured}" in warning for warning in manifest["system"]["warnings"])
         assert [h["argv"][0] for h in manifest["hooks"]] == ["mkdir", "touch"]
         assert all(h["status"] == 0 for h in manifest["hooks"])
         assert {h["on"] for h in manifest["hooks"]} == {f"{second_server.user}@127.0.0.1:{second_server.port}"}
@@ -678,10 +719,11 @@ def test_probe_explain_on_a_target_names_what_ran_there_and_leaves_its_tracefs_a
     with start_stressor("cpu", {"cpus": [measured], "workers": 1, "priority": 90, "slice": "1ms", "period": "5ms",
                                 "duration": 0}) as stressor:
         time.sleep(0.3)
-        done = run_cli("probe", "timer", *target_args(server), "--explain", "--explain-threshold", "300us",
+        with cpus_of_rtvirt_while_probing() as rtvirt_cpus:
+            done = run_cli("probe", "timer", *target_args(server), "--explain", "--explain-threshold", "300us",
                        "--explain-top", "5000",
-                       "-D", "3s", "-a", str(measured), "-p", "80", "-i", "1013us", "--results", str(results),
-                       "--no-progress", "--json", timeout=180)
+                           "-D", "3s", "-a", str(measured), "-p", "80", "-i", "1013us", "--results",
+                           str(results), "--no-progress", "--json", timeout=180)
         workers = {int(task.name) for task in Path(f"/proc/{stressor.pid}/task").iterdir()}
         for task in list(workers):
             workers |= {int(child) for child in (Path(f"/proc/{stressor.pid}/task/{task}/children")
@@ -690,6 +732,11 @@ def test_probe_explain_on_a_target_names_what_ran_there_and_leaves_its_tracefs_a
     run = json.loads(done.stdout)
     manifest = manifest_of(results)
     assert manifest["explain"]["layers"] == {"host": "seen"}, manifest["explain"]
+    # the target is this machine: our own threads (the connection's, receiving samples and trace) kept off the
+    # measured CPU while the probe ran there, where the scheduler had put them beside it and they were named
+    others = cpu_list(set(os.sched_getaffinity(0)) - {measured})
+    assert rtvirt_cpus == {others} and f"kept to CPUs {others}, off the measured {measured}" in \
+        manifest["target"]["controller"], (rtvirt_cpus, manifest["target"])
     shown = json.loads(run_cli("explain", run["path"], "--json", check=True).stdout)
     named = [part for outlier in shown["worst"] for part in outlier["parts"]
              if part["detail"].get("pid") in workers and part["detail"].get("comm") == "rtvirt-stress"]

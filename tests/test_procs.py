@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -122,3 +123,35 @@ def test_a_child_whose_parent_died_before_it_asked_to_die_with_it_ends_at_once(t
     while Path(f"/proc/{child}").exists() and process_state(child) != "Z" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert process_state(child) in (None, "Z") and not marker.exists()
+
+
+MOVE_AND_RESTORE = """
+import json, os, threading
+from rtvirt.procs import move_threads, restore_threads
+everywhere = os.sched_getaffinity(0)
+stop = threading.Event()
+earlier, own = threading.Thread(target=stop.wait), threading.Thread(target=stop.wait)
+earlier.start(); own.start()
+os.sched_setaffinity(own.native_id, {max(everywhere)})  # a thread placed on purpose (a tracer's reader)
+moved = move_threads({min(everywhere)})
+later = threading.Thread(target=stop.wait); later.start()
+threads = (threading.main_thread(), earlier, own, later)
+during = [sorted(os.sched_getaffinity(thread.native_id)) for thread in threads]
+restore_threads(moved)
+after = [sorted(os.sched_getaffinity(thread.native_id)) for thread in threads]
+stop.set()
+print(json.dumps({"everywhere": sorted(everywhere), "during": during, "after": after}))
+"""
+
+
+def test_threads_moved_off_cpus_are_all_moved_and_each_gets_its_own_cpus_back() -> None:
+    """What an SSH target that is this machine asks of rtvirt's threads while a probe runs there: every thread,
+    also one started meanwhile, on the CPUs given; afterwards each on the CPUs it had (one started meanwhile on
+    the main thread's)."""
+    assert len(os.sched_getaffinity(0)) >= 2, "this test needs two CPUs to move threads between"
+    done = subprocess.run([sys.executable, "-c", MOVE_AND_RESTORE], capture_output=True, text=True, timeout=60,
+                          check=True)
+    found = json.loads(done.stdout)
+    everywhere = found["everywhere"]
+    assert found["during"] == [[min(everywhere)]] * 4
+    assert found["after"] == [everywhere, everywhere, [max(everywhere)], everywhere]

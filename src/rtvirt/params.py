@@ -19,7 +19,7 @@ from pydantic.fields import FieldInfo
 from .errors import InputError
 from .units import duration_field, format_duration
 
-__all__ = ["CpuList", "parse_cpulist", "Params", "CommonParams", "click_options", "build_params", "cli"]
+__all__ = ["CpuList", "parse_cpulist", "cpu_list", "Params", "CommonParams", "click_options", "build_params", "cli"]
 
 _CPU_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -49,6 +49,21 @@ def parse_cpulist(value: Any) -> tuple[int, ...]:
     if any(cpu < 0 or cpu > 1023 for cpu in items):
         raise ValueError("CPU numbers run from 0 to 1023")
     return tuple(items)
+
+
+def cpu_list(cpus: Iterable[int]) -> str:
+    """(0, 1, 2, 5) -> '0-2,5'"""
+    parts: list[str] = []
+    ordered = sorted(set(cpus))
+    start = prev = None
+    for cpu in [*ordered, None]:
+        if cpu is not None and prev is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = cpu
+    return ",".join(parts)
 
 
 CpuList = Annotated[tuple[int, ...], BeforeValidator(parse_cpulist)]

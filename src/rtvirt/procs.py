@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 __all__ = ["Supervisor", "cpu_ticks", "die_with_parent", "stops_deferred", "terminate_group",
-           "process_start_time"]
+           "process_start_time", "move_threads", "restore_threads"]
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -75,6 +75,27 @@ def process_state(pid: int) -> str | None:
     """The state letter of process ``pid`` (R, S, D, T, Z...); None once it is gone."""
     fields = _stat_fields(pid)
     return fields[0] if fields else None
+
+
+def move_threads(cpus: set[int]) -> dict[int, set[int]]:
+    """Every thread of this process onto ``cpus`` (threads started later inherit it from theirs); returns each
+    thread's CPUs before, for ``restore_threads``."""
+    before: dict[int, set[int]] = {}
+    for tid in map(int, os.listdir("/proc/self/task")):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            before[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, cpus)
+    return before
+
+
+def restore_threads(before: dict[int, set[int]]) -> None:
+    """Every thread of this process back on the CPUs ``move_threads`` found it on (a thread started since: on
+    the main thread's)."""
+    default = before.get(os.getpid())
+    for tid in map(int, os.listdir("/proc/self/task")):
+        if (cpus := before.get(tid, default)) is not None:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, cpus)
 
 
 def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> None:

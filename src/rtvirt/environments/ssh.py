@@ -11,6 +11,7 @@ disturbance runs on the ``disturbers``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -73,6 +74,7 @@ class SshEnvironment(Environment):
         self._stressors: list[Any] = []
         self._problems: list[str] = []
         self._target_cpus: tuple[int, ...] | None = None
+        self._while_probing = contextlib.ExitStack()  # what the measured probe's launch set up, until close
 
     @staticmethod
     def available() -> str | None:
@@ -131,6 +133,9 @@ class SshEnvironment(Environment):
                                                                         self.link.target.label))
 
     def launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
+        if agent == "rtvirt-probe" and (kept := self._while_probing.enter_context(
+                self.link.controller_off(self.measured_cpus()))):
+            self._problems.append(kept)
         tee = f"{self.config.label}-{time.time_ns()}.rtvs" if out is not None and agent == "rtvirt-probe" else None
         self._agent = self.link.start(agent, args, out, tee)
         return Launched(self._agent, out)
@@ -210,4 +215,5 @@ class SshEnvironment(Environment):
             else:
                 agent.stop()
             self._problems += agent.cleanup()
+        self._while_probing.close()
         super().close()

@@ -8,12 +8,17 @@ flushing. Probes also write ``--tee``: a copy of the stream in ``<remote_dir>/ru
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import time
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from ..agents import agent_path
 from ..errors import RunError
+from ..params import cpu_list
+from ..procs import move_threads, restore_threads
 from ..stream import merge_stream_copy
 from .connection import HostKeyRefused, RemoteProcess, SshConnection, connect
 from .target import SshTarget
@@ -42,6 +47,7 @@ class TargetLink:
         self.remote_dir = remote_dir.rstrip("/")
         self._connection: SshConnection | None = None
         self._installed: dict[str, str] = {}
+        self._this_machine: bool | None = None
 
     def connection(self) -> SshConnection:
         if self._connection is None or self._connection.closed:
@@ -94,6 +100,38 @@ class TargetLink:
             argv += ["--out=-", f"--tee={tee}"]
         process = self.connection().spawn(["sh", "-c", _PID_WRAPPER, *argv], stream_to)
         return RemoteAgent(self, process, remote, stream_to, tee)
+
+    def is_this_machine(self) -> bool:
+        """Whether the target runs on this very kernel (a login to localhost, a container here): the same boot
+        id. Asked once."""
+        if self._this_machine is None:
+            theirs = self.connection().run(["cat", "/proc/sys/kernel/random/boot_id"], timeout=60).stdout.strip()
+            try:
+                self._this_machine = theirs == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+            except OSError:
+                self._this_machine = False
+        return self._this_machine
+
+    @contextlib.contextmanager
+    def controller_off(self, measured: Collection[int]) -> Iterator[str | None]:
+        """On a target that is this machine, our own threads (the connection's, which receive the samples and the
+        trace) keep to CPUs the probe does not measure while it runs, as rtla's -H and cyclictest's --mainaffinity
+        keep theirs: else the scheduler puts them beside the probe and an explanation names them. Yields what was
+        done, for the record (None: the target is another machine, which needs nothing of the kind)."""
+        if not self.is_this_machine():
+            yield None
+            return
+        others = os.sched_getaffinity(0) - set(measured)
+        if not others:
+            yield (f"target {self.target.label} is this machine: rtvirt's own threads share the measured CPUs "
+                   f"{cpu_list(measured)} (it may run on no other)")
+            return
+        moved = move_threads(others)
+        try:
+            yield (f"target {self.target.label} is this machine: rtvirt's own threads kept to CPUs "
+                   f"{cpu_list(others)}, off the measured {cpu_list(measured)}, while the probe ran")
+        finally:
+            restore_threads(moved)
 
     def reclaim(self) -> list[str]:
         """Kill agents a killed earlier rtvirt left on the target (ours: started from our bin dirs) and

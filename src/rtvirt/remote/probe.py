@@ -3,6 +3,7 @@ samples streamed back live over the SSH channel, the target's audit for the mani
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -39,13 +40,17 @@ def run_probe_on_target(spec: ProbeSpec, params: CommonParams, out: Path, target
     """
     link = TargetLink(target, remote_dir)
     section: dict[str, Any] = {"label": target.label}
+    probing = contextlib.ExitStack()  # what the probe's launch set up, until it ended
     try:
         connection = link.connection()
         if reclaim:  # a lab reclaims every target first: two of its targets may be one machine
             section["leftovers_before"] = link.reclaim()
         section["audit"] = {"arch": connection.arch(), **audit_system(RemoteSystem(connection))}
-        _check_cpus(params, RemoteSystem(connection).cpus(), target)
+        online = RemoteSystem(connection).cpus()
+        _check_cpus(params, online, target)
         args = spec.command(params, "rtvirt-probe")[1:]
+        if kept := probing.enter_context(link.controller_off(getattr(params, "affinity", None) or online)):
+            section["controller"] = kept
         agent = link.start("rtvirt-probe", args, out, tee_name=f"{spec.name}-{time.time_ns()}.rtvs")
         if on_launch is not None and (pid := agent.pid()) is not None:
             on_launch(pid)  # its pid on the target: an explanation tells its threads from what ran instead
@@ -66,6 +71,7 @@ def run_probe_on_target(spec: ProbeSpec, params: CommonParams, out: Path, target
             section["connection"] = "kept"
         section["leftovers"] = agent.cleanup()
     finally:
+        probing.close()
         link.close()
     reader = StreamReader(out)  # read afresh: the recovered copy may have replaced the file
     if status != 0 and not agent.lost:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ...params import parse_cpulist
+from ...params import cpu_list, parse_cpulist
 from ...sysaudit import SystemView
 
 __all__ = ["Item", "HostContext", "Step", "cpu_list", "hex_mask", "parse_hex_mask", "parse_list", "chosen", "running",
@@ -83,21 +83,6 @@ class HostContext:
 def affinity_setting(pid: int, start_time: str) -> str:
     """The setting path of thread ``pid``'s CPU affinity (its start time tells a reused pid apart)."""
     return f"{AFFINITY_PREFIX}{pid}:{start_time}"
-
-
-def cpu_list(cpus: tuple[int, ...] | list[int]) -> str:
-    """(0, 1, 2, 5) -> '0-2,5'"""
-    parts: list[str] = []
-    ordered = sorted(set(cpus))
-    start = prev = None
-    for cpu in [*ordered, None]:
-        if cpu is not None and prev is not None and cpu == prev + 1:
-            prev = cpu
-            continue
-        if start is not None:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = cpu
-    return ",".join(parts)
 
 
 def hex_mask(cpus: tuple[int, ...]) -> str:
