@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..stats import fraction_of_percent
 from ..stats import quantile as quantile_of
 from .config import DEFAULT_FLOOR_NS, DEFAULT_QUANTILE
 from .model import HELD_KINDS, LAYERS, Explanation, LayerTrace, Occupancy, Part, culprit_of
@@ -43,7 +44,7 @@ def choose_threshold(values: np.ndarray, *, threshold_ns: int | None = None, flo
         return int(floor_ns), f"floor {_us(floor_ns)} (no samples)"
     # the quantile `rtvirt stats` prints (one definition: rtvirt.stats.quantile), shown to the ns as it does; the
     # samples are integers, so "above the level" and "above its integer part" pick the same ones
-    level = quantile_of(values, quantile / 100)
+    level = quantile_of(values, fraction_of_percent(quantile))
     chosen = max(int(level), int(floor_ns))
     return chosen, f"p{quantile:g} = {level / 1000:.3f} us (floor {_us(floor_ns)})"
 
