@@ -411,6 +411,7 @@ def test_a_lab_that_cannot_boot_fails_its_runs_naming_why_and_keeps_the_others(t
 
 
 @pytest.mark.vm
+@pytest.mark.quiet  # as the lab campaign (conftest.py QUIET_FIXTURES): 77-119 s here, 231-267 s beside the others
 @pytest.mark.timeout(1500)
 def test_a_libvirt_domain_in_the_lab_is_explained_by_the_labs_vm_and_kvm_layers(tmp_path: Path) -> None:
     """A libvirt domain over qemu+ssh:// in the lab, explained: the lab's tracefs over SSH (VM and KVM layers), the

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from conftest import RAN, run_cli
@@ -434,11 +435,16 @@ def test_the_guest_isolation_report_keeps_each_workload_to_its_unit_and_its_solo
     for title, table in statistics.items():
         rounds = {_workload(row[0]) == "threadmetric" for row in table["rows"]}
         assert rounds == {title.endswith("rounds per interval")}, title
+    medians = []
     for row in statistics["Statistics per configuration: rounds per interval"]["rows"]:
-        # the rounds as counted (thousands per interval), not divided by 1000
+        # the rounds as the guest counted them, not divided by 1000: its stream's median. (How many it counted is the
+        # host's to decide: beside a suite's labs one run's guest did 2 an interval, its vCPU held off for 1.75 s.)
         run = next(m for m in manifests.values() if m["config"] == row[0].removesuffix(" (partial)"))
         if len([m for m in manifests.values() if m["config"] == run["config"]]) == 1:
-            assert _number(row[4]) == pytest.approx(run["summary"]["all"]["median_ns"]) and _number(row[4]) > 1000
+            counted = read_stream(guest_isolation.results / "runs" / run["run_id"] / "samples.rtvs").records["value"]
+            assert _number(row[4]) == pytest.approx(run["summary"]["all"]["median_ns"]) == float(np.median(counted))
+            medians.append(_number(row[4]))
+    assert max(medians) > 1000  # thousands an interval where the guest ran
     # isolation: every configuration against the solo run of its own workload (the 30-minute run: Thread-Metric's)
     isolation = [t for t in document["tables"] if t["title"].startswith("Isolation against the baseline")]
     baselines = {t["title"].removeprefix("Isolation against the baseline ").split(": ")[0]: t for t in isolation}
