@@ -1,6 +1,7 @@
 """The suite's own clean-up: a pytest stopped with SIGTERM (`timeout`, a cancelled CI job) stops the rtvirt its test
 started, as Ctrl-C does (tests/conftest.py). A pytest killed by `timeout` once left a docs example's campaign
-running with two KVM labs for minutes."""
+running with two KVM labs for minutes. And a session fails when something it started outlives it, but not for
+its own command line (`pytest tests/test_experiment_dask.py` names a kind the check looks for)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,29 @@ def test_a_suite_stopped_with_sigterm_stops_the_rtvirt_its_test_started(tmp_path
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _processes_with(marker) == [], out[-2000:]
+
+
+def _inner_suite(tmp_path: Path, name: str, body: str) -> subprocess.CompletedProcess[str]:
+    """A pytest session of one test file ``name`` with this suite's conftest.py as its plugin, as make test runs."""
+    (tmp_path / name).write_text(body)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "-p", "conftest", "--rootdir", str(tmp_path), str(tmp_path / name)],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(TESTS)}, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_session_whose_own_command_line_names_a_kind_passes(tmp_path: Path) -> None:
+    done = _inner_suite(tmp_path, "test_dask_over_sshd.py", "def test_nothing_left():\n    assert True\n")
+    assert done.returncode == 0 and "outlive" not in done.stdout, done.stdout[-2000:]
+
+
+def test_a_process_a_test_leaves_running_fails_the_session(tmp_path: Path) -> None:
+    marker = f"rtvirt-stress-left-{os.getpid()}"
+    try:
+        done = _inner_suite(tmp_path, "test_leaves_one.py", "import subprocess, sys\n\n\ndef test_leaves_one():\n"
+                            "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', "
+                            f"'{marker}'])\n")
+        assert done.returncode != 0 and "outlive it" in done.stdout and marker in done.stdout, done.stdout[-2000:]
+    finally:
+        for pid in _processes_with(marker):
+            os.kill(pid, signal.SIGKILL)
