@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 from rich.table import Table
 
 from ..errors import InputError
-from ..model import load_model, parse_assignment, parse_sweep
+from ..model import Model, load_model, parse_assignment, parse_sweep
 from ..sim import simulate_to_store, write_gantt
 from ..units import format_duration, parse_duration
 from .output import console, print_json, us
@@ -78,7 +79,6 @@ def sim(model_path: Path, duration: str | None, seed: int | None, results: str, 
     overrides = [parse_assignment(a, "--set") for a in assignments]
     key, values = parse_sweep(sweep) if sweep else (None, [None])
     target = store_for_writing(results).write_dir
-    documents = []
     models = [load_model(model_path, overrides + ([(key, value)] if key is not None else [])) for value in values]
     runs = []
     for value, model in zip(values, models, strict=True):
@@ -88,68 +88,93 @@ def sim(model_path: Path, duration: str | None, seed: int | None, results: str, 
         if key is not None:
             params["sweep"] = {key: value}
         label = " ".join([model.name, *assignments, *([f"{key}={value}"] if key is not None else [])])
-        runs.append((model, params, label))
-    parallel = None
-    if cluster is not None and key is not None:
-        from ..experiment.executors import open_pool
-        from ..sim.results import simulate_for_driver, write_simulated_run
-
-        pool = open_pool(cluster, None)
-        try:
-            futures = [pool.submit(simulate_for_driver, model, duration_ns, seed) for model, _, _ in runs]
-            written = []
-            for future, (_, params, label) in zip(futures, runs, strict=True):
-                result = future.result()  # one result in memory at a time; the others wait on their workers
-                run, summary = write_simulated_run(result, target, model_path=str(model_path), params=params,
-                                                   label=label)
-                written.append((result.end_reason, run.run_id, str(run.path), summary))
-                del result
-            parallel = iter(written)
-        finally:
-            pool.close()
-    elif workers is not None and key is not None:
-        from ..experiment.executors import open_pool, pool_map
-        from ..sim.results import simulate_to_store_summary
-
-        pool = open_pool(None, workers)
-        try:
-            parallel = iter(pool_map(pool, simulate_to_store_summary, [
-                (model, target, str(model_path), params, duration_ns, seed, label) for model, params, label in runs]))
-        finally:
-            pool.close()
-    for value, (model, params, label) in zip(values, runs, strict=True):
-        if parallel is not None:
-            end_reason, run_id, run_path, summary = next(parallel)
+        runs.append(_Run(model, params, label))
+    pooled = _simulate_in_pool(runs, target, str(model_path), duration_ns, seed, cluster, workers) \
+        if key is not None and (cluster is not None or workers is not None) else None
+    window = (start, end) if gantt is not None and key is None else None
+    documents = []
+    for value, run in zip(values, runs, strict=True):
+        if pooled is not None:
+            end_reason, run_id, run_path, summary = next(pooled)
         else:
-            result, run, summary = simulate_to_store(
-                model, target, model_path=str(model_path), params=params, label=label, duration_ns=duration_ns,
-                seed=seed, gantt=(start, end) if gantt is not None and key is None else None)
-            end_reason, run_id, run_path = result.end_reason, run.run_id, str(run.path)
-            if gantt is not None and key is None:
-                write_gantt(result, gantt, start, end)
+            result, stored, summary = simulate_to_store(
+                run.model, target, model_path=str(model_path), params=run.params, label=run.label,
+                duration_ns=duration_ns, seed=seed, gantt=window)
+            end_reason, run_id, run_path = result.end_reason, stored.run_id, str(stored.path)
+            if gantt is not None and window is not None:
+                write_gantt(result, gantt, *window)
         documents.append({"run_id": run_id, "path": run_path, **({"sweep": {key: value}} if key else {}),
                           **summary})
         if not as_json:
-            title = f"sim {model.name} ({model.hypervisor.scheduler})" + (f", {key} = {value}" if key else "")
-            console.print(_task_table(title, summary))
-            reached = format_duration(summary["simulated_ns"])
-            state = {"complete": "",
-                     "event-cap": f" [yellow](partial: stopped by the event cap (simulation.event_cap = "
-                                  f"{model.simulation.event_cap}) at {reached} simulated)[/]",
-                     "interrupted": f" [yellow](partial: interrupted at {reached} simulated)[/]"}[end_reason]
-            console.print(f"run {run_id} written to {run_path}{state}")
+            _print_run(run.model, key, value, summary, run_id, run_path, end_reason)
         if end_reason == "interrupted":  # like an interrupted probe: keep what ran, stop the sweep
             break
     if as_json:
         print_json(documents[0] if key is None else {"sweep": key, "runs": documents})
     elif key is not None:
-        table = Table(title=f"sweep {key}", title_justify="left")
-        for column in ("value", "misses", "worst chain us", "worst task us", "run"):
-            table.add_column(column)
-        for doc in documents:
-            worst_chain = max((c["max_response_ns"] or 0 for c in doc["chains"].values()), default=math.nan)
-            worst_task = max((t["max_response_ns"] or 0 for t in doc["tasks"].values()), default=math.nan)
-            table.add_row(str(doc["sweep"][key]), str(doc["misses"]), us(worst_chain), us(worst_task), doc["run_id"])
-        console.print(table)
-    if gantt is not None and key is None and not as_json:
+        console.print(_sweep_table(key, documents))
+    if window is not None and not as_json:
         console.print(f"Gantt chart written to {gantt}")
+
+
+class _Run(NamedTuple):
+    """One simulation of the command: the model with its --set and sweep value applied, as the store records it."""
+
+    model: Model
+    params: dict[str, Any]
+    label: str
+
+
+def _simulate_in_pool(runs: list[_Run], target: Path, model_path: str, duration_ns: int | None, seed: int | None,
+                      cluster: str | None, workers: int | None) -> Iterator[tuple[str, str, str, dict[str, Any]]]:
+    """A sweep's runs simulated on a Dask cluster (``cluster``: each result comes back and this process writes
+    its run) or on ``workers`` local processes (each writes its own): (end reason, run id, path, summary) each,
+    in the sweep's order."""
+    from ..experiment.executors import open_pool
+
+    pool = open_pool(cluster, None if cluster is not None else workers)
+    try:
+        if cluster is None:
+            from ..experiment.executors import pool_map
+            from ..sim.results import simulate_to_store_summary
+
+            return iter(pool_map(pool, simulate_to_store_summary, [
+                (run.model, target, model_path, run.params, duration_ns, seed, run.label) for run in runs]))
+        from ..sim.results import simulate_for_driver, write_simulated_run
+
+        futures = [pool.submit(simulate_for_driver, run.model, duration_ns, seed) for run in runs]
+        written = []
+        for future, run in zip(futures, runs, strict=True):
+            result = future.result()  # one result in memory at a time; the others wait on their workers
+            stored, summary = write_simulated_run(result, target, model_path=model_path, params=run.params,
+                                                  label=run.label)
+            written.append((result.end_reason, stored.run_id, str(stored.path), summary))
+            del result
+        return iter(written)
+    finally:
+        pool.close()
+
+
+def _print_run(model: Model, key: str | None, value: Any, summary: dict[str, Any], run_id: str, run_path: str,
+               end_reason: str) -> None:
+    """One run's task table and where it was written, saying why a partial run stopped."""
+    title = f"sim {model.name} ({model.hypervisor.scheduler})" + (f", {key} = {value}" if key else "")
+    console.print(_task_table(title, summary))
+    reached = format_duration(summary["simulated_ns"])
+    state = {"complete": "",
+             "event-cap": f" [yellow](partial: stopped by the event cap (simulation.event_cap = "
+                          f"{model.simulation.event_cap}) at {reached} simulated)[/]",
+             "interrupted": f" [yellow](partial: interrupted at {reached} simulated)[/]"}[end_reason]
+    console.print(f"run {run_id} written to {run_path}{state}")
+
+
+def _sweep_table(key: str, documents: list[dict[str, Any]]) -> Table:
+    """A sweep's runs side by side: misses and worst response times per value."""
+    table = Table(title=f"sweep {key}", title_justify="left")
+    for column in ("value", "misses", "worst chain us", "worst task us", "run"):
+        table.add_column(column)
+    for doc in documents:
+        worst_chain = max((c["max_response_ns"] or 0 for c in doc["chains"].values()), default=math.nan)
+        worst_task = max((t["max_response_ns"] or 0 for t in doc["tasks"].values()), default=math.nan)
+        table.add_row(str(doc["sweep"][key]), str(doc["misses"]), us(worst_chain), us(worst_task), doc["run_id"])
+    return table
