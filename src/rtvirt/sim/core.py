@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError, RunError
 from ..model import Model, home_cpu
-from ..model.schema import Execution
+from ..model.schema import Execution, Task
 
 if TYPE_CHECKING:
     import numpy as np
@@ -98,59 +98,21 @@ def core_config(model: Model, *, duration_ns: int | None = None, seed: int | Non
     """The dict rtvirt._simcore.simulate() takes, and the task names in core order."""
     hv = model.hypervisor
     sim = model.simulation
-    is_global = _GLOBAL.get(hv.scheduler, lambda _: False)(hv)
-    vcpus: list[dict[str, Any]] = []
-    first_vcpu: list[int] = []
-    for v, vm in enumerate(model.vm):
-        first_vcpu.append(len(vcpus))
-        for c, vcpu in enumerate(vm.vcpu):
-            home = home_cpu(vm, c)
-            cpus = vcpu.affinity if (is_global and vcpu.affinity) else (range(hv.pcpus) if is_global else (home,))
-            budget, period = vcpu.budget, vcpu.period
-            if hv.scheduler == "rtds":
-                budget = budget if budget is not None else _RTDS_DEFAULT[0]
-                period = period if period is not None else _RTDS_DEFAULT[1]
-            vcpus.append({
-                "vm": v, "home": home, "affinity": sum(1 << cpu for cpu in cpus), "priority": vcpu.priority,
-                "budget": budget or 0, "period": period or 0, "slice": vcpu.slice or 0,
-                "runtime": vcpu.runtime or 0, "deadline": vcpu.deadline or 0, "extratime": vcpu.extratime,
-                "rt": vcpu.rt, "weight": vcpu.weight or _DEFAULT_WEIGHT.get(hv.scheduler, 256), "cap": vcpu.cap,
-                "windows": [(w.start, w.length) for w in vcpu.windows],
-                "gap_threshold": vm.gap.threshold if vm.gap is not None and vm.gap.vcpu == c else -1,
-            })
+    vcpus, first_vcpu = _vcpu_entries(model)
     tasks: list[dict[str, Any]] = []
     names: list[str] = []
     index: dict[str, int] = {}
     for v, vm in enumerate(model.vm):
         for task in vm.task:
-            entry: dict[str, Any] = {
-                "vcpu": first_vcpu[v] + task.vcpu, "type": _TYPES[task.type], "offset": task.offset,
-                "jitter": task.jitter, "priority": task.priority,
-            }
-            if task.type == "periodic":
-                entry["period"] = task.period
-            elif task.type == "sporadic":
-                entry["min_ia"] = task.min_interarrival
-                entry["max_ia"] = task.max_interarrival or 2 * (task.min_interarrival or 0)
-            default_deadline = {"periodic": task.period, "sporadic": task.min_interarrival}.get(task.type)
-            deadline = task.deadline if task.deadline is not None else default_deadline
-            entry["deadline"] = deadline if deadline is not None else NEVER
-            if isinstance(task.execution, Execution):
-                e = task.execution
-                entry.update(dist=_DISTRIBUTIONS[e.distribution], emin=e.min, emax=e.max, emean=e.mean or 0,
-                             estdev=e.stdev or 0)
-            else:
-                entry["exec"] = task.execution
             index[f"{vm.name}/{task.name}"] = len(tasks)
-            tasks.append(entry)
+            tasks.append(_task_entry(task, first_vcpu[v] + task.vcpu))
             names.append(f"{vm.name}/{task.name}")
-        if vm.load > 0:
+        work = round(vm.load * vm.load_period)
+        if work > 0:  # the VM's background load: a periodic job of that share on each vCPU, not recorded
             for c in range(len(vm.vcpu)):
-                work = round(vm.load * vm.load_period)
-                if work > 0:
-                    tasks.append({"vcpu": first_vcpu[v] + c, "type": 0, "period": vm.load_period, "exec": work,
-                                  "deadline": vm.load_period, "record": False, "priority": 0})
-                    names.append(f"{vm.name}/load.{c}")
+                tasks.append({"vcpu": first_vcpu[v] + c, "type": 0, "period": vm.load_period, "exec": work,
+                              "deadline": vm.load_period, "record": False, "priority": 0})
+                names.append(f"{vm.name}/load.{c}")
     chains: list[dict[str, Any]] = []
     for k, chain in enumerate(model.chain):
         stages = [index[stage] for stage in chain.stages]
@@ -177,6 +139,53 @@ def core_config(model: Model, *, duration_ns: int | None = None, seed: int | Non
         "gantt_from": gantt[0] if gantt else 0, "gantt_to": gantt[1] if gantt else 0,
     }
     return config, names
+
+
+def _vcpu_entries(model: Model) -> tuple[list[dict[str, Any]], list[int]]:
+    """Every vCPU as the core takes it, in core order, and the index of each VM's first."""
+    hv = model.hypervisor
+    is_global = _GLOBAL.get(hv.scheduler, lambda _: False)(hv)
+    vcpus: list[dict[str, Any]] = []
+    first_vcpu: list[int] = []
+    for v, vm in enumerate(model.vm):
+        first_vcpu.append(len(vcpus))
+        for c, vcpu in enumerate(vm.vcpu):
+            home = home_cpu(vm, c)
+            cpus = vcpu.affinity if (is_global and vcpu.affinity) else (range(hv.pcpus) if is_global else (home,))
+            budget, period = vcpu.budget, vcpu.period
+            if hv.scheduler == "rtds":
+                budget = budget if budget is not None else _RTDS_DEFAULT[0]
+                period = period if period is not None else _RTDS_DEFAULT[1]
+            vcpus.append({
+                "vm": v, "home": home, "affinity": sum(1 << cpu for cpu in cpus), "priority": vcpu.priority,
+                "budget": budget or 0, "period": period or 0, "slice": vcpu.slice or 0,
+                "runtime": vcpu.runtime or 0, "deadline": vcpu.deadline or 0, "extratime": vcpu.extratime,
+                "rt": vcpu.rt, "weight": vcpu.weight or _DEFAULT_WEIGHT.get(hv.scheduler, 256), "cap": vcpu.cap,
+                "windows": [(w.start, w.length) for w in vcpu.windows],
+                "gap_threshold": vm.gap.threshold if vm.gap is not None and vm.gap.vcpu == c else -1,
+            })
+    return vcpus, first_vcpu
+
+
+def _task_entry(task: Task, vcpu: int) -> dict[str, Any]:
+    """One task as the core takes it, on the core's vCPU ``vcpu``: its release, deadline and execution time."""
+    entry: dict[str, Any] = {"vcpu": vcpu, "type": _TYPES[task.type], "offset": task.offset, "jitter": task.jitter,
+                             "priority": task.priority}
+    if task.type == "periodic":
+        entry["period"] = task.period
+    elif task.type == "sporadic":
+        entry["min_ia"] = task.min_interarrival
+        entry["max_ia"] = task.max_interarrival or 2 * (task.min_interarrival or 0)
+    default_deadline = {"periodic": task.period, "sporadic": task.min_interarrival}.get(task.type)
+    deadline = task.deadline if task.deadline is not None else default_deadline
+    entry["deadline"] = deadline if deadline is not None else NEVER
+    if isinstance(task.execution, Execution):
+        e = task.execution
+        entry.update(dist=_DISTRIBUTIONS[e.distribution], emin=e.min, emax=e.max, emean=e.mean or 0,
+                     estdev=e.stdev or 0)
+    else:
+        entry["exec"] = task.execution
+    return entry
 
 
 def optional_columns(config: dict[str, Any]) -> tuple[bool, bool]:

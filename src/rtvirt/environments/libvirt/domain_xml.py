@@ -72,6 +72,8 @@ class LibvirtDomainXml(LibvirtDomainState):
         return element
 
     def _domain_xml(self, kernel: str, initrd: str | None, with_output: bool) -> str:
+        """The domain: a Linux guest when ``initrd`` is given, else the bare-metal one; ``with_output``: a
+        measuring guest, whose stream (and explanation channels) the host reads."""
         config = self.config
         root = ET.Element("domain", type=self._type["type"])
         ET.SubElement(root, "name").text = self._name
@@ -83,6 +85,37 @@ class LibvirtDomainXml(LibvirtDomainState):
         cputune = self._cputune()
         if len(cputune):
             root.append(cputune)
+        self._add_memory_placement(root)
+        board = GUEST_BOARDS[config.arch]
+        self._add_os(root, board, kernel, initrd)
+        features = ET.SubElement(root, "features")
+        if board.acpi:
+            ET.SubElement(features, "acpi")
+        if board.gic_version:
+            ET.SubElement(features, "gic", version=board.gic_version)
+        ET.SubElement(root, "cpu", mode="host-passthrough" if self._type["type"] == "kvm" else "maximum")
+        for event in ("on_poweroff", "on_reboot", "on_crash"):
+            ET.SubElement(root, event).text = "destroy"
+        devices = ET.SubElement(root, "devices")
+        ET.SubElement(ET.SubElement(devices, "serial", type="pty"), "target", port="0")
+        ET.SubElement(ET.SubElement(devices, "console", type="pty"), "target", type="serial", port="0")
+        if initrd is None:
+            self._add_baremetal_console(devices, board, with_output)
+        else:
+            ET.SubElement(devices, "controller", type="virtio-serial", index="0", ports=str(LINUX_GUEST_PORTS))
+        if self._copy_volume:  # the guest's own disk: the copy of its stream
+            disk = ET.SubElement(devices, "disk", type="volume", device="disk")
+            ET.SubElement(disk, "driver", name="qemu", type="raw")
+            ET.SubElement(disk, "source", pool=POOL_NAME, volume=self._copy_volume)
+            ET.SubElement(disk, "target", dev=COPY_DISK, bus="virtio")
+        if with_output and initrd is not None:
+            self._add_linux_channels(devices)
+        ET.SubElement(devices, "memballoon", model="none")
+        return ET.tostring(root, encoding="unicode")
+
+    def _add_memory_placement(self, root: ET.Element) -> None:
+        """NUMA nodes, locked guest RAM and huge pages, as configured."""
+        config = self.config
         if config.numa_nodes:
             ET.SubElement(ET.SubElement(root, "numatune"), "memory", mode="strict",
                           nodeset=",".join(map(str, config.numa_nodes)))
@@ -97,7 +130,9 @@ class LibvirtDomainXml(LibvirtDomainState):
                 ET.SubElement(backing, "hugepages")
             if config.memory_locked:
                 ET.SubElement(backing, "locked")
-        board = GUEST_BOARDS[config.arch]
+
+    def _add_os(self, root: ET.Element, board: GuestBoard, kernel: str, initrd: str | None) -> None:
+        """The board, the kernel and its command line: the bare-metal probe's argv, or Linux's with the TSC rate."""
         os_element = ET.SubElement(root, "os")
         ET.SubElement(os_element, "type", dict(board.os_type)).text = "hvm"
         ET.SubElement(os_element, "kernel").text = kernel
@@ -106,53 +141,37 @@ class LibvirtDomainXml(LibvirtDomainState):
         else:
             ET.SubElement(os_element, "initrd").text = initrd
             ET.SubElement(os_element, "cmdline").text = " ".join([board.linux_cmdline, *tsc_kernel_args(
-                config.arch, self._accel(), config.local)])
-        features = ET.SubElement(root, "features")
-        if board.acpi:
-            ET.SubElement(features, "acpi")
-        if board.gic_version:
-            ET.SubElement(features, "gic", version=board.gic_version)
-        ET.SubElement(root, "cpu", mode="host-passthrough" if self._type["type"] == "kvm" else "maximum")
-        for event in ("on_poweroff", "on_reboot", "on_crash"):
-            ET.SubElement(root, event).text = "destroy"
-        devices = ET.SubElement(root, "devices")
-        ET.SubElement(ET.SubElement(devices, "serial", type="pty"), "target", port="0")
-        ET.SubElement(ET.SubElement(devices, "console", type="pty"), "target", type="serial", port="0")
-        if initrd is None:
-            # the bare-metal guest's driver writes to port 1 of a multiport virtio-serial device (ports = 2): a
-            # virtserialport, which QEMU holds back while libvirtd has not read what it sent (a virtconsole on port
-            # 0 would drop it). A guest without output (a disturbing guest) gets no multiport, so no port to wait
-            # for being opened: what it writes to port 0, which does not exist, QEMU discards
-            controller = ET.SubElement(devices, "controller", type="virtio-serial", index="0",
-                                       ports="2" if with_output else "1")
-            if board.baremetal_console_address:
-                ET.SubElement(controller, "address", type=board.baremetal_console_address)
-            if with_output:
+                self.config.arch, self._accel(), self.config.local)])
+
+    @staticmethod
+    def _add_baremetal_console(devices: ET.Element, board: GuestBoard, with_output: bool) -> None:
+        """The bare-metal guest's driver writes to port 1 of a multiport virtio-serial device (ports = 2): a
+        virtserialport, which QEMU holds back while libvirtd has not read what it sent (a virtconsole on port 0
+        would drop it). A guest without output (a disturbing guest) gets no multiport, so no port to wait for
+        being opened: what it writes to port 0, which does not exist, QEMU discards."""
+        controller = ET.SubElement(devices, "controller", type="virtio-serial", index="0",
+                                   ports="2" if with_output else "1")
+        if board.baremetal_console_address:
+            ET.SubElement(controller, "address", type=board.baremetal_console_address)
+        if with_output:
+            channel = ET.SubElement(devices, "channel", type="unix")
+            ET.SubElement(channel, "source", mode="bind")
+            ET.SubElement(channel, "target", type="virtio", name=BAREMETAL_CHANNEL)
+            ET.SubElement(channel, "address", type="virtio-serial", controller="0", bus="0", port="1")
+
+    def _add_linux_channels(self, devices: ET.Element) -> None:
+        """A measuring Linux guest's ports: the samples, and the way back for the end-of-stream confirmation the
+        agent waits for (an explained run: the clock exchange of the VM layer, the guest's own trace sent after
+        its main job)."""
+        for port in (OUTPUT_PORT, ACK_PORT, *((CLOCK_PORT,) if self._vm_source is not None else ()),
+                     *((GUEST_TRACE_PORT,) if self._guest_trace_files else ())):
+            if port == CLOCK_PORT and self._clock_pipes:  # (a KVM host over SSH: FIFOs the exchange runs on)
+                channel = ET.SubElement(devices, "channel", type="pipe")
+                ET.SubElement(channel, "source", path=self._clock_pipes)
+            else:
                 channel = ET.SubElement(devices, "channel", type="unix")
                 ET.SubElement(channel, "source", mode="bind")
-                ET.SubElement(channel, "target", type="virtio", name=BAREMETAL_CHANNEL)
-                ET.SubElement(channel, "address", type="virtio-serial", controller="0", bus="0", port="1")
-        else:
-            ET.SubElement(devices, "controller", type="virtio-serial", index="0", ports=str(LINUX_GUEST_PORTS))
-        if self._copy_volume:  # the guest's own disk: the copy of its stream
-            disk = ET.SubElement(devices, "disk", type="volume", device="disk")
-            ET.SubElement(disk, "driver", name="qemu", type="raw")
-            ET.SubElement(disk, "source", pool=POOL_NAME, volume=self._copy_volume)
-            ET.SubElement(disk, "target", dev=COPY_DISK, bus="virtio")
-        if with_output and initrd is not None:
-            # the samples, and the way back for the end-of-stream confirmation the agent waits for
-            # (an explained run: the clock exchange of the VM layer, the guest's own trace sent after its main job)
-            for port in (OUTPUT_PORT, ACK_PORT, *((CLOCK_PORT,) if self._vm_source is not None else ()),
-                         *((GUEST_TRACE_PORT,) if self._guest_trace_files else ())):
-                if port == CLOCK_PORT and self._clock_pipes:  # (a KVM host over SSH: FIFOs the exchange runs on)
-                    channel = ET.SubElement(devices, "channel", type="pipe")
-                    ET.SubElement(channel, "source", path=self._clock_pipes)
-                else:
-                    channel = ET.SubElement(devices, "channel", type="unix")
-                    ET.SubElement(channel, "source", mode="bind")
-                ET.SubElement(channel, "target", type="virtio", name=port)
-        ET.SubElement(devices, "memballoon", model="none")
-        return ET.tostring(root, encoding="unicode")
+            ET.SubElement(channel, "target", type="virtio", name=port)
 
     def _dropped_tuning(self) -> list[str]:
         """Elements of the requested <cputune> missing from the XML libvirt applied (e.g. out of range)."""
