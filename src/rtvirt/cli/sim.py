@@ -132,7 +132,7 @@ def _simulate_in_pool(runs: list[_Run], target: Path, model_path: str, duration_
     in the sweep's order."""
     from ..experiment.executors import open_pool
 
-    pool = open_pool(cluster, None if cluster is not None else workers)
+    pool = open_pool(cluster, workers)  # (a cluster's own workers, when one is given)
     try:
         if cluster is None:
             from ..experiment.executors import pool_map

@@ -112,7 +112,8 @@ _NEEDS = {  # scheduler -> vCPU fields every vCPU must set
 
 def check_model(model: Model) -> Iterator[tuple[Loc, str]]:
     """Cross-field rules the schema cannot express, as (location, message)."""
-    yield from _check_hypervisor(model.hypervisor)
+    hv = model.hypervisor
+    yield from _check_hypervisor(hv)
     seen_vms: set[str] = set()
     owned: dict[int, Loc] = {}  # pCPU -> the vCPU the partitioned scheduler gave it
     event_tasks: dict[str, Loc] = {}  # "vm/task" -> where it is declared
@@ -122,11 +123,11 @@ def check_model(model: Model) -> Iterator[tuple[Loc, str]]:
             yield ("vm", v, "name"), f"VM name {vm.name!r} is used twice"
         seen_vms.add(vm.name)
         for c, vcpu in enumerate(vm.vcpu):
-            yield from _check_vcpu(model.hypervisor, vcpu, ("vm", v, "vcpu", c), owned)
-            if model.hypervisor.scheduler == "arinc653" and model.hypervisor.arinc653 is not None:
+            yield from _check_vcpu(hv, vcpu, ("vm", v, "vcpu", c), owned)
+            if hv.scheduler == "arinc653" and hv.arinc653 is not None:
                 for w, window in enumerate(vcpu.windows):
                     loc: Loc = ("vm", v, "vcpu", c, "windows", w)
-                    if window.start + window.length > model.hypervisor.arinc653.major_frame:
+                    if window.start + window.length > hv.arinc653.major_frame:
                         yield loc, "window ends after the major frame"
                     windows_by_cpu.setdefault(home_cpu(vm, c), []).append(
                         (window.start, window.start + window.length, loc))
