@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import esc_overrides
@@ -39,6 +42,18 @@ def test_the_argument_refuses_what_it_does_not_cover() -> None:
     model = load_model(MODELS / "esc-psedf.toml", [("vm.wheel1.load", 0.1)])
     result, reason = phased_chain_bounds(model)
     assert result is None and "runs more than chain stages" in reason
+
+
+def test_a_model_refused_in_two_places_names_the_same_one_in_every_process() -> None:
+    # wheel2 and wheel3 both lack budget; which is named once hung on a set's order, which each process's
+    # string hashing chooses
+    script = ("import sys; from rtvirt.analysis.phased import phased_chain_bounds; from rtvirt.model import load_model;"
+              "model = load_model(sys.argv[1], [('vm.wheel3.vcpu.0.slice', '0.05ms'),"
+              " ('vm.wheel2.vcpu.0.slice', '0.05ms')]); print(phased_chain_bounds(model)[1])")
+    reasons = {subprocess.run([sys.executable, "-c", script, str(MODELS / "esc-psedf.toml")], capture_output=True,
+                              text=True, check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip()
+               for seed in range(6)}
+    assert reasons == {"wheel2.vcpu0 needs 65000 ns per event, more than its budget 50000 ns"}
 
 
 @settings(max_examples=25, deadline=None)

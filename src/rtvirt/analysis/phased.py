@@ -65,93 +65,130 @@ def _server(model: Model, vm: Vm, index: int) -> tuple[int, int] | None:
 
 def phased_chain_bounds(model: Model) -> tuple[PhasedChains | None, str]:
     """Bounds by the event-at-a-time argument above, or None and why it does not apply."""
-    hv = model.hypervisor
-    chains = model.chain
-    if not chains or hv.scheduler not in ("psedf", "fifo"):
-        return None, "needs chains on psedf or fifo servers"
-    period, offset = chains[0].period, chains[0].offset
-    if any(c.period != period or c.offset != offset or c.jitter for c in chains):
-        return None, "chains are not synchronous (one period, one offset, no jitter)"
-    stages = {stage for chain in chains for stage in chain.stages}
-    tasks = {f"{vm.name}/{t.name}": (vm, t) for vm in model.vm for t in vm.task}
-    stage_vcpus: set[tuple[str, int]] = set()
-    for stage in stages:
-        vm, task = tasks[stage]
-        stage_vcpus.add((vm.name, task.vcpu))
-    vms = {vm.name: vm for vm in model.vm}
-    for name, index in stage_vcpus:
-        vm = vms[name]
-        if _server(model, vm, index) is None:
-            return None, f"{name}.vcpu{index} is not a deferrable fixed-priority server"
-        if vm.load > 0 or vm.gap is not None or any(f"{vm.name}/{t.name}" not in stages for t in vm.task
-                                                     if t.vcpu == index):
-            return None, f"{name}.vcpu{index} runs more than chain stages"
+    why_not = _why_not_synchronous(model)
+    if why_not:
+        return None, why_not
+    stages = _Stages(model)
+    why_not = _why_not_dedicated(stages)
+    if why_not:
+        return None, why_not
+    release, finish, chain_bound = _one_event(stages)
+    why_not = _why_not_closed(stages, max(finish.values()))
+    if why_not:
+        return None, why_not
+    return PhasedChains({s: finish[s] - release[s][0] for s in stages.names}, release, chain_bound), ""
 
-    def above(vm: Vm, index: int) -> list[tuple[str, int]]:
+
+def _why_not_synchronous(model: Model) -> str:
+    """Why the model's chains are outside the argument's setting, or "" when they are in it."""
+    if not model.chain or model.hypervisor.scheduler not in ("psedf", "fifo"):
+        return "needs chains on psedf or fifo servers"
+    first = model.chain[0]
+    if any(c.period != first.period or c.offset != first.offset or c.jitter for c in model.chain):
+        return "chains are not synchronous (one period, one offset, no jitter)"
+    return ""
+
+
+class _Stages:
+    """The chains' stages of a model: the vCPU each runs on, what may run before it and what it costs."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.tasks = {f"{vm.name}/{t.name}": (vm, t) for vm in model.vm for t in vm.task}
+        # in the chains' order, not a set's: a model whose argument fails in two places names the same one each run
+        self.names = tuple(dict.fromkeys(stage for chain in model.chain for stage in chain.stages))
+        self.vcpus = tuple(dict.fromkeys(self.vcpu_of(stage) for stage in self.names))
+        self.vms = {vm.name: vm for vm in model.vm}
+
+    def vcpu_of(self, stage: str) -> tuple[str, int]:
+        vm, task = self.tasks[stage]
+        return vm.name, task.vcpu
+
+    def above(self, vm: Vm, index: int) -> list[tuple[str, int]]:
         """vCPUs of equal or higher priority on the same pCPU (that may run before it)."""
         vcpu, cpu = vm.vcpu[index], home_cpu(vm, index)
         out = []
-        for other in model.vm:
+        for other in self.model.vm:
             for i, o in enumerate(other.vcpu):
                 if (other.name, i) == (vm.name, index) or home_cpu(other, i) != cpu:
                     continue
-                if hv.scheduler == "psedf" and not o.rt:
+                if self.model.hypervisor.scheduler == "psedf" and not o.rt:
                     continue
                 if o.priority >= vcpu.priority:
                     out.append((other.name, i))
         return out
 
-    for name, index in stage_vcpus:
-        for other in above(vms[name], index):
-            if other not in stage_vcpus:
-                return None, f"{other[0]}.vcpu{other[1]} above a stage runs other work"
-    switch, quantum, delay = hv.overheads.vm_switch, hv.quantum, hv.overheads.interrupt_delay
-    context = hv.overheads.context_switch
-
-    def cost(stage: str) -> int:
-        vm, task = tasks[stage]
+    def cost(self, stage: str) -> int:
+        vm, task = self.tasks[stage]
         alone = sum(t.vcpu == task.vcpu for t in vm.task) == 1
+        context = self.model.hypervisor.overheads.context_switch
         return _exec(task, True) + context * (1 if alone else 2)  # as system.py charges guest switches
 
-    def may_precede(stage: str) -> list[str]:
-        vm, task = tasks[stage]
+    def may_precede(self, stage: str) -> list[str]:
+        """The other stages that may run on the stage's pCPU before it ends."""
+        vm, task = self.tasks[stage]
         out = []
-        for other in stages:
+        for other in self.names:
             if other == stage:
                 continue
-            other_vm, other_task = tasks[other]
-            where = (other_vm.name, other_task.vcpu)
-            same_guest_first = where == (vm.name, task.vcpu) and (vm.scheduler != "fp"
-                                                                  or other_task.priority >= task.priority)
-            if where in above(vm, task.vcpu) or same_guest_first:
+            other_task = self.tasks[other][1]
+            same_guest_first = self.vcpu_of(other) == (vm.name, task.vcpu) and (
+                vm.scheduler != "fp" or other_task.priority >= task.priority)
+            if self.vcpu_of(other) in self.above(vm, task.vcpu) or same_guest_first:
                 out.append(other)
         return out
 
-    # releases along each chain, from the event: (earliest, latest); finishes at the latest
+
+def _why_not_dedicated(stages: _Stages) -> str:
+    """Why a stage vCPU, or one that may run before it, is not a server that runs only stages; or ""."""
+    for name, index in stages.vcpus:
+        vm = stages.vms[name]
+        if _server(stages.model, vm, index) is None:
+            return f"{name}.vcpu{index} is not a deferrable fixed-priority server"
+        if vm.load > 0 or vm.gap is not None or any(f"{vm.name}/{t.name}" not in stages.names for t in vm.task
+                                                     if t.vcpu == index):
+            return f"{name}.vcpu{index} runs more than chain stages"
+    for name, index in stages.vcpus:
+        for other in stages.above(stages.vms[name], index):
+            if other not in stages.vcpus:
+                return f"{other[0]}.vcpu{other[1]} above a stage runs other work"
+    return ""
+
+
+def _one_event(stages: _Stages) -> tuple[dict[str, tuple[int, int]], dict[str, int], dict[str, int]]:
+    """Each stage's earliest and latest release and its latest finish after an event, and each chain's bound."""
+    overheads = stages.model.hypervisor.overheads
+    switch, delay = overheads.vm_switch, overheads.interrupt_delay
     release: dict[str, tuple[int, int]] = {}
     finish: dict[str, int] = {}
     chain_bound: dict[str, int] = {}
-    for chain in chains:
+    for chain in stages.model.chain:
         earliest = latest = delay
         for stage in chain.stages:
             release[stage] = (earliest, latest)
-            interference = sum(cost(other) + 2 * switch for other in may_precede(stage))
-            finish[stage] = latest + quantum + 2 * switch + cost(stage) + interference
-            earliest += _exec(tasks[stage][1], False) + delay
+            interference = sum(stages.cost(other) + 2 * switch for other in stages.may_precede(stage))
+            finish[stage] = (latest + stages.model.hypervisor.quantum + 2 * switch + stages.cost(stage)
+                             + interference)
+            earliest += _exec(stages.tasks[stage][1], False) + delay
             latest = finish[stage] + delay
         chain_bound[chain.name] = finish[chain.stages[-1]]
-    horizon = max(finish.values())
+    return release, finish, chain_bound
+
+
+def _why_not_closed(stages: _Stages, horizon: int) -> str:
+    """Why an event's work (ending ``horizon`` after it) may reach into the next event's, or ""."""
+    period, switch = stages.model.chain[0].period, stages.model.hypervisor.overheads.vm_switch
     if horizon >= period:
-        return None, f"an event's work may take {horizon} ns, not less than the chain period {period} ns"
-    for name, index in stage_vcpus:
-        vm = vms[name]
-        budget, server_period = _server(model, vm, index) or (0, 0)
+        return f"an event's work may take {horizon} ns, not less than the chain period {period} ns"
+    for name, index in stages.vcpus:
+        vm = stages.vms[name]
+        budget, server_period = _server(stages.model, vm, index) or (0, 0)
         carry = 0 if period % server_period == 0 else server_period - math.gcd(period, server_period)
         if horizon > period - carry:
-            return None, f"{name}.vcpu{index}: the previous event's work may still use the budget at the next event"
-        own = [s for s in stages if (tasks[s][0].name, tasks[s][1].vcpu) == (name, index)]
-        higher = [s for s in stages if (tasks[s][0].name, tasks[s][1].vcpu) in above(vm, index)]
-        need = sum(cost(s) for s in own) + switch * (len(own) + len(higher))
+            return f"{name}.vcpu{index}: the previous event's work may still use the budget at the next event"
+        own = [s for s in stages.names if stages.vcpu_of(s) == (name, index)]
+        higher = [s for s in stages.names if stages.vcpu_of(s) in stages.above(vm, index)]
+        need = sum(stages.cost(s) for s in own) + switch * (len(own) + len(higher))
         if need > budget:
-            return None, f"{name}.vcpu{index} needs {need} ns per event, more than its budget {budget} ns"
-    return PhasedChains({s: finish[s] - release[s][0] for s in stages}, release, chain_bound), ""
+            return f"{name}.vcpu{index} needs {need} ns per event, more than its budget {budget} ns"
+    return ""
