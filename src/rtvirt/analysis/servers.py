@@ -278,25 +278,16 @@ def vcpu_supplies(model: Model, demand: TaskDemand) -> dict[VcpuRef, VcpuSupply]
 
 
 def _per_cpu(model: Model, on_cpu: list[_Placed], demand: TaskDemand) -> list[VcpuSupply]:
+    """Supply of each vCPU placed on one pCPU, by the hypervisor's scheduler."""
     hv = model.hypervisor
     sched = hv.scheduler
-    quantum = hv.quantum
     alone = len(on_cpu) == 1
     if sched == "partitioned" or (alone and (sched in ("credit", "fair") or (sched == "fifo" and hv.server == "none"))):
         # The vCPU's first dispatch on its pCPU pays one VM switch; later ones find it already there.
         return [VcpuSupply(item.ref, item.cpu, _with_quantum(Dedicated(), hv.overheads.vm_switch))
                 for item in on_cpu]
     if sched == "fifo" and hv.server == "none":
-        out = []
-        for item in on_cpu:
-            switch = hv.overheads.vm_switch
-            higher = tuple(replace(task, wcet=task.wcet + 2 * switch, jitter=task.jitter + quantum)
-                           for other in on_cpu if other is not item and other.vcpu.priority >= item.vcpu.priority
-                           for task in demand(other.ref))
-            # Its own busy window starts with a switch to it (the pCPU ran another vCPU meanwhile).
-            own = _with_quantum(Dedicated(), switch)
-            out.append(VcpuSupply(item.ref, item.cpu, _with_quantum(LeftoverSupply(higher, own), quantum)))
-        return out
+        return _fifo_leftovers(model, on_cpu, demand)
     if sched == "fifo":
         return _fp_servers(model, on_cpu, lambda v: (v.budget or 0, v.period or 0),
                            lambda v: hv.server == "deferrable")
@@ -304,56 +295,86 @@ def _per_cpu(model: Model, on_cpu: list[_Placed], demand: TaskDemand) -> list[Vc
         return _edf_servers(model, on_cpu, _rtds_server,
                             lambda v, budget: PeriodicResource(_rtds_budget(v)[1], budget))
     if sched == "deadline":
-        reserved = [item for item in on_cpu if item.vcpu.runtime]
-        others = [item for item in on_cpu if not item.vcpu.runtime]
-        tick = model.hypervisor.enforcement.tick  # runtimes checked at the tick: an overrun of up to a tick
-
-        def reservation(v: VCpu, budget: int) -> Supply:
-            supply = ExplicitDeadlinePeriodic(v.period or 0, budget, v.deadline or v.period or 0)
-            return OverrunSupply(supply, tick) if tick else supply
-
-        out = _edf_servers(model, reserved,
-                           lambda v: (v.runtime or 0, v.deadline or v.period or 0, v.period or 0, False), reservation)
-        if len(others) == 1:
-            servers = tuple(Task(str(item.ref), item.vcpu.runtime or 0, item.vcpu.period or 0,
-                                 item.vcpu.deadline or item.vcpu.period or 0,
-                                 jitter=(item.vcpu.deadline or item.vcpu.period or 0) - (item.vcpu.runtime or 0))
-                            for item in reserved)
-            out.append(VcpuSupply(others[0].ref, others[0].cpu, _with_quantum(LeftoverSupply(servers), quantum)))
-        else:
-            out.extend(VcpuSupply(item.ref, item.cpu, None, "SCHED_OTHER vCPUs sharing a pCPU have no delay guarantee")
-                       for item in others)
-        return out
+        return _deadline_supplies(model, on_cpu)
     if sched in ("sedf", "sedf-prime"):
         return _edf_servers(model, on_cpu,
                             lambda v: (v.slice or 0, v.period or 0, v.period or 0, sched == "sedf-prime"),
                             _sedf_supply(sched))
     if sched == "psedf":
-        realtime = [item for item in on_cpu if item.vcpu.rt]
-        rest = [item for item in on_cpu if not item.vcpu.rt]
-        out = _fp_servers(model, realtime, lambda v: (v.slice or 0, v.period or 0), lambda v: True)
-        if realtime:
-            out.extend(VcpuSupply(item.ref, item.cpu, None, "a non-RT domain under PSEDF runs only when no RT domain "
-                                  "is ready: no guarantee is analysed") for item in rest)
-        else:
-            out.extend(_edf_servers(model, rest, lambda v: (v.slice or 0, v.period or 0, v.period or 0, False),
-                                    _sedf_supply("sedf")))
-        return out
+        return _psedf_supplies(model, on_cpu)
     if sched == "arinc653":
-        assert hv.arinc653 is not None
-        out = []
-        for item in on_cpu:
-            # Each window starts with a VM switch charged to it.
-            switch = hv.overheads.vm_switch
-            windows = tuple((w.start + switch, w.start + w.length) for w in item.vcpu.windows
-                            if w.length > switch)
-            if not windows:
-                out.append(VcpuSupply(item.ref, item.cpu, None, "the vCPU owns no window in the major frame"))
-            else:
-                # A vCPU woken inside its window pays the switch where it wakes, not at the window start.
-                out.append(VcpuSupply(item.ref, item.cpu, _with_quantum(
-                    WindowSupply(hv.arinc653.major_frame, windows), quantum + switch)))
-        return out
+        return _window_supplies(model, on_cpu)
     # credit, fair with company on the pCPU
     return [VcpuSupply(item.ref, item.cpu, None, f"{sched} shares pCPU {item.cpu} by weight without a delay "
                        "guarantee; only a vCPU alone on its pCPU is analysed") for item in on_cpu]
+
+
+def _fifo_leftovers(model: Model, on_cpu: list[_Placed], demand: TaskDemand) -> list[VcpuSupply]:
+    """Fixed-priority vCPUs without servers: each gets what its equal- and higher-priority neighbours' tasks leave."""
+    switch, quantum = model.hypervisor.overheads.vm_switch, model.hypervisor.quantum
+    out = []
+    for item in on_cpu:
+        higher = tuple(replace(task, wcet=task.wcet + 2 * switch, jitter=task.jitter + quantum)
+                       for other in on_cpu if other is not item and other.vcpu.priority >= item.vcpu.priority
+                       for task in demand(other.ref))
+        # Its own busy window starts with a switch to it (the pCPU ran another vCPU meanwhile).
+        own = _with_quantum(Dedicated(), switch)
+        out.append(VcpuSupply(item.ref, item.cpu, _with_quantum(LeftoverSupply(higher, own), quantum)))
+    return out
+
+
+def _deadline_supplies(model: Model, on_cpu: list[_Placed]) -> list[VcpuSupply]:
+    """SCHED_DEADLINE reservations, and one SCHED_OTHER vCPU beside them (what they leave), or none analysed."""
+    reserved = [item for item in on_cpu if item.vcpu.runtime]
+    others = [item for item in on_cpu if not item.vcpu.runtime]
+    tick = model.hypervisor.enforcement.tick  # runtimes checked at the tick: an overrun of up to a tick
+
+    def reservation(v: VCpu, budget: int) -> Supply:
+        supply = ExplicitDeadlinePeriodic(v.period or 0, budget, v.deadline or v.period or 0)
+        return OverrunSupply(supply, tick) if tick else supply
+
+    out = _edf_servers(model, reserved,
+                       lambda v: (v.runtime or 0, v.deadline or v.period or 0, v.period or 0, False), reservation)
+    if len(others) == 1:
+        servers = tuple(Task(str(item.ref), item.vcpu.runtime or 0, item.vcpu.period or 0,
+                             item.vcpu.deadline or item.vcpu.period or 0,
+                             jitter=(item.vcpu.deadline or item.vcpu.period or 0) - (item.vcpu.runtime or 0))
+                        for item in reserved)
+        out.append(VcpuSupply(others[0].ref, others[0].cpu,
+                              _with_quantum(LeftoverSupply(servers), model.hypervisor.quantum)))
+    else:
+        out.extend(VcpuSupply(item.ref, item.cpu, None, "SCHED_OTHER vCPUs sharing a pCPU have no delay guarantee")
+                   for item in others)
+    return out
+
+
+def _psedf_supplies(model: Model, on_cpu: list[_Placed]) -> list[VcpuSupply]:
+    """PSEDF: RT domains as deferrable fixed-priority servers; non-RT domains by SEDF when no RT domain is there."""
+    realtime = [item for item in on_cpu if item.vcpu.rt]
+    rest = [item for item in on_cpu if not item.vcpu.rt]
+    out = _fp_servers(model, realtime, lambda v: (v.slice or 0, v.period or 0), lambda v: True)
+    if realtime:
+        out.extend(VcpuSupply(item.ref, item.cpu, None, "a non-RT domain under PSEDF runs only when no RT domain "
+                              "is ready: no guarantee is analysed") for item in rest)
+    else:
+        out.extend(_edf_servers(model, rest, lambda v: (v.slice or 0, v.period or 0, v.period or 0, False),
+                                _sedf_supply("sedf")))
+    return out
+
+
+def _window_supplies(model: Model, on_cpu: list[_Placed]) -> list[VcpuSupply]:
+    """ARINC 653: each vCPU is supplied in its windows of the major frame."""
+    hv = model.hypervisor
+    assert hv.arinc653 is not None
+    switch = hv.overheads.vm_switch
+    out = []
+    for item in on_cpu:
+        # Each window starts with a VM switch charged to it.
+        windows = tuple((w.start + switch, w.start + w.length) for w in item.vcpu.windows if w.length > switch)
+        if not windows:
+            out.append(VcpuSupply(item.ref, item.cpu, None, "the vCPU owns no window in the major frame"))
+        else:
+            # A vCPU woken inside its window pays the switch where it wakes, not at the window start.
+            out.append(VcpuSupply(item.ref, item.cpu, _with_quantum(
+                WindowSupply(hv.arinc653.major_frame, windows), hv.quantum + switch)))
+    return out
