@@ -360,6 +360,31 @@ def _events(view: RunView) -> list[tuple[int, str]]:
 def _html(data: ReportData, model: dict[str, Any]) -> str:
     from . import figures  # matplotlib takes 0.5 s to import: only the HTML report pays for it
 
+    tables = model["tables"]
+    by_quantity = _by_quantity(data.configurations)
+    lead = 1 + len(by_quantity)  # the verdicts and a statistics table per quantity, then the figures
+    parts = _html_head(data, model)
+    parts += [_html_table(table["title"], table["header"], table["rows"]) for table in tables[:lead]]
+    for quantity, configurations in by_quantity.items():  # a figure holds values of one unit
+        parts += _html_distributions(quantity, configurations)
+    parts.append(prediction_html(data.predictions))
+    if data.experiments:
+        from ..experiment.figures import experiments_html
+
+        parts.append(experiments_html(data.experiments))
+    parts += [_img(figures.trend_chart(history), f"history {history.configuration}") for history in data.history]
+    parts += _html_causes([c for c in data.configurations if c.causes])
+    parts += [_html_table(table["title"], table["header"], table["rows"]) for table in tables[lead:]]
+    parts.append("<h2>Runs over time</h2>")
+    for c in data.configurations:
+        parts += _html_runs_over_time(c)
+        parts += [_html_run(view, c, model["warnings"].get(view.run.run_id, [])) for view in c.runs]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _html_head(data: ReportData, model: dict[str, Any]) -> list[str]:
+    """The page's head, what was cut short, and the classes each configuration can serve."""
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>rtvirt report</title>"
              f"<style>{CSS}</style></head><body>",
              f"<h1>rtvirt report</h1><p>Results: {escape(data.source)} · generated "
@@ -373,69 +398,72 @@ def _html(data: ReportData, model: dict[str, Any]) -> str:
                      + "".join(f"<li>{escape(note)}</li>" for note in model["shortfalls"]) + "</ul>")
     serving = [f"<li><b>{escape(s['configuration'])}</b>: {escape(_serves(s))}</li>" for s in model["served"]]
     parts.append(f"<h2>Which classes each configuration can serve</h2><ul>{''.join(serving)}</ul>")
-    tables = model["tables"]
-    by_quantity = _by_quantity(data.configurations)
-    lead = 1 + len(by_quantity)  # the verdicts and a statistics table per quantity, then the figures
-    for table in tables[:lead]:
-        parts.append(_html_table(table["title"], table["header"], table["rows"]))
-    for quantity, configurations in by_quantity.items():  # a figure holds values of one unit
-        measured = [(c, c.histogram) for c in configurations if c.histogram is not None and c.histogram.n]
-        if not measured:
-            continue
-        labels = [c.label for c, _ in measured]
-        histograms = [h for _, h in measured]
-        parts.append(f"<h2>Distributions: {escape(quantity.title)}</h2>")
-        parts.append(_img(figures.box_violin(labels, [c.summary for c, _ in measured], histograms, quantity),
-                          f"box and violin plots per configuration: {quantity.title}"))
-        parts.append(_img(figures.cdf(labels, histograms, quantity), f"CDF per configuration: {quantity.title}"))
-        for c, _ in measured:
-            if c.per_cpu:
-                parts.append(_img(figures.histograms_per_cpu(c.label, c.per_cpu, quantity), f"histogram {c.label}"))
-    parts.append(prediction_html(data.predictions))
-    if data.experiments:
-        from ..experiment.figures import experiments_html
+    return parts
 
-        parts.append(experiments_html(data.experiments))
-    for history in data.history:
-        parts.append(_img(figures.trend_chart(history), f"history {history.configuration}"))
-    explained = [c for c in data.configurations if c.causes]
-    if explained:
-        parts.append("<h2>Why the outliers: causes by configuration</h2>")
-        parts.append(_img(figures.cause_bars([(c.label, c.causes) for c in explained], CAUSES_SHOWN),
-                          "share of outlier latency by cause per configuration"))
-        for c in explained:
-            for timeline in c.timelines:
-                parts.append(_img(figures.outlier_timeline(c.label, timeline),
-                                  f"timeline of outlier {timeline.rank} of {timeline.run_id}"))
-    for table in tables[lead:]:
-        parts.append(_html_table(table["title"], table["header"], table["rows"]))
-    parts.append("<h2>Runs over time</h2>")
-    for c in data.configurations:
-        timed = [view for view in c.runs if view.profile is not None and view.series is not None]
-        if timed:
-            # one figure of each kind per configuration, every run in it: a report of 100 runs stays readable
-            # (and takes seconds, not minutes)
-            events = sorted({e for view in timed for e in _events(view)})
-            heading = f"{c.label} ({len(timed)} run{'s' if len(timed) > 1 else ''})"
-            parts.append(f"<h3>{escape(heading)}</h3>")
-            keep = max(10, TOP_KEPT // len(timed))
-            series = [(view.run.run_id, *view.series(), keep) for view in timed if view.series is not None]
-            parts.append(_img(figures.time_series(c.label, series, events, c.quantity), f"time series {heading}"))
-            parts.append(_img(figures.window_maxima(c.label, [(v.run.run_id, v.profile) for v in timed
-                                                              if v.profile is not None], events, c.quantity),
-                              f"window maxima {heading}"))
-        for view in c.runs:
-            heading = f"{view.run.run_id} ({c.label})" + (" — partial" if view.run.partial else "")
-            parts.append(f"<h4>{escape(heading)}</h4>")
-            settings, _ = _settings(view)
-            warnings = model["warnings"].get(view.run.run_id, [])
-            if warnings:
-                parts.append("<ul>" + "".join(f'<li class="warn">{escape(w)}</li>' for w in warnings) + "</ul>")
-            if settings:
-                parts.append("<details><summary>System settings</summary><table>" + "".join(
-                    f"<tr><td>{escape(k)}</td><td style=\"text-align:left\">{escape(v)}</td></tr>" for k, v in settings)
-                    + "</table></details>")
-    parts.append("</body></html>")
+
+def _html_distributions(quantity: Quantity, configurations: list[Configuration]) -> list[str]:
+    """Box, violin and CDF plots of the configurations that measured ``quantity``, and their per-CPU histograms."""
+    from . import figures
+
+    measured = [(c, c.histogram) for c in configurations if c.histogram is not None and c.histogram.n]
+    if not measured:
+        return []
+    labels = [c.label for c, _ in measured]
+    histograms = [h for _, h in measured]
+    parts = [f"<h2>Distributions: {escape(quantity.title)}</h2>",
+             _img(figures.box_violin(labels, [c.summary for c, _ in measured], histograms, quantity),
+                  f"box and violin plots per configuration: {quantity.title}"),
+             _img(figures.cdf(labels, histograms, quantity), f"CDF per configuration: {quantity.title}")]
+    parts += [_img(figures.histograms_per_cpu(c.label, c.per_cpu, quantity), f"histogram {c.label}")
+              for c, _ in measured if c.per_cpu]
+    return parts
+
+
+def _html_causes(explained: list[Configuration]) -> list[str]:
+    """The outliers' causes by configuration, and each explained outlier's timeline."""
+    from . import figures
+
+    if not explained:
+        return []
+    parts = ["<h2>Why the outliers: causes by configuration</h2>",
+             _img(figures.cause_bars([(c.label, c.causes) for c in explained], CAUSES_SHOWN),
+                  "share of outlier latency by cause per configuration")]
+    parts += [_img(figures.outlier_timeline(c.label, timeline),
+                   f"timeline of outlier {timeline.rank} of {timeline.run_id}")
+              for c in explained for timeline in c.timelines]
+    return parts
+
+
+def _html_runs_over_time(c: Configuration) -> list[str]:
+    """One time series and one window-maxima figure for the configuration, every run in each."""
+    from . import figures
+
+    timed = [view for view in c.runs if view.profile is not None and view.series is not None]
+    if not timed:
+        return []
+    # one figure of each kind per configuration, every run in it: a report of 100 runs stays readable
+    # (and takes seconds, not minutes)
+    events = sorted({e for view in timed for e in _events(view)})
+    heading = f"{c.label} ({len(timed)} run{'s' if len(timed) > 1 else ''})"
+    keep = max(10, TOP_KEPT // len(timed))
+    series = [(view.run.run_id, *view.series(), keep) for view in timed if view.series is not None]
+    return [f"<h3>{escape(heading)}</h3>",
+            _img(figures.time_series(c.label, series, events, c.quantity), f"time series {heading}"),
+            _img(figures.window_maxima(c.label, [(v.run.run_id, v.profile) for v in timed if v.profile is not None],
+                                       events, c.quantity), f"window maxima {heading}")]
+
+
+def _html_run(view: RunView, c: Configuration, warnings: list[str]) -> str:
+    """A run's heading, its warnings and the system settings it ran with."""
+    heading = f"{view.run.run_id} ({c.label})" + (" — partial" if view.run.partial else "")
+    parts = [f"<h4>{escape(heading)}</h4>"]
+    settings, _ = _settings(view)
+    if warnings:
+        parts.append("<ul>" + "".join(f'<li class="warn">{escape(w)}</li>' for w in warnings) + "</ul>")
+    if settings:
+        parts.append("<details><summary>System settings</summary><table>" + "".join(
+            f"<tr><td>{escape(k)}</td><td style=\"text-align:left\">{escape(v)}</td></tr>" for k, v in settings)
+            + "</table></details>")
     return "\n".join(parts)
 
 
