@@ -173,7 +173,6 @@ class LibvirtEnvironment(LibvirtTeardown):
             raise self._lab_failure(failed) from None
 
     def _launch(self, agent: str, args: list[str], out: Path | None) -> Launched:
-        libvirt = _libvirt()
         self.start()
         self._out = out
         connection = self._conn()
@@ -183,40 +182,64 @@ class LibvirtEnvironment(LibvirtTeardown):
             if problem:
                 raise RunError(f"libvirt: {problem}")
         self._name = f"{DOMAIN_PREFIX}{self.config.label}-{uuid.uuid4().hex[:8]}"
-        initrd: Path | None = None
-        if self.config.guest == "baremetal":  # our own kernel (multiboot): no initrd, the probe's argv on <cmdline>
-            # a probe waits for the host's confirmation on its console before it leaves the VM (with it the pty
-            # that holds what libvirt has not read yet)
-            confirm = ["--confirm=virtio"] if out is not None and agent == "rtvirt-probe" else []
-            self._baremetal_cmdline = baremetal.command_line(agent, [*args, *confirm])
-            channel = BAREMETAL_CHANNEL
-            definition = self._domain_xml(connection.kernel(baremetal.kernel_path(self.config.arch)), None,
-                                          out is not None)
+        if self.config.guest == "baremetal":
+            channel, definition, initrd = self._baremetal_definition(connection, agent, args, out)
         else:
-            image = self._image = guest_image(self.config.guest, self.config.arch)
-            argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
-            devices = []
-            if out is not None:
-                argv += [f"--out={guest_port_path(OUTPUT_PORT)}", f"--confirm={guest_port_path(ACK_PORT)}"]
-                devices = [guest_port_device(OUTPUT_PORT), guest_port_device(ACK_PORT)]
-                if self.config.stream_copy:
-                    argv.append(f"--tee=/dev/{COPY_DISK}")
-                    devices.append(COPY_DISK)
-                    self._copy_volume = f"{self._name}.copy"
-                if self._vm_source is not None:
-                    devices.append(guest_port_device(CLOCK_PORT))
-                if self._guest_trace_files is not None:
-                    devices.append(guest_port_device(GUEST_TRACE_PORT))
-            else:
-                self._guest_trace_files = None  # no stream, no run to explain
-            initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), self._beside, devices,
-                                                           self._guest_trace_files),
-                                               self.workdir)
-            self._initrd_volume = f"{self._name}.initrd"
-            channel = OUTPUT_PORT
-            definition = self._domain_xml(connection.kernel(image.boot_kernel(self._cpu_behind())),
-                                          connection.volume_path(self._initrd_volume),
-                                          out is not None)
+            channel, definition, initrd = self._linux_definition(connection, agent, args, out)
+        self._define_and_start(connection, definition, initrd)
+        self._watch_qemu_shutdown()
+        self._place_for_tracing()
+        self._open_stream(None, self._console_file, self._console)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            self._channel_reader = self._open_stream(channel, out, None)
+            if self._guest_trace_files is not None:
+                self._open_stream(GUEST_TRACE_PORT, self.workdir / GUEST_TRACE_FILE, None)
+        self._domain.resume()
+        self._launched_at = time.monotonic()
+        return Launched(RunningDomain(self), out, confirm=self._confirm_delivery if out is not None else None)
+
+    def _baremetal_definition(self, connection: LibvirtConnection, agent: str, args: list[str],
+                              out: Path | None) -> tuple[str, str, None]:
+        """Our own kernel (multiboot): no initrd, the probe's argv on <cmdline>. The output channel, the XML."""
+        # a probe waits for the host's confirmation on its console before it leaves the VM (with it the pty
+        # that holds what libvirt has not read yet)
+        confirm = ["--confirm=virtio"] if out is not None and agent == "rtvirt-probe" else []
+        self._baremetal_cmdline = baremetal.command_line(agent, [*args, *confirm])
+        definition = self._domain_xml(connection.kernel(baremetal.kernel_path(self.config.arch)), None,
+                                      out is not None)
+        return BAREMETAL_CHANNEL, definition, None
+
+    def _linux_definition(self, connection: LibvirtConnection, agent: str, args: list[str],
+                          out: Path | None) -> tuple[str, str, Path]:
+        """A Linux guest whose initramfs runs the agent, its output on virtio ports: the channel, the XML, the
+        initramfs to upload."""
+        image = self._image = guest_image(self.config.guest, self.config.arch)
+        argv = [f"{GUEST_AGENT_DIR}/{agent}", *args]
+        devices = []
+        if out is not None:
+            argv += [f"--out={guest_port_path(OUTPUT_PORT)}", f"--confirm={guest_port_path(ACK_PORT)}"]
+            devices = [guest_port_device(OUTPUT_PORT), guest_port_device(ACK_PORT)]
+            if self.config.stream_copy:
+                argv.append(f"--tee=/dev/{COPY_DISK}")
+                devices.append(COPY_DISK)
+                self._copy_volume = f"{self._name}.copy"
+            if self._vm_source is not None:
+                devices.append(guest_port_device(CLOCK_PORT))
+            if self._guest_trace_files is not None:
+                devices.append(guest_port_device(GUEST_TRACE_PORT))
+        else:
+            self._guest_trace_files = None  # no stream, no run to explain
+        initrd = image.initramfs_with_jobs(job_archive(GuestJob(argv), self._beside, devices, self._guest_trace_files),
+                                           self.workdir)
+        self._initrd_volume = f"{self._name}.initrd"
+        definition = self._domain_xml(connection.kernel(image.boot_kernel(self._cpu_behind())),
+                                      connection.volume_path(self._initrd_volume), out is not None)
+        return OUTPUT_PORT, definition, initrd
+
+    def _define_and_start(self, connection: LibvirtConnection, definition: str, initrd: Path | None) -> None:
+        """Define the domain, give it its volumes and start it paused (streams open before the guest runs)."""
+        libvirt = _libvirt()
         try:
             # defined before its initrd exists, so that reclaim never sees a volume without its domain
             self._domain = connection.conn.defineXML(definition)
@@ -230,28 +253,21 @@ class LibvirtEnvironment(LibvirtTeardown):
         try:
             self._domain.createWithFlags(libvirt.VIR_DOMAIN_START_PAUSED)
         except libvirt.libvirtError as exc:
-            if RT_REFUSED in str(exc):
-                raise RunError(_rt_refusal_diagnosis(self.libvirtd, self.config.local)) from None
-            if MEMLOCK_REFUSED in str(exc):
-                raise RunError(
-                    f"libvirt ({self.libvirtd}) could not lock guest memory (memory_locked = true): raising QEMU's "
-                    f"RLIMIT_MEMLOCK to {self.config.memory + MEMLOCK_OVERHEAD_MIB} MiB needs CAP_SYS_RESOURCE, "
-                    "which libvirtd lacks there (a container or a restricted capability bounding set: see CapBnd "
-                    "in /proc/<libvirtd pid>/status); give libvirtd that capability or set memory_locked = "
-                    f"false ({_error_text(exc)})") from None
-            raise RunError(f"libvirt ({self.libvirtd}) could not start {self._name}: {_error_text(exc)}") from None
+            raise self._start_refused(exc) from None
         self._applied_xml = str(self._domain.XMLDesc(0))[:XML_LIMIT]
-        self._watch_qemu_shutdown()
-        self._place_for_tracing()
-        self._open_stream(None, self._console_file, self._console)
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            self._channel_reader = self._open_stream(channel, out, None)
-            if self._guest_trace_files is not None:
-                self._open_stream(GUEST_TRACE_PORT, self.workdir / GUEST_TRACE_FILE, None)
-        self._domain.resume()
-        self._launched_at = time.monotonic()
-        return Launched(RunningDomain(self), out, confirm=self._confirm_delivery if out is not None else None)
+
+    def _start_refused(self, exc: Exception) -> RunError:
+        """Why libvirtd could not start the domain, with what to change where the cause is known."""
+        if RT_REFUSED in str(exc):
+            return RunError(_rt_refusal_diagnosis(self.libvirtd, self.config.local))
+        if MEMLOCK_REFUSED in str(exc):
+            return RunError(
+                f"libvirt ({self.libvirtd}) could not lock guest memory (memory_locked = true): raising QEMU's "
+                f"RLIMIT_MEMLOCK to {self.config.memory + MEMLOCK_OVERHEAD_MIB} MiB needs CAP_SYS_RESOURCE, "
+                "which libvirtd lacks there (a container or a restricted capability bounding set: see CapBnd "
+                "in /proc/<libvirtd pid>/status); give libvirtd that capability or set memory_locked = "
+                f"false ({_error_text(exc)})")
+        return RunError(f"libvirt ({self.libvirtd}) could not start {self._name}: {_error_text(exc)}")
 
     def add_guest_job(self, agent: str, args: list[str]) -> None:
         self._beside.append(beside_job(self.config.label, self.config.guest, self._domain is not None, agent, args))
