@@ -127,14 +127,15 @@ class _Stages:
     def may_precede(self, stage: str) -> list[str]:
         """The other stages that may run on the stage's pCPU before it ends."""
         vm, task = self.tasks[stage]
+        ahead = self.above(vm, task.vcpu)
         out = []
         for other in self.names:
             if other == stage:
                 continue
-            other_task = self.tasks[other][1]
-            same_guest_first = self.vcpu_of(other) == (vm.name, task.vcpu) and (
-                vm.scheduler != "fp" or other_task.priority >= task.priority)
-            if self.vcpu_of(other) in self.above(vm, task.vcpu) or same_guest_first:
+            other_task, where = self.tasks[other][1], self.vcpu_of(other)
+            same_guest_first = where == (vm.name, task.vcpu) and (vm.scheduler != "fp"
+                                                                  or other_task.priority >= task.priority)
+            if where in ahead or same_guest_first:
                 out.append(other)
         return out
 
@@ -186,8 +187,9 @@ def _why_not_closed(stages: _Stages, horizon: int) -> str:
         carry = 0 if period % server_period == 0 else server_period - math.gcd(period, server_period)
         if horizon > period - carry:
             return f"{name}.vcpu{index}: the previous event's work may still use the budget at the next event"
+        ahead = stages.above(vm, index)
         own = [s for s in stages.names if stages.vcpu_of(s) == (name, index)]
-        higher = [s for s in stages.names if stages.vcpu_of(s) in stages.above(vm, index)]
+        higher = [s for s in stages.names if stages.vcpu_of(s) in ahead]
         need = sum(stages.cost(s) for s in own) + switch * (len(own) + len(higher))
         if need > budget:
             return f"{name}.vcpu{index} needs {need} ns per event, more than its budget {budget} ns"
